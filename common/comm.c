@@ -1,0 +1,492 @@
+/* Collectives and point-to-point over MPI or NCCL (see comm.h).
+ *
+ * Accounting, the same on both backends:
+ *  - calls:   one per call of a kind (comm_sendrecv counts one send and/or one
+ *             receive, for the directions it actually carries).
+ *  - bytes:   the caller's buffer: n*4 for allreduce, broadcast, send and recv.
+ *             For reduce-scatter and all-gather it is the FULL padded buffer,
+ *             chunk*size*4 bytes, not the shard: that is the volume the caller
+ *             hands over, and it is the same on every rank.
+ *  - seconds: host wall time from entry to return. On MPI that is the whole
+ *             operation. On NCCL the work is queued on a stream and the host
+ *             returns at once, so it is only the enqueue time; the trace event
+ *             (cudaEvents on that stream) shows the GPU's real duration.
+ *
+ * Zero-size operations (n == 0) are counted and traced but move nothing: every
+ * rank of a collective passes the same n, and a send of 0 floats is matched by a
+ * receive of 0 floats, so skipping them on all ranks is consistent. */
+#define _POSIX_C_SOURCE 200809L
+#include "comm.h"
+#include "device.h"
+#include "trace.h"
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef PL_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+#define CUDA_OK(call) do { cudaError_t e_ = (call); \
+    if (e_ != cudaSuccess) die("%s: %s", #call, cudaGetErrorString(e_)); } while (0)
+#define NCCL_OK(call) do { ncclResult_t r_ = (call); \
+    if (r_ != ncclSuccess) die("%s: %s (%s)", #call, ncclGetErrorString(r_), \
+                               ncclGetLastError(NULL)); } while (0)
+#endif
+
+const char *const comm_kind_names[COLL_NKINDS] = {
+    "allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv", "barrier"};
+
+static void mpi_check(int rc, const char *call) {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    die("%s: %s", call, msg);
+}
+#define MPI_OK(call) mpi_check((call), #call)
+
+/* ---- waiting -------------------------------------------------------------- */
+
+/* Blocking MPI waits spin, and a spinning rank on a 2-core laptop halves the
+ * speed of the rank that computes. A short spin keeps latency at a few us when
+ * the partner is ready; after that, sleeps backing off from 20 us to 1 ms give
+ * the core away while still noticing completion within a millisecond. */
+static void polite_waitall(int n, MPI_Request *reqs) {
+    MPI_Status st[2]; /* at most a send and a receive; not MPI_STATUSES_IGNORE,
+                       * which gcc 12 misreads as a zero-size array */
+    if (n > 2) die("polite_waitall: %d requests", n);
+    int done = 0;
+    double start = now_seconds();
+    do {
+        MPI_OK(MPI_Testall(n, reqs, &done, st));
+        if (done) return;
+    } while (now_seconds() - start < 50e-6);
+    long ns = 20000;
+    for (;;) {
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL); /* an early wake-up (EINTR) just tests sooner */
+        MPI_OK(MPI_Testall(n, reqs, &done, st));
+        if (done) return;
+        ns = ns * 2 > 1000000 ? 1000000 : ns * 2;
+    }
+}
+
+void polite_wait(MPI_Request *req) { polite_waitall(1, req); }
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+long comm_chunk(long n, int size) { return size > 0 ? (n + size - 1) / size : 0; }
+
+static int mpi_count(long n, const char *what) {
+    if (n < 0 || n > INT_MAX) die("%s: %ld elements do not fit an MPI count", what, n);
+    return (int)n;
+}
+
+static void check_member(const comm *c, const char *what) {
+    if (c->size <= 0 || c->mpi == MPI_COMM_NULL)
+        die("%s on a communicator this rank is not part of", what);
+}
+
+static void check_rank(const comm *c, int r, const char *what) {
+    if (r < 0 || r >= c->size) die("%s: rank %d outside a group of %d", what, r, c->size);
+}
+
+static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return abytes && bbytes && x < y + bbytes && y < x + abytes;
+}
+
+/* Stats and the trace event of one call. */
+typedef struct { comm *c; int handle; double t0; } op_scope;
+
+static op_scope op_begin(comm *c, const char *name) {
+    /* Only NCCL runs on c->stream; MPI's staging copies use the compute stream. */
+    void *stream = c->backend == COMM_NCCL ? c->stream : NULL;
+    return (op_scope){c, trace_begin(name, TRACE_COMM, -1, stream), now_seconds()};
+}
+
+static void op_end(op_scope s, comm_kind k, double bytes) {
+    s.c->stats[k].calls++;
+    s.c->stats[k].bytes += bytes;
+    s.c->stats[k].seconds += now_seconds() - s.t0;
+    trace_end(s.handle);
+}
+
+/* ---- host staging (MPI with device buffers, or aliasing on the CPU) ----------- */
+
+/* Two host buffers, grown as needed and kept. With CUDA they are pinned
+ * (cudaMallocHost), so copies run at full speed and asynchronously. They are
+ * not counted by mem_alloc, which counts device memory only. */
+typedef struct { void *p; size_t bytes; int pinned; } host_buf;
+static host_buf stage_buf[2];
+
+static float *stage(int which, size_t bytes) {
+    host_buf *b = &stage_buf[which];
+#ifdef PL_HAVE_CUDA
+    int want_pinned = g_device == DEVICE_CUDA;
+#else
+    int want_pinned = 0;
+#endif
+    if (b->p && b->bytes >= bytes && b->pinned == want_pinned) return b->p;
+    size_t grown = b->bytes * 2 > bytes ? b->bytes * 2 : bytes;
+    if (b->p) {
+#ifdef PL_HAVE_CUDA
+        if (b->pinned) CUDA_OK(cudaFreeHost(b->p));
+        else
+#endif
+            free(b->p);
+    }
+    b->p = NULL;
+#ifdef PL_HAVE_CUDA
+    if (want_pinned) CUDA_OK(cudaMallocHost(&b->p, grown));
+    else
+#endif
+        b->p = malloc(grown);
+    if (!b->p) die("out of host memory for a %zu-byte communication buffer", grown);
+    b->bytes = grown;
+    b->pinned = want_pinned;
+    return b->p;
+}
+
+/* Device buffers that MPI must carry go through the staging buffers. */
+static int staged(const comm *c) { return c->backend == COMM_MPI && g_device == DEVICE_CUDA; }
+
+#ifdef PL_HAVE_CUDA
+static cudaStream_t compute_stream(void) { return (cudaStream_t)device_compute_stream(); }
+static cudaStream_t nccl_stream(const comm *c) {
+    return c->stream ? (cudaStream_t)c->stream : compute_stream();
+}
+#endif
+
+/* Before MPI touches a staging buffer or device data: the kernels that produce
+ * the data, and the last call's copy out of the staging buffer, are done. */
+static void stage_enter(void) {
+#ifdef PL_HAVE_CUDA
+    CUDA_OK(cudaStreamSynchronize(compute_stream()));
+#endif
+}
+
+static void stage_out(void *host, const void *dev, size_t bytes) {
+#ifdef PL_HAVE_CUDA
+    CUDA_OK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, compute_stream()));
+    CUDA_OK(cudaStreamSynchronize(compute_stream()));
+#else
+    (void)host; (void)dev; (void)bytes;
+#endif
+}
+
+/* No synchronisation: later kernels are ordered after the copy on the compute
+ * stream, and the next staged call synchronises before reusing the buffer. */
+static void stage_in(void *dev, const void *host, size_t bytes) {
+#ifdef PL_HAVE_CUDA
+    CUDA_OK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, compute_stream()));
+#else
+    (void)dev; (void)host; (void)bytes;
+#endif
+}
+
+/* ---- set-up --------------------------------------------------------------------- */
+
+#ifdef PL_HAVE_CUDA
+static void nccl_create(comm *c) {
+    if (g_device != DEVICE_CUDA) die("the NCCL backend needs the CUDA device");
+    ncclUniqueId id;
+    if (c->rank == 0) NCCL_OK(ncclGetUniqueId(&id));
+    MPI_Request req;
+    MPI_OK(MPI_Ibcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi, &req));
+    polite_wait(&req);
+    ncclComm_t nc;
+    NCCL_OK(ncclCommInitRank(&nc, c->size, id, c->rank));
+    c->nccl = nc;
+}
+#endif
+
+void comm_init(comm *c, MPI_Comm world, comm_backend backend) {
+    memset(c, 0, sizeof *c);
+    c->backend = backend;
+    MPI_OK(MPI_Comm_dup(world, &c->mpi));
+    MPI_OK(MPI_Comm_rank(c->mpi, &c->rank));
+    MPI_OK(MPI_Comm_size(c->mpi, &c->size));
+    if (backend == COMM_NCCL) {
+#ifdef PL_HAVE_CUDA
+        nccl_create(c);
+#else
+        die("this build has no NCCL support");
+#endif
+    }
+}
+
+void comm_split(const comm *parent, int color, int key, comm *out) {
+    memset(out, 0, sizeof *out);
+    out->backend = parent->backend;
+    out->stream = parent->stream;
+    MPI_OK(MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &out->mpi));
+    if (out->mpi == MPI_COMM_NULL) {
+        out->rank = -1;
+        out->size = 0;
+    } else {
+        MPI_OK(MPI_Comm_rank(out->mpi, &out->rank));
+        MPI_OK(MPI_Comm_size(out->mpi, &out->size));
+    }
+#ifdef PL_HAVE_CUDA
+    if (parent->backend == COMM_NCCL) {
+        ncclComm_t nc = NULL;
+        NCCL_OK(ncclCommSplit((ncclComm_t)parent->nccl, color < 0 ? NCCL_SPLIT_NOCOLOR : color,
+                              key, &nc, NULL));
+        out->nccl = nc;
+    }
+#endif
+}
+
+void comm_free(comm *c) {
+#ifdef PL_HAVE_CUDA
+    if (c->nccl) NCCL_OK(ncclCommDestroy((ncclComm_t)c->nccl));
+#endif
+    c->nccl = NULL;
+    if (c->mpi != MPI_COMM_NULL) MPI_OK(MPI_Comm_free(&c->mpi));
+    c->mpi = MPI_COMM_NULL;
+    c->rank = -1;
+    c->size = 0;
+}
+
+void comm_reset_stats(comm *c) { memset(c->stats, 0, sizeof c->stats); }
+
+/* ---- collectives ---------------------------------------------------------------- */
+
+void comm_allreduce(comm *c, float *buf, long n, int average) {
+    check_member(c, "comm_allreduce");
+    op_scope s = op_begin(c, comm_kind_names[COLL_ALLREDUCE]);
+    size_t bytes = (size_t)n * sizeof(float);
+    if (n > 0) {
+#ifdef PL_HAVE_CUDA
+        if (c->backend == COMM_NCCL) {
+            NCCL_OK(ncclAllReduce(buf, buf, (size_t)n, ncclFloat, average ? ncclAvg : ncclSum,
+                                  (ncclComm_t)c->nccl, nccl_stream(c)));
+        } else
+#endif
+        {
+            float *h = buf;
+            if (staged(c)) {
+                stage_enter();
+                h = stage(0, bytes);
+                stage_out(h, buf, bytes);
+            }
+            MPI_Request req;
+            MPI_OK(MPI_Iallreduce(MPI_IN_PLACE, h, mpi_count(n, "comm_allreduce"), MPI_FLOAT,
+                                  MPI_SUM, c->mpi, &req));
+            polite_wait(&req);
+            if (average && c->size > 1)
+                for (long i = 0; i < n; i++) h[i] /= (float)c->size;
+            if (staged(c)) stage_in(buf, h, bytes);
+        }
+    }
+    op_end(s, COLL_ALLREDUCE, (double)bytes);
+}
+
+void comm_reduce_scatter(comm *c, const float *full, float *shard, long n) {
+    check_member(c, "comm_reduce_scatter");
+    op_scope s = op_begin(c, comm_kind_names[COLL_REDUCE_SCATTER]);
+    long chunk = comm_chunk(n, c->size);
+    size_t shard_bytes = (size_t)chunk * sizeof(float);
+    size_t full_bytes = shard_bytes * (size_t)c->size;
+    if (chunk > 0) {
+#ifdef PL_HAVE_CUDA
+        if (c->backend == COMM_NCCL) {
+            /* NCCL's in-place form is shard == full + rank*chunk; any other overlap
+             * would be a race on the GPU. */
+            if (shard != full + (long)c->rank * chunk &&
+                overlaps(shard, shard_bytes, full, full_bytes))
+                die("comm_reduce_scatter: shard overlaps full other than at rank*chunk");
+            NCCL_OK(ncclReduceScatter(full, shard, (size_t)chunk, ncclFloat, ncclSum,
+                                      (ncclComm_t)c->nccl, nccl_stream(c)));
+        } else
+#endif
+        {
+            const float *in = full;
+            float *out = shard;
+            if (staged(c)) {
+                stage_enter();
+                float *h = stage(0, full_bytes);
+                stage_out(h, full, full_bytes);
+                in = h;
+                out = stage(1, shard_bytes);
+            } else if (overlaps(shard, shard_bytes, full, full_bytes)) {
+                /* MPI forbids aliasing, and MPI_IN_PLACE would leave the result at
+                 * full[0..chunk), overwriting rank 0's part of the caller's input. */
+                out = stage(1, shard_bytes);
+            }
+            MPI_Request req;
+            MPI_OK(MPI_Ireduce_scatter_block(in, out, mpi_count(chunk, "comm_reduce_scatter"),
+                                             MPI_FLOAT, MPI_SUM, c->mpi, &req));
+            polite_wait(&req);
+            if (staged(c)) stage_in(shard, out, shard_bytes);
+            else if (out != shard) memcpy(shard, out, shard_bytes);
+        }
+    }
+    op_end(s, COLL_REDUCE_SCATTER, (double)full_bytes);
+}
+
+void comm_allgather(comm *c, const float *shard, float *full, long n) {
+    check_member(c, "comm_allgather");
+    op_scope s = op_begin(c, comm_kind_names[COLL_ALLGATHER]);
+    long chunk = comm_chunk(n, c->size);
+    size_t shard_bytes = (size_t)chunk * sizeof(float);
+    size_t full_bytes = shard_bytes * (size_t)c->size;
+    if (chunk > 0) {
+        float *mine = full + (long)c->rank * chunk; /* where this rank's shard goes */
+#ifdef PL_HAVE_CUDA
+        if (c->backend == COMM_NCCL) {
+            /* NCCL's in-place form is shard == full + rank*chunk. */
+            if (shard != mine && overlaps(shard, shard_bytes, full, full_bytes))
+                die("comm_allgather: shard overlaps full other than at rank*chunk");
+            NCCL_OK(ncclAllGather(shard, full, (size_t)chunk, ncclFloat,
+                                  (ncclComm_t)c->nccl, nccl_stream(c)));
+        } else
+#endif
+        {
+            /* Put the own shard in place and gather in place: that works whether
+             * or not the caller's shard already lives inside full. */
+            float *h = full;
+            if (staged(c)) {
+                stage_enter();
+                h = stage(0, full_bytes);
+                stage_out(h + (long)c->rank * chunk, shard, shard_bytes);
+            } else if (shard != mine) {
+                memmove(mine, shard, shard_bytes);
+            }
+            MPI_Request req;
+            MPI_OK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h,
+                                  mpi_count(chunk, "comm_allgather"), MPI_FLOAT, c->mpi, &req));
+            polite_wait(&req);
+            if (staged(c)) stage_in(full, h, full_bytes);
+        }
+    }
+    op_end(s, COLL_ALLGATHER, (double)full_bytes);
+}
+
+void comm_broadcast(comm *c, float *buf, long n, int root) {
+    check_member(c, "comm_broadcast");
+    check_rank(c, root, "comm_broadcast root");
+    op_scope s = op_begin(c, comm_kind_names[COLL_BROADCAST]);
+    size_t bytes = (size_t)n * sizeof(float);
+    if (n > 0) {
+#ifdef PL_HAVE_CUDA
+        if (c->backend == COMM_NCCL) {
+            NCCL_OK(ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root,
+                                  (ncclComm_t)c->nccl, nccl_stream(c)));
+        } else
+#endif
+        {
+            float *h = buf;
+            if (staged(c)) {
+                stage_enter();
+                h = stage(0, bytes);
+                if (c->rank == root) stage_out(h, buf, bytes);
+            }
+            MPI_Request req;
+            MPI_OK(MPI_Ibcast(h, mpi_count(n, "comm_broadcast"), MPI_FLOAT, root, c->mpi, &req));
+            polite_wait(&req);
+            if (staged(c) && c->rank != root) stage_in(buf, h, bytes);
+        }
+    }
+    op_end(s, COLL_BROADCAST, (double)bytes);
+}
+
+/* ---- point-to-point ----------------------------------------------------------- */
+
+/* Both directions are posted before either is waited on, so neighbours that
+ * exchange (a ring, a pipeline's forward and backward edges) cannot deadlock.
+ * count_send / count_recv say which kinds this call is counted as. */
+static void p2p(comm *c, const float *send, long send_n, int dst, float *recv, long recv_n,
+                int src, int count_send, int count_recv) {
+    check_member(c, "comm_sendrecv");
+    int do_send = send_n > 0 && dst >= 0, do_recv = recv_n > 0 && src >= 0;
+    if (do_send) check_rank(c, dst, "comm_send destination");
+    if (do_recv) check_rank(c, src, "comm_recv source");
+    const char *name = count_send && count_recv ? "sendrecv"
+                     : count_send ? comm_kind_names[COLL_SEND] : comm_kind_names[COLL_RECV];
+    op_scope s = op_begin(c, name);
+    size_t send_bytes = do_send ? (size_t)send_n * sizeof(float) : 0;
+    size_t recv_bytes = do_recv ? (size_t)recv_n * sizeof(float) : 0;
+    if (do_send || do_recv) {
+#ifdef PL_HAVE_CUDA
+        if (c->backend == COMM_NCCL) {
+            ncclComm_t nc = (ncclComm_t)c->nccl;
+            cudaStream_t st = nccl_stream(c);
+            NCCL_OK(ncclGroupStart());
+            if (do_send) NCCL_OK(ncclSend(send, (size_t)send_n, ncclFloat, dst, nc, st));
+            if (do_recv) NCCL_OK(ncclRecv(recv, (size_t)recv_n, ncclFloat, src, nc, st));
+            NCCL_OK(ncclGroupEnd());
+        } else
+#endif
+        {
+            const float *hs = send;
+            float *hr = recv;
+            if (staged(c)) {
+                stage_enter();
+                if (do_send) {
+                    float *h = stage(0, send_bytes);
+                    stage_out(h, send, send_bytes);
+                    hs = h;
+                }
+                if (do_recv) hr = stage(1, recv_bytes);
+            }
+            MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+            if (do_recv)
+                MPI_OK(MPI_Irecv(hr, mpi_count(recv_n, "comm_recv"), MPI_FLOAT, src, 0, c->mpi,
+                                 &req[1]));
+            if (do_send)
+                MPI_OK(MPI_Isend(hs, mpi_count(send_n, "comm_send"), MPI_FLOAT, dst, 0, c->mpi,
+                                 &req[0]));
+            polite_waitall(2, req);
+            if (staged(c) && do_recv) stage_in(recv, hr, recv_bytes);
+        }
+    }
+    /* One call, two kinds: its time goes to the receive (what the rank waits
+     * for) when there is one, so seconds are not counted twice. */
+    double dt = now_seconds() - s.t0;
+    if (count_send) {
+        c->stats[COLL_SEND].calls++;
+        c->stats[COLL_SEND].bytes += (double)send_bytes;
+        if (!count_recv) c->stats[COLL_SEND].seconds += dt;
+    }
+    if (count_recv) {
+        c->stats[COLL_RECV].calls++;
+        c->stats[COLL_RECV].bytes += (double)recv_bytes;
+        c->stats[COLL_RECV].seconds += dt;
+    }
+    trace_end(s.handle);
+}
+
+void comm_sendrecv(comm *c, const float *send, long send_n, int dst,
+                   float *recv, long recv_n, int src) {
+    int do_send = send_n > 0 && dst >= 0, do_recv = recv_n > 0 && src >= 0;
+    if (!do_send && !do_recv) return; /* nothing asked: nothing counted */
+    p2p(c, send, send_n, dst, recv, recv_n, src, do_send, do_recv);
+}
+
+void comm_send(comm *c, const float *buf, long n, int dst) {
+    p2p(c, buf, n, dst, NULL, 0, -1, 1, 0);
+}
+
+void comm_recv(comm *c, float *buf, long n, int src) {
+    p2p(c, NULL, 0, -1, buf, n, src, 0, 1);
+}
+
+void comm_barrier(comm *c) {
+    check_member(c, "comm_barrier");
+    op_scope s = op_begin(c, comm_kind_names[COLL_BARRIER]);
+#ifdef PL_HAVE_CUDA
+    /* A barrier means "everything before it is done", device work included. */
+    if (g_device == DEVICE_CUDA) {
+        CUDA_OK(cudaStreamSynchronize(compute_stream()));
+        if (c->backend == COMM_NCCL && c->stream)
+            CUDA_OK(cudaStreamSynchronize((cudaStream_t)c->stream));
+    }
+#endif
+    MPI_Request req;
+    MPI_OK(MPI_Ibarrier(c->mpi, &req));
+    polite_wait(&req);
+    op_end(s, COLL_BARRIER, 0);
+}

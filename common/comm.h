@@ -1,0 +1,79 @@
+/* Collectives and point-to-point over MPI or NCCL, on device buffers.
+ *
+ * NCCL when every rank has a GPU of its own; MPI otherwise. With MPI and CUDA
+ * together, device buffers are staged through pinned host memory (Debian's
+ * MPICH is not CUDA-aware, and NCCL refuses two ranks on one GPU).
+ *
+ * Waiting on MPI is polite: a nonblocking request is tested in a ~50 us spin,
+ * then between sleeps that back off from 20 us to 1 ms, so ranks waiting on a
+ * 2-core laptop leave the cores to the rank that computes.
+ *
+ * Every call is counted (calls, payload bytes, seconds) per kind and recorded
+ * as a TRACE_COMM event. */
+#ifndef PL_COMM_H
+#define PL_COMM_H
+#include <mpi.h>
+
+typedef enum { COMM_MPI = 0, COMM_NCCL = 1 } comm_backend;
+
+typedef enum {
+    COLL_ALLREDUCE, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_BROADCAST,
+    COLL_SEND, COLL_RECV, COLL_BARRIER, COLL_NKINDS
+} comm_kind;
+extern const char *const comm_kind_names[COLL_NKINDS]; /* "allreduce", ... */
+
+typedef struct {
+    long calls;
+    double bytes;   /* payload: the bytes of the buffer the caller passed */
+    double seconds; /* host time from call to completion */
+} comm_stat;
+
+typedef struct comm {
+    MPI_Comm mpi;
+    int rank, size;
+    comm_backend backend;
+    void *nccl;          /* ncclComm_t when backend == COMM_NCCL */
+    void *stream;        /* cudaStream_t NCCL runs on (NULL: the compute stream) */
+    comm_stat stats[COLL_NKINDS];
+} comm;
+
+/* A communicator over all of `world` (duplicated). Collective over world. */
+void comm_init(comm *c, MPI_Comm world, comm_backend backend);
+/* Sub-groups, like MPI_Comm_split: ranks with the same color form one group,
+ * ordered by key. Collective over parent. Same backend as the parent. */
+void comm_split(const comm *parent, int color, int key, comm *out);
+void comm_free(comm *c);
+
+/* In place over n floats; average divides the sum by size. */
+void comm_allreduce(comm *c, float *buf, long n, int average);
+
+/* Sharded collectives over n floats in chunks of comm_chunk(n, size): rank r owns
+ * [r*chunk, min(n, (r+1)*chunk)). `full` must hold chunk*size floats (the tail
+ * past n is padding; its contents are ignored / left unspecified).
+ *   reduce_scatter: shard[0..chunk) = sum over ranks of full[r*chunk ..]
+ *   allgather:      full[r*chunk ..] = shard of rank r, for every r */
+long comm_chunk(long n, int size);
+void comm_reduce_scatter(comm *c, const float *full, float *shard, long n);
+void comm_allgather(comm *c, const float *shard, float *full, long n);
+
+/* Sum n doubles of host memory over the group, in place (losses, norms, counts). */
+void comm_allreduce_host(comm *c, double *x, int n);
+
+void comm_broadcast(comm *c, float *buf, long n, int root);
+
+/* Send and/or receive at once, paired so that two neighbours exchanging never
+ * deadlock: pass send_n = 0 (or dst < 0) to only receive, recv_n = 0 (or src < 0)
+ * to only send. */
+void comm_sendrecv(comm *c, const float *send, long send_n, int dst,
+                   float *recv, long recv_n, int src);
+void comm_send(comm *c, const float *buf, long n, int dst);
+void comm_recv(comm *c, float *buf, long n, int src);
+
+void comm_barrier(comm *c);
+
+/* Wait for an MPI request without spinning a core (see above). */
+void polite_wait(MPI_Request *req);
+
+void comm_reset_stats(comm *c);
+
+#endif

@@ -1,0 +1,31 @@
+/* Byte-level training data: a text file's bytes, or a corpus built in code.
+ *
+ * The global batch of step s is a pure function of (seed, s): row i starts at
+ * an offset drawn from (seed, s, i). A data-parallel rank asks for its rows, a
+ * pipeline stage for its micro-batch's rows, and every layout trains on the
+ * same tokens. */
+#ifndef PL_DATA_H
+#define PL_DATA_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dataset {
+    unsigned char *bytes;
+    long n;
+    char source[256]; /* "built-in corpus" or the file's path */
+} dataset;
+
+/* path NULL: the built-in corpus. Returns 0, or -1 with a one-line reason in err
+ * (missing, unreadable, or shorter than seq + 1 bytes). */
+int data_load(dataset *d, const char *path, int seq, char *err, size_t errlen);
+void data_free(dataset *d);
+
+/* Rows [row_begin, row_begin + rows) of the global batch of `step`:
+ * tokens[r*T + t] and targets[r*T + t] = the next byte. Host arrays. */
+void data_batch(const dataset *d, uint64_t seed, int step, int row_begin, int rows, int T,
+                int *tokens, int *targets);
+
+/* The built-in corpus (exposed for tests): the same bytes on every call. */
+long data_builtin(unsigned char **out);
+
+#endif

@@ -1,0 +1,116 @@
+#define _POSIX_C_SOURCE 200809L
+#include "device.h"
+#include "kernels.h"
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#ifdef PL_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+device_kind g_device = DEVICE_CPU;
+const kernels *K = &kernels_cpu;
+
+#ifdef PL_HAVE_CUDA
+static cudaStream_t compute_stream;
+#endif
+
+int device_gpu_count(void) {
+#ifdef PL_HAVE_CUDA
+    int n = 0;
+    /* Without a driver this returns cudaErrorInsufficientDriver and leaves n
+     * untouched, so the return code is what tells. */
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky error */
+        return 0;
+    }
+    return n;
+#else
+    return 0;
+#endif
+}
+
+void device_use(device_kind kind, int gpu_index) {
+    g_device = kind;
+    K = &kernels_cpu;
+#ifdef PL_HAVE_CUDA
+    if (kind == DEVICE_CUDA) {
+        cudaError_t e = cudaSetDevice(gpu_index);
+        if (e != cudaSuccess) die("cudaSetDevice(%d): %s", gpu_index, cudaGetErrorString(e));
+        e = cudaStreamCreateWithFlags(&compute_stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) die("cudaStreamCreate: %s", cudaGetErrorString(e));
+        K = &kernels_cuda;
+    }
+#else
+    (void)gpu_index;
+    if (kind == DEVICE_CUDA) die("this build has no CUDA support");
+#endif
+}
+
+void *device_compute_stream(void) {
+#ifdef PL_HAVE_CUDA
+    if (g_device == DEVICE_CUDA) return compute_stream;
+#endif
+    return NULL;
+}
+
+void *device_stream_create(void) {
+#ifdef PL_HAVE_CUDA
+    if (g_device == DEVICE_CUDA) {
+        cudaStream_t s;
+        cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (e != cudaSuccess) die("cudaStreamCreate: %s", cudaGetErrorString(e));
+        return s;
+    }
+#endif
+    return NULL;
+}
+
+void device_stream_wait(void *waiter, void *waitee) {
+#ifdef PL_HAVE_CUDA
+    if (g_device == DEVICE_CUDA && waiter != waitee) {
+        cudaEvent_t ev;
+        cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventRecord(ev, (cudaStream_t)waitee);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)waiter, ev, 0);
+        if (e != cudaSuccess) die("device_stream_wait: %s", cudaGetErrorString(e));
+        cudaEventDestroy(ev); /* released once the wait has been satisfied */
+        return;
+    }
+#endif
+    (void)waiter;
+    (void)waitee;
+}
+
+void device_synchronize(void) {
+#ifdef PL_HAVE_CUDA
+    if (g_device == DEVICE_CUDA) {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) die("cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+    }
+#endif
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void die(const char *fmt, ...) {
+    int rank = -1, inited = 0;
+    MPI_Initialized(&inited);
+    if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rank %d: error: ", rank);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    /* MPI_Abort ends every rank of the job, so nobody waits for this one. */
+    if (inited) MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}

@@ -1,0 +1,30 @@
+/* Which machine the kernels run on, chosen once at start-up.
+ *
+ * The same binary runs on CPUs and GPUs: CUDA support is compiled in when the
+ * toolkit exists (PL_HAVE_CUDA), and used only when a driver and a GPU exist. */
+#ifndef PL_DEVICE_H
+#define PL_DEVICE_H
+
+typedef enum { DEVICE_CPU = 0, DEVICE_CUDA = 1 } device_kind;
+
+extern device_kind g_device; /* the kind in use; DEVICE_CPU until device_use */
+
+/* Number of GPUs this process can use: 0 without a CUDA build, a driver or a GPU. */
+int device_gpu_count(void);
+/* Select the kind (and for CUDA the GPU index); also selects the kernel table K. */
+void device_use(device_kind kind, int gpu_index);
+/* Wait until all queued device work is done (no-op on the CPU). */
+void device_synchronize(void);
+/* The CUDA stream all kernels run on (a cudaStream_t), NULL on the CPU. */
+void *device_compute_stream(void);
+/* Another CUDA stream (NULL on the CPU), for communication that overlaps compute. */
+void *device_stream_create(void);
+/* Work queued on `waiter` from now on starts only after all work queued so far
+ * on `waitee` is done (an event between the two streams; no-op on the CPU). */
+void device_stream_wait(void *waiter, void *waitee);
+/* Wall-clock seconds from a monotonic clock. */
+double now_seconds(void);
+/* Print "rank R: what failed" to stderr and abort the whole MPI job. */
+void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,519 @@
+/* The CPU kernels: OpenBLAS sgemm for every matrix product, plain C loops for
+ * the rest.
+ *
+ * One thread per MPI rank, so nothing here spawns threads. The loops are
+ * written for gcc's auto-vectoriser at -O3 -march=x86-64-v3 without
+ * -ffast-math: contiguous inner loops over restrict pointers, and reductions
+ * (sums, maxima) kept in LANES independent partial results, because the
+ * compiler may not reorder a single float sum by itself. exp and tanh come
+ * from one small inline exp (exp_fast) that vectorises, where libm's expf
+ * would be a call per element. */
+#include "kernels.h"
+#include <cblas.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 8        /* one AVX2 register of floats */
+#define ATT_BLOCK 64   /* rows of the causal score matrix computed per sgemm */
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static inline float hsum(const float a[LANES]) {
+    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+/* Float bits as an integer and back. Clamps and maxima below are done on
+ * these integers: gcc turns integer min/max into vector instructions, while
+ * the float forms (x < lo ? lo : x, or a running float max) kept the loops
+ * around them scalar under the default -fno-finite-math-only. */
+static inline uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline float float_of(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* min(x, hi) for hi > 0, exact: non-negative floats order like their bits as
+ * signed integers, and every negative float is a negative integer. */
+static inline float min_positive_bound(float x, float hi) {
+    uint32_t u = bits_of(x), h = bits_of(hi);
+    int32_t s, hs;
+    memcpy(&s, &u, sizeof s);
+    memcpy(&hs, &h, sizeof hs);
+    s = s < hs ? s : hs;
+    memcpy(&u, &s, sizeof u);
+    return float_of(u);
+}
+
+/* max(x, lo) for lo < 0, exact: negative floats order in reverse of their
+ * bits as unsigned integers, and every non-negative float's bits are smaller. */
+static inline float max_negative_bound(float x, float lo) {
+    uint32_t u = bits_of(x), l = bits_of(lo);
+    return float_of(u < l ? u : l);
+}
+
+/* An integer whose order is the order of the floats (sign-magnitude to
+ * two's complement), so that a row maximum is an integer max reduction. */
+static inline int32_t order_key(float x) {
+    uint32_t u = bits_of(x);
+    int32_t s;
+    memcpy(&s, &u, sizeof s);
+    return s ^ ((s >> 31) & 0x7FFFFFFF);
+}
+static inline float from_order_key(int32_t k) {
+    int32_t s = k ^ ((k >> 31) & 0x7FFFFFFF);
+    uint32_t u;
+    memcpy(&u, &s, sizeof u);
+    return float_of(u);
+}
+
+/* max over x[0..n-1]; -inf for n = 0; a positive-signed NaN wins, and a NaN
+ * anywhere reaches the caller's result through x - max in any case. */
+static inline float row_max(const float *restrict x, int n) {
+    int32_t m = order_key(-INFINITY);
+    for (int i = 0; i < n; i++) {
+        int32_t k = order_key(x[i]);
+        m = k > m ? k : m;
+    }
+    return from_order_key(m);
+}
+
+/* exp(x) for float, ~1 ulp (Cephes expf: Cody-Waite reduction by ln 2 and a
+ * degree-6 polynomial), branch-free so that loops calling it vectorise.
+ * The argument is clamped to [-87, 88], which keeps 2^n a normal number:
+ * below -87 it returns ~1.6e-38 instead of 0, which no softmax notices.
+ * NaN in gives NaN out. */
+static inline float exp_fast(float x) {
+    float y = min_positive_bound(max_negative_bound(x, -87.0f), 88.0f);
+    /* n = round(y / ln 2): adding 1.5 * 2^23 rounds to an integer and leaves
+     * that integer in the low mantissa bits, so no float -> int conversion. */
+    const float magic = 12582912.0f;
+    float t = y * 1.44269504088896341f + magic;
+    float n = t - magic;
+    float r = y - n * 0.693359375f; /* ln 2 split in two for an exact reduction */
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    float e = p * float_of((bits_of(t) - 0x4B400000u + 127u) << 23); /* p * 2^n */
+    /* a NaN argument: OR its bits in (a select here would cost the vectorising) */
+    uint32_t u = bits_of(x);
+    uint32_t nan_mask = 0u - (uint32_t)((u & 0x7FFFFFFFu) > 0x7F800000u);
+    return float_of(bits_of(e) | (nan_mask & u));
+}
+
+/* ---- encoder -------------------------------------------------------------------- */
+
+static void encoder_forward_cpu(float *restrict out, const int *restrict tokens,
+                                const float *restrict wte, const float *restrict wpe,
+                                int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *restrict o = out + ((size_t)b * T + t) * C;
+            const float *restrict e = wte + (size_t)tokens[b * T + t] * C;
+            const float *restrict p = wpe + (size_t)t * C;
+            for (int i = 0; i < C; i++) o[i] = e[i] + p[i];
+        }
+}
+
+/* dwte and dwpe are distinct buffers (two parameter tensors). */
+static void encoder_backward_cpu(float *restrict dwte, float *restrict dwpe,
+                                 const float *restrict dout, const int *restrict tokens,
+                                 int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *restrict d = dout + ((size_t)b * T + t) * C;
+            float *restrict de = dwte + (size_t)tokens[b * T + t] * C;
+            float *restrict dp = dwpe + (size_t)t * C;
+            for (int i = 0; i < C; i++) {
+                de[i] += d[i];
+                dp[i] += d[i];
+            }
+        }
+}
+
+/* ---- layernorm ------------------------------------------------------------------ */
+
+static void layernorm_forward_cpu(float *restrict out, float *restrict mean,
+                                  float *restrict rstd, const float *restrict inp,
+                                  const float *restrict w, const float *restrict b,
+                                  int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const float *restrict x = inp + (size_t)n * C;
+        float *restrict o = out + (size_t)n * C;
+        /* Two passes over a row that sits in L1: the mean first, then the
+         * variance around it (no cancellation, unlike E[x^2] - E[x]^2). */
+        float acc[LANES] = {0};
+        int i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int j = 0; j < LANES; j++) acc[j] += x[i + j];
+        float s = hsum(acc);
+        for (; i < C; i++) s += x[i];
+        const float m = s / (float)C;
+
+        float vacc[LANES] = {0};
+        i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int j = 0; j < LANES; j++) {
+                float d = x[i + j] - m;
+                vacc[j] += d * d;
+            }
+        float v = hsum(vacc);
+        for (; i < C; i++) {
+            float d = x[i] - m;
+            v += d * d;
+        }
+        const float r = 1.0f / sqrtf(v / (float)C + 1e-5f);
+
+        for (i = 0; i < C; i++) o[i] = (x[i] - m) * r * w[i] + b[i];
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+
+static void layernorm_backward_cpu(float *restrict dinp, float *restrict dw,
+                                   float *restrict db, const float *restrict dout,
+                                   const float *restrict inp, const float *restrict w,
+                                   const float *restrict mean, const float *restrict rstd,
+                                   int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const float *restrict x = inp + (size_t)n * C;
+        const float *restrict d = dout + (size_t)n * C;
+        float *restrict dx = dinp + (size_t)n * C;
+        const float m = mean[n], r = rstd[n];
+
+        /* Pass 1: the two row means the input gradient needs, and the
+         * parameter gradients, in one sweep. */
+        float acc_g[LANES] = {0}, acc_gx[LANES] = {0};
+        int i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int j = 0; j < LANES; j++) {
+                float xh = (x[i + j] - m) * r;
+                float g = d[i + j] * w[i + j];
+                db[i + j] += d[i + j];
+                dw[i + j] += xh * d[i + j];
+                acc_g[j] += g;
+                acc_gx[j] += g * xh;
+            }
+        float sg = hsum(acc_g), sgx = hsum(acc_gx);
+        for (; i < C; i++) {
+            float xh = (x[i] - m) * r;
+            float g = d[i] * w[i];
+            db[i] += d[i];
+            dw[i] += xh * d[i];
+            sg += g;
+            sgx += g * xh;
+        }
+        const float mg = sg / (float)C, mgx = sgx / (float)C;
+
+        /* Pass 2: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) */
+        for (i = 0; i < C; i++) {
+            float xh = (x[i] - m) * r;
+            dx[i] += (d[i] * w[i] - mg - xh * mgx) * r;
+        }
+    }
+}
+
+/* ---- matmul --------------------------------------------------------------------- */
+
+static void matmul_forward_cpu(float *restrict out, const float *restrict inp,
+                               const float *restrict w, const float *restrict bias,
+                               int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    float beta = 0.0f;
+    if (bias) { /* start from the bias and let sgemm add the product onto it */
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof *out);
+        beta = 1.0f;
+    }
+    if (IC <= 0) {
+        if (!bias) memset(out, 0, (size_t)N * OC * sizeof *out);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, w, IC,
+                beta, out, OC);
+}
+
+static void matmul_backward_cpu(float *restrict dinp, float *restrict dw,
+                                float *restrict dbias, const float *restrict dout,
+                                const float *restrict inp, const float *restrict w,
+                                int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    if (dinp) /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w,
+                    IC, 1.0f, dinp, IC);
+    /* dw[OC,IC] += dout^T @ inp */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC,
+                1.0f, dw, IC);
+    if (dbias)
+        for (int n = 0; n < N; n++) {
+            const float *restrict d = dout + (size_t)n * OC;
+            for (int o = 0; o < OC; o++) dbias[o] += d[o];
+        }
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+/* Row t of the scores becomes the causal softmax: columns 0..t normalised,
+ * columns t+1..T-1 set to zero. */
+static inline void softmax_causal_row(float *restrict a, int t, int T) {
+    const int n = t + 1;
+    const float m = row_max(a, n);
+    float sacc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) {
+            float e = exp_fast(a[i + j] - m);
+            a[i + j] = e;
+            sacc[j] += e;
+        }
+    float s = hsum(sacc);
+    for (; i < n; i++) {
+        float e = exp_fast(a[i] - m);
+        a[i] = e;
+        s += e;
+    }
+    const float inv = 1.0f / s;
+    for (i = 0; i < n; i++) a[i] *= inv;
+    for (; i < T; i++) a[i] = 0.0f;
+}
+
+/* Per (batch, head), q, k and v are read in place from qkv rows (leading
+ * dimension 3C). Rows are processed in blocks of ATT_BLOCK; block [r0, r1)
+ * needs only the key columns 0..r1-1, so long sequences skip most of the
+ * masked upper triangle. */
+static void attention_forward_cpu(float *restrict out, float *restrict att,
+                                  const float *restrict qkv, int B, int T, int NH, int HS) {
+    const int C = NH * HS, C3 = 3 * C;
+    if (T <= 0 || HS <= 0) return;
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+            const float *k = q + C, *v = q + 2 * C;
+            float *a = att + ((size_t)b * NH + h) * T * T;
+            float *o = out + (size_t)b * T * C + (size_t)h * HS;
+            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                const int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, r1, HS, scale,
+                            q + (size_t)r0 * C3, C3, k, C3, 0.0f, a + (size_t)r0 * T, T);
+                for (int t = r0; t < r1; t++) softmax_causal_row(a + (size_t)t * T, t, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, HS, r1, 1.0f,
+                            a + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+            }
+        }
+}
+
+/* Row t of datt holds dP (gradient w.r.t. the probabilities) on entry and the
+ * gradient w.r.t. the unscaled scores on exit, zero from t+1 to r1-1. */
+static inline void softmax_causal_row_backward(float *restrict da, const float *restrict p,
+                                               int t, int r1) {
+    const int n = t + 1;
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += p[i + j] * da[i + j];
+    float s = hsum(acc);
+    for (; i < n; i++) s += p[i] * da[i];
+    for (i = 0; i < n; i++) da[i] = p[i] * (da[i] - s);
+    for (; i < r1; i++) da[i] = 0.0f;
+}
+
+static void attention_backward_cpu(float *restrict dqkv, float *restrict datt,
+                                   const float *restrict dout, const float *restrict qkv,
+                                   const float *restrict att, int B, int T, int NH, int HS) {
+    const int C = NH * HS, C3 = 3 * C;
+    if (T <= 0 || HS <= 0) return;
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const size_t qoff = (size_t)b * T * C3 + (size_t)h * HS;
+            const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + ((size_t)b * NH + h) * T * T;
+            float *da = datt + ((size_t)b * NH + h) * T * T;
+            const float *dO = dout + (size_t)b * T * C + (size_t)h * HS;
+
+            /* Row blocks: dP = dO v^T, then through the softmax, then
+             * dq += scale * dS k. */
+            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                const int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, r1, HS, 1.0f,
+                            dO + (size_t)r0 * C, C, v, C3, 0.0f, da + (size_t)r0 * T, T);
+                for (int t = r0; t < r1; t++)
+                    softmax_causal_row_backward(da + (size_t)t * T, a + (size_t)t * T, t, r1);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, HS, r1, scale,
+                            da + (size_t)r0 * T, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);
+            }
+            /* Column blocks: key/value j only receives from queries t >= j,
+             * so block [c0, c1) reads rows c0..T-1 of dS and P. */
+            for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
+                const int c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T, nc = c1 - c0;
+                const int nt = T - c0;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, HS, nt, scale,
+                            da + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, 1.0f,
+                            dk + (size_t)c0 * C3, C3);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, HS, nt, 1.0f,
+                            a + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, 1.0f,
+                            dv + (size_t)c0 * C3, C3);
+            }
+        }
+}
+
+/* ---- GELU ----------------------------------------------------------------------- */
+
+/* 0.5 x (1 + tanh(u)) = x * sigmoid(2u): the same function, without the
+ * cancellation 1 + tanh(u) suffers for large negative x. exp's argument is
+ * kept <= 80 so that the sigmoid stays a normal float (no denormal slow path). */
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+static void gelu_forward_cpu(float *restrict out, const float *restrict inp, long N) {
+    for (long i = 0; i < N; i++) {
+        float x = inp[i];
+        float u2 = -2.0f * GELU_K * (x + GELU_A * x * x * x);
+        u2 = min_positive_bound(u2, 80.0f);
+        out[i] = x / (1.0f + exp_fast(u2));
+    }
+}
+
+/* d/dx [x s(2u)] = s + 2 x s (1 - s) u'(x), with s = sigmoid(2u) */
+static void gelu_backward_cpu(float *restrict dinp, const float *restrict dout,
+                              const float *restrict inp, long N) {
+    for (long i = 0; i < N; i++) {
+        float x = inp[i];
+        float x2 = x * x;
+        float u2 = -2.0f * GELU_K * (x + GELU_A * x2 * x);
+        u2 = min_positive_bound(u2, 80.0f);
+        float s = 1.0f / (1.0f + exp_fast(u2));
+        float du = GELU_K * (1.0f + 3.0f * GELU_A * x2);
+        dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+    }
+}
+
+/* ---- elementwise ---------------------------------------------------------------- */
+
+static void accumulate_cpu(float *restrict dst, const float *restrict src, long N) {
+    for (long i = 0; i < N; i++) dst[i] += src[i];
+}
+
+static void add_cpu(float *out, const float *a, const float *b, long N) {
+    /* out may alias a or b: those cases are an accumulate, so the loop below
+     * can promise the compiler that nothing overlaps. */
+    if (out == a) {
+        accumulate_cpu(out, b, N);
+        return;
+    }
+    if (out == b) {
+        accumulate_cpu(out, a, N);
+        return;
+    }
+    float *restrict o = out;
+    const float *restrict x = a, *restrict y = b;
+    for (long i = 0; i < N; i++) o[i] = x[i] + y[i];
+}
+
+static void scale_cpu(float *restrict x, float s, long N) {
+    for (long i = 0; i < N; i++) x[i] *= s;
+}
+
+/* ---- loss ----------------------------------------------------------------------- */
+
+static void crossentropy_forward_cpu(float *restrict losses, float *restrict probs,
+                                     const float *restrict logits, const int *restrict targets,
+                                     int N, int V) {
+    for (int n = 0; n < N; n++) {
+        const float *restrict x = logits + (size_t)n * V;
+        float *restrict p = probs + (size_t)n * V;
+        const float m = row_max(x, V);
+        float sacc[LANES] = {0};
+        int i = 0;
+        for (; i + LANES <= V; i += LANES)
+            for (int j = 0; j < LANES; j++) {
+                float e = exp_fast(x[i + j] - m);
+                p[i + j] = e;
+                sacc[j] += e;
+            }
+        float s = hsum(sacc);
+        for (; i < V; i++) {
+            float e = exp_fast(x[i] - m);
+            p[i] = e;
+            s += e;
+        }
+        const float inv = 1.0f / s;
+        for (i = 0; i < V; i++) p[i] *= inv;
+        /* -log p[target] as log-sum-exp, which stays finite when p underflows */
+        losses[n] = logf(s) - (x[targets[n]] - m);
+    }
+}
+
+static void crossentropy_backward_cpu(float *restrict dlogits, const float *restrict probs,
+                                      const int *restrict targets, float dloss, int N, int V) {
+    for (int n = 0; n < N; n++) {
+        const float *restrict p = probs + (size_t)n * V;
+        float *restrict d = dlogits + (size_t)n * V;
+        for (int i = 0; i < V; i++) d[i] = p[i] * dloss;
+        d[targets[n]] = (p[targets[n]] - 1.0f) * dloss;
+    }
+}
+
+/* ---- optimizer helpers ---------------------------------------------------------- */
+
+static double sum_squares_cpu(const float *restrict x, long N) {
+    double acc[LANES] = {0};
+    long i = 0;
+    for (; i + LANES <= N; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += (double)x[i + j] * (double)x[i + j];
+    double s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < N; i++) s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+static void adamw_cpu(float *restrict p, const float *restrict g, float *restrict m,
+                      float *restrict v, long N, float lr, float beta1, float beta2, float eps,
+                      float wd, int t, float grad_scale) {
+    const float bc1 = 1.0f - powf(beta1, (float)t);
+    const float bc2 = 1.0f - powf(beta2, (float)t);
+    const float ibc1 = 1.0f / bc1, ibc2 = 1.0f / bc2;
+    for (long i = 0; i < N; i++) {
+        float gi = g[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        /* vi >= 0, so sqrtf never takes its errno path; the builtin keeps
+         * the loop vectorisable under the default -fmath-errno. */
+        float den = __builtin_sqrtf(vi * ibc2) + eps;
+        p[i] -= lr * ((mi * ibc1) / den + wd * p[i]);
+    }
+}
+
+const kernels kernels_cpu = {
+    .name = "cpu",
+    .encoder_forward = encoder_forward_cpu,
+    .encoder_backward = encoder_backward_cpu,
+    .layernorm_forward = layernorm_forward_cpu,
+    .layernorm_backward = layernorm_backward_cpu,
+    .matmul_forward = matmul_forward_cpu,
+    .matmul_backward = matmul_backward_cpu,
+    .attention_forward = attention_forward_cpu,
+    .attention_backward = attention_backward_cpu,
+    .gelu_forward = gelu_forward_cpu,
+    .gelu_backward = gelu_backward_cpu,
+    .add = add_cpu,
+    .accumulate = accumulate_cpu,
+    .scale = scale_cpu,
+    .crossentropy_forward = crossentropy_forward_cpu,
+    .crossentropy_backward = crossentropy_backward_cpu,
+    .sum_squares = sum_squares_cpu,
+    .adamw = adamw_cpu,
+};

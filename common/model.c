@@ -1,0 +1,338 @@
+#include "model.h"
+#include "kernels.h"
+#include "mem.h"
+#include "device.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- layout ---------------------------------------------------------------- */
+
+static long place(tensor_info *t, const char *name, long *offset, long rows, long cols, int decay) {
+    *t = (tensor_info){name, *offset, rows, cols, decay};
+    *offset += rows * cols;
+    return *offset;
+}
+
+void gpt_layout_init(gpt_layout *g, const gpt_config *cfg) {
+    memset(g, 0, sizeof *g);
+    g->cfg = *cfg;
+    long V = cfg->vocab, T = cfg->seq, C = cfg->d_model, off;
+
+    off = 0;
+    place(&g->embed[EMBED_WTE], "wte.weight", &off, V, C, 1);
+    g->embed_size = place(&g->embed[EMBED_WPE], "wpe.weight", &off, T, C, 1);
+
+    off = 0;
+    place(&g->layer[LAYER_LN1_W], "ln_1.weight", &off, C, 1, 0);
+    place(&g->layer[LAYER_LN1_B], "ln_1.bias", &off, C, 1, 0);
+    place(&g->layer[LAYER_QKV_W], "attn.c_attn.weight", &off, 3 * C, C, 1);
+    place(&g->layer[LAYER_QKV_B], "attn.c_attn.bias", &off, 3 * C, 1, 0);
+    place(&g->layer[LAYER_ATTPROJ_W], "attn.c_proj.weight", &off, C, C, 1);
+    place(&g->layer[LAYER_ATTPROJ_B], "attn.c_proj.bias", &off, C, 1, 0);
+    place(&g->layer[LAYER_LN2_W], "ln_2.weight", &off, C, 1, 0);
+    place(&g->layer[LAYER_LN2_B], "ln_2.bias", &off, C, 1, 0);
+    place(&g->layer[LAYER_FC_W], "mlp.c_fc.weight", &off, 4 * C, C, 1);
+    place(&g->layer[LAYER_FC_B], "mlp.c_fc.bias", &off, 4 * C, 1, 0);
+    place(&g->layer[LAYER_FCPROJ_W], "mlp.c_proj.weight", &off, C, 4 * C, 1);
+    g->layer_size = place(&g->layer[LAYER_FCPROJ_B], "mlp.c_proj.bias", &off, C, 1, 0);
+
+    /* The output head is untied from wte: tying would put one tensor on the
+     * first pipeline stage and the last, and its two gradients would have to be
+     * summed across stages every step. Untied, every stage owns its parameters
+     * outright, which keeps the pipeline labs simple. */
+    off = 0;
+    place(&g->head[HEAD_LNF_W], "ln_f.weight", &off, C, 1, 0);
+    place(&g->head[HEAD_LNF_B], "ln_f.bias", &off, C, 1, 0);
+    g->head_size = place(&g->head[HEAD_W], "lm_head.weight", &off, V, C, 1);
+
+    g->total = g->embed_size + (long)cfg->layers * g->layer_size + g->head_size;
+}
+
+long gpt_layer_offset(const gpt_layout *g, int layer) {
+    return g->embed_size + (long)layer * g->layer_size;
+}
+long gpt_head_offset(const gpt_layout *g) { return gpt_layer_offset(g, g->cfg.layers); }
+
+void gpt_range(const gpt_layout *g, int lo, int hi, long *begin, long *end) {
+    *begin = lo == 0 ? 0 : gpt_layer_offset(g, lo);
+    *end = hi == g->cfg.layers ? g->total : gpt_layer_offset(g, hi);
+}
+
+void gpt_for_each_tensor(const gpt_layout *g, long begin, long end, tensor_visitor fn, void *ctx) {
+    int L = g->cfg.layers;
+    for (int blk = -1; blk <= L; blk++) {
+        const tensor_info *ts = blk < 0 ? g->embed : blk == L ? g->head : g->layer;
+        int n = blk < 0 ? EMBED_NTENSORS : blk == L ? HEAD_NTENSORS : LAYER_NTENSORS;
+        long base = blk < 0 ? 0 : gpt_layer_offset(g, blk);
+        for (int i = 0; i < n; i++) {
+            long lo = base + ts[i].offset, hi = lo + ts[i].rows * ts[i].cols;
+            if (hi > begin && lo < end) fn(ctx, &ts[i], lo, blk);
+        }
+    }
+}
+
+/* ---- initialisation -------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+float rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
+    uint64_t a = mix64(mix64(seed * 0x9e3779b97f4a7c15ULL + stream) + 2 * index);
+    uint64_t b = mix64(a + 0x632be59bd9b4e019ULL);
+    double u1 = ((a >> 11) + 0.5) * 0x1.0p-53, u2 = (b >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)); /* Box-Muller */
+}
+
+typedef struct { const gpt_layout *g; uint64_t seed; long begin, end; float *host; } init_ctx;
+
+static void init_tensor(void *vctx, const tensor_info *t, long offset, int layer) {
+    init_ctx *c = vctx;
+    long n = t->rows * t->cols;
+    long lo = offset > c->begin ? offset : c->begin;
+    long hi = offset + n < c->end ? offset + n : c->end;
+    int is_ln_weight = strstr(t->name, "ln_") && strstr(t->name, ".weight");
+    int is_residual_proj = strstr(t->name, "c_proj.weight") != NULL;
+    float std = 0.02f;
+    if (is_residual_proj) std = 0.02f / sqrtf(2.0f * (float)c->g->cfg.layers);
+    /* The stream key names the tensor and its layer, so values do not depend on
+     * where the tensor sits in any buffer. */
+    uint64_t stream = (uint64_t)(layer + 2) * 64 + (uint64_t)(t - (layer < 0 ? c->g->embed
+                                            : layer == c->g->cfg.layers ? c->g->head : c->g->layer));
+    for (long i = lo; i < hi; i++) {
+        float v;
+        if (is_ln_weight) v = 1.0f;
+        else if (t->cols == 1) v = 0.0f;
+        else v = std * rng_normal(c->seed, stream, (uint64_t)(i - offset));
+        c->host[i - c->begin] = v;
+    }
+}
+
+void gpt_init_params(const gpt_layout *g, uint64_t seed, long begin, long end, float *dst) {
+    float *host = malloc((size_t)(end - begin) * sizeof(float) + 1);
+    if (!host) die("out of host memory initialising parameters");
+    init_ctx c = {g, seed, begin, end, host};
+    gpt_for_each_tensor(g, begin, end, init_tensor, &c);
+    mem_to_device(dst, host, (size_t)(end - begin) * sizeof(float));
+    free(host);
+}
+
+/* ---- activations ----------------------------------------------------------- */
+
+/* Carve consecutive pieces out of one block; the first pass (block NULL) counts. */
+static float *carve(float *block, long *used, long n) {
+    long at = *used;
+    *used += (n + 15) / 16 * 16; /* keep every piece 64-byte aligned */
+    return block ? block + at : NULL;
+}
+
+static long lay_out_acts(gpt_acts *a, const gpt_layout *g, float *block) {
+    long B = a->B, T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, NH = g->cfg.heads;
+    long N = B * T, used = 0;
+    int first = a->lo == 0, last = a->hi == g->cfg.layers;
+    /* token ids live in the float block as int-sized slots */
+    a->tokens = first ? (int *)carve(block, &used, N) : NULL;
+    a->targets = last ? (int *)carve(block, &used, N) : NULL;
+    a->x_in = carve(block, &used, N * C);
+    for (int l = 0; l < a->hi - a->lo; l++) {
+        layer_acts *la = &a->layer[l];
+        la->ln1 = carve(block, &used, N * C);
+        la->ln1_mean = carve(block, &used, N);
+        la->ln1_rstd = carve(block, &used, N);
+        la->qkv = carve(block, &used, N * 3 * C);
+        la->atty = carve(block, &used, N * C);
+        la->att = carve(block, &used, B * NH * T * T);
+        la->res2 = carve(block, &used, N * C);
+        la->ln2 = carve(block, &used, N * C);
+        la->ln2_mean = carve(block, &used, N);
+        la->ln2_rstd = carve(block, &used, N);
+        la->fch = carve(block, &used, N * 4 * C);
+        la->fch_gelu = carve(block, &used, N * 4 * C);
+        la->res3 = carve(block, &used, N * C);
+    }
+    if (last) {
+        a->lnf = carve(block, &used, N * C);
+        a->lnf_mean = carve(block, &used, N);
+        a->lnf_rstd = carve(block, &used, N);
+        a->logits = carve(block, &used, N * V);
+        a->probs = carve(block, &used, N * V);
+        a->losses = carve(block, &used, N);
+    } else {
+        a->lnf = a->lnf_mean = a->lnf_rstd = a->logits = a->probs = a->losses = NULL;
+    }
+    return used;
+}
+
+void gpt_acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B) {
+    memset(a, 0, sizeof *a);
+    a->B = B; a->lo = lo; a->hi = hi;
+    a->layer = calloc((size_t)(hi - lo) + 1, sizeof *a->layer);
+    if (!a->layer) die("out of host memory");
+    long n = lay_out_acts(a, g, NULL);
+    a->bytes = n * (long)sizeof(float);
+    a->block = mem_alloc((size_t)a->bytes, MEM_ACTS);
+    lay_out_acts(a, g, a->block);
+}
+
+void gpt_acts_free(gpt_acts *a) {
+    mem_free(a->block);
+    free(a->layer);
+    memset(a, 0, sizeof *a);
+}
+
+float *gpt_acts_output(const gpt_acts *a) {
+    return a->hi > a->lo ? a->layer[a->hi - a->lo - 1].res3 : a->x_in;
+}
+
+static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, float *block) {
+    long T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, NH = g->cfg.heads, N = B * T;
+    long used = 0;
+    s->dres = carve(block, &used, N * C);
+    s->dln = carve(block, &used, N * C);
+    s->dqkv = carve(block, &used, N * 3 * C);
+    s->datty = carve(block, &used, N * C);
+    s->datt = carve(block, &used, (long)B * NH * T * T);
+    s->dfch = carve(block, &used, N * 4 * C);
+    s->dfch_gelu = carve(block, &used, N * 4 * C);
+    s->dlogits = carve(block, &used, N * V);
+    return used;
+}
+
+void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B) {
+    long n = lay_out_scratch(s, g, B, NULL);
+    s->block = mem_alloc((size_t)n * sizeof(float), MEM_WORKSPACE);
+    lay_out_scratch(s, g, B, s->block);
+}
+
+void gpt_scratch_free(gpt_grad_scratch *s) {
+    mem_free(s->block);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- forward ----------------------------------------------------------------- */
+
+#define P(block, which) ((block) + g->layer[which].offset)
+
+static void layer_forward(const gpt_layout *g, const float *lp, layer_acts *la, const float *x, int B) {
+    int T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
+    K->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, P(lp, LAYER_LN1_W), P(lp, LAYER_LN1_B), N, C);
+    K->matmul_forward(la->qkv, la->ln1, P(lp, LAYER_QKV_W), P(lp, LAYER_QKV_B), N, C, 3 * C);
+    K->attention_forward(la->atty, la->att, la->qkv, B, T, NH, C / NH);
+    K->matmul_forward(la->res2, la->atty, P(lp, LAYER_ATTPROJ_W), P(lp, LAYER_ATTPROJ_B), N, C, C);
+    K->add(la->res2, la->res2, x, (long)N * C);
+    K->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, P(lp, LAYER_LN2_W), P(lp, LAYER_LN2_B), N, C);
+    K->matmul_forward(la->fch, la->ln2, P(lp, LAYER_FC_W), P(lp, LAYER_FC_B), N, C, 4 * C);
+    K->gelu_forward(la->fch_gelu, la->fch, (long)N * 4 * C);
+    K->matmul_forward(la->res3, la->fch_gelu, P(lp, LAYER_FCPROJ_W), P(lp, LAYER_FCPROJ_B), N, 4 * C, C);
+    K->add(la->res3, la->res3, la->res2, (long)N * C);
+}
+
+void gpt_forward(const gpt_layout *g, const float *params, gpt_acts *a) {
+    int T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, L = g->cfg.layers, B = a->B, N = B * T;
+    long begin, end;
+    gpt_range(g, a->lo, a->hi, &begin, &end);
+    if (a->lo == 0)
+        K->encoder_forward(a->x_in, a->tokens, params + g->embed[EMBED_WTE].offset,
+                           params + g->embed[EMBED_WPE].offset, B, T, C);
+    const float *x = a->x_in;
+    for (int l = a->lo; l < a->hi; l++) {
+        layer_acts *la = &a->layer[l - a->lo];
+        layer_forward(g, params + gpt_layer_offset(g, l) - begin, la, x, B);
+        x = la->res3;
+    }
+    if (a->hi == L) {
+        const float *hp = params + gpt_head_offset(g) - begin;
+        K->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, hp + g->head[HEAD_LNF_W].offset,
+                             hp + g->head[HEAD_LNF_B].offset, N, C);
+        K->matmul_forward(a->logits, a->lnf, hp + g->head[HEAD_W].offset, NULL, N, C, V);
+        K->crossentropy_forward(a->losses, a->probs, a->logits, a->targets, N, V);
+    }
+}
+
+/* ---- backward ---------------------------------------------------------------- */
+
+/* dres holds the gradient of the layer's output on entry and of its input on exit. */
+static void layer_backward(const gpt_layout *g, const float *lp, float *gp, const layer_acts *la,
+                           const float *x, gpt_grad_scratch *s, int B) {
+    int T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
+    size_t nc = (size_t)N * C * sizeof(float), n4c = 4 * nc;
+    /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
+    mem_zero(s->dfch_gelu, n4c);
+    K->matmul_backward(s->dfch_gelu, P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), s->dres,
+                       la->fch_gelu, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
+    mem_zero(s->dfch, n4c);
+    K->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
+    mem_zero(s->dln, nc);
+    K->matmul_backward(s->dln, P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), s->dfch, la->ln2,
+                       P(lp, LAYER_FC_W), N, C, 4 * C);
+    K->layernorm_backward(s->dres, P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), s->dln, la->res2,
+                          P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
+    /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
+    mem_zero(s->datty, nc);
+    K->matmul_backward(s->datty, P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), s->dres,
+                       la->atty, P(lp, LAYER_ATTPROJ_W), N, C, C);
+    mem_zero(s->dqkv, 3 * nc);
+    K->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
+    mem_zero(s->dln, nc);
+    K->matmul_backward(s->dln, P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), s->dqkv, la->ln1,
+                       P(lp, LAYER_QKV_W), N, C, 3 * C);
+    K->layernorm_backward(s->dres, P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), s->dln, x,
+                          P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
+}
+
+float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_acts *a,
+                    gpt_grad_scratch *s, const float *dout, float dloss,
+                    grads_ready_fn ready, void *ready_ctx) {
+    int T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, L = g->cfg.layers, B = a->B, N = B * T;
+    size_t nc = (size_t)N * C * sizeof(float);
+    long begin, end;
+    gpt_range(g, a->lo, a->hi, &begin, &end);
+    if (a->hi == L) {
+        long h = gpt_head_offset(g) - begin;
+        const float *hp = params + h;
+        float *hg = grads + h;
+        K->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
+        mem_zero(s->dln, nc);
+        K->matmul_backward(s->dln, hg + g->head[HEAD_W].offset, NULL, s->dlogits, a->lnf,
+                           hp + g->head[HEAD_W].offset, N, C, V);
+        mem_zero(s->dres, nc);
+        K->layernorm_backward(s->dres, hg + g->head[HEAD_LNF_W].offset, hg + g->head[HEAD_LNF_B].offset,
+                              s->dln, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
+                              a->lnf_mean, a->lnf_rstd, N, C);
+        if (ready) ready(ready_ctx, gpt_head_offset(g), g->total);
+    } else {
+        mem_copy(s->dres, dout, nc);
+    }
+    for (int l = a->hi - 1; l >= a->lo; l--) {
+        long o = gpt_layer_offset(g, l) - begin;
+        const float *x = l == a->lo ? a->x_in : a->layer[l - a->lo - 1].res3;
+        layer_backward(g, params + o, grads + o, &a->layer[l - a->lo], x, s, B);
+        if (ready) ready(ready_ctx, gpt_layer_offset(g, l), gpt_layer_offset(g, l + 1));
+    }
+    if (a->lo != 0) return s->dres;
+    K->encoder_backward(grads + g->embed[EMBED_WTE].offset, grads + g->embed[EMBED_WPE].offset,
+                        s->dres, a->tokens, B, T, C);
+    if (ready) ready(ready_ctx, 0, g->embed_size);
+    return NULL;
+}
+
+double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a) {
+    long n = (long)a->B * g->cfg.seq;
+    float *host = malloc((size_t)n * sizeof(float));
+    if (!host) die("out of host memory");
+    mem_to_host(host, a->losses, (size_t)n * sizeof(float));
+    double sum = 0;
+    for (long i = 0; i < n; i++) sum += host[i];
+    free(host);
+    return sum / (double)n;
+}
+
+double gpt_flops_per_token(const gpt_layout *g) {
+    double L = g->cfg.layers, T = g->cfg.seq, C = g->cfg.d_model;
+    /* the embeddings are lookups, not matmuls: leave wte and wpe out */
+    double matmul_params = (double)(g->total - g->embed_size);
+    return 6.0 * matmul_params + 12.0 * L * T * C;
+}

@@ -1,0 +1,130 @@
+/* GPT-2-style decoder: parameter layout, initialisation, and forward/backward
+ * of a range of layers.
+ *
+ * All parameters live in one flat buffer, laid out layer by layer:
+ *
+ *   [ embedding: wte, wpe ][ layer 0 ][ layer 1 ] ... [ layer L-1 ][ head: lnf_w, lnf_b, head_w ]
+ *
+ * so a pipeline stage, a ZeRO shard, a gradient bucket or one layer is a
+ * contiguous range [begin, end) of offsets. Gradients and the two AdamW
+ * moments use the same layout. Each layer block has the same inner layout,
+ * so code that runs one layer only needs a pointer to that layer's block. */
+#ifndef PL_MODEL_H
+#define PL_MODEL_H
+#include <stdint.h>
+
+typedef struct gpt_config {
+    int vocab;    /* 256: byte-level tokens */
+    int seq;      /* T, the context length (and the rows of wpe) */
+    int layers;   /* L */
+    int d_model;  /* C */
+    int heads;    /* NH; head size C / NH */
+} gpt_config;
+
+/* The tensors inside one layer block, in order. */
+enum {
+    LAYER_LN1_W, LAYER_LN1_B, LAYER_QKV_W, LAYER_QKV_B, LAYER_ATTPROJ_W, LAYER_ATTPROJ_B,
+    LAYER_LN2_W, LAYER_LN2_B, LAYER_FC_W, LAYER_FC_B, LAYER_FCPROJ_W, LAYER_FCPROJ_B,
+    LAYER_NTENSORS
+};
+/* The tensors outside the layers. */
+enum { EMBED_WTE, EMBED_WPE, EMBED_NTENSORS };
+enum { HEAD_LNF_W, HEAD_LNF_B, HEAD_W, HEAD_NTENSORS };
+
+typedef struct tensor_info {
+    const char *name; /* GPT-2 style, e.g. "h.{l}.attn.c_attn.weight" without the layer */
+    long offset;      /* inside its block */
+    long rows, cols;  /* cols == 1 for vectors */
+    int decay;        /* AdamW weight decay applies: matrices only */
+} tensor_info;
+
+typedef struct gpt_layout {
+    gpt_config cfg;
+    tensor_info embed[EMBED_NTENSORS], layer[LAYER_NTENSORS], head[HEAD_NTENSORS];
+    long embed_size, layer_size, head_size; /* elements per block */
+    long total;                             /* elements in the whole model */
+} gpt_layout;
+
+void gpt_layout_init(gpt_layout *g, const gpt_config *cfg);
+/* Offsets of the blocks in the flat buffer. */
+long gpt_layer_offset(const gpt_layout *g, int layer); /* layer == L gives the head's */
+long gpt_head_offset(const gpt_layout *g);
+/* The parameter range of layers [lo, hi), with the embedding when lo == 0 and
+ * the head when hi == L: what a pipeline stage owns. */
+void gpt_range(const gpt_layout *g, int lo, int hi, long *begin, long *end);
+
+/* Visit every tensor overlapping [begin, end): fn(ctx, info, global_offset, layer)
+ * with layer -1 for the embedding and L for the head. */
+typedef void (*tensor_visitor)(void *ctx, const tensor_info *t, long offset, int layer);
+void gpt_for_each_tensor(const gpt_layout *g, long begin, long end, tensor_visitor fn, void *ctx);
+
+/* GPT-2 initialisation of the elements [begin, end) into dst (a device buffer of
+ * end - begin floats): N(0, 0.02) for matrices, 0.02 / sqrt(2 L) for the two
+ * residual projections, 1 for LayerNorm weights, 0 for biases. Every value is
+ * a pure function of (seed, tensor, element index), so any rank can create
+ * exactly its slice and every layout starts from bit-identical weights. */
+void gpt_init_params(const gpt_layout *g, uint64_t seed, long begin, long end, float *dst);
+/* The counter-based normal sample behind it (exposed for tests). */
+float rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
+
+/* Activations of layers [lo, hi) for one micro-batch of B rows, in one
+ * allocation of the activations category (so in-flight micro-batches are
+ * counted by the allocator). */
+typedef struct layer_acts {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3; /* res3: the layer output */
+} layer_acts;
+
+typedef struct gpt_acts {
+    int B, lo, hi;
+    int *tokens, *targets; /* device, B*T each: tokens on the first stage, targets on the last */
+    float *x_in;           /* [B,T,C] input of layer lo: the embedding output or what was received */
+    layer_acts *layer;     /* hi - lo of them */
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses; /* last stage only */
+    float *block;          /* the one allocation */
+    long bytes;
+} gpt_acts;
+
+void gpt_acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B);
+void gpt_acts_free(gpt_acts *a);
+/* The output of the range: the last layer's res3 ([B,T,C]), what a stage sends on. */
+float *gpt_acts_output(const gpt_acts *a);
+
+/* Scratch for the backward of one stage, reused by every micro-batch
+ * (workspace category). */
+typedef struct gpt_grad_scratch {
+    float *dres, *dln, *dqkv, *datty, *datt, *dfch, *dfch_gelu, *dlogits;
+    float *block;
+} gpt_grad_scratch;
+void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B);
+void gpt_scratch_free(gpt_grad_scratch *s);
+
+/* Forward of layers [a->lo, a->hi) on `params`, the flat buffer holding the
+ * range gpt_range(lo, hi) (params[0] is element `begin` of the model).
+ * The first stage embeds a->tokens (x_in is ignored); others read a->x_in.
+ * The last stage also computes a->losses[B*T] from a->targets.
+ * Returns nothing; losses stay on the device. */
+void gpt_forward(const gpt_layout *g, const float *params, gpt_acts *a);
+
+/* Called by gpt_backward whenever the gradients of [begin, end) are final for
+ * this micro-batch (blocks finish from the head down to the embedding), so a
+ * data-parallel lab can start reducing them while the rest of the backward runs. */
+typedef void (*grads_ready_fn)(void *ctx, long begin, long end);
+
+/* Backward of the same range, accumulating into `grads` (same indexing as
+ * params). dloss is each position's weight in the loss (1 / tokens averaged
+ * over). The last stage starts from the loss; others from dout ([B,T,C], the
+ * gradient of the range's output). Returns the gradient of x_in (inside s;
+ * valid until the next backward), NULL on the first stage. */
+float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_acts *a,
+                    gpt_grad_scratch *s, const float *dout, float dloss,
+                    grads_ready_fn ready, void *ready_ctx);
+
+/* The mean of a->losses, read back to the host. */
+double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a);
+
+/* FLOPs of one training step (forward + backward) per token, 6 x parameters as
+ * the usual estimate, plus attention's own 12 L T C. */
+double gpt_flops_per_token(const gpt_layout *g);
+
+#endif

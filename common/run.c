@@ -1,0 +1,351 @@
+#define _POSIX_C_SOURCE 200809L
+#include "run.h"
+#include "kernels.h"
+#include "mem.h"
+#include "trace.h"
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- flags -------------------------------------------------------------------- */
+
+static flag_spec shared_flags[] = {
+    {"--steps", FLAG_INT, NULL, "optimizer steps", 1, NULL},
+    {"--batch", FLAG_INT, NULL, "global batch in sequences, summed over data-parallel ranks", 1, NULL},
+    {"--seq", FLAG_INT, NULL, "sequence length T (tokens per sequence)", 1, NULL},
+    {"--layers", FLAG_INT, NULL, "transformer layers L", 1, NULL},
+    {"--d-model", FLAG_INT, NULL, "model width C", 1, NULL},
+    {"--heads", FLAG_INT, NULL, "attention heads (must divide --d-model)", 1, NULL},
+    {"--lr", FLAG_FLOAT, NULL, "AdamW learning rate", 0, NULL},
+    {"--weight-decay", FLAG_FLOAT, NULL, "AdamW weight decay on matrices", 0, NULL},
+    {"--clip", FLAG_FLOAT, NULL, "clip the global gradient norm to this (0: off)", 0, NULL},
+    {"--seed", FLAG_INT, NULL, "seed of the initial weights and of the data order", 0, NULL},
+    {"--data", FLAG_STRING, NULL, "train on this text file's bytes instead of the built-in corpus", 0, NULL},
+    {"--device", FLAG_STRING, NULL, "where kernels run", 0, "auto|cpu|cuda"},
+    {"--comm", FLAG_STRING, NULL, "collectives over MPI or NCCL", 0, "auto|mpi|nccl"},
+    {"--out", FLAG_STRING, NULL, "folder for the run record, trace and timeline", 0, NULL},
+};
+#define N_SHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
+
+static void bind_shared(run_options *o) {
+    void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads,
+                              &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
+                              &o->device, &o->comm, &o->out};
+    for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
+}
+
+void run_check(run_ctx *ctx, int ok, const char *fmt, ...) {
+    if (ok || ctx->error[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    va_end(ap);
+}
+
+static void format_value(const flag_spec *f, char *buf, size_t len) {
+    switch (f->type) {
+    case FLAG_INT: snprintf(buf, len, "%d", *(int *)f->value); break;
+    case FLAG_FLOAT: snprintf(buf, len, "%g", *(double *)f->value); break;
+    case FLAG_BOOL: snprintf(buf, len, "%s", *(int *)f->value ? "on" : "off"); break;
+    case FLAG_STRING: {
+        const char *s = *(const char **)f->value;
+        snprintf(buf, len, "%s", s ? s : "none");
+        break;
+    }
+    }
+}
+
+static void print_flags(const char *title, const flag_spec *flags, int n) {
+    printf("\n%s:\n", title);
+    for (int i = 0; i < n; i++) {
+        char def[64], left[64];
+        format_value(&flags[i], def, sizeof def);
+        const char *arg = flags[i].type == FLAG_INT ? " N" : flags[i].type == FLAG_FLOAT ? " X"
+                        : flags[i].type == FLAG_BOOL ? "" : flags[i].choices ? " " : " S";
+        snprintf(left, sizeof left, "%s%s%s", flags[i].name, arg,
+                 flags[i].type == FLAG_STRING && flags[i].choices ? flags[i].choices : "");
+        printf("  %-24s %s [%s]\n", left, flags[i].help, def);
+    }
+}
+
+static void print_help(const lab_info *lab) {
+    printf("%s: %s\n\nusage: mpirun -n RANKS ./%s [flags]\n", lab->name, lab->about, lab->name);
+    print_flags("shared flags (every lab)", shared_flags, N_SHARED);
+    if (lab->n_flags) {
+        char title[64];
+        snprintf(title, sizeof title, "%s flags", lab->name);
+        print_flags(title, lab->flags, lab->n_flags);
+    }
+    printf("  %-24s %s\n", "--help", "print this and exit");
+}
+
+static int in_choices(const char *choices, const char *v) {
+    size_t n = strlen(v);
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0) return 1;
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return 0;
+}
+
+/* Parse one value into f; returns 0 or records an error naming the flag. */
+static void parse_value(run_ctx *ctx, const flag_spec *f, const char *v) {
+    char *end;
+    errno = 0;
+    if (f->type == FLAG_INT) {
+        long x = strtol(v, &end, 10);
+        if (end == v || *end || errno) {
+            run_check(ctx, 0, "%s expects an integer, got '%s'", f->name, v);
+            return;
+        }
+        if (x < f->min || x > 1000000000L) {
+            run_check(ctx, 0, "%s must be %s %g, got %ld", f->name, x < f->min ? "at least" : "at most",
+                      x < f->min ? f->min : 1e9, x);
+            return;
+        }
+        *(int *)f->value = (int)x;
+    } else if (f->type == FLAG_FLOAT) {
+        double x = strtod(v, &end);
+        if (end == v || *end || errno || !isfinite(x)) {
+            run_check(ctx, 0, "%s expects a number, got '%s'", f->name, v);
+            return;
+        }
+        if (x < f->min) {
+            run_check(ctx, 0, "%s must be at least %g, got %g", f->name, f->min, x);
+            return;
+        }
+        *(double *)f->value = x;
+    } else {
+        if (f->choices && !in_choices(f->choices, v)) {
+            run_check(ctx, 0, "%s must be one of %s, got '%s'", f->name, f->choices, v);
+            return;
+        }
+        *(const char **)f->value = v;
+    }
+}
+
+static const flag_spec *find_flag(const lab_info *lab, const char *name, size_t len) {
+    for (int i = 0; i < N_SHARED; i++)
+        if (strlen(shared_flags[i].name) == len && !strncmp(shared_flags[i].name, name, len))
+            return &shared_flags[i];
+    for (int i = 0; i < lab->n_flags; i++)
+        if (strlen(lab->flags[i].name) == len && !strncmp(lab->flags[i].name, name, len))
+            return &lab->flags[i];
+    return NULL;
+}
+
+void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
+    memset(ctx, 0, sizeof *ctx);
+    ctx->lab = *lab;
+    MPI_Comm_rank(MPI_COMM_WORLD, &ctx->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ctx->size);
+    run_options *o = &ctx->opt;
+    *o = (run_options){.steps = 50, .batch = 32, .seq = 64, .layers = 8, .d_model = 128,
+                       .heads = 4, .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
+                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs"};
+    bind_shared(o);
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            if (ctx->rank == 0) print_help(lab);
+            MPI_Finalize();
+            exit(0);
+        }
+    }
+    for (int i = 1; i < argc && !ctx->error[0]; i++) {
+        const char *arg = argv[i], *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) != 0) {
+            run_check(ctx, 0, "unexpected argument '%s' (flags start with --; see --help)", arg);
+            break;
+        }
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        const flag_spec *f = find_flag(lab, arg, len);
+        if (!f) {
+            run_check(ctx, 0, "unknown flag '%.*s' (see --help)", (int)len, arg);
+            break;
+        }
+        if (f->type == FLAG_BOOL) {
+            run_check(ctx, !eq, "%s takes no value", f->name);
+            *(int *)f->value = 1;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v || (!eq && !strncmp(v, "--", 2) && find_flag(lab, v, strcspn(v, "=")))) {
+            run_check(ctx, 0, "%s needs a value", f->name);
+            break;
+        }
+        parse_value(ctx, f, v);
+    }
+    run_check(ctx, o->d_model % o->heads == 0, "--heads %d does not divide --d-model %d", o->heads, o->d_model);
+    run_check(ctx, !(o->data && !o->data[0]), "--data needs a file name");
+    ctx->model = (gpt_config){.vocab = 256, .seq = o->seq, .layers = o->layers,
+                              .d_model = o->d_model, .heads = o->heads};
+    ctx->adamw = (adamw_config){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                .weight_decay = (float)o->weight_decay};
+    ctx->tokens_per_step = (long)o->batch * o->seq;
+}
+
+/* ---- set-up ------------------------------------------------------------------- */
+
+void run_agree_or_exit(const char *err) {
+    int rank, size, mine, first;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    mine = err && err[0] ? rank : size;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first == size) return;
+    if (rank == first) {
+        fprintf(stderr, "error: %s\n", err);
+        fflush(stderr);
+    }
+    MPI_Finalize();
+    exit(2);
+}
+
+static int mkdir_p(const char *path) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0777) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) && errno != EEXIST ? -1 : 0;
+}
+
+static int min_over_ranks(int x) {
+    int y;
+    MPI_Allreduce(&x, &y, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return y;
+}
+
+void run_setup(run_ctx *ctx) {
+    run_options *o = &ctx->opt;
+    /* Flag errors come from the same arguments on every rank, so every rank
+     * already knows: no communication is needed to agree on them. */
+    if (ctx->error[0]) {
+        if (ctx->rank == 0) fprintf(stderr, "error: %s\n", ctx->error);
+        MPI_Finalize();
+        exit(2);
+    }
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &ctx->local_rank);
+    MPI_Comm_size(local, &ctx->local_size);
+    MPI_Comm_free(&local);
+
+    /* One OpenBLAS thread per rank: ranks are the parallelism on the CPU. */
+    if (!getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
+
+    char err[sizeof ctx->error] = "";
+    int gpus = device_gpu_count();
+    int every_rank_has_gpu = min_over_ranks(gpus > 0);
+    int every_rank_own_gpu = min_over_ranks(gpus >= ctx->local_size);
+    if (!strcmp(o->device, "cuda") && gpus == 0) {
+#ifdef PL_HAVE_CUDA
+        snprintf(err, sizeof err, "--device cuda: no usable GPU on this host (no driver or no device)");
+#else
+        snprintf(err, sizeof err, "--device cuda: this build has no CUDA support (the toolkit was not found at configure time)");
+#endif
+    }
+    ctx->device = !strcmp(o->device, "cuda") || (!strcmp(o->device, "auto") && every_rank_has_gpu)
+                      ? DEVICE_CUDA : DEVICE_CPU;
+    if (!err[0] && !strcmp(o->comm, "nccl")) {
+        if (ctx->device != DEVICE_CUDA)
+            snprintf(err, sizeof err, "--comm nccl needs --device cuda (the run is on the CPU)");
+        else if (gpus < ctx->local_size)
+            snprintf(err, sizeof err, "--comm nccl needs one GPU per rank: %d ranks share %d GPU(s) on this host "
+                     "(NCCL refuses two ranks on one GPU; use --comm mpi)", ctx->local_size, gpus);
+    }
+    ctx->backend = !strcmp(o->comm, "nccl") || (!strcmp(o->comm, "auto") && ctx->device == DEVICE_CUDA
+                                                && every_rank_own_gpu) ? COMM_NCCL : COMM_MPI;
+    if (!err[0] && data_load(&ctx->data, o->data, o->seq, err, sizeof err) != 0) { /* err is set */ }
+    if (!err[0] && ctx->rank == 0) {
+        /* only rank 0 writes the record; it checks the folder for everyone */
+        snprintf(ctx->records_jsonl, sizeof ctx->records_jsonl, "%s/records.jsonl", o->out);
+        FILE *f = mkdir_p(o->out) == 0 ? fopen(ctx->records_jsonl, "a") : NULL;
+        if (!f) snprintf(err, sizeof err, "--out %s: cannot write there: %s", o->out, strerror(errno));
+        else fclose(f);
+    }
+    run_agree_or_exit(err);
+    snprintf(ctx->records_jsonl, sizeof ctx->records_jsonl, "%s/records.jsonl", o->out);
+    snprintf(ctx->records_csv, sizeof ctx->records_csv, "%s/records.csv", o->out);
+
+    device_use(ctx->device, ctx->device == DEVICE_CUDA ? ctx->local_rank % gpus : 0);
+    trace_init(MPI_COMM_WORLD);
+    ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
+    ctx->losses = calloc((size_t)o->steps, sizeof(double));
+
+    if (ctx->rank == 0) {
+        gpt_layout g;
+        gpt_layout_init(&g, &ctx->model);
+        char p[16];
+        printf("%s | %d rank%s | device %s | comm %s%s\n", ctx->lab.name, ctx->size,
+               ctx->size == 1 ? "" : "s", ctx->device == DEVICE_CUDA ? "cuda" : "cpu",
+               ctx->backend == COMM_NCCL ? "nccl" : "mpi",
+               ctx->device == DEVICE_CUDA && ctx->backend == COMM_MPI ? " (staged through host memory)" : "");
+        printf("model: %d layers, d_model %d, %d heads, seq %d, vocab 256 | %s parameters\n",
+               o->layers, o->d_model, o->heads, o->seq, human((double)g.total, p));
+        printf("data: %s (%ld bytes) | batch %d x %d = %ld tokens per step | %d steps, lr %g\n",
+               ctx->data.source, ctx->data.n, o->batch, o->seq, ctx->tokens_per_step, o->steps, o->lr);
+        fflush(stdout);
+    }
+}
+
+/* ---- steps -------------------------------------------------------------------- */
+
+void run_step_begin(run_ctx *ctx, int step) {
+    trace_step_begin(step);
+    ctx->step_t0 = now_seconds();
+}
+
+const char *human(double x, char buf[16]) {
+    const char *unit = "";
+    double a = fabs(x);
+    if (a >= 1e9) { x /= 1e9; unit = "G"; }
+    else if (a >= 1e6) { x /= 1e6; unit = "M"; }
+    else if (a >= 1e3) { x /= 1e3; unit = "k"; }
+    snprintf(buf, 16, fabs(x) >= 100 || !unit[0] ? "%.0f%s" : "%.2f%s", x, unit);
+    return buf;
+}
+
+void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {
+    device_synchronize();
+    double dt = now_seconds() - ctx->step_t0;
+    trace_step_end(step);
+    ctx->step_seconds[step] = dt;
+    ctx->losses[step] = loss;
+    ctx->steps_done = step + 1;
+    if (ctx->rank == 0) {
+        char tps[16];
+        printf("step %d/%d | loss %.4f | %.1f ms | %s tok/s%s%s\n", step + 1, ctx->opt.steps, loss,
+               dt * 1e3, human((double)ctx->tokens_per_step / dt, tps), extra ? " | " : "",
+               extra ? extra : "");
+        fflush(stdout);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double run_median_step_seconds(const run_ctx *ctx) {
+    int first = ctx->steps_done > 1 ? 1 : 0, n = ctx->steps_done - first;
+    if (n <= 0) return 0;
+    double *t = malloc((size_t)n * sizeof(double));
+    memcpy(t, ctx->step_seconds + first, (size_t)n * sizeof(double));
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    double m = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    free(t);
+    return m;
+}

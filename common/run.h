@@ -1,0 +1,98 @@
+/* What every lab shares around its technique: flags and their validation,
+ * backend choice, the per-step line, the end-of-run summary and the run record.
+ *
+ * A lab's main reads:
+ *   run_parse(&ctx, argc, argv, &lab);         shared + lab flags, --help
+ *   run_check(&ctx, ok, "--flag ...", ...);    the lab's own rules
+ *   run_setup(&ctx);                           exits 2 on any error, on every rank,
+ *                                              before any communication; then picks
+ *                                              the device and comm, loads the data
+ *   for each step: run_step_begin / run_step_end
+ *   run_finish(&ctx, &report);                 summary, record, trace */
+#ifndef PL_RUN_H
+#define PL_RUN_H
+#include "comm.h"
+#include "data.h"
+#include "device.h"
+#include "model.h"
+#include "optim.h"
+#include <stddef.h>
+
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_BOOL } flag_type;
+
+typedef struct flag_spec {
+    const char *name;    /* "--steps" */
+    flag_type type;      /* the value is an int, double, const char * or int (0/1) */
+    void *value;         /* holds the default on entry */
+    const char *help;
+    double min;          /* smallest value accepted (numbers) */
+    const char *choices; /* strings: "a|b|c", or NULL for any */
+} flag_spec;
+
+typedef struct run_options {
+    int steps, batch, seq, layers, d_model, heads, seed;
+    double lr, weight_decay, clip;
+    const char *data, *device, *comm, *out;
+} run_options;
+
+typedef struct lab_info {
+    const char *name;    /* the program, "lab01_dp" */
+    const char *about;   /* one paragraph for --help */
+    flag_spec *flags;    /* the lab's own flags */
+    int n_flags;
+} lab_info;
+
+typedef struct run_ctx {
+    lab_info lab;
+    run_options opt;
+    int rank, size;               /* in MPI_COMM_WORLD */
+    int local_rank, local_size;   /* among the ranks on this host */
+    char error[400];              /* the first error found, "" if none */
+    device_kind device;
+    comm_backend backend;
+    dataset data;
+    gpt_config model;
+    adamw_config adamw;
+    char records_jsonl[512], records_csv[512];
+    /* filled by run_step_end */
+    double *step_seconds, *losses;
+    int steps_done;
+    double step_t0;
+    long tokens_per_step;         /* global batch x seq */
+} run_ctx;
+
+void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab);
+/* Record an error (the first one wins) unless ok. fmt names the flag. */
+void run_check(run_ctx *ctx, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void run_setup(run_ctx *ctx);
+/* All ranks agree: if any rank has a non-empty `err`, the lowest such rank prints
+ * it as one line, and every rank exits with status 2. Collective. */
+void run_agree_or_exit(const char *err);
+
+void run_step_begin(run_ctx *ctx, int step);
+/* loss: the global mean loss of the step (the same on every rank that passes it);
+ * extra: more text for the step line, or NULL. Synchronises the device. */
+void run_step_end(run_ctx *ctx, int step, double loss, const char *extra);
+
+typedef struct run_report {
+    const char *layout;         /* "dp=4", printed and recorded */
+    comm *comms[4];             /* communicators whose traffic is reported */
+    int n_comms;
+    long params;                /* parameters of the whole model */
+    double comm_formula_bytes;  /* bytes per rank per step by the lesson's formula, < 0: none */
+    const char *comm_formula;   /* how it is computed, e.g. "2(N-1)/N x gradient bytes" */
+    double bubble_theory;       /* < 0: not a pipeline */
+    const char *extra_json;     /* lab-specific record members ("\"k\":v,..."), or NULL */
+} run_report;
+
+/* Collective: gathers memory, traffic and timeline from all ranks, prints the
+ * summary on rank 0, appends the run record and writes trace + timeline. */
+void run_finish(run_ctx *ctx, const run_report *report);
+
+/* Median of the measured step times in seconds (step 0 is warm-up when steps > 1). */
+double run_median_step_seconds(const run_ctx *ctx);
+
+/* "12.4k", "3.20M": short human figures for the console. */
+const char *human(double x, char buf[16]);
+
+#endif

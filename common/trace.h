@@ -1,0 +1,42 @@
+/* Per-rank timeline of compute and communication, for the bubble figures and
+ * for the Chrome trace / CSV Gantt chart.
+ *
+ * On the CPU an event's times are wall-clock; on CUDA they come from CUDA
+ * events recorded on the event's stream, so they show when the GPU worked,
+ * not when the host queued the work. */
+#ifndef PL_TRACE_H
+#define PL_TRACE_H
+#include <mpi.h>
+
+typedef enum { TRACE_COMPUTE = 0, TRACE_COMM = 1 } trace_kind;
+
+/* Start recording for this rank. */
+void trace_init(MPI_Comm world);
+/* op must be a string literal (stored by pointer, at most 23 characters are
+ * written out). micro_batch -1 when it does not apply. stream is the cudaStream_t
+ * the work goes to (NULL: the compute stream; ignored on the CPU).
+ * Returns a handle for trace_end. */
+int trace_begin(const char *op, trace_kind kind, int micro_batch, void *stream);
+void trace_end(int handle);
+
+/* Bracket optimizer step `step` (0-based); steps before `first_measured` are
+ * warm-up and do not count in the fractions. */
+void trace_step_begin(int step);
+void trace_step_end(int step);
+
+/* Over the measured steps of this rank: seconds of wall time, and seconds inside
+ * compute events and inside communication events (overlapping events of one
+ * kind are merged, so overlapped work is not counted twice). */
+typedef struct { double wall, compute, comm; int steps; } trace_summary;
+trace_summary trace_summarize(int first_measured);
+
+/* Collective over `world`: gathers every rank's events to rank 0, which writes
+ * a Chrome trace (JSON, opens in Perfetto) and a CSV timeline with columns
+ * rank,start_us,end_us,op,kind,micro_batch,step. Times are relative to the
+ * earliest event of the job. Either path may be NULL to skip that file. */
+void trace_write(MPI_Comm world, const char *json_path, const char *csv_path);
+
+/* Drop all events (tests). */
+void trace_reset(void);
+
+#endif

@@ -1,0 +1,138 @@
+/* lab01_dp: data parallelism.
+ *
+ * Every rank holds the whole model and takes its own rows of the global batch.
+ * Each runs forward and backward on its rows, then the ranks all-reduce their
+ * gradients and divide by the number of ranks: every rank now holds the
+ * gradient of the whole batch and takes the same AdamW step, so the replicas
+ * stay identical. The loss curve is the one-rank curve; the throughput grows
+ * with the ranks, minus the cost of moving 2(N-1)/N x the gradient bytes per
+ * step through the ring all-reduce.
+ *
+ * What to look at: `loss` in the step lines (equal to `-n 1`), tok/s against
+ * `-n 1`, and the communication lines of the summary against the formula.
+ * `mpirun -n 1 ./lab01_dp` is the serial baseline every other lab reproduces. */
+#include "comm.h"
+#include "dp.h"
+#include "kernels.h"
+#include "mem.h"
+#include "model.h"
+#include "optim.h"
+#include "run.h"
+#include "trace.h"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* FNV-1a over the weights' bytes: equal hashes on all ranks <=> identical replicas. */
+static uint64_t weights_hash(const float *params, long n) {
+    unsigned char *host = malloc((size_t)n * sizeof(float));
+    if (!host) die("out of host memory");
+    mem_to_host(host, params, (size_t)n * sizeof(float));
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < (size_t)n * sizeof(float); i++) h = (h ^ host[i]) * 1099511628211ULL;
+    free(host);
+    return h;
+}
+
+/* Returns 1 if every rank holds bit-identical weights. Collective. */
+static int check_replicas_identical(comm *world, const float *params, long n) {
+    uint64_t mine = weights_hash(params, n), *all = malloc(sizeof(uint64_t) * (size_t)world->size);
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world->mpi);
+    int same = 1;
+    for (int r = 1; r < world->size; r++) same &= all[r] == all[0];
+    if (world->rank == 0) {
+        if (same) printf("check-sync: weights bit-identical on all %d ranks (hash %016llx)\n",
+                         world->size, (unsigned long long)all[0]);
+        else
+            for (int r = 0; r < world->size; r++)
+                printf("check-sync: MISMATCH rank %d hash %016llx\n", r, (unsigned long long)all[r]);
+    }
+    free(all);
+    return same;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    double bucket_mb = 0;
+    int check_sync = 0;
+    flag_spec flags[] = {
+        {"--bucket-mb", FLAG_FLOAT, &bucket_mb,
+         "all-reduce gradients in buckets of about this many MiB as the backward finishes them "
+         "(0: one all-reduce after the backward)", 0, NULL},
+        {"--check-sync", FLAG_BOOL, &check_sync,
+         "verify at the end that all ranks hold bit-identical weights (exit 1 if not)", 0, NULL},
+    };
+    lab_info lab = {"lab01_dp", "data parallelism: the same model on every rank, gradients "
+                    "all-reduced and averaged", flags, 2};
+    run_ctx ctx;
+    run_parse(&ctx, argc, argv, &lab);
+    run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks",
+              ctx.opt.batch, ctx.size);
+    run_setup(&ctx);
+
+    const int T = ctx.opt.seq, rows = ctx.opt.batch / ctx.size;
+    comm world;
+    comm_init(&world, MPI_COMM_WORLD, ctx.backend);
+    gpt_layout g;
+    gpt_layout_init(&g, &ctx.model);
+    const long P = g.total;
+    float *params = mem_alloc((size_t)P * sizeof(float), MEM_PARAMS);
+    float *grads = mem_alloc((size_t)P * sizeof(float), MEM_GRADS);
+    float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
+    float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
+    gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, params); /* the same on every rank */
+    gpt_acts acts;
+    gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
+    gpt_grad_scratch scratch;
+    gpt_scratch_alloc(&scratch, &g, rows);
+    int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
+    dp_grad_sync sync;
+    dp_sync_init(&sync, &world, grads, 0, P, bucket_mb);
+
+    for (int step = 0; step < ctx.opt.steps; step++) {
+        run_step_begin(&ctx, step);
+        /* this rank's rows of the global batch */
+        data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows, rows, T, tokens, targets);
+        mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)rows * T);
+        mem_to_device(acts.targets, targets, sizeof(int) * (size_t)rows * T);
+        mem_zero(grads, (size_t)P * sizeof(float));
+
+        int ev = trace_begin("forward", TRACE_COMPUTE, -1, NULL);
+        gpt_forward(&g, params, &acts);
+        trace_end(ev);
+        ev = trace_begin("backward", TRACE_COMPUTE, -1, NULL);
+        /* the mean over this rank's rows; the all-reduce then averages the ranks */
+        gpt_backward(&g, params, grads, &acts, &scratch, NULL, 1.0f / ((float)rows * T),
+                     bucket_mb > 0 ? dp_grads_ready : NULL, &sync);
+        trace_end(ev);
+        dp_sync_finish(&sync);
+
+        ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
+        float scale = clip_scale(K->sum_squares(grads, P), (float)ctx.opt.clip);
+        adamw_step(&g, &ctx.adamw, 0, P, params, grads, adam_m, adam_v, step + 1, scale);
+        trace_end(ev);
+
+        double loss = gpt_mean_loss(&g, &acts);
+        comm_allreduce_host(&world, &loss, 1);
+        run_step_end(&ctx, step, loss / world.size, NULL);
+    }
+
+    int in_sync = check_sync ? check_replicas_identical(&world, params, P) : 1;
+    char layout[32], extra[64];
+    snprintf(layout, sizeof layout, "dp=%d", world.size);
+    snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s", bucket_mb,
+             check_sync ? (in_sync ? "true" : "false") : "null");
+    run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
+                         .comm_formula_bytes = 2.0 * (world.size - 1) / world.size * (double)P * sizeof(float),
+                         .comm_formula = "ring all-reduce 2(N-1)/N x gradient bytes",
+                         .bubble_theory = -1, .extra_json = extra};
+    run_finish(&ctx, &report);
+
+    free(tokens);
+    free(targets);
+    gpt_scratch_free(&scratch);
+    gpt_acts_free(&acts);
+    comm_free(&world);
+    MPI_Finalize();
+    return in_sync ? 0 : 1;
+}

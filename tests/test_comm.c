@@ -1,0 +1,458 @@
+/* Collectives, point-to-point, polite waiting and the trace, on the CPU over MPI.
+ * Run under mpirun with 1 to 4 ranks (CTest: comm_n1 .. comm_n4).
+ *
+ * Values are small integers (element i of rank r is r*1000 + i), so float sums
+ * are exact and a wrong rank or offset shows as a wrong number. */
+#define _POSIX_C_SOURCE 200809L
+#include "comm.h"
+#include "device.h"
+#include "trace.h"
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int world_rank, world_size;
+
+static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rank %d: FAIL ", world_rank);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+#define CHECK(cond, ...) do { if (!(cond)) fail(__VA_ARGS__); } while (0)
+
+static const long sizes[] = {0, 1, 5, 7, 64, 1000, 4099};
+#define NSIZES (int)(sizeof sizes / sizeof sizes[0])
+
+static float val(int r, long i) { return (float)(r * 1000 + i); }
+/* sum over ranks r of val(r, i) */
+static float sum_val(int size, long i) { return (float)(1000L * size * (size - 1) / 2 + size * i); }
+
+static float *floats(long n, float fill) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    if (!p) fail("out of memory");
+    for (long i = 0; i < n; i++) p[i] = fill;
+    return p;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void check_stat(const comm *c, comm_kind k, long calls, double bytes, const char *where) {
+    CHECK(c->stats[k].calls == calls, "%s: stats[%s].calls = %ld, expected %ld", where,
+          comm_kind_names[k], c->stats[k].calls, calls);
+    CHECK(c->stats[k].bytes == bytes, "%s: stats[%s].bytes = %.0f, expected %.0f", where,
+          comm_kind_names[k], c->stats[k].bytes, bytes);
+    CHECK(c->stats[k].seconds >= 0, "%s: negative seconds", where);
+}
+
+/* ---- collectives (run on the world and on sub-groups) ----------------------- */
+
+static void test_allreduce(comm *c, const char *where) {
+    comm_reset_stats(c);
+    double bytes = 0;
+    for (int s = 0; s < NSIZES; s++) {
+        long n = sizes[s];
+        float *b = floats(n, 0);
+        for (long i = 0; i < n; i++) b[i] = val(c->rank, i);
+        comm_allreduce(c, b, n, 0);
+        for (long i = 0; i < n; i++)
+            CHECK(b[i] == sum_val(c->size, i), "%s allreduce sum n=%ld: [%ld] = %g, expected %g",
+                  where, n, i, b[i], sum_val(c->size, i));
+        for (long i = 0; i < n; i++) b[i] = val(c->rank, i);
+        comm_allreduce(c, b, n, 1);
+        for (long i = 0; i < n; i++) {
+            float e = sum_val(c->size, i) / (float)c->size;
+            CHECK(fabsf(b[i] - e) <= 1e-6f * fabsf(e) + 1e-6f,
+                  "%s allreduce average n=%ld: [%ld] = %g, expected %g", where, n, i, b[i], e);
+        }
+        bytes += 2.0 * 4 * n;
+        free(b);
+    }
+    check_stat(c, COLL_ALLREDUCE, 2 * NSIZES, bytes, where);
+}
+
+/* in_place: the shard is full + rank*chunk, as a ZeRO optimizer uses it. */
+static void test_reduce_scatter(comm *c, int in_place, const char *where) {
+    comm_reset_stats(c);
+    double bytes = 0;
+    for (int s = 0; s < NSIZES; s++) {
+        long n = sizes[s], chunk = comm_chunk(n, c->size);
+        CHECK(chunk == (n + c->size - 1) / c->size, "comm_chunk(%ld, %d) = %ld", n, c->size, chunk);
+        float *full = floats(chunk * c->size, 12345.0f); /* padding: must not matter */
+        for (long i = 0; i < n; i++) full[i] = val(c->rank, i);
+        float *own = floats(chunk, -7.0f);
+        float *shard = in_place ? full + (long)c->rank * chunk : own;
+        comm_reduce_scatter(c, full, shard, n);
+        long first = (long)c->rank * chunk;
+        long valid = n - first < chunk ? n - first : chunk;
+        for (long j = 0; j < valid; j++)
+            CHECK(shard[j] == sum_val(c->size, first + j),
+                  "%s reduce_scatter%s n=%ld: shard[%ld] = %g, expected %g", where,
+                  in_place ? " in place" : "", n, j, shard[j], sum_val(c->size, first + j));
+        bytes += 4.0 * chunk * c->size;
+        free(full);
+        free(own);
+    }
+    check_stat(c, COLL_REDUCE_SCATTER, NSIZES, bytes, where);
+}
+
+static void test_allgather(comm *c, int in_place, const char *where) {
+    comm_reset_stats(c);
+    double bytes = 0;
+    for (int s = 0; s < NSIZES; s++) {
+        long n = sizes[s], chunk = comm_chunk(n, c->size);
+        float *full = floats(chunk * c->size, -1.0f);
+        float *own = floats(chunk, -2.0f);
+        float *shard = in_place ? full + (long)c->rank * chunk : own;
+        long first = (long)c->rank * chunk;
+        for (long j = 0; j < chunk && first + j < n; j++) shard[j] = val(c->rank, first + j);
+        comm_allgather(c, shard, full, n);
+        for (long i = 0; i < n; i++)
+            CHECK(full[i] == val((int)(i / chunk), i),
+                  "%s allgather%s n=%ld: full[%ld] = %g, expected %g", where,
+                  in_place ? " in place" : "", n, i, full[i], val((int)(i / chunk), i));
+        bytes += 4.0 * chunk * c->size;
+        free(full);
+        free(own);
+    }
+    check_stat(c, COLL_ALLGATHER, NSIZES, bytes, where);
+}
+
+static void test_broadcast(comm *c, const char *where) {
+    comm_reset_stats(c);
+    double bytes = 0;
+    for (int root = 0; root < c->size; root++)
+        for (int s = 0; s < NSIZES; s++) {
+            long n = sizes[s];
+            float *b = floats(n, -1.0f);
+            if (c->rank == root)
+                for (long i = 0; i < n; i++) b[i] = val(root, i);
+            comm_broadcast(c, b, n, root);
+            for (long i = 0; i < n; i++)
+                CHECK(b[i] == val(root, i), "%s broadcast root %d n=%ld: [%ld] = %g, expected %g",
+                      where, root, n, i, b[i], val(root, i));
+            bytes += 4.0 * n;
+            free(b);
+        }
+    check_stat(c, COLL_BROADCAST, (long)c->size * NSIZES, bytes, where);
+}
+
+/* ---- point-to-point ------------------------------------------------------------- */
+
+static void test_p2p(comm *c) {
+    int r = c->rank, p = c->size;
+    comm_reset_stats(c);
+    double send_bytes = 0, recv_bytes = 0;
+    long sends = 0, recvs = 0;
+
+    /* A ring: everybody sends to r+1 and receives from r-1 at once. */
+    for (int s = 0; s < NSIZES; s++) {
+        long n = sizes[s];
+        int dst = (r + 1) % p, src = (r - 1 + p) % p;
+        float *out = floats(n, 0), *in = floats(n, -1.0f);
+        for (long i = 0; i < n; i++) out[i] = val(r, i);
+        comm_sendrecv(c, out, n, dst, in, n, src);
+        for (long i = 0; i < n; i++)
+            CHECK(in[i] == val(src, i), "ring sendrecv n=%ld: [%ld] = %g, expected %g", n, i,
+                  in[i], val(src, i));
+        if (n > 0) { sends++; recvs++; send_bytes += 4.0 * n; recv_bytes += 4.0 * n; }
+        free(out);
+        free(in);
+    }
+
+    /* A chain, as a pipeline's forward pass: the first rank only sends, the last
+     * only receives (dst / src < 0 switch a direction off). */
+    {
+        long n = 1000;
+        int dst = r + 1 < p ? r + 1 : -1, src = r > 0 ? r - 1 : -1;
+        float *out = floats(n, 0), *in = floats(n, -1.0f);
+        for (long i = 0; i < n; i++) out[i] = val(r, i);
+        comm_sendrecv(c, out, n, dst, in, n, src);
+        if (src >= 0)
+            for (long i = 0; i < n; i++)
+                CHECK(in[i] == val(src, i), "chain sendrecv: [%ld] = %g, expected %g", i, in[i],
+                      val(src, i));
+        else
+            CHECK(in[0] == -1.0f, "chain sendrecv: rank 0 received although src < 0");
+        if (dst >= 0) { sends++; send_bytes += 4.0 * n; }
+        if (src >= 0) { recvs++; recv_bytes += 4.0 * n; }
+        free(out);
+        free(in);
+    }
+
+    /* Pairs with comm_send / comm_recv: even ranks send to r+1, then the reverse. */
+    if (p >= 2) {
+        for (int s = 0; s < NSIZES; s++) {
+            long n = sizes[s];
+            float *b = floats(n, -1.0f);
+            int partner = r % 2 == 0 ? r + 1 : r - 1;
+            if (partner < p) {
+                for (int dir = 0; dir < 2; dir++) {
+                    int sender = (r % 2 == 0) == (dir == 0);
+                    if (sender) {
+                        for (long i = 0; i < n; i++) b[i] = val(r, i) + dir;
+                        comm_send(c, b, n, partner);
+                        sends++;
+                        send_bytes += 4.0 * n;
+                    } else {
+                        for (long i = 0; i < n; i++) b[i] = -1.0f;
+                        comm_recv(c, b, n, partner);
+                        for (long i = 0; i < n; i++)
+                            CHECK(b[i] == val(partner, i) + dir,
+                                  "send/recv n=%ld dir %d: [%ld] = %g, expected %g", n, dir, i,
+                                  b[i], val(partner, i) + dir);
+                        recvs++;
+                        recv_bytes += 4.0 * n;
+                    }
+                }
+            }
+            free(b);
+        }
+    }
+    check_stat(c, COLL_SEND, sends, send_bytes, "p2p");
+    check_stat(c, COLL_RECV, recvs, recv_bytes, "p2p");
+
+    comm_reset_stats(c);
+    for (int i = 0; i < 3; i++) comm_barrier(c);
+    check_stat(c, COLL_BARRIER, 3, 0, "barrier");
+}
+
+/* ---- sub-groups ----------------------------------------------------------------- */
+
+static void test_split(comm *world) {
+    comm sub;
+    comm_split(world, world->rank % 2, world->rank, &sub);
+    int expect_size = (world->size + 1 - world->rank % 2) / 2;
+    CHECK(sub.size == expect_size, "split: size %d, expected %d", sub.size, expect_size);
+    CHECK(sub.rank == world->rank / 2, "split: rank %d, expected %d", sub.rank, world->rank / 2);
+    CHECK(sub.backend == world->backend, "split: backend differs from the parent");
+    const char *where = world->rank % 2 ? "odd group" : "even group";
+    test_allreduce(&sub, where);
+    test_reduce_scatter(&sub, 0, where);
+    test_allgather(&sub, 0, where);
+    test_broadcast(&sub, where);
+    /* The groups really are separate: a sum over the group, not the world. */
+    float x = 1;
+    comm_allreduce(&sub, &x, 1, 0);
+    CHECK(x == (float)expect_size, "split: group sum %g, expected %d", x, expect_size);
+    comm_free(&sub);
+}
+
+/* ---- polite waiting --------------------------------------------------------------- */
+
+static void test_polite_wait(comm *c) {
+    if (c->size < 2) return;
+    comm_barrier(c);
+    double wall = 0, cpu = 0;
+    if (c->rank == 0) {
+        sleep_s(0.3);
+        comm_barrier(c);
+    } else {
+        double w0 = now_seconds(), c0 = cpu_seconds();
+        comm_barrier(c);
+        wall = now_seconds() - w0;
+        cpu = cpu_seconds() - c0;
+    }
+    double mine[2] = {wall, cpu}, all[8] = {0};
+    MPI_Gather(mine, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, c->mpi);
+    if (c->rank == 0) {
+        printf("polite wait (rank 0 sleeps 300 ms before a barrier):");
+        for (int r = 1; r < c->size && r < 4; r++)
+            printf("  rank %d waited %.1f ms using %.2f ms CPU (%.1f%%)", r, 1e3 * all[2 * r],
+                   1e3 * all[2 * r + 1], 100 * all[2 * r + 1] / all[2 * r]);
+        printf("\n");
+    }
+    if (c->rank != 0) {
+        CHECK(wall > 0.2, "polite wait: barrier returned after %.1f ms, before rank 0 arrived",
+              1e3 * wall);
+        CHECK(cpu < 0.3 * wall, "polite wait burns a core: %.1f ms CPU in %.1f ms of waiting",
+              1e3 * cpu, 1e3 * wall);
+    }
+
+    /* Ping-pong latency between ranks 0 and 1 (reported, not asserted: timing on a
+     * shared machine is noisy). */
+    int rounds = 200;
+    float x = 0;
+    comm_barrier(c);
+    double t0 = now_seconds();
+    for (int i = 0; i < rounds && c->rank < 2; i++) {
+        if (c->rank == 0) { comm_send(c, &x, 1, 1); comm_recv(c, &x, 1, 1); }
+        else { comm_recv(c, &x, 1, 0); x += 1; comm_send(c, &x, 1, 0); }
+    }
+    double dt = now_seconds() - t0;
+    if (c->rank == 0) {
+        CHECK(x == (float)rounds, "ping-pong: counter %g, expected %d", x, rounds);
+        printf("ping-pong latency (one way, 4 bytes): %.1f us\n", 1e6 * dt / (2.0 * rounds));
+    }
+}
+
+/* ---- trace ------------------------------------------------------------------------ */
+
+static long count_substr(const char *s, const char *needle) {
+    long n = 0;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail("cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)len + 1);
+    if (!s || fread(s, 1, (size_t)len, f) != (size_t)len) fail("cannot read %s", path);
+    s[len] = 0;
+    fclose(f);
+    return s;
+}
+
+static void test_trace(comm *c) {
+    comm_barrier(c);
+    trace_reset();
+    float buf[64] = {0};
+    /* steps 0 and 1: compute, allreduce, barrier -> 3 events each */
+    for (int step = 0; step < 2; step++) {
+        trace_step_begin(step);
+        int h = trace_begin("work", TRACE_COMPUTE, step, NULL);
+        sleep_s(0.005);
+        trace_end(h);
+        comm_allreduce(c, buf, 64, 0);
+        comm_barrier(c);
+        trace_step_end(step);
+    }
+    /* step 2: an outer compute event holding an inner one (40 ms of compute,
+     * 60 ms if overlap were counted twice), then an allreduce -> 3 events */
+    trace_step_begin(2);
+    int outer = trace_begin("outer", TRACE_COMPUTE, -1, NULL);
+    sleep_s(0.02);
+    int inner = trace_begin("inner", TRACE_COMPUTE, -1, NULL);
+    sleep_s(0.02);
+    trace_end(inner);
+    trace_end(outer);
+    comm_allreduce(c, buf, 64, 0);
+    trace_step_end(2);
+    const long per_rank = 9;
+
+    trace_summary s1 = trace_summarize(1);
+    CHECK(s1.steps == 2, "trace_summarize(1): %d steps, expected 2", s1.steps);
+    CHECK(s1.comm > 0, "trace_summarize(1): comm = %g, expected > 0", s1.comm);
+    CHECK(s1.compute >= 0.044, "trace_summarize(1): compute = %g, expected >= 0.044", s1.compute);
+    CHECK(s1.compute + s1.comm <= s1.wall + 1e-6, "trace_summarize(1): compute %g + comm %g > wall %g",
+          s1.compute, s1.comm, s1.wall);
+    trace_summary s2 = trace_summarize(2);
+    CHECK(s2.steps == 1, "trace_summarize(2): %d steps, expected 1", s2.steps);
+    CHECK(s2.compute >= 0.039 && s2.compute <= s2.wall + 1e-6,
+          "trace_summarize(2): compute %g (overlap merged?) vs wall %g", s2.compute, s2.wall);
+    trace_summary s9 = trace_summarize(9);
+    CHECK(s9.steps == 0 && s9.wall == 0 && s9.compute == 0 && s9.comm == 0,
+          "trace_summarize past the last step is not empty");
+
+    char dir[256] = "";
+    if (c->rank == 0) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/test_comm_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(dir)) fail("mkdtemp(%s)", dir);
+    }
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, c->mpi);
+    char json[300], csv[300];
+    snprintf(json, sizeof json, "%s/trace.json", dir);
+    snprintf(csv, sizeof csv, "%s/timeline.csv", dir);
+    trace_write(c->mpi, json, csv);
+
+    if (c->rank == 0) {
+        char *text = read_file(csv);
+        const char *header = "rank,start_us,end_us,op,kind,micro_batch,step\n";
+        CHECK(strncmp(text, header, strlen(header)) == 0, "CSV header: %.60s", text);
+        long lines = 0, per[4] = {0};
+        char *save = NULL;
+        for (char *line = strtok_r(text + strlen(header), "\n", &save); line;
+             line = strtok_r(NULL, "\n", &save)) {
+            int rank, mb, step;
+            double t0, t1;
+            char op[32], kind[16];
+            int got = sscanf(line, "%d,%lf,%lf,%31[^,],%15[^,],%d,%d", &rank, &t0, &t1, op, kind,
+                             &mb, &step);
+            CHECK(got == 7, "CSV line does not parse: %s", line);
+            CHECK(rank >= 0 && rank < c->size, "CSV rank %d", rank);
+            CHECK(t0 >= 0 && t1 >= t0, "CSV times %g %g", t0, t1);
+            CHECK(!strcmp(kind, "compute") || !strcmp(kind, "comm"), "CSV kind %s", kind);
+            CHECK(step >= 0 && step <= 2, "CSV step %d", step);
+            if (!strcmp(op, "work")) CHECK(mb == step, "CSV micro_batch %d of work step %d", mb, step);
+            if (rank < 4) per[rank]++;
+            lines++;
+        }
+        CHECK(lines == per_rank * c->size, "CSV has %ld events, expected %ld", lines,
+              per_rank * c->size);
+        for (int r = 0; r < c->size && r < 4; r++)
+            CHECK(per[r] == per_rank, "CSV has %ld events of rank %d, expected %ld", per[r], r,
+                  per_rank);
+        free(text);
+
+        text = read_file(json);
+        CHECK(!strncmp(text, "{\"traceEvents\":[", 16), "JSON does not start with traceEvents");
+        long complete = count_substr(text, "\"ph\":\"X\"");
+        CHECK(complete == per_rank * c->size, "JSON has %ld complete events, expected %ld",
+              complete, per_rank * c->size);
+        CHECK(count_substr(text, "\"process_name\"") == c->size, "JSON process names");
+        CHECK(count_substr(text, "\"thread_name\"") == 2L * c->size, "JSON thread names");
+        CHECK(strstr(text, "\"name\":\"rank 0\"") && strstr(text, "\"name\":\"comm\""),
+              "JSON metadata names");
+        free(text);
+        remove(json);
+        remove(csv);
+        rmdir(dir);
+        printf("trace: %ld events, measured steps 1-2: wall %.1f ms, compute %.1f ms, comm %.2f ms\n",
+               lines, 1e3 * s1.wall, 1e3 * s1.compute, 1e3 * s1.comm);
+    }
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    device_use(DEVICE_CPU, 0);
+    trace_init(MPI_COMM_WORLD);
+
+    comm world;
+    comm_init(&world, MPI_COMM_WORLD, COMM_MPI);
+    CHECK(world.rank == world_rank && world.size == world_size, "comm_init: rank/size");
+    CHECK(world.mpi != MPI_COMM_WORLD, "comm_init did not duplicate the communicator");
+    CHECK(comm_chunk(0, 3) == 0 && comm_chunk(7, 3) == 3 && comm_chunk(6, 3) == 2 &&
+          comm_chunk(1, 4) == 1, "comm_chunk");
+
+    test_allreduce(&world, "world");
+    test_reduce_scatter(&world, 0, "world");
+    test_reduce_scatter(&world, 1, "world");
+    test_allgather(&world, 0, "world");
+    test_allgather(&world, 1, "world");
+    test_broadcast(&world, "world");
+    test_p2p(&world);
+    test_split(&world);
+    test_polite_wait(&world);
+    test_trace(&world);
+
+    comm_free(&world);
+    if (world_rank == 0) printf("comm tests passed on %d ranks\n", world_size);
+    MPI_Finalize();
+    return 0;
+}

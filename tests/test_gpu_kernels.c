@@ -1,0 +1,435 @@
+/* Every CUDA kernel against its CPU twin.
+ *
+ * For each kernel of the table and several shapes (odd ones on purpose: sizes
+ * that are not multiples of a warp, a block or a vector width), random inputs
+ * go through kernels_cpu on host buffers and through kernels_cuda on device
+ * buffers, and every output is compared. The error of a buffer is
+ *     max_i |gpu_i - cpu_i| / max_i |cpu_i|
+ * i.e. relative to the buffer's scale, so that entries near zero (where the two
+ * sides legitimately differ by rounding) do not dominate. Tolerances: 1e-5 for
+ * elementwise kernels, 1e-4 where a kernel sums many products (matmul,
+ * attention, reductions over rows), 1e-9 for sum_squares (double sums).
+ *
+ * Backward kernels add into their gradients, so both sides start from the same
+ * nonzero gradient values; outputs that a kernel overwrites start as garbage on
+ * the GPU side, which catches a kernel that adds where it should write.
+ *
+ * Exit status: 0 all passed, 1 a check failed, 77 no GPU or no CUDA build
+ * (CTest reports 77 as skipped). */
+#include "device.h"
+#include <stdio.h>
+
+#ifdef PL_HAVE_CUDA
+#include "kernels.h"
+#include "mem.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL_ELEMENTWISE 1e-5
+#define TOL_SUMS 1e-4
+#define GARBAGE 12345.0f /* fill of buffers a kernel must overwrite */
+
+static int failures, checks;
+static char shape[160]; /* the current test's shape, printed with each check */
+
+/* ---- random inputs (xorshift64*, a fixed seed: failures reproduce) ---------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static float uniform(void) { /* in [-1, 1) */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 0x2545F4914F6CDD1Dull;
+    return (float)((double)(r >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) die("out of host memory");
+    return p;
+}
+
+static float *host_random(long n, float scale) {
+    float *p = xmalloc((size_t)n * sizeof *p);
+    for (long i = 0; i < n; i++) p[i] = scale * uniform();
+    return p;
+}
+
+static float *host_copy(const float *x, long n) {
+    float *p = xmalloc((size_t)n * sizeof *p);
+    memcpy(p, x, (size_t)n * sizeof *p);
+    return p;
+}
+
+static int *host_tokens(long n, int V) {
+    int *p = xmalloc((size_t)n * sizeof *p);
+    for (long i = 0; i < n; i++) {
+        int t = (int)((uniform() + 1.0f) * 0.5f * (float)V);
+        p[i] = t < 0 ? 0 : t >= V ? V - 1 : t;
+    }
+    return p;
+}
+
+/* ---- device buffers (g_device is CUDA for the whole test) ------------------- */
+
+/* mem_alloc zeroes a buffer with cudaMemset on the legacy default stream, and
+ * the compute stream (non-blocking) does not wait for it: without the device
+ * synchronization, that zeroing could land after the copy below. */
+static void *dev_alloc(size_t bytes) {
+    void *d = mem_alloc(bytes, MEM_WORKSPACE);
+    device_synchronize();
+    return d;
+}
+
+static float *dev_floats(const float *host, long n) {
+    float *d = dev_alloc((size_t)n * sizeof *d);
+    if (n > 0) mem_to_device(d, host, (size_t)n * sizeof *d);
+    return d;
+}
+
+static int *dev_ints(const int *host, long n) {
+    int *d = dev_alloc((size_t)n * sizeof *d);
+    if (n > 0) mem_to_device(d, host, (size_t)n * sizeof *d);
+    return d;
+}
+
+static float *dev_garbage(long n) {
+    float *h = xmalloc((size_t)n * sizeof *h);
+    for (long i = 0; i < n; i++) h[i] = GARBAGE;
+    float *d = dev_floats(h, n);
+    free(h);
+    return d;
+}
+
+/* ---- comparison ------------------------------------------------------------- */
+
+static void report(const char *what, double err, double tol) {
+    int ok = err <= tol; /* false for NaN too */
+    checks++;
+    if (!ok) failures++;
+    printf("%-4s %-26s %-34s err %.2e (tol %.0e)\n", ok ? "ok" : "FAIL", what, shape, err, tol);
+}
+
+/* Compares cpu - base with dev - base (base NULL: zero). A base shows the
+ * change a kernel made, where that change is small beside the values (AdamW). */
+static void check_change(const char *what, const float *cpu, const float *base, const float *dev,
+                         long n, double tol) {
+    float *gpu = xmalloc((size_t)n * sizeof *gpu);
+    if (n > 0) mem_to_host(gpu, dev, (size_t)n * sizeof *gpu);
+    double worst = 0.0, scale = 0.0;
+    for (long i = 0; i < n; i++) {
+        double b = base ? (double)base[i] : 0.0;
+        double ref = (double)cpu[i] - b, d = fabs((double)gpu[i] - b - ref);
+        if (isnan(d) || d > worst) worst = d; /* a NaN stays and fails the check */
+        if (fabs(ref) > scale) scale = fabs(ref);
+    }
+    free(gpu);
+    /* an all-zero reference (a loss of exactly 0) is compared absolutely */
+    report(what, worst / (scale > 0.0 ? scale : 1.0), tol);
+}
+
+static void check(const char *what, const float *cpu, const float *dev, long n, double tol) {
+    check_change(what, cpu, NULL, dev, n, tol);
+}
+
+/* ---- one test per kernel (or forward/backward pair) ------------------------- */
+
+static void test_encoder(int B, int T, int C, int V) {
+    snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d", B, T, C, V);
+    long N = (long)B * T;
+    int *tokens = host_tokens(N, V);
+    float *wte = host_random((long)V * C, 1.0f), *wpe = host_random((long)T * C, 1.0f);
+    float *out = host_random(N * C, 1.0f), *dout = host_random(N * C, 1.0f);
+    float *dwte = host_random((long)V * C, 1.0f), *dwpe = host_random((long)T * C, 1.0f);
+    int *d_tokens = dev_ints(tokens, N);
+    float *d_wte = dev_floats(wte, (long)V * C), *d_wpe = dev_floats(wpe, (long)T * C);
+    float *d_out = dev_garbage(N * C), *d_dout = dev_floats(dout, N * C);
+    float *d_dwte = dev_floats(dwte, (long)V * C), *d_dwpe = dev_floats(dwpe, (long)T * C);
+
+    kernels_cpu.encoder_forward(out, tokens, wte, wpe, B, T, C);
+    kernels_cuda.encoder_forward(d_out, d_tokens, d_wte, d_wpe, B, T, C);
+    check("encoder_forward out", out, d_out, N * C, TOL_ELEMENTWISE);
+
+    kernels_cpu.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    kernels_cuda.encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, B, T, C);
+    check("encoder_backward dwte", dwte, d_dwte, (long)V * C, TOL_ELEMENTWISE);
+    check("encoder_backward dwpe", dwpe, d_dwpe, (long)T * C, TOL_ELEMENTWISE);
+
+    free(tokens); free(wte); free(wpe); free(out); free(dout); free(dwte); free(dwpe);
+    mem_free(d_tokens); mem_free(d_wte); mem_free(d_wpe); mem_free(d_out); mem_free(d_dout);
+    mem_free(d_dwte); mem_free(d_dwpe);
+}
+
+static void test_layernorm(int N, int C) {
+    snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
+    long NC = (long)N * C;
+    float *inp = host_random(NC, 2.0f), *w = host_random(C, 1.0f), *b = host_random(C, 1.0f);
+    for (long i = 0; i < NC; i++) inp[i] += 0.5f; /* a nonzero mean */
+    float *out = host_random(NC, 1.0f), *mean = host_random(N, 1.0f), *rstd = host_random(N, 1.0f);
+    float *dout = host_random(NC, 1.0f), *dinp = host_random(NC, 1.0f);
+    float *dw = host_random(C, 1.0f), *db = host_random(C, 1.0f);
+    float *d_inp = dev_floats(inp, NC), *d_w = dev_floats(w, C), *d_b = dev_floats(b, C);
+    float *d_out = dev_garbage(NC), *d_mean = dev_garbage(N), *d_rstd = dev_garbage(N);
+    float *d_dout = dev_floats(dout, NC), *d_dinp = dev_floats(dinp, NC);
+    float *d_dw = dev_floats(dw, C), *d_db = dev_floats(db, C);
+
+    kernels_cpu.layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    kernels_cuda.layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
+    check("layernorm_forward out", out, d_out, NC, TOL_ELEMENTWISE);
+    check("layernorm_forward mean", mean, d_mean, N, TOL_ELEMENTWISE);
+    check("layernorm_forward rstd", rstd, d_rstd, N, TOL_ELEMENTWISE);
+
+    /* The backward reads the CPU's mean and rstd on both sides: it is tested
+     * on its own, not through the forward. */
+    mem_to_device(d_mean, mean, (size_t)N * sizeof *mean);
+    mem_to_device(d_rstd, rstd, (size_t)N * sizeof *rstd);
+    kernels_cpu.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    kernels_cuda.layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    check("layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUMS);
+    check("layernorm_backward dw", dw, d_dw, C, TOL_SUMS);
+    check("layernorm_backward db", db, d_db, C, TOL_SUMS);
+
+    free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(dout); free(dinp);
+    free(dw); free(db);
+    mem_free(d_inp); mem_free(d_w); mem_free(d_b); mem_free(d_out); mem_free(d_mean);
+    mem_free(d_rstd); mem_free(d_dout); mem_free(d_dinp); mem_free(d_dw); mem_free(d_db);
+}
+
+/* with_bias: bias in the forward and dbias in the backward; with_dinp: whether the
+ * backward asks for the input gradient (it may pass NULL). */
+static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
+    snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s%s", N, IC, OC, with_bias ? " bias" : "",
+             with_dinp ? "" : " dinp=NULL");
+    long NI = (long)N * IC, NO = (long)N * OC, OI = (long)OC * IC;
+    float *inp = host_random(NI, 1.0f), *w = host_random(OI, 0.5f), *bias = host_random(OC, 1.0f);
+    float *out = host_random(NO, 1.0f), *dout = host_random(NO, 1.0f);
+    float *dinp = host_random(NI, 1.0f), *dw = host_random(OI, 1.0f), *dbias = host_random(OC, 1.0f);
+    float *d_inp = dev_floats(inp, NI), *d_w = dev_floats(w, OI), *d_bias = dev_floats(bias, OC);
+    float *d_out = dev_garbage(NO), *d_dout = dev_floats(dout, NO);
+    float *d_dinp = dev_floats(dinp, NI), *d_dw = dev_floats(dw, OI);
+    float *d_dbias = dev_floats(dbias, OC);
+
+    kernels_cpu.matmul_forward(out, inp, w, with_bias ? bias : NULL, N, IC, OC);
+    kernels_cuda.matmul_forward(d_out, d_inp, d_w, with_bias ? d_bias : NULL, N, IC, OC);
+    check("matmul_forward out", out, d_out, NO, TOL_SUMS);
+
+    kernels_cpu.matmul_backward(with_dinp ? dinp : NULL, dw, with_bias ? dbias : NULL, dout, inp,
+                                w, N, IC, OC);
+    kernels_cuda.matmul_backward(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_dbias : NULL,
+                                 d_dout, d_inp, d_w, N, IC, OC);
+    /* Where a gradient is not asked for, both sides must have left it alone. */
+    check("matmul_backward dinp", dinp, d_dinp, NI, TOL_SUMS);
+    check("matmul_backward dw", dw, d_dw, OI, TOL_SUMS);
+    check("matmul_backward dbias", dbias, d_dbias, OC, TOL_SUMS);
+
+    free(inp); free(w); free(bias); free(out); free(dout); free(dinp); free(dw); free(dbias);
+    mem_free(d_inp); mem_free(d_w); mem_free(d_bias); mem_free(d_out); mem_free(d_dout);
+    mem_free(d_dinp); mem_free(d_dw); mem_free(d_dbias);
+}
+
+static void test_attention(int B, int T, int NH, int HS) {
+    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d HS=%d", B, T, NH, HS);
+    int C = NH * HS;
+    long nqkv = (long)B * T * 3 * C, nout = (long)B * T * C, natt = (long)B * NH * T * T;
+    float *qkv = host_random(nqkv, 1.0f), *out = host_random(nout, 1.0f);
+    float *att = host_random(natt, 1.0f), *datt = host_random(natt, 1.0f);
+    float *dout = host_random(nout, 1.0f), *dqkv = host_random(nqkv, 1.0f);
+    float *d_qkv = dev_floats(qkv, nqkv), *d_out = dev_garbage(nout), *d_att = dev_garbage(natt);
+    float *d_datt = dev_garbage(natt), *d_dout = dev_floats(dout, nout);
+    float *d_dqkv = dev_floats(dqkv, nqkv);
+
+    kernels_cpu.attention_forward(out, att, qkv, B, T, NH, HS);
+    kernels_cuda.attention_forward(d_out, d_att, d_qkv, B, T, NH, HS);
+    check("attention_forward out", out, d_out, nout, TOL_SUMS);
+    check("attention_forward att", att, d_att, natt, TOL_SUMS); /* incl. the zero triangle */
+
+    /* The backward reads the CPU's att on both sides; datt is scratch. */
+    mem_to_device(d_att, att, (size_t)natt * sizeof *att);
+    kernels_cpu.attention_backward(dqkv, datt, dout, qkv, att, B, T, NH, HS);
+    kernels_cuda.attention_backward(d_dqkv, d_datt, d_dout, d_qkv, d_att, B, T, NH, HS);
+    check("attention_backward dqkv", dqkv, d_dqkv, nqkv, TOL_SUMS);
+
+    free(qkv); free(out); free(att); free(datt); free(dout); free(dqkv);
+    mem_free(d_qkv); mem_free(d_out); mem_free(d_att); mem_free(d_datt); mem_free(d_dout);
+    mem_free(d_dqkv);
+}
+
+static void test_gelu(long N) {
+    snprintf(shape, sizeof shape, "N=%ld", N);
+    float *inp = host_random(N, 5.0f), *out = host_random(N, 1.0f);
+    float *dout = host_random(N, 1.0f), *dinp = host_random(N, 1.0f);
+    float *d_inp = dev_floats(inp, N), *d_out = dev_garbage(N);
+    float *d_dout = dev_floats(dout, N), *d_dinp = dev_floats(dinp, N);
+
+    kernels_cpu.gelu_forward(out, inp, N);
+    kernels_cuda.gelu_forward(d_out, d_inp, N);
+    check("gelu_forward out", out, d_out, N, TOL_ELEMENTWISE);
+
+    kernels_cpu.gelu_backward(dinp, dout, inp, N);
+    kernels_cuda.gelu_backward(d_dinp, d_dout, d_inp, N);
+    check("gelu_backward dinp", dinp, d_dinp, N, TOL_ELEMENTWISE);
+
+    free(inp); free(out); free(dout); free(dinp);
+    mem_free(d_inp); mem_free(d_out); mem_free(d_dout); mem_free(d_dinp);
+}
+
+/* add (separate output and aliased with an input), accumulate, scale */
+static void test_elementwise(long N) {
+    snprintf(shape, sizeof shape, "N=%ld", N);
+    float *a = host_random(N, 1.0f), *b = host_random(N, 1.0f), *out = host_random(N, 1.0f);
+    float *d_a = dev_floats(a, N), *d_b = dev_floats(b, N), *d_out = dev_garbage(N);
+
+    kernels_cpu.add(out, a, b, N);
+    kernels_cuda.add(d_out, d_a, d_b, N);
+    check("add out", out, d_out, N, TOL_ELEMENTWISE);
+
+    kernels_cpu.add(a, a, b, N); /* out aliases a: the residual stream in place */
+    kernels_cuda.add(d_a, d_a, d_b, N);
+    check("add out=a", a, d_a, N, TOL_ELEMENTWISE);
+
+    kernels_cpu.add(b, out, b, N); /* out aliases b */
+    kernels_cuda.add(d_b, d_out, d_b, N);
+    check("add out=b", b, d_b, N, TOL_ELEMENTWISE);
+
+    kernels_cpu.accumulate(a, out, N);
+    kernels_cuda.accumulate(d_a, d_out, N);
+    check("accumulate dst", a, d_a, N, TOL_ELEMENTWISE);
+
+    kernels_cpu.scale(b, -0.37f, N);
+    kernels_cuda.scale(d_b, -0.37f, N);
+    check("scale x", b, d_b, N, TOL_ELEMENTWISE);
+
+    free(a); free(b); free(out);
+    mem_free(d_a); mem_free(d_b); mem_free(d_out);
+}
+
+static void test_crossentropy(int N, int V) {
+    snprintf(shape, sizeof shape, "N=%d V=%d", N, V);
+    long NV = (long)N * V;
+    float *logits = host_random(NV, 4.0f), *probs = host_random(NV, 1.0f);
+    float *losses = host_random(N, 1.0f), *dlogits = host_random(NV, 1.0f);
+    int *targets = host_tokens(N, V);
+    float dloss = 1.0f / (float)N;
+    float *d_logits = dev_floats(logits, NV), *d_probs = dev_garbage(NV);
+    float *d_losses = dev_garbage(N), *d_dlogits = dev_garbage(NV);
+    int *d_targets = dev_ints(targets, N);
+
+    kernels_cpu.crossentropy_forward(losses, probs, logits, targets, N, V);
+    kernels_cuda.crossentropy_forward(d_losses, d_probs, d_logits, d_targets, N, V);
+    check("crossentropy_forward loss", losses, d_losses, N, TOL_ELEMENTWISE);
+    check("crossentropy_forward prob", probs, d_probs, NV, TOL_ELEMENTWISE);
+
+    /* The backward reads the CPU's probs on both sides and must overwrite. */
+    mem_to_device(d_probs, probs, (size_t)NV * sizeof *probs);
+    kernels_cpu.crossentropy_backward(dlogits, probs, targets, dloss, N, V);
+    kernels_cuda.crossentropy_backward(d_dlogits, d_probs, d_targets, dloss, N, V);
+    check("crossentropy_backward dlogit", dlogits, d_dlogits, NV, TOL_ELEMENTWISE);
+
+    free(logits); free(probs); free(losses); free(dlogits); free(targets);
+    mem_free(d_logits); mem_free(d_probs); mem_free(d_losses); mem_free(d_dlogits);
+    mem_free(d_targets);
+}
+
+static void test_sum_squares(long N) {
+    snprintf(shape, sizeof shape, "N=%ld", N);
+    float *x = host_random(N, 3.0f);
+    float *d_x = dev_floats(x, N);
+    double cpu = kernels_cpu.sum_squares(x, N), gpu = kernels_cuda.sum_squares(d_x, N);
+    double err = fabs(gpu - cpu) / (cpu > 0.0 ? cpu : 1.0);
+    if (isnan(gpu)) err = gpu;
+    report("sum_squares", err, 1e-9);
+    free(x);
+    mem_free(d_x);
+}
+
+static void test_adamw(long N, int t) {
+    snprintf(shape, sizeof shape, "N=%ld t=%d", N, t);
+    /* lr large enough that the update stands well above the rounding of p */
+    const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.7f;
+    float *p = host_random(N, 1.0f), *g = host_random(N, 1.0f);
+    float *m = host_random(N, 0.1f), *v = host_random(N, 0.01f);
+    for (long i = 0; i < N; i++) v[i] = fabsf(v[i]); /* a second moment is never negative */
+    float *d_p = dev_floats(p, N), *d_g = dev_floats(g, N);
+    float *d_m = dev_floats(m, N), *d_v = dev_floats(v, N);
+    float *p0 = host_copy(p, N);
+
+    kernels_cpu.adamw(p, g, m, v, N, lr, beta1, beta2, eps, wd, t, gs);
+    kernels_cuda.adamw(d_p, d_g, d_m, d_v, N, lr, beta1, beta2, eps, wd, t, gs);
+    check("adamw p", p, d_p, N, TOL_ELEMENTWISE);
+    /* the update alone: p's own rounding is ~1e-5 of it, hence the wider tolerance */
+    check_change("adamw p - p0", p, p0, d_p, N, TOL_SUMS);
+    check("adamw m", m, d_m, N, TOL_ELEMENTWISE);
+    check("adamw v", v, d_v, N, TOL_ELEMENTWISE);
+
+    free(p); free(p0); free(g); free(m); free(v);
+    mem_free(d_p); mem_free(d_g); mem_free(d_m); mem_free(d_v);
+}
+
+static int run_all(void) {
+    device_use(DEVICE_CUDA, 0);
+    printf("kernels_cuda vs kernels_cpu; err = max|gpu-cpu| / max|cpu| per buffer\n");
+
+    test_encoder(2, 5, 7, 13);
+    test_encoder(3, 7, 33, 256);
+    test_encoder(4, 64, 128, 256);
+
+    test_layernorm(10, 7);
+    test_layernorm(37, 33);
+    test_layernorm(256, 128);
+    test_layernorm(3, 1000);
+
+    test_matmul(10, 7, 13, 1, 1);
+    test_matmul(10, 7, 13, 0, 0);
+    test_matmul(5, 1, 3, 1, 1);
+    test_matmul(37, 33, 65, 1, 0);
+    test_matmul(256, 128, 384, 1, 1);
+    test_matmul(256, 512, 128, 0, 1);
+
+    test_attention(3, 7, 3, 5);
+    test_attention(1, 1, 1, 1);
+    test_attention(2, 33, 2, 7);
+    test_attention(2, 64, 4, 32);
+    test_attention(2, 100, 2, 8); /* T > 64: past the CPU twin's row blocks and a warp */
+
+    test_gelu(1);
+    test_gelu(7);
+    test_gelu(1000003);
+
+    test_elementwise(1);
+    test_elementwise(7);
+    test_elementwise(1000003);
+
+    test_crossentropy(1, 1);
+    test_crossentropy(10, 13);
+    test_crossentropy(256, 256);
+    test_crossentropy(3, 1000);
+
+    test_sum_squares(1);
+    test_sum_squares(7);
+    test_sum_squares(256);
+    test_sum_squares(1000003);
+    test_sum_squares(5000011); /* more elements than the kernel's fixed grid covers at once */
+
+    test_adamw(7, 1);
+    test_adamw(1000003, 10);
+
+    device_synchronize(); /* surfaces an asynchronous CUDA error, if any */
+    printf("%d of %d checks passed\n", checks - failures, checks);
+    return failures ? 1 : 0;
+}
+#endif /* PL_HAVE_CUDA */
+
+int main(void) {
+    if (device_gpu_count() == 0) {
+        printf("no GPU: skipped\n");
+        return 77;
+    }
+#ifdef PL_HAVE_CUDA
+    return run_all();
+#else
+    return 77; /* not reached: a build without CUDA sees no GPU */
+#endif
+}
