@@ -490,3 +490,13 @@ void comm_barrier(comm *c) {
     polite_wait(&req);
     op_end(s, COLL_BARRIER, 0);
 }
+
+/* Host bookkeeping (the step's loss, a norm): not counted in the stats or the
+ * trace, which describe the training traffic the lessons compare with formulas. */
+void comm_allreduce_host(comm *c, double *x, int n) {
+    check_member(c, "comm_allreduce_host");
+    if (c->size == 1 || n == 0) return;
+    MPI_Request req;
+    MPI_OK(MPI_Iallreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, c->mpi, &req));
+    polite_wait(&req);
+}

@@ -23,9 +23,11 @@ typedef enum {
 extern const char *const comm_kind_names[COLL_NKINDS]; /* "allreduce", ... */
 
 typedef struct {
-    long calls;
-    double bytes;   /* payload: the bytes of the buffer the caller passed */
-    double seconds; /* host time from call to completion */
+    long calls;     /* comm_sendrecv counts one send and one receive */
+    double bytes;   /* payload: the bytes of the buffer the caller passed; for
+                     * reduce-scatter and all-gather the whole padded buffer */
+    double seconds; /* host time from call to completion (on NCCL only the
+                     * time to queue it: the work itself runs on the stream) */
 } comm_stat;
 
 typedef struct comm {
@@ -33,7 +35,9 @@ typedef struct comm {
     int rank, size;
     comm_backend backend;
     void *nccl;          /* ncclComm_t when backend == COMM_NCCL */
-    void *stream;        /* cudaStream_t NCCL runs on (NULL: the compute stream) */
+    void *stream;        /* cudaStream_t NCCL runs on (NULL: the compute stream). A
+                          * separate stream is not ordered after the compute stream:
+                          * the caller orders them (device_stream_wait). */
     comm_stat stats[COLL_NKINDS];
 } comm;
 

@@ -39,8 +39,10 @@ void device_use(device_kind kind, int gpu_index) {
     if (kind == DEVICE_CUDA) {
         cudaError_t e = cudaSetDevice(gpu_index);
         if (e != cudaSuccess) die("cudaSetDevice(%d): %s", gpu_index, cudaGetErrorString(e));
-        e = cudaStreamCreateWithFlags(&compute_stream, cudaStreamNonBlocking);
-        if (e != cudaSuccess) die("cudaStreamCreate: %s", cudaGetErrorString(e));
+        if (!compute_stream) { /* one per process, kept for its lifetime */
+            e = cudaStreamCreateWithFlags(&compute_stream, cudaStreamNonBlocking);
+            if (e != cudaSuccess) die("cudaStreamCreate: %s", cudaGetErrorString(e));
+        }
         K = &kernels_cuda;
     }
 #else

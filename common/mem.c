@@ -23,7 +23,9 @@ void *mem_alloc(size_t bytes, mem_category cat) {
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
         CUDA_OK(cudaMalloc(&p, padded));
-        CUDA_OK(cudaMemset(p, 0, padded));
+        /* on the compute stream: a plain cudaMemset goes to the legacy stream,
+         * which the (non-blocking) compute stream does not wait for */
+        CUDA_OK(cudaMemsetAsync(p, 0, padded, (cudaStream_t)device_compute_stream()));
     } else
 #endif
     {

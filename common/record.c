@@ -154,7 +154,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
             o->steps, o->batch, o->seq, o->layers, o->d_model, o->heads, o->lr, o->weight_decay, o->clip,
             o->seed, o->data ? o->data : "built-in");
     fprintf(f, "\"params\":%ld,", r->params);
-    json_numbers(f, "losses", ctx->losses, steps, "%.9g");
+    json_numbers(f, "losses", ctx->losses, steps, "%.17g"); /* exact: tests compare bits */
     fputc(',', f);
     json_numbers(f, "step_ms", ctx->step_seconds, steps, "%.6g");
     fprintf(f, ",\"tokens_per_s\":%.6g,\"step_ms_median\":%.6g,\"model_flops_per_s\":%.6g,",

@@ -51,19 +51,32 @@ static int check_replicas_identical(comm *world, const float *params, long n) {
     return same;
 }
 
+static void write_weights(const char *path, const float *params, long n) {
+    float *host = malloc((size_t)n * sizeof(float));
+    if (!host) die("out of host memory");
+    mem_to_host(host, params, (size_t)n * sizeof(float));
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(host, sizeof(float), (size_t)n, f) != (size_t)n || fclose(f) != 0)
+        die("--dump-weights %s: cannot write", path);
+    free(host);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     double bucket_mb = 0;
     int check_sync = 0;
+    const char *dump_weights = NULL;
     flag_spec flags[] = {
         {"--bucket-mb", FLAG_FLOAT, &bucket_mb,
          "all-reduce gradients in buckets of about this many MiB as the backward finishes them "
          "(0: one all-reduce after the backward)", 0, NULL},
         {"--check-sync", FLAG_BOOL, &check_sync,
          "verify at the end that all ranks hold bit-identical weights (exit 1 if not)", 0, NULL},
+        {"--dump-weights", FLAG_STRING, &dump_weights,
+         "write the final weights (raw little-endian fp32, layout order) to this file", 0, NULL},
     };
     lab_info lab = {"lab01_dp", "data parallelism: the same model on every rank, gradients "
-                    "all-reduced and averaged", flags, 2};
+                    "all-reduced and averaged", flags, 3};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks",
@@ -118,6 +131,7 @@ int main(int argc, char **argv) {
     }
 
     int in_sync = check_sync ? check_replicas_identical(&world, params, P) : 1;
+    if (dump_weights && world.rank == 0) write_weights(dump_weights, params, P);
     char layout[32], extra[64];
     snprintf(layout, sizeof layout, "dp=%d", world.size);
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s", bucket_mb,

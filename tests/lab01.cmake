@@ -1,0 +1,5 @@
+foreach(case equivalence determinism buckets bad_input)
+  add_lab_test(lab01_${case} test_lab01.py ${case})
+endforeach()
+add_lab_test(gpu_lab01_cuda test_lab01.py cuda)
+set_tests_properties(gpu_lab01_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
