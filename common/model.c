@@ -216,8 +216,20 @@ void gpt_scratch_free(gpt_grad_scratch *s) {
 
 #define P(block, which) ((block) + g->layer[which].offset)
 
-static void layer_forward(const gpt_layout *g, const float *lp, layer_acts *la, const float *x, int B) {
-    int T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
+void gpt_embed_forward(const gpt_layout *g, const float *ep, gpt_acts *a) {
+    K->encoder_forward(a->x_in, a->tokens, ep + g->embed[EMBED_WTE].offset,
+                       ep + g->embed[EMBED_WPE].offset, a->B, g->cfg.seq, g->cfg.d_model);
+}
+
+/* The input of `layer`: the previous layer's output, or x_in for the first. */
+static const float *layer_input(const gpt_acts *a, int layer) {
+    return layer == a->lo ? a->x_in : a->layer[layer - a->lo - 1].res3;
+}
+
+void gpt_layer_forward(const gpt_layout *g, const float *lp, gpt_acts *a, int layer) {
+    int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
+    layer_acts *la = &a->layer[layer - a->lo];
+    const float *x = layer_input(a, layer);
     K->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, P(lp, LAYER_LN1_W), P(lp, LAYER_LN1_B), N, C);
     K->matmul_forward(la->qkv, la->ln1, P(lp, LAYER_QKV_W), P(lp, LAYER_QKV_B), N, C, 3 * C);
     K->attention_forward(la->atty, la->att, la->qkv, B, T, NH, C / NH);
@@ -230,34 +242,43 @@ static void layer_forward(const gpt_layout *g, const float *lp, layer_acts *la, 
     K->add(la->res3, la->res3, la->res2, (long)N * C);
 }
 
+void gpt_head_forward(const gpt_layout *g, const float *hp, gpt_acts *a) {
+    int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
+    K->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
+                         hp + g->head[HEAD_LNF_B].offset, N, C);
+    K->matmul_forward(a->logits, a->lnf, hp + g->head[HEAD_W].offset, NULL, N, C, V);
+    K->crossentropy_forward(a->losses, a->probs, a->logits, a->targets, N, V);
+}
+
 void gpt_forward(const gpt_layout *g, const float *params, gpt_acts *a) {
-    int T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, L = g->cfg.layers, B = a->B, N = B * T;
     long begin, end;
     gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->lo == 0)
-        K->encoder_forward(a->x_in, a->tokens, params + g->embed[EMBED_WTE].offset,
-                           params + g->embed[EMBED_WPE].offset, B, T, C);
-    const float *x = a->x_in;
-    for (int l = a->lo; l < a->hi; l++) {
-        layer_acts *la = &a->layer[l - a->lo];
-        layer_forward(g, params + gpt_layer_offset(g, l) - begin, la, x, B);
-        x = la->res3;
-    }
-    if (a->hi == L) {
-        const float *hp = params + gpt_head_offset(g) - begin;
-        K->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, hp + g->head[HEAD_LNF_W].offset,
-                             hp + g->head[HEAD_LNF_B].offset, N, C);
-        K->matmul_forward(a->logits, a->lnf, hp + g->head[HEAD_W].offset, NULL, N, C, V);
-        K->crossentropy_forward(a->losses, a->probs, a->logits, a->targets, N, V);
-    }
+    if (a->lo == 0) gpt_embed_forward(g, params, a);
+    for (int l = a->lo; l < a->hi; l++) gpt_layer_forward(g, params + gpt_layer_offset(g, l) - begin, a, l);
+    if (a->hi == g->cfg.layers) gpt_head_forward(g, params + gpt_head_offset(g) - begin, a);
 }
 
 /* ---- backward ---------------------------------------------------------------- */
 
-/* dres holds the gradient of the layer's output on entry and of its input on exit. */
-static void layer_backward(const gpt_layout *g, const float *lp, float *gp, const layer_acts *la,
-                           const float *x, gpt_grad_scratch *s, int B) {
-    int T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
+void gpt_head_backward(const gpt_layout *g, const float *hp, float *hg, gpt_acts *a,
+                       gpt_grad_scratch *s, float dloss) {
+    int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
+    size_t nc = (size_t)N * C * sizeof(float);
+    K->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
+    mem_zero(s->dln, nc);
+    K->matmul_backward(s->dln, hg + g->head[HEAD_W].offset, NULL, s->dlogits, a->lnf,
+                       hp + g->head[HEAD_W].offset, N, C, V);
+    mem_zero(s->dres, nc);
+    K->layernorm_backward(s->dres, hg + g->head[HEAD_LNF_W].offset, hg + g->head[HEAD_LNF_B].offset,
+                          s->dln, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
+                          a->lnf_mean, a->lnf_rstd, N, C);
+}
+
+void gpt_layer_backward(const gpt_layout *g, const float *lp, float *gp, gpt_acts *a, int layer,
+                        gpt_grad_scratch *s) {
+    int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
+    const layer_acts *la = &a->layer[layer - a->lo];
+    const float *x = layer_input(a, layer);
     size_t nc = (size_t)N * C * sizeof(float), n4c = 4 * nc;
     /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
     mem_zero(s->dfch_gelu, n4c);
@@ -283,38 +304,31 @@ static void layer_backward(const gpt_layout *g, const float *lp, float *gp, cons
                           P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
 }
 
+void gpt_embed_backward(const gpt_layout *g, float *eg, gpt_acts *a, gpt_grad_scratch *s) {
+    K->encoder_backward(eg + g->embed[EMBED_WTE].offset, eg + g->embed[EMBED_WPE].offset,
+                        s->dres, a->tokens, a->B, g->cfg.seq, g->cfg.d_model);
+}
+
 float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_acts *a,
                     gpt_grad_scratch *s, const float *dout, float dloss,
                     grads_ready_fn ready, void *ready_ctx) {
-    int T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, L = g->cfg.layers, B = a->B, N = B * T;
-    size_t nc = (size_t)N * C * sizeof(float);
+    int L = g->cfg.layers;
     long begin, end;
     gpt_range(g, a->lo, a->hi, &begin, &end);
     if (a->hi == L) {
         long h = gpt_head_offset(g) - begin;
-        const float *hp = params + h;
-        float *hg = grads + h;
-        K->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
-        mem_zero(s->dln, nc);
-        K->matmul_backward(s->dln, hg + g->head[HEAD_W].offset, NULL, s->dlogits, a->lnf,
-                           hp + g->head[HEAD_W].offset, N, C, V);
-        mem_zero(s->dres, nc);
-        K->layernorm_backward(s->dres, hg + g->head[HEAD_LNF_W].offset, hg + g->head[HEAD_LNF_B].offset,
-                              s->dln, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
-                              a->lnf_mean, a->lnf_rstd, N, C);
+        gpt_head_backward(g, params + h, grads + h, a, s, dloss);
         if (ready) ready(ready_ctx, gpt_head_offset(g), g->total);
     } else {
-        mem_copy(s->dres, dout, nc);
+        mem_copy(s->dres, dout, (size_t)a->B * g->cfg.seq * g->cfg.d_model * sizeof(float));
     }
     for (int l = a->hi - 1; l >= a->lo; l--) {
         long o = gpt_layer_offset(g, l) - begin;
-        const float *x = l == a->lo ? a->x_in : a->layer[l - a->lo - 1].res3;
-        layer_backward(g, params + o, grads + o, &a->layer[l - a->lo], x, s, B);
+        gpt_layer_backward(g, params + o, grads + o, a, l, s);
         if (ready) ready(ready_ctx, gpt_layer_offset(g, l), gpt_layer_offset(g, l + 1));
     }
     if (a->lo != 0) return s->dres;
-    K->encoder_backward(grads + g->embed[EMBED_WTE].offset, grads + g->embed[EMBED_WPE].offset,
-                        s->dres, a->tokens, B, T, C);
+    gpt_embed_backward(g, grads, a, s);
     if (ready) ready(ready_ctx, 0, g->embed_size);
     return NULL;
 }

@@ -120,6 +120,22 @@ float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_
                     gpt_grad_scratch *s, const float *dout, float dloss,
                     grads_ready_fn ready, void *ready_ctx);
 
+/* The pieces gpt_forward and gpt_backward are made of, for labs that hold
+ * parameters or gradients per layer rather than per range (ZeRO-2/3 gathers a
+ * layer's weights just before using it). Each takes a pointer to its own block
+ * (the embedding's, a layer's, the head's), not to the flat range.
+ * Backward: the head's sets s->dres to the gradient of the last layer's output;
+ * a layer's turns s->dres from the gradient of its output into that of its
+ * input; the embedding's consumes s->dres. Gradients are accumulated. */
+void gpt_embed_forward(const gpt_layout *g, const float *embed_params, gpt_acts *a);
+void gpt_layer_forward(const gpt_layout *g, const float *layer_params, gpt_acts *a, int layer);
+void gpt_head_forward(const gpt_layout *g, const float *head_params, gpt_acts *a);
+void gpt_head_backward(const gpt_layout *g, const float *head_params, float *head_grads,
+                       gpt_acts *a, gpt_grad_scratch *s, float dloss);
+void gpt_layer_backward(const gpt_layout *g, const float *layer_params, float *layer_grads,
+                        gpt_acts *a, int layer, gpt_grad_scratch *s);
+void gpt_embed_backward(const gpt_layout *g, float *embed_grads, gpt_acts *a, gpt_grad_scratch *s);
+
 /* The mean of a->losses, read back to the host. */
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a);
 

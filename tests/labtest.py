@@ -61,3 +61,30 @@ def compare_losses(name, got, ref, rtol):
           f"loss {ref[0]:.4f} -> {ref[-1]:.4f}", flush=True)
     check(d <= rtol, f"{name}: losses differ by {d:.3e} > {rtol:g}")
     return d
+
+
+def check_rejected(lab, n, args, needle):
+    """A bad input: every rank exits 2 within 5 s, one line `error: ...` naming `needle`, no output."""
+    # each rank reports its own exit status, so "all ranks exit 2" is observed, not assumed
+    out = "" if "--out" in args else f' --out "{tempfile.mkdtemp()}"'
+    script = f'"$0" "$@"{out}; echo "rank-exit $?" >&2'
+    cmd = [MPIRUN, "-n", str(n), "sh", "-c", script, program(lab), *args]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=5, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    except subprocess.TimeoutExpired:
+        fail(f"{args}: no answer within 5 s (a hang)")
+    dt = time.time() - t0
+    exits = [l for l in p.stderr.splitlines() if l.startswith("rank-exit")]
+    msgs = [l for l in p.stderr.splitlines() if l and not l.startswith("rank-exit")]
+    print(f"-n {n} {' '.join(args)} -> {msgs} exits {[e.split()[1] for e in exits]} in {dt:.1f} s")
+    check(exits == ["rank-exit 2"] * n, f"{args}: every rank must exit with 2, got {exits}")
+    check(len(msgs) == 1, f"{args}: expected one line of message, got {msgs}")
+    check(msgs[0].startswith("error: ") and needle in msgs[0], f"{args}: message must name {needle!r}: {msgs[0]!r}")
+    check(p.stdout == "", f"{args}: nothing should run before the error, stdout was {p.stdout!r}")
+
+
+def has_gpu(lab):
+    """Whether `lab` can run on CUDA here (a GPU and a CUDA build)."""
+    rec, p, _ = run(lab, 1, ["--steps", "1", "--layers", "1", "--device", "cuda"], check=False)
+    return p.returncode == 0

@@ -5,13 +5,11 @@ traffic equals the ring formula, and bad input fails fast and clearly.
 usage: test_lab01.py equivalence|determinism|buckets|bad_input|cuda"""
 import array
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import MPIRUN, check, compare_losses, fail, program, run  # noqa: E402
+from labtest import check, check_rejected, compare_losses, has_gpu, run  # noqa: E402
 
 LAB = "lab01_dp"
 STEPS = ["--steps", "20"]
@@ -102,41 +100,16 @@ def bad_input():
         (2, ["--check-sync=yes"], "--check-sync"),
         (2, ["stray"], "stray"),
     ]
-    if not has_gpu():
+    if not has_gpu(LAB):
         cases.append((2, ["--device", "cuda"], "--device cuda"))
     for n, args, needle in cases:
-        check_rejected(n, args, needle)
+        check_rejected(LAB, n, args, needle)
     print(f"{len(cases)} bad inputs rejected with status 2 and one line on every rank")
-
-
-def check_rejected(n, args, needle):
-    # each rank reports its own exit status, so "all ranks exit 2" is observed, not assumed
-    out = "" if "--out" in args else f' --out "{tempfile.mkdtemp()}"'
-    script = f'"$0" "$@"{out}; echo "rank-exit $?" >&2'
-    cmd = [MPIRUN, "-n", str(n), "sh", "-c", script, program(LAB), *args]
-    t0 = time.time()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=5, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-    except subprocess.TimeoutExpired:
-        fail(f"{args}: no answer within 5 s (a hang)")
-    dt = time.time() - t0
-    exits = [l for l in p.stderr.splitlines() if l.startswith("rank-exit")]
-    msgs = [l for l in p.stderr.splitlines() if l and not l.startswith("rank-exit")]
-    print(f"-n {n} {' '.join(args)} -> {msgs} exits {[e.split()[1] for e in exits]} in {dt:.1f} s")
-    check(exits == ["rank-exit 2"] * n, f"{args}: every rank must exit with 2, got {exits}")
-    check(len(msgs) == 1, f"{args}: expected one line of message, got {msgs}")
-    check(msgs[0].startswith("error: ") and needle in msgs[0], f"{args}: message must name {needle!r}: {msgs[0]!r}")
-    check(p.stdout == "", f"{args}: nothing should run before the error, stdout was {p.stdout!r}")
-
-
-def has_gpu():
-    rec, p, _ = run(LAB, 1, ["--steps", "1", "--layers", "1", "--device", "cuda"], check=False)
-    return p.returncode == 0
 
 
 def cuda():
     """GPU-labelled: lab01 on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
-    if not has_gpu():
+    if not has_gpu(LAB):
         print("no GPU: skipped")
         sys.exit(77)
     cpu, _, _ = run(LAB, 1, STEPS + ["--device", "cpu"])
