@@ -87,28 +87,25 @@ float rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)); /* Box-Muller */
 }
 
+float gpt_init_value(const gpt_layout *g, uint64_t seed, int layer, const tensor_info *t, long index) {
+    if (strstr(t->name, "ln_") && strstr(t->name, ".weight")) return 1.0f; /* LayerNorm gains */
+    if (t->cols == 1) return 0.0f;                                         /* biases */
+    float std = 0.02f;
+    if (strstr(t->name, "c_proj.weight")) std = 0.02f / sqrtf(2.0f * (float)g->cfg.layers);
+    /* The stream key names the tensor and its layer, so values do not depend on
+     * where the tensor sits in any buffer. */
+    const tensor_info *first = layer < 0 ? g->embed : layer == g->cfg.layers ? g->head : g->layer;
+    uint64_t stream = (uint64_t)(layer + 2) * 64 + (uint64_t)(t - first);
+    return std * rng_normal(seed, stream, (uint64_t)index);
+}
+
 typedef struct { const gpt_layout *g; uint64_t seed; long begin, end; float *host; } init_ctx;
 
 static void init_tensor(void *vctx, const tensor_info *t, long offset, int layer) {
     init_ctx *c = vctx;
-    long n = t->rows * t->cols;
     long lo = offset > c->begin ? offset : c->begin;
-    long hi = offset + n < c->end ? offset + n : c->end;
-    int is_ln_weight = strstr(t->name, "ln_") && strstr(t->name, ".weight");
-    int is_residual_proj = strstr(t->name, "c_proj.weight") != NULL;
-    float std = 0.02f;
-    if (is_residual_proj) std = 0.02f / sqrtf(2.0f * (float)c->g->cfg.layers);
-    /* The stream key names the tensor and its layer, so values do not depend on
-     * where the tensor sits in any buffer. */
-    uint64_t stream = (uint64_t)(layer + 2) * 64 + (uint64_t)(t - (layer < 0 ? c->g->embed
-                                            : layer == c->g->cfg.layers ? c->g->head : c->g->layer));
-    for (long i = lo; i < hi; i++) {
-        float v;
-        if (is_ln_weight) v = 1.0f;
-        else if (t->cols == 1) v = 0.0f;
-        else v = std * rng_normal(c->seed, stream, (uint64_t)(i - offset));
-        c->host[i - c->begin] = v;
-    }
+    long hi = offset + t->rows * t->cols < c->end ? offset + t->rows * t->cols : c->end;
+    for (long i = lo; i < hi; i++) c->host[i - c->begin] = gpt_init_value(c->g, c->seed, layer, t, i - offset);
 }
 
 void gpt_init_params(const gpt_layout *g, uint64_t seed, long begin, long end, float *dst) {

@@ -64,7 +64,11 @@ void gpt_for_each_tensor(const gpt_layout *g, long begin, long end, tensor_visit
  * a pure function of (seed, tensor, element index), so any rank can create
  * exactly its slice and every layout starts from bit-identical weights. */
 void gpt_init_params(const gpt_layout *g, uint64_t seed, long begin, long end, float *dst);
-/* The counter-based normal sample behind it (exposed for tests). */
+/* One initial value: element `index` (row-major inside the tensor) of tensor t
+ * of `layer` (-1: embedding, L: head; t points into g->embed, g->layer or
+ * g->head). A tensor-parallel rank uses it to create exactly its shard. */
+float gpt_init_value(const gpt_layout *g, uint64_t seed, int layer, const tensor_info *t, long index);
+/* The counter-based normal sample behind it. */
 float rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
 
 /* Activations of layers [lo, hi) for one micro-batch of B rows, in one

@@ -1,27 +1,31 @@
 /* Checks of the kernel table K on the CPU.
  *
  * Forwards are compared with straightforward double-precision references.
- * Backwards are compared with central finite differences of a scalar loss
- * L = sum(out * R) for a fixed random R, so dL/dout = R is what the backward
- * receives. L is summed in double over the outputs of the float forward.
  *
- * Choice of step and tolerance. The error of an element is
- * |num - ana| / max(|num|, |ana|, floor), floor = 1e-2 * max |ana| over the
- * tensor, and must stay below 1e-2. Two errors compete in num:
- *  - truncation, ~ h^2 |f'''| / 6: with O(1) inputs and smooth functions,
- *    ~1e-5 relative at h = 1e-2;
- *  - rounding: each float output carries ~6e-8 relative error, so L moves by
- *    noise of ~1e-7 between the two evaluations, i.e. ~1e-5 absolute in num
- *    at h = 1e-2. Relative to a gradient of 1e-3 that alone is 1e-2: hence the
- *    floor, which keeps near-zero elements from failing on noise while still
- *    holding them to an absolute error of 1e-4 of the largest element.
- * Measured worst errors are ~1e-3 or less, ten times under the tolerance; a
- * real mistake (a missing term, a wrong index, a wrong factor) gives errors
- * of order 1. Attention uses h = 2e-2: one k or v element feeds every later
- * row, so more outputs carry rounding noise into L. Cross-entropy uses
- * h = 5e-2: its losses are ~5, so L's rounding noise is larger, and the
- * loss's derivatives obey |f'''| <= |f'| (softmax), so truncation stays
- * below h^2 / 6 = 4e-4 relative.
+ * Every backward is checked twice against central finite differences of a
+ * scalar loss L = sum(out * R), R fixed and random, so that dL/dout = R is
+ * what the backward receives:
+ *
+ *  "fd":  L from the kernel's own float forward, summed in double. This ties
+ *         each backward to the forward it belongs to. Step and tolerance:
+ *         the error of an element is |num - ana| / max(|num|, |ana|, floor),
+ *         floor = 1e-2 * max |ana| over the tensor, and must stay below 1e-2.
+ *         Two errors compete in num. Truncation, ~h^2 |f'''| / 6, is ~1e-5
+ *         relative at h = 1e-2 for O(1) inputs and smooth functions. Rounding:
+ *         each float output carries ~6e-8 relative error, so L moves by noise
+ *         of ~1e-7 between the two evaluations, ~1e-5 in num at h = 1e-2;
+ *         against a gradient of 1e-3 that alone is 1e-2, hence the floor,
+ *         which still holds small elements to 1e-4 of the largest. Measured
+ *         worst errors are ~1e-3. Attention takes h = 2e-2 (a k or v element
+ *         feeds every later row, so more outputs carry noise into L), and
+ *         cross-entropy h = 5e-2 (losses of ~5 make L's noise larger; its
+ *         derivatives obey |f'''| <= |f'|, so truncation stays < h^2/6 = 4e-4).
+ *         A float forward cannot see errors much below 1e-2, hence:
+ *
+ *  "ref": L from the double reference forward, h = 1e-4. That difference
+ *         quotient is good to ~1e-7, so the tolerance is set by the float
+ *         backward alone: error as above (floor 1e-2 * max |ana|), below
+ *         1e-4 (measured worst ~5e-6). A gradient off by 0.1% fails here.
  *
  * Every check prints one line with the largest error it found (and, when it
  * fails, where); the program exits non-zero if any check fails. */
@@ -35,16 +39,19 @@
 #include <string.h>
 
 #define FD_H 1e-2
-#define FD_TOL 1e-2
 #define FD_FLOOR 1e-2
+#define FD_TOL 1e-2
+#define REF_H 1e-4
+#define REF_FLOOR 1e-2
+#define REF_TOL 1e-4
 #define FD_SAMPLES 50 /* tensors larger than this get a random sample of elements */
 
 static int failures = 0;
-static char worst[160]; /* where the last finite-difference check erred most */
+static char worst[160]; /* where the last gradient check erred most */
 
 static void report(const char *what, double err, double tol) {
     int ok = err <= tol; /* false for NaN too */
-    printf("%-62s max rel err %9.3e (tol %.0e)  %s\n", what, err, tol, ok ? "ok" : "FAIL");
+    printf("%-66s max rel err %9.3e (tol %.0e)  %s\n", what, err, tol, ok ? "ok" : "FAIL");
     if (!ok) {
         if (worst[0]) printf("    worst: %s\n", worst);
         failures++;
@@ -52,8 +59,8 @@ static void report(const char *what, double err, double tol) {
     worst[0] = 0;
 }
 
-static void report_bool(const char *what, int ok, const char *detail) {
-    printf("%-62s %s%s%s\n", what, ok ? "ok" : "FAIL", detail ? "  " : "", detail ? detail : "");
+static void report_bool(const char *what, int ok) {
+    printf("%-66s %s\n", what, ok ? "ok" : "FAIL");
     if (!ok) failures++;
 }
 
@@ -72,14 +79,18 @@ static float rand_uniform(float lo, float hi) {
 }
 static int rand_int(int n) { return (int)(rand_u32() % (uint32_t)n); }
 
-static float *alloc_f(long n) {
-    float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+/* ---- buffers -------------------------------------------------------------------- */
+
+static void *alloc_or_die(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
     if (!p) {
         fprintf(stderr, "out of memory\n");
         exit(1);
     }
     return p;
 }
+static float *alloc_f(long n) { return alloc_or_die((size_t)n * sizeof(float)); }
+static double *alloc_d(long n) { return alloc_or_die((size_t)n * sizeof(double)); }
 static float *rand_f(long n, float lo, float hi) {
     float *p = alloc_f(n);
     for (long i = 0; i < n; i++) p[i] = rand_uniform(lo, hi);
@@ -93,13 +104,20 @@ static float *copy_f(const float *x, long n) {
 static void fill_nan(float *x, long n) {
     for (long i = 0; i < n; i++) x[i] = NAN;
 }
-static double dot_d(const float *a, const float *b, long n) {
+static double dot_f(const float *a, const float *r, long n) {
     double s = 0;
-    for (long i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
+    for (long i = 0; i < n; i++) s += (double)a[i] * (double)r[i];
+    return s;
+}
+static double dot_d(const double *a, const float *r, long n) {
+    double s = 0;
+    for (long i = 0; i < n; i++) s += a[i] * (double)r[i];
     return s;
 }
 
-/* Largest |a - b| / max(|b|, floor) where floor = rel_floor * max|b| + abs_floor. */
+/* ---- error measures ------------------------------------------------------------- */
+
+/* Largest |a - b| / max(|b|, floor), floor = rel_floor * max|b| + abs_floor. */
 static double max_rel_err(const float *a, const double *b, long n, double rel_floor,
                           double abs_floor) {
     double bmax = 0, err = 0;
@@ -124,44 +142,6 @@ static double max_scaled_err(const float *a, const double *b, const double *scal
     return err;
 }
 
-/* ---- finite differences --------------------------------------------------------- */
-
-typedef double (*loss_fn)(void *ctx);
-
-/* Max error between the analytic gradient ana[] of L with respect to x[] and
- * central differences with step h, over all elements or a random sample. */
-static double fd_check_h(float *x, const float *ana, long n, loss_fn loss, void *ctx,
-                         double h) {
-    double amax = 0;
-    for (long i = 0; i < n; i++) amax = fmax(amax, fabs(ana[i]));
-    const double floor = fmax(FD_FLOOR * amax, 1e-6);
-    const long count = n <= FD_SAMPLES ? n : FD_SAMPLES;
-    double err = 0;
-    for (long s = 0; s < count; s++) {
-        long i = n <= FD_SAMPLES ? s : (s == 0 ? 0 : s == 1 ? n - 1 : rand_int((int)n));
-        const float x0 = x[i];
-        const float xp = (float)(x0 + h), xm = (float)(x0 - h);
-        x[i] = xp;
-        const double lp = loss(ctx);
-        x[i] = xm;
-        const double lm = loss(ctx);
-        x[i] = x0;
-        /* divide by the step actually taken, after rounding to float */
-        const double num = (lp - lm) / ((double)xp - (double)xm);
-        const double d = fabs(num - ana[i]) / fmax(fmax(fabs(num), fabs(ana[i])), floor);
-        if (!(d <= err)) {
-            err = d;
-            snprintf(worst, sizeof worst, "element %ld: numeric %.6g, analytic %.6g, floor %.3g", i,
-                     num, (double)ana[i], floor);
-        }
-    }
-    return err;
-}
-
-static double fd_check(float *x, const float *ana, long n, loss_fn loss, void *ctx) {
-    return fd_check_h(x, ana, n, loss, ctx, FD_H);
-}
-
 /* The accumulation rule: a second call adds the same gradient again. Not
  * compared bit for bit: a kernel that sums over rows into its output (dw of
  * layernorm, dbias, dwpe) rounds (G + g1) + g2 + ... differently from
@@ -179,130 +159,223 @@ static double twice_err(const float *once, const float *twice, long n) {
 }
 #define TWICE_TOL 1e-5
 
+/* ---- gradient checks ------------------------------------------------------------ */
+
+typedef double (*loss_fn)(void *ctx);
+
+/* Max error between the analytic gradient ana[] of L with respect to x[] and
+ * central differences with step h, over all elements or a random sample. */
+static double fd_error(float *x, const float *ana, long n, loss_fn loss, void *ctx, double h,
+                       double floor_rel) {
+    double amax = 0;
+    for (long i = 0; i < n; i++) amax = fmax(amax, fabs(ana[i]));
+    const double floor = fmax(floor_rel * amax, 1e-6);
+    const long count = n <= FD_SAMPLES ? n : FD_SAMPLES;
+    double err = 0;
+    for (long s = 0; s < count; s++) {
+        long i = n <= FD_SAMPLES ? s : (s == 0 ? 0 : s == 1 ? n - 1 : rand_int((int)n));
+        const float x0 = x[i];
+        const float xp = (float)(x0 + h), xm = (float)(x0 - h);
+        x[i] = xp;
+        const double lp = loss(ctx);
+        x[i] = xm;
+        const double lm = loss(ctx);
+        x[i] = x0;
+        /* divide by the step actually taken, after rounding to float */
+        const double num = (lp - lm) / ((double)xp - (double)xm);
+        const double d = fabs(num - ana[i]) / fmax(fmax(fabs(num), fabs(ana[i])), floor);
+        if (!(d <= err)) {
+            err = d;
+            snprintf(worst, sizeof worst, "element %ld: numeric %.8g, analytic %.8g, floor %.3g", i,
+                     num, (double)ana[i], floor);
+        }
+    }
+    return err;
+}
+
+/* A kernel's pair of losses: through its float forward and through the
+ * double reference forward, on the same inputs. */
+typedef struct {
+    loss_fn kernel_loss, ref_loss;
+    void *ctx;
+    double fd_h;
+} losses;
+
+/* Both checks of one gradient tensor: "fd" and "ref" lines. */
+static void check_grad(const char *name, float *x, const float *ana, long n, const losses *L) {
+    char line[160];
+    snprintf(line, sizeof line, "%s  fd", name);
+    report(line, fd_error(x, ana, n, L->kernel_loss, L->ctx, L->fd_h, FD_FLOOR), FD_TOL);
+    snprintf(line, sizeof line, "%s  ref", name);
+    report(line, fd_error(x, ana, n, L->ref_loss, L->ctx, REF_H, REF_FLOOR), REF_TOL);
+}
+
 /* ---- encoder -------------------------------------------------------------------- */
 
+static void ref_encoder(double *out, const int *tokens, const float *wte, const float *wpe, int B,
+                        int T, int C) {
+    for (long n = 0; n < (long)B * T; n++)
+        for (int i = 0; i < C; i++)
+            out[n * C + i] = (double)wte[(long)tokens[n] * C + i] + (double)wpe[(n % T) * C + i];
+}
+
 typedef struct {
-    int B, T, C, V;
+    int B, T, C;
     int *tokens;
     float *wte, *wpe, *out, *R;
+    double *ref;
 } enc_ctx;
 
 static double enc_loss(void *p) {
     enc_ctx *c = p;
     K->encoder_forward(c->out, c->tokens, c->wte, c->wpe, c->B, c->T, c->C);
-    return dot_d(c->out, c->R, (long)c->B * c->T * c->C);
+    return dot_f(c->out, c->R, (long)c->B * c->T * c->C);
+}
+static double enc_ref_loss(void *p) {
+    enc_ctx *c = p;
+    ref_encoder(c->ref, c->tokens, c->wte, c->wpe, c->B, c->T, c->C);
+    return dot_d(c->ref, c->R, (long)c->B * c->T * c->C);
 }
 
 static void test_encoder(int B, int T, int C, int V) {
-    char name[128];
-    enc_ctx c = {B, T, C, V, NULL, NULL, NULL, NULL, NULL};
-    const long N = (long)B * T, NC = N * C;
-    c.tokens = malloc((size_t)N * sizeof(int));
+    char name[128], shape[64];
+    snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d", B, T, C, V);
+    const long N = (long)B * T, NC = N * C, VC = (long)V * C, TC = (long)T * C;
+    enc_ctx c = {B, T, C, alloc_or_die((size_t)N * sizeof(int)), rand_f(VC, -1, 1),
+                 rand_f(TC, -1, 1), alloc_f(NC), rand_f(NC, -1, 1), alloc_d(NC)};
     for (long n = 0; n < N; n++) c.tokens[n] = rand_int(V); /* V small: repeats */
-    c.wte = rand_f((long)V * C, -1, 1);
-    c.wpe = rand_f((long)T * C, -1, 1);
-    c.out = alloc_f(NC);
-    c.R = rand_f(NC, -1, 1);
+    losses L = {enc_loss, enc_ref_loss, &c, FD_H};
 
     fill_nan(c.out, NC);
     K->encoder_forward(c.out, c.tokens, c.wte, c.wpe, B, T, C);
-    double *ref = malloc((size_t)NC * sizeof(double));
-    for (long n = 0; n < N; n++)
-        for (int i = 0; i < C; i++)
-            ref[n * C + i] = (double)(c.wte[(long)c.tokens[n] * C + i] + c.wpe[(n % T) * C + i]);
-    snprintf(name, sizeof name, "encoder_forward  B=%d T=%d C=%d V=%d", B, T, C, V);
-    report(name, max_rel_err(c.out, ref, NC, 0, 1e-30), 0);
+    double *ref = alloc_d(NC);
+    ref_encoder(ref, c.tokens, c.wte, c.wpe, B, T, C);
+    snprintf(name, sizeof name, "encoder_forward  %s", shape);
+    report(name, max_rel_err(c.out, ref, NC, 0, 1e-30), 1e-7); /* one float add */
 
-    float *dwte = alloc_f((long)V * C), *dwpe = alloc_f((long)T * C);
+    float *dwte = alloc_f(VC), *dwpe = alloc_f(TC);
     K->encoder_backward(dwte, dwpe, c.R, c.tokens, B, T, C);
-    float *dwte1 = copy_f(dwte, (long)V * C), *dwpe1 = copy_f(dwpe, (long)T * C);
-    snprintf(name, sizeof name, "encoder_backward B=%d T=%d C=%d V=%d  dwte", B, T, C, V);
-    report(name, fd_check(c.wte, dwte1, (long)V * C, enc_loss, &c), FD_TOL);
-    snprintf(name, sizeof name, "encoder_backward B=%d T=%d C=%d V=%d  dwpe", B, T, C, V);
-    report(name, fd_check(c.wpe, dwpe1, (long)T * C, enc_loss, &c), FD_TOL);
+    float *dwte1 = copy_f(dwte, VC), *dwpe1 = copy_f(dwpe, TC);
+    snprintf(name, sizeof name, "encoder_backward %s  dwte", shape);
+    check_grad(name, c.wte, dwte1, VC, &L);
+    snprintf(name, sizeof name, "encoder_backward %s  dwpe", shape);
+    check_grad(name, c.wpe, dwpe1, TC, &L);
     K->encoder_backward(dwte, dwpe, c.R, c.tokens, B, T, C);
-    snprintf(name, sizeof name, "encoder_backward B=%d T=%d C=%d  accumulates", B, T, C);
-    report(name, fmax(twice_err(dwte1, dwte, (long)V * C), twice_err(dwpe1, dwpe, (long)T * C)),
-           TWICE_TOL);
+    snprintf(name, sizeof name, "encoder_backward %s  accumulates", shape);
+    report(name, fmax(twice_err(dwte1, dwte, VC), twice_err(dwpe1, dwpe, TC)), TWICE_TOL);
 
-    free(c.tokens), free(c.wte), free(c.wpe), free(c.out), free(c.R), free(ref);
+    free(c.tokens), free(c.wte), free(c.wpe), free(c.out), free(c.R), free(c.ref), free(ref);
     free(dwte), free(dwpe), free(dwte1), free(dwpe1);
 }
 
 /* ---- layernorm ------------------------------------------------------------------ */
 
+/* scale (may be NULL): the size of the terms of each output, for rounding */
+static void ref_layernorm(double *out, double *mean, double *rstd, double *scale, const float *inp,
+                          const float *w, const float *b, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (long)n * C;
+        double m = 0, v = 0;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= C;
+        for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+        v /= C;
+        const double r = 1.0 / sqrt(v + 1e-5);
+        if (mean) mean[n] = m, rstd[n] = r;
+        for (int i = 0; i < C; i++) {
+            out[(long)n * C + i] = (x[i] - m) * r * w[i] + b[i];
+            if (scale) scale[(long)n * C + i] = (fabs(x[i]) + fabs(m)) * r * fabs(w[i]) + fabs(b[i]);
+        }
+    }
+}
+
 typedef struct {
     int N, C;
     float *inp, *w, *b, *out, *mean, *rstd, *R;
+    double *ref;
 } ln_ctx;
 
 static double ln_loss(void *p) {
     ln_ctx *c = p;
     K->layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
-    return dot_d(c->out, c->R, (long)c->N * c->C);
+    return dot_f(c->out, c->R, (long)c->N * c->C);
+}
+static double ln_ref_loss(void *p) {
+    ln_ctx *c = p;
+    ref_layernorm(c->ref, NULL, NULL, NULL, c->inp, c->w, c->b, c->N, c->C);
+    return dot_d(c->ref, c->R, (long)c->N * c->C);
 }
 
 static void test_layernorm(int N, int C) {
-    char name[128];
+    char name[128], shape[64];
+    snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
     const long NC = (long)N * C;
     ln_ctx c = {N, C, rand_f(NC, -1, 1), rand_f(C, 0.5f, 1.5f), rand_f(C, -0.5f, 0.5f),
-                alloc_f(NC), alloc_f(N), alloc_f(N), rand_f(NC, -1, 1)};
+                alloc_f(NC), alloc_f(N), alloc_f(N), rand_f(NC, -1, 1), alloc_d(NC)};
     for (long i = 0; i < NC; i++) c.inp[i] += 0.3f; /* a non-zero mean */
+    losses L = {ln_loss, ln_ref_loss, &c, FD_H};
 
     fill_nan(c.out, NC);
     K->layernorm_forward(c.out, c.mean, c.rstd, c.inp, c.w, c.b, N, C);
-    double *ref = malloc((size_t)NC * sizeof(double)), *refm = malloc((size_t)N * sizeof(double)),
-           *refr = malloc((size_t)N * sizeof(double)), *scale = malloc((size_t)NC * sizeof(double));
-    for (int n = 0; n < N; n++) {
-        double m = 0, v = 0;
-        for (int i = 0; i < C; i++) m += c.inp[(long)n * C + i];
-        m /= C;
-        for (int i = 0; i < C; i++) v += (c.inp[(long)n * C + i] - m) * (c.inp[(long)n * C + i] - m);
-        v /= C;
-        double r = 1.0 / sqrt(v + 1e-5);
-        refm[n] = m, refr[n] = r;
-        for (int i = 0; i < C; i++) {
-            const double x = c.inp[(long)n * C + i];
-            ref[(long)n * C + i] = (x - m) * r * c.w[i] + c.b[i];
-            scale[(long)n * C + i] = (fabs(x) + fabs(m)) * r * fabs(c.w[i]) + fabs(c.b[i]);
-        }
-    }
-    snprintf(name, sizeof name, "layernorm_forward  N=%d C=%d  out", N, C);
+    double *ref = alloc_d(NC), *refm = alloc_d(N), *refr = alloc_d(N), *scale = alloc_d(NC);
+    ref_layernorm(ref, refm, refr, scale, c.inp, c.w, c.b, N, C);
+    snprintf(name, sizeof name, "layernorm_forward  %s  out", shape);
     report(name, max_scaled_err(c.out, ref, scale, NC), 1e-5);
-    snprintf(name, sizeof name, "layernorm_forward  N=%d C=%d  mean, rstd", N, C);
+    snprintf(name, sizeof name, "layernorm_forward  %s  mean, rstd", shape);
     report(name, fmax(max_rel_err(c.mean, refm, N, 1e-2, 1e-30), max_rel_err(c.rstd, refr, N, 0, 1e-30)),
            1e-5);
 
     float *dinp = alloc_f(NC), *dw = alloc_f(C), *db = alloc_f(C);
     K->layernorm_backward(dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
     float *dinp1 = copy_f(dinp, NC), *dw1 = copy_f(dw, C), *db1 = copy_f(db, C);
-    snprintf(name, sizeof name, "layernorm_backward N=%d C=%d  dinp", N, C);
-    report(name, fd_check(c.inp, dinp1, NC, ln_loss, &c), FD_TOL);
-    snprintf(name, sizeof name, "layernorm_backward N=%d C=%d  dw", N, C);
-    report(name, fd_check(c.w, dw1, C, ln_loss, &c), FD_TOL);
-    snprintf(name, sizeof name, "layernorm_backward N=%d C=%d  db", N, C);
-    report(name, fd_check(c.b, db1, C, ln_loss, &c), FD_TOL);
+    snprintf(name, sizeof name, "layernorm_backward %s  dinp", shape);
+    check_grad(name, c.inp, dinp1, NC, &L);
+    snprintf(name, sizeof name, "layernorm_backward %s  dw", shape);
+    check_grad(name, c.w, dw1, C, &L);
+    snprintf(name, sizeof name, "layernorm_backward %s  db", shape);
+    check_grad(name, c.b, db1, C, &L);
     ln_loss(&c); /* mean and rstd of the unperturbed input again */
     K->layernorm_backward(dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
-    snprintf(name, sizeof name, "layernorm_backward N=%d C=%d  accumulates", N, C);
+    snprintf(name, sizeof name, "layernorm_backward %s  accumulates", shape);
     report(name, fmax(twice_err(dinp1, dinp, NC), fmax(twice_err(dw1, dw, C), twice_err(db1, db, C))),
            TWICE_TOL);
 
-    free(c.inp), free(c.w), free(c.b), free(c.out), free(c.mean), free(c.rstd), free(c.R);
-    free(ref), free(refm), free(refr), free(scale), free(dinp), free(dw), free(db), free(dinp1), free(dw1), free(db1);
+    free(c.inp), free(c.w), free(c.b), free(c.out), free(c.mean), free(c.rstd), free(c.R), free(c.ref);
+    free(ref), free(refm), free(refr), free(scale);
+    free(dinp), free(dw), free(db), free(dinp1), free(dw1), free(db1);
 }
 
 /* ---- matmul --------------------------------------------------------------------- */
 
+static void ref_matmul(double *out, double *scale, const float *inp, const float *w,
+                       const float *bias, int N, int IC, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = bias ? bias[o] : 0.0, a = fabs(s);
+            for (int i = 0; i < IC; i++) {
+                double t = (double)inp[(long)n * IC + i] * w[(long)o * IC + i];
+                s += t, a += fabs(t);
+            }
+            out[(long)n * OC + o] = s;
+            if (scale) scale[(long)n * OC + o] = a;
+        }
+}
+
 typedef struct {
     int N, IC, OC;
     float *inp, *w, *bias, *out, *R; /* bias may be NULL */
+    double *ref;
 } mm_ctx;
 
 static double mm_loss(void *p) {
     mm_ctx *c = p;
     K->matmul_forward(c->out, c->inp, c->w, c->bias, c->N, c->IC, c->OC);
-    return dot_d(c->out, c->R, (long)c->N * c->OC);
+    return dot_f(c->out, c->R, (long)c->N * c->OC);
+}
+static double mm_ref_loss(void *p) {
+    mm_ctx *c = p;
+    ref_matmul(c->ref, NULL, c->inp, c->w, c->bias, c->N, c->IC, c->OC);
+    return dot_d(c->ref, c->R, (long)c->N * c->OC);
 }
 
 static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
@@ -310,37 +383,31 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
     snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s%s", N, IC, OC, with_bias ? "" : " nobias",
              with_dinp ? "" : " dinp=NULL");
     const long NI = (long)N * IC, NO = (long)N * OC, WO = (long)OC * IC;
-    mm_ctx c = {N, IC, OC, rand_f(NI, -1, 1), rand_f(WO, -1, 1), with_bias ? rand_f(OC, -1, 1) : NULL,
-                alloc_f(NO), rand_f(NO, -1, 1)};
+    mm_ctx c = {N,           IC,          OC, rand_f(NI, -1, 1), rand_f(WO, -1, 1),
+                with_bias ? rand_f(OC, -1, 1) : NULL, alloc_f(NO), rand_f(NO, -1, 1), alloc_d(NO)};
+    losses L = {mm_loss, mm_ref_loss, &c, FD_H};
 
     fill_nan(c.out, NO); /* a forward overwrites, whatever was there */
     K->matmul_forward(c.out, c.inp, c.w, c.bias, N, IC, OC);
-    double *ref = malloc((size_t)NO * sizeof(double)), *scale = malloc((size_t)NO * sizeof(double));
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            double s = c.bias ? c.bias[o] : 0.0, a = fabs(s);
-            for (int i = 0; i < IC; i++) {
-                double t = (double)c.inp[(long)n * IC + i] * c.w[(long)o * IC + i];
-                s += t, a += fabs(t);
-            }
-            ref[(long)n * OC + o] = s;
-            scale[(long)n * OC + o] = a;
-        }
+    double *ref = alloc_d(NO), *scale = alloc_d(NO);
+    ref_matmul(ref, scale, c.inp, c.w, c.bias, N, IC, OC);
     snprintf(name, sizeof name, "matmul_forward  %s", shape);
     report(name, max_scaled_err(c.out, ref, scale, NO), 1e-5);
 
-    float *dinp = with_dinp ? alloc_f(NI) : NULL, *dw = alloc_f(WO), *db = with_bias ? alloc_f(OC) : NULL;
+    float *dinp = with_dinp ? alloc_f(NI) : NULL, *dw = alloc_f(WO);
+    float *db = with_bias ? alloc_f(OC) : NULL;
     K->matmul_backward(dinp, dw, db, c.R, c.inp, c.w, N, IC, OC);
-    float *dinp1 = dinp ? copy_f(dinp, NI) : NULL, *dw1 = copy_f(dw, WO), *db1 = db ? copy_f(db, OC) : NULL;
+    float *dinp1 = dinp ? copy_f(dinp, NI) : NULL, *dw1 = copy_f(dw, WO);
+    float *db1 = db ? copy_f(db, OC) : NULL;
     if (dinp) {
         snprintf(name, sizeof name, "matmul_backward %s  dinp", shape);
-        report(name, fd_check(c.inp, dinp1, NI, mm_loss, &c), FD_TOL);
+        check_grad(name, c.inp, dinp1, NI, &L);
     }
     snprintf(name, sizeof name, "matmul_backward %s  dw", shape);
-    report(name, fd_check(c.w, dw1, WO, mm_loss, &c), FD_TOL);
+    check_grad(name, c.w, dw1, WO, &L);
     if (db) {
         snprintf(name, sizeof name, "matmul_backward %s  dbias", shape);
-        report(name, fd_check(c.bias, db1, OC, mm_loss, &c), FD_TOL);
+        check_grad(name, c.bias, db1, OC, &L);
     }
     K->matmul_backward(dinp, dw, db, c.R, c.inp, c.w, N, IC, OC);
     double e = twice_err(dw1, dw, WO);
@@ -349,84 +416,99 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
     snprintf(name, sizeof name, "matmul_backward %s  accumulates", shape);
     report(name, e, TWICE_TOL);
 
-    free(c.inp), free(c.w), free(c.bias), free(c.out), free(c.R), free(ref), free(scale);
+    free(c.inp), free(c.w), free(c.bias), free(c.out), free(c.R), free(c.ref), free(ref), free(scale);
     free(dinp), free(dw), free(db), free(dinp1), free(dw1), free(db1);
 }
 
 /* ---- attention ------------------------------------------------------------------ */
 
-typedef struct {
-    int B, T, NH, HS;
-    float *qkv, *out, *att, *R;
-} att_ctx;
-
-static double att_loss(void *p) {
-    att_ctx *c = p;
-    K->attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->HS);
-    return dot_d(c->out, c->R, (long)c->B * c->T * c->NH * c->HS);
-}
-
-static void test_attention(int B, int T, int NH, int HS, float qk_range) {
-    char name[128], shape[64];
-    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d HS=%d", B, T, NH, HS);
+/* softmax(q k^T / sqrt(HS), causal) v per head; att and scale may be NULL */
+static void ref_attention(double *out, double *att, double *scale, const float *qkv, int B, int T,
+                          int NH, int HS) {
     const int C = NH * HS;
-    const long NQ = (long)B * T * 3 * C, NO = (long)B * T * C, NA = (long)B * NH * T * T;
-    att_ctx c = {B, T, NH, HS, rand_f(NQ, -qk_range, qk_range), alloc_f(NO), alloc_f(NA),
-                 rand_f(NO, -1, 1)};
-
-    fill_nan(c.out, NO);
-    fill_nan(c.att, NA);
-    K->attention_forward(c.out, c.att, c.qkv, B, T, NH, HS);
-
-    /* reference: softmax(q k^T / sqrt(HS)) v per head, in double */
-    double *ref = malloc((size_t)NO * sizeof(double)), *refa = malloc((size_t)NA * sizeof(double));
-    double *scale = malloc((size_t)NO * sizeof(double));
-    double *row = malloc((size_t)T * sizeof(double));
+    double *row = alloc_d(T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
-                const float *q = c.qkv + ((long)b * T + t) * 3 * C + h * HS;
+                const float *q = qkv + ((long)b * T + t) * 3 * C + h * HS;
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j <= t; j++) {
-                    const float *k = c.qkv + ((long)b * T + j) * 3 * C + C + h * HS;
+                    const float *k = qkv + ((long)b * T + j) * 3 * C + C + h * HS;
                     double s = 0;
                     for (int i = 0; i < HS; i++) s += (double)q[i] * k[i];
                     row[j] = s / sqrt((double)HS);
                     mx = fmax(mx, row[j]);
                 }
                 for (int j = 0; j <= t; j++) sum += (row[j] = exp(row[j] - mx));
-                double *ra = refa + (((long)b * NH + h) * T + t) * T;
-                for (int j = 0; j < T; j++) ra[j] = j <= t ? row[j] / sum : 0.0;
+                for (int j = 0; j <= t; j++) row[j] /= sum;
+                if (att)
+                    for (int j = 0; j < T; j++)
+                        att[(((long)b * NH + h) * T + t) * T + j] = j <= t ? row[j] : 0.0;
                 for (int i = 0; i < HS; i++) {
                     double o = 0, a = 0;
                     for (int j = 0; j <= t; j++) {
-                        double term = ra[j] * c.qkv[((long)b * T + j) * 3 * C + 2 * C + h * HS + i];
+                        double term = row[j] * qkv[((long)b * T + j) * 3 * C + 2 * C + h * HS + i];
                         o += term, a += fabs(term);
                     }
-                    ref[((long)b * T + t) * C + h * HS + i] = o;
-                    scale[((long)b * T + t) * C + h * HS + i] = a;
+                    out[((long)b * T + t) * C + h * HS + i] = o;
+                    if (scale) scale[((long)b * T + t) * C + h * HS + i] = a;
                 }
             }
+    free(row);
+}
+
+typedef struct {
+    int B, T, NH, HS;
+    float *qkv, *out, *att, *R;
+    double *ref;
+} att_ctx;
+
+static double att_loss(void *p) {
+    att_ctx *c = p;
+    K->attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->HS);
+    return dot_f(c->out, c->R, (long)c->B * c->T * c->NH * c->HS);
+}
+static double att_ref_loss(void *p) {
+    att_ctx *c = p;
+    ref_attention(c->ref, NULL, NULL, c->qkv, c->B, c->T, c->NH, c->HS);
+    return dot_d(c->ref, c->R, (long)c->B * c->T * c->NH * c->HS);
+}
+
+/* q, k, v uniform in +-qk_range: a larger range gives a peaked softmax */
+static void test_attention(int B, int T, int NH, int HS, float qk_range) {
+    char name[128], shape[64];
+    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d HS=%d", B, T, NH, HS);
+    const int C = NH * HS;
+    const long NQ = (long)B * T * 3 * C, NO = (long)B * T * C, NA = (long)B * NH * T * T;
+    att_ctx c = {B,           T,           NH, HS, rand_f(NQ, -qk_range, qk_range),
+                 alloc_f(NO), alloc_f(NA), rand_f(NO, -1, 1), alloc_d(NO)};
+    losses L = {att_loss, att_ref_loss, &c, 2e-2};
+
+    fill_nan(c.out, NO);
+    fill_nan(c.att, NA);
+    K->attention_forward(c.out, c.att, c.qkv, B, T, NH, HS);
+    double *ref = alloc_d(NO), *refa = alloc_d(NA), *scale = alloc_d(NO);
+    ref_attention(ref, refa, scale, c.qkv, B, T, NH, HS);
     snprintf(name, sizeof name, "attention_forward  %s  out", shape);
     report(name, max_scaled_err(c.out, ref, scale, NO), 1e-5);
     snprintf(name, sizeof name, "attention_forward  %s  att", shape);
     report(name, max_rel_err(c.att, refa, NA, 0, 1e-30), 1e-5);
 
-    /* causal structure: exact zeros above the diagonal, rows summing to 1 */
+    /* causal structure: exact (+)zeros above the diagonal, rows summing to 1 */
     int upper_zero = 1;
     double row_err = 0;
     for (long r = 0; r < (long)B * NH * T; r++) {
         const int t = (int)(r % T);
         double s = 0;
         for (int j = 0; j < T; j++) {
-            float a = c.att[r * T + j];
+            const float a = c.att[r * T + j];
             if (j > t && !(a == 0.0f && !signbit(a))) upper_zero = 0;
             if (j <= t) s += a;
         }
         if (!(fabs(s - 1.0) <= row_err)) row_err = fabs(s - 1.0);
     }
-    snprintf(name, sizeof name, "attention_forward  %s  upper triangle == +0", shape);
-    report_bool(name, upper_zero, NULL);
+    snprintf(name, sizeof name, "attention_forward  %s  upper triangle is 0", shape);
+    report_bool(name, upper_zero);
     snprintf(name, sizeof name, "attention_forward  %s  rows sum to 1", shape);
     report(name, row_err, 1e-5);
 
@@ -435,14 +517,14 @@ static void test_attention(int B, int T, int NH, int HS, float qk_range) {
     K->attention_backward(dqkv, datt, c.R, c.qkv, c.att, B, T, NH, HS);
     float *dqkv1 = copy_f(dqkv, NQ);
     snprintf(name, sizeof name, "attention_backward %s  dqkv", shape);
-    report(name, fd_check_h(c.qkv, dqkv1, NQ, att_loss, &c, 2e-2), FD_TOL);
-    att_loss(&c);
+    check_grad(name, c.qkv, dqkv1, NQ, &L);
+    att_loss(&c); /* att of the unperturbed input again */
     fill_nan(datt, NA);
     K->attention_backward(dqkv, datt, c.R, c.qkv, c.att, B, T, NH, HS);
     snprintf(name, sizeof name, "attention_backward %s  accumulates", shape);
     report(name, twice_err(dqkv1, dqkv, NQ), TWICE_TOL);
 
-    free(c.qkv), free(c.out), free(c.att), free(c.R), free(ref), free(refa), free(scale), free(row);
+    free(c.qkv), free(c.out), free(c.att), free(c.R), free(c.ref), free(ref), free(refa), free(scale);
     free(dqkv), free(datt), free(dqkv1);
 }
 
@@ -469,15 +551,22 @@ typedef struct {
 static double gelu_loss(void *p) {
     gelu_ctx *c = p;
     K->gelu_forward(c->out, c->inp, c->N);
-    return dot_d(c->out, c->R, c->N);
+    return dot_f(c->out, c->R, c->N);
+}
+static double gelu_ref_loss(void *p) {
+    gelu_ctx *c = p;
+    double s = 0;
+    for (long i = 0; i < c->N; i++) s += gelu_ref(c->inp[i]) * c->R[i];
+    return s;
 }
 
 static void test_gelu(long N) {
     char name[128];
     gelu_ctx c = {N, rand_f(N, -4, 4), alloc_f(N), rand_f(N, -1, 1)};
+    losses L = {gelu_loss, gelu_ref_loss, &c, FD_H};
     fill_nan(c.out, N);
     K->gelu_forward(c.out, c.inp, N);
-    double *ref = malloc((size_t)N * sizeof(double));
+    double *ref = alloc_d(N);
     for (long i = 0; i < N; i++) ref[i] = gelu_ref(c.inp[i]);
     snprintf(name, sizeof name, "gelu_forward  N=%ld", N);
     report(name, max_rel_err(c.out, ref, N, 0, 1e-30), 1e-5);
@@ -486,7 +575,7 @@ static void test_gelu(long N) {
     K->gelu_backward(dinp, c.R, c.inp, N);
     float *dinp1 = copy_f(dinp, N);
     snprintf(name, sizeof name, "gelu_backward N=%ld  dinp", N);
-    report(name, fd_check(c.inp, dinp1, N, gelu_loss, &c), FD_TOL);
+    check_grad(name, c.inp, dinp1, N, &L);
     K->gelu_backward(dinp, c.R, c.inp, N);
     snprintf(name, sizeof name, "gelu_backward N=%ld  accumulates", N);
     report(name, twice_err(dinp1, dinp, N), TWICE_TOL);
@@ -496,12 +585,12 @@ static void test_gelu(long N) {
 /* Far out in the tails the exp inside GELU overflows or underflows; the
  * values must stay finite and right, and a NaN must come out as a NaN. */
 static void test_gelu_extremes(void) {
-    const float xs[] = {-1000.0f, -100.0f, -20.0f, -10.3f, -9.0f, -5.0f, -1.0f, -1e-3f, -1e-30f,
-                        0.0f, 1e-30f, 1e-3f, 1.0f, 5.0f, 9.0f, 10.3f, 20.0f, 100.0f, 1000.0f};
-    const long n = (long)(sizeof xs / sizeof xs[0]);
-    float out[sizeof xs / sizeof xs[0]], din[sizeof xs / sizeof xs[0]], ones[sizeof xs / sizeof xs[0]];
-    double ref[sizeof xs / sizeof xs[0]], dref[sizeof xs / sizeof xs[0]];
-    for (long i = 0; i < n; i++) {
+    enum { n = 19 };
+    const float xs[n] = {-1000.0f, -100.0f, -20.0f, -10.3f, -9.0f, -5.0f, -1.0f, -1e-3f, -1e-30f, 0.0f,
+                         1e-30f,   1e-3f,   1.0f,   5.0f,   9.0f,  10.3f, 20.0f, 100.0f, 1000.0f};
+    float out[n], din[n], ones[n];
+    double ref[n], dref[n];
+    for (int i = 0; i < n; i++) {
         ones[i] = 1.0f, din[i] = 0.0f;
         ref[i] = gelu_ref(xs[i]);
         dref[i] = gelu_grad_ref(xs[i]);
@@ -517,19 +606,33 @@ static void test_gelu_extremes(void) {
     K->gelu_forward(nan_out, nan_in, 3);
     K->gelu_backward(nan_d, ones, nan_in, 3);
     report_bool("gelu NaN in -> NaN out", isnan(nan_out[0]) && isnan(nan_out[2]) && !isnan(nan_out[1]) &&
-                                               isnan(nan_d[0]) && isnan(nan_d[2]) && !isnan(nan_d[1]),
-                NULL);
+                                              isnan(nan_d[0]) && isnan(nan_d[2]) && !isnan(nan_d[1]));
 }
 
 /* ---- cross-entropy -------------------------------------------------------------- */
+
+static void ref_crossentropy(double *losses_out, double *probs, const float *logits,
+                             const int *targets, int N, int V) {
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (long)n * V;
+        double mx = -INFINITY, s = 0;
+        for (int v = 0; v < V; v++) mx = fmax(mx, x[v]);
+        for (int v = 0; v < V; v++) s += exp(x[v] - mx);
+        if (probs)
+            for (int v = 0; v < V; v++) probs[(long)n * V + v] = exp(x[v] - mx) / s;
+        losses_out[n] = log(s) - (x[targets[n]] - mx);
+    }
+}
 
 typedef struct {
     int N, V;
     float dloss;
     int *targets;
     float *logits, *probs, *losses;
+    double *ref;
 } ce_ctx;
 
+/* the loss whose gradient crossentropy_backward gives: dloss * sum of losses */
 static double ce_loss(void *p) {
     ce_ctx *c = p;
     K->crossentropy_forward(c->losses, c->probs, c->logits, c->targets, c->N, c->V);
@@ -537,29 +640,36 @@ static double ce_loss(void *p) {
     for (int n = 0; n < c->N; n++) s += c->losses[n];
     return c->dloss * s;
 }
+static double ce_ref_loss(void *p) {
+    ce_ctx *c = p;
+    ref_crossentropy(c->ref, NULL, c->logits, c->targets, c->N, c->V);
+    double s = 0;
+    for (int n = 0; n < c->N; n++) s += c->ref[n];
+    return c->dloss * s;
+}
 
 /* logits uniform in offset +- range; with_fd: check the backward by finite
- * differences (not with a huge range: losses of ~100 make L's rounding noise
- * larger than the tolerance allows), else against the formula directly */
+ * differences (not with a huge range: losses of ~100 make the float loss's
+ * rounding noise larger than the tolerance allows), else by its formula */
 static void test_crossentropy(int N, int V, float offset, float range, int with_fd) {
     char name[128], shape[64];
     snprintf(shape, sizeof shape, "N=%d V=%d logits %g+-%g", N, V, (double)offset, (double)range);
     const long NV = (long)N * V;
-    ce_ctx c = {N, V, 1.0f / (float)N + 0.37f, malloc((size_t)N * sizeof(int)),
-                rand_f(NV, offset - range, offset + range), alloc_f(NV), alloc_f(N)};
+    ce_ctx c = {N,
+                V,
+                1.0f / (float)N + 0.37f,
+                alloc_or_die((size_t)N * sizeof(int)),
+                rand_f(NV, offset - range, offset + range),
+                alloc_f(NV),
+                alloc_f(N),
+                alloc_d(N)};
     for (int n = 0; n < N; n++) c.targets[n] = rand_int(V);
+    losses L = {ce_loss, ce_ref_loss, &c, 5e-2};
     fill_nan(c.probs, NV);
     K->crossentropy_forward(c.losses, c.probs, c.logits, c.targets, N, V);
 
-    double *refp = malloc((size_t)NV * sizeof(double)), *refl = malloc((size_t)N * sizeof(double));
-    for (int n = 0; n < N; n++) {
-        const float *x = c.logits + (long)n * V;
-        double mx = -INFINITY, s = 0;
-        for (int v = 0; v < V; v++) mx = fmax(mx, x[v]);
-        for (int v = 0; v < V; v++) s += exp(x[v] - mx);
-        for (int v = 0; v < V; v++) refp[(long)n * V + v] = exp(x[v] - mx) / s;
-        refl[n] = log(s) - (x[c.targets[n]] - mx);
-    }
+    double *refp = alloc_d(NV), *refl = alloc_d(N);
+    ref_crossentropy(refl, refp, c.logits, c.targets, N, V);
     snprintf(name, sizeof name, "crossentropy_forward  %s  probs", shape);
     report(name, max_rel_err(c.probs, refp, NV, 0, 1e-30), 1e-5);
     snprintf(name, sizeof name, "crossentropy_forward  %s  losses", shape);
@@ -570,15 +680,16 @@ static void test_crossentropy(int N, int V, float offset, float range, int with_
     K->crossentropy_backward(dlogits, c.probs, c.targets, c.dloss, N, V);
     snprintf(name, sizeof name, "crossentropy_backward %s  dlogits", shape);
     if (with_fd) {
-        report(name, fd_check_h(c.logits, dlogits, NV, ce_loss, &c, 5e-2), FD_TOL);
+        check_grad(name, c.logits, dlogits, NV, &L);
     } else { /* (probs - onehot) * dloss */
-        double *refd = malloc((size_t)NV * sizeof(double));
+        double *refd = alloc_d(NV);
         for (long i = 0; i < NV; i++) refd[i] = (double)c.probs[i] * c.dloss;
         for (int n = 0; n < N; n++) refd[(long)n * V + c.targets[n]] -= c.dloss;
         report(name, max_rel_err(dlogits, refd, NV, 0, 1e-30), 1e-6);
         free(refd);
     }
-    free(c.targets), free(c.logits), free(c.probs), free(c.losses), free(refp), free(refl), free(dlogits);
+    free(c.targets), free(c.logits), free(c.probs), free(c.losses), free(c.ref);
+    free(refp), free(refl), free(dlogits);
 }
 
 /* ---- elementwise, sum of squares, AdamW ------------------------------------------ */
