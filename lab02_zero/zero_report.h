@@ -1,0 +1,47 @@
+/* The lesson's formulas beside what the allocator and the communicator measured.
+ *
+ * Psi parameters, N ranks, fp32 AdamW (4 bytes of weight, 4 of gradient, 8 of
+ * moments per parameter), bytes per rank:
+ *
+ *             parameters               gradients            optimizer
+ *   lab01     4 Psi                    4 Psi                8 Psi
+ *   stage 1   4 Psi                    4 Psi                8 Psi / N
+ *   stage 2   4 Psi                    4 Psi / N + bucket   8 Psi / N
+ *   stage 3   4 Psi / N + gathered     4 Psi / N + bucket   8 Psi / N
+ *
+ * and ring traffic per step: 2 (N-1)/N x 4 Psi in stages 1-2 (a reduce-scatter
+ * and an all-gather: exactly DP's all-reduce), 3 (N-1)/N x 4 Psi in stage 3
+ * (the parameters are gathered twice).
+ *
+ * Measured = formula + named buffers + padding, exactly; the figures below
+ * name every term so the summary and the tests can add them up. */
+#ifndef LAB02_ZERO_REPORT_H
+#define LAB02_ZERO_REPORT_H
+#include "zero.h"
+#include <stddef.h>
+
+enum { ZERO_PARAMS, ZERO_GRADS, ZERO_OPTIM, ZERO_NCAT };
+
+typedef struct zero_figures {
+    double psi;                        /* parameters of the model */
+    int ranks;
+    double mem_formula[ZERO_NCAT];     /* bytes per rank, the table above without buffers */
+    const char *mem_formula_text[ZERO_NCAT];
+    double mem_buffers[ZERO_NCAT];     /* the gathered unit (params), the bucket (grads) */
+    double mem_padding[ZERO_NCAT];     /* what padding units to chunk x N adds */
+    double comm_formula;               /* ring bytes per step */
+    const char *comm_formula_text;
+    double comm_padding;               /* ring bytes the padding adds */
+    double comm_skipped;               /* ring bytes not moved (< 0): stage 3 does not
+                                        * gather the embedding for its backward */
+} zero_figures;
+
+void zero_figures_compute(const zero_state *z, zero_figures *f);
+
+/* The run record's lab members (run_report.extra_json). */
+void zero_extra_json(const zero_state *z, const zero_figures *f, double bucket_mb, char *buf, size_t len);
+
+/* Collective: the measured bytes (max over ranks) beside the formula; rank 0 prints. */
+void zero_print_summary(const zero_state *z, const zero_figures *f, int steps);
+
+#endif

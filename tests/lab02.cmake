@@ -1,0 +1,5 @@
+foreach(case stage1 stage2 stage3 bad_input)
+  add_lab_test(lab02_${case} test_lab02.py ${case})
+endforeach()
+add_lab_test(gpu_lab02_cuda test_lab02.py cuda)
+set_tests_properties(gpu_lab02_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
