@@ -121,8 +121,8 @@ run_all_labs() {
         if [ ! -f "$prog" ] || [ ! -x "$prog" ]; then continue; fi
         name=$(basename "$prog")
         case "$name" in
-            # Labs needing their own flags go here, e.g.
-            # lab06_*) run_lab "$name" --tp 1 --pp 1 --dp {n} ;;
+            # Labs needing their own flags go here; {n} becomes the rank count.
+            lab02_*) for stage in 1 2 3; do run_lab "$name" --zero-stage $stage; done ;;
             *) run_lab "$name" ;;
         esac
     done
