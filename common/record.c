@@ -60,6 +60,14 @@ static void sanitize(char *dst, size_t len, const char *src) {
     dst[i] = 0;
 }
 
+/* What run_setup allocated for the run. */
+static void run_release(run_ctx *ctx) {
+    free(ctx->step_seconds);
+    free(ctx->losses);
+    ctx->step_seconds = ctx->losses = NULL;
+    data_free(&ctx->data);
+}
+
 void run_finish(run_ctx *ctx, const run_report *r) {
     const run_options *o = &ctx->opt;
     int R = ctx->size, rank = ctx->rank;
@@ -86,7 +94,10 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     snprintf(json_path, sizeof json_path, "%s/%s_%s_trace.json", o->out, ctx->lab.name, layout);
     snprintf(csv_path, sizeof csv_path, "%s/%s_%s_timeline.csv", o->out, ctx->lab.name, layout);
     trace_write(MPI_COMM_WORLD, json_path, csv_path);
-    if (rank != 0) return;
+    if (rank != 0) {
+        run_release(ctx);
+        return;
+    }
 
     int steps = ctx->steps_done;
     double med = run_median_step_seconds(ctx), tok_s = med > 0 ? (double)ctx->tokens_per_step / med : 0;
@@ -104,7 +115,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     }
 
     /* ---- the summary ---- */
-    char a[16], b[16], c[16];
+    char a[16], b[16];
     printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, r->layout, R, R == 1 ? "" : "s",
            ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
@@ -141,7 +152,6 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("  record          %s (and records.csv)\n", ctx->records_jsonl);
     printf("  trace           %s (open in https://ui.perfetto.dev)\n", json_path);
     printf("  timeline        %s\n", csv_path);
-    (void)c;
 
     /* ---- the record: one JSON line ---- */
     FILE *f = fopen(ctx->records_jsonl, "a");
@@ -222,4 +232,5 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     free(col);
     free(all);
     free(fracs);
+    run_release(ctx);
 }
