@@ -12,7 +12,10 @@
  * Accumulation rule: every backward ADDS into its gradient outputs (dinp, dw,
  * dbias, dwte, ...). Gradients then accumulate over micro-batches and over the
  * two branches of a residual without extra copies; the caller zeroes them at
- * the start of a step. Outputs of forwards are overwritten. */
+ * the start of a step. Outputs of forwards are overwritten.
+ *
+ * Buffers passed to one call do not overlap, except where a comment allows it
+ * (add's out may be a or b). Token ids and targets are in [0, V). */
 #ifndef PL_KERNELS_H
 #define PL_KERNELS_H
 

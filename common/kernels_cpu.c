@@ -1,13 +1,17 @@
-/* The CPU kernels: OpenBLAS sgemm for every matrix product, plain C loops for
- * the rest.
+/* The CPU kernels: OpenBLAS sgemm for every matrix product (attention's
+ * too, reading q, k and v in place through the leading dimension), plain C
+ * loops for the rest.
  *
  * One thread per MPI rank, so nothing here spawns threads. The loops are
  * written for gcc's auto-vectoriser at -O3 -march=x86-64-v3 without
- * -ffast-math: contiguous inner loops over restrict pointers, and reductions
- * (sums, maxima) kept in LANES independent partial results, because the
- * compiler may not reorder a single float sum by itself. exp and tanh come
- * from one small inline exp (exp_fast) that vectorises, where libm's expf
- * would be a call per element. */
+ * -ffast-math: contiguous inner loops over restrict pointers; float sums
+ * kept in LANES independent partial sums, because the compiler may not
+ * reorder a single float sum by itself; each row touched in one or two
+ * sweeps while it sits in L1. exp (softmax, GELU) and sqrt (AdamW) are small
+ * inline branch-free versions, accurate to 1-2 ulp, because libm's expf and
+ * sqrtf keep a loop scalar under the default -fmath-errno.
+ *
+ * Buffers passed to one call must not overlap, except add's out with a or b. */
 #include "kernels.h"
 #include <cblas.h>
 #include <math.h>
@@ -16,7 +20,7 @@
 #include <string.h>
 
 #define LANES 8        /* one AVX2 register of floats */
-#define ATT_BLOCK 64   /* rows of the causal score matrix computed per sgemm */
+#define ATT_BLOCK 32   /* rows of the causal score matrix per sgemm (multiple of LANES) */
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -25,9 +29,9 @@ static inline float hsum(const float a[LANES]) {
 }
 
 /* Float bits as an integer and back. Clamps and maxima below are done on
- * these integers: gcc turns integer min/max into vector instructions, while
- * the float forms (x < lo ? lo : x, or a running float max) kept the loops
- * around them scalar under the default -fno-finite-math-only. */
+ * these integers, which gcc vectorises as plain integer min/max: a running
+ * float max is not vectorised without -ffast-math, and gcc 12 turned the
+ * float clamps inside exp_fast into branches that kept its loops scalar. */
 static inline uint32_t bits_of(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
@@ -84,8 +88,20 @@ static inline float row_max(const float *restrict x, int n) {
     return from_order_key(m);
 }
 
-/* exp(x) for float, ~1 ulp (Cephes expf: Cody-Waite reduction by ln 2 and a
- * degree-6 polynomial), branch-free so that loops calling it vectorise.
+/* sum of x[0..n-1] in LANES partial sums */
+static inline float row_sum(const float *restrict x, int n) {
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += x[i + j];
+    float s = hsum(acc);
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+
+/* exp(x) for float, within 1.4 ulp (Cephes expf: Cody-Waite reduction by
+ * ln 2 and a degree-6 polynomial), branch-free so that loops calling it
+ * vectorise.
  * The argument is clamped to [-87, 88], which keeps 2^n a normal number:
  * below -87 it returns ~1.6e-38 instead of 0, which no softmax notices.
  * NaN in gives NaN out. */
@@ -110,6 +126,19 @@ static inline float exp_fast(float x) {
     uint32_t u = bits_of(x);
     uint32_t nan_mask = 0u - (uint32_t)((u & 0x7FFFFFFFu) > 0x7F800000u);
     return float_of(bits_of(e) | (nan_mask & u));
+}
+
+/* sqrt(v) for v >= 0 to a few ulp, branch-free. sqrtf itself would keep the
+ * AdamW loop scalar: under the default -fmath-errno gcc guards every call
+ * for a negative argument. 1/sqrt(v) starts from a guess made of the
+ * exponent bits (error < 3.5e-2), and each Newton step squares the error
+ * (times 1.5): 2e-3, 5e-6, then below float's rounding. v = 0 gives 0. */
+static inline float sqrt_fast(float v) {
+    float r = float_of(0x5F375A86u - (bits_of(v) >> 1));
+    r = r * (1.5f - 0.5f * v * r * r);
+    r = r * (1.5f - 0.5f * v * r * r);
+    r = r * (1.5f - 0.5f * v * r * r);
+    return v * r;
 }
 
 /* ---- encoder -------------------------------------------------------------------- */
@@ -153,16 +182,9 @@ static void layernorm_forward_cpu(float *restrict out, float *restrict mean,
         float *restrict o = out + (size_t)n * C;
         /* Two passes over a row that sits in L1: the mean first, then the
          * variance around it (no cancellation, unlike E[x^2] - E[x]^2). */
-        float acc[LANES] = {0};
-        int i = 0;
-        for (; i + LANES <= C; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += x[i + j];
-        float s = hsum(acc);
-        for (; i < C; i++) s += x[i];
-        const float m = s / (float)C;
-
+        const float m = row_sum(x, C) / (float)C;
         float vacc[LANES] = {0};
-        i = 0;
+        int i = 0;
         for (; i + LANES <= C; i += LANES)
             for (int j = 0; j < LANES; j++) {
                 float d = x[i + j] - m;
@@ -192,33 +214,29 @@ static void layernorm_backward_cpu(float *restrict dinp, float *restrict dw,
         float *restrict dx = dinp + (size_t)n * C;
         const float m = mean[n], r = rstd[n];
 
-        /* Pass 1: the two row means the input gradient needs, and the
-         * parameter gradients, in one sweep. */
-        float acc_g[LANES] = {0}, acc_gx[LANES] = {0};
+        /* The two row means the input gradient needs, of g = dout * w and of
+         * g * xhat. (Two loops: gcc vectorises one lane array per loop well,
+         * two in one loop poorly.) */
+        float acc[LANES] = {0};
         int i = 0;
         for (; i + LANES <= C; i += LANES)
-            for (int j = 0; j < LANES; j++) {
-                float xh = (x[i + j] - m) * r;
-                float g = d[i + j] * w[i + j];
-                db[i + j] += d[i + j];
-                dw[i + j] += xh * d[i + j];
-                acc_g[j] += g;
-                acc_gx[j] += g * xh;
-            }
-        float sg = hsum(acc_g), sgx = hsum(acc_gx);
-        for (; i < C; i++) {
-            float xh = (x[i] - m) * r;
-            float g = d[i] * w[i];
-            db[i] += d[i];
-            dw[i] += xh * d[i];
-            sg += g;
-            sgx += g * xh;
-        }
+            for (int j = 0; j < LANES; j++) acc[j] += d[i + j] * w[i + j];
+        float sg = hsum(acc);
+        for (; i < C; i++) sg += d[i] * w[i];
+        float acc_x[LANES] = {0};
+        i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int j = 0; j < LANES; j++) acc_x[j] += d[i + j] * w[i + j] * ((x[i + j] - m) * r);
+        float sgx = hsum(acc_x);
+        for (; i < C; i++) sgx += d[i] * w[i] * ((x[i] - m) * r);
         const float mg = sg / (float)C, mgx = sgx / (float)C;
 
-        /* Pass 2: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) */
+        /* dx = rstd (g - mean(g) - xhat mean(g xhat)), and the parameter
+         * gradients, in one loop without reductions. */
         for (i = 0; i < C; i++) {
             float xh = (x[i] - m) * r;
+            db[i] += d[i];
+            dw[i] += xh * d[i];
             dx[i] += (d[i] * w[i] - mg - xh * mgx) * r;
         }
     }
@@ -247,13 +265,15 @@ static void matmul_backward_cpu(float *restrict dinp, float *restrict dw,
                                 float *restrict dbias, const float *restrict dout,
                                 const float *restrict inp, const float *restrict w,
                                 int N, int IC, int OC) {
-    if (N <= 0 || IC <= 0 || OC <= 0) return;
-    if (dinp) /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w,
-                    IC, 1.0f, dinp, IC);
-    /* dw[OC,IC] += dout^T @ inp */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC,
-                1.0f, dw, IC);
+    if (N <= 0 || OC <= 0) return;
+    if (IC > 0) {
+        if (dinp) /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w,
+                        IC, 1.0f, dinp, IC);
+        /* dw[OC,IC] += dout^T @ inp */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC,
+                    1.0f, dw, IC);
+    }
     if (dbias)
         for (int n = 0; n < N; n++) {
             const float *restrict d = dout + (size_t)n * OC;
@@ -263,28 +283,26 @@ static void matmul_backward_cpu(float *restrict dinp, float *restrict dw,
 
 /* ---- attention ------------------------------------------------------------------ */
 
-/* Row t of the scores becomes the causal softmax: columns 0..t normalised,
- * columns t+1..T-1 set to zero. */
-static inline void softmax_causal_row(float *restrict a, int t, int T) {
-    const int n = t + 1;
+/* Columns 0..t plus the masked ones up to the next multiple of LANES, when
+ * sgemm computed those (below ncols): rows then run in whole vectors, with
+ * no scalar tail, which is most of the cost of rows this short. */
+static inline int padded_length(int t, int ncols) {
+    int n = (t + 1 + LANES - 1) / LANES * LANES;
+    return n <= ncols ? n : t + 1;
+}
+
+/* Row t of the scores, computed in columns 0..ncols-1, becomes the causal
+ * softmax: columns 0..t normalised, columns t+1..T-1 zero. The padding
+ * columns are -inf for the max and zero from the exp on. (Not left at
+ * exp_fast(-inf) ~ 1e-38: scaled, that is a denormal, slow on x86.) */
+static inline void softmax_causal_row(float *restrict a, int t, int ncols, int T) {
+    const int n = padded_length(t, ncols);
+    for (int i = t + 1; i < n; i++) a[i] = -INFINITY;
     const float m = row_max(a, n);
-    float sacc[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) {
-            float e = exp_fast(a[i + j] - m);
-            a[i + j] = e;
-            sacc[j] += e;
-        }
-    float s = hsum(sacc);
-    for (; i < n; i++) {
-        float e = exp_fast(a[i] - m);
-        a[i] = e;
-        s += e;
-    }
-    const float inv = 1.0f / s;
-    for (i = 0; i < n; i++) a[i] *= inv;
-    for (; i < T; i++) a[i] = 0.0f;
+    for (int i = 0; i < n; i++) a[i] = exp_fast(a[i] - m);
+    for (int i = t + 1; i < T; i++) a[i] = 0.0f;
+    const float inv = 1.0f / row_sum(a, n);
+    for (int i = 0; i < n; i++) a[i] *= inv;
 }
 
 /* Per (batch, head), q, k and v are read in place from qkv rows (leading
@@ -306,18 +324,20 @@ static void attention_forward_cpu(float *restrict out, float *restrict att,
                 const int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, r1, HS, scale,
                             q + (size_t)r0 * C3, C3, k, C3, 0.0f, a + (size_t)r0 * T, T);
-                for (int t = r0; t < r1; t++) softmax_causal_row(a + (size_t)t * T, t, T);
+                for (int t = r0; t < r1; t++) softmax_causal_row(a + (size_t)t * T, t, r1, T);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, HS, r1, 1.0f,
                             a + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
             }
         }
 }
 
-/* Row t of datt holds dP (gradient w.r.t. the probabilities) on entry and the
- * gradient w.r.t. the unscaled scores on exit, zero from t+1 to r1-1. */
+/* Row t of datt holds dP (gradient w.r.t. the probabilities) in columns
+ * 0..r1-1 on entry, and the gradient w.r.t. the softmax's input (the scaled
+ * scores) on exit, zero from t+1 to r1-1. p is zero above the diagonal, so
+ * the padding columns drop out of the sum and come out zero by themselves. */
 static inline void softmax_causal_row_backward(float *restrict da, const float *restrict p,
                                                int t, int r1) {
-    const int n = t + 1;
+    const int n = padded_length(t, r1);
     float acc[LANES] = {0};
     int i = 0;
     for (; i + LANES <= n; i += LANES)
@@ -343,7 +363,7 @@ static void attention_backward_cpu(float *restrict dqkv, float *restrict datt,
             float *da = datt + ((size_t)b * NH + h) * T * T;
             const float *dO = dout + (size_t)b * T * C + (size_t)h * HS;
 
-            /* Row blocks: dP = dO v^T, then through the softmax, then
+            /* Row blocks: dP = dO v^T, back through the softmax to dS, then
              * dq += scale * dS k. */
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 const int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
@@ -435,22 +455,9 @@ static void crossentropy_forward_cpu(float *restrict losses, float *restrict pro
         const float *restrict x = logits + (size_t)n * V;
         float *restrict p = probs + (size_t)n * V;
         const float m = row_max(x, V);
-        float sacc[LANES] = {0};
-        int i = 0;
-        for (; i + LANES <= V; i += LANES)
-            for (int j = 0; j < LANES; j++) {
-                float e = exp_fast(x[i + j] - m);
-                p[i + j] = e;
-                sacc[j] += e;
-            }
-        float s = hsum(sacc);
-        for (; i < V; i++) {
-            float e = exp_fast(x[i] - m);
-            p[i] = e;
-            s += e;
-        }
-        const float inv = 1.0f / s;
-        for (i = 0; i < V; i++) p[i] *= inv;
+        for (int i = 0; i < V; i++) p[i] = exp_fast(x[i] - m);
+        const float s = row_sum(p, V), inv = 1.0f / s;
+        for (int i = 0; i < V; i++) p[i] *= inv;
         /* -log p[target] as log-sum-exp, which stays finite when p underflows */
         losses[n] = logf(s) - (x[targets[n]] - m);
     }
@@ -490,9 +497,7 @@ static void adamw_cpu(float *restrict p, const float *restrict g, float *restric
         float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        /* vi >= 0, so sqrtf never takes its errno path; the builtin keeps
-         * the loop vectorisable under the default -fmath-errno. */
-        float den = __builtin_sqrtf(vi * ibc2) + eps;
+        float den = sqrt_fast(vi * ibc2) + eps;
         p[i] -= lr * ((mi * ibc1) / den + wd * p[i]);
     }
 }
