@@ -126,8 +126,16 @@ static float *carve(float *block, long *used, long n) {
     return block ? block + at : NULL;
 }
 
-static long lay_out_acts(gpt_acts *a, const gpt_layout *g, float *block) {
-    long B = a->B, T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, NH = g->cfg.heads;
+/* Widths inside a layer: all heads and 4C MLP units, or a tensor-parallel
+ * rank's share of them (the residual stream stays C wide either way). */
+typedef struct { long heads, attn, mlp; } layer_widths;
+
+static layer_widths full_widths(const gpt_layout *g) {
+    return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model};
+}
+
+static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, float *block) {
+    long B = a->B, T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab;
     long N = B * T, used = 0;
     int first = a->lo == 0, last = a->hi == g->cfg.layers;
     /* token ids live in the float block as int-sized slots */
@@ -139,15 +147,15 @@ static long lay_out_acts(gpt_acts *a, const gpt_layout *g, float *block) {
         la->ln1 = carve(block, &used, N * C);
         la->ln1_mean = carve(block, &used, N);
         la->ln1_rstd = carve(block, &used, N);
-        la->qkv = carve(block, &used, N * 3 * C);
-        la->atty = carve(block, &used, N * C);
-        la->att = carve(block, &used, B * NH * T * T);
+        la->qkv = carve(block, &used, N * 3 * w.attn);
+        la->atty = carve(block, &used, N * w.attn);
+        la->att = carve(block, &used, B * w.heads * T * T);
         la->res2 = carve(block, &used, N * C);
         la->ln2 = carve(block, &used, N * C);
         la->ln2_mean = carve(block, &used, N);
         la->ln2_rstd = carve(block, &used, N);
-        la->fch = carve(block, &used, N * 4 * C);
-        la->fch_gelu = carve(block, &used, N * 4 * C);
+        la->fch = carve(block, &used, N * w.mlp);
+        la->fch_gelu = carve(block, &used, N * w.mlp);
         la->res3 = carve(block, &used, N * C);
     }
     if (last) {
@@ -163,15 +171,23 @@ static long lay_out_acts(gpt_acts *a, const gpt_layout *g, float *block) {
     return used;
 }
 
-void gpt_acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B) {
+static void acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, layer_widths w) {
     memset(a, 0, sizeof *a);
     a->B = B; a->lo = lo; a->hi = hi;
     a->layer = calloc((size_t)(hi - lo) + 1, sizeof *a->layer);
     if (!a->layer) die("out of host memory");
-    long n = lay_out_acts(a, g, NULL);
+    long n = lay_out_acts(a, g, w, NULL);
     a->bytes = n * (long)sizeof(float);
     a->block = mem_alloc((size_t)a->bytes, MEM_ACTS);
-    lay_out_acts(a, g, a->block);
+    lay_out_acts(a, g, w, a->block);
+}
+
+void gpt_acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B) {
+    acts_alloc(a, g, lo, hi, B, full_widths(g));
+}
+
+void gpt_acts_alloc_local(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width) {
+    acts_alloc(a, g, lo, hi, B, (layer_widths){heads, (long)heads * (g->cfg.d_model / g->cfg.heads), mlp_width});
 }
 
 void gpt_acts_free(gpt_acts *a) {
@@ -184,24 +200,30 @@ float *gpt_acts_output(const gpt_acts *a) {
     return a->hi > a->lo ? a->layer[a->hi - a->lo - 1].res3 : a->x_in;
 }
 
-static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, float *block) {
-    long T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, NH = g->cfg.heads, N = B * T;
+static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w, float *block) {
+    long T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, N = B * T;
     long used = 0;
     s->dres = carve(block, &used, N * C);
     s->dln = carve(block, &used, N * C);
-    s->dqkv = carve(block, &used, N * 3 * C);
-    s->datty = carve(block, &used, N * C);
-    s->datt = carve(block, &used, (long)B * NH * T * T);
-    s->dfch = carve(block, &used, N * 4 * C);
-    s->dfch_gelu = carve(block, &used, N * 4 * C);
+    s->dqkv = carve(block, &used, N * 3 * w.attn);
+    s->datty = carve(block, &used, N * w.attn);
+    s->datt = carve(block, &used, (long)B * w.heads * T * T);
+    s->dfch = carve(block, &used, N * w.mlp);
+    s->dfch_gelu = carve(block, &used, N * w.mlp);
     s->dlogits = carve(block, &used, N * V);
     return used;
 }
 
-void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B) {
-    long n = lay_out_scratch(s, g, B, NULL);
+static void scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w) {
+    long n = lay_out_scratch(s, g, B, w, NULL);
     s->block = mem_alloc((size_t)n * sizeof(float), MEM_WORKSPACE);
-    lay_out_scratch(s, g, B, s->block);
+    lay_out_scratch(s, g, B, w, s->block);
+}
+
+void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B) { scratch_alloc(s, g, B, full_widths(g)); }
+
+void gpt_scratch_alloc_local(gpt_grad_scratch *s, const gpt_layout *g, int B, int heads, int mlp_width) {
+    scratch_alloc(s, g, B, (layer_widths){heads, (long)heads * (g->cfg.d_model / g->cfg.heads), mlp_width});
 }
 
 void gpt_scratch_free(gpt_grad_scratch *s) {

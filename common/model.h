@@ -103,6 +103,11 @@ typedef struct gpt_grad_scratch {
 void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B);
 void gpt_scratch_free(gpt_grad_scratch *s);
 
+/* Both at a tensor-parallel rank's local widths: `heads` of the attention heads
+ * and `mlp_width` of the 4C MLP units; the residual stream stays C wide. */
+void gpt_acts_alloc_local(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width);
+void gpt_scratch_alloc_local(gpt_grad_scratch *s, const gpt_layout *g, int B, int heads, int mlp_width);
+
 /* Forward of layers [a->lo, a->hi) on `params`, the flat buffer holding the
  * range gpt_range(lo, hi) (params[0] is element `begin` of the model).
  * The first stage embeds a->tokens (x_in is ignored); others read a->x_in.

@@ -1,0 +1,189 @@
+/* lab05_tp: tensor parallelism (Megatron-LM style).
+ *
+ * The t ranks split every layer instead of the batch or the layer stack. In
+ * attention each rank computes H/t whole heads (its rows of the QKV matrix:
+ * column-parallel) and multiplies them by its columns of the output projection
+ * (row-parallel), which gives a partial output of full width; an all-reduce sums
+ * the partials. The MLP does the same with 4C/t of its units. So each rank holds
+ * 1/t of every block's matrices and does 1/t of their work, and in exchange the
+ * ranks all-reduce the B x T x C activation twice per layer forward (after each
+ * row-parallel linear: g) and twice backward (the input gradient of each
+ * column-parallel linear: f). Embedding, LayerNorms, row-parallel biases and
+ * the head are replicated, and every rank trains on the whole batch.
+ *
+ * What to look at: `loss` (equal to `lab01_dp -n 1`), the summary's all-reduce
+ * line (4L calls of B*T*C floats per step, beside the formula) and the
+ * "block weights per rank" line (1/t of the block matrices). Then compare the
+ * bytes with lab01's: TP's traffic grows with the tokens, DP's with the weights,
+ * and TP's sits between layers where nothing can hide it: why TP stays inside a
+ * host. */
+#include "comm.h"
+#include "kernels.h"
+#include "mem.h"
+#include "model.h"
+#include "run.h"
+#include "tp.h"
+#include "trace.h"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static uint64_t fnv1a(uint64_t h, const float *x, long n) {
+    const unsigned char *p = (const unsigned char *)x;
+    for (size_t i = 0; i < (size_t)n * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* A hash of the replicated tensors (embedding, LayerNorms, row-parallel biases,
+ * head): these must stay bit-identical on every TP rank. */
+static uint64_t replicated_hash(const tp_layout *tl, const float *params) {
+    float *host = malloc((size_t)tl->total * sizeof(float));
+    if (!host) die("out of host memory");
+    mem_to_host(host, params, (size_t)tl->total * sizeof(float));
+    uint64_t h = fnv1a(1469598103934665603ULL, host, tl->g.embed_size);
+    for (int l = 0; l < tl->g.cfg.layers; l++)
+        for (int i = 0; i < LAYER_NTENSORS; i++)
+            if (!tl->sharded[i])
+                h = fnv1a(h, host + tp_layer_offset(tl, l) + tl->layer[i].offset, tl->layer[i].rows * tl->layer[i].cols);
+    h = fnv1a(h, host + tp_head_offset(tl), tl->g.head_size);
+    free(host);
+    return h;
+}
+
+/* Returns 1 if every rank holds the same replicated tensors. Collective. */
+static int check_replicas_identical(comm *tp, const tp_layout *tl, const float *params) {
+    uint64_t mine = replicated_hash(tl, params), *all = malloc(sizeof(uint64_t) * (size_t)tp->size);
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, tp->mpi);
+    int same = 1;
+    for (int r = 1; r < tp->size; r++) same &= all[r] == all[0];
+    if (tp->rank == 0)
+        printf("check-sync: replicated tensors %s the %d ranks\n",
+               same ? "bit-identical on all of" : "DIFFER between", tp->size);
+    free(all);
+    return same;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int check_sync = 0;
+    flag_spec flags[] = {
+        {"--check-sync", FLAG_BOOL, &check_sync,
+         "verify at the end that the replicated tensors are bit-identical on all ranks (exit 1 if not)", 0, NULL},
+    };
+    lab_info lab = {"lab05_tp", "tensor parallelism: every layer's matrices split over the ranks "
+                    "(the TP degree is the rank count), activations all-reduced twice per layer each way",
+                    flags, 1};
+    run_ctx ctx;
+    run_parse(&ctx, argc, argv, &lab);
+    tp_check_degree(&ctx, ctx.size, "-n");
+    run_setup(&ctx);
+
+    const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
+    comm tp;
+    comm_init(&tp, MPI_COMM_WORLD, ctx.backend);
+    tp_layout tl;
+    tp_layout_init(&tl, &ctx.model, tp.size, tp.rank);
+    const long P = tl.total; /* this rank's parameters: replicated + its shards */
+    float *params = mem_alloc((size_t)P * sizeof(float), MEM_PARAMS);
+    float *grads = mem_alloc((size_t)P * sizeof(float), MEM_GRADS);
+    float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
+    float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
+    tp_init_params(&tl, (uint64_t)ctx.opt.seed, 0, L, params);
+    gpt_acts acts;
+    tp_acts_alloc(&acts, &tl, 0, L, B); /* the whole batch: TP does not split it */
+    gpt_grad_scratch scratch;
+    tp_scratch_alloc(&scratch, &tl, B);
+    int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
+
+    /* The figures the lesson predicts (bytes are 4 per float). */
+    const double act_bytes = 4.0 * B * T * C;                 /* one all-reduce's payload */
+    const int allreduces = tp.size > 1 ? 4 * L : 0;           /* 2L g's forward + 2L f's backward */
+    const double ring = tp.size > 1 ? 2.0 * (tp.size - 1) / tp.size : 0;
+    const double block_full = 4.0 * L * tl.g.layer_size;      /* all block weights, serial model */
+    const double sharded_full = 4.0 * L * (12.0 * C * C + 7.0 * C); /* the 4 matrices + QKV, fc biases */
+    const double replicated = 4.0 * tp_replicated_elems(&tl);
+    const double block_per_rank = 4.0 * L * tl.layer_size;   /* 6C replicated + the 1/t shard */
+    /* activations split per layer: q,k,v (3NC), attention output (NC), the MLP's
+     * two 4C-wide tensors (8NC) and the attention matrix (B*H*T*T) */
+    const double acts_split_full = 4.0 * L * (12.0 * B * T * C + (double)B * ctx.opt.heads * T * T);
+    if (tp.rank == 0) {
+        char a[16], b[16], c[16];
+        printf("tensor parallel: t=%d | per rank %d of %d heads, %d of %d MLP units | block weights %sB "
+               "of %sB per rank | replicated %sB\n", tp.size, tl.heads, ctx.opt.heads, tl.hidden, 4 * C,
+               human(block_per_rank, a), human(block_full, b), human(replicated, c));
+        fflush(stdout);
+    }
+
+    for (int step = 0; step < ctx.opt.steps; step++) {
+        run_step_begin(&ctx, step);
+        /* every rank the same, whole global batch */
+        data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, 0, B, T, tokens, targets);
+        mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)B * T);
+        mem_to_device(acts.targets, targets, sizeof(int) * (size_t)B * T);
+        mem_zero(grads, (size_t)P * sizeof(float));
+
+        tp_forward(&tl, &tp, params, &acts);
+        tp_backward(&tl, &tp, params, grads, &acts, &scratch, NULL, 1.0f / ((float)B * T));
+
+        /* Clip by the norm of the WHOLE model's gradient, each element counted
+         * once: the shards' squares are summed over the ranks, the replicated
+         * tensors' (identical everywhere) are added once. That is exactly the
+         * serial model's norm, so clipping matches lab01 -n 1. */
+        int ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
+        double sharded_sq, replicated_sq;
+        tp_grad_squares(&tl, 0, L, grads, &sharded_sq, &replicated_sq);
+        comm_allreduce_host(&tp, &sharded_sq, 1);
+        float scale = clip_scale(sharded_sq + replicated_sq, (float)ctx.opt.clip);
+        tp_adamw_step(&tl, &ctx.adamw, 0, L, params, grads, adam_m, adam_v, step + 1, scale);
+        trace_end(ev);
+
+        /* the head is replicated: every rank has the same losses, no reduction needed */
+        run_step_end(&ctx, step, gpt_mean_loss(&tl.g, &acts), NULL);
+    }
+
+    int in_sync = check_sync ? check_replicas_identical(&tp, &tl, params) : 1;
+    double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / ctx.steps_done;
+    double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / ctx.steps_done;
+    char layout[32], formula[160], extra[1024];
+    snprintf(layout, sizeof layout, "tp=%d", tp.size);
+    snprintf(formula, sizeof formula, "4L all-reduces of B*T*C floats, ring 2(t-1)/t x 16 L B T C");
+    snprintf(extra, sizeof extra,
+             "\"tp\":%d,\"heads_per_rank\":%d,\"mlp_units_per_rank\":%d,"
+             "\"allreduce_calls_per_step_formula\":%d,\"allreduce_bytes_per_step_formula\":%.0f,"
+             "\"allreduce_bytes_each\":%.0f,"
+             "\"param_bytes_per_rank_formula\":%.0f,\"replicated_param_bytes\":%.0f,"
+             "\"block_param_bytes_full\":%.0f,\"block_param_bytes_per_rank\":%.0f,"
+             "\"block_sharded_bytes_full\":%.0f,\"block_sharded_bytes_per_rank\":%.0f,"
+             "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
+             "\"replicated_identical\":%s",
+             tp.size, tl.heads, tl.hidden, allreduces, allreduces * act_bytes, act_bytes,
+             4.0 * P, replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
+             acts_split_full, acts_split_full / tp.size, check_sync ? (in_sync ? "true" : "false") : "null");
+    run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
+                         .comm_formula_bytes = ring * allreduces * act_bytes, .comm_formula = formula,
+                         .bubble_theory = -1, .extra_json = extra};
+    run_finish(&ctx, &report);
+    if (tp.rank == 0) {
+        char a[16], b[16], c[16], d[16];
+        printf("  tensor parallel all-reduces per step: %.0f measured, 4L = %d by the formula | "
+               "%sB payload measured, 4L x B*T*C x 4 = %sB\n",
+               measured_calls, allreduces, human(measured_bytes, a), human(allreduces * act_bytes, b));
+        printf("  block weights per rank: %sB = 6C x L replicated (%sB) + 1/%d of the %sB split (matrices, QKV/fc biases); "
+               "serial %sB\n", human(block_per_rank, a), human(4.0 * L * 6 * C, b), tp.size,
+               human(sharded_full, c), human(block_full, d));
+        printf("  activations per rank: %sB, of which the split ones (q,k,v, heads, MLP units) are 1/%d of %sB\n",
+               human((double)mem_peak(MEM_ACTS), a), tp.size, human(acts_split_full, b));
+    }
+
+    free(tokens);
+    free(targets);
+    gpt_scratch_free(&scratch);
+    gpt_acts_free(&acts);
+    mem_free(params);
+    mem_free(grads);
+    mem_free(adam_m);
+    mem_free(adam_v);
+    comm_free(&tp);
+    MPI_Finalize();
+    return in_sync ? 0 : 1;
+}

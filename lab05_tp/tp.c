@@ -1,0 +1,356 @@
+#include "tp.h"
+#include "device.h"
+#include "kernels.h"
+#include "mem.h"
+#include "trace.h"
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the split ------------------------------------------------------------------- */
+
+void tp_check_degree(run_ctx *ctx, int t, const char *degree_flag) {
+    const run_options *o = &ctx->opt;
+    if (t < 1) { /* and the rules below would divide by zero */
+        run_check(ctx, 0, "%s %d: the tensor-parallel degree must be at least 1", degree_flag, t);
+        return;
+    }
+    /* Whole heads per rank: attention mixes the q, k, v columns of one head, so a
+     * head split over two ranks would need their columns put back together. */
+    run_check(ctx, o->heads % t == 0,
+              "--heads %d is not divisible by the tensor-parallel degree %s %d (each rank computes whole heads)",
+              o->heads, degree_flag, t);
+    /* Implied by the rule above and --heads dividing --d-model (checked first);
+     * kept so the message names the real cause should either rule change. */
+    run_check(ctx, (4L * o->d_model) % t == 0,
+              "the MLP width 4 x --d-model %d = %ld is not divisible by the tensor-parallel degree %s %d",
+              o->d_model, 4L * o->d_model, degree_flag, t);
+    run_check(ctx, o->d_model % t == 0, "--d-model %d is not divisible by the tensor-parallel degree %s %d",
+              o->d_model, degree_flag, t);
+}
+
+void tp_layout_init(tp_layout *tl, const gpt_config *cfg, int degree, int rank) {
+    memset(tl, 0, sizeof *tl);
+    gpt_layout_init(&tl->g, cfg);
+    tl->degree = degree;
+    tl->rank = rank;
+    long C = cfg->d_model;
+    tl->heads = cfg->heads / degree;
+    tl->width = (int)(C / degree);
+    tl->hidden = (int)(4 * C / degree);
+    long shard_rows[LAYER_NTENSORS], shard_cols[LAYER_NTENSORS];
+    for (int i = 0; i < LAYER_NTENSORS; i++) {
+        shard_rows[i] = tl->g.layer[i].rows;
+        shard_cols[i] = tl->g.layer[i].cols;
+    }
+    /* column-parallel: the output rows of W (and of its bias) are split */
+    shard_rows[LAYER_QKV_W] = shard_rows[LAYER_QKV_B] = 3L * tl->width;
+    shard_rows[LAYER_FC_W] = shard_rows[LAYER_FC_B] = tl->hidden;
+    /* row-parallel: the input columns of W are split; the bias is not (added once) */
+    shard_cols[LAYER_ATTPROJ_W] = tl->width;
+    shard_cols[LAYER_FCPROJ_W] = tl->hidden;
+    long off = 0;
+    for (int i = 0; i < LAYER_NTENSORS; i++) {
+        tl->layer[i] = tl->g.layer[i];
+        tl->layer[i].offset = off;
+        tl->layer[i].rows = shard_rows[i];
+        tl->layer[i].cols = shard_cols[i];
+        tl->sharded[i] = i == LAYER_QKV_W || i == LAYER_QKV_B || i == LAYER_ATTPROJ_W ||
+                         i == LAYER_FC_W || i == LAYER_FC_B || i == LAYER_FCPROJ_W;
+        off += shard_rows[i] * shard_cols[i];
+    }
+    tl->layer_size = off;
+    tl->total = tl->g.embed_size + (long)cfg->layers * tl->layer_size + tl->g.head_size;
+}
+
+long tp_layer_offset(const tp_layout *tl, int layer) {
+    return tl->g.embed_size + (long)layer * tl->layer_size;
+}
+long tp_head_offset(const tp_layout *tl) { return tp_layer_offset(tl, tl->g.cfg.layers); }
+
+void tp_range(const tp_layout *tl, int lo, int hi, long *begin, long *end) {
+    *begin = lo == 0 ? 0 : tp_layer_offset(tl, lo);
+    *end = hi == tl->g.cfg.layers ? tl->total : tp_layer_offset(tl, hi);
+}
+
+long tp_global_index(const tp_layout *tl, int which, long i) {
+    long C = tl->g.cfg.d_model, cols = tl->layer[which].cols, row = i / cols, col = i % cols;
+    long r = tl->rank, w = tl->width, h = tl->hidden;
+    switch (which) {
+    case LAYER_QKV_W:
+    case LAYER_QKV_B: {
+        /* local rows are [q of my heads | k of my heads | v of my heads], which is
+         * the q | k | v layout attention expects, over H/t heads */
+        long part = row / w, within = row % w;
+        return (part * C + r * w + within) * cols + col;
+    }
+    case LAYER_FC_W:
+    case LAYER_FC_B: return (r * h + row) * cols + col;
+    case LAYER_ATTPROJ_W: return row * C + r * w + col;
+    case LAYER_FCPROJ_W: return row * 4 * C + r * h + col;
+    default: return i; /* replicated */
+    }
+}
+
+static long replicated_per_layer(const tp_layout *tl) {
+    long n = 0;
+    for (int i = 0; i < LAYER_NTENSORS; i++)
+        if (!tl->sharded[i]) n += tl->layer[i].rows * tl->layer[i].cols;
+    return n;
+}
+
+long tp_replicated_elems(const tp_layout *tl) {
+    return tl->g.embed_size + tl->g.head_size + (long)tl->g.cfg.layers * replicated_per_layer(tl);
+}
+
+long tp_sharded_elems(const tp_layout *tl) {
+    return (long)tl->g.cfg.layers * (tl->layer_size - replicated_per_layer(tl));
+}
+
+void tp_init_params(const tp_layout *tl, uint64_t seed, int lo, int hi, float *dst) {
+    const gpt_layout *g = &tl->g;
+    long begin, end;
+    tp_range(tl, lo, hi, &begin, &end);
+    /* embedding and head are replicated: the serial initialisation of their range */
+    if (lo == 0) gpt_init_params(g, seed, 0, g->embed_size, dst);
+    float *host = malloc((size_t)tl->layer_size * sizeof(float));
+    if (!host) die("out of host memory initialising parameters");
+    for (int l = lo; l < hi; l++) {
+        for (int i = 0; i < LAYER_NTENSORS; i++) {
+            const tensor_info *t = &tl->layer[i];
+            for (long k = 0; k < t->rows * t->cols; k++)
+                host[t->offset + k] = gpt_init_value(g, seed, l, &g->layer[i], tp_global_index(tl, i, k));
+        }
+        mem_to_device(dst + tp_layer_offset(tl, l) - begin, host, (size_t)tl->layer_size * sizeof(float));
+    }
+    free(host);
+    if (hi == g->cfg.layers) gpt_init_params(g, seed, gpt_head_offset(g), g->total, dst + tp_head_offset(tl) - begin);
+}
+
+/* ---- activations and scratch at local widths --------------------------------------- */
+
+void tp_acts_alloc(gpt_acts *a, const tp_layout *tl, int lo, int hi, int B) {
+    gpt_acts_alloc_local(a, &tl->g, lo, hi, B, tl->heads, tl->hidden);
+}
+
+void tp_scratch_alloc(gpt_grad_scratch *s, const tp_layout *tl, int B) {
+    gpt_scratch_alloc_local(s, &tl->g, B, tl->heads, tl->hidden);
+}
+
+/* ---- f and g ------------------------------------------------------------------------ */
+
+/* The forward of f and the backward of g do nothing: the replicated input is
+ * already on every rank, and so is the gradient of a g output. They exist so the
+ * code reads like the diagram. */
+void tp_f_forward(comm *tp, const float *x, long n) { (void)tp; (void)x; (void)n; }
+void tp_g_backward(comm *tp, const float *dy, long n) { (void)tp; (void)dy; (void)n; }
+
+void tp_f_backward(comm *tp, float *dx, long n) {
+    if (tp->size > 1) comm_allreduce(tp, dx, n, 0);
+}
+void tp_g_forward(comm *tp, float *y, long n) {
+    if (tp->size > 1) comm_allreduce(tp, y, n, 0);
+}
+
+/* ---- column- and row-parallel linears ----------------------------------------------- */
+
+/* The two that communicate trace their GEMM as a compute event of its own, so
+ * the timeline shows compute and all-reduce side by side, never one inside the
+ * other (which would count the all-reduce's time as compute). */
+
+void tp_column_parallel_forward(comm *tp, float *out_local, const float *inp, const float *w_local,
+                                const float *b_local, int N, int IC, int OC_local) {
+    tp_f_forward(tp, inp, (long)N * IC);
+    K->matmul_forward(out_local, inp, w_local, b_local, N, IC, OC_local);
+}
+
+void tp_column_parallel_backward(comm *tp, float *dinp, float *dw_local, float *db_local,
+                                 const float *dout_local, const float *inp, const float *w_local,
+                                 int N, int IC, int OC_local) {
+    int ev = trace_begin("tp_column_gemm_bwd", TRACE_COMPUTE, -1, NULL);
+    mem_zero(dinp, (size_t)N * IC * sizeof(float));
+    K->matmul_backward(dinp, dw_local, db_local, dout_local, inp, w_local, N, IC, OC_local);
+    trace_end(ev);
+    /* this rank's output columns gave a partial dX; the true dX sums all of them */
+    tp_f_backward(tp, dinp, (long)N * IC);
+}
+
+void tp_row_parallel_forward(comm *tp, float *out, const float *inp_local, const float *w_local,
+                             const float *bias, int N, int IC_local, int OC) {
+    int ev = trace_begin("tp_row_gemm", TRACE_COMPUTE, -1, NULL);
+    K->matmul_forward(out, inp_local, w_local, tp->rank == 0 ? bias : NULL, N, IC_local, OC);
+    trace_end(ev);
+    tp_g_forward(tp, out, (long)N * OC);
+}
+
+void tp_row_parallel_backward(comm *tp, float *dinp_local, float *dw_local, float *dbias,
+                              const float *dout, const float *inp_local, const float *w_local,
+                              int N, int IC_local, int OC) {
+    tp_g_backward(tp, dout, (long)N * OC);
+    K->matmul_backward(dinp_local, dw_local, dbias, dout, inp_local, w_local, N, IC_local, OC);
+}
+
+/* ---- a layer ------------------------------------------------------------------------ */
+
+#define LP(block, which) ((block) + tl->layer[which].offset)
+
+static const float *layer_input(const gpt_acts *a, int layer) {
+    return layer == a->lo ? a->x_in : a->layer[layer - a->lo - 1].res3;
+}
+
+void tp_layer_forward(const tp_layout *tl, comm *tp, const float *lp, gpt_acts *a, int layer) {
+    const gpt_config *cfg = &tl->g.cfg;
+    int B = a->B, T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
+    long NC = (long)N * C;
+    layer_acts *la = &a->layer[layer - a->lo];
+    const float *x = layer_input(a, layer);
+
+    /* attention: LN1 replicated; f; QKV column-parallel: q, k, v of this rank's
+     * H/t heads, attention over them; out-proj row-parallel; g */
+    int ev = trace_begin("tp_attention_fwd", TRACE_COMPUTE, -1, NULL);
+    K->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, LP(lp, LAYER_LN1_W), LP(lp, LAYER_LN1_B), N, C);
+    tp_column_parallel_forward(tp, la->qkv, la->ln1, LP(lp, LAYER_QKV_W), LP(lp, LAYER_QKV_B), N, C, 3 * tl->width);
+    K->attention_forward(la->atty, la->att, la->qkv, B, T, tl->heads, HS);
+    trace_end(ev);
+    tp_row_parallel_forward(tp, la->res2, la->atty, LP(lp, LAYER_ATTPROJ_W), LP(lp, LAYER_ATTPROJ_B),
+                            N, tl->width, C); /* all-reduce 1 of 2 */
+
+    /* MLP: residual and LN2 replicated; f; fc column-parallel (4C/t units), GELU;
+     * fc-proj row-parallel; g */
+    ev = trace_begin("tp_mlp_fwd", TRACE_COMPUTE, -1, NULL);
+    K->add(la->res2, la->res2, x, NC);
+    K->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, LP(lp, LAYER_LN2_W), LP(lp, LAYER_LN2_B), N, C);
+    tp_column_parallel_forward(tp, la->fch, la->ln2, LP(lp, LAYER_FC_W), LP(lp, LAYER_FC_B), N, C, tl->hidden);
+    K->gelu_forward(la->fch_gelu, la->fch, (long)N * tl->hidden);
+    trace_end(ev);
+    tp_row_parallel_forward(tp, la->res3, la->fch_gelu, LP(lp, LAYER_FCPROJ_W), LP(lp, LAYER_FCPROJ_B),
+                            N, tl->hidden, C); /* all-reduce 2 of 2 */
+    ev = trace_begin("tp_residual_fwd", TRACE_COMPUTE, -1, NULL);
+    K->add(la->res3, la->res3, la->res2, NC);
+    trace_end(ev);
+}
+
+void tp_layer_backward(const tp_layout *tl, comm *tp, const float *lp, float *gp, gpt_acts *a,
+                       int layer, gpt_grad_scratch *s) {
+    const gpt_config *cfg = &tl->g.cfg;
+    int B = a->B, T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
+    const layer_acts *la = &a->layer[layer - a->lo];
+    const float *x = layer_input(a, layer);
+
+    /* MLP. s->dres, the gradient of res3, is full width and the same on every
+     * rank: that is why g's backward is the identity. */
+    int ev = trace_begin("tp_mlp_bwd", TRACE_COMPUTE, -1, NULL);
+    mem_zero(s->dfch_gelu, (size_t)N * tl->hidden * sizeof(float));
+    tp_row_parallel_backward(tp, s->dfch_gelu, LP(gp, LAYER_FCPROJ_W), LP(gp, LAYER_FCPROJ_B), s->dres,
+                             la->fch_gelu, LP(lp, LAYER_FCPROJ_W), N, tl->hidden, C);
+    mem_zero(s->dfch, (size_t)N * tl->hidden * sizeof(float));
+    K->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * tl->hidden);
+    trace_end(ev);
+    tp_column_parallel_backward(tp, s->dln, LP(gp, LAYER_FC_W), LP(gp, LAYER_FC_B), s->dfch, la->ln2,
+                                LP(lp, LAYER_FC_W), N, C, tl->hidden); /* all-reduce 1 of 2 */
+
+    /* From here every rank holds the same full-width gradient again, so the
+     * replicated LN2 gains and the out-proj bias get identical gradients. */
+    ev = trace_begin("tp_attention_bwd", TRACE_COMPUTE, -1, NULL);
+    K->layernorm_backward(s->dres, LP(gp, LAYER_LN2_W), LP(gp, LAYER_LN2_B), s->dln, la->res2,
+                          LP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
+    mem_zero(s->datty, (size_t)N * tl->width * sizeof(float));
+    tp_row_parallel_backward(tp, s->datty, LP(gp, LAYER_ATTPROJ_W), LP(gp, LAYER_ATTPROJ_B), s->dres,
+                             la->atty, LP(lp, LAYER_ATTPROJ_W), N, tl->width, C);
+    mem_zero(s->dqkv, (size_t)N * 3 * tl->width * sizeof(float));
+    K->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, tl->heads, HS);
+    trace_end(ev);
+    tp_column_parallel_backward(tp, s->dln, LP(gp, LAYER_QKV_W), LP(gp, LAYER_QKV_B), s->dqkv, la->ln1,
+                                LP(lp, LAYER_QKV_W), N, C, 3 * tl->width); /* all-reduce 2 of 2 */
+    ev = trace_begin("tp_ln1_bwd", TRACE_COMPUTE, -1, NULL);
+    K->layernorm_backward(s->dres, LP(gp, LAYER_LN1_W), LP(gp, LAYER_LN1_B), s->dln, x,
+                          LP(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
+    trace_end(ev);
+}
+
+/* ---- a range of layers -------------------------------------------------------------- */
+
+void tp_forward(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a) {
+    const gpt_layout *g = &tl->g;
+    long begin, end;
+    tp_range(tl, a->lo, a->hi, &begin, &end);
+    if (a->lo == 0) {
+        int ev = trace_begin("embed_fwd", TRACE_COMPUTE, -1, NULL);
+        gpt_embed_forward(g, params, a); /* replicated: the same x on every rank */
+        trace_end(ev);
+    }
+    for (int l = a->lo; l < a->hi; l++) tp_layer_forward(tl, tp, params + tp_layer_offset(tl, l) - begin, a, l);
+    if (a->hi == g->cfg.layers) {
+        /* replicated: every rank computes the full logits and the same losses */
+        int ev = trace_begin("head_fwd", TRACE_COMPUTE, -1, NULL);
+        gpt_head_forward(g, params + tp_head_offset(tl) - begin, a);
+        trace_end(ev);
+    }
+}
+
+float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *grads, gpt_acts *a,
+                   gpt_grad_scratch *s, const float *dout, float dloss) {
+    const gpt_layout *g = &tl->g;
+    long begin, end;
+    tp_range(tl, a->lo, a->hi, &begin, &end);
+    if (a->hi == g->cfg.layers) {
+        int ev = trace_begin("head_bwd", TRACE_COMPUTE, -1, NULL);
+        long h = tp_head_offset(tl) - begin;
+        gpt_head_backward(g, params + h, grads + h, a, s, dloss);
+        trace_end(ev);
+    } else {
+        mem_copy(s->dres, dout, (size_t)a->B * g->cfg.seq * g->cfg.d_model * sizeof(float));
+    }
+    for (int l = a->hi - 1; l >= a->lo; l--) {
+        long o = tp_layer_offset(tl, l) - begin;
+        tp_layer_backward(tl, tp, params + o, grads + o, a, l, s);
+    }
+    if (a->lo != 0) return s->dres;
+    int ev = trace_begin("embed_bwd", TRACE_COMPUTE, -1, NULL);
+    gpt_embed_backward(g, grads, a, s); /* s->dres is full and identical after layer 0's f */
+    trace_end(ev);
+    return NULL;
+}
+
+/* ---- optimizer and clipping --------------------------------------------------------- */
+
+void tp_grad_squares(const tp_layout *tl, int lo, int hi, const float *grads,
+                     double *sharded, double *replicated) {
+    const gpt_layout *g = &tl->g;
+    long begin, end;
+    tp_range(tl, lo, hi, &begin, &end);
+    double sh = 0, rep = 0;
+    if (lo == 0) rep += K->sum_squares(grads, g->embed_size);
+    for (int l = lo; l < hi; l++) {
+        const float *gp = grads + tp_layer_offset(tl, l) - begin;
+        for (int i = 0; i < LAYER_NTENSORS; i++) {
+            double s = K->sum_squares(gp + tl->layer[i].offset, tl->layer[i].rows * tl->layer[i].cols);
+            if (tl->sharded[i]) sh += s;
+            else rep += s;
+        }
+    }
+    if (hi == g->cfg.layers) rep += K->sum_squares(grads + tp_head_offset(tl) - begin, g->head_size);
+    *sharded = sh;
+    *replicated = rep;
+}
+
+void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, float *params,
+                   const float *grads, float *m, float *v, int t, float grad_scale) {
+    const gpt_layout *g = &tl->g;
+    long begin, end;
+    tp_range(tl, lo, hi, &begin, &end);
+    /* embedding and head have the full model's shapes: the shared step does them */
+    if (lo == 0) adamw_step(g, cfg, 0, g->embed_size, params, grads, m, v, t, grad_scale);
+    for (int l = lo; l < hi; l++) {
+        long o = tp_layer_offset(tl, l) - begin;
+        for (int i = 0; i < LAYER_NTENSORS; i++) {
+            const tensor_info *ti = &tl->layer[i];
+            long k = o + ti->offset;
+            K->adamw(params + k, grads + k, m + k, v + k, ti->rows * ti->cols, cfg->lr, cfg->beta1, cfg->beta2,
+                     cfg->eps, ti->decay ? cfg->weight_decay : 0.0f, t, grad_scale);
+        }
+    }
+    if (hi == g->cfg.layers) {
+        long h = tp_head_offset(tl) - begin;
+        adamw_step(g, cfg, gpt_head_offset(g), g->total, params + h, grads + h, m + h, v + h, t, grad_scale);
+    }
+}

@@ -1,0 +1,153 @@
+/* Megatron-style tensor parallelism: every layer's matrices split over the t
+ * ranks of a TP group, so each rank holds 1/t of every block's weights and does
+ * 1/t of its matrix work.
+ *
+ *   column-parallel linear  Y_r = X W_r^T      W split by OUTPUT rows: rank r gets
+ *                                              its own columns of Y, nothing to sum
+ *   row-parallel linear     Y = sum_r X_r W_r^T W split by INPUT columns: rank r holds
+ *                                              a partial Y of full width; the sum
+ *                                              over ranks (all-reduce) is Y
+ *
+ * A sublayer is one column-parallel linear followed by one row-parallel linear,
+ * with only per-column work between them (attention of whole heads, GELU), so
+ * the split columns never need to be put back together:
+ *
+ *   attention: x -> LN1 -> f -> QKV (column: this rank's heads' q, k, v rows)
+ *                 -> attention over H/t heads -> out-proj (row) -> g -> + bias + x
+ *   MLP:       x -> LN2 -> f -> fc (column: 4C/t units) -> GELU
+ *                 -> fc-proj (row) -> g -> + bias + x
+ *
+ *   f: identity forward, all-reduce of the input gradient backward (each rank's
+ *      column shard contributes a partial dX; the full dX is their sum)
+ *   g: all-reduce of the partial outputs forward, identity backward (the output
+ *      gradient is already full width and identical on every rank)
+ *
+ * Two all-reduces per layer forward (the g's), two backward (the f's), each of
+ * the B*T*C activation. Everything outside the blocks' matrices is replicated
+ * (embedding, LayerNorms, the row-parallel biases, the head): every rank computes
+ * the same full-width values from identical inputs, so their gradients come out
+ * identical on every rank without any communication.
+ *
+ * The local parameter buffer has the shape of the full model's, with the layer
+ * blocks shrunk to their shards:
+ *
+ *   [ embedding ][ local layer 0 ] ... [ local layer L-1 ][ head ]
+ *
+ * so a pipeline stage of a 3D grid is again a contiguous range (tp_range).
+ * Gradients and AdamW moments use the same layout. */
+#ifndef LAB05_TP_H
+#define LAB05_TP_H
+#include "comm.h"
+#include "model.h"
+#include "optim.h"
+#include "run.h"
+
+typedef struct tp_layout {
+    gpt_layout g;          /* the full model this is a shard of */
+    int degree, rank;      /* t, and this rank's place in the TP group */
+    int heads;             /* H/t attention heads computed here */
+    int width;             /* C/t: this rank's columns of q, k, v and of the attention output */
+    int hidden;            /* 4C/t: this rank's MLP units */
+    tensor_info layer[LAYER_NTENSORS]; /* shard shapes, offsets inside the local block */
+    int sharded[LAYER_NTENSORS];       /* 1: split over the group; 0: replicated */
+    long layer_size;       /* elements of one local layer block */
+    long total;            /* elements of the local buffer: embedding + L local blocks + head */
+} tp_layout;
+
+/* The rule for splitting: t must divide the heads (whole heads per rank), the
+ * MLP width 4C and C. Records a run_check error naming the flag; `degree_flag`
+ * says where t came from ("-n" for lab05, "--tp" for lab06). */
+void tp_check_degree(run_ctx *ctx, int t, const char *degree_flag);
+
+void tp_layout_init(tp_layout *tl, const gpt_config *cfg, int degree, int rank);
+long tp_layer_offset(const tp_layout *tl, int layer); /* layer == L gives the head's */
+long tp_head_offset(const tp_layout *tl);
+/* Local range of layers [lo, hi), with the embedding when lo == 0 and the head
+ * when hi == L (what a pipeline stage owns), like gpt_range. */
+void tp_range(const tp_layout *tl, int lo, int hi, long *begin, long *end);
+/* Where element `local_index` of this rank's shard of layer tensor `which` sits
+ * in the full tensor (row-major index): what ties a shard to the serial model. */
+long tp_global_index(const tp_layout *tl, int which, long local_index);
+
+/* Element counts for the lesson's memory figures (whole model, per rank). */
+long tp_replicated_elems(const tp_layout *tl); /* embedding + head + 6C per layer */
+long tp_sharded_elems(const tp_layout *tl);    /* this rank's shard of the layer matrices (1/t) */
+
+/* This rank's initial values for layers [lo, hi) (+ embedding/head as tp_range):
+ * every element is gpt_init_value of its global index, so the shards of all
+ * ranks put together are bit for bit the serial model's initial weights.
+ * dst holds the tp_range(lo, hi) elements. */
+void tp_init_params(const tp_layout *tl, uint64_t seed, int lo, int hi, float *dst);
+
+/* Activations of layers [lo, hi) for B rows with this rank's widths (qkv 3C/t,
+ * attention H/t heads, MLP 4C/t; the residual stream stays full width), in the
+ * gpt_acts shape, so gpt_embed_* and gpt_head_* run on it unchanged. Free with
+ * gpt_acts_free. */
+void tp_acts_alloc(gpt_acts *a, const tp_layout *tl, int lo, int hi, int B);
+/* Backward scratch with the same local widths; free with gpt_scratch_free. */
+void tp_scratch_alloc(gpt_grad_scratch *s, const tp_layout *tl, int B);
+
+/* ---- the f and g operators (a group of one moves nothing) ------------------------- */
+void tp_f_forward(comm *tp, const float *x, long n); /* identity */
+void tp_f_backward(comm *tp, float *dx, long n);     /* all-reduce (sum) in place */
+void tp_g_forward(comm *tp, float *y, long n);       /* all-reduce (sum) in place */
+void tp_g_backward(comm *tp, const float *dy, long n); /* identity */
+
+/* ---- the two parallel linears ------------------------------------------------------- */
+/* The two that communicate (row forward, column backward) trace their GEMM as a
+ * compute event of its own; the other two do not trace, so the caller's compute
+ * event can hold them. */
+/* f, then out_local[N,OC_local] = inp[N,IC] @ w_local^T + b_local */
+void tp_column_parallel_forward(comm *tp, float *out_local, const float *inp, const float *w_local,
+                                const float *b_local, int N, int IC, int OC_local);
+/* dw_local, db_local accumulate (the kernel rule); dinp[N,IC] is OVERWRITTEN with
+ * the full input gradient: this rank's partial, then f's all-reduce. (Accumulating
+ * into dinp before the all-reduce would multiply what it held by t.) */
+void tp_column_parallel_backward(comm *tp, float *dinp, float *dw_local, float *db_local,
+                                 const float *dout_local, const float *inp, const float *w_local,
+                                 int N, int IC, int OC_local);
+/* out[N,OC] = sum over ranks of inp_local @ w_local^T, then g; + bias once. The
+ * bias is added by TP rank 0 only, inside its GEMM (the kernel's bias epilogue,
+ * no extra pass): added on every rank it would be counted t times. */
+void tp_row_parallel_forward(comm *tp, float *out, const float *inp_local, const float *w_local,
+                             const float *bias, int N, int IC_local, int OC);
+/* g backward (identity), then the local GEMM backward; all accumulate. dbias is
+ * accumulated on EVERY rank: dout is the same on all of them, so the replicated
+ * bias gets the same gradient everywhere, although only rank 0 adds it forward. */
+void tp_row_parallel_backward(comm *tp, float *dinp_local, float *dw_local, float *dbias,
+                              const float *dout, const float *inp_local, const float *w_local,
+                              int N, int IC_local, int OC);
+
+/* ---- a layer, and a range of layers ------------------------------------------------- */
+/* One transformer layer on its local block `lp` (two all-reduces). The input is
+ * a->x_in for the range's first layer, else the previous layer's res3; the
+ * output is its res3. Compute pieces are traced as compute events and the
+ * all-reduces as comm events, so do not wrap these calls in a compute event of
+ * your own if the compute/comm split should stay honest. */
+void tp_layer_forward(const tp_layout *tl, comm *tp, const float *lp, gpt_acts *a, int layer);
+/* Turns s->dres from the gradient of the layer's output into that of its input
+ * (two all-reduces); gradients of the local block `gp` accumulate. */
+void tp_layer_backward(const tp_layout *tl, comm *tp, const float *lp, float *gp, gpt_acts *a,
+                       int layer, gpt_grad_scratch *s);
+
+/* gpt_forward / gpt_backward for the local buffer of range [a->lo, a->hi)
+ * (params[0] is local element tp_range(lo, hi).begin). Same contract: the first
+ * stage embeds a->tokens, the last computes a->losses; backward returns the
+ * gradient of x_in, NULL on the first stage. */
+void tp_forward(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a);
+float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *grads, gpt_acts *a,
+                   gpt_grad_scratch *s, const float *dout, float dloss);
+
+/* ---- optimizer and clipping --------------------------------------------------------- */
+/* Squares of the range's gradients, split in two: the sharded matrices' (sum
+ * them over the TP group: each rank holds different elements) and the
+ * replicated tensors' (identical on every rank: count them ONCE, do not sum
+ * over the group). The global norm^2 is  sum_over_group(sharded) + replicated. */
+void tp_grad_squares(const tp_layout *tl, int lo, int hi, const float *grads,
+                     double *sharded, double *replicated);
+/* AdamW over the range, weight decay on matrices only (as adamw_step), each
+ * tensor in its shard shape. Buffers as in tp_forward. */
+void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, float *params,
+                   const float *grads, float *m, float *v, int t, float grad_scale);
+
+#endif

@@ -1,0 +1,5 @@
+foreach(case equivalence bad_input)
+  add_lab_test(lab05_${case} test_lab05.py ${case})
+endforeach()
+add_lab_test(gpu_lab05_cuda test_lab05.py cuda)
+set_tests_properties(gpu_lab05_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
