@@ -4,9 +4,10 @@
  * together, device buffers are staged through pinned host memory (Debian's
  * MPICH is not CUDA-aware, and NCCL refuses two ranks on one GPU).
  *
- * Waiting on MPI is polite: a nonblocking request is tested in a ~50 us spin,
- * then between sleeps that back off from 20 us to 1 ms, so ranks waiting on a
- * 2-core laptop leave the cores to the rank that computes.
+ * Waiting on MPI is polite when ranks outnumber cores: a nonblocking request is
+ * tested in a ~50 us spin, then between sleeps that back off from 20 us to
+ * 0.2 ms, so ranks waiting on a 2-core laptop leave the cores to the rank that
+ * computes.
  *
  * Every call is counted (calls, payload bytes, seconds) per kind and recorded
  * as a TRACE_COMM event. */
@@ -75,8 +76,12 @@ void comm_recv(comm *c, float *buf, long n, int src);
 
 void comm_barrier(comm *c);
 
-/* Wait for an MPI request without spinning a core (see above). */
+/* Wait for an MPI request without spinning a core (see above). When every rank
+ * on each host has a core of its own nobody needs the core, and the wait spins
+ * (a large message only moves while someone tests it). The environment
+ * variable PL_WAIT=spin|polite overrides the choice comm_init makes. */
 void polite_wait(MPI_Request *req);
+int comm_waits_spin(void); /* the choice in force */
 
 void comm_reset_stats(comm *c);
 

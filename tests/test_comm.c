@@ -281,10 +281,11 @@ static void test_polite_wait(comm *c) {
                    1e3 * all[2 * r + 1], 100 * all[2 * r + 1] / all[2 * r]);
         printf("\n");
     }
+    if (c->rank == 0 && comm_waits_spin()) printf("(a core per rank: waits spin; PL_WAIT=polite tests the sleeping wait)\n");
     if (c->rank != 0) {
         CHECK(wall > 0.2, "polite wait: barrier returned after %.1f ms, before rank 0 arrived",
               1e3 * wall);
-        CHECK(cpu < 0.3 * wall, "polite wait burns a core: %.1f ms CPU in %.1f ms of waiting",
+        CHECK(comm_waits_spin() || cpu < 0.3 * wall, "polite wait burns a core: %.1f ms CPU in %.1f ms of waiting",
               1e3 * cpu, 1e3 * wall);
     }
 
