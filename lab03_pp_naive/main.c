@@ -1,0 +1,87 @@
+/* lab03_pp_naive: pipeline parallelism, the naive schedule.
+ *
+ * The model's layers are cut into p contiguous stages, one per rank (p is the
+ * rank count; stage.h says how uneven counts split). Stage 0 also embeds the
+ * tokens; stage p-1 also runs the final LayerNorm, the head and the loss. Each
+ * step, the whole batch goes forward through stage 0, 1, ..., p-1 (each sends
+ * its output activations to the next), then backward through p-1, ..., 0 (each
+ * sends the gradient of its input back), then every stage steps AdamW on its
+ * own layers, clipped by the global gradient norm. Every rank stores only its
+ * stage's weights, gradients and optimizer state (about 1/p of lab01's), but
+ * only one stage works at any moment: the others wait.
+ *
+ * What to look at: the bubble, 1 - busy/wall per rank, beside the theory
+ * (p-1)/p in the summary's time split; the staircase of forwards then backwards
+ * in the timeline (runs/lab03_pp_naive_pp_4_trace.json in Perfetto); the
+ * per-rank params/grads/optim memory against lab01's. */
+#include "comm.h"
+#include "device.h"
+#include "model.h"
+#include "run.h"
+#include "stage.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    lab_info lab = {"lab03_pp_naive", "pipeline parallelism, naive schedule: the layers cut into "
+                    "one stage per rank, the whole batch forward through the stages, then backward",
+                    NULL, 0};
+    run_ctx ctx;
+    run_parse(&ctx, argc, argv, &lab);
+    run_check(&ctx, stage_split_possible(ctx.opt.layers, ctx.size),
+              "--layers %d cannot be split into %d pipeline stages: every stage needs at least one "
+              "layer (give more --layers or run fewer ranks)", ctx.opt.layers, ctx.size);
+    run_setup(&ctx);
+
+    comm pipe;
+    comm_init(&pipe, MPI_COMM_WORLD, ctx.backend);
+    gpt_layout g;
+    gpt_layout_init(&g, &ctx.model);
+    pipeline_stage st;
+    stage_init(&st, &pipe, &g, &ctx.data, (uint64_t)ctx.opt.seed, ctx.opt.batch, 1);
+    const int p = pipe.size;
+    const double theory = (double)(p - 1) / p;
+    if (ctx.rank == 0)
+        printf("pipeline: %d stage%s, the whole batch at once | bubble theory (p-1)/p = %.3f\n", p,
+               p == 1 ? "" : "s", theory);
+
+    for (int step = 0; step < ctx.opt.steps; step++) {
+        run_step_begin(&ctx, step);
+        double t0 = now_seconds();
+        stage_step_begin(&st, step);
+        gpt_acts batch; /* the whole batch is one "micro-batch" */
+        stage_acts_alloc(&st, &batch, 0);
+        stage_forward(&st, &batch, 0);
+        stage_backward(&st, &batch, 0);
+        stage_acts_free(&st, &batch);
+        double loss = stage_optimizer_step(&st, &ctx.adamw, ctx.opt.clip);
+        /* The host clock sees the work only on the CPU (CUDA queues it and
+         * returns); on GPUs the summary's trace-based figures are the ones to read. */
+        char extra[64] = "";
+        if (ctx.device == DEVICE_CPU)
+            snprintf(extra, sizeof extra, "bubble rank 0 %.2f (theory %.2f)",
+                     1 - st.busy_seconds / (now_seconds() - t0), theory);
+        run_step_end(&ctx, step, loss, extra[0] ? extra : NULL);
+    }
+
+    char *extra_json = stage_report_json(&st, 1, "1 batch (naive: the whole batch at once)");
+    char layout[32];
+    snprintf(layout, sizeof layout, "pp=%d", p);
+    /* Across each boundary go one activation (forward) and one gradient (back),
+     * B x T x C floats each; the busiest stage (a middle one) has two boundaries. */
+    int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
+    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
+    run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
+                         .comm_formula_bytes = boundaries * 2 * boundary_bytes,
+                         .comm_formula = "busiest stage: boundaries x (activation + gradient) "
+                                         "x B x T x C x 4 bytes",
+                         .bubble_theory = theory, .extra_json = extra_json};
+    run_finish(&ctx, &report);
+
+    free(extra_json);
+    stage_free(&st);
+    comm_free(&pipe);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,289 @@
+#include "stage.h"
+#include "device.h"
+#include "kernels.h"
+#include "mem.h"
+#include "run.h" /* human() */
+#include "trace.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- how the layers are cut --------------------------------------------------- */
+
+int stage_split_possible(int layers, int stages) { return stages >= 1 && stages <= layers; }
+
+void stage_layers(int layers, int stages, int stage, int *lo, int *hi) {
+    int q = layers / stages, extra = layers % stages;
+    int first_long = stages - extra; /* stages from here on run q + 1 layers */
+    *lo = stage * q + (stage > first_long ? stage - first_long : 0);
+    *hi = *lo + q + (stage >= first_long ? 1 : 0);
+}
+
+/* ---- set-up ------------------------------------------------------------------- */
+
+void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const dataset *data,
+                uint64_t seed, int global_batch, int micro_batches) {
+    memset(s, 0, sizeof *s);
+    s->pipe = pipe;
+    s->index = pipe->rank;
+    s->count = pipe->size;
+    s->prev = s->index > 0 ? s->index - 1 : -1;
+    s->next = s->index < s->count - 1 ? s->index + 1 : -1;
+    s->g = g;
+    stage_layers(g->cfg.layers, s->count, s->index, &s->lo, &s->hi);
+    gpt_range(g, s->lo, s->hi, &s->begin, &s->end);
+    size_t n = (size_t)(s->end - s->begin) * sizeof(float);
+    s->params = mem_alloc(n, MEM_PARAMS);
+    s->grads = mem_alloc(n, MEM_GRADS);
+    s->adam_m = mem_alloc(n, MEM_OPTIM);
+    s->adam_v = mem_alloc(n, MEM_OPTIM);
+    /* the same values lab01 has at these offsets: initial weights are a pure
+     * function of (seed, tensor, element), not of who creates them */
+    gpt_init_params(g, seed, s->begin, s->end, s->params);
+
+    s->micro_batches = micro_batches;
+    s->rows = global_batch / micro_batches;
+    s->dloss = 1.0f / ((float)global_batch * (float)g->cfg.seq);
+    s->boundary_floats = (long)s->rows * g->cfg.seq * g->cfg.d_model;
+    gpt_scratch_alloc(&s->scratch, g, s->rows);
+    if (s->next >= 0) s->dout = mem_alloc((size_t)s->boundary_floats * sizeof(float), MEM_COMM);
+    s->data = data;
+    s->seed = seed;
+    s->tokens = malloc(sizeof(int) * (size_t)s->rows * g->cfg.seq);
+    s->targets = malloc(sizeof(int) * (size_t)s->rows * g->cfg.seq);
+    /* never more blocks than micro-batches: at most m are in flight at once */
+    s->spare_acts = calloc((size_t)micro_batches, sizeof *s->spare_acts);
+    if (!s->tokens || !s->targets || !s->spare_acts) die("out of host memory");
+}
+
+void stage_free(pipeline_stage *s) {
+    mem_free(s->params);
+    mem_free(s->grads);
+    mem_free(s->adam_m);
+    mem_free(s->adam_v);
+    mem_free(s->dout);
+    gpt_scratch_free(&s->scratch);
+    free(s->tokens);
+    free(s->targets);
+    while (s->n_spare_acts > 0) gpt_acts_free(&s->spare_acts[--s->n_spare_acts]);
+    free(s->spare_acts);
+    memset(s, 0, sizeof *s);
+}
+
+void stage_step_begin(pipeline_stage *s, int step) {
+    s->step = step;
+    s->loss_sum = 0;
+    s->busy_seconds = 0;
+    /* the stage's own work, so traced as compute: not idle time */
+    int ev = trace_begin("zero_grads", TRACE_COMPUTE, -1, NULL);
+    double t0 = now_seconds();
+    mem_zero(s->grads, (size_t)(s->end - s->begin) * sizeof(float));
+    s->busy_seconds += now_seconds() - t0;
+    trace_end(ev);
+}
+
+/* A micro-batch's block is kept for the next micro-batch once its backward is
+ * done, as PyTorch's caching allocator keeps freed blocks: otherwise every
+ * micro-batch would pay for a fresh allocation (page faults on the CPU, a
+ * device-wide synchronisation in cudaFree on the GPU) in the middle of the
+ * pipeline. A block is allocated only when every kept one is in use, so the
+ * allocator's peak is still the largest number of micro-batches in flight. */
+void stage_acts_alloc(pipeline_stage *s, gpt_acts *a, int mb) {
+    if (s->n_spare_acts > 0) {
+        *a = s->spare_acts[--s->n_spare_acts];
+        return;
+    }
+    /* a real allocation zeroes its block: work, not waiting, so traced as compute */
+    int ev = trace_begin("alloc_acts", TRACE_COMPUTE, mb, NULL);
+    double t0 = now_seconds();
+    gpt_acts_alloc(a, s->g, s->lo, s->hi, s->rows);
+    s->acts_bytes = a->bytes;
+    s->busy_seconds += now_seconds() - t0;
+    trace_end(ev);
+}
+
+void stage_acts_free(pipeline_stage *s, gpt_acts *a) {
+    if (s->n_spare_acts >= s->micro_batches) die("stage_acts_free: more blocks than micro-batches");
+    s->spare_acts[s->n_spare_acts++] = *a;
+    memset(a, 0, sizeof *a);
+}
+
+/* ---- compute ------------------------------------------------------------------ */
+
+void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
+    int ev = trace_begin("forward", TRACE_COMPUTE, mb, NULL);
+    double t0 = now_seconds();
+    int T = s->g->cfg.seq, first = s->prev < 0, last = s->next < 0;
+    if (first || last) {
+        /* micro-batch mb is rows [mb x rows, (mb+1) x rows) of the step's global batch */
+        data_batch(s->data, s->seed, s->step, mb * s->rows, s->rows, T, s->tokens, s->targets);
+        size_t bytes = sizeof(int) * (size_t)s->rows * T;
+        if (first) mem_to_device(a->tokens, s->tokens, bytes);
+        if (last) mem_to_device(a->targets, s->targets, bytes);
+    }
+    gpt_forward(s->g, s->params, a);
+    /* every micro-batch has rows x T positions, so the batch mean is the mean of these */
+    if (last) s->loss_sum += gpt_mean_loss(s->g, a);
+    s->busy_seconds += now_seconds() - t0;
+    trace_end(ev);
+}
+
+const float *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
+    int ev = trace_begin("backward", TRACE_COMPUTE, mb, NULL);
+    double t0 = now_seconds();
+    const float *dx = gpt_backward(s->g, s->params, s->grads, a, &s->scratch,
+                                   s->next >= 0 ? s->dout : NULL, s->dloss, NULL, NULL);
+    s->busy_seconds += now_seconds() - t0;
+    trace_end(ev);
+    return dx;
+}
+
+/* ---- exchanges ---------------------------------------------------------------- */
+
+/* One paired send and receive (either may be absent: peer -1). The stage's own
+ * events name what moves and which micro-batch it belongs to. */
+static void exchange(pipeline_stage *s, const float *send, int dst, const char *send_op, int send_mb,
+                     float *recv, int src, const char *recv_op, int recv_mb) {
+    if (dst < 0 && src < 0) return;
+    int send_ev = dst >= 0 ? trace_begin(send_op, TRACE_COMM, send_mb, NULL) : -1;
+    int recv_ev = src >= 0 ? trace_begin(recv_op, TRACE_COMM, recv_mb, NULL) : -1;
+    comm_sendrecv(s->pipe, send, dst >= 0 ? s->boundary_floats : 0, dst,
+                  recv, src >= 0 ? s->boundary_floats : 0, src);
+    trace_end(recv_ev);
+    trace_end(send_ev);
+}
+
+void stage_recv_forward(pipeline_stage *s, gpt_acts *a, int mb) {
+    exchange(s, NULL, -1, NULL, -1, a->x_in, s->prev, "recv_act", mb);
+}
+
+void stage_send_forward(pipeline_stage *s, const gpt_acts *a, int mb) {
+    exchange(s, gpt_acts_output(a), s->next, "send_act", mb, NULL, -1, NULL, -1);
+}
+
+void stage_recv_backward(pipeline_stage *s, int mb) {
+    exchange(s, NULL, -1, NULL, -1, s->dout, s->next, "recv_grad", mb);
+}
+
+void stage_send_backward(pipeline_stage *s, const float *dx, int mb) {
+    exchange(s, dx, s->prev, "send_grad", mb, NULL, -1, NULL, -1);
+}
+
+void stage_send_forward_recv_backward(pipeline_stage *s, const gpt_acts *a, int send_mb, int recv_mb) {
+    /* both go to / come from the next stage */
+    exchange(s, gpt_acts_output(a), s->next, "send_act", send_mb, s->dout, s->next, "recv_grad", recv_mb);
+}
+
+void stage_send_backward_recv_forward(pipeline_stage *s, const float *dx, int send_mb,
+                                      gpt_acts *a, int recv_mb) {
+    /* both go to / come from the previous stage */
+    exchange(s, dx, s->prev, "send_grad", send_mb, a->x_in, s->prev, "recv_act", recv_mb);
+}
+
+void stage_forward(pipeline_stage *s, gpt_acts *a, int mb) {
+    stage_recv_forward(s, a, mb);
+    stage_forward_compute(s, a, mb);
+    stage_send_forward(s, a, mb);
+}
+
+void stage_backward(pipeline_stage *s, gpt_acts *a, int mb) {
+    stage_recv_backward(s, mb);
+    const float *dx = stage_backward_compute(s, a, mb);
+    stage_send_backward(s, dx, mb);
+}
+
+/* ---- the step's end ----------------------------------------------------------- */
+
+double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double clip) {
+    long n = s->end - s->begin;
+    int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
+    double t0 = now_seconds();
+    /* Clipping must see the norm of the WHOLE model's gradient, as lab01 does:
+     * a stage clipping by its own norm would scale each stage differently.
+     * One host all-reduce carries the norm's pieces and the loss together. */
+    double sums[2] = {K->sum_squares(s->grads, n), s->loss_sum};
+    s->busy_seconds += now_seconds() - t0;
+    trace_end(ev);
+    comm_allreduce_host(s->pipe, sums, 2);
+
+    ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
+    t0 = now_seconds();
+    float scale = clip_scale(sums[0], (float)clip);
+    adamw_step(s->g, cfg, s->begin, s->end, s->params, s->grads, s->adam_m, s->adam_v, s->step + 1, scale);
+    s->busy_seconds += now_seconds() - t0;
+    trace_end(ev);
+    return sums[1] / s->micro_batches;
+}
+
+/* ---- the record ---------------------------------------------------------------- */
+
+/* Append printf-style text to a growing string. */
+static void append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+        va_end(ap);
+        if (k < 0) die("stage_report_json: formatting failed");
+        if ((size_t)k < *cap - *len) { *len += (size_t)k; return; }
+        *cap = 2 * *cap + (size_t)k;
+        *buf = realloc(*buf, *cap);
+        if (!*buf) die("out of host memory");
+    }
+}
+
+static void append_array(char **buf, size_t *len, size_t *cap, const char *key, const double *all,
+                         int field, int fields, int p) {
+    append(buf, len, cap, ",\"%s\":[", key);
+    for (int r = 0; r < p; r++) append(buf, len, cap, "%s%.0f", r ? "," : "", all[r * fields + field]);
+    append(buf, len, cap, "]");
+}
+
+char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text) {
+    enum { LO, HI, BYTES, IN_FLIGHT, PEAK, FIELDS };
+    int p = s->count;
+    double *all = calloc((size_t)p * FIELDS, sizeof(double));
+    if (!all) die("out of host memory");
+    double *mine = all + (size_t)s->index * FIELDS;
+    mine[LO] = s->lo;
+    mine[HI] = s->hi;
+    mine[BYTES] = (double)s->acts_bytes;
+    mine[IN_FLIGHT] = in_flight_formula;
+    mine[PEAK] = (double)mem_peak(MEM_ACTS);
+    comm_allreduce_host(s->pipe, all, p * FIELDS); /* every other slot is 0: a gather */
+
+    size_t len = 0, cap = 256;
+    char *buf = malloc(cap);
+    if (!buf) die("out of host memory");
+    buf[0] = 0;
+    append(&buf, &len, &cap, "\"stages\":%d,\"stage_layers\":[", p);
+    for (int r = 0; r < p; r++)
+        append(&buf, &len, &cap, "%s[%.0f,%.0f]", r ? "," : "", all[r * FIELDS + LO], all[r * FIELDS + HI]);
+    append(&buf, &len, &cap, "]");
+    append_array(&buf, &len, &cap, "acts_bytes_per_micro_batch", all, BYTES, FIELDS, p);
+    append_array(&buf, &len, &cap, "acts_in_flight_formula", all, IN_FLIGHT, FIELDS, p);
+    append(&buf, &len, &cap, ",\"acts_peak_formula_bytes\":[");
+    for (int r = 0; r < p; r++)
+        append(&buf, &len, &cap, "%s%.0f", r ? "," : "", all[r * FIELDS + IN_FLIGHT] * all[r * FIELDS + BYTES]);
+    append(&buf, &len, &cap, "]");
+    append_array(&buf, &len, &cap, "acts_peak_measured_bytes", all, PEAK, FIELDS, p);
+    append(&buf, &len, &cap, ",\"acts_formula\":\"%s\"", formula_text);
+
+    if (s->index == 0) {
+        char a[16], b[16], c[16];
+        printf("pipeline stages: activations per stage, measured by the allocator vs %s\n", formula_text);
+        for (int r = 0; r < p; r++) {
+            const double *x = all + (size_t)r * FIELDS;
+            double formula = x[IN_FLIGHT] * x[BYTES];
+            printf("  stage %d: layers %.0f-%.0f | peak %sB measured | formula %.0f x %sB per micro-batch = %sB%s\n",
+                   r, x[LO], x[HI] - 1, human(x[PEAK], a), x[IN_FLIGHT], human(x[BYTES], b),
+                   human(formula, c), x[PEAK] == formula ? "" : " (MISMATCH)");
+        }
+        fflush(stdout);
+    }
+    free(all);
+    return buf;
+}

@@ -1,0 +1,112 @@
+/* A pipeline stage: one rank's contiguous run of layers, and the two things it
+ * does with a micro-batch: a forward (receive the input from the previous stage,
+ * run the layers, send the output on) and a backward (receive the gradient of
+ * the output from the next stage, run the layers backwards, send the gradient
+ * of the input back).
+ *
+ * Every exchange is one paired comm_sendrecv, so a send and a receive that two
+ * neighbours post at the same moment can never wait on each other. The lab04
+ * schedules call the same functions; 1F1B also needs the two fused exchanges
+ * (send the output and receive a gradient in one call, and the reverse).
+ *
+ * Timeline events (the CSV and the Chrome trace):
+ *   compute  "forward", "backward", "alloc_acts" (micro-batch index),
+ *            "zero_grads", "grad_norm", "optimizer"
+ *   comm     "recv_act", "send_act", "recv_grad", "send_grad" (micro-batch index),
+ *            each around the communicator's own "send"/"recv"/"sendrecv" event */
+#ifndef LAB03_STAGE_H
+#define LAB03_STAGE_H
+#include "comm.h"
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+#include <stdint.h>
+
+/* How L layers are cut into p stages: contiguous runs, as equal as possible.
+ * With L = q p + s, every stage gets q layers and the LAST s stages one more
+ * (the early stages of a 1F1B pipeline keep the most micro-batches of
+ * activations, so they get the shorter runs). The first stage also holds the
+ * embedding, the last the final LayerNorm, head and loss.
+ * Example: L = 10, p = 4 -> layers [0,2) [2,4) [4,7) [7,10).
+ * Every stage needs at least one layer: p > L cannot be split. */
+int stage_split_possible(int layers, int stages);
+void stage_layers(int layers, int stages, int stage, int *lo, int *hi);
+
+typedef struct pipeline_stage {
+    comm *pipe;             /* rank r of this communicator is stage r */
+    int index, count;       /* this stage r, and the number of stages p */
+    int prev, next;         /* the neighbours' ranks; -1 at the ends of the pipe */
+    int lo, hi;             /* the layers [lo, hi) this stage runs */
+    const gpt_layout *g;
+    long begin, end;        /* its parameter range gpt_range(lo, hi) */
+    float *params, *grads, *adam_m, *adam_v; /* end - begin floats each */
+    gpt_grad_scratch scratch;
+    float *dout;            /* the gradient of the output, received from the next stage */
+    long boundary_floats;   /* rows x T x C: what crosses a stage boundary */
+    int rows;               /* rows of one micro-batch */
+    float dloss;            /* 1 / (global batch x T): every micro-batch's loss weight, so
+                             * the accumulated gradient is that of the whole batch's mean */
+    const dataset *data;
+    uint64_t seed;
+    int step;
+    int *tokens, *targets;  /* host rows of the current micro-batch */
+    double loss_sum;        /* last stage: sum over this step's micro-batches of their mean */
+    int micro_batches;
+    long acts_bytes;        /* one micro-batch's activations on this stage */
+    gpt_acts *spare_acts;   /* blocks of finished micro-batches, kept for reuse */
+    int n_spare_acts;
+    double busy_seconds;    /* host time in compute this step (the step line's bubble) */
+} pipeline_stage;
+
+/* Collective over pipe. Creates this stage's slice of the initial weights
+ * (the same values lab01 starts from), its gradients and AdamW moments. */
+void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const dataset *data,
+                uint64_t seed, int global_batch, int micro_batches);
+void stage_free(pipeline_stage *s);
+
+/* Start a step: zero the gradients (they accumulate over micro-batches). */
+void stage_step_begin(pipeline_stage *s, int step);
+
+/* One micro-batch's activations, in the activations category; free it after
+ * its backward. Freed blocks are kept and reused by later micro-batches, and a
+ * new one is allocated only when all kept ones are in use, so the allocator's
+ * peak counts the most micro-batches ever in flight at once. */
+void stage_acts_alloc(pipeline_stage *s, gpt_acts *a, int mb);
+void stage_acts_free(pipeline_stage *s, gpt_acts *a);
+
+/* Compute only. The forward loads the micro-batch's tokens (first stage) and
+ * targets (last stage) and, on the last stage, adds its mean loss to loss_sum.
+ * The backward starts from the loss (last stage) or from s->dout, and returns
+ * the gradient of the stage's input (valid until the next backward; NULL on the
+ * first stage). */
+void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb);
+const float *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb);
+
+/* Exchanges with the neighbours (each a no-op at the end of the pipe where
+ * there is no neighbour in that direction). */
+void stage_recv_forward(pipeline_stage *s, gpt_acts *a, int mb);         /* a->x_in <- prev */
+void stage_send_forward(pipeline_stage *s, const gpt_acts *a, int mb);   /* output -> next */
+void stage_recv_backward(pipeline_stage *s, int mb);                     /* s->dout <- next */
+void stage_send_backward(pipeline_stage *s, const float *dx, int mb);    /* dx -> prev */
+/* 1F1B's steady state: both directions in one paired call. */
+void stage_send_forward_recv_backward(pipeline_stage *s, const gpt_acts *a, int send_mb, int recv_mb);
+void stage_send_backward_recv_forward(pipeline_stage *s, const float *dx, int send_mb,
+                                      gpt_acts *a, int recv_mb);
+
+/* A whole forward / backward of one micro-batch: receive, compute, send. */
+void stage_forward(pipeline_stage *s, gpt_acts *a, int mb);
+void stage_backward(pipeline_stage *s, gpt_acts *a, int mb);
+
+/* End of a step, after every micro-batch's backward. Collective over pipe:
+ * clips with the GLOBAL gradient norm (each stage's sum of squares summed over
+ * the stages), steps AdamW on this stage's range, and returns the step's mean
+ * loss (computed on the last stage, shared with all). */
+double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double clip);
+
+/* Collective over pipe. The stages' layers, activation bytes per micro-batch,
+ * the schedule's activation count per stage (in_flight_formula, this stage's)
+ * and the measured peaks, as members of the run record
+ * ("\"stage_layers\":[[0,2],...],..."), malloc'd; rank 0 also prints them. */
+char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text);
+
+#endif

@@ -1,0 +1,5 @@
+foreach(case equivalence timeline bad_input)
+  add_lab_test(lab03_${case} test_lab03.py ${case})
+endforeach()
+add_lab_test(gpu_lab03_cuda test_lab03.py cuda)
+set_tests_properties(gpu_lab03_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)

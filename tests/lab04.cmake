@@ -1,0 +1,5 @@
+foreach(case equivalence order bad_input)
+  add_lab_test(lab04_${case} test_lab04.py ${case})
+endforeach()
+add_lab_test(gpu_lab04_cuda test_lab04.py cuda)
+set_tests_properties(gpu_lab04_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
