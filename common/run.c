@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- flags -------------------------------------------------------------------- */
 
@@ -269,13 +270,12 @@ void run_setup(run_ctx *ctx) {
     ctx->backend = !strcmp(o->comm, "nccl") || (!strcmp(o->comm, "auto") && ctx->device == DEVICE_CUDA
                                                 && every_rank_own_gpu) ? COMM_NCCL : COMM_MPI;
     if (!err[0] && data_load(&ctx->data, o->data, o->seq, err, sizeof err) != 0) { /* err is set */ }
-    if (!err[0] && ctx->rank == 0) {
-        /* only rank 0 writes the record; it checks the folder for everyone */
-        snprintf(ctx->records_jsonl, sizeof ctx->records_jsonl, "%s/records.jsonl", o->out);
-        FILE *f = mkdir_p(o->out) == 0 ? fopen(ctx->records_jsonl, "a") : NULL;
-        if (!f) snprintf(err, sizeof err, "--out %s: cannot write there: %s", o->out, strerror(errno));
-        else fclose(f);
-    }
+    run_agree_or_exit(err);
+    /* Only now, with every other input known good, is the folder created, so a
+     * rejected run leaves nothing behind. Only rank 0 writes the record; it
+     * checks the folder for everyone. */
+    if (ctx->rank == 0 && (mkdir_p(o->out) != 0 || access(o->out, W_OK) != 0))
+        snprintf(err, sizeof err, "--out %s: cannot write there: %s", o->out, strerror(errno));
     run_agree_or_exit(err);
     snprintf(ctx->records_jsonl, sizeof ctx->records_jsonl, "%s/records.jsonl", o->out);
     snprintf(ctx->records_csv, sizeof ctx->records_csv, "%s/records.csv", o->out);

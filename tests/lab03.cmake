@@ -1,4 +1,4 @@
-foreach(case equivalence timeline bad_input)
+foreach(case equivalence timeline)
   add_lab_test(lab03_${case} test_lab03.py ${case})
 endforeach()
 add_lab_test(gpu_lab03_cuda test_lab03.py cuda)

@@ -4,14 +4,13 @@ buffers and padding (computed here independently, from the model shape), the
 traffic is a reduce-scatter plus one all-gather (stages 1-2) or two (stage 3),
 and bad input fails fast and clearly.
 
-usage: test_lab02.py stage1|stage2|stage3|bad_input|cuda"""
+usage: test_lab02.py stage1|stage2|stage3|cuda"""
 import math
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, check_rejected, compare_losses, has_gpu, run  # noqa: E402
+from labtest import check, compare_losses, has_gpu, run  # noqa: E402
 
 LAB = "lab02_zero"
 # A small model keeps 10 runs per stage within seconds; the batch divides by 2, 3 and 4.
@@ -105,39 +104,6 @@ def stage_test(stage):
     check(loss[-1] < loss[0] - 1.5, f"the loss should fall clearly in 20 steps: {loss[0]:.3f} -> {loss[-1]:.3f}")
 
 
-def bad_input():
-    empty = tempfile.NamedTemporaryFile(delete=False)
-    empty.close()
-    cases = [  # (ranks, args, text the one-line message must contain)
-        (2, ["--zero-stage", "0"], "--zero-stage"),
-        (2, ["--zero-stage", "4"], "--zero-stage"),
-        (2, ["--zero-stage", "x"], "--zero-stage"),
-        (2, ["--zero-stage"], "--zero-stage"),
-        (2, ["--zero-stage", "3", "--bucket-mb", "1"], "--bucket-mb"),
-        (2, ["--bucket-mb", "-1"], "--bucket-mb"),
-        (2, ["--bogus"], "--bogus"),
-        (2, ["--steps", "abc"], "--steps"),
-        (2, ["--steps", "0"], "--steps"),
-        (2, ["--batch", "-4"], "--batch"),
-        (2, ["--d-model", "0"], "--d-model"),
-        (2, ["--lr", "fast"], "--lr"),
-        (4, ["--batch", "30"], "--batch"),
-        (3, ["--batch", "32", "--zero-stage", "2"], "--batch"),
-        (2, ["--heads", "5"], "--heads"),
-        (2, ["--data", "/nonexistent/corpus.txt"], "--data"),
-        (2, ["--data", empty.name], "--data"),
-        (2, ["--device", "gpu"], "--device"),
-        (2, ["--comm", "nccl", "--device", "cpu"], "--comm"),
-        (2, ["--out", "/proc/parallel-labs-test"], "--out"),
-        (2, ["stray"], "stray"),
-    ]
-    if not has_gpu(LAB):
-        cases.append((2, ["--device", "cuda"], "--device cuda"))
-    for n, args, needle in cases:
-        check_rejected(LAB, n, args, needle)
-    print(f"{len(cases)} bad inputs rejected with status 2 and one line on every rank")
-
-
 def cuda():
     """GPU-labelled: every stage on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
     if not has_gpu(LAB):
@@ -153,6 +119,5 @@ def cuda():
 
 
 if __name__ == "__main__":
-    {"stage1": lambda: stage_test(1), "stage2": lambda: stage_test(2), "stage3": lambda: stage_test(3),
-     "bad_input": bad_input, "cuda": cuda}[sys.argv[1]]()
+    {"stage1": lambda: stage_test(1), "stage2": lambda: stage_test(2), "stage3": lambda: stage_test(3), "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -4,13 +4,12 @@ backwards in the textbook order of its schedule (read from the timeline it
 wrote, not from its own plan); each stage's activation peak, measured by the
 allocator, is the schedule's formula; bad input fails fast and clearly.
 
-usage: test_lab04.py equivalence|order|bad_input|cuda"""
+usage: test_lab04.py equivalence|order|cuda"""
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, check_rejected, compare_losses, has_gpu, run  # noqa: E402
+from labtest import check, compare_losses, has_gpu, run  # noqa: E402
 from test_lab03 import BASE, check_pipeline_record, read_timeline  # noqa: E402  (the same model as lab03's tests)
 
 LAB = "lab04_1f1b"
@@ -87,43 +86,6 @@ def order():
         check_lab04_record(rec, p, m, schedule)
 
 
-def bad_input():
-    empty = tempfile.NamedTemporaryFile(delete=False)
-    empty.close()
-    cases = [  # (ranks, args, text the one-line message must contain)
-        (4, ["--layers", "3"], "--layers"),  # more stages than layers
-        (2, ["--layers", "1"], "--layers"),  # the documented split needs a layer per stage
-        (2, ["--micro-batches", "0"], "--micro-batches"),
-        (2, ["--micro-batches", "-3"], "--micro-batches"),
-        (2, ["--micro-batches", "two"], "--micro-batches"),
-        (2, ["--micro-batches"], "--micro-batches"),
-        (2, ["--batch", "30", "--micro-batches", "4"], "--micro-batches"),
-        (4, ["--batch", "8", "--micro-batches", "16"], "--micro-batches"),
-        (2, ["--schedule", "zb-v"], "--schedule"),
-        (2, ["--schedule", "1F1B"], "--schedule"),
-        (2, ["--schedule"], "--schedule"),
-        (2, ["--bogus"], "--bogus"),
-        (2, ["--steps", "abc"], "--steps"),
-        (2, ["--steps", "0"], "--steps"),
-        (2, ["--batch", "-4"], "--batch"),
-        (2, ["--d-model", "0"], "--d-model"),
-        (2, ["--seq", "0"], "--seq"),
-        (2, ["--lr", "-1"], "--lr"),
-        (2, ["--heads", "5"], "--heads"),
-        (2, ["--data", "/nonexistent/corpus.txt"], "--data"),
-        (2, ["--data", empty.name], "--data"),
-        (2, ["--device", "gpu"], "--device"),
-        (2, ["--comm", "nccl", "--device", "cpu"], "--comm"),
-        (2, ["--out", "/proc/parallel-labs-test"], "--out"),
-        (2, ["stray"], "stray"),
-    ]
-    if not has_gpu(LAB):
-        cases.append((2, ["--device", "cuda"], "--device cuda"))
-    for n, args, needle in cases:
-        check_rejected(LAB, n, args, needle)
-    print(f"{len(cases)} bad inputs rejected with status 2 and one line on every rank")
-
-
 def cuda():
     """GPU-labelled: both schedules on CUDA reproduce lab01 on the CPU, with the
     same activation peaks; skipped (77) without a GPU."""
@@ -139,5 +101,5 @@ def cuda():
 
 
 if __name__ == "__main__":
-    {"equivalence": equivalence, "order": order, "bad_input": bad_input, "cuda": cuda}[sys.argv[1]]()
+    {"equivalence": equivalence, "order": order, "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -1,0 +1,107 @@
+"""Bad input, every lab: the shared cases and each lab's own, table-driven.
+
+For each case every rank must exit with status 2 within 5 s, rank 0 (or the
+rank that found the problem) prints exactly one line `error: ...` naming the
+flag or file, nothing else is printed, and the --out folder is not created.
+
+usage: test_bad_input.py LAB      (e.g. lab04_1f1b)"""
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from labtest import check, check_rejected, has_gpu, program  # noqa: E402
+
+EMPTY = tempfile.NamedTemporaryFile(delete=False, prefix="pl-empty-").name
+A_FOLDER = tempfile.mkdtemp(prefix="pl-folder-")  # exists, but is no text file
+
+# (ranks, args, what the one-line message must contain)
+SHARED = [
+    (2, ["--bogus"], "--bogus"),
+    (2, ["--steps"], "--steps"),
+    (2, ["--steps", "abc"], "--steps"),
+    (2, ["--steps", "2.5"], "--steps"),
+    (2, ["--steps", "0"], "--steps"),
+    (2, ["--batch", "-4"], "--batch"),
+    (2, ["--layers", "0"], "--layers"),
+    (2, ["--d-model", "0"], "--d-model"),
+    (2, ["--seq", "0"], "--seq"),
+    (2, ["--heads", "0"], "--heads"),
+    (2, ["--heads", "5"], "--heads"),
+    (2, ["--lr", "-1"], "--lr"),
+    (2, ["--lr", "fast"], "--lr"),
+    (2, ["--seed", "-1"], "--seed"),
+    (2, ["--weight-decay", "-0.1"], "--weight-decay"),
+    (2, ["--data", "/nonexistent/corpus.txt"], "--data"),
+    (2, ["--data", EMPTY], "--data"),
+    (2, ["--data", A_FOLDER], "--data"),
+    (2, ["--device", "gpu"], "--device"),
+    (2, ["--comm", "nccl", "--device", "cpu"], "--comm"),
+    (2, ["--out", "/proc/parallel-labs-test"], "--out"),
+    (2, ["stray"], "stray"),
+]
+
+PER_LAB = {
+    "lab01_dp": [
+        (4, ["--batch", "30"], "--batch"),  # the ranks must share the batch evenly
+        (2, ["--bucket-mb", "-1"], "--bucket-mb"),
+        (2, ["--check-sync=yes"], "--check-sync"),
+    ],
+    "lab02_zero": [
+        (2, ["--zero-stage", "0"], "--zero-stage"),
+        (2, ["--zero-stage", "4"], "--zero-stage"),
+        (2, ["--zero-stage", "x"], "--zero-stage"),
+        (2, ["--zero-stage"], "--zero-stage"),
+        (2, ["--zero-stage", "3", "--bucket-mb", "1"], "--bucket-mb"),
+        (3, ["--batch", "32", "--zero-stage", "2"], "--batch"),
+    ],
+    "lab03_pp_naive": [
+        (4, ["--layers", "3"], "--layers"),  # more stages than layers
+        (2, ["--layers", "1"], "--layers"),  # every stage needs a layer
+        (2, ["--micro-batches", "4"], "--micro-batches"),  # lab04's flag, not this lab's
+    ],
+    "lab04_1f1b": [
+        (4, ["--layers", "3"], "--layers"),
+        (2, ["--micro-batches", "0"], "--micro-batches"),
+        (2, ["--micro-batches", "-3"], "--micro-batches"),
+        (2, ["--micro-batches", "two"], "--micro-batches"),
+        (2, ["--batch", "30", "--micro-batches", "4"], "--micro-batches"),
+        (4, ["--batch", "8", "--micro-batches", "16"], "--micro-batches"),
+        (2, ["--schedule", "zb-v"], "--schedule"),
+        (2, ["--schedule", "1F1B"], "--schedule"),
+        (2, ["--schedule"], "--schedule"),
+    ],
+    "lab05_tp": [
+        (3, [], "--heads"),  # 3 does not divide 4 heads
+        (2, ["--heads", "1", "--d-model", "64"], "--heads"),
+        (4, ["--heads", "2"], "--heads"),
+        # "t divides the MLP width 4C" and "t divides C" cannot fail on their
+        # own: t | heads and heads | C (checked first) imply both.
+        (2, ["--check-sync=yes"], "--check-sync"),
+    ],
+    "lab06_3d": [
+        (4, ["--tp", "2", "--pp", "2", "--dp", "2"], "--dp"),  # 8 slots for 4 ranks
+        (4, ["--tp", "4", "--pp", "1", "--dp", "1", "--heads", "2"], "--tp"),
+        (4, ["--tp", "1", "--pp", "4", "--dp", "1", "--layers", "3"], "--layers"),
+        (4, ["--tp", "0", "--pp", "2", "--dp", "2"], "--tp"),
+    ],
+}
+
+
+def main(lab):
+    check(os.path.exists(program(lab)), f"{program(lab)} is not built")
+    cases = SHARED + PER_LAB[lab]
+    if not has_gpu(lab):
+        cases.append((2, ["--device", "cuda"], "--device cuda"))
+    for n, args, needle in cases:
+        if lab == "lab06_3d" and not any(a in ("--tp", "--pp", "--dp") for a in args):
+            args = ["--tp", "1", "--pp", "1", "--dp", str(n)] + args  # a grid that fits n ranks
+        out = os.path.join(tempfile.mkdtemp(prefix="pl-bad-"), "never-created")
+        check_rejected(lab, n, args if "--out" in args else args + ["--out", out], needle)
+        check(not os.path.exists(out), f"{lab} {args}: a rejected run created {out}")
+    print(f"{lab}: {len(cases)} bad inputs rejected with status 2, one line, nothing left behind")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+    print("passed")
