@@ -46,12 +46,20 @@ long data_builtin(unsigned char **out) {
     return n;
 }
 
+/* Hold out the last 10% of the bytes when that makes at least one window;
+ * a file too short for that trains on all of it (and --eval refuses it). */
+static void hold_out(dataset *d, int seq) {
+    long held = d->n / 10;
+    d->train_n = held >= seq + 1 ? d->n - held : d->n;
+}
+
 int data_load(dataset *d, const char *path, int seq, char *err, size_t errlen) {
     memset(d, 0, sizeof *d);
     if (!path) {
         d->n = data_builtin(&d->bytes);
         if (d->n < 0) { snprintf(err, errlen, "out of memory building the corpus"); return -1; }
         snprintf(d->source, sizeof d->source, "built-in corpus");
+        hold_out(d, seq);
         return 0;
     }
     snprintf(d->source, sizeof d->source, "%s", path);
@@ -75,6 +83,7 @@ int data_load(dataset *d, const char *path, int seq, char *err, size_t errlen) {
     }
     d->bytes = buf;
     d->n = n;
+    hold_out(d, seq);
     return 0;
 }
 
@@ -91,13 +100,29 @@ static uint64_t mix64(uint64_t x) {
 
 void data_batch(const dataset *d, uint64_t seed, int step, int row_begin, int rows, int T,
                 int *tokens, int *targets) {
-    uint64_t windows = (uint64_t)(d->n - T); /* start offsets with T + 1 bytes after them */
+    /* start offsets with T + 1 bytes after them, all inside the training part */
+    uint64_t windows = (uint64_t)(d->train_n - T);
     for (int r = 0; r < rows; r++) {
         uint64_t row = (uint64_t)(row_begin + r);
-        uint64_t start = mix64(mix64(seed ^ 0xd1b54a32d192ed03ULL) + ((uint64_t)step << 32) + row) % windows;
+        uint64_t start = d->sequential
+            ? ((uint64_t)step * (uint64_t)d->sequential + row) * (uint64_t)T
+            : mix64(mix64(seed ^ 0xd1b54a32d192ed03ULL) + ((uint64_t)step << 32) + row) % windows;
         for (int t = 0; t < T; t++) {
             tokens[r * T + t] = d->bytes[start + t];
             targets[r * T + t] = d->bytes[start + t + 1];
         }
     }
+}
+
+int data_heldout(const dataset *d, int batch, int T, dataset *view) {
+    long held = d->n - d->train_n;
+    long windows = held > T ? (held - 1) / T : 0; /* window k needs bytes up to (k+1) T + 1 */
+    long batches = windows / batch;
+    if (batches > DATA_EVAL_BATCHES) batches = DATA_EVAL_BATCHES;
+    if (batches < 1) return 0;
+    *view = *d;
+    view->bytes = d->bytes + d->train_n;
+    view->n = view->train_n = held;
+    view->sequential = batch;
+    return (int)batches;
 }

@@ -3,7 +3,10 @@
  * The global batch of step s is a pure function of (seed, s): row i starts at
  * an offset drawn from (seed, s, i). A data-parallel rank asks for its rows, a
  * pipeline stage for its micro-batch's rows, and every layout trains on the
- * same tokens. */
+ * same tokens.
+ *
+ * The last 10% of the bytes are held out: no training window reaches into
+ * them, so --eval measures the loss on text the model has never seen. */
 #ifndef PL_DATA_H
 #define PL_DATA_H
 #include <stddef.h>
@@ -12,6 +15,9 @@
 typedef struct dataset {
     unsigned char *bytes;
     long n;
+    long train_n;     /* training windows lie inside [0, train_n); the rest is held out */
+    int sequential;   /* 0: random windows; B > 0: a held-out view (data_heldout) whose
+                       * batch s, row r is the window starting at (s B + r) x T */
     char source[256]; /* "built-in corpus" or the file's path */
 } dataset;
 
@@ -24,6 +30,15 @@ void data_free(dataset *d);
  * tokens[r*T + t] and targets[r*T + t] = the next byte. Host arrays. */
 void data_batch(const dataset *d, uint64_t seed, int step, int row_begin, int rows, int T,
                 int *tokens, int *targets);
+
+/* The held-out split as a dataset of its own, for --eval: batch s of `batch`
+ * rows holds the fixed sequential windows s x batch .. (s+1) x batch - 1 of T
+ * tokens each, read with data_batch like training batches (the seed does not
+ * matter). Returns how many whole batches it holds, at most DATA_EVAL_BATCHES:
+ * 0 when the data is too short for one (view is then not set). The view
+ * shares d's bytes: never data_free it. */
+#define DATA_EVAL_BATCHES 8
+int data_heldout(const dataset *d, int batch, int T, dataset *view);
 
 /* The built-in corpus (exposed for tests): the same bytes on every call. */
 long data_builtin(unsigned char **out);

@@ -1,5 +1,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include "run.h"
+#include "checkpoint.h"
 #include "kernels.h"
 #include "mem.h"
 #include "trace.h"
@@ -16,7 +17,7 @@
 /* ---- flags -------------------------------------------------------------------- */
 
 static flag_spec shared_flags[] = {
-    {"--steps", FLAG_INT, NULL, "optimizer steps", 1, NULL},
+    {"--steps", FLAG_INT, NULL, "optimizer steps of this run (with --resume: after the checkpoint's)", 1, NULL},
     {"--batch", FLAG_INT, NULL, "global batch in sequences, summed over data-parallel ranks", 1, NULL},
     {"--seq", FLAG_INT, NULL, "sequence length T (tokens per sequence)", 1, NULL},
     {"--layers", FLAG_INT, NULL, "transformer layers L", 1, NULL},
@@ -30,13 +31,18 @@ static flag_spec shared_flags[] = {
     {"--device", FLAG_STRING, NULL, "where kernels run", 0, "auto|cpu|cuda"},
     {"--comm", FLAG_STRING, NULL, "collectives over MPI or NCCL", 0, "auto|mpi|nccl"},
     {"--out", FLAG_STRING, NULL, "folder for the run record, trace and timeline", 0, NULL},
+    {"--save", FLAG_STRING, NULL, "write a checkpoint (safetensors, any lab can resume it) here at the end", 0, NULL},
+    {"--save-every", FLAG_INT, NULL, "also save after every N-th step (0: only at the end)", 0, NULL},
+    {"--resume", FLAG_STRING, NULL, "continue from this checkpoint: weights, AdamW moments and step", 0, NULL},
+    {"--eval", FLAG_BOOL, NULL, "at the end, the loss on the held-out last 10% of the data", 0, NULL},
 };
 #define N_SHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
 
 static void bind_shared(run_options *o) {
     void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
-                              &o->device, &o->comm, &o->out};
+                              &o->device, &o->comm, &o->out, &o->save, &o->save_every,
+                              &o->resume, &o->eval};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -187,6 +193,9 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     }
     run_check(ctx, o->d_model % o->heads == 0, "--heads %d does not divide --d-model %d", o->heads, o->d_model);
     run_check(ctx, !(o->data && !o->data[0]), "--data needs a file name");
+    run_check(ctx, !(o->save && !o->save[0]), "--save needs a file name");
+    run_check(ctx, !(o->resume && !o->resume[0]), "--resume needs a file name");
+    run_check(ctx, o->save_every == 0 || o->save, "--save-every %d needs --save PATH", o->save_every);
     ctx->model = (gpt_config){.vocab = 256, .seq = o->seq, .layers = o->layers,
                               .d_model = o->d_model, .heads = o->heads};
     ctx->adamw = (adamw_config){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
@@ -270,6 +279,11 @@ void run_setup(run_ctx *ctx) {
     ctx->backend = !strcmp(o->comm, "nccl") || (!strcmp(o->comm, "auto") && ctx->device == DEVICE_CUDA
                                                 && every_rank_own_gpu) ? COMM_NCCL : COMM_MPI;
     if (!err[0] && data_load(&ctx->data, o->data, o->seq, err, sizeof err) != 0) { /* err is set */ }
+    dataset heldout;
+    if (!err[0] && o->eval && data_heldout(&ctx->data, o->batch, o->seq, &heldout) == 0)
+        snprintf(err, sizeof err, "--eval: %s leaves %ld held-out bytes, too few for one batch of --batch %d "
+                 "windows of --seq %d", ctx->data.source, ctx->data.n - ctx->data.train_n, o->batch, o->seq);
+    if (!err[0]) ckpt_check_flags(ctx, err, sizeof err); /* --resume and --save, before anything is created */
     run_agree_or_exit(err);
     /* Only now, with every other input known good, is the folder created, so a
      * rejected run leaves nothing behind. Only rank 0 writes the record; it

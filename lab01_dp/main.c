@@ -11,6 +11,7 @@
  * What to look at: `loss` in the step lines (equal to `-n 1`), tok/s against
  * `-n 1`, and the communication lines of the summary against the formula.
  * `mpirun -n 1 ./lab01_dp` is the serial baseline every other lab reproduces. */
+#include "checkpoint.h"
 #include "comm.h"
 #include "dp.h"
 #include "kernels.h"
@@ -61,6 +62,25 @@ static void write_weights(const char *path, const float *params, long n) {
     free(host);
 }
 
+/* --eval: the mean loss over the held-out batches, each rank on its rows as in
+ * training; forward only, on the training buffers. */
+static double evaluate(const run_ctx *ctx, comm *world, const gpt_layout *g, const float *params, gpt_acts *acts,
+                       int rows, int *tokens, int *targets) {
+    const int T = ctx->opt.seq;
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        data_batch(&heldout, 0, b, world->rank * rows, rows, T, tokens, targets);
+        mem_to_device(acts->tokens, tokens, sizeof(int) * (size_t)rows * T);
+        mem_to_device(acts->targets, targets, sizeof(int) * (size_t)rows * T);
+        gpt_forward(g, params, acts);
+        sum += gpt_mean_loss(g, acts);
+    }
+    comm_allreduce_host(world, &sum, 1);
+    return sum / ((double)batches * world->size);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     double bucket_mb = 0;
@@ -94,6 +114,9 @@ int main(int argc, char **argv) {
     float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
     float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
     gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, params); /* the same on every rank */
+    ckpt_view view; /* a whole replica: local [0, P) is global [0, P) */
+    ckpt_view_range(&view, params, adam_m, adam_v, 0, P);
+    const int first = ckpt_resume(&ctx, &view);
     gpt_acts acts;
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
@@ -102,8 +125,9 @@ int main(int argc, char **argv) {
     dp_grad_sync sync;
     dp_sync_init(&sync, &world, grads, 0, P, bucket_mb);
 
-    for (int step = 0; step < ctx.opt.steps; step++) {
-        run_step_begin(&ctx, step);
+    for (int i = 0; i < ctx.opt.steps; i++) {
+        const int step = first + i; /* the global step: it picks the batch and AdamW's t */
+        run_step_begin(&ctx, i);
         /* this rank's rows of the global batch */
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows, rows, T, tokens, targets);
         mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)rows * T);
@@ -127,7 +151,13 @@ int main(int argc, char **argv) {
 
         double loss = gpt_mean_loss(&g, &acts);
         comm_allreduce_host(&world, &loss, 1);
-        run_step_end(&ctx, step, loss / world.size, NULL);
+        run_step_end(&ctx, i, loss / world.size, NULL);
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &world, &g, params, &acts, rows, tokens, targets);
+        ckpt_print_eval(&ctx, eval_loss);
     }
 
     int in_sync = check_sync ? check_replicas_identical(&world, params, P) : 1;
@@ -136,11 +166,14 @@ int main(int argc, char **argv) {
     snprintf(layout, sizeof layout, "dp=%d", world.size);
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s", bucket_mb,
              check_sync ? (in_sync ? "true" : "false") : "null");
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = 2.0 * (world.size - 1) / world.size * (double)P * sizeof(float),
                          .comm_formula = "ring all-reduce 2(N-1)/N x gradient bytes",
-                         .bubble_theory = -1, .extra_json = extra};
+                         .bubble_theory = -1, .extra_json = record};
     run_finish(&ctx, &report);
+    free(record);
+    ckpt_view_free(&view);
 
     free(tokens);
     free(targets);

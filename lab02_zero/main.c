@@ -16,6 +16,7 @@
  * What to look at: the "ZeRO stage" table after the summary, bytes per rank
  * measured by the allocator = the formula + named buffers + padding, and the
  * traffic per step beside its formula. */
+#include "checkpoint.h"
 #include "comm.h"
 #include "mem.h"
 #include "model.h"
@@ -25,6 +26,29 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* --eval: the mean loss over the held-out batches, each rank on its rows as in
+ * training; forward only. Its gathers (stage 3) stay out of the traffic counts,
+ * so the record's per-step figures are the training's. */
+static double evaluate(const run_ctx *ctx, zero_state *zero, gpt_acts *acts, int rows, int *tokens, int *targets) {
+    const int T = ctx->opt.seq;
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, zero->dp->stats, sizeof training);
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        data_batch(&heldout, 0, b, zero->dp->rank * rows, rows, T, tokens, targets);
+        mem_to_device(acts->tokens, tokens, sizeof(int) * (size_t)rows * T);
+        mem_to_device(acts->targets, targets, sizeof(int) * (size_t)rows * T);
+        zero_forward(zero, acts);
+        sum += gpt_mean_loss(zero->g, acts);
+    }
+    comm_allreduce_host(zero->dp, &sum, 1);
+    memcpy(zero->dp->stats, training, sizeof training);
+    return sum / ((double)batches * zero->dp->size);
+}
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -57,14 +81,18 @@ int main(int argc, char **argv) {
     const long P = g.total;
     zero_state zero;
     zero_init(&zero, &g, &world, zero_stage, bucket_mb, (uint64_t)ctx.opt.seed);
+    ckpt_view view;
+    zero_checkpoint_view(&zero, &view);
+    const int first = ckpt_resume(&ctx, &view);
     gpt_acts acts;
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
     gpt_scratch_alloc(&scratch, &g, rows);
     int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
 
-    for (int step = 0; step < ctx.opt.steps; step++) {
-        run_step_begin(&ctx, step);
+    for (int i = 0; i < ctx.opt.steps; i++) {
+        const int step = first + i; /* the global step: it picks the batch and AdamW's t */
+        run_step_begin(&ctx, i);
         /* this rank's rows of the global batch */
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows, rows, T, tokens, targets);
         mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)rows * T);
@@ -78,7 +106,13 @@ int main(int argc, char **argv) {
 
         double loss = gpt_mean_loss(&g, &acts);
         comm_allreduce_host(&world, &loss, 1);
-        run_step_end(&ctx, step, loss / world.size, NULL);
+        run_step_end(&ctx, i, loss / world.size, NULL);
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &zero, &acts, rows, tokens, targets);
+        ckpt_print_eval(&ctx, eval_loss);
     }
 
     zero_figures fig;
@@ -86,10 +120,13 @@ int main(int argc, char **argv) {
     char layout[48], extra[1024];
     snprintf(layout, sizeof layout, "zero%d dp=%d", zero_stage, world.size);
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
-                         .bubble_theory = -1, .extra_json = extra};
+                         .bubble_theory = -1, .extra_json = record};
     run_finish(&ctx, &report);
+    free(record);
+    ckpt_view_free(&view);
     zero_print_summary(&zero, &fig, ctx.steps_done);
 
     free(tokens);

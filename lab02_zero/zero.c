@@ -81,6 +81,20 @@ void zero_init(zero_state *z, const gpt_layout *g, comm *dp, int stage, double b
     }
 }
 
+void zero_checkpoint_view(const zero_state *z, ckpt_view *v) {
+    const shard_plan *p = &z->plan;
+    ckpt_view_init(v, z->stage < 3 ? z->params : z->param_shard, z->stage < 3 ? p->full_elems : p->shard_elems,
+                   z->adam_m, z->adam_v, p->shard_elems);
+    for (int i = 0; i < p->n_units; i++) {
+        const shard_unit *u = &p->units[i];
+        long begin, end;
+        shard_owned_range(p, u, &begin, &end);
+        if (z->stage < 3) ckpt_hold_params(v, u->full_offset, u->begin, u->end - u->begin);
+        else ckpt_hold_params(v, u->shard_offset, begin, end - begin);
+        ckpt_hold_moments(v, u->shard_offset, begin, end - begin);
+    }
+}
+
 void zero_free(zero_state *z) {
     mem_free(z->params);
     mem_free(z->param_shard);

@@ -23,6 +23,7 @@
  * each sums the squares of its chunks and the ranks add their sums. */
 #ifndef LAB02_ZERO_H
 #define LAB02_ZERO_H
+#include "checkpoint.h"
 #include "comm.h"
 #include "model.h"
 #include "optim.h"
@@ -59,5 +60,9 @@ void zero_backward(zero_state *z, gpt_acts *a, gpt_grad_scratch *s, float dloss)
 /* Clip by the global norm, AdamW on this rank's chunks, and (stages 1-2)
  * all-gather the updated parameters. t is the 1-based step. */
 void zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float max_norm);
+
+/* What this rank holds, for checkpoints: the parameters of every unit (stages
+ * 1-2) or only its chunks (stage 3), and its chunks of the AdamW moments. */
+void zero_checkpoint_view(const zero_state *z, ckpt_view *v);
 
 #endif

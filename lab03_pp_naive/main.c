@@ -14,6 +14,7 @@
  * (p-1)/p in the summary's time split; the staircase of forwards then backwards
  * in the timeline (runs/lab03_pp_naive_pp_4_trace.json in Perfetto); the
  * per-rank params/grads/optim memory against lab01's. */
+#include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
 #include "model.h"
@@ -21,6 +22,36 @@
 #include "stage.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* --eval: the same pipeline forward on the held-out batches instead of
+ * training ones (the stage reads its data through st->data), micro-batch by
+ * micro-batch, no backward. Its sends stay out of the traffic counts, so the
+ * record's per-step figures are the training's. */
+static double evaluate(const run_ctx *ctx, pipeline_stage *st) {
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, ctx->opt.seq, &heldout);
+    const dataset *training_data = st->data;
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, st->pipe->stats, sizeof training);
+    st->data = &heldout;
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        stage_step_begin(st, b);
+        for (int mb = 0; mb < st->micro_batches; mb++) {
+            gpt_acts a;
+            stage_acts_alloc(st, &a, mb);
+            stage_forward(st, &a, mb);
+            stage_acts_free(st, &a);
+        }
+        double loss = st->loss_sum / st->micro_batches; /* the last stage's; 0 on the others */
+        comm_allreduce_host(st->pipe, &loss, 1);
+        sum += loss;
+    }
+    st->data = training_data;
+    memcpy(st->pipe->stats, training, sizeof training);
+    return sum / batches;
+}
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -40,14 +71,18 @@ int main(int argc, char **argv) {
     gpt_layout_init(&g, &ctx.model);
     pipeline_stage st;
     stage_init(&st, &pipe, &g, &ctx.data, (uint64_t)ctx.opt.seed, ctx.opt.batch, 1);
+    ckpt_view view; /* this stage's layers: local [0, n) is global [begin, end) */
+    ckpt_view_range(&view, st.params, st.adam_m, st.adam_v, st.begin, st.end);
+    const int first = ckpt_resume(&ctx, &view);
     const int p = pipe.size;
     const double theory = (double)(p - 1) / p;
     if (ctx.rank == 0)
         printf("pipeline: %d stage%s, the whole batch at once | bubble theory (p-1)/p = %.3f\n", p,
                p == 1 ? "" : "s", theory);
 
-    for (int step = 0; step < ctx.opt.steps; step++) {
-        run_step_begin(&ctx, step);
+    for (int i = 0; i < ctx.opt.steps; i++) {
+        const int step = first + i; /* the global step: it picks the batch and AdamW's t */
+        run_step_begin(&ctx, i);
         double t0 = now_seconds();
         stage_step_begin(&st, step);
         gpt_acts batch; /* the whole batch is one "micro-batch" */
@@ -62,7 +97,13 @@ int main(int argc, char **argv) {
         if (ctx.device == DEVICE_CPU)
             snprintf(extra, sizeof extra, "bubble rank 0 %.2f (theory %.2f)",
                      1 - st.busy_seconds / (now_seconds() - t0), theory);
-        run_step_end(&ctx, step, loss, extra[0] ? extra : NULL);
+        run_step_end(&ctx, i, loss, extra[0] ? extra : NULL);
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &st);
+        ckpt_print_eval(&ctx, eval_loss);
     }
 
     char *extra_json = stage_report_json(&st, 1, "1 batch (naive: the whole batch at once)");
@@ -72,12 +113,15 @@ int main(int argc, char **argv) {
      * B x T x C floats each; the busiest stage (a middle one) has two boundaries. */
     int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
     double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                          .comm_formula_bytes = boundaries * 2 * boundary_bytes,
                          .comm_formula = "busiest stage: boundaries x (activation + gradient) "
                                          "x B x T x C x 4 bytes",
-                         .bubble_theory = theory, .extra_json = extra_json};
+                         .bubble_theory = theory, .extra_json = record};
     run_finish(&ctx, &report);
+    free(record);
+    ckpt_view_free(&view);
 
     free(extra_json);
     stage_free(&st);

@@ -24,6 +24,11 @@ void stage_layers(int layers, int stages, int stage, int *lo, int *hi) {
 
 void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const dataset *data,
                 uint64_t seed, int global_batch, int micro_batches) {
+    stage_init_model(s, pipe, g, NULL, data, seed, 0, global_batch, micro_batches);
+}
+
+void stage_init_model(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
+                      const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches) {
     memset(s, 0, sizeof *s);
     s->pipe = pipe;
     s->index = pipe->rank;
@@ -31,8 +36,10 @@ void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const datase
     s->prev = s->index > 0 ? s->index - 1 : -1;
     s->next = s->index < s->count - 1 ? s->index + 1 : -1;
     s->g = g;
+    s->model = model;
     stage_layers(g->cfg.layers, s->count, s->index, &s->lo, &s->hi);
-    gpt_range(g, s->lo, s->hi, &s->begin, &s->end);
+    if (model) model->range(model->ctx, s->lo, s->hi, &s->begin, &s->end);
+    else gpt_range(g, s->lo, s->hi, &s->begin, &s->end);
     size_t n = (size_t)(s->end - s->begin) * sizeof(float);
     s->params = mem_alloc(n, MEM_PARAMS);
     s->grads = mem_alloc(n, MEM_GRADS);
@@ -40,13 +47,16 @@ void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const datase
     s->adam_v = mem_alloc(n, MEM_OPTIM);
     /* the same values lab01 has at these offsets: initial weights are a pure
      * function of (seed, tensor, element), not of who creates them */
-    gpt_init_params(g, seed, s->begin, s->end, s->params);
+    if (model) model->init_params(model->ctx, seed, s->lo, s->hi, s->params);
+    else gpt_init_params(g, seed, s->begin, s->end, s->params);
 
     s->micro_batches = micro_batches;
-    s->rows = global_batch / micro_batches;
-    s->dloss = 1.0f / ((float)global_batch * (float)g->cfg.seq);
+    s->rows = batch / micro_batches;
+    s->first_row = first_row;
+    s->dloss = 1.0f / ((float)batch * (float)g->cfg.seq);
     s->boundary_floats = (long)s->rows * g->cfg.seq * g->cfg.d_model;
-    gpt_scratch_alloc(&s->scratch, g, s->rows);
+    if (model) model->scratch_alloc(model->ctx, &s->scratch, s->rows);
+    else gpt_scratch_alloc(&s->scratch, g, s->rows);
     if (s->next >= 0) s->dout = mem_alloc((size_t)s->boundary_floats * sizeof(float), MEM_COMM);
     s->data = data;
     s->seed = seed;
@@ -97,7 +107,8 @@ void stage_acts_alloc(pipeline_stage *s, gpt_acts *a, int mb) {
     /* a real allocation zeroes its block: work, not waiting, so traced as compute */
     int ev = trace_begin("alloc_acts", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    gpt_acts_alloc(a, s->g, s->lo, s->hi, s->rows);
+    if (s->model) s->model->acts_alloc(s->model->ctx, a, s->lo, s->hi, s->rows);
+    else gpt_acts_alloc(a, s->g, s->lo, s->hi, s->rows);
     s->acts_bytes = a->bytes;
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
@@ -116,13 +127,14 @@ void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
     double t0 = now_seconds();
     int T = s->g->cfg.seq, first = s->prev < 0, last = s->next < 0;
     if (first || last) {
-        /* micro-batch mb is rows [mb x rows, (mb+1) x rows) of the step's global batch */
-        data_batch(s->data, s->seed, s->step, mb * s->rows, s->rows, T, s->tokens, s->targets);
+        /* micro-batch mb is rows [mb x rows, (mb+1) x rows) of this pipeline's share */
+        data_batch(s->data, s->seed, s->step, s->first_row + mb * s->rows, s->rows, T, s->tokens, s->targets);
         size_t bytes = sizeof(int) * (size_t)s->rows * T;
         if (first) mem_to_device(a->tokens, s->tokens, bytes);
         if (last) mem_to_device(a->targets, s->targets, bytes);
     }
-    gpt_forward(s->g, s->params, a);
+    if (s->model) s->model->forward(s->model->ctx, s->params, a);
+    else gpt_forward(s->g, s->params, a);
     /* every micro-batch has rows x T positions, so the batch mean is the mean of these */
     if (last) s->loss_sum += gpt_mean_loss(s->g, a);
     s->busy_seconds += now_seconds() - t0;
@@ -132,8 +144,9 @@ void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
 const float *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
     int ev = trace_begin("backward", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    const float *dx = gpt_backward(s->g, s->params, s->grads, a, &s->scratch,
-                                   s->next >= 0 ? s->dout : NULL, s->dloss, NULL, NULL);
+    const float *dout = s->next >= 0 ? s->dout : NULL;
+    const float *dx = s->model ? s->model->backward(s->model->ctx, s->params, s->grads, a, &s->scratch, dout, s->dloss)
+                               : gpt_backward(s->g, s->params, s->grads, a, &s->scratch, dout, s->dloss, NULL, NULL);
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
     return dx;

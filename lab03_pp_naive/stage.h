@@ -32,20 +32,40 @@
 int stage_split_possible(int layers, int stages);
 void stage_layers(int layers, int stages, int stage, int *lo, int *hi);
 
+/* The model code a stage runs. lab03 and lab04 give none (stage_init): the
+ * full-width model of common/ (gpt_range, gpt_init_params, gpt_acts_alloc,
+ * gpt_scratch_alloc, gpt_forward, gpt_backward). lab06 gives lab05's
+ * tensor-parallel layers, whose local buffer has the same shape (embedding,
+ * the stage's layers, head), so nothing else in the stage changes. Each hook
+ * keeps the contract of the common/ function it stands for, over the stage's
+ * own buffers; ctx is handed back unchanged. */
+typedef struct stage_model {
+    void *ctx;
+    void (*range)(void *ctx, int lo, int hi, long *begin, long *end);
+    void (*init_params)(void *ctx, uint64_t seed, int lo, int hi, float *dst);
+    void (*acts_alloc)(void *ctx, gpt_acts *a, int lo, int hi, int rows);
+    void (*scratch_alloc)(void *ctx, gpt_grad_scratch *s, int rows);
+    void (*forward)(void *ctx, const float *params, gpt_acts *a);
+    float *(*backward)(void *ctx, const float *params, float *grads, gpt_acts *a,
+                       gpt_grad_scratch *s, const float *dout, float dloss);
+} stage_model;
+
 typedef struct pipeline_stage {
     comm *pipe;             /* rank r of this communicator is stage r */
     int index, count;       /* this stage r, and the number of stages p */
     int prev, next;         /* the neighbours' ranks; -1 at the ends of the pipe */
     int lo, hi;             /* the layers [lo, hi) this stage runs */
     const gpt_layout *g;
-    long begin, end;        /* its parameter range gpt_range(lo, hi) */
+    const stage_model *model; /* NULL: common/'s full-width model */
+    long begin, end;        /* its parameter range gpt_range(lo, hi) (model->range) */
     float *params, *grads, *adam_m, *adam_v; /* end - begin floats each */
     gpt_grad_scratch scratch;
     float *dout;            /* the gradient of the output, received from the next stage */
     long boundary_floats;   /* rows x T x C: what crosses a stage boundary */
     int rows;               /* rows of one micro-batch */
-    float dloss;            /* 1 / (global batch x T): every micro-batch's loss weight, so
-                             * the accumulated gradient is that of the whole batch's mean */
+    int first_row;          /* this pipeline's first row of the global batch (0 without DP) */
+    float dloss;            /* 1 / (batch x T): every micro-batch's loss weight, so the
+                             * accumulated gradient is that of the pipeline's batch mean */
     const dataset *data;
     uint64_t seed;
     int step;
@@ -62,6 +82,13 @@ typedef struct pipeline_stage {
  * (the same values lab01 starts from), its gradients and AdamW moments. */
 void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const dataset *data,
                 uint64_t seed, int global_batch, int micro_batches);
+/* The same with other model code (kept by pointer: it must outlive the stage)
+ * and a share of the global batch: this pipeline trains on rows
+ * [first_row, first_row + batch) of every step's global batch (a data-parallel
+ * replica's share), cut into micro_batches. stage_init is
+ * stage_init_model(.., NULL, .., 0, global_batch, ..). */
+void stage_init_model(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
+                      const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches);
 void stage_free(pipeline_stage *s);
 
 /* Start a step: zero the gradients (they accumulate over micro-batches). */
@@ -97,7 +124,8 @@ void stage_send_backward_recv_forward(pipeline_stage *s, const float *dx, int se
 void stage_forward(pipeline_stage *s, gpt_acts *a, int mb);
 void stage_backward(pipeline_stage *s, gpt_acts *a, int mb);
 
-/* End of a step, after every micro-batch's backward. Collective over pipe:
+/* End of a step, after every micro-batch's backward (full-width model only:
+ * lab06 steps its tensor-parallel stages itself). Collective over pipe:
  * clips with the GLOBAL gradient norm (each stage's sum of squares summed over
  * the stages), steps AdamW on this stage's range, and returns the step's mean
  * loss (computed on the last stage, shared with all). */

@@ -17,6 +17,7 @@
  * timeline in Perfetto (runs/lab04_1f1b_pp_4_m_8_1f1b_trace.json), where the
  * two schedules' orders are plain to see; the "pipeline stages" lines, the
  * activation peak per stage (measured by the allocator) against the formula. */
+#include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
 #include "model.h"
@@ -26,6 +27,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* --eval: the same pipeline forward on the held-out batches instead of
+ * training ones (the stage reads its data through st->data), micro-batch by
+ * micro-batch, no backward. Its sends stay out of the traffic counts, so the
+ * record's per-step figures are the training's. */
+static double evaluate(const run_ctx *ctx, pipeline_stage *st) {
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, ctx->opt.seq, &heldout);
+    const dataset *training_data = st->data;
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, st->pipe->stats, sizeof training);
+    st->data = &heldout;
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        stage_step_begin(st, b);
+        for (int mb = 0; mb < st->micro_batches; mb++) {
+            gpt_acts a;
+            stage_acts_alloc(st, &a, mb);
+            stage_forward(st, &a, mb);
+            stage_acts_free(st, &a);
+        }
+        double loss = st->loss_sum / st->micro_batches; /* the last stage's; 0 on the others */
+        comm_allreduce_host(st->pipe, &loss, 1);
+        sum += loss;
+    }
+    st->data = training_data;
+    memcpy(st->pipe->stats, training, sizeof training);
+    return sum / batches;
+}
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -54,6 +84,9 @@ int main(int argc, char **argv) {
     gpt_layout_init(&g, &ctx.model);
     pipeline_stage st;
     stage_init(&st, &pipe, &g, &ctx.data, (uint64_t)ctx.opt.seed, ctx.opt.batch, micro_batches);
+    ckpt_view view; /* this stage's layers: local [0, n) is global [begin, end) */
+    ckpt_view_range(&view, st.params, st.adam_m, st.adam_v, st.begin, st.end);
+    const int first = ckpt_resume(&ctx, &view);
     const int p = pipe.size, m = micro_batches;
     const schedule_kind kind = schedule_parse(schedule);
     const double theory = schedule_bubble_theory(p, m);
@@ -62,8 +95,9 @@ int main(int argc, char **argv) {
                "(p-1)/(m+p-1) = %.3f\n", p, p == 1 ? "" : "s", m, m == 1 ? "" : "es", st.rows,
                schedule_name(kind), theory);
 
-    for (int step = 0; step < ctx.opt.steps; step++) {
-        run_step_begin(&ctx, step);
+    for (int i = 0; i < ctx.opt.steps; i++) {
+        const int step = first + i; /* the global step: it picks the batch and AdamW's t */
+        run_step_begin(&ctx, i);
         double t0 = now_seconds();
         stage_step_begin(&st, step);
         schedule_run(&st, kind, m);
@@ -74,7 +108,13 @@ int main(int argc, char **argv) {
         if (ctx.device == DEVICE_CPU)
             snprintf(extra, sizeof extra, "bubble rank 0 %.2f (theory %.2f)",
                      1 - st.busy_seconds / (now_seconds() - t0), theory);
-        run_step_end(&ctx, step, loss, extra[0] ? extra : NULL);
+        run_step_end(&ctx, i, loss, extra[0] ? extra : NULL);
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &st);
+        ckpt_print_eval(&ctx, eval_loss);
     }
 
     char *stages_json = stage_report_json(&st, schedule_acts_in_flight(kind, p, pipe.rank, m),
@@ -89,12 +129,15 @@ int main(int argc, char **argv) {
     /* The same bytes as lab03, in m messages of B/m rows instead of one. */
     int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
     double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                          .comm_formula_bytes = boundaries * 2 * boundary_bytes,
                          .comm_formula = "busiest stage: boundaries x (activation + gradient) "
                                          "x B x T x C x 4 bytes",
-                         .bubble_theory = theory, .extra_json = extra_json};
+                         .bubble_theory = theory, .extra_json = record};
     run_finish(&ctx, &report);
+    free(record);
+    ckpt_view_free(&view);
 
     free(extra_json);
     free(stages_json);

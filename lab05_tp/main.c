@@ -17,6 +17,7 @@
  * bytes with lab01's: TP's traffic grows with the tokens, DP's with the weights,
  * and TP's sits between layers where nothing can hide it: why TP stays inside a
  * host. */
+#include "checkpoint.h"
 #include "comm.h"
 #include "kernels.h"
 #include "mem.h"
@@ -27,6 +28,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static uint64_t fnv1a(uint64_t h, const float *x, long n) {
     const unsigned char *p = (const unsigned char *)x;
@@ -63,6 +65,28 @@ static int check_replicas_identical(comm *tp, const tp_layout *tl, const float *
     return same;
 }
 
+/* --eval: the mean loss over the held-out batches, forward only, every rank on
+ * the whole batch as in training. Its all-reduces stay out of the traffic
+ * counts, so the record's per-step figures are the training's. */
+static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const float *params, gpt_acts *acts,
+                       int *tokens, int *targets) {
+    const int B = ctx->opt.batch, T = ctx->opt.seq;
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, B, T, &heldout);
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, tp->stats, sizeof training);
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        data_batch(&heldout, 0, b, 0, B, T, tokens, targets);
+        mem_to_device(acts->tokens, tokens, sizeof(int) * (size_t)B * T);
+        mem_to_device(acts->targets, targets, sizeof(int) * (size_t)B * T);
+        tp_forward(tl, tp, params, acts);
+        sum += gpt_mean_loss(&tl->g, acts); /* the head is replicated: the same on every rank */
+    }
+    memcpy(tp->stats, training, sizeof training);
+    return sum / batches;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int check_sync = 0;
@@ -89,6 +113,10 @@ int main(int argc, char **argv) {
     float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
     float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
     tp_init_params(&tl, (uint64_t)ctx.opt.seed, 0, L, params);
+    ckpt_view view; /* replicated tensors whole, this rank's shards piece by piece */
+    ckpt_view_init(&view, params, P, adam_m, adam_v, P);
+    tp_checkpoint_hold(&tl, 0, L, &view);
+    const int first = ckpt_resume(&ctx, &view);
     gpt_acts acts;
     tp_acts_alloc(&acts, &tl, 0, L, B); /* the whole batch: TP does not split it */
     gpt_grad_scratch scratch;
@@ -114,8 +142,9 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
 
-    for (int step = 0; step < ctx.opt.steps; step++) {
-        run_step_begin(&ctx, step);
+    for (int i = 0; i < ctx.opt.steps; i++) {
+        const int step = first + i; /* the global step: it picks the batch and AdamW's t */
+        run_step_begin(&ctx, i);
         /* every rank the same, whole global batch */
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, 0, B, T, tokens, targets);
         mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)B * T);
@@ -138,7 +167,13 @@ int main(int argc, char **argv) {
         trace_end(ev);
 
         /* the head is replicated: every rank has the same losses, no reduction needed */
-        run_step_end(&ctx, step, gpt_mean_loss(&tl.g, &acts), NULL);
+        run_step_end(&ctx, i, gpt_mean_loss(&tl.g, &acts), NULL);
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &tl, &tp, params, &acts, tokens, targets);
+        ckpt_print_eval(&ctx, eval_loss);
     }
 
     int in_sync = check_sync ? check_replicas_identical(&tp, &tl, params) : 1;
@@ -159,10 +194,13 @@ int main(int argc, char **argv) {
              tp.size, tl.heads, tl.hidden, allreduces, allreduces * act_bytes, act_bytes,
              4.0 * P, replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
              acts_split_full, acts_split_full / tp.size, check_sync ? (in_sync ? "true" : "false") : "null");
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
                          .comm_formula_bytes = ring * allreduces * act_bytes, .comm_formula = formula,
-                         .bubble_theory = -1, .extra_json = extra};
+                         .bubble_theory = -1, .extra_json = record};
     run_finish(&ctx, &report);
+    free(record);
+    ckpt_view_free(&view);
     if (tp.rank == 0) {
         char a[16], b[16], c[16], d[16];
         printf("  tensor parallel all-reduces per step: %.0f measured, 4L = %d by the formula | "

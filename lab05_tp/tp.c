@@ -91,6 +91,22 @@ long tp_global_index(const tp_layout *tl, int which, long i) {
     }
 }
 
+void tp_checkpoint_hold(const tp_layout *tl, int lo, int hi, ckpt_view *v) {
+    const gpt_layout *g = &tl->g;
+    long begin, end;
+    tp_range(tl, lo, hi, &begin, &end);
+    if (lo == 0) ckpt_hold(v, 0, 0, g->embed_size);
+    for (int l = lo; l < hi; l++)
+        for (int i = 0; i < LAYER_NTENSORS; i++) {
+            long local = tp_layer_offset(tl, l) - begin + tl->layer[i].offset;
+            long global = gpt_layer_offset(g, l) + g->layer[i].offset;
+            /* element by element; ckpt_hold merges neighbours into runs */
+            for (long k = 0; k < tl->layer[i].rows * tl->layer[i].cols; k++)
+                ckpt_hold(v, local + k, global + tp_global_index(tl, i, k), 1);
+        }
+    if (hi == g->cfg.layers) ckpt_hold(v, tp_head_offset(tl) - begin, gpt_head_offset(g), g->head_size);
+}
+
 static long replicated_per_layer(const tp_layout *tl) {
     long n = 0;
     for (int i = 0; i < LAYER_NTENSORS; i++)

@@ -37,6 +37,7 @@
  * Gradients and AdamW moments use the same layout. */
 #ifndef LAB05_TP_H
 #define LAB05_TP_H
+#include "checkpoint.h"
 #include "comm.h"
 #include "model.h"
 #include "optim.h"
@@ -68,6 +69,13 @@ void tp_range(const tp_layout *tl, int lo, int hi, long *begin, long *end);
 /* Where element `local_index` of this rank's shard of layer tensor `which` sits
  * in the full tensor (row-major index): what ties a shard to the serial model. */
 long tp_global_index(const tp_layout *tl, int which, long local_index);
+
+/* For checkpoints: which elements of the full model the local buffer of layers
+ * [lo, hi) (as tp_range; element 0 is its begin) holds, params and moments
+ * alike. Replicated tensors are whole; a shard is a run per contiguous piece
+ * (a block of rows of a column-parallel matrix, a row's slice of a
+ * row-parallel one), from tp_global_index. */
+void tp_checkpoint_hold(const tp_layout *tl, int lo, int hi, ckpt_view *v);
 
 /* Element counts for the lesson's memory figures (whole model, per rank). */
 long tp_replicated_elems(const tp_layout *tl); /* embedding + head + 6C per layer */

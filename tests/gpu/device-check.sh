@@ -123,6 +123,7 @@ run_all_labs() {
         case "$name" in
             # Labs needing their own flags go here; {n} becomes the rank count.
             lab02_*) for stage in 1 2 3; do run_lab "$name" --zero-stage $stage; done ;;
+            lab06_*) run_lab "$name" --tp 1 --pp {n} --dp 1; run_lab "$name" --tp 1 --pp 1 --dp {n} ;;
             *) run_lab "$name" ;;
         esac
     done

@@ -1,0 +1,95 @@
+/* Checkpoints: the whole training state in one safetensors file that every
+ * lab, at any layout, can save and resume from.
+ *
+ * The file holds whole tensors with GPT-2 names, never one rank's buffers:
+ *
+ *   8 bytes   N, the length of the JSON header (unsigned, little-endian)
+ *   N bytes   {"__metadata__": {"format": "parallel-labs-checkpoint-1", "step": "10", ...},
+ *              "wte.weight": {"dtype": "F32", "shape": [256, 128], "data_offsets": [0, 131072]}, ...}
+ *   the data  fp32, little-endian: the parameters ("wte.weight", "h.3.attn.c_attn.weight",
+ *             ...), then the AdamW first moments ("optimizer.m.<name>"), then the second
+ *             moments ("optimizer.v.<name>"), each in the order of the flat layout
+ *
+ * so the data is exactly the three flat buffers of the whole model, [params | m | v].
+ * The metadata (strings, as safetensors wants) gives the step (optimizer steps
+ * done), the model shape and training flags, the lab that saved it and the
+ * FNV-1a 64-bit checksum of the data.
+ *
+ * Saving gathers every element to rank 0, which writes the file atomically
+ * (temporary file, fsync, rename). Loading: every rank reads the file and takes
+ * its slice, the same "any rank can create exactly its slice" idea as the
+ * initialisation. So what a lab must say is only which elements of the global
+ * flat layout its buffers hold, and where:
+ *
+ *   ckpt_view view;
+ *   ckpt_view_init(&view, params, P, adam_m, adam_v, P);
+ *   ckpt_hold(&view, 0, 0, P);            local [0, P) is global [0, P): a whole replica
+ *                                         (both lines: ckpt_view_range(&view, .., 0, P))
+ *   int first = ckpt_resume(&ctx, &view); the step to start from (0 without --resume)
+ *   for (int i = 0; i < ctx.opt.steps; i++) {
+ *       int step = first + i;             the data and AdamW's t follow the GLOBAL step
+ *       ...
+ *       ckpt_step_done(&ctx, &view, step + 1);   saves at --save-every and at the end
+ *   }
+ *
+ * A pipeline stage holds one range, a ZeRO rank its chunks, a tensor-parallel
+ * rank its rows or columns of each matrix (one run per contiguous piece). Several
+ * ranks may hold the same element (replicas): the lowest of them saves it. */
+#ifndef PL_CHECKPOINT_H
+#define PL_CHECKPOINT_H
+#include "run.h"
+
+/* Local elements [local, local + n) hold global elements [global, global + n). */
+typedef struct ckpt_run { long local, global, n; } ckpt_run;
+typedef struct ckpt_map { ckpt_run *runs; int n, cap; } ckpt_map;
+
+typedef struct ckpt_view {
+    float *params, *adam_m, *adam_v; /* this rank's device buffers */
+    long params_len, moments_len;    /* their lengths in floats (m and v share one) */
+    ckpt_map params_at, moments_at;  /* which global elements they hold, and where */
+    int first_step;                  /* set by ckpt_resume */
+} ckpt_view;
+
+void ckpt_view_init(ckpt_view *v, float *params, long params_len, float *adam_m, float *adam_v,
+                    long moments_len);
+/* ckpt_view_init + ckpt_hold for buffers that hold one contiguous range of the
+ * model, [begin, end), params and moments alike (a replica, a pipeline stage). */
+void ckpt_view_range(ckpt_view *v, float *params, float *adam_m, float *adam_v, long begin, long end);
+/* The buffers hold global [global, global + n) at local offset `local`: params and
+ * moments alike, or only one of them (ZeRO keeps whole parameters but sharded
+ * moments). A run that continues the previous one is merged into it. */
+void ckpt_hold(ckpt_view *v, long local, long global, long n);
+void ckpt_hold_params(ckpt_view *v, long local, long global, long n);
+void ckpt_hold_moments(ckpt_view *v, long local, long global, long n);
+void ckpt_map_add(ckpt_map *m, long local, long global, long n);
+void ckpt_view_free(ckpt_view *v);
+
+/* Collective. With --resume: loads this rank's slice of the file's parameters
+ * and moments into the view's buffers and returns the step it was saved at;
+ * without: returns 0. The file was checked by run_setup (ckpt_check_flags), so
+ * a failure here (the file changed since) ends the job through die(). */
+int ckpt_resume(run_ctx *ctx, ckpt_view *v);
+
+/* Collective; call after every step with the number of steps done. With --save,
+ * writes the checkpoint when --save-every divides it, and after the run's last
+ * step. */
+void ckpt_step_done(run_ctx *ctx, ckpt_view *v, int steps_done);
+
+/* Collective: gathers the whole model to rank 0 and writes it to path (what
+ * ckpt_step_done calls). */
+void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step);
+
+/* Called by run_setup on every rank, before anything is created: checks that the
+ * --resume file is a complete, uncorrupted checkpoint of the model the flags
+ * describe, and that --save can be written. Returns 0, or -1 with one line in err. */
+int ckpt_check_flags(const run_ctx *ctx, char *err, size_t errlen);
+
+/* --eval's line on rank 0: the held-out loss, and what it was measured on. */
+void ckpt_print_eval(const run_ctx *ctx, double eval_loss);
+
+/* The record members checkpoints and --eval add ("\"resumed_from\":...,"
+ * "\"first_step\":...,\"saved_to\":...,\"eval_loss\":..."), after the lab's own
+ * members (lab_extra may be NULL). eval_loss < 0: not evaluated. malloc'd. */
+char *ckpt_record_json(const run_ctx *ctx, const ckpt_view *v, double eval_loss, const char *lab_extra);
+
+#endif

@@ -1,0 +1,243 @@
+#include "grid.h"
+#include "device.h"
+#include "stage.h" /* stage_layers: the map shows each stage's layers */
+#include "textbuf.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- choosing the degrees --------------------------------------------------------- */
+
+/* The omitted degrees (0) share the ranks the given ones leave: TP and PP take 2
+ * of them when they can, the data-parallel replicas the rest. */
+static grid_dims fill(long long left, int tp, int pp, int dp) {
+    grid_dims d;
+    d.tp = tp ? tp : (left % 2 == 0 ? 2 : 1);
+    if (!tp) left /= d.tp;
+    d.pp = pp ? pp : (left % 2 == 0 ? 2 : 1);
+    if (!pp) left /= d.pp;
+    d.dp = dp ? dp : (int)left;
+    return d;
+}
+
+grid_dims grid_defaults(int ranks) { return fill(ranks, 0, 0, 0); }
+
+/* Whether argv holds the flag (run_parse has checked that every "--x" is a flag,
+ * not the value of another). */
+static int given(int argc, char **argv, const char *flag) {
+    size_t n = strlen(flag);
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], flag, n) && (argv[i][n] == 0 || argv[i][n] == '=')) return 1;
+    return 0;
+}
+
+grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int dp) {
+    const int ranks = ctx->size;
+    const grid_dims ones = {1, 1, 1};
+    const int values[3] = {given(argc, argv, "--tp") ? tp : 0, given(argc, argv, "--pp") ? pp : 0,
+                           given(argc, argv, "--dp") ? dp : 0};
+    const char *names[3] = {"--tp", "--pp", "--dp"};
+    /* Divide the given degrees out one by one: exact, and no product to overflow. */
+    long long left = ranks;
+    int divides = 1, n_given = 0;
+    double fixed = 1;
+    char named[128] = "";
+    size_t len = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!values[i]) continue;
+        n_given++;
+        fixed *= values[i];
+        if (divides && left % values[i] == 0) left /= values[i];
+        else divides = 0;
+        len += (size_t)snprintf(named + len, sizeof named - len, "%s%s %d", len ? " x " : "", names[i], values[i]);
+    }
+    if (!divides) {
+        if (n_given > 1) snprintf(named + len, sizeof named - len, " = %.15g", fixed);
+        run_check(ctx, 0, "%s does not divide the %d ranks mpirun started (--tp x --pp x --dp must equal the rank count)",
+                  named, ranks);
+        return ones;
+    }
+    grid_dims d = fill(left, values[0], values[1], values[2]);
+    long long product = (long long)d.tp * d.pp * d.dp; /* at most 4 x ranks */
+    run_check(ctx, product == ranks, "--tp %d x --pp %d x --dp %d = %lld, but mpirun started %d ranks (--tp x --pp x "
+              "--dp must equal the rank count%s)", d.tp, d.pp, d.dp, product, ranks,
+              values[0] && values[1] ? "" : "; an omitted --tp or --pp is 2 when the ranks allow");
+    return product == ranks ? d : ones;
+}
+
+grid_coord grid_coord_of(grid_dims d, int rank) {
+    return (grid_coord){.tp = rank % d.tp, .dp = rank / d.tp % d.dp, .pp = rank / (d.tp * d.dp)};
+}
+
+int grid_rank_of(grid_dims d, grid_coord c) { return c.tp + d.tp * (c.dp + d.dp * c.pp); }
+
+/* ---- the groups ------------------------------------------------------------------ */
+
+void grid_init(process_grid *g, grid_dims dims, comm_backend backend) {
+    memset(g, 0, sizeof *g);
+    g->dims = dims;
+    comm_init(&g->world, MPI_COMM_WORLD, backend);
+    g->me = grid_coord_of(dims, g->world.rank);
+    const grid_coord c = g->me;
+    /* color: what the group's members share; key: their order inside it, so a
+     * rank's place in each group is its coordinate along that axis */
+    comm_split(&g->world, c.dp + dims.dp * c.pp, c.tp, &g->tp);
+    comm_split(&g->world, c.tp + dims.tp * c.dp, c.pp, &g->pipe);
+    comm_split(&g->world, c.tp + dims.tp * c.pp, c.dp, &g->dp);
+    if (g->tp.rank != c.tp || g->pipe.rank != c.pp || g->dp.rank != c.dp)
+        die("grid_init: group ranks (%d, %d, %d) differ from the coordinate (%d, %d, %d)",
+            g->tp.rank, g->pipe.rank, g->dp.rank, c.tp, c.pp, c.dp);
+}
+
+void grid_free(process_grid *g) {
+    comm_free(&g->dp);
+    comm_free(&g->pipe);
+    comm_free(&g->tp);
+    comm_free(&g->world);
+}
+
+/* ---- the map ---------------------------------------------------------------------- */
+
+/* What each rank tells rank 0: its place in each group and the world ranks of
+ * each group's members, as the communicators (not the formula) say. */
+static int *gather_groups(process_grid *g, int *fields) {
+    const grid_dims d = g->dims;
+    *fields = 4 + d.tp + d.pp + d.dp;
+    int *mine = malloc(sizeof(int) * (size_t)*fields);
+    int *all = g->world.rank == 0 ? malloc(sizeof(int) * (size_t)*fields * (size_t)g->world.size) : NULL;
+    if (!mine || (g->world.rank == 0 && !all)) die("out of host memory");
+    mine[0] = g->world.rank;
+    mine[1] = g->tp.rank;
+    mine[2] = g->pipe.rank;
+    mine[3] = g->dp.rank;
+    MPI_Allgather(&g->world.rank, 1, MPI_INT, mine + 4, 1, MPI_INT, g->tp.mpi);
+    MPI_Allgather(&g->world.rank, 1, MPI_INT, mine + 4 + d.tp, 1, MPI_INT, g->pipe.mpi);
+    MPI_Allgather(&g->world.rank, 1, MPI_INT, mine + 4 + d.tp + d.pp, 1, MPI_INT, g->dp.mpi);
+    MPI_Gather(mine, *fields, MPI_INT, all, *fields, MPI_INT, 0, MPI_COMM_WORLD);
+    free(mine);
+    return all;
+}
+
+/* Every group once, from its member 0: "[[0,1],[2,3]]". */
+static void json_groups(textbuf *b, const int *all, int fields, int ranks, int axis, int offset, int size) {
+    textbuf_printf(b, "[");
+    for (int r = 0, first = 1; r < ranks; r++) {
+        const int *x = all + (size_t)r * fields;
+        if (x[1 + axis] != 0) continue;
+        textbuf_printf(b, "%s[", first ? "" : ",");
+        for (int k = 0; k < size; k++) textbuf_printf(b, "%s%d", k ? "," : "", x[offset + k]);
+        textbuf_printf(b, "]");
+        first = 0;
+    }
+    textbuf_printf(b, "]");
+}
+
+static void print_groups(const char *title, const int *all, int fields, int ranks, int axis, int offset, int size) {
+    printf("  %s:", title);
+    int shown = 0;
+    for (int r = 0; r < ranks; r++) {
+        const int *x = all + (size_t)r * fields;
+        if (x[1 + axis] != 0) continue;
+        if (++shown > 16) { printf(" ..."); break; }
+        printf(" [");
+        for (int k = 0; k < size; k++) printf("%s%d", k ? " " : "", x[offset + k]);
+        printf("]");
+    }
+    printf("\n");
+}
+
+char *grid_describe(process_grid *g, int layers) {
+    const grid_dims d = g->dims;
+    const int ranks = g->world.size;
+    char name[MPI_MAX_PROCESSOR_NAME + 1] = "";
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    char *hosts = malloc((size_t)ranks * sizeof name);
+    if (!hosts) die("out of host memory");
+    MPI_Allgather(name, (int)sizeof name, MPI_CHAR, hosts, (int)sizeof name, MPI_CHAR, MPI_COMM_WORLD);
+#define HOST(r) (hosts + (size_t)(r) * sizeof name)
+    int fields;
+    int *all = gather_groups(g, &fields);
+
+    int n_hosts = 0;
+    for (int r = 0; r < ranks; r++) {
+        int seen = 0;
+        for (int q = 0; q < r && !seen; q++) seen = !strcmp(HOST(q), HOST(r));
+        n_hosts += !seen;
+    }
+    /* TP groups that span hosts (from their members as the communicators
+     * report them): those carry their per-layer all-reduces over the network.
+     * other[r]: for member 0 of such a group, a member on another host, else -1. */
+    int spans = 0, *other = malloc(sizeof(int) * (size_t)ranks);
+    if (!other) die("out of host memory");
+    for (int r = 0; r < ranks; r++) {
+        other[r] = -1;
+        const int *x = all ? all + (size_t)r * fields : NULL;
+        if (!x || x[1] != 0) continue;
+        for (int k = 1; k < d.tp && other[r] < 0; k++)
+            if (strcmp(HOST(r), HOST(x[4 + k]))) other[r] = x[4 + k];
+        spans |= other[r] >= 0;
+    }
+
+    textbuf b = {0};
+    textbuf_printf(&b, "\"grid\":{\"tp\":%d,\"pp\":%d,\"dp\":%d,\"order\":\"rank = tp + t*(dp + d*pp)\",\"hosts\":%d,"
+                   "\"tp_group_spans_hosts\":%s,\"ranks\":[", d.tp, d.pp, d.dp, n_hosts, spans ? "true" : "false");
+    for (int r = 0; r < ranks; r++) {
+        grid_coord c = grid_coord_of(d, r);
+        const int *x = all ? all + (size_t)r * fields : NULL;
+        /* the coordinate is the rank's place in each communicator, as reported */
+        textbuf_printf(&b, "%s{\"rank\":%d,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"host\":", r ? "," : "", r,
+                       x ? x[1] : c.tp, x ? x[2] : c.pp, x ? x[3] : c.dp);
+        textbuf_json_string(&b, HOST(r));
+        textbuf_printf(&b, "}");
+    }
+    textbuf_printf(&b, "]");
+    if (all) {
+        textbuf_printf(&b, ",\"tp_groups\":");
+        json_groups(&b, all, fields, ranks, 0, 4, d.tp);
+        textbuf_printf(&b, ",\"pp_groups\":");
+        json_groups(&b, all, fields, ranks, 1, 4 + d.tp, d.pp);
+        textbuf_printf(&b, ",\"dp_groups\":");
+        json_groups(&b, all, fields, ranks, 2, 4 + d.tp + d.pp, d.dp);
+    }
+    textbuf_printf(&b, "}");
+
+    if (g->world.rank == 0) {
+        printf("3D grid: --tp %d x --pp %d x --dp %d = %d rank%s on %d host%s | rank = tp + %d x (dp + %d x pp): "
+               "TP fastest, then DP, then PP\n", d.tp, d.pp, d.dp, ranks, ranks == 1 ? "" : "s", n_hosts,
+               n_hosts == 1 ? "" : "s", d.tp, d.dp);
+        printf("  a row is a pipeline stage, a column a data-parallel replica, [...] a TP group (its host)\n");
+        for (int pp = 0; pp < d.pp; pp++) {
+            int lo, hi;
+            stage_layers(layers, d.pp, pp, &lo, &hi);
+            printf("  stage %d, layers %d-%d:", pp, lo, hi - 1);
+            for (int dp = 0; dp < d.dp && dp < 8; dp++) {
+                int first = grid_rank_of(d, (grid_coord){0, pp, dp});
+                printf("  dp %d [", dp);
+                for (int t = 0; t < d.tp; t++) printf("%s%d", t ? " " : "", grid_rank_of(d, (grid_coord){t, pp, dp}));
+                printf("] (%s%s)", HOST(first), other[first] >= 0 ? "+..." : "");
+            }
+            printf("%s\n", d.dp > 8 ? "  ..." : "");
+        }
+        printf("  rank   tp pp dp  host\n");
+        for (int r = 0; r < ranks; r++) {
+            if (r == 32 && ranks > 33) { printf("  ... (%d more ranks in the record)\n", ranks - 32); break; }
+            const int *x = all + (size_t)r * fields;
+            printf("  %4d   %2d %2d %2d  %s\n", r, x[1], x[2], x[3], HOST(r));
+        }
+        print_groups("TP groups (all-reduce inside every layer)", all, fields, ranks, 0, 4, d.tp);
+        print_groups("pipelines (send/recv between stages)", all, fields, ranks, 1, 4 + d.tp, d.pp);
+        print_groups("DP groups (all-reduce gradients once per step)", all, fields, ranks, 2, 4 + d.tp + d.pp, d.dp);
+        for (int r = 0; r < ranks; r++)
+            if (other[r] >= 0)
+                printf("warning: the TP group of rank %d spans hosts %s and %s: its 4 all-reduces per layer and "
+                       "micro-batch would cross the network; give each host a multiple of --tp %d consecutive ranks\n",
+                       r, HOST(r), HOST(other[r]), d.tp);
+        fflush(stdout);
+    }
+#undef HOST
+    free(other);
+    free(all);
+    free(hosts);
+    return b.s;
+}

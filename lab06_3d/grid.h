@@ -1,0 +1,58 @@
+/* The 3D process grid: t x p x d ranks, each at one coordinate (tp, pp, dp).
+ *
+ * Ranks are numbered as Megatron-LM numbers them, TP fastest, then DP, then PP:
+ *
+ *     rank = tp + t x (dp + d x pp)
+ *
+ * mpirun fills a host with consecutive ranks, so the t ranks of a TP group (the
+ * group that all-reduces inside every layer) share a host and its fastest
+ * links; the p stages of a pipeline are t x d ranks apart, the ones that may
+ * sit on different hosts. Each rank belongs to three groups, each a
+ * communicator made by comm_split:
+ *
+ *   tp    same (pp, dp), ordered by tp: the ranks that split one stage's layers
+ *   pipe  same (tp, dp), ordered by pp: one TP rank's stages, which exchange
+ *         activations and their gradients
+ *   dp    same (tp, pp), ordered by dp: the replicas of one shard of one stage,
+ *         which all-reduce its gradient */
+#ifndef LAB06_GRID_H
+#define LAB06_GRID_H
+#include "comm.h"
+#include "run.h"
+
+typedef struct grid_dims { int tp, pp, dp; } grid_dims;
+typedef struct grid_coord { int tp, pp, dp; } grid_coord;
+
+/* The degrees for `ranks` ranks when no grid flag is given: --tp 2 if the rank
+ * count is even (else 1), then --pp 2 if what is left is even (else 1), then
+ * --dp all the rest. So -n 8 runs 2 x 2 x 2, -n 4 2 x 2 x 1, -n 2 2 x 1 x 1,
+ * -n 1 1 x 1 x 1, -n 3 1 x 1 x 3. */
+grid_dims grid_defaults(int ranks);
+
+/* The degrees of this run: the grid flags found in argv keep their parsed
+ * values (tp, pp, dp); the omitted ones share, by the same rule, the ranks the
+ * given ones leave (-n 8 --dp 4: 2 x 1 x 4). Records a run_check error naming
+ * the flags when t x p x d cannot be the rank count (never communicates). */
+grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int dp);
+
+grid_coord grid_coord_of(grid_dims dims, int rank);
+int grid_rank_of(grid_dims dims, grid_coord c);
+
+typedef struct process_grid {
+    grid_dims dims;
+    grid_coord me;
+    comm world, tp, pipe, dp;
+} process_grid;
+
+/* Collective over MPI_COMM_WORLD: the three groups of this rank. */
+void grid_init(process_grid *g, grid_dims dims, comm_backend backend);
+void grid_free(process_grid *g);
+
+/* Collective over the world. Rank 0 prints the grid map: which rank holds which
+ * (tp, pp, dp) on which host (MPI_Get_processor_name), each stage's layers of
+ * `layers`, the groups as the communicators report them, and a warning for each
+ * TP group that spans hosts. Returns the run record's member
+ * "grid":{...} (malloc'd, on every rank). */
+char *grid_describe(process_grid *g, int layers);
+
+#endif

@@ -1,0 +1,139 @@
+/* lab06_3d: 3D parallelism, tensor x pipeline x data.
+ *
+ * The three techniques of the course at once, on a grid of t x p x d ranks
+ * (--tp, --pp, --dp; grid.h). Every layer's matrices are split over the t ranks
+ * of a TP group (lab05: two all-reduces per layer each way); the layers are cut
+ * into p pipeline stages run under lab04's 1F1B or GPipe schedule with m
+ * micro-batches (lab03's stages, computing with lab05's layers through the
+ * stage's model hooks: stage3d.c); and that whole pipeline is replicated d
+ * times, each replica taking B/d rows of the global batch, with lab01's
+ * gradient all-reduce across the replicas once the pipeline has flushed. The
+ * optimizer step clips by the norm of the whole model, every element counted
+ * once, so every layout reproduces `lab01_dp -n 1`.
+ *
+ * Ranks are numbered TP fastest, then DP, then PP, so a TP group, whose
+ * all-reduces sit between every two matrix products, is consecutive ranks on
+ * one host; pipeline neighbours, which exchange one activation per micro-batch,
+ * can afford a slower link; DP, one all-reduce per step, spans the rest.
+ *
+ * What to look at: the grid map printed at start (which rank holds which
+ * (tp, pp, dp) on which host); the losses, equal to `lab01_dp -n 1`; the
+ * "3D traffic" lines after the summary, one per group kind beside its formula;
+ * the bubble per rank beside (p-1)/(m+p-1); memory per rank. */
+#include "comm.h"
+#include "device.h"
+#include "dp.h"
+#include "grid.h"
+#include "model.h"
+#include "report3d.h"
+#include "run.h"
+#include "schedule.h"
+#include "stage.h"
+#include "stage3d.h"
+#include "tp.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int ranks;
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    const grid_dims defaults = grid_defaults(ranks); /* what --help shows for this rank count */
+    int tp = defaults.tp, pp = defaults.pp, dp = defaults.dp, micro_batches = 4;
+    const char *schedule = "1f1b";
+    flag_spec flags[] = {
+        {"--tp", FLAG_INT, &tp, "tensor-parallel degree t, ranks per TP group (omitted: 2 if the ranks allow)", 1, NULL},
+        {"--pp", FLAG_INT, &pp, "pipeline stages p (omitted: 2 if the ranks --tp leaves allow)", 1, NULL},
+        {"--dp", FLAG_INT, &dp, "data-parallel replicas d (omitted: the ranks left); t x p x d = ranks", 1, NULL},
+        {"--micro-batches", FLAG_INT, &micro_batches,
+         "micro-batches per replica and step (must divide --batch / --dp)", 1, NULL},
+        {"--schedule", FLAG_STRING, &schedule,
+         "gpipe: all forwards, then all backwards; 1f1b: one forward, one backward", 0, "1f1b|gpipe"},
+    };
+    lab_info lab = {"lab06_3d", "3D parallelism: tensor-parallel layers (lab05) in pipeline stages (lab04), "
+                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 5};
+    run_ctx ctx;
+    run_parse(&ctx, argc, argv, &lab);
+    const grid_dims dims = grid_choose(&ctx, argc, argv, tp, pp, dp);
+    tp_check_degree(&ctx, dims.tp, "--tp");
+    run_check(&ctx, stage_split_possible(ctx.opt.layers, dims.pp),
+              "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", dims.pp,
+              ctx.opt.layers);
+    run_check(&ctx, ctx.opt.batch % ((long)dims.dp * micro_batches) == 0,
+              "--batch %d is not divisible by --dp %d x --micro-batches %d (each replica cuts its B/d rows "
+              "into micro-batches)", ctx.opt.batch, dims.dp, micro_batches);
+    run_setup(&ctx);
+
+    process_grid grid;
+    grid_init(&grid, dims, ctx.backend);
+    char *grid_json = grid_describe(&grid, ctx.opt.layers);
+    const int t = dims.tp, p = dims.pp, d = dims.dp, m = micro_batches;
+
+    /* This rank: TP shard tp of the layers of stage pp, for replica dp, which
+     * trains on rows [dp x B/d, (dp+1) x B/d) of every global batch. */
+    tp_layout tl;
+    tp_layout_init(&tl, &ctx.model, t, grid.me.tp);
+    stage3d s3;
+    stage3d_init(&s3, &tl, &grid.tp);
+    const int share = ctx.opt.batch / d;
+    pipeline_stage st;
+    stage_init_model(&st, &grid.pipe, &tl.g, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, grid.me.dp * share,
+                     share, m);
+    /* Each micro-batch's loss weight is 1/(B/d x T) (st.dloss): a replica's
+     * gradient is that of its own rows' mean, and the DP all-reduce AVERAGES the
+     * replicas, as lab01 does: the mean over the whole global batch. */
+    dp_grad_sync dp_sync;
+    dp_sync_init(&dp_sync, &grid.dp, st.grads, st.begin, st.end, 0);
+    const schedule_kind kind = schedule_parse(schedule);
+    const double theory = schedule_bubble_theory(p, m);
+    if (ctx.rank == 0) {
+        printf("3D: TP t=%d (%d of %d heads, %d of %d MLP units per rank) | PP p=%d stages, m=%d micro-batches of %d "
+               "rows, %s | DP d=%d replicas of %d rows | bubble theory (p-1)/(m+p-1) = %.3f\n",
+               t, tl.heads, ctx.opt.heads, tl.hidden, 4 * ctx.opt.d_model, p, m, st.rows, schedule_name(kind), d,
+               share, theory);
+        fflush(stdout);
+    }
+
+    for (int step = 0; step < ctx.opt.steps; step++) {
+        run_step_begin(&ctx, step);
+        double t0 = now_seconds();
+        stage_step_begin(&st, step);
+        schedule_run(&st, kind, m);           /* lab04: the pipeline, TP layers inside */
+        if (d > 1) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
+        double loss = stage3d_optimizer_step(&st, &tl, &grid, &ctx.adamw, ctx.opt.clip);
+        /* The host clock sees the work only on the CPU (CUDA queues it and
+         * returns); on GPUs the summary's trace-based figures are the ones to read. */
+        char extra[64] = "";
+        if (ctx.device == DEVICE_CPU)
+            snprintf(extra, sizeof extra, "bubble rank 0 %.2f (theory %.2f)",
+                     1 - st.busy_seconds / (now_seconds() - t0), theory);
+        run_step_end(&ctx, step, loss, extra[0] ? extra : NULL);
+    }
+
+    report3d rep;
+    report3d_gather(&rep, &grid, &st, &ctx, schedule_acts_in_flight(kind, p, grid.me.pp, m),
+                    schedule_acts_formula(kind));
+    size_t json_len = strlen(grid_json) + (rep.json ? strlen(rep.json) : 0) + 128;
+    char *extra_json = malloc(json_len);
+    if (!extra_json) die("out of host memory");
+    snprintf(extra_json, json_len, "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\",%s%s%s",
+             t, p, d, m, schedule_name(kind), grid_json, rep.json ? "," : "", rep.json ? rep.json : "");
+    char layout[64];
+    snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
+    run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
+                         .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
+                         .comm_formula = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives, "
+                                         "the formulas below",
+                         .bubble_theory = theory, .extra_json = extra_json};
+    run_finish(&ctx, &report);
+    report3d_print(&rep, &grid);
+
+    report3d_free(&rep);
+    free(extra_json);
+    free(grid_json);
+    stage_free(&st);
+    grid_free(&grid);
+    MPI_Finalize();
+    return 0;
+}

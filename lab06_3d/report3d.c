@@ -1,0 +1,196 @@
+#include "report3d.h"
+#include "device.h"
+#include "mem.h"
+#include "textbuf.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const group_names[GROUP_KINDS] = {"tp", "pp", "dp"};
+
+/* Every rank's figures, one row of doubles each. */
+enum {
+    F_GROUPS = 0,                       /* GROUP_KINDS x G_FIELDS */
+    G_CALLS = 0, G_PAYLOAD, G_RING, G_SECONDS, G_CALLS_F, G_PAYLOAD_F, G_RING_F, G_FIELDS,
+    F_LO = GROUP_KINDS * G_FIELDS, F_HI, F_TP, F_PP, F_DP,
+    F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_IN_FLIGHT,
+    F_FIELDS
+};
+
+/* The bytes one rank moves for a call, by the ring algorithm (as run_finish counts). */
+static double ring_factor(comm_kind k, int n) {
+    if (n <= 1) return 0;
+    return k == COLL_ALLREDUCE ? 2.0 * (n - 1) / n : k == COLL_SEND || k == COLL_RECV ? 1 : 0;
+}
+
+/* Everything a group's communicator counted, per step. */
+static void measured(const comm *c, int steps, double *row) {
+    for (int k = 0; k < COLL_NKINDS; k++) {
+        const comm_stat *s = &c->stats[k];
+        row[G_CALLS] += (double)s->calls / steps;
+        row[G_PAYLOAD] += s->bytes / steps;
+        row[G_RING] += ring_factor((comm_kind)k, c->size) * s->bytes / steps;
+        row[G_SECONDS] += s->seconds / steps;
+    }
+}
+
+static void formula(double *row, double calls, double each_bytes, double ring_factor_) {
+    row[G_CALLS_F] = calls;
+    row[G_PAYLOAD_F] = calls * each_bytes;
+    row[G_RING_F] = ring_factor_ * calls * each_bytes;
+}
+
+static void json_column(textbuf *b, const char *key, const double *rows, int ranks, int field) {
+    textbuf_printf(b, "\"%s\":[", key);
+    for (int r = 0; r < ranks; r++) textbuf_printf(b, "%s%.10g", r ? "," : "", rows[(size_t)r * F_FIELDS + field]);
+    textbuf_printf(b, "]");
+}
+
+static double column_max(const double *rows, int ranks, int field) {
+    double m = 0;
+    for (int r = 0; r < ranks; r++) m = fmax(m, rows[(size_t)r * F_FIELDS + field]);
+    return m;
+}
+
+void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, const run_ctx *ctx,
+                     int in_flight, const char *in_flight_formula) {
+    memset(r, 0, sizeof *r);
+    r->ranks = g->world.size;
+    const int steps = ctx->steps_done > 0 ? ctx->steps_done : 1, m = st->micro_batches;
+    const grid_dims d = g->dims;
+    double row[F_FIELDS] = {0};
+    /* one activation (or its gradient): what one TP all-reduce and one pipeline message carry */
+    const double act_bytes = 4.0 * st->boundary_floats;
+    comm *groups[GROUP_KINDS] = {&g->tp, &g->pipe, &g->dp};
+    for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
+    /* TP: two g's forward, two f's backward per layer and micro-batch (none for t = 1) */
+    formula(row + GROUP_TP * G_FIELDS, d.tp > 1 ? 4.0 * (st->hi - st->lo) * m : 0, act_bytes, 2.0 * (d.tp - 1) / d.tp);
+    /* PP: per boundary and micro-batch, one activation out and one gradient back,
+     * each counted once as a send and once as a receive */
+    int boundaries = (st->prev >= 0) + (st->next >= 0);
+    formula(row + GROUP_PP * G_FIELDS, 2.0 * boundaries * m, act_bytes, 1);
+    /* DP: one all-reduce of the rank's whole gradient after the flush (none for d = 1) */
+    formula(row + GROUP_DP * G_FIELDS, d.dp > 1 ? 1 : 0, 4.0 * (st->end - st->begin), 2.0 * (d.dp - 1) / d.dp);
+    row[F_LO] = st->lo;
+    row[F_HI] = st->hi;
+    row[F_TP] = g->me.tp;
+    row[F_PP] = g->me.pp;
+    row[F_DP] = g->me.dp;
+    row[F_PARAMS] = (double)mem_peak(MEM_PARAMS);
+    row[F_GRADS] = (double)mem_peak(MEM_GRADS);
+    row[F_OPTIM] = (double)mem_peak(MEM_OPTIM);
+    row[F_ACTS] = (double)mem_peak(MEM_ACTS);
+    row[F_TOTAL] = (double)mem_peak_total();
+    row[F_PARAMS_F] = 4.0 * (st->end - st->begin);
+    row[F_ACTS_PER_MB] = (double)st->acts_bytes;
+    row[F_IN_FLIGHT] = in_flight;
+
+    if (g->world.rank == 0) {
+        r->rows = malloc(sizeof(double) * F_FIELDS * (size_t)r->ranks);
+        if (!r->rows) die("out of host memory");
+    }
+    MPI_Gather(row, F_FIELDS, MPI_DOUBLE, r->rows, F_FIELDS, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (g->world.rank != 0) return;
+
+    /* run_finish adds, per kind, the busiest rank's ring bytes: all-reduces (TP
+     * and DP on one rank together), sends, receives. The formula, the same way. */
+    double allreduce_f = 0, p2p_f = 0;
+    for (int q = 0; q < r->ranks; q++) {
+        const double *x = r->rows + (size_t)q * F_FIELDS;
+        allreduce_f = fmax(allreduce_f, x[GROUP_TP * G_FIELDS + G_RING_F] + x[GROUP_DP * G_FIELDS + G_RING_F]);
+        p2p_f = fmax(p2p_f, x[GROUP_PP * G_FIELDS + G_RING_F]);
+    }
+    r->formula_ring_bytes = allreduce_f + p2p_f; /* a rank sends as much as it receives */
+
+    textbuf b = {0};
+    textbuf_printf(&b, "\"traffic_per_group\":{");
+    for (int k = 0; k < GROUP_KINDS; k++) {
+        const int o = k * G_FIELDS;
+        textbuf_printf(&b, "%s\"%s\":{\"group_size\":%d,", k ? "," : "", group_names[k],
+                       k == GROUP_TP ? d.tp : k == GROUP_PP ? d.pp : d.dp);
+        json_column(&b, "calls", r->rows, r->ranks, o + G_CALLS);
+        textbuf_printf(&b, ",");
+        json_column(&b, "payload_bytes", r->rows, r->ranks, o + G_PAYLOAD);
+        textbuf_printf(&b, ",");
+        json_column(&b, "ring_bytes", r->rows, r->ranks, o + G_RING);
+        textbuf_printf(&b, ",");
+        json_column(&b, "seconds", r->rows, r->ranks, o + G_SECONDS);
+        textbuf_printf(&b, ",");
+        json_column(&b, "calls_formula", r->rows, r->ranks, o + G_CALLS_F);
+        textbuf_printf(&b, ",");
+        json_column(&b, "payload_bytes_formula", r->rows, r->ranks, o + G_PAYLOAD_F);
+        textbuf_printf(&b, ",");
+        json_column(&b, "ring_bytes_formula", r->rows, r->ranks, o + G_RING_F);
+        textbuf_printf(&b, "}");
+    }
+    textbuf_printf(&b, "},\"stage_layers_per_rank\":[");
+    for (int q = 0; q < r->ranks; q++) {
+        const double *x = r->rows + (size_t)q * F_FIELDS;
+        textbuf_printf(&b, "%s[%.0f,%.0f]", q ? "," : "", x[F_LO], x[F_HI]);
+    }
+    textbuf_printf(&b, "],");
+    json_column(&b, "param_bytes_per_rank_formula", r->rows, r->ranks, F_PARAMS_F);
+    textbuf_printf(&b, ",");
+    json_column(&b, "acts_bytes_per_micro_batch", r->rows, r->ranks, F_ACTS_PER_MB);
+    textbuf_printf(&b, ",");
+    json_column(&b, "acts_in_flight_formula", r->rows, r->ranks, F_IN_FLIGHT);
+    textbuf_printf(&b, ",\"acts_formula\":");
+    textbuf_json_string(&b, in_flight_formula);
+    r->json = b.s;
+}
+
+void report3d_print(const report3d *r, const process_grid *g) {
+    if (g->world.rank != 0) return;
+    const grid_dims d = g->dims;
+    static const char *const titles[GROUP_KINDS] = {"TP all-reduce", "PP send+recv ", "DP all-reduce"};
+    static const char *const formulas[GROUP_KINDS] = {
+        "4 x stage layers x m all-reduces of (B/(d m)) x T x C floats; ring 2(t-1)/t",
+        "2 x boundaries x m messages of (B/(d m)) x T x C floats (activation out, gradient back)",
+        "1 all-reduce of the rank's gradient (its shard of its stage); ring 2(d-1)/d"};
+    const int sizes[GROUP_KINDS] = {d.tp, d.pp, d.dp};
+    char a[16], b[16], c[16], e[16], f[16], t[16];
+    printf("\n3D traffic per rank per step, busiest rank, measured | formula:\n");
+    for (int k = 0; k < GROUP_KINDS; k++) {
+        const int o = k * G_FIELDS;
+        int mismatches = 0;
+        for (int q = 0; q < r->ranks; q++) {
+            const double *x = r->rows + (size_t)q * F_FIELDS + o;
+            mismatches += x[G_CALLS] != x[G_CALLS_F] || fabs(x[G_PAYLOAD] - x[G_PAYLOAD_F]) > 0.5 ||
+                          fabs(x[G_RING] - x[G_RING_F]) > 0.5;
+        }
+        printf("  %s (groups of %d): %4.0f calls, payload %sB, ring %sB, %.1f ms | %.0f calls, %sB, ring %sB%s\n",
+               titles[k], sizes[k], column_max(r->rows, r->ranks, o + G_CALLS),
+               human(column_max(r->rows, r->ranks, o + G_PAYLOAD), a), human(column_max(r->rows, r->ranks, o + G_RING), b),
+               1e3 * column_max(r->rows, r->ranks, o + G_SECONDS), column_max(r->rows, r->ranks, o + G_CALLS_F),
+               human(column_max(r->rows, r->ranks, o + G_PAYLOAD_F), c),
+               human(column_max(r->rows, r->ranks, o + G_RING_F), e), mismatches ? " MISMATCH" : "");
+        printf("      formula: %s%s\n", formulas[k],
+               mismatches ? "" : "; every rank's measured figures equal its own formula");
+    }
+
+    printf("  (the time split above counts a micro-batch's whole forward or backward as compute, the TP\n"
+           "   all-reduces inside it too, so compute + comm can exceed 1 and 1 - compute is the pipeline's idle\n"
+           "   time plus the DP all-reduce; the last columns below give each group's share in ms per step)\n");
+    printf("memory per rank (peak bytes by the allocator) and communication time per step:\n");
+    printf("  rank (tp,pp,dp) layers | params = 4 x local elements | grads | AdamW | activations = in flight x "
+           "per micro-batch | total | TP / PP / DP ms\n");
+    for (int q = 0; q < r->ranks; q++) {
+        if (q == 16 && r->ranks > 17) { printf("  ... (%d more ranks in the record)\n", r->ranks - 16); break; }
+        const double *x = r->rows + (size_t)q * F_FIELDS;
+        double acts_f = x[F_IN_FLIGHT] * x[F_ACTS_PER_MB];
+        printf("  %4d (%.0f,%.0f,%.0f) %4.0f-%-3.0f| %sB%s | %sB | %sB | %sB = %.0f x %sB%s | %sB | %.1f / %.1f / %.1f\n", q,
+               x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI] - 1, human(x[F_PARAMS], a),
+               x[F_PARAMS] == x[F_PARAMS_F] ? "" : " (MISMATCH)", human(x[F_GRADS], b), human(x[F_OPTIM], c),
+               human(x[F_ACTS], e), x[F_IN_FLIGHT], human(x[F_ACTS_PER_MB], f), x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
+               human(x[F_TOTAL], t), 1e3 * x[GROUP_TP * G_FIELDS + G_SECONDS], 1e3 * x[GROUP_PP * G_FIELDS + G_SECONDS],
+               1e3 * x[GROUP_DP * G_FIELDS + G_SECONDS]);
+    }
+    fflush(stdout);
+}
+
+void report3d_free(report3d *r) {
+    free(r->rows);
+    free(r->json);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,35 @@
+/* The 3D summary: the traffic of each group kind (TP all-reduces, PP sends and
+ * receives, DP all-reduce) measured beside its formula, and memory per rank. */
+#ifndef LAB06_REPORT3D_H
+#define LAB06_REPORT3D_H
+#include "grid.h"
+#include "run.h"
+#include "stage.h"
+#include "tp.h"
+
+enum { GROUP_TP, GROUP_PP, GROUP_DP, GROUP_KINDS };
+
+/* One group kind on one rank, per step. */
+typedef struct group_traffic {
+    double calls, payload, ring, seconds;          /* measured by the communicator */
+    double calls_formula, payload_formula, ring_formula;
+} group_traffic;
+
+typedef struct report3d {
+    int ranks;
+    double *rows;      /* rank 0: every rank's figures (report3d.c lays them out) */
+    char *json;        /* the run record's members, for run_report.extra_json */
+    double formula_ring_bytes; /* the busiest rank's ring traffic by the formulas, as
+                                * run_finish sums the measured one (per kind, max over ranks) */
+} report3d;
+
+/* Collective over the grid, after the last step: measures and computes every
+ * rank's figures and gathers them to rank 0. in_flight: the schedule's count of
+ * micro-batches of activations this stage holds at its peak. */
+void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, const run_ctx *ctx,
+                     int in_flight, const char *in_flight_formula);
+/* Rank 0: the 3D lines of the summary. */
+void report3d_print(const report3d *r, const process_grid *g);
+void report3d_free(report3d *r);
+
+#endif

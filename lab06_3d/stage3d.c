@@ -1,0 +1,75 @@
+#include "stage3d.h"
+#include "device.h"
+#include "trace.h"
+
+/* ---- the stage's model hooks: lab05's functions over the stage's range ---------------- */
+
+static void range(void *ctx, int lo, int hi, long *begin, long *end) {
+    const stage3d *s = ctx;
+    tp_range(s->tl, lo, hi, begin, end);
+}
+
+static void init_params(void *ctx, uint64_t seed, int lo, int hi, float *dst) {
+    const stage3d *s = ctx;
+    tp_init_params(s->tl, seed, lo, hi, dst);
+}
+
+static void acts_alloc(void *ctx, gpt_acts *a, int lo, int hi, int rows) {
+    const stage3d *s = ctx;
+    tp_acts_alloc(a, s->tl, lo, hi, rows);
+}
+
+static void scratch_alloc(void *ctx, gpt_grad_scratch *sc, int rows) {
+    const stage3d *s = ctx;
+    tp_scratch_alloc(sc, s->tl, rows);
+}
+
+static void forward(void *ctx, const float *params, gpt_acts *a) {
+    const stage3d *s = ctx;
+    tp_forward(s->tl, s->tp, params, a);
+}
+
+static float *backward(void *ctx, const float *params, float *grads, gpt_acts *a, gpt_grad_scratch *sc,
+                       const float *dout, float dloss) {
+    const stage3d *s = ctx;
+    return tp_backward(s->tl, s->tp, params, grads, a, sc, dout, dloss);
+}
+
+void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp) {
+    s->tl = tl;
+    s->tp = tp;
+    s->model = (stage_model){.ctx = s, .range = range, .init_params = init_params, .acts_alloc = acts_alloc,
+                             .scratch_alloc = scratch_alloc, .forward = forward, .backward = backward};
+}
+
+/* ---- the step's end ------------------------------------------------------------------ */
+
+double stage3d_optimizer_step(pipeline_stage *st, const tp_layout *tl, process_grid *g, const adamw_config *cfg,
+                              double clip) {
+    int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
+    double t0 = now_seconds();
+    /* The serial norm counts every element of the model once. A rank holds
+     *   - its TP shard of its stage's block matrices: different on every TP rank
+     *     and every stage, so these squares are summed over TP and PP;
+     *   - its stage's replicated tensors (embedding, LayerNorms, row-parallel
+     *     biases, head): the same on every TP rank, so summed over PP only;
+     * and after the DP all-reduce every replica holds the same gradient, so
+     * nothing is summed over DP. The loss lives on the last stage (the same on
+     * its TP ranks): summed over PP, averaged over the DP replicas. */
+    double sharded, replicated;
+    tp_grad_squares(tl, st->lo, st->hi, st->grads, &sharded, &replicated);
+    st->busy_seconds += now_seconds() - t0;
+    trace_end(ev);
+    double over_pp[3] = {sharded, replicated, st->loss_sum / st->micro_batches};
+    comm_allreduce_host(&g->pipe, over_pp, 3);
+    comm_allreduce_host(&g->tp, &over_pp[0], 1);
+    comm_allreduce_host(&g->dp, &over_pp[2], 1);
+
+    ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
+    t0 = now_seconds();
+    float scale = clip_scale(over_pp[0] + over_pp[1], (float)clip);
+    tp_adamw_step(tl, cfg, st->lo, st->hi, st->params, st->grads, st->adam_m, st->adam_v, st->step + 1, scale);
+    st->busy_seconds += now_seconds() - t0;
+    trace_end(ev);
+    return over_pp[2] / g->dp.size;
+}

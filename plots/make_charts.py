@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""One command from runs to report-ready charts.
+
+Runs a sweep of the labs at small sizes on whatever device the labs pick, collects
+their run records, turns them into TSV files (records_to_tsv.py) and draws each
+chart with its gnuplot script (plots/*.gp) as PNG and SVG, with an index.md that
+shows every chart, the numbers behind it and the commands that produced it.
+
+usage: make_charts.py [--build DIR] [--out DIR] [--quick] [--mpirun PATH]
+  --build DIR   where the lab programs are [build]
+  --out DIR     the charts folder [BUILD/charts]; its runs/ subfolder is replaced
+  --quick       a tiny model and few runs (the test uses it): checks the plumbing
+  `make plots` runs it with the defaults.
+"""
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import records_to_tsv  # noqa: E402
+
+CORES = os.cpu_count() or 1
+
+# Sizes of the sweep. `pipe`: the bubble and timeline runs, a model where compute
+# dominates the sends (as in lab04_1f1b/bubble_table.sh); `std`: every lab and
+# layout at one model and global batch (the labs' defaults); `acts`: activation
+# memory, which one step measures exactly.
+SIZES = {
+    "full": dict(pipe="--layers 8 --d-model 256 --heads 8 --seq 64", pipe_steps=3, micro=(1, 2, 4, 8, 16),
+                 std="--layers 8 --d-model 128 --heads 4 --seq 64", std_steps=10, batch=32,
+                 acts_micro=(1, 2, 4, 8), acts_rows=4),
+    "quick": dict(pipe="--layers 4 --d-model 32 --heads 4 --seq 16", pipe_steps=2, micro=(1, 8),
+                  std="--layers 4 --d-model 32 --heads 4 --seq 16", std_steps=3, batch=16,
+                  acts_micro=(1, 8), acts_rows=2),
+}
+
+
+def sweep(z):
+    """The table of runs: (group, lab, ranks, flags). A group's runs share one
+    records.jsonl; a run whose program is not built is skipped."""
+    runs = []
+    pipe = f"{z['pipe']} --batch {z['batch']} --steps {z['pipe_steps']}"
+    for p in (2, 4):  # charts 1 and 2: the bubble as m grows; timelines at p = 4, m = 8
+        runs.append(("pipe", "lab03_pp_naive", p, pipe))
+        for m in z["micro"]:
+            for s in ("gpipe", "1f1b"):
+                runs.append(("pipe", "lab04_1f1b", p, f"{pipe} --micro-batches {m} --schedule {s}"))
+    std = f"{z['std']} --batch {z['batch']} --steps {z['std_steps']}"
+    runs += [  # charts 3 to 6: every lab and layout, one model, one global batch
+        ("std", "lab01_dp", 1, std),  # the one-rank baseline
+        ("std", "lab01_dp", 2, std),
+        ("std", "lab01_dp", 4, std),
+        ("std", "lab02_zero", 4, f"{std} --zero-stage 1"),
+        ("std", "lab02_zero", 4, f"{std} --zero-stage 2"),
+        ("std", "lab02_zero", 4, f"{std} --zero-stage 3"),
+        ("std", "lab03_pp_naive", 2, std),
+        ("std", "lab03_pp_naive", 4, std),
+        ("std", "lab04_1f1b", 2, f"{std} --micro-batches 8 --schedule 1f1b"),
+        ("std", "lab04_1f1b", 4, f"{std} --micro-batches 8 --schedule gpipe"),
+        ("std", "lab04_1f1b", 4, f"{std} --micro-batches 8 --schedule 1f1b"),
+        ("std", "lab05_tp", 2, std),
+        ("std", "lab05_tp", 4, std),
+        ("std", "lab06_3d", 4, f"{std} --tp 2 --pp 2 --dp 1"),
+        ("std", "lab06_3d", 4, f"{std} --tp 1 --pp 2 --dp 2"),
+    ]
+    # chart 3b: the global batch fixed, then the micro-batch size fixed (one step measures memory)
+    seen = set()
+    for m in z["acts_micro"]:
+        for s in ("gpipe", "1f1b"):
+            for batch in (z["batch"], z["acts_rows"] * m):
+                flags = f"{z['std']} --batch {batch} --steps 1 --micro-batches {m} --schedule {s}"
+                if flags not in seen:
+                    seen.add(flags)
+                    runs.append(("acts", "lab04_1f1b", 4, flags))
+    return runs
+
+
+def estimate(flags, ranks):
+    """Rough seconds of a run: start-up plus 72 d^2 L FLOP per token and step at ~40 GFLOP/s a core."""
+    a = shlex.split(flags)
+    v = {k: int(a[a.index(k) + 1]) for k in ("--layers", "--d-model", "--seq", "--batch", "--steps") if k in a}
+    flop = 72.0 * v["--d-model"] ** 2 * v["--layers"] * v["--seq"] * v["--batch"] * (v["--steps"] + 0.5)
+    return 0.5 + flop / 40e9 / min(ranks, CORES)
+
+
+def clock(s):
+    return f"{int(s) // 60}:{int(s) % 60:02d}"
+
+
+def run_sweep(runs, build, out, mpirun):
+    """Run the table, printing progress; returns the commands per group (as run from the charts folder)."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    todo = [r for r in runs if os.path.exists(os.path.join(build, r[1]))]
+    for r in runs:
+        if r not in todo:
+            print(f"skipped (not built): {r[1]} -n {r[2]} {r[3]}", flush=True)
+    est = [estimate(r[3], r[2]) for r in todo]
+    t0, done_est, commands = time.time(), 0.0, {}
+    for i, (group, lab, n, flags) in enumerate(todo):
+        gdir = os.path.join(out, "runs", group)
+        os.makedirs(gdir, exist_ok=True)
+        elapsed = time.time() - t0
+        left = (elapsed / done_est if done_est else 1.0) * sum(est[i:])
+        shown = f"mpirun -n {n} {os.path.relpath(os.path.join(build, lab), out)} {flags} --out runs/{group}"
+        commands.setdefault(group, []).append(shown)
+        print(f"[run {i + 1:2d} of {len(todo)}] {clock(elapsed)} elapsed, ~{clock(left)} left | {shown}", flush=True)
+        cmd = [mpirun, "-n", str(n), os.path.join(build, lab), *shlex.split(flags), "--out", gdir]
+        log = os.path.join(gdir, f"{i + 1:02d}_{lab}.log")
+        with open(log, "w") as f:
+            try:
+                p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=300)
+                status = p.returncode
+            except subprocess.TimeoutExpired:
+                status = "timeout (300 s)"
+        if status != 0:
+            print(f"error: run failed ({status}): {' '.join(cmd)}\n--- {log} ---", file=sys.stderr)
+            print(open(log).read()[-3000:], file=sys.stderr)
+            sys.exit(1)
+        done_est += est[i]
+    print(f"sweep: {len(todo)} runs in {clock(time.time() - t0)}", flush=True)
+    return commands, time.time() - t0
+
+
+# ---- the timeline table: busy, communication and idle per rank in the drawn step ----
+
+def timeline_table(files, names, path):
+    rows = []
+    for f, name in zip(files, names):
+        ev = []
+        with open(f) as fh:
+            next(fh)
+            for line in fh:
+                r, s, e, op, kind, mb, step = line.rstrip("\n").split(",")
+                ev.append((int(r), float(s), float(e), kind, int(step)))
+        last = max(x[4] for x in ev)
+        ev = [x for x in ev if x[4] == last]
+        t0, t1 = min(x[1] for x in ev), max(x[2] for x in ev)
+        for r in sorted({x[0] for x in ev}):
+            def union(kinds):
+                spans = sorted((x[1], x[2]) for x in ev if x[0] == r and x[3] in kinds)
+                total, end = 0.0, -1e300
+                for s, e in spans:
+                    if e > end:
+                        total += e - max(s, end)
+                        end = e
+                return total
+            busy, anything = union({"compute"}), union({"compute", "comm"})
+            rows.append((name, last, r, (t1 - t0) / 1e3, busy / 1e3, (anything - busy) / 1e3,
+                         (t1 - t0 - anything) / 1e3, 1 - busy / (t1 - t0)))
+    records_to_tsv.write_tsv(path, {"subtitle": "per rank, in the drawn step"},
+                             ["schedule", "step", "rank", "step_ms", "compute_ms", "comm_only_ms", "idle_ms",
+                              "bubble_this_step"], rows)
+
+
+# ---- the charts ----
+
+def chart_list(pipe_recs, note):
+    """(name, title, script, gnuplot variables, table file, group, what to look at)"""
+    p4m8 = {}
+    for r in pipe_recs:
+        if r["ranks"] == 4 and (r["lab"] == "lab03_pp_naive" or r.get("micro_batches") == 8):
+            p4m8[r.get("schedule", "naive")] = os.path.relpath(r["timeline"], ".")
+    order = [s for s in ("naive", "gpipe", "1f1b") if s in p4m8]
+    files = " ".join(p4m8[s] for s in order)
+    titles = " ".join(f"'{t}'" for t in [{"naive": "naive (lab03)", "gpipe": "GPipe (lab04)",
+                                          "1f1b": "1F1B (lab04)"}[s] for s in order])
+    over = note or "each rank had a core"
+    return [
+        ("bubble", "Bubble fraction against micro-batches", "bubble.gp", {"src": "bubble.tsv"}, "bubble.tsv", "pipe",
+         "Measured bubble (1 - busy/wall per rank: points at the mean over ranks, bars from min to max) of the naive "
+         "pipeline (lab03) and of GPipe and 1F1B (lab04) beside the theory, (p-1)/p and (p-1)/(m+p-1). "
+         "GPipe and 1F1B have the same bubble; micro-batches shrink it. "
+         f"{over}. Compare with the theory at p = 2."),
+        ("timeline", "Pipeline timelines per rank, p = 4, m = 8", "timeline.gp",
+         {"src": files, "names": titles, "note": note}, "timeline.tsv", "pipe",
+         "One step (the last) of each schedule, every rank a row: forward (F<micro-batch>), backward (B<micro-batch>), "
+         "other compute (embedding, head, optimizer), communication (sends, receives, waits) and idle. "
+         "Naive: one stage at a time; GPipe: all forwards then all backwards; 1F1B: one forward, one backward. "
+         f"{over}."),
+        ("memory", "Memory per rank by category: DP against ZeRO-1/2/3", "memory.gp", {"src": "memory.tsv"},
+         "memory.tsv", "std",
+         "Peak bytes of rank 0 by category, counted by the allocator. The black line on each bar is the formula of "
+         "the model states (parameters + gradients + AdamW moments, fp32): 16Ψ for DP, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N and "
+         "16Ψ/N for ZeRO-1/2/3; the measured states sit on it plus the lab's named buffers (a gradient bucket, the "
+         "gathered unit). Activations do not shrink: ZeRO shards the model states only."),
+        ("acts", "Activation memory of GPipe against 1F1B as m grows", "acts.gp", {"src": "acts.tsv"}, "acts.tsv", "acts",
+         "Peak activation bytes of the busiest stage (points, measured by the allocator) and the schedule's formula "
+         "(lines: GPipe m micro-batches, 1F1B min(m, p-r)). Left: the global batch fixed, so GPipe always holds the "
+         "whole batch while 1F1B's peak falls; right: the micro-batch size fixed, so GPipe grows with m and 1F1B "
+         "stops at p micro-batches."),
+        ("throughput", "Throughput of every lab and layout", "throughput.gp", {"src": "throughput.tsv"},
+         "throughput.tsv", "std",
+         "Tokens per second (median step after the first), every lab and layout at the same model and global batch; "
+         f"the dashed line is the one-rank baseline. {'Runs with more ranks than the ' + str(CORES) + ' cores share them.' if CORES < 4 else ''}"),
+        ("loss", "Loss curves of every lab and layout", "loss.gp", {"src": "loss.tsv"}, "loss.tsv", "std",
+         "Top: the loss of every step, every run on top of the one-rank baseline (lab01 -n 1). Bottom: the relative "
+         "difference from the baseline; the tests require it below 1e-5. Every layout trains on the same tokens."),
+        ("comm", "Bytes communicated per step, measured against the formula", "comm.gp", {"src": "comm.tsv"},
+         "comm.tsv", "std",
+         "Ring traffic per rank per step (bytes a rank sends under the ring algorithm: 2(N-1)/N of the payload for "
+         "an all-reduce, (N-1)/N for a reduce-scatter or all-gather, the payload for a send), the maximum over "
+         "ranks, beside the lab's formula (DP 2(N-1)/N x 4Ψ; ZeRO-3 1.5x that; pipelines: B x T x C floats per "
+         "boundary each way; TP: four all-reduces of B x T x C floats per layer; 3D: the sum over its TP, PP and DP "
+         "groups). The label is measured/formula. Runs on one rank move nothing and are left out."),
+    ]
+
+
+def gnuplot(script, variables, fmt, cwd):
+    """Run one chart's script; returns (the command as a user would type it, the result)."""
+    assigns = "; ".join(f"{k}={gp_string(v)}" for k, v in {**variables, "fmt": fmt}.items())
+    p = subprocess.run(["gnuplot", "-e", assigns, os.path.join(HERE, script)], cwd=cwd, capture_output=True, text=True)
+    shell = shlex.quote(assigns) if "'" not in assigns else \
+        '"' + "".join("\\" + c if c in '"$`\\' else c for c in assigns) + '"'
+    return f"gnuplot -e {shell} {os.path.join(HERE, script)}", p
+
+
+def gp_string(v):
+    """A gnuplot string constant: single quotes unless the value holds one."""
+    v = str(v)
+    return f"'{v}'" if "'" not in v else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def md_table(path, max_rows=40):
+    lines = [l.rstrip("\n") for l in open(path) if not l.startswith("#")]
+    header, rows = lines[0].split("\t"), [l.split("\t") for l in lines[1:]]
+
+    def cell(x):
+        try:
+            v = float(x)
+        except ValueError:
+            return x
+        if v != v:
+            return "n/a"
+        if v == int(v) and abs(v) < 1e15:
+            return f"{int(v):,}" if abs(v) >= 1e4 else str(int(v))
+        return f"{v:.6g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    out += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows[:max_rows]]
+    if len(rows) > max_rows:
+        out.append(f"\n({len(rows) - max_rows} more rows in `{os.path.basename(path)}`)")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default="build", help="folder with the lab programs [build]")
+    ap.add_argument("--out", help="charts folder [BUILD/charts]")
+    ap.add_argument("--quick", action="store_true", help="tiny model, few runs: checks the plumbing (the test)")
+    ap.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
+    a = ap.parse_args()
+    build = os.path.abspath(a.build)
+    out = os.path.abspath(a.out or os.path.join(build, "charts"))
+    if not os.path.exists(os.path.join(build, "lab01_dp")):
+        sys.exit(f"error: --build {a.build}: no lab01_dp there (build the labs first: cmake --build {a.build})")
+    if not shutil.which("gnuplot"):
+        sys.exit("error: gnuplot not found (apt-get install gnuplot-nox)")
+    mode = "quick" if a.quick else "full"
+    z = SIZES[mode]
+    shutil.rmtree(os.path.join(out, "runs"), ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+    os.chdir(out)  # every path below, and in index.md, is relative to the charts folder
+
+    t_start, load_before = time.time(), os.getloadavg()[0]
+    runs = sweep(z)
+    print(f"sweep ({mode}): {len(runs)} runs into {out}/runs, {CORES} cores", flush=True)
+    commands, sweep_s = run_sweep(runs, build, out, a.mpirun)
+
+    pipe_recs = records_to_tsv.read_records([os.path.join("runs", "pipe", "records.jsonl")])
+    on_cpu = any(r["device"] == "cpu" for r in pipe_recs)
+    note = f"p = 4 ran 4 ranks on {CORES} cores (oversubscribed): its measured bubble can sit above the theory" \
+        if on_cpu and CORES < 4 else ""
+    for group, only in (("pipe", ("bubble",)), ("std", ("memory", "throughput", "loss", "comm")), ("acts", ("acts",))):
+        path = os.path.join("runs", group, "records.jsonl")
+        if os.path.exists(path):
+            records_to_tsv.convert([path], ".", note if group == "pipe" else "", only)
+    charts = chart_list(pipe_recs, note)
+    tl = charts[1][3]
+    timeline_table(tl["src"].split(), [w.strip("'") for w in shlex.split(tl["names"])], "timeline.tsv")
+
+    problems, sections = [], []
+    for name, title, script, variables, table, group, what in charts:
+        variables = {**variables, "out": name}
+        for fmt in ("png", "svg"):
+            shown_fmt, p = gnuplot(script, variables, fmt, out)
+            target = f"{name}.{fmt}"
+            if p.returncode != 0 or p.stderr.strip():
+                problems.append(f"{target}: gnuplot {'status ' + str(p.returncode) if p.returncode else 'said'}:\n{p.stderr.strip()}")
+            elif not os.path.exists(target) or os.path.getsize(target) == 0:
+                problems.append(f"{target}: not written")
+            if fmt == "png":
+                shown = shown_fmt + "    # fmt='svg' for the SVG"
+        print(f"chart {name}: {name}.png, {name}.svg", flush=True)
+        sections.append(f"## {len(sections) + 1}. {title}\n\n![{title}]({name}.png)\n\n"
+                        f"[{name}.svg]({name}.svg) · data: [`{table}`]({table})\n\n{what}\n\n"
+                        f"{md_table(table)}\n\nDrawn (in this folder) by\n\n```\n{shown}\n```\n\n"
+                        f"from the runs (from this folder, with `OPENBLAS_NUM_THREADS=1`)\n\n```\n"
+                        + "\n".join(commands.get(group, [])) + "\n```\n")
+    with open("gnuplot.log", "w") as f:
+        f.write("\n\n".join(problems))
+    total = time.time() - t_start
+    with open("index.md", "w") as f:
+        load_after = os.getloadavg()[0]
+        busy = " (more than the cores: other programs shared them and slowed some runs, so times and tok/s are " \
+            "noisier)" if max(load_before, load_after) > CORES else ""
+        f.write(f"# parallel-labs charts\n\nMade by `python3 plots/make_charts.py {shlex.join(sys.argv[1:])}`"
+                f": {sum(len(c) for c in commands.values())} runs in {clock(sweep_s)}, "
+                f"{clock(total)} in all, on {CORES} cores, device `{pipe_recs[0]['device'] if pipe_recs else '?'}`; "
+                f"load average {load_before:.1f} before the sweep, {load_after:.1f} after{busy}. Each chart's numbers "
+                f"are the TSV beside it (from the run records in `runs/*/records.jsonl`); `plots/README.md` says how "
+                f"to draw one chart from your own records.\n\n")
+        if note:
+            f.write(f"Note: {note}; the ranks take turns on the cores, and a rank waiting for one that waits for "
+                    f"a core counts that as bubble. The comparison with the theory is the p = 2 panel.\n\n")
+        f.write("\n".join(sections))
+    print(f"index: {out}/index.md", flush=True)
+    print(f"done in {clock(total)} ({clock(sweep_s)} of runs)", flush=True)
+    if problems:
+        print("gnuplot problems (also in gnuplot.log):\n" + "\n".join(problems), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Turn run records (the labs' records.jsonl) into the TSV files the gnuplot
+scripts in plots/ read: gnuplot cannot parse JSON.
+
+usage: records_to_tsv.py RECORDS.jsonl [MORE.jsonl ...] [--out DIR] [--note TEXT]
+
+Writes into DIR (default: the current folder) whichever of these the records
+have runs for; each starts with `# key: value` lines (the chart's subtitle and
+the like), then a header line, then one tab-separated row per run:
+
+  bubble.tsv      lab03/lab04 runs: bubble measured (mean, min, max over ranks) and theory
+  memory.tsv      lab01 and lab02 runs at the ZeRO runs' rank count: peak bytes of rank 0
+                  per category and the formula of the model states
+  acts.tsv        lab04 runs: activation peak (max over stages), measured and formula
+  throughput.tsv  every run: tokens/s and median step time
+  loss.tsv        every run: the loss of each step, one column per run, baseline first
+  comm.tsv        every run on more than one rank: ring bytes per step, measured and formula
+
+When a file holds several runs of the same lab and layout (and batch), the last wins.
+--note adds a line under the bubble chart's subtitle (the driver says there
+whether the ranks outnumbered the cores).
+"""
+import argparse
+import json
+import os
+from collections import Counter
+
+
+def read_records(paths):
+    recs = []
+    for path in paths:
+        with open(path) as f:
+            recs += [json.loads(line) for line in f if line.strip()]
+    # the last run of a lab, layout and batch wins
+    latest = {}
+    for r in recs:
+        latest[(r["lab"], r["layout"], r["config"]["batch"])] = r
+    return list(latest.values())
+
+
+def lab_no(r):
+    return int(r["lab"][3:5])
+
+
+def label(r):
+    """A short name for a run: `lab04 pp=4 m=8 1f1b`."""
+    return f"{r['lab'][:5]} {r['layout']}"
+
+
+def model(r):
+    c = r["config"]
+    return f"model L{c['layers']} C{c['d_model']} H{c['heads']} T{c['seq']}"
+
+
+def subtitle(recs, steps=True):
+    """What the runs have in common: device, model, batch, steps."""
+    def common(f, what):
+        vals = sorted({f(r) for r in recs}, key=str)
+        return vals[0] if len(vals) == 1 else f"{what} varies"
+    parts = [common(lambda r: f"{r['device']}/{r['comm']}", "device"), common(model, "model"),
+             common(lambda r: f"global batch {r['config']['batch']}", "global batch")]
+    if steps:
+        parts.append(common(lambda r: f"{r['config']['steps']} steps", "steps"))
+    return ", ".join(parts)
+
+
+def fmt(x):
+    if isinstance(x, float):
+        if x != x:
+            return "NaN"
+        return str(int(x)) if x == int(x) and abs(x) < 1e18 else f"{x:.6g}"
+    return str(x)
+
+
+def write_tsv(path, meta, header, rows):
+    with open(path, "w") as f:
+        f.write("# parallel-labs chart data, written by plots/records_to_tsv.py\n")
+        for k, v in meta.items():
+            f.write(f"# {k}: {v}\n")
+        f.write("\t".join(header) + "\n")
+        for row in rows:
+            f.write("\t".join(fmt(x) for x in row) + "\n")
+    return path
+
+
+def bubble(recs, note):
+    rows = []
+    runs = [r for r in recs if "bubble" in r and r["lab"] in ("lab03_pp_naive", "lab04_1f1b")]
+    for r in runs:
+        meas = r["bubble"]["measured"]
+        sched = r.get("schedule", "naive")
+        m = r.get("micro_batches", 1)
+        rows.append((r["ranks"], sched, m, r["bubble"]["theory"], sum(meas) / len(meas), min(meas), max(meas),
+                     r["step_ms_median"]))
+    rows.sort(key=lambda x: (x[0], ["naive", "gpipe", "1f1b"].index(x[1]) if x[1] in ("naive", "gpipe", "1f1b") else 9, x[2]))
+    return runs, {"subtitle": subtitle(runs), "note": note, "ps": " ".join(str(p) for p in sorted({x[0] for x in rows}))}, \
+        ["p", "schedule", "m", "theory", "measured_mean", "measured_min", "measured_max", "step_ms"], rows
+
+
+def memory(recs):
+    zero = [r for r in recs if r["lab"] == "lab02_zero"]
+    dp = [r for r in recs if r["lab"] == "lab01_dp"]
+    n = max(r["ranks"] for r in (zero or dp)) if (zero or dp) else 0
+    runs = sorted([r for r in dp + zero if r["ranks"] == n], key=lambda r: (lab_no(r), r.get("zero_stage", 0)))
+    rows = []
+    cats = ["params", "grads", "optim", "acts", "comm", "workspace"]
+    names = {0: "16Ψ (replicated)", 1: "8Ψ + 8Ψ/N", 2: "4Ψ + 12Ψ/N", 3: "16Ψ/N"}
+    for r in runs:
+        per_rank = r["mem_peak_bytes_per_rank"]
+        stage = r.get("zero_stage", 0)
+        formula = sum(r["mem_formula_bytes"].values()) if "mem_formula_bytes" in r else 16 * r["params"]
+        name = "DP" if stage == 0 else f"ZeRO-{stage}"
+        rows.append([name, r["ranks"]] + [per_rank.get(c, [0])[0] for c in cats] + [per_rank["total"][0], formula, names[stage]])
+    psi = runs[0]["params"] if runs else 0
+    return runs, {"subtitle": f"N = {n} ranks, Ψ = {psi:,} parameters (fp32, AdamW), " + subtitle(runs, False)}, \
+        ["run", "ranks"] + cats + ["total", "formula_states", "formula"], rows
+
+
+def acts(recs):
+    """Two series per schedule: the global batch fixed (the most common batch) and
+    the micro-batch size fixed (the most common rows per micro-batch among the others)."""
+    runs = [r for r in recs if r["lab"] == "lab04_1f1b" and "acts_peak_measured_bytes" in r]
+    if not runs:
+        return runs, {}, [], []
+    p = Counter(r["ranks"] for r in runs).most_common(1)[0][0]
+    runs = [r for r in runs if r["ranks"] == p]
+    rows_of = lambda r: r["config"]["batch"] // r["micro_batches"]  # noqa: E731
+    batch = Counter(r["config"]["batch"] for r in runs).most_common(1)[0][0]
+    others = [rows_of(r) for r in runs if r["config"]["batch"] != batch] or [rows_of(r) for r in runs]
+    micro = Counter(others).most_common(1)[0][0]
+    rows = []
+    for series, keep in (("batch", lambda r: r["config"]["batch"] == batch), ("micro", lambda r: rows_of(r) == micro)):
+        for r in sorted(filter(keep, runs), key=lambda r: (r["schedule"], r["micro_batches"])):
+            rows.append((series, r["schedule"], r["micro_batches"], r["config"]["batch"], rows_of(r),
+                         max(r["acts_peak_measured_bytes"]), max(r["acts_peak_formula_bytes"]),
+                         r["acts_bytes_per_micro_batch"][0]))
+    sub = f"p = {p} stages, " + subtitle(runs, False).split(", global batch")[0]
+    return runs, {"subtitle": sub, "p": p, "fixed_batch": batch, "fixed_rows": micro}, \
+        ["series", "schedule", "m", "batch", "rows_per_micro", "peak_measured", "peak_formula",
+         "stage0_bytes_per_micro"], rows
+
+
+def throughput(recs):
+    runs = sorted(recs, key=lambda r: (lab_no(r), r["ranks"], r["layout"]))
+    base = [r["tokens_per_s"] for r in runs if r["lab"] == "lab01_dp" and r["ranks"] == 1]
+    rows = [(label(r), lab_no(r), r["ranks"], r["tokens_per_s"], r["step_ms_median"]) for r in runs]
+    return runs, {"subtitle": subtitle(runs), "baseline": base[0] if base else "NaN"}, \
+        ["run", "lab_no", "ranks", "tokens_per_s", "step_ms_median"], rows
+
+
+def loss(recs):
+    runs = sorted(recs, key=lambda r: (lab_no(r), r["ranks"], r["layout"]))
+    base = [r for r in runs if r["lab"] == "lab01_dp" and r["ranks"] == 1]
+    runs = base[:1] + [r for r in runs if r not in base[:1]]
+    steps = max((len(r["losses"]) for r in runs), default=0)
+    rows = []
+    for s in range(steps):
+        rows.append([s + 1] + [r["losses"][s] if s < len(r["losses"]) else float("nan") for r in runs])
+    meta = {"subtitle": subtitle(runs), "baseline": label(runs[0]) if runs else "",
+            "series": len(runs), "labs": " ".join(str(lab_no(r)) for r in runs)}
+    # losses keep 17 digits: the differences from the baseline are ~1e-7
+    return runs, meta, ["step"] + [label(r) for r in runs], [[row[0]] + [repr(x) if x == x else "NaN" for x in row[1:]] for row in rows]
+
+
+def comm(recs):
+    runs = sorted([r for r in recs if r["ranks"] > 1], key=lambda r: (lab_no(r), r["ranks"], r["layout"]))
+    rows = []
+    for r in runs:
+        f = r.get("comm_formula_bytes_per_step", -1)
+        rows.append((label(r), lab_no(r), r["ranks"], r["comm_ring_bytes_per_step"],
+                     float(f) if f is not None and f >= 0 else float("nan"), sum(r["comm_bytes_per_step"].values())))
+    return runs, {"subtitle": subtitle(runs, False) + ", max over ranks"}, \
+        ["run", "lab_no", "ranks", "ring_bytes", "formula_bytes", "payload_bytes"], rows
+
+
+def convert(paths, out, note="", only=None):
+    """Write the TSVs; returns {name: (path, runs)} for those written."""
+    recs = read_records(paths)
+    os.makedirs(out, exist_ok=True)
+    made = {}
+    for name, make in (("bubble", lambda r: bubble(r, note)), ("memory", memory), ("acts", acts),
+                       ("throughput", throughput), ("loss", loss), ("comm", comm)):
+        if only and name not in only:
+            continue
+        runs, meta, header, rows = make(recs)
+        if rows:
+            made[name] = (write_tsv(os.path.join(out, name + ".tsv"), meta, header, rows), runs)
+    return made
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("records", nargs="+", help="records.jsonl files written by the labs (--out DIR/records.jsonl)")
+    ap.add_argument("--out", default=".", help="folder for the TSV files [.]")
+    ap.add_argument("--note", default="", help="a line added to the bubble chart's subtitle")
+    a = ap.parse_args()
+    for name, (path, runs) in convert(a.records, a.out, a.note).items():
+        print(f"{path}: {len(runs)} runs")
+
+
+if __name__ == "__main__":
+    main()

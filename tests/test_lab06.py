@@ -1,0 +1,228 @@
+"""lab06_3d against its promises: every (t, p, d) grid reproduces lab01's one-rank
+losses; ranks sit on the grid in Megatron's order (TP fastest, then DP, then PP)
+and the communicators say so; each group kind moves exactly the bytes its
+formula says, on every rank; memory per rank is the rank's shard of its stage;
+omitted grid flags default as documented; on (pretended) hosts the map shows
+them and a TP group that spans two is warned about; bad input fails fast and
+clearly (the shared bad-input cases run in bad_input_lab06, test_bad_input.py).
+
+usage: test_lab06.py equivalence|grid|bad_input|cuda"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from labtest import MPIRUN, check, check_rejected, compare_losses, has_gpu, program, run  # noqa: E402
+from test_lab03 import documented_split  # noqa: E402  (the layer split stage.h documents)
+
+LAB = "lab06_3d"
+# A small model keeps 8 ranks on 2 cores to a few seconds; lab01 gets the same flags.
+L, C, H, B, T, V = 4, 64, 4, 16, 64, 256
+ARGS = ["--steps", "20", "--layers", str(L), "--d-model", str(C), "--heads", str(H),
+        "--batch", str(B), "--seq", str(T)]
+M = 2  # micro-batches per replica
+LAYOUTS = [(2, 2, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2)]
+
+
+def grid_args(t, p, d, m=M, schedule="1f1b"):
+    return ["--tp", str(t), "--pp", str(p), "--dp", str(d), "--micro-batches", str(m), "--schedule", schedule]
+
+
+def coord(rank, t, p, d):
+    """grid.h: rank = tp + t (dp + d pp)."""
+    return rank % t, rank // (t * d), rank // t % d  # (tp, pp, dp)
+
+
+def local_params(t, p, stage):
+    """Elements one rank holds, derived here from the model's shapes: per layer the
+    replicated 6C (two LayerNorms, two row-parallel biases) plus 1/t of the split
+    12C^2 + 7C; the embedding on the first stage, the head on the last."""
+    lo, hi = documented_split(L, p)[stage]
+    n = (hi - lo) * (6 * C + (12 * C * C + 7 * C) // t)
+    if stage == 0:
+        n += V * C + T * C
+    if stage == p - 1:
+        n += 2 * C + V * C
+    return n
+
+
+def check_record(rec, t, p, d, m, schedule):
+    n = t * p * d
+    check((rec["tp"], rec["pp"], rec["dp"], rec["micro_batches"], rec["schedule"]) == (t, p, d, m, schedule),
+          f"record says {rec['tp']} {rec['pp']} {rec['dp']} {rec['micro_batches']} {rec['schedule']}")
+    check(abs(rec["bubble"]["theory"] - (p - 1) / (m + p - 1)) < 1e-6, "bubble theory must be (p-1)/(m+p-1)")
+    act = (B // (d * m)) * T * C * 4  # one micro-batch's activation: a TP all-reduce, a pipeline message
+    traffic = rec["traffic_per_group"]
+    split = documented_split(L, p)
+    for r in range(n):
+        tp, pp, dp = coord(r, t, p, d)
+        lo, hi = split[pp]
+        check(rec["stage_layers_per_rank"][r] == [lo, hi], f"rank {r}: layers {rec['stage_layers_per_rank'][r]}")
+        boundaries = (pp > 0) + (pp < p - 1)
+        want = {  # calls per step, bytes each, ring factor
+            "tp": (4 * (hi - lo) * m if t > 1 else 0, act, 2 * (t - 1) / t),
+            "pp": (2 * boundaries * m, act, 1),
+            "dp": (1 if d > 1 else 0, 4 * local_params(t, p, pp), 2 * (d - 1) / d),
+        }
+        for kind, (calls, each, ring) in want.items():
+            g = traffic[kind]
+            for got_key, formula_key, value in (("calls", "calls_formula", calls),
+                                                ("payload_bytes", "payload_bytes_formula", calls * each),
+                                                ("ring_bytes", "ring_bytes_formula", ring * calls * each)):
+                check(abs(g[got_key][r] - value) < 0.5 and abs(g[formula_key][r] - value) < 0.5,
+                      f"{t}x{p}x{d} rank {r} {kind} {got_key}: measured {g[got_key][r]}, "
+                      f"lab's formula {g[formula_key][r]}, expected {value}")
+        # memory: this rank's shard of its stage, counted by the allocator
+        mem = rec["mem_peak_bytes_per_rank"]
+        params = 4 * local_params(t, p, pp)
+        check((mem["params"][r], mem["grads"][r], mem["optim"][r]) == (params, params, 2 * params),
+              f"rank {r}: params/grads/optim {mem['params'][r]} {mem['grads'][r]} {mem['optim'][r]}, expected {params}")
+        in_flight = m if schedule == "gpipe" else min(m, p - pp)
+        check(rec["acts_in_flight_formula"][r] == in_flight, f"rank {r}: in flight {rec['acts_in_flight_formula'][r]}")
+        check(mem["acts"][r] == in_flight * rec["acts_bytes_per_micro_batch"][r],
+              f"rank {r}: activation peak {mem['acts'][r]} != {in_flight} x {rec['acts_bytes_per_micro_batch'][r]}")
+    check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
+          f"ring traffic {rec['comm_ring_bytes_per_step']} != formula {rec['comm_formula_bytes_per_step']}")
+    # the stages' parameters of one TP rank add up to that rank's share of the model
+    check(sum(local_params(t, p, s) for s in range(p)) * t ==
+          t * (V * C + T * C + 2 * C + V * C + L * 6 * C) + L * (12 * C * C + 7 * C),
+          "the shards do not add up to the model (test arithmetic)")
+    print(f"  {t}x{p}x{d}: per rank TP {traffic['tp']['calls_formula']} calls, PP {traffic['pp']['calls_formula']}, "
+          f"DP {traffic['dp']['payload_bytes_formula']} B = measured; params per rank {mem['params']} B")
+
+
+EXPECTED_8 = {  # rank: (tp, pp, dp), the table of Megatron's order for t = p = d = 2
+    0: (0, 0, 0), 1: (1, 0, 0), 2: (0, 0, 1), 3: (1, 0, 1),
+    4: (0, 1, 0), 5: (1, 1, 0), 6: (0, 1, 1), 7: (1, 1, 1),
+}
+
+
+def check_grid_8(rec):
+    g = rec["grid"]
+    check((g["tp"], g["pp"], g["dp"]) == (2, 2, 2), f"grid {g['tp']}x{g['pp']}x{g['dp']}")
+    got = {x["rank"]: (x["tp"], x["pp"], x["dp"]) for x in g["ranks"]}
+    check(got == EXPECTED_8, f"grid map {got} != expected {EXPECTED_8}")
+    check(g["tp_groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]], f"TP groups {g['tp_groups']}")
+    check(g["pp_groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]], f"pipelines {g['pp_groups']}")
+    check(g["dp_groups"] == [[0, 2], [1, 3], [4, 6], [5, 7]], f"DP groups {g['dp_groups']}")
+    hosts = {x["host"] for x in g["ranks"]}
+    check(len(hosts) == 1 and "" not in hosts and g["hosts"] == 1, f"hosts {hosts} (one machine)")
+    check(g["tp_group_spans_hosts"] is False, "no TP group can span hosts on one machine")
+    print("  grid map of 8 ranks = the expected table; groups as Megatron orders them; one host")
+
+
+def equivalence():
+    ref, _, _ = run("lab01_dp", 1, ARGS)
+    # TP sums partial GEMMs in another order than one GEMM, DP averages partial
+    # means: ~1e-7 relative per sum. Measured over 20 steps: 6e-9 to 9e-9.
+    for t, p, d in LAYOUTS:
+        rec, _, _ = run(LAB, t * p * d, ARGS + grid_args(t, p, d))
+        compare_losses(f"lab06 {t}x{p}x{d} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+        check_record(rec, t, p, d, M, "1f1b")
+        if (t, p, d) == (2, 2, 2):
+            check_grid_8(rec)
+    rec, _, _ = run(LAB, 4, ARGS + grid_args(2, 2, 1, m=4, schedule="gpipe"))
+    compare_losses("lab06 2x2x1 m=4 gpipe vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+    check_record(rec, 2, 2, 1, 4, "gpipe")
+
+
+def run_on_fake_hosts(ranks_per_host, args):
+    """lab06 on 8 ranks that MPI_Get_processor_name places on hosts of
+    ranks_per_host consecutive ranks (lab06_3d/fake_hosts.c, preloaded)."""
+    out = tempfile.mkdtemp(prefix="pl-test-")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    cmd = [MPIRUN, "-n", "8", "env", f"LD_PRELOAD={os.environ['FAKE_HOSTS_LIB']}",
+           f"PL_FAKE_RANKS_PER_HOST={ranks_per_host}", program(LAB), *args, "--out", out]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    check(p.returncode == 0, f"{ranks_per_host} ranks per host: status {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    with open(os.path.join(out, "records.jsonl")) as f:
+        return json.loads(f.read().splitlines()[-1]), p.stdout
+
+
+def grid():
+    """The grid map, and the defaults of omitted grid flags (grid.h)."""
+    short = ARGS[:1] + ["1"] + ARGS[2:]
+    rec, p, _ = run(LAB, 8, short)
+    check_grid_8(rec)
+    check("spans hosts" not in p.stdout, "a warning about TP spanning hosts on one machine")
+    check("rank   tp pp dp  host" in p.stdout, "rank 0 must print the grid map")
+    for n, args, want in [(1, [], (1, 1, 1)), (2, [], (2, 1, 1)), (4, [], (2, 2, 1)),
+                          (3, ["--batch", "12"], (1, 1, 3)), (8, ["--dp", "4"], (2, 1, 4)),
+                          (8, ["--tp", "1"], (1, 2, 4)), (8, ["--pp", "4"], (2, 4, 1))]:
+        rec, _, _ = run(LAB, n, short + ["--micro-batches", "1"] + args)
+        got = (rec["grid"]["tp"], rec["grid"]["pp"], rec["grid"]["dp"])
+        check(got == want, f"-n {n} {args}: grid {got}, documented default {want}")
+        got_map = [(x["tp"], x["pp"], x["dp"]) for x in rec["grid"]["ranks"]]
+        check(got_map == [coord(r, *want) for r in range(n)], f"-n {n} {args}: map {got_map}")
+        print(f"  -n {n} {' '.join(args) or '(no grid flags)'} -> --tp {want[0]} --pp {want[1]} --dp {want[2]}")
+
+    # Two hosts of 4 ranks: each TP group on one host, the pipelines across.
+    rec, out = run_on_fake_hosts(4, short)
+    hosts = [x["host"] for x in rec["grid"]["ranks"]]
+    check(hosts == ["hostA"] * 4 + ["hostB"] * 4, f"fake hosts {hosts}")
+    check(rec["grid"]["hosts"] == 2 and rec["grid"]["tp_group_spans_hosts"] is False and "warning" not in out,
+          "4 ranks per host: no TP group spans hosts, and there must be no warning")
+    check(all(hosts[a] != hosts[b] for a, b in rec["grid"]["pp_groups"]), "every pipeline should cross the two hosts")
+    print("  2 hosts of 4 ranks: TP groups inside a host, pipelines across, no warning")
+    # Hosts of 3 ranks (0-2, 3-5, 6-7) cut the TP group [2 3], and only that one.
+    rec, out = run_on_fake_hosts(3, short)
+    warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+    check(rec["grid"]["tp_group_spans_hosts"] is True and rec["grid"]["hosts"] == 3, "3 ranks per host: a TP group spans hosts")
+    check(len(warnings) == 1 and "TP group of rank 2 spans hosts hostA and hostB" in warnings[0],
+          f"expected one warning, for the TP group [2 3]: {warnings}")
+    print(f"  hosts of 3 ranks: {warnings[0]}")
+
+
+def bad_input():
+    cases = [  # (ranks, args, text the one-line message must contain)
+        # t must divide the heads (whole heads per rank)
+        (3, ["--tp", "3"], "--tp 3"),
+        (2, ["--heads", "1", "--d-model", "64"], "--tp 2"),        # the default t = 2
+        (4, ["--tp", "4", "--pp", "1", "--heads", "2"], "--tp 4"),
+        # "t divides the MLP width 4C" cannot fail on its own: t | heads and
+        # heads | C (run_parse checks that first) imply t | 4C.
+        # t x p x d must be the rank count
+        (4, ["--tp", "2", "--pp", "2", "--dp", "2"], "--dp 2"),
+        (8, ["--tp", "2", "--pp", "2", "--dp", "1"], "mpirun started 8 ranks"),
+        (8, ["--tp", "3"], "--tp 3"),
+        (2, ["--dp", "4"], "--dp 4"),
+        (4, ["--tp", "0", "--pp", "2", "--dp", "2"], "--tp"),   # 0 is no degree (not "choose for me")
+        (2, ["--tp", "-1"], "--tp"),
+        (2, ["--pp", "two"], "--pp"),
+        (2, ["--dp"], "--dp"),
+        # more stages than layers
+        (4, ["--tp", "1", "--pp", "4", "--layers", "3"], "--pp 4"),
+        (2, ["--tp", "1", "--pp", "2", "--layers", "1"], "--pp 2"),
+        # each replica's rows must split into micro-batches
+        (4, ["--tp", "1", "--pp", "1", "--dp", "4", "--batch", "8", "--micro-batches", "4"], "--micro-batches 4"),
+        (2, ["--micro-batches", "0"], "--micro-batches"),
+        (2, ["--schedule", "zb-v"], "--schedule"),
+        # a few shared cases at a 3D layout; all of them run in bad_input_lab06
+        # (tests/test_bad_input.py), with a grid that fits the ranks
+        (8, ["--bogus"], "--bogus"),
+        (4, ["--heads", "5"], "--heads"),
+        (4, ["--out", "/proc/parallel-labs-test"], "--out"),
+    ]
+    for n, args, needle in cases:
+        check_rejected(LAB, n, args, needle)
+    print(f"{len(cases)} bad inputs rejected with status 2 and one line on every rank")
+
+
+def cuda():
+    """GPU-labelled: lab06 on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
+    if not has_gpu(LAB):
+        print("no GPU: skipped")
+        sys.exit(77)
+    cpu, _, _ = run("lab01_dp", 1, ARGS + ["--device", "cpu"])
+    for t, p, d in [(2, 2, 1), (1, 2, 2)]:
+        gpu, _, _ = run(LAB, t * p * d, ARGS + grid_args(t, p, d) + ["--device", "cuda"])
+        # cuBLAS sums in another order than OpenBLAS: bound 1e-3 over 20 steps, as lab01's
+        compare_losses(f"cuda lab06 {t}x{p}x{d} vs cpu lab01 -n 1", gpu["losses"], cpu["losses"], 1e-3)
+        check_record(gpu, t, p, d, M, "1f1b")
+
+
+if __name__ == "__main__":
+    {"equivalence": equivalence, "grid": grid, "bad_input": bad_input, "cuda": cuda}[sys.argv[1]]()
+    print("passed")
