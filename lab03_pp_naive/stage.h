@@ -137,4 +137,9 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
  * ("\"stage_layers\":[[0,2],...],..."), malloc'd; rank 0 also prints them. */
 char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text);
 
+/* --eval: the held-out loss, the stage forward over the held-out batches of
+ * `data` (no backward), collective over the pipe. Traffic stays out of the
+ * stats, so the record's per-step figures remain the training's. */
+double stage_evaluate(pipeline_stage *st, const dataset *data, int batch, int seq);
+
 #endif
