@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #ifdef PL_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -105,12 +106,15 @@ void die(const char *fmt, ...) {
     int rank = -1, inited = 0;
     MPI_Initialized(&inited);
     if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    /* one write, so lines of other ranks cannot land inside the message */
+    char msg[1024];
+    int n = snprintf(msg, sizeof msg, "rank %d: error: ", rank);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "rank %d: error: ", rank);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(msg + n, sizeof msg - (size_t)n - 1, fmt, ap);
     va_end(ap);
+    strcat(msg, "\n");
+    fputs(msg, stderr);
     fflush(stderr);
     /* MPI_Abort ends every rank of the job, so nobody waits for this one. */
     if (inited) MPI_Abort(MPI_COMM_WORLD, 1);
