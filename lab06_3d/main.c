@@ -19,7 +19,12 @@
  * What to look at: the grid map printed at start (which rank holds which
  * (tp, pp, dp) on which host); the losses, equal to `lab01_dp -n 1`; the
  * "3D traffic" lines after the summary, one per group kind beside its formula;
- * the bubble per rank beside (p-1)/(m+p-1); memory per rank. */
+ * the bubble per rank beside (p-1)/(m+p-1); memory per rank.
+ *
+ * Checkpoints (--save, --resume) hold whole tensors, so a rank's view is its
+ * TP shard of its stage's layers (lab05's tp_checkpoint_hold over the stage's
+ * range) and a file saved at one grid resumes at any other, or in any lab. */
+#include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
 #include "dp.h"
@@ -34,6 +39,39 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* --eval: lab04's pipeline forward on the held-out batches, micro-batch by
+ * micro-batch, no backward; each replica reads its own B/d rows of every
+ * held-out batch (st->first_row), as in training. The loss, on the last stage,
+ * is summed over the pipeline and averaged over the replicas: the mean over the
+ * whole batch, lab01's. The forward's TP all-reduces and the sums here stay out
+ * of the traffic counts, so the record's per-step figures are the training's. */
+static double evaluate(const run_ctx *ctx, pipeline_stage *st, process_grid *g) {
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, ctx->opt.seq, &heldout);
+    const dataset *training_data = st->data;
+    comm *groups[3] = {&g->tp, &g->pipe, &g->dp};
+    comm_stat training[3][COLL_NKINDS];
+    for (int k = 0; k < 3; k++) memcpy(training[k], groups[k]->stats, sizeof training[k]);
+    st->data = &heldout;
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        stage_step_begin(st, b);
+        for (int mb = 0; mb < st->micro_batches; mb++) {
+            gpt_acts a;
+            stage_acts_alloc(st, &a, mb);
+            stage_forward(st, &a, mb);
+            stage_acts_free(st, &a);
+        }
+        double loss = st->loss_sum / st->micro_batches; /* the last stage's; 0 on the others */
+        comm_allreduce_host(&g->pipe, &loss, 1);
+        comm_allreduce_host(&g->dp, &loss, 1);
+        sum += loss / g->dp.size;
+    }
+    st->data = training_data;
+    for (int k = 0; k < 3; k++) memcpy(groups[k]->stats, training[k], sizeof training[k]);
+    return sum / batches;
+}
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -85,6 +123,13 @@ int main(int argc, char **argv) {
      * replicas, as lab01 does: the mean over the whole global batch. */
     dp_grad_sync dp_sync;
     dp_sync_init(&dp_sync, &grid.dp, st.grads, st.begin, st.end, 0);
+    /* lab05's view over lab04's stage: this TP shard of this stage's layers,
+     * replicated tensors whole. The d replicas hold the same elements; the
+     * lowest rank of them saves them, and on resume every replica loads them. */
+    ckpt_view view;
+    ckpt_view_init(&view, st.params, st.end - st.begin, st.adam_m, st.adam_v, st.end - st.begin);
+    tp_checkpoint_hold(&tl, st.lo, st.hi, &view);
+    const int first = ckpt_resume(&ctx, &view);
     const schedule_kind kind = schedule_parse(schedule);
     const double theory = schedule_bubble_theory(p, m);
     if (ctx.rank == 0) {
@@ -95,8 +140,9 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
 
-    for (int step = 0; step < ctx.opt.steps; step++) {
-        run_step_begin(&ctx, step);
+    for (int i = 0; i < ctx.opt.steps; i++) {
+        const int step = first + i; /* the global step: it picks the batch and AdamW's t */
+        run_step_begin(&ctx, i);
         double t0 = now_seconds();
         stage_step_begin(&st, step);
         schedule_run(&st, kind, m);           /* lab04: the pipeline, TP layers inside */
@@ -108,7 +154,13 @@ int main(int argc, char **argv) {
         if (ctx.device == DEVICE_CPU)
             snprintf(extra, sizeof extra, "bubble rank 0 %.2f (theory %.2f)",
                      1 - st.busy_seconds / (now_seconds() - t0), theory);
-        run_step_end(&ctx, step, loss, extra[0] ? extra : NULL);
+        run_step_end(&ctx, i, loss, extra[0] ? extra : NULL);
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &st, &grid);
+        ckpt_print_eval(&ctx, eval_loss);
     }
 
     report3d rep;
@@ -121,13 +173,16 @@ int main(int argc, char **argv) {
              t, p, d, m, schedule_name(kind), grid_json, rep.json ? "," : "", rep.json ? rep.json : "");
     char layout[64];
     snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
     run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
                          .comm_formula = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives, "
                                          "the formulas below",
-                         .bubble_theory = theory, .extra_json = extra_json};
+                         .bubble_theory = theory, .extra_json = record};
     run_finish(&ctx, &report);
     report3d_print(&rep, &grid);
+    free(record);
+    ckpt_view_free(&view);
 
     report3d_free(&rep);
     free(extra_json);

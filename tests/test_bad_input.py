@@ -84,6 +84,11 @@ PER_LAB = {
         (4, ["--tp", "4", "--pp", "1", "--dp", "1", "--heads", "2"], "--tp"),
         (4, ["--tp", "1", "--pp", "4", "--dp", "1", "--layers", "3"], "--layers"),
         (4, ["--tp", "0", "--pp", "2", "--dp", "2"], "--tp"),
+        # checkpoints at the 2 x 2 x 1 grid: refused on all four ranks before the
+        # grid is built (test_checkpoint.py resume_lab06: a file of another shape)
+        (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", "/nonexistent/ck.safetensors"], "--resume"),
+        (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", EMPTY], EMPTY),
+        (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--save", A_FOLDER], "--save"),
     ],
 }
 

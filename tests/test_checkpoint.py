@@ -4,18 +4,22 @@
              for bit (losses and the final checkpoint); a checkpoint saved at one
              layout resumes at others within 1e-5 of lab01 -n 1; --eval is the same
              whatever the layout and leaves the training figures alone
+  resume_lab06
+             the same for lab06 at t x p x d = 2 x 2 x 1, its checkpoint continued
+             by lab01 -n 1, lab02 --zero-stage 3 -n 2 and lab06 at 1 x 2 x 2; a
+             lab06 checkpoint with other --layers / --d-model flags is refused
   format     the file is plain safetensors: the header parses with json, the tensor
              names, shapes and offsets are the documented ones, the checksum is the
              FNV-1a of the data, and the parameters are lab01's --dump-weights
   refused    truncated, corrupted, mismatched and non-checkpoint files: status 2 on
              every rank, one line naming the file, within 5 s, nothing created
-  kill_lab04, kill_lab05
+  kill_lab04, kill_lab05, kill_lab06
              a rank killed with SIGKILL in the middle of a step ends the whole job
              with a non-zero status within 10 s, and no rank is left behind
   io_error   a checkpoint that cannot be written at run time ends the job with one
              line naming the rank and the failing call
 
-usage: test_checkpoint.py resume|format|refused|kill_lab04|kill_lab05|io_error"""
+usage: test_checkpoint.py resume|resume_lab06|format|refused|kill_lab04|kill_lab05|kill_lab06|io_error"""
 import json
 import os
 import shutil
@@ -41,6 +45,8 @@ LAYOUTS = [
     ("lab04_1f1b", 2, ["--micro-batches", "4"]),
     ("lab05_tp", 2, []),
 ]
+# lab06 at the grid of issue 7: every rank holds a TP shard of one stage's layers
+LAB06 = ("lab06_3d", 4, ["--tp", "2", "--pp", "2", "--dp", "1"])
 
 
 def read_checkpoint(path):
@@ -51,34 +57,40 @@ def read_checkpoint(path):
     return json.loads(blob[8:8 + n]), blob[8 + n:]
 
 
+def exact_resume(tmp, lab, n, flags, ref):
+    """20 steps straight == 10, save, resume, 10, bit for bit, in losses, eval and the
+    final state; --eval leaves the training figures alone; all within 1e-5 of lab01
+    -n 1 (ref). Returns the checkpoint after 10 steps."""
+    ck = f"{tmp}/{lab}.safetensors"
+    straight, _, _ = run(lab, n, MODEL + flags + ["--steps", "20", "--eval", "--save", f"{tmp}/{lab}-20"])
+    first, _, _ = run(lab, n, MODEL + flags + ["--steps", "10", "--save", ck, "--save-every", "5"])
+    saved = f"{tmp}/{lab}-10"
+    shutil.copy(ck, saved)
+    second, _, _ = run(lab, n, MODEL + flags + ["--steps", "10", "--resume", ck, "--save", ck, "--eval"])
+    check(first["losses"] == straight["losses"][:10], f"{lab}: the first 10 steps differ from the straight run")
+    check(second["losses"] == straight["losses"][10:],
+          f"{lab}: resumed losses {second['losses'][:3]}... != straight {straight['losses'][10:13]}...")
+    check(second["first_step"] == 10 and second["resumed_from"] == ck, f"{lab}: the record must say where it resumed")
+    check(second["eval_loss"] == straight["eval_loss"], f"{lab}: eval after resume differs")
+    # the saved state too: the checkpoint after 10 + 10 steps is the one after 20
+    _, d20 = read_checkpoint(f"{tmp}/{lab}-20")
+    _, d2 = read_checkpoint(ck)
+    check(d20 == d2, f"{lab}: the state after resume + 10 steps differs from 20 steps straight")
+    # --eval must not change what the record says about training
+    check(straight["comm_bytes_per_step"] == first["comm_bytes_per_step"],
+          f"{lab}: --eval changed the traffic per step {straight['comm_bytes_per_step']} vs {first['comm_bytes_per_step']}")
+    check(straight["mem_peak_bytes"] == first["mem_peak_bytes"], f"{lab}: --eval changed the memory peaks")
+    compare_losses(f"{lab} -n {n} vs lab01 -n 1", straight["losses"], ref["losses"], 1e-5)
+    check(abs(straight["eval_loss"] - ref["eval_loss"]) <= 1e-5 * ref["eval_loss"],
+          f"{lab}: eval loss {straight['eval_loss']} vs lab01's {ref['eval_loss']}")
+    print(f"{lab} -n {n}: resume bit-identical (losses and state); eval {straight['eval_loss']:.6f}", flush=True)
+    return saved
+
+
 def resume():
     tmp = tempfile.mkdtemp(prefix="pl-ckpt-")
     ref, _, _ = run("lab01_dp", 1, MODEL + ["--steps", "20", "--eval"])
-    saved = {}
-    for lab, n, flags in LAYOUTS:
-        ck = f"{tmp}/{lab}.safetensors"
-        straight, _, _ = run(lab, n, MODEL + flags + ["--steps", "20", "--eval", "--save", f"{tmp}/{lab}-20"])
-        first, _, _ = run(lab, n, MODEL + flags + ["--steps", "10", "--save", ck, "--save-every", "5"])
-        saved[lab] = f"{tmp}/{lab}-10"
-        shutil.copy(ck, saved[lab])
-        second, p, _ = run(lab, n, MODEL + flags + ["--steps", "10", "--resume", ck, "--save", ck, "--eval"])
-        check(first["losses"] == straight["losses"][:10], f"{lab}: the first 10 steps differ from the straight run")
-        check(second["losses"] == straight["losses"][10:],
-              f"{lab}: resumed losses {second['losses'][:3]}... != straight {straight['losses'][10:13]}...")
-        check(second["first_step"] == 10 and second["resumed_from"] == ck, f"{lab}: the record must say where it resumed")
-        check(second["eval_loss"] == straight["eval_loss"], f"{lab}: eval after resume differs")
-        # the saved state too: the checkpoint after 10 + 10 steps is the one after 20
-        _, d20 = read_checkpoint(f"{tmp}/{lab}-20")
-        _, d2 = read_checkpoint(ck)
-        check(d20 == d2, f"{lab}: the state after resume + 10 steps differs from 20 steps straight")
-        # --eval must not change what the record says about training
-        check(straight["comm_bytes_per_step"] == first["comm_bytes_per_step"],
-              f"{lab}: --eval changed the traffic per step {straight['comm_bytes_per_step']} vs {first['comm_bytes_per_step']}")
-        check(straight["mem_peak_bytes"] == first["mem_peak_bytes"], f"{lab}: --eval changed the memory peaks")
-        compare_losses(f"{lab} -n {n} vs lab01 -n 1", straight["losses"], ref["losses"], 1e-5)
-        check(abs(straight["eval_loss"] - ref["eval_loss"]) <= 1e-5 * ref["eval_loss"],
-              f"{lab}: eval loss {straight['eval_loss']} vs lab01's {ref['eval_loss']}")
-        print(f"{lab} -n {n}: resume bit-identical (losses and state); eval {straight['eval_loss']:.6f}", flush=True)
+    saved = {lab: exact_resume(tmp, lab, n, flags, ref) for lab, n, flags in LAYOUTS}
     check(ref["eval_loss"] < ref["losses"][0], "the held-out loss should have fallen from the initial loss")
 
     # across layouts: what one lab saved, another continues
@@ -89,6 +101,23 @@ def resume():
                 continue
             rec, _, _ = run(lab, n, MODEL + flags + ["--steps", "10", "--resume", saved[source]])
             compare_losses(f"saved by {source}, resumed by {lab} -n {n}", rec["losses"], ref["losses"][10:], 1e-5)
+
+
+def resume_lab06():
+    tmp = tempfile.mkdtemp(prefix="pl-ckpt-")
+    ref, _, _ = run("lab01_dp", 1, MODEL + ["--steps", "20", "--eval"])
+    lab, n, flags = LAB06
+    saved = exact_resume(tmp, lab, n, flags, ref)
+    # shards and stages put back together: other labs, and lab06 at another grid
+    # (two DP replicas load the same elements), continue the serial curve
+    for other, m, other_flags in [("lab01_dp", 1, []), ("lab02_zero", 2, ["--zero-stage", "3"]),
+                                  ("lab06_3d", 4, ["--tp", "1", "--pp", "2", "--dp", "2"])]:
+        rec, _, _ = run(other, m, MODEL + other_flags + ["--steps", "10", "--resume", saved])
+        compare_losses(f"saved by {lab} -n {n} {' '.join(flags)}, resumed by {other} -n {m} {' '.join(other_flags)}",
+                       rec["losses"], ref["losses"][10:], 1e-5)
+    # the grid may change, the model may not: a sound file for another shape is refused
+    check_rejected(lab, n, flags + MODEL[:1] + ["2"] + MODEL[2:] + ["--resume", saved], "--layers")
+    check_rejected(lab, n, flags + MODEL[:3] + ["128"] + MODEL[4:] + ["--resume", saved], "--d-model")
 
 
 def expected_tensors(L, C, T, V=256):
@@ -280,5 +309,8 @@ def io_error():
 if __name__ == "__main__":
     {"resume": resume, "format": format_, "refused": refused, "io_error": io_error,
      "kill_lab04": lambda: kill("lab04_1f1b", 3, 1, ["--micro-batches", "4"]),  # the middle stage
-     "kill_lab05": lambda: kill("lab05_tp", 2, 1, [])}[sys.argv[1]]()
+     "kill_lab05": lambda: kill("lab05_tp", 2, 1, []),
+     # rank 1: (tp 1, pp 0), so its TP peer waits in an all-reduce, stage 1 on a message
+     "kill_lab06": lambda: kill(LAB06[0], LAB06[1], 1, LAB06[2]),
+     "resume_lab06": resume_lab06}[sys.argv[1]]()
     print("passed")
