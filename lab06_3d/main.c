@@ -40,37 +40,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --eval: lab04's pipeline forward on the held-out batches, micro-batch by
- * micro-batch, no backward; each replica reads its own B/d rows of every
- * held-out batch (st->first_row), as in training. The loss, on the last stage,
- * is summed over the pipeline and averaged over the replicas: the mean over the
- * whole batch, lab01's. The forward's TP all-reduces and the sums here stay out
+/* --eval: lab03's stage_evaluate (the pipeline forward on the held-out
+ * batches, no backward), each replica on its own B/d rows of every held-out
+ * batch (st->first_row), as in training; averaged over the replicas, that is
+ * the mean over the whole batch, lab01's. The forward's TP all-reduces stay out
  * of the traffic counts, so the record's per-step figures are the training's. */
 static double evaluate(const run_ctx *ctx, pipeline_stage *st, process_grid *g) {
-    dataset heldout;
-    int batches = data_heldout(&ctx->data, ctx->opt.batch, ctx->opt.seq, &heldout);
-    const dataset *training_data = st->data;
-    comm *groups[3] = {&g->tp, &g->pipe, &g->dp};
-    comm_stat training[3][COLL_NKINDS];
-    for (int k = 0; k < 3; k++) memcpy(training[k], groups[k]->stats, sizeof training[k]);
-    st->data = &heldout;
-    double sum = 0;
-    for (int b = 0; b < batches; b++) {
-        stage_step_begin(st, b);
-        for (int mb = 0; mb < st->micro_batches; mb++) {
-            gpt_acts a;
-            stage_acts_alloc(st, &a, mb);
-            stage_forward(st, &a, mb);
-            stage_acts_free(st, &a);
-        }
-        double loss = st->loss_sum / st->micro_batches; /* the last stage's; 0 on the others */
-        comm_allreduce_host(&g->pipe, &loss, 1);
-        comm_allreduce_host(&g->dp, &loss, 1);
-        sum += loss / g->dp.size;
-    }
-    st->data = training_data;
-    for (int k = 0; k < 3; k++) memcpy(groups[k]->stats, training[k], sizeof training[k]);
-    return sum / batches;
+    comm_stat tp_training[COLL_NKINDS];
+    memcpy(tp_training, g->tp.stats, sizeof tp_training);
+    double loss = stage_evaluate(st, &ctx->data, ctx->opt.batch, ctx->opt.seq);
+    memcpy(g->tp.stats, tp_training, sizeof tp_training);
+    comm_allreduce_host(&g->dp, &loss, 1);
+    return loss / g->dp.size;
 }
 
 int main(int argc, char **argv) {
