@@ -16,7 +16,9 @@ field() { # RECORDS KEY -> the last record's number
     python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])[sys.argv[2]])" "$1" "$2"
 }
 
-yard=$("$BUILD/bench_sgemm" | tee /dev/stderr | sed -n 's/.*: \([0-9.]*\) GFLOP.*/\1/p')
+line=$("$BUILD/bench_sgemm")
+echo "$line"
+yard=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) GFLOP.*/\1/p')
 
 mpirun -n 1 "$BUILD/lab01_dp" --layers 4 --d-model 128 --heads 4 --seq 64 --batch 8 --steps 30 \
     --out "$OUT/small" >/dev/null
