@@ -11,9 +11,10 @@
  * cuBLAS call below is therefore written for the transposes; each says which
  * row-major product it computes.
  *
- * Gradient sums are deterministic (no atomics) except the embedding scatter
- * of encoder_backward, where two positions with the same token add to the same
- * row of dwte in a run-dependent order. */
+ * Gradient sums are deterministic (no atomics), the embedding scatter of
+ * encoder_backward included: a tensor-parallel rank recomputes the replicated
+ * wte gradient itself, and the ranks must get the same bits (lab05's
+ * --check-sync), which atomics adding in a run-dependent order would not give. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -122,15 +123,25 @@ __global__ void encoder_forward_kernel(float *out, const int *tokens, const floa
     }
 }
 
-/* One thread per element of dout. Positions sharing a token add into the same
- * dwte row, which only an atomic add makes safe. */
+/* One block per position n, threads over the channels. Positions sharing a
+ * token add into the same dwte row; an atomic add would make the order (and
+ * so the bits) differ from run to run and from rank to rank. Instead the
+ * block of a token's FIRST position sums all its positions, in increasing
+ * order starting from dwte's value, as the CPU twin does; the blocks of later
+ * positions of the same token do nothing. The scans over tokens are O(N) per
+ * block, cheap next to the matmuls for the N = B*T of these labs. */
 __global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *tokens,
-                                            int C, long NC) {
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < NC;
-         i += (long)gridDim.x * blockDim.x) {
-        long n = i / C;
-        int c = (int)(i % C);
-        atomicAdd(&dwte[(long)tokens[n] * C + c], dout[i]);
+                                            int C, long N) {
+    long n = blockIdx.x;
+    int tok = tokens[n];
+    int seen = 0;
+    for (long m = threadIdx.x; m < n; m += blockDim.x) seen |= tokens[m] == tok;
+    if (__syncthreads_or(seen)) return; /* block-uniform: an earlier block owns this token */
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = dwte[(long)tok * C + c];
+        for (long m = n; m < N; m++)
+            if (tokens[m] == tok) s += dout[m * C + c];
+        dwte[(long)tok * C + c] = s;
     }
 }
 
@@ -159,8 +170,8 @@ static void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout,
                                   const int *tokens, int B, int T, int C) {
     long NC = (long)B * T * C;
     if (NC <= 0) return;
-    encoder_backward_wte_kernel<<<elementwise_blocks(NC), THREADS, 0, stream()>>>(
-        dwte, dout, tokens, C, NC);
+    encoder_backward_wte_kernel<<<(unsigned)((long)B * T), 128, 0, stream()>>>(dwte, dout, tokens, C,
+                                                                              (long)B * T);
     LAUNCH_CHECK("encoder_backward_wte");
     encoder_backward_wpe_kernel<<<elementwise_blocks((long)T * C), THREADS, 0, stream()>>>(
         dwpe, dout, B, T, C);
