@@ -51,8 +51,7 @@ extern "C" {
 static cudaStream_t stream(void) { return (cudaStream_t)device_compute_stream(); }
 
 /* One cuBLAS handle, made on first use and kept bound to the compute stream
- * (device_use makes a new stream each time it is called, so re-bind when the
- * stream changes). Default math mode: full FP32, no TF32, so results match the
+ * (re-bound if the stream ever changes). Default math mode: full FP32, no TF32, so results match the
  * CPU twin to FP32 rounding. */
 static cublasHandle_t cublas(void) {
     static cublasHandle_t handle;
@@ -624,9 +623,6 @@ static double cuda_sum_squares(const float *x, long N) {
     if (N <= 0) return 0.0;
     if (!partials) {
         partials = (double *)mem_alloc(SUMSQ_BLOCKS * sizeof(double), MEM_WORKSPACE);
-        /* mem_alloc zeroes with cudaMemset on the legacy default stream, which a
-         * non-blocking compute stream does not wait for: let it finish first. */
-        CUDA_CHECK(cudaDeviceSynchronize());
     }
     long want = (N + THREADS - 1) / THREADS;
     int blocks = (int)(want < SUMSQ_BLOCKS ? want : SUMSQ_BLOCKS);

@@ -75,14 +75,8 @@ static int *host_tokens(long n, int V) {
 
 /* ---- device buffers (g_device is CUDA for the whole test) ------------------- */
 
-/* mem_alloc zeroes a buffer with cudaMemset on the legacy default stream, and
- * the compute stream (non-blocking) does not wait for it: without the device
- * synchronization, that zeroing could land after the copy below. */
-static void *dev_alloc(size_t bytes) {
-    void *d = mem_alloc(bytes, MEM_WORKSPACE);
-    device_synchronize();
-    return d;
-}
+/* mem_alloc zeroes the buffer on the compute stream, ahead of any copy. */
+static void *dev_alloc(size_t bytes) { return mem_alloc(bytes, MEM_WORKSPACE); }
 
 static float *dev_floats(const float *host, long n) {
     float *d = dev_alloc((size_t)n * sizeof *d);
