@@ -1,5 +1,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
+#include "textbuf.h"
 #include "device.h"
 #include "mem.h"
 #include <errno.h>
@@ -117,33 +118,6 @@ static void tensor_table_free(tensor_table *tt) { free(tt->t); }
 
 /* ---- JSON: just enough for a safetensors header ---------------------------------- */
 
-/* A growing string. */
-typedef struct { char *s; size_t len, cap; } text;
-
-static void put(text *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) die("checkpoint: formatting failed");
-        if (b->s && (size_t)k < b->cap - b->len) { b->len += (size_t)k; return; }
-        b->cap = 2 * b->cap + (size_t)k + 256;
-        b->s = realloc(b->s, b->cap);
-        if (!b->s) die("out of host memory");
-    }
-}
-
-/* A JSON string's contents: quotes, backslashes and control bytes escaped. */
-static void put_escaped(text *b, const char *s) {
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') put(b, "\\%c", c);
-        else if (c < 0x20) put(b, "\\u%04x", c);
-        else put(b, "%c", c);
-    }
-}
 
 typedef struct { const char *p, *end; } scan;
 
@@ -603,7 +577,7 @@ static void unpack(const all_runs *a, int size, long P, const float *recv, const
                          filled, P, what);
 }
 
-static void write_file(const char *path, const text *header, const float *data, size_t data_bytes) {
+static void write_file(const char *path, const textbuf *header, const float *data, size_t data_bytes) {
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
@@ -635,33 +609,33 @@ static void write_file(const char *path, const text *header, const float *data, 
     }
 }
 
-static text make_header(const run_ctx *ctx, int step, const tensor_table *tt, uint64_t checksum) {
+static textbuf make_header(const run_ctx *ctx, int step, const tensor_table *tt, uint64_t checksum) {
     const run_options *o = &ctx->opt;
     const adamw_config *a = &ctx->adamw;
-    text b = {0};
-    put(&b, "{\"__metadata__\":{\"format\":\"%s\",\"step\":\"%d\",\"vocab\":\"%d\",\"layers\":\"%d\","
+    textbuf b = {0};
+    textbuf_printf(&b, "{\"__metadata__\":{\"format\":\"%s\",\"step\":\"%d\",\"vocab\":\"%d\",\"layers\":\"%d\","
             "\"d_model\":\"%d\",\"heads\":\"%d\",\"seq\":\"%d\",\"batch\":\"%d\",\"seed\":\"%d\",\"lr\":\"%.9g\","
             "\"weight_decay\":\"%.9g\",\"clip\":\"%.9g\",\"beta1\":\"%g\",\"beta2\":\"%g\",\"eps\":\"%g\","
-            "\"lab\":\"",
+            "\"lab\":",
         FORMAT, step, ctx->model.vocab, o->layers, o->d_model, o->heads, o->seq, o->batch, o->seed, o->lr,
         o->weight_decay, o->clip, a->beta1, a->beta2, a->eps);
-    put_escaped(&b, ctx->lab.name);
-    put(&b, "\",\"ranks\":\"%d\",\"data\":\"", ctx->size);
-    put_escaped(&b, ctx->data.source);
-    put(&b, "\",\"checksum\":\"fnv1a64:%016llx\"}", (unsigned long long)checksum);
+    textbuf_json_string(&b, ctx->lab.name);
+    textbuf_printf(&b, ",\"ranks\":\"%d\",\"data\":", ctx->size);
+    textbuf_json_string(&b, ctx->data.source);
+    textbuf_printf(&b, ",\"checksum\":\"fnv1a64:%016llx\"}", (unsigned long long)checksum);
     for (int i = 0; i < tt->n; i++) {
         const tensor_entry *e = &tt->t[i];
         long begin = 4 * e->offset, end = begin + 4 * e->rows * e->cols;
         if (e->cols == 1)
-            put(&b, ",\n\"%s\":{\"dtype\":\"F32\",\"shape\":[%ld],\"data_offsets\":[%ld,%ld]}", e->name, e->rows,
+            textbuf_printf(&b, ",\n\"%s\":{\"dtype\":\"F32\",\"shape\":[%ld],\"data_offsets\":[%ld,%ld]}", e->name, e->rows,
                 begin, end);
         else
-            put(&b, ",\n\"%s\":{\"dtype\":\"F32\",\"shape\":[%ld,%ld],\"data_offsets\":[%ld,%ld]}", e->name,
+            textbuf_printf(&b, ",\n\"%s\":{\"dtype\":\"F32\",\"shape\":[%ld,%ld],\"data_offsets\":[%ld,%ld]}", e->name,
                 e->rows, e->cols, begin, end);
     }
-    put(&b, "}");
+    textbuf_printf(&b, "}");
     /* pad with spaces so the data starts 8-byte aligned, as safetensors writers do */
-    while ((8 + b.len) % 8) put(&b, " ");
+    while ((8 + b.len) % 8) textbuf_printf(&b, " ");
     return b;
 }
 
@@ -735,7 +709,7 @@ void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step) {
         size_t data_bytes = 3 * (size_t)P * sizeof(float);
         tensor_table tt;
         tensor_table_init(&tt, &ctx->model);
-        text header = make_header(ctx, step, &tt, fnv1a64(data, data_bytes));
+        textbuf header = make_header(ctx, step, &tt, fnv1a64(data, data_bytes));
         write_file(path, &header, data, data_bytes);
         tensor_table_free(&tt);
         char mb[16];
@@ -771,15 +745,15 @@ void ckpt_print_eval(const run_ctx *ctx, double eval_loss) {
 
 char *ckpt_record_json(const run_ctx *ctx, const ckpt_view *v, double eval_loss, const char *lab_extra) {
     const run_options *o = &ctx->opt;
-    text b = {0};
-    put(&b, "%s%s\"first_step\":%d,\"resumed_from\":", lab_extra ? lab_extra : "",
+    textbuf b = {0};
+    textbuf_printf(&b, "%s%s\"first_step\":%d,\"resumed_from\":", lab_extra ? lab_extra : "",
         lab_extra && lab_extra[0] ? "," : "", v->first_step);
-    if (o->resume) { put(&b, "\""); put_escaped(&b, o->resume); put(&b, "\""); }
-    else put(&b, "null");
-    put(&b, ",\"saved_to\":");
-    if (o->save) { put(&b, "\""); put_escaped(&b, o->save); put(&b, "\""); }
-    else put(&b, "null");
-    if (eval_loss >= 0) put(&b, ",\"eval_loss\":%.17g", eval_loss);
-    else put(&b, ",\"eval_loss\":null");
+    if (o->resume) textbuf_json_string(&b, o->resume);
+    else textbuf_printf(&b, "null");
+    textbuf_printf(&b, ",\"saved_to\":");
+    if (o->save) textbuf_json_string(&b, o->save);
+    else textbuf_printf(&b, "null");
+    if (eval_loss >= 0) textbuf_printf(&b, ",\"eval_loss\":%.17g", eval_loss);
+    else textbuf_printf(&b, ",\"eval_loss\":null");
     return b.s;
 }

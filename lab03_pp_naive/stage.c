@@ -3,6 +3,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "run.h" /* human() */
+#include "textbuf.h"
 #include "trace.h"
 #include <stdarg.h>
 #include <stdio.h>
@@ -231,28 +232,10 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
 
 /* ---- the record ---------------------------------------------------------------- */
 
-/* Append printf-style text to a growing string. */
-static void append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
-        va_end(ap);
-        if (k < 0) die("stage_report_json: formatting failed");
-        if ((size_t)k < *cap - *len) { *len += (size_t)k; return; }
-        *cap = 2 * *cap + (size_t)k;
-        *buf = realloc(*buf, *cap);
-        if (!*buf) die("out of host memory");
-    }
-}
-
-static void append_array(char **buf, size_t *len, size_t *cap, const char *key, const double *all,
-                         int field, int fields, int p) {
-    append(buf, len, cap, ",\"%s\":[", key);
-    for (int r = 0; r < p; r++) append(buf, len, cap, "%s%.0f", r ? "," : "", all[r * fields + field]);
-    append(buf, len, cap, "]");
+static void append_array(textbuf *b, const char *key, const double *all, int field, int fields, int p) {
+    textbuf_printf(b, ",\"%s\":[", key);
+    for (int r = 0; r < p; r++) textbuf_printf(b, "%s%.0f", r ? "," : "", all[r * fields + field]);
+    textbuf_printf(b, "]");
 }
 
 char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text) {
@@ -268,22 +251,19 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
     mine[PEAK] = (double)mem_peak(MEM_ACTS);
     comm_allreduce_host(s->pipe, all, p * FIELDS); /* every other slot is 0: a gather */
 
-    size_t len = 0, cap = 256;
-    char *buf = malloc(cap);
-    if (!buf) die("out of host memory");
-    buf[0] = 0;
-    append(&buf, &len, &cap, "\"stages\":%d,\"stage_layers\":[", p);
+    textbuf json = {0};
+    textbuf_printf(&json, "\"stages\":%d,\"stage_layers\":[", p);
     for (int r = 0; r < p; r++)
-        append(&buf, &len, &cap, "%s[%.0f,%.0f]", r ? "," : "", all[r * FIELDS + LO], all[r * FIELDS + HI]);
-    append(&buf, &len, &cap, "]");
-    append_array(&buf, &len, &cap, "acts_bytes_per_micro_batch", all, BYTES, FIELDS, p);
-    append_array(&buf, &len, &cap, "acts_in_flight_formula", all, IN_FLIGHT, FIELDS, p);
-    append(&buf, &len, &cap, ",\"acts_peak_formula_bytes\":[");
+        textbuf_printf(&json, "%s[%.0f,%.0f]", r ? "," : "", all[r * FIELDS + LO], all[r * FIELDS + HI]);
+    textbuf_printf(&json, "]");
+    append_array(&json, "acts_bytes_per_micro_batch", all, BYTES, FIELDS, p);
+    append_array(&json, "acts_in_flight_formula", all, IN_FLIGHT, FIELDS, p);
+    textbuf_printf(&json, ",\"acts_peak_formula_bytes\":[");
     for (int r = 0; r < p; r++)
-        append(&buf, &len, &cap, "%s%.0f", r ? "," : "", all[r * FIELDS + IN_FLIGHT] * all[r * FIELDS + BYTES]);
-    append(&buf, &len, &cap, "]");
-    append_array(&buf, &len, &cap, "acts_peak_measured_bytes", all, PEAK, FIELDS, p);
-    append(&buf, &len, &cap, ",\"acts_formula\":\"%s\"", formula_text);
+        textbuf_printf(&json, "%s%.0f", r ? "," : "", all[r * FIELDS + IN_FLIGHT] * all[r * FIELDS + BYTES]);
+    textbuf_printf(&json, "]");
+    append_array(&json, "acts_peak_measured_bytes", all, PEAK, FIELDS, p);
+    textbuf_printf(&json, ",\"acts_formula\":\"%s\"", formula_text);
 
     if (s->index == 0) {
         char a[16], b[16], c[16];
@@ -298,7 +278,7 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
         fflush(stdout);
     }
     free(all);
-    return buf;
+    return json.s;
 }
 
 /* --eval: the same pipeline forward on the held-out batches instead of

@@ -1,7 +1,7 @@
-/* A growing string for the run record's JSON members and the console tables.
- * (lab03's stage.c has a private twin; common/ could offer one to every lab.) */
-#ifndef LAB06_TEXTBUF_H
-#define LAB06_TEXTBUF_H
+/* A growing string, for the run record's JSON members, checkpoint headers and
+ * console tables. Start with `textbuf b = {0};`, free(b.s) when done. */
+#ifndef PL_TEXTBUF_H
+#define PL_TEXTBUF_H
 #include <stddef.h>
 
 typedef struct textbuf {
