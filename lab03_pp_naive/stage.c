@@ -83,6 +83,7 @@ void stage_free(pipeline_stage *s) {
 }
 
 void stage_step_begin(pipeline_stage *s, int step) {
+    s->step_started = now_seconds();
     s->step = step;
     s->loss_sum = 0;
     s->busy_seconds = 0;
@@ -308,4 +309,13 @@ double stage_evaluate(pipeline_stage *st, const dataset *data, int batch, int se
     st->data = training_data;
     memcpy(st->pipe->stats, training, sizeof training);
     return sum / batches;
+}
+
+const char *stage_bubble_text(const pipeline_stage *s, double theory, char buf[64]) {
+    /* The host clock sees the work only on the CPU (CUDA queues it and returns);
+     * on GPUs the summary's trace-based figures are the ones to read. */
+    if (g_device != DEVICE_CPU) return NULL;
+    snprintf(buf, 64, "bubble rank 0 %.2f (theory %.2f)",
+             1 - s->busy_seconds / (now_seconds() - s->step_started), theory);
+    return buf;
 }

@@ -76,6 +76,7 @@ typedef struct pipeline_stage {
     gpt_acts *spare_acts;   /* blocks of finished micro-batches, kept for reuse */
     int n_spare_acts;
     double busy_seconds;    /* host time in compute this step (the step line's bubble) */
+    double step_started;    /* host clock at stage_step_begin */
 } pipeline_stage;
 
 /* Collective over pipe. Creates this stage's slice of the initial weights
@@ -136,6 +137,11 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
  * and the measured peaks, as members of the run record
  * ("\"stage_layers\":[[0,2],...],..."), malloc'd; rank 0 also prints them. */
 char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text);
+
+/* The step line's "bubble rank 0 x (theory y)": 1 - busy/wall on this rank's
+ * host clock since stage_step_begin; NULL on CUDA, where the host clock does
+ * not see the work. buf holds the text. */
+const char *stage_bubble_text(const pipeline_stage *s, double theory, char buf[64]);
 
 /* --eval: the held-out loss, the stage forward over the held-out batches of
  * `data` (no backward), collective over the pipe. Traffic stays out of the

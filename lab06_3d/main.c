@@ -124,18 +124,12 @@ int main(int argc, char **argv) {
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
-        double t0 = now_seconds();
         stage_step_begin(&st, step);
         schedule_run(&st, kind, m);           /* lab04: the pipeline, TP layers inside */
         if (d > 1) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
         double loss = stage3d_optimizer_step(&st, &tl, &grid, &ctx.adamw, ctx.opt.clip);
-        /* The host clock sees the work only on the CPU (CUDA queues it and
-         * returns); on GPUs the summary's trace-based figures are the ones to read. */
-        char extra[64] = "";
-        if (ctx.device == DEVICE_CPU)
-            snprintf(extra, sizeof extra, "bubble rank 0 %.2f (theory %.2f)",
-                     1 - st.busy_seconds / (now_seconds() - t0), theory);
-        run_step_end(&ctx, i, loss, extra[0] ? extra : NULL);
+        char bubble[64];
+        run_step_end(&ctx, i, loss, stage_bubble_text(&st, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
     double eval_loss = -1;

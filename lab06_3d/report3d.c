@@ -105,23 +105,19 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
 
     textbuf b = {0};
     textbuf_printf(&b, "\"traffic_per_group\":{");
+    /* per group kind, one array over the ranks for each of these */
+    static const struct { const char *key; int field; } columns[] = {
+        {"calls", G_CALLS}, {"payload_bytes", G_PAYLOAD}, {"ring_bytes", G_RING}, {"seconds", G_SECONDS},
+        {"calls_formula", G_CALLS_F}, {"payload_bytes_formula", G_PAYLOAD_F},
+        {"ring_bytes_formula", G_RING_F}};
     for (int k = 0; k < GROUP_KINDS; k++) {
         const int o = k * G_FIELDS;
         textbuf_printf(&b, "%s\"%s\":{\"group_size\":%d,", k ? "," : "", group_names[k],
                        k == GROUP_TP ? d.tp : k == GROUP_PP ? d.pp : d.dp);
-        json_column(&b, "calls", r->rows, r->ranks, o + G_CALLS);
-        textbuf_printf(&b, ",");
-        json_column(&b, "payload_bytes", r->rows, r->ranks, o + G_PAYLOAD);
-        textbuf_printf(&b, ",");
-        json_column(&b, "ring_bytes", r->rows, r->ranks, o + G_RING);
-        textbuf_printf(&b, ",");
-        json_column(&b, "seconds", r->rows, r->ranks, o + G_SECONDS);
-        textbuf_printf(&b, ",");
-        json_column(&b, "calls_formula", r->rows, r->ranks, o + G_CALLS_F);
-        textbuf_printf(&b, ",");
-        json_column(&b, "payload_bytes_formula", r->rows, r->ranks, o + G_PAYLOAD_F);
-        textbuf_printf(&b, ",");
-        json_column(&b, "ring_bytes_formula", r->rows, r->ranks, o + G_RING_F);
+        for (int c = 0; c < (int)(sizeof columns / sizeof columns[0]); c++) {
+            if (c) textbuf_printf(&b, ",");
+            json_column(&b, columns[c].key, r->rows, r->ranks, o + columns[c].field);
+        }
         textbuf_printf(&b, "}");
     }
     textbuf_printf(&b, "},\"stage_layers_per_rank\":[");
