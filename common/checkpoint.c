@@ -1,8 +1,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
-#include "textbuf.h"
 #include "device.h"
+#include "jsonval.h"
 #include "mem.h"
+#include "paths.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -16,8 +17,6 @@
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint.c writes fp32 as the host stores it, which must be little-endian"
 #endif
-
-#define FORMAT "parallel-labs-checkpoint-1"
 
 /* ---- what a rank holds ---------------------------------------------------------- */
 
@@ -116,175 +115,49 @@ static void tensor_table_init(tensor_table *tt, const gpt_config *cfg) {
 
 static void tensor_table_free(tensor_table *tt) { free(tt->t); }
 
-/* ---- JSON: just enough for a safetensors header ---------------------------------- */
+/* ---- the header: metadata and checksum ------------------------------------------------ */
 
+/* Format 2 (the one written): the checksum covers the metadata as well as the
+ * data, so a changed step, shape or hyper-parameter is refused like a flipped
+ * weight bit. Format 1 files (a checksum of the data alone) are still read. */
+#define FORMAT "parallel-labs-checkpoint-2"
+#define FORMAT_1 "parallel-labs-checkpoint-1"
+/* The largest header read, as safetensors' own readers (100 MB): beyond it the
+ * 8 bytes in front cannot be a header length. */
+#define HEADER_MAX_BYTES (100LL << 20)
 
-typedef struct { const char *p, *end; } scan;
+static int by_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static void skip_ws(scan *s) {
-    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) s->p++;
-}
-
-static int eat(scan *s, char c) {
-    skip_ws(s);
-    if (s->p < s->end && *s->p == c) { s->p++; return 1; }
-    return 0;
-}
-
-/* A string into out (NUL-terminated); simple escapes only, \u of ASCII included. */
-static int read_string(scan *s, char *out, size_t cap) {
-    if (!eat(s, '"')) return 0;
+/* Format 2's checksum, FNV-1a 64: every member of __metadata__ but "checksum",
+ * in the byte order of the keys, as the key, a 0 byte, the value, a 0 byte;
+ * then the data. Any reader recomputes it from the parsed header (values are
+ * strings). */
+static uint64_t checksum_v2(json_t *metadata, const void *data, size_t data_bytes) {
+    const char **keys = malloc((json_object_size(metadata) + 1) * sizeof *keys), *key;
+    if (!keys) die("out of host memory");
     size_t n = 0;
-    while (s->p < s->end && *s->p != '"') {
-        char c = *s->p++;
-        if (c == '\\') {
-            if (s->p >= s->end) return 0;
-            c = *s->p++;
-            if (c == 'u') {
-                unsigned x = 0;
-                for (int i = 0; i < 4; i++, s->p++) {
-                    if (s->p >= s->end) return 0;
-                    char h = *s->p;
-                    x = 16 * x + (unsigned)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                            : h >= 'A' && h <= 'F' ? h - 'A' + 10 : 99);
-                }
-                if (x > 0x7f) return 0;
-                c = (char)x;
-            } else if (c == 'n') c = '\n';
-            else if (c == 't') c = '\t';
-            else if (c == 'r') c = '\r';
-            else if (c == 'b') c = '\b';
-            else if (c == 'f') c = '\f';
-        }
-        if (n + 1 >= cap) return 0;
-        out[n++] = c;
+    json_t *value;
+    json_object_foreach(metadata, key, value)
+        if (strcmp(key, "checksum")) keys[n++] = key;
+    qsort(keys, n, sizeof *keys, by_key);
+    uint64_t h = FNV1A64_INIT;
+    for (size_t i = 0; i < n; i++) {
+        value = json_object_get(metadata, keys[i]);
+        h = fnv1a64(h, keys[i], strlen(keys[i]) + 1); /* with its terminating 0 */
+        h = fnv1a64(h, json_string_value(value), json_string_length(value));
+        h = fnv1a64(h, "", 1);
     }
-    if (!eat(s, '"')) return 0;
-    out[n] = 0;
-    return 1;
-}
-
-static int read_count(scan *s, long *x) {
-    skip_ws(s);
-    long v = 0;
-    const char *start = s->p;
-    while (s->p < s->end && *s->p >= '0' && *s->p <= '9') {
-        if (v > (1L << 50)) return 0;
-        v = 10 * v + (*s->p++ - '0');
-    }
-    *x = v;
-    return s->p > start;
-}
-
-/* [a, b, ...] of at most max counts; returns how many, -1 on a syntax error. */
-static int read_counts(scan *s, long *x, int max) {
-    if (!eat(s, '[')) return -1;
-    int n = 0;
-    if (eat(s, ']')) return 0;
-    do {
-        long v;
-        if (!read_count(s, &v) || n == max) return -1;
-        x[n++] = v;
-    } while (eat(s, ','));
-    return eat(s, ']') ? n : -1;
-}
-
-typedef struct {
-    char name[96], dtype[16];
-    long shape[4], offsets[2];
-    int dims, n_offsets;
-} header_tensor;
-
-typedef struct {
-    header_tensor *t;
-    int n, cap;
-    char meta_key[32][32], meta_value[32][256];
-    int n_meta;
-} header;
-
-static const char *meta(const header *h, const char *key) {
-    for (int i = 0; i < h->n_meta; i++)
-        if (!strcmp(h->meta_key[i], key)) return h->meta_value[i];
-    return NULL;
-}
-
-/* The header's top-level object: "__metadata__" (string values) and tensors
- * {"dtype", "shape", "data_offsets"}. Returns 0 or -1 with the reason. */
-static int parse_header(const char *json, size_t len, header *h, char *why, size_t whylen) {
-    scan s = {json, json + len};
-    memset(h, 0, sizeof *h);
-    char key[96];
-    if (!eat(&s, '{')) goto bad;
-    if (eat(&s, '}')) goto done;
-    do {
-        if (!read_string(&s, key, sizeof key) || !eat(&s, ':')) goto bad;
-        if (!strcmp(key, "__metadata__")) {
-            if (!eat(&s, '{')) goto bad;
-            if (eat(&s, '}')) continue;
-            do {
-                char k[32], v[256];
-                if (!read_string(&s, k, sizeof k) || !eat(&s, ':') || !read_string(&s, v, sizeof v)) goto bad;
-                if (h->n_meta < 32) {
-                    snprintf(h->meta_key[h->n_meta], sizeof h->meta_key[0], "%s", k);
-                    snprintf(h->meta_value[h->n_meta++], sizeof h->meta_value[0], "%s", v);
-                }
-            } while (eat(&s, ','));
-            if (!eat(&s, '}')) goto bad;
-            continue;
-        }
-        if (h->n == h->cap) {
-            h->cap = h->cap ? 2 * h->cap : 64;
-            h->t = realloc(h->t, (size_t)h->cap * sizeof *h->t);
-            if (!h->t) die("out of host memory");
-        }
-        header_tensor *t = &h->t[h->n++];
-        memset(t, 0, sizeof *t);
-        snprintf(t->name, sizeof t->name, "%s", key);
-        if (!eat(&s, '{')) goto bad;
-        do {
-            char k[32];
-            if (!read_string(&s, k, sizeof k) || !eat(&s, ':')) goto bad;
-            if (!strcmp(k, "dtype")) {
-                if (!read_string(&s, t->dtype, sizeof t->dtype)) goto bad;
-            } else if (!strcmp(k, "shape")) {
-                if ((t->dims = read_counts(&s, t->shape, 4)) < 0) goto bad;
-            } else if (!strcmp(k, "data_offsets")) {
-                if ((t->n_offsets = read_counts(&s, t->offsets, 2)) != 2) goto bad;
-            } else {
-                goto bad;
-            }
-        } while (eat(&s, ','));
-        if (!eat(&s, '}')) goto bad;
-    } while (eat(&s, ','));
-    if (!eat(&s, '}')) goto bad;
-done:
-    skip_ws(&s);
-    if (s.p == s.end) return 0;
-bad:
-    snprintf(why, whylen, "the header is not the JSON of a safetensors file (stops making sense at byte %ld of %zu)",
-             (long)(s.p - json), len);
-    free(h->t);
-    h->t = NULL;
-    return -1;
-}
-
-/* ---- checksum -------------------------------------------------------------------- */
-
-static uint64_t fnv1a64(const void *data, size_t n) {
-    const unsigned char *p = data;
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
-    return h;
+    free(keys);
+    return fnv1a64(h, data, data_bytes);
 }
 
 /* ---- reading and checking a file ---------------------------------------------------- */
 
 typedef struct {
-    int step;
+    int step, format; /* format 1 or 2 */
     char lab[64];
-    long params;  /* P */
-    float *data;  /* [params | m | v], 3P floats (inside `file`) */
-    char *file;   /* the whole file */
+    long params;      /* P */
+    float *data;      /* [params | m | v], 3P floats, malloc'd */
 } ckpt_file;
 
 static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
@@ -298,59 +171,120 @@ static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...
     return -1;
 }
 
-static long meta_long(const header *h, const char *key, int *ok) {
-    const char *v = meta(h, key);
+static const char *meta(json_t *metadata, const char *key) {
+    return json_string_value(json_object_get(metadata, key));
+}
+
+static long meta_long(json_t *metadata, const char *key, int *ok) {
+    const char *v = meta(metadata, key);
     char *end;
+    errno = 0;
     long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || end == v || *end) *ok = 0;
+    if (!v || end == v || *end || errno) *ok = 0;
     return x;
 }
 
-/* Reads path whole and checks it against the model the flags describe:
- * the header, the shapes, the size and the checksum. Nothing is kept on error. */
+/* A JSON value as short text for a message ("missing" for none). */
+static void json_brief(json_t *v, char *buf, size_t len) {
+    char *s = v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    snprintf(buf, len, "%s", s ? s : "missing");
+    free(s);
+}
+
+/* A tensor's entry must be {"dtype": "F32", "shape": [rows(, cols)],
+ * "data_offsets": [begin, end]} where this model puts it, and nothing else. */
+static int check_tensor(json_t *t, const tensor_entry *e, const char *path, char *err, size_t errlen) {
+    if (!json_is_object(t)) return fail(err, errlen, path, "tensor %s: its entry is not a JSON object", e->name);
+    const char *key;
+    json_t *value;
+    json_object_foreach(t, key, value)
+        if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets"))
+            return fail(err, errlen, path, "tensor %s has an unknown member \"%s\"", e->name, key);
+    const char *dtype = json_string_value(json_object_get(t, "dtype"));
+    json_t *shape = json_object_get(t, "shape"), *offsets = json_object_get(t, "data_offsets");
+    const int vec = e->cols == 1;
+    const long long want[2] = {e->rows, e->cols}, begin = 4LL * e->offset, end = begin + 4LL * e->rows * e->cols;
+    int ok = dtype && !strcmp(dtype, "F32") && json_is_array(shape) && json_array_size(shape) == (vec ? 1u : 2u);
+    for (size_t d = 0; ok && d < json_array_size(shape); d++)
+        ok = json_is_integer(json_array_get(shape, d)) && json_integer_value(json_array_get(shape, d)) == want[d];
+    char got[96];
+    if (!ok) {
+        char wanted[48];
+        if (vec) snprintf(wanted, sizeof wanted, "[%ld]", e->rows);
+        else snprintf(wanted, sizeof wanted, "[%ld,%ld]", e->rows, e->cols);
+        json_brief(shape, got, sizeof got);
+        return fail(err, errlen, path, "tensor %s is %s %s, expected F32 %s", e->name, dtype ? dtype : "of no dtype",
+                    got, wanted);
+    }
+    json_t *b = json_array_get(offsets, 0), *z = json_array_get(offsets, 1);
+    if (!json_is_array(offsets) || json_array_size(offsets) != 2 || !json_is_integer(b) || !json_is_integer(z) ||
+        json_integer_value(b) != begin || json_integer_value(z) != end) {
+        json_brief(offsets, got, sizeof got);
+        return fail(err, errlen, path, "tensor %s is at bytes %s of the data, expected [%lld,%lld]", e->name, got,
+                    begin, end);
+    }
+    return 0;
+}
+
+/* Reads path and checks it against the model the flags describe: the 8-byte
+ * length and the header first, so a file that is no checkpoint is refused
+ * before its data is read; then the data and the checksum. Nothing is kept on
+ * error. */
 static int read_checkpoint(const char *path, const gpt_config *cfg, ckpt_file *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, errlen, path, "%s", strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return fail(err, errlen, path, "not a regular file");
-    }
-    size_t size = (size_t)st.st_size;
-    char *file = malloc(size + 1);
-    if (!file) { fclose(f); return fail(err, errlen, path, "out of host memory reading %zu bytes", size); }
-    size_t got = fread(file, 1, size, f);
-    int read_error = ferror(f);
-    fclose(f);
-    if (read_error || got != size) { free(file); return fail(err, errlen, path, "read error"); }
-
+    long long size;
+    int fd = path_open_input("--resume", path, -1, &size, err, errlen);
+    if (fd < 0) return -1;
     int rc = -1;
-    header h = {0};
+    char *text = NULL;
+    json_t *root = NULL;
     tensor_table tt = {0};
-    if (size < 8) { fail(err, errlen, path, "truncated: %zu bytes, not even the 8-byte header length", size); goto out; }
+    float *data = NULL;
+    unsigned char len8[8];
+    if (size < 8) { fail(err, errlen, path, "truncated: %lld bytes, not even the 8-byte header length", size); goto out; }
+    if (path_read_exact(fd, len8, 8)) { fail(err, errlen, path, "read error: %s", strerror(errno)); goto out; }
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (unsigned char)file[i];
-    if (hlen > size - 8) {
-        fail(err, errlen, path, "truncated or not a safetensors file: the header length says %llu bytes, %zu follow",
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
+    if (hlen > (uint64_t)size - 8) {
+        fail(err, errlen, path, "truncated or not a safetensors file: the header length says %llu bytes, %lld follow",
              (unsigned long long)hlen, size - 8);
         goto out;
     }
-    char why[160];
-    if (parse_header(file + 8, (size_t)hlen, &h, why, sizeof why) != 0) { fail(err, errlen, path, "%s", why); goto out; }
-    const char *format = meta(&h, "format");
-    if (!format || strcmp(format, FORMAT)) {
+    if (hlen > (uint64_t)HEADER_MAX_BYTES) {
+        fail(err, errlen, path, "not a safetensors file: the header length says %llu bytes, more than the %lld "
+             "a reader accepts", (unsigned long long)hlen, HEADER_MAX_BYTES);
+        goto out;
+    }
+    text = malloc((size_t)hlen + 1);
+    if (!text) { fail(err, errlen, path, "out of host memory for a %llu-byte header", (unsigned long long)hlen); goto out; }
+    if (path_read_exact(fd, text, (size_t)hlen)) { fail(err, errlen, path, "read error: %s", strerror(errno)); goto out; }
+    json_error_t je;
+    root = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    if (!root || !json_is_object(root)) {
+        if (root) fail(err, errlen, path, "the header is JSON but not an object: not a safetensors file");
+        else fail(err, errlen, path, "the header is not valid JSON (%s, at byte %d of %llu): not a safetensors file",
+                  je.text, je.position, (unsigned long long)hlen);
+        goto out;
+    }
+    json_t *metadata = json_object_get(root, "__metadata__");
+    const char *format = meta(metadata, "format");
+    out->format = !format ? 0 : !strcmp(format, FORMAT) ? 2 : !strcmp(format, FORMAT_1) ? 1 : 0;
+    if (!out->format) {
         fail(err, errlen, path, "not a parallel-labs checkpoint (__metadata__ format is %s%s%s, expected \"%s\")",
              format ? "\"" : "", format ? format : "missing", format ? "\"" : "", FORMAT);
         goto out;
     }
+    const char *key;
+    json_t *value;
+    json_object_foreach(metadata, key, value)
+        if (!json_is_string(value)) { fail(err, errlen, path, "__metadata__ \"%s\" is not a string", key); goto out; }
     /* the shape first: a mismatch names the flag, which is what the user can change */
     int ok = 1;
     struct { const char *key, *flag; long want; } shape[] = {
         {"vocab", "vocab", cfg->vocab}, {"layers", "--layers", cfg->layers}, {"d_model", "--d-model", cfg->d_model},
         {"heads", "--heads", cfg->heads}, {"seq", "--seq", cfg->seq}};
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) {
-        long have = meta_long(&h, shape[i].key, &ok);
+        long have = meta_long(metadata, shape[i].key, &ok);
         if (!ok) { fail(err, errlen, path, "__metadata__ has no valid \"%s\"", shape[i].key); goto out; }
         if (have != shape[i].want) {
             fail(err, errlen, path, "the checkpoint has %s %ld, the flags say %s %ld (the model shapes must match)",
@@ -358,95 +292,58 @@ static int read_checkpoint(const char *path, const gpt_config *cfg, ckpt_file *o
             goto out;
         }
     }
-    long step = meta_long(&h, "step", &ok);
+    long step = meta_long(metadata, "step", &ok);
     if (!ok || step < 0 || step > 1000000000L) { fail(err, errlen, path, "__metadata__ has no valid \"step\""); goto out; }
 
     /* every tensor where this model puts it, nothing else */
     tensor_table_init(&tt, cfg);
-    if (h.n != tt.n) { fail(err, errlen, path, "%d tensors, this model has %d", h.n, tt.n); goto out; }
+    size_t tensors = json_object_size(root) - (metadata != NULL);
+    if (tensors != (size_t)tt.n) { fail(err, errlen, path, "%zu tensors, this model has %d", tensors, tt.n); goto out; }
     for (int i = 0; i < tt.n; i++) {
-        const tensor_entry *e = &tt.t[i];
-        const header_tensor *t = strcmp(h.t[i].name, e->name) ? NULL : &h.t[i];
-        for (int j = 0; !t && j < h.n; j++)
-            if (!strcmp(h.t[j].name, e->name)) t = &h.t[j];
-        if (!t) { fail(err, errlen, path, "tensor %s is missing", e->name); goto out; }
-        int vec = e->cols == 1;
-        if (strcmp(t->dtype, "F32") || t->dims != (vec ? 1 : 2) || t->shape[0] != e->rows ||
-            (!vec && t->shape[1] != e->cols)) {
-            char want[48], got[96] = "";
-            if (vec) snprintf(want, sizeof want, "[%ld]", e->rows);
-            else snprintf(want, sizeof want, "[%ld, %ld]", e->rows, e->cols);
-            for (int d = 0; d < t->dims; d++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%ld", d ? ", " : "", t->shape[d]);
-            fail(err, errlen, path, "tensor %s is %s [%s], expected F32 %s", e->name, t->dtype, got, want);
-            goto out;
-        }
-        long b = 4 * e->offset, n = 4 * e->rows * e->cols;
-        if (t->offsets[0] != b || t->offsets[1] != b + n) {
-            fail(err, errlen, path, "tensor %s is at bytes [%ld, %ld) of the data, expected [%ld, %ld)", e->name,
-                 t->offsets[0], t->offsets[1], b, b + n);
-            goto out;
-        }
+        json_t *t = json_object_get(root, tt.t[i].name);
+        if (!t) { fail(err, errlen, path, "tensor %s is missing", tt.t[i].name); goto out; }
+        if (check_tensor(t, &tt.t[i], path, err, errlen)) goto out;
     }
-    size_t data_bytes = 3 * (size_t)tt.params * sizeof(float), have = size - 8 - (size_t)hlen;
+    size_t data_bytes = 3 * (size_t)tt.params * sizeof(float), have = (size_t)size - 8 - (size_t)hlen;
     if (have != data_bytes) {
         fail(err, errlen, path, "%s: %zu bytes of tensor data, the header describes %zu",
              have < data_bytes ? "truncated" : "trailing bytes", have, data_bytes);
         goto out;
     }
-    const char *sum = meta(&h, "checksum");
-    char computed[40];
-    snprintf(computed, sizeof computed, "fnv1a64:%016llx",
-             (unsigned long long)fnv1a64(file + 8 + hlen, data_bytes));
-    if (!sum || strcmp(sum, computed)) {
-        fail(err, errlen, path, "checksum mismatch, the data is corrupted (header says %s, the data gives %s)",
-             sum ? sum : "nothing", computed);
+    data = malloc(data_bytes);
+    if (!data) { fail(err, errlen, path, "out of host memory for %zu bytes of tensors", data_bytes); goto out; }
+    if (path_read_exact(fd, data, data_bytes)) {
+        fail(err, errlen, path, "read error: %s", errno ? strerror(errno) : "the file shrank while being read");
         goto out;
     }
-    /* the data starts at 8 + hlen, which need not be 4-aligned for another writer */
-    if ((8 + hlen) % sizeof(float)) {
-        memmove(file, file + 8 + hlen, data_bytes);
-        out->data = (float *)file;
-    } else {
-        out->data = (float *)(file + 8 + hlen);
+    const char *sum = meta(metadata, "checksum");
+    char computed[40];
+    snprintf(computed, sizeof computed, "fnv1a64:%016llx", (unsigned long long)(out->format == 2
+             ? checksum_v2(metadata, data, data_bytes) : fnv1a64(FNV1A64_INIT, data, data_bytes)));
+    if (!sum || strcmp(sum, computed)) {
+        fail(err, errlen, path, "checksum mismatch, the file was changed or corrupted (the header says %s, the %s "
+             "give %s)", sum ? sum : "nothing", out->format == 2 ? "metadata and data" : "data", computed);
+        goto out;
     }
-    out->file = file;
+    out->data = data;
     out->step = (int)step;
     out->params = tt.params;
-    snprintf(out->lab, sizeof out->lab, "%s", meta(&h, "lab") ? meta(&h, "lab") : "?");
+    snprintf(out->lab, sizeof out->lab, "%s", meta(metadata, "lab") ? meta(metadata, "lab") : "?");
     rc = 0;
 out:
-    free(h.t);
+    close(fd);
+    free(text);
+    json_decref(root);
     tensor_table_free(&tt);
-    if (rc) free(file);
+    if (rc) free(data);
     return rc;
 }
 
 int ckpt_check_flags(const run_ctx *ctx, char *err, size_t errlen) {
-    const run_options *o = &ctx->opt;
-    if (o->resume) {
-        ckpt_file f;
-        if (read_checkpoint(o->resume, &ctx->model, &f, err, errlen) != 0) return -1;
-        free(f.file);
-    }
-    if (o->save) {
-        /* the folder must take the temporary file and the rename; nothing is created yet */
-        char dir[512];
-        snprintf(dir, sizeof dir, "%s", o->save);
-        char *slash = strrchr(dir, '/');
-        if (slash == dir) dir[1] = 0;
-        else if (slash) *slash = 0;
-        else snprintf(dir, sizeof dir, ".");
-        struct stat st;
-        if (stat(o->save, &st) == 0 && S_ISDIR(st.st_mode)) {
-            snprintf(err, errlen, "--save %s: is a folder, give a file name", o->save);
-            return -1;
-        }
-        if (access(dir, W_OK) != 0) {
-            snprintf(err, errlen, "--save %s: cannot write in %s: %s", o->save, dir, strerror(errno));
-            return -1;
-        }
-    }
+    if (!ctx->opt.resume) return 0;
+    ckpt_file f;
+    if (read_checkpoint(ctx->opt.resume, &ctx->model, &f, err, errlen) != 0) return -1;
+    free(f.data);
     return 0;
 }
 
@@ -473,17 +370,18 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
     v->first_step = 0;
     if (!ctx->opt.resume) return 0;
     ckpt_file f;
-    char err[600];
+    char err[sizeof ctx->error];
     if (read_checkpoint(ctx->opt.resume, &ctx->model, &f, err, sizeof err) != 0) die("%s", err);
     long P = f.params;
     load_slice(v->params, v->params_len, &v->params_at, f.data, P);
     load_slice(v->adam_m, v->moments_len, &v->moments_at, f.data + P, P);
     load_slice(v->adam_v, v->moments_len, &v->moments_at, f.data + 2 * P, P);
-    free(f.file);
+    free(f.data);
     v->first_step = f.step;
     if (ctx->rank == 0) {
-        printf("resumed from %s: %d steps done (saved by %s); running steps %d-%d\n", ctx->opt.resume, f.step,
-               f.lab, f.step + 1, f.step + ctx->opt.steps);
+        printf("resumed from %s: %d steps done (saved by %s%s); running steps %d-%d\n", ctx->opt.resume, f.step,
+               f.lab, f.format == 1 ? ", format 1: its checksum covers the data only" : "", f.step + 1,
+               f.step + ctx->opt.steps);
         fflush(stdout);
     }
     return f.step;
@@ -577,66 +475,93 @@ static void unpack(const all_runs *a, int size, long P, const float *recv, const
                          filled, P, what);
 }
 
-static void write_file(const char *path, const textbuf *header, const float *data, size_t data_bytes) {
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+/* Temporary file, fsync, rename: a crash leaves the old file or the new one,
+ * never half of one. The temporary is named after the target and this process
+ * (path_temp_name), removed on every error and on SIGINT/SIGTERM, and a save
+ * removes the temporaries of earlier saves that were killed. */
+static void write_file(const char *path, const char *header, size_t header_len, const float *data,
+                       size_t data_bytes) {
+    path_remove_stale_temps(path);
+    char *tmp = path_temp_name(path);
+    path_remove_on_signal(tmp);
     FILE *f = fopen(tmp, "wb");
     if (!f) die("fopen(%s) for the checkpoint: %s", tmp, strerror(errno));
     unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(header->len >> (8 * i));
-    if (fwrite(len8, 1, 8, f) != 8 || fwrite(header->s, 1, header->len, f) != header->len ||
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)header_len >> (8 * i));
+    if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, header_len, f) != header_len ||
         fwrite(data, 1, data_bytes, f) != data_bytes || fflush(f) != 0) {
         int e = errno;
         fclose(f);
         unlink(tmp);
         die("fwrite(%s) of the checkpoint: %s", tmp, strerror(e));
     }
-    /* on disk before the rename: a crash leaves the old file or the new one, never half of one */
     if (fsync(fileno(f)) != 0) { int e = errno; fclose(f); unlink(tmp); die("fsync(%s): %s", tmp, strerror(e)); }
     if (fclose(f) != 0) { int e = errno; unlink(tmp); die("fclose(%s): %s", tmp, strerror(e)); }
     if (rename(tmp, path) != 0) { int e = errno; unlink(tmp); die("rename(%s, %s): %s", tmp, path, strerror(e)); }
+    path_remove_on_signal(NULL);
+    free(tmp);
     /* and the rename itself on disk */
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir) dir[1] = 0;
-    else if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
+    char *dir = path_folder(path);
     int fd = open(dir, O_RDONLY);
     if (fd >= 0) {
         fsync(fd); /* best effort: some file systems refuse fsync on a folder */
         close(fd);
     }
+    free(dir);
 }
 
-static textbuf make_header(const run_ctx *ctx, int step, const tensor_table *tt, uint64_t checksum) {
+/* The header: __metadata__ (strings, as safetensors wants) with format 2's
+ * checksum, then every tensor in file order, padded with spaces so the data
+ * starts 8-byte aligned as safetensors writers do. malloc'd, *len bytes. */
+static char *make_header(const run_ctx *ctx, int step, const tensor_table *tt, const float *data,
+                         size_t data_bytes, size_t *len) {
     const run_options *o = &ctx->opt;
     const adamw_config *a = &ctx->adamw;
-    textbuf b = {0};
-    textbuf_printf(&b, "{\"__metadata__\":{\"format\":\"%s\",\"step\":\"%d\",\"vocab\":\"%d\",\"layers\":\"%d\","
-            "\"d_model\":\"%d\",\"heads\":\"%d\",\"seq\":\"%d\",\"batch\":\"%d\",\"seed\":\"%d\",\"lr\":\"%.9g\","
-            "\"weight_decay\":\"%.9g\",\"clip\":\"%.9g\",\"beta1\":\"%g\",\"beta2\":\"%g\",\"eps\":\"%g\","
-            "\"lab\":",
-        FORMAT, step, ctx->model.vocab, o->layers, o->d_model, o->heads, o->seq, o->batch, o->seed, o->lr,
-        o->weight_decay, o->clip, a->beta1, a->beta2, a->eps);
-    textbuf_json_string(&b, ctx->lab.name);
-    textbuf_printf(&b, ",\"ranks\":\"%d\",\"data\":", ctx->size);
-    textbuf_json_string(&b, ctx->data.source);
-    textbuf_printf(&b, ",\"checksum\":\"fnv1a64:%016llx\"}", (unsigned long long)checksum);
+    json_t *m = json_object(), *root = json_object();
+    if (!m || !root) die("out of host memory");
+    char v[64];
+#define META(key, ...) (snprintf(v, sizeof v, __VA_ARGS__), jsonval_set(m, key, jsonval_text(v)))
+    META("format", "%s", FORMAT);
+    META("step", "%d", step);
+    META("vocab", "%d", ctx->model.vocab);
+    META("layers", "%d", o->layers);
+    META("d_model", "%d", o->d_model);
+    META("heads", "%d", o->heads);
+    META("seq", "%d", o->seq);
+    META("batch", "%d", o->batch);
+    META("seed", "%d", o->seed);
+    META("lr", "%.9g", o->lr);
+    META("weight_decay", "%.9g", o->weight_decay);
+    META("clip", "%.9g", o->clip);
+    META("beta1", "%g", a->beta1);
+    META("beta2", "%g", a->beta2);
+    META("eps", "%g", a->eps);
+    jsonval_set(m, "lab", jsonval_text(ctx->lab.name));
+    META("ranks", "%d", ctx->size);
+    jsonval_set(m, "data", jsonval_text(ctx->data.source));
+    META("checksum", "fnv1a64:%016llx", (unsigned long long)checksum_v2(m, data, data_bytes));
+#undef META
+    jsonval_set(root, "__metadata__", m);
     for (int i = 0; i < tt->n; i++) {
         const tensor_entry *e = &tt->t[i];
-        long begin = 4 * e->offset, end = begin + 4 * e->rows * e->cols;
-        if (e->cols == 1)
-            textbuf_printf(&b, ",\n\"%s\":{\"dtype\":\"F32\",\"shape\":[%ld],\"data_offsets\":[%ld,%ld]}", e->name, e->rows,
-                begin, end);
-        else
-            textbuf_printf(&b, ",\n\"%s\":{\"dtype\":\"F32\",\"shape\":[%ld,%ld],\"data_offsets\":[%ld,%ld]}", e->name,
-                e->rows, e->cols, begin, end);
+        json_int_t begin = 4 * (json_int_t)e->offset, end = begin + 4 * (json_int_t)e->rows * e->cols;
+        json_t *t = e->cols == 1
+            ? json_pack("{s:s,s:[I],s:[I,I]}", "dtype", "F32", "shape", (json_int_t)e->rows, "data_offsets", begin, end)
+            : json_pack("{s:s,s:[I,I],s:[I,I]}", "dtype", "F32", "shape", (json_int_t)e->rows, (json_int_t)e->cols,
+                        "data_offsets", begin, end);
+        if (!t) die("out of host memory");
+        jsonval_set(root, e->name, t);
     }
-    textbuf_printf(&b, "}");
-    /* pad with spaces so the data starts 8-byte aligned, as safetensors writers do */
-    while ((8 + b.len) % 8) textbuf_printf(&b, " ");
-    return b;
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!text) die("out of host memory");
+    size_t n = strlen(text);
+    text = realloc(text, n + 8);
+    if (!text) die("out of host memory");
+    while ((8 + n) % 8) text[n++] = ' ';
+    text[n] = 0;
+    *len = n;
+    return text;
 }
 
 static float *host_copy(const float *dev, long n) {
@@ -709,14 +634,15 @@ void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step) {
         size_t data_bytes = 3 * (size_t)P * sizeof(float);
         tensor_table tt;
         tensor_table_init(&tt, &ctx->model);
-        textbuf header = make_header(ctx, step, &tt, fnv1a64(data, data_bytes));
-        write_file(path, &header, data, data_bytes);
+        size_t header_len;
+        char *header = make_header(ctx, step, &tt, data, data_bytes, &header_len);
+        write_file(path, header, header_len, data, data_bytes);
         tensor_table_free(&tt);
         char mb[16];
         printf("checkpoint: %d steps saved to %s (%sB, %.0f ms)\n", step, path,
-               human((double)(8 + header.len + data_bytes), mb), 1e3 * (now_seconds() - t0));
+               human((double)(8 + header_len + data_bytes), mb), 1e3 * (now_seconds() - t0));
         fflush(stdout);
-        free(header.s);
+        free(header);
     }
     free(counts); free(recv_counts); free(displs); free(recv); free(data);
     all_runs_free(&pa);
@@ -745,15 +671,12 @@ void ckpt_print_eval(const run_ctx *ctx, double eval_loss) {
 
 char *ckpt_record_json(const run_ctx *ctx, const ckpt_view *v, double eval_loss, const char *lab_extra) {
     const run_options *o = &ctx->opt;
-    textbuf b = {0};
-    textbuf_printf(&b, "%s%s\"first_step\":%d,\"resumed_from\":", lab_extra ? lab_extra : "",
-        lab_extra && lab_extra[0] ? "," : "", v->first_step);
-    if (o->resume) textbuf_json_string(&b, o->resume);
-    else textbuf_printf(&b, "null");
-    textbuf_printf(&b, ",\"saved_to\":");
-    if (o->save) textbuf_json_string(&b, o->save);
-    else textbuf_printf(&b, "null");
-    if (eval_loss >= 0) textbuf_printf(&b, ",\"eval_loss\":%.17g", eval_loss);
-    else textbuf_printf(&b, ",\"eval_loss\":null");
-    return b.s;
+    json_t *r = jsonval_members(lab_extra, "the lab's record members");
+    jsonval_set(r, "first_step", json_integer(v->first_step));
+    jsonval_set(r, "resumed_from", jsonval_text(o->resume));
+    jsonval_set(r, "saved_to", jsonval_text(o->save));
+    jsonval_set(r, "eval_loss", eval_loss >= 0 ? jsonval_number(eval_loss) : json_null());
+    char *s = jsonval_members_text(r);
+    json_decref(r);
+    return s;
 }

@@ -1,8 +1,11 @@
+#define _POSIX_C_SOURCE 200809L
 #include "data.h"
+#include "paths.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* A corpus a small model can learn within a short run: English-like sentences
  * from a small grammar. Word choice is random, but spelling, spacing, word
@@ -58,33 +61,42 @@ int data_load(dataset *d, const char *path, int seq, char *err, size_t errlen) {
     if (!path) {
         d->n = data_builtin(&d->bytes);
         if (d->n < 0) { snprintf(err, errlen, "out of memory building the corpus"); return -1; }
-        snprintf(d->source, sizeof d->source, "built-in corpus");
-        hold_out(d, seq);
-        return 0;
+        d->source = "built-in corpus";
+    } else {
+        d->source = path;
+        long long size;
+        int fd = path_open_input("--data", path, DATA_MAX_BYTES, &size, err, errlen);
+        if (fd < 0) return -1;
+        unsigned char *buf = malloc((size_t)size + 1);
+        if (!buf) {
+            close(fd);
+            snprintf(err, errlen, "--data %s: out of memory for %lld bytes", path, size);
+            return -1;
+        }
+        int bad = path_read_exact(fd, buf, (size_t)size);
+        close(fd);
+        if (bad) {
+            free(buf);
+            snprintf(err, errlen, "--data %s: read error: %s", path, errno ? strerror(errno) : "the file shrank");
+            return -1;
+        }
+        if (size < seq + 1) {
+            free(buf);
+            snprintf(err, errlen, "--data %s: %lld bytes, need at least --seq + 1 = %d", path, size, seq + 1);
+            return -1;
+        }
+        d->bytes = buf;
+        d->n = (long)size;
     }
-    snprintf(d->source, sizeof d->source, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "--data %s: %s", path, strerror(errno)); return -1; }
-    long cap = 1 << 16, n = 0;
-    unsigned char *buf = malloc((size_t)cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, (size_t)(cap - n), f)) > 0) {
-        n += (long)got;
-        if (n == cap) buf = realloc(buf, (size_t)(cap *= 2));
-    }
-    int read_error = ferror(f);
-    fclose(f);
-    if (!buf) { snprintf(err, errlen, "--data %s: out of memory", path); return -1; }
-    if (read_error) { free(buf); snprintf(err, errlen, "--data %s: read error", path); return -1; }
-    if (n < seq + 1) {
-        free(buf);
-        snprintf(err, errlen, "--data %s: %ld bytes, need at least --seq + 1 = %d", path, n, seq + 1);
-        return -1;
-    }
-    d->bytes = buf;
-    d->n = n;
+    d->hash = fnv1a64(FNV1A64_INIT, d->bytes, (size_t)d->n);
     hold_out(d, seq);
     return 0;
+}
+
+uint64_t fnv1a64(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
 }
 
 void data_free(dataset *d) {

@@ -18,11 +18,16 @@ typedef struct dataset {
     long train_n;     /* training windows lie inside [0, train_n); the rest is held out */
     int sequential;   /* 0: random windows; B > 0: a held-out view (data_heldout) whose
                        * batch s, row r is the window starting at (s B + r) x T */
-    char source[256]; /* "built-in corpus" or the file's path */
+    const char *source; /* "built-in corpus" or the file's path (the caller's string) */
+    uint64_t hash;      /* fnv1a64 of the bytes: ranks compare it before training */
 } dataset;
 
+/* The largest --data file read (1 GiB): every rank holds all of it in memory. */
+#define DATA_MAX_BYTES (1LL << 30)
+
 /* path NULL: the built-in corpus. Returns 0, or -1 with a one-line reason in err
- * (missing, unreadable, or shorter than seq + 1 bytes). */
+ * (missing, not a regular file, unreadable, larger than DATA_MAX_BYTES, or
+ * shorter than seq + 1 bytes). */
 int data_load(dataset *d, const char *path, int seq, char *err, size_t errlen);
 void data_free(dataset *d);
 
@@ -39,6 +44,10 @@ void data_batch(const dataset *d, uint64_t seed, int step, int row_begin, int ro
  * shares d's bytes: never data_free it. */
 #define DATA_EVAL_BATCHES 8
 int data_heldout(const dataset *d, int batch, int T, dataset *view);
+
+/* 64-bit FNV-1a of n bytes, continuing from h (start with FNV1A64_INIT). */
+#define FNV1A64_INIT 1469598103934665603ULL
+uint64_t fnv1a64(uint64_t h, const void *data, size_t n);
 
 /* The built-in corpus (exposed for tests): the same bytes on every call. */
 long data_builtin(unsigned char **out);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #ifdef PL_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -107,16 +108,32 @@ void die(const char *fmt, ...) {
     MPI_Initialized(&inited);
     if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     /* one write, so lines of other ranks cannot land inside the message */
-    char msg[1024];
-    int n = snprintf(msg, sizeof msg, "rank %d: error: ", rank);
+    char head[32], fallback[1024];
+    int n = snprintf(head, sizeof head, "rank %d: error: ", rank);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg + n, sizeof msg - (size_t)n - 1, fmt, ap);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *msg = k >= 0 ? malloc((size_t)n + (size_t)k + 2) : NULL; /* paths may be long */
+    size_t cap = msg ? (size_t)n + (size_t)k + 2 : sizeof fallback;
+    if (!msg) msg = fallback;
+    memcpy(msg, head, (size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(msg + n, cap - (size_t)n - 1, fmt, ap);
     va_end(ap);
     strcat(msg, "\n");
-    fputs(msg, stderr);
-    fflush(stderr);
-    /* MPI_Abort ends every rank of the job, so nobody waits for this one. */
-    if (inited) MPI_Abort(MPI_COMM_WORLD, 1);
+    fflush(stdout); /* the step lines before the error, then the error */
+    for (size_t at = 0, len = strlen(msg); at < len;) {
+        ssize_t w = write(STDERR_FILENO, msg + at, len - at);
+        if (w <= 0) break;
+        at += (size_t)w;
+    }
+    /* MPI_Abort ends every rank of the job, so nobody waits for this one; but
+     * mpirun may stop forwarding output the moment it hears of the abort, and
+     * the line is still in the pipe to it. 150 ms lets it arrive first. */
+    if (inited) {
+        nanosleep(&(struct timespec){0, 150 * 1000 * 1000}, NULL);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     exit(1);
 }

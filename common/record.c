@@ -2,8 +2,11 @@
  * append the run record (one JSON line, one CSV row) that tests and plots read. */
 #define _POSIX_C_SOURCE 200809L
 #include "run.h"
+#include "jsonval.h"
 #include "mem.h"
 #include "trace.h"
+#include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,13 +45,29 @@ static traffic count_traffic(const run_report *r) {
     return t;
 }
 
-static void json_numbers(FILE *f, const char *key, const double *x, int n, const char *fmt) {
-    fprintf(f, "\"%s\":[", key);
-    for (int i = 0; i < n; i++) {
-        if (i) fputc(',', f);
-        fprintf(f, fmt, x[i]);
-    }
-    fputc(']', f);
+/* Appends text to path, or ends the job naming the path and the reason: a full
+ * disk shows up at fclose, not at the write. */
+static void append_or_die(const char *path, const char *text) {
+    FILE *f = fopen(path, "a");
+    if (!f) die("cannot append to %s: %s", path, strerror(errno));
+    int bad = fputs(text, f) < 0 || fflush(f) != 0;
+    int e = errno;
+    if (fclose(f) != 0 && !bad) { bad = 1; e = errno; }
+    if (bad) die("cannot write %s: %s", path, strerror(e));
+}
+
+static char *text_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *text_printf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *s = malloc((size_t)n + 1);
+    if (!s) die("out of host memory");
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
 }
 
 static void sanitize(char *dst, size_t len, const char *src) {
@@ -65,6 +84,9 @@ static void run_release(run_ctx *ctx) {
     free(ctx->step_seconds);
     free(ctx->losses);
     ctx->step_seconds = ctx->losses = NULL;
+    free(ctx->records_jsonl);
+    free(ctx->records_csv);
+    ctx->records_jsonl = ctx->records_csv = NULL;
     data_free(&ctx->data);
 }
 
@@ -89,12 +111,14 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     traffic t = count_traffic(r), tmax;
     MPI_Reduce(&t, &tmax, sizeof t / sizeof(double), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
-    char layout[64], json_path[700], csv_path[700];
+    char layout[64];
     sanitize(layout, sizeof layout, r->layout);
-    snprintf(json_path, sizeof json_path, "%s/%s_%s_trace.json", o->out, ctx->lab.name, layout);
-    snprintf(csv_path, sizeof csv_path, "%s/%s_%s_timeline.csv", o->out, ctx->lab.name, layout);
+    char *json_path = text_printf("%s/%s_%s_trace.json", o->out, ctx->lab.name, layout);
+    char *csv_path = text_printf("%s/%s_%s_timeline.csv", o->out, ctx->lab.name, layout);
     trace_write(MPI_COMM_WORLD, json_path, csv_path);
     if (rank != 0) {
+        free(json_path);
+        free(csv_path);
         run_release(ctx);
         return;
     }
@@ -119,6 +143,8 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, r->layout, R, R == 1 ? "" : "s",
            ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
+    if (ctx->diverged_at)
+        printf("  diverged        the loss was first not finite at step %d (null in the record)\n", ctx->diverged_at);
     printf("  throughput      %s tok/s, median step %.1f ms (steps 2-%d), %s FLOP/s model compute\n",
            human(tok_s, a), med * 1e3, steps, human(gflops * 1e9, b));
     printf("  peak memory     (bytes per rank, max over ranks)\n                 ");
@@ -153,84 +179,98 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("  trace           %s (open in https://ui.perfetto.dev)\n", json_path);
     printf("  timeline        %s\n", csv_path);
 
-    /* ---- the record: one JSON line ---- */
-    FILE *f = fopen(ctx->records_jsonl, "a");
-    if (!f) die("cannot append to %s", ctx->records_jsonl);
-    fprintf(f, "{\"lab\":\"%s\",\"ranks\":%d,\"layout\":\"%s\",\"device\":\"%s\",\"comm\":\"%s\",",
-            ctx->lab.name, R, r->layout, ctx->device == DEVICE_CUDA ? "cuda" : "cpu",
-            ctx->backend == COMM_NCCL ? "nccl" : "mpi");
-    fprintf(f, "\"config\":{\"steps\":%d,\"batch\":%d,\"seq\":%d,\"layers\":%d,\"d_model\":%d,\"heads\":%d,"
-               "\"lr\":%g,\"weight_decay\":%g,\"clip\":%g,\"seed\":%d,\"data\":\"%s\"},",
-            o->steps, o->batch, o->seq, o->layers, o->d_model, o->heads, o->lr, o->weight_decay, o->clip,
-            o->seed, o->data ? o->data : "built-in");
-    fprintf(f, "\"params\":%ld,", r->params);
-    json_numbers(f, "losses", ctx->losses, steps, "%.17g"); /* exact: tests compare bits */
-    fputc(',', f);
-    json_numbers(f, "step_ms", ctx->step_seconds, steps, "%.6g");
-    fprintf(f, ",\"tokens_per_s\":%.6g,\"step_ms_median\":%.6g,\"model_flops_per_s\":%.6g,",
-            tok_s, med * 1e3, gflops * 1e9);
-    fprintf(f, "\"mem_peak_bytes\":{");
+    /* ---- the record: one JSON line (jansson: escaped strings, null for what is not finite) ---- */
+    const char *dev = ctx->device == DEVICE_CUDA ? "cuda" : "cpu", *backend = ctx->backend == COMM_NCCL ? "nccl" : "mpi";
+    json_t *rec = json_object(), *config = json_object(), *x;
+    if (!rec || !config) die("out of host memory");
+    jsonval_set(rec, "lab", jsonval_text(ctx->lab.name));
+    jsonval_set(rec, "ranks", json_integer(R));
+    jsonval_set(rec, "layout", jsonval_text(r->layout));
+    jsonval_set(rec, "device", jsonval_text(dev));
+    jsonval_set(rec, "comm", jsonval_text(backend));
+    const struct { const char *key; int value; } ints[] = {{"steps", o->steps}, {"batch", o->batch}, {"seq", o->seq},
+        {"layers", o->layers}, {"d_model", o->d_model}, {"heads", o->heads}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) jsonval_set(config, ints[i].key, json_integer(ints[i].value));
+    jsonval_set(config, "lr", jsonval_number(o->lr));
+    jsonval_set(config, "weight_decay", jsonval_number(o->weight_decay));
+    jsonval_set(config, "clip", jsonval_number(o->clip));
+    jsonval_set(config, "seed", json_integer(o->seed));
+    jsonval_set(config, "data", jsonval_text(o->data ? o->data : "built-in"));
+    jsonval_set(rec, "config", config);
+    jsonval_set(rec, "params", json_integer(r->params));
+    jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */
+    jsonval_set(rec, "diverged_at_step", ctx->diverged_at ? json_integer(ctx->diverged_at) : json_null());
+    double *col = malloc(sizeof(double) * (size_t)(R > steps ? R : steps) + 1);
+    if (!col) die("out of host memory");
+    for (int i = 0; i < steps; i++) col[i] = ctx->step_seconds[i] * 1e3;
+    jsonval_set(rec, "step_ms", jsonval_numbers(col, steps));
+    jsonval_set(rec, "tokens_per_s", jsonval_number(tok_s));
+    jsonval_set(rec, "step_ms_median", jsonval_number(med * 1e3));
+    jsonval_set(rec, "model_flops_per_s", jsonval_number(gflops * 1e9));
+    jsonval_set(rec, "mem_peak_bytes", x = json_object());
     for (int m = 0; m <= MEM_NCAT; m++)
-        fprintf(f, "%s\"%s\":%.0f", m ? "," : "", m < MEM_NCAT ? mem_category_names[m] : "total", peak_max[m]);
-    fprintf(f, "},\"mem_peak_bytes_per_rank\":{");
-    double *col = malloc(sizeof(double) * (size_t)R);
+        jsonval_set(x, m < MEM_NCAT ? mem_category_names[m] : "total", jsonval_integer(peak_max[m]));
+    jsonval_set(rec, "mem_peak_bytes_per_rank", x = json_object());
     for (int m = 0; m <= MEM_NCAT; m++) {
         for (int q = 0; q < R; q++) col[q] = all[q * NM + m];
-        if (m) fputc(',', f);
-        json_numbers(f, m < MEM_NCAT ? mem_category_names[m] : "total", col, R, "%.0f");
+        jsonval_set(x, m < MEM_NCAT ? mem_category_names[m] : "total", jsonval_integers(col, R));
     }
-    fprintf(f, "},\"comm_bytes_per_step\":{");
-    for (int k = 0, first = 1; k < COLL_NKINDS; k++) {
-        if (tmax.calls[k] == 0) continue;
-        fprintf(f, "%s\"%s\":%.0f", first ? "" : ",", comm_kind_names[k], tmax.payload[k] * per_step);
-        first = 0;
-    }
-    fprintf(f, "},\"comm_calls_per_step\":{");
-    for (int k = 0, first = 1; k < COLL_NKINDS; k++) {
-        if (tmax.calls[k] == 0) continue;
-        fprintf(f, "%s\"%s\":%.6g", first ? "" : ",", comm_kind_names[k], tmax.calls[k] * per_step);
-        first = 0;
-    }
-    fprintf(f, "},\"comm_ring_bytes_per_step\":%.0f,\"comm_formula_bytes_per_step\":%.0f,",
-            wire_total, r->comm_formula_bytes);
+    jsonval_set(rec, "comm_bytes_per_step", x = json_object());
+    for (int k = 0; k < COLL_NKINDS; k++)
+        if (tmax.calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_integer(tmax.payload[k] * per_step));
+    jsonval_set(rec, "comm_calls_per_step", x = json_object());
+    for (int k = 0; k < COLL_NKINDS; k++)
+        if (tmax.calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_number(tmax.calls[k] * per_step));
+    jsonval_set(rec, "comm_ring_bytes_per_step", jsonval_integer(wire_total));
+    jsonval_set(rec, "comm_formula_bytes_per_step", jsonval_integer(r->comm_formula_bytes));
     for (int q = 0; q < R; q++) col[q] = fracs[2 * q];
-    json_numbers(f, "compute_fraction", col, R, "%.4f");
-    fputc(',', f);
+    jsonval_set(rec, "compute_fraction", jsonval_numbers(col, R));
     for (int q = 0; q < R; q++) col[q] = fracs[2 * q + 1];
-    json_numbers(f, "comm_fraction", col, R, "%.4f");
+    jsonval_set(rec, "comm_fraction", jsonval_numbers(col, R));
     if (r->bubble_theory >= 0) {
         for (int q = 0; q < R; q++) col[q] = 1 - fracs[2 * q];
-        fprintf(f, ",\"bubble\":{");
-        json_numbers(f, "measured", col, R, "%.4f");
-        fprintf(f, ",\"theory\":%.6g}", r->bubble_theory);
+        jsonval_set(rec, "bubble", x = json_object());
+        jsonval_set(x, "measured", jsonval_numbers(col, R));
+        jsonval_set(x, "theory", jsonval_number(r->bubble_theory));
     }
-    fprintf(f, ",\"trace\":\"%s\",\"timeline\":\"%s\"", json_path, csv_path);
-    if (r->extra_json && r->extra_json[0]) fprintf(f, ",%s", r->extra_json);
-    fprintf(f, "}\n");
-    fclose(f);
+    jsonval_set(rec, "trace", jsonval_text(json_path));
+    jsonval_set(rec, "timeline", jsonval_text(csv_path));
+    jsonval_set(rec, "data_bytes", json_integer(ctx->data.n));
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)ctx->data.hash);
+    jsonval_set(rec, "data_fnv1a64", jsonval_text(hash));
+    json_t *extra = jsonval_members(r->extra_json, "the lab's record members (run_report.extra_json)");
+    if (json_object_update(rec, extra) != 0) die("out of host memory");
+    json_decref(extra);
+    char *line = json_dumps(rec, JSON_COMPACT);
+    json_decref(rec);
+    if (!line) die("out of host memory");
+    char *with_newline = text_printf("%s\n", line);
+    append_or_die(ctx->records_jsonl, with_newline);
+    free(with_newline);
+    free(line);
 
     /* ---- and one CSV row, the same columns for every lab ---- */
     FILE *probe = fopen(ctx->records_csv, "r");
     int fresh = probe == NULL;
     if (probe) fclose(probe);
-    f = fopen(ctx->records_csv, "a");
-    if (!f) die("cannot append to %s", ctx->records_csv);
-    if (fresh)
-        fprintf(f, "lab,ranks,layout,device,comm,steps,batch,seq,layers,d_model,heads,first_loss,final_loss,"
-                   "tokens_per_s,step_ms_median,mem_peak_total,comm_payload_bytes_per_step,"
-                   "comm_ring_bytes_per_step,comm_formula_bytes_per_step,bubble_measured_max,bubble_theory\n");
     double bubble_max = -1;
     if (r->bubble_theory >= 0)
         for (int q = 0; q < R; q++)
             if (1 - fracs[2 * q] > bubble_max) bubble_max = 1 - fracs[2 * q];
-    fprintf(f, "%s,%d,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.9g,%.9g,%.6g,%.6g,%.0f,%.0f,%.0f,%.0f,%.4f,%.4f\n",
-            ctx->lab.name, R, layout, ctx->device == DEVICE_CUDA ? "cuda" : "cpu",
-            ctx->backend == COMM_NCCL ? "nccl" : "mpi", o->steps, o->batch, o->seq, o->layers, o->d_model,
+    char *row = text_printf("%s%s,%d,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.9g,%.9g,%.6g,%.6g,%.0f,%.0f,%.0f,%.0f,%.4f,%.4f\n",
+            fresh ? "lab,ranks,layout,device,comm,steps,batch,seq,layers,d_model,heads,first_loss,final_loss,"
+                    "tokens_per_s,step_ms_median,mem_peak_total,comm_payload_bytes_per_step,"
+                    "comm_ring_bytes_per_step,comm_formula_bytes_per_step,bubble_measured_max,bubble_theory\n" : "",
+            ctx->lab.name, R, layout, dev, backend, o->steps, o->batch, o->seq, o->layers, o->d_model,
             o->heads, ctx->losses[0], ctx->losses[steps - 1], tok_s, med * 1e3, peak_max[MEM_NCAT],
             payload_total, wire_total, r->comm_formula_bytes, bubble_max, r->bubble_theory);
-    fclose(f);
+    append_or_die(ctx->records_csv, row);
+    free(row);
     free(col);
     free(all);
     free(fracs);
+    free(json_path);
+    free(csv_path);
     run_release(ctx);
 }

@@ -3,9 +3,12 @@
 #include "checkpoint.h"
 #include "kernels.h"
 #include "mem.h"
+#include "paths.h"
 #include "trace.h"
 #include <cblas.h>
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,7 +34,7 @@ static flag_spec shared_flags[] = {
     {"--device", FLAG_STRING, NULL, "where kernels run", 0, "auto|cpu|cuda"},
     {"--comm", FLAG_STRING, NULL, "collectives over MPI or NCCL", 0, "auto|mpi|nccl"},
     {"--out", FLAG_STRING, NULL, "folder for the run record, trace and timeline", 0, NULL},
-    {"--save", FLAG_STRING, NULL, "write a checkpoint (safetensors, any lab can resume it) here at the end", 0, NULL},
+    {"--save", FLAG_OUTPUT_FILE, NULL, "write a checkpoint (safetensors, any lab can resume it) here at the end", 0, NULL},
     {"--save-every", FLAG_INT, NULL, "also save after every N-th step (0: only at the end)", 0, NULL},
     {"--resume", FLAG_STRING, NULL, "continue from this checkpoint: weights, AdamW moments and step", 0, NULL},
     {"--eval", FLAG_BOOL, NULL, "at the end, the loss on the held-out last 10% of the data", 0, NULL},
@@ -59,7 +62,8 @@ static void format_value(const flag_spec *f, char *buf, size_t len) {
     case FLAG_INT: snprintf(buf, len, "%d", *(int *)f->value); break;
     case FLAG_FLOAT: snprintf(buf, len, "%g", *(double *)f->value); break;
     case FLAG_BOOL: snprintf(buf, len, "%s", *(int *)f->value ? "on" : "off"); break;
-    case FLAG_STRING: {
+    case FLAG_STRING:
+    case FLAG_OUTPUT_FILE: {
         const char *s = *(const char **)f->value;
         snprintf(buf, len, "%s", s ? s : "none");
         break;
@@ -129,8 +133,24 @@ static void parse_value(run_ctx *ctx, const flag_spec *f, const char *v) {
             run_check(ctx, 0, "%s must be at least %g, got %g", f->name, f->min, x);
             return;
         }
+        /* the code computes in float: a double beyond float's range would become inf or 0 */
+        if (fabs(x) > FLT_MAX) {
+            run_check(ctx, 0, "%s %s is beyond the largest 32-bit float, %g (the code computes in float)", f->name,
+                      v, FLT_MAX);
+            return;
+        }
+        if (x != 0 && fabs(x) < FLT_TRUE_MIN) {
+            run_check(ctx, 0, "%s %s is 0 as a 32-bit float (the smallest is %g): give 0 or a larger value", f->name,
+                      v, FLT_TRUE_MIN);
+            return;
+        }
         *(double *)f->value = x;
     } else {
+        if (strlen(v) > PATH_MAX - 1) {
+            run_check(ctx, 0, "%s: a value of %zu bytes, longer than the limit of %d (PATH_MAX - 1)", f->name,
+                      strlen(v), PATH_MAX - 1);
+            return;
+        }
         if (f->choices && !in_choices(f->choices, v)) {
             run_check(ctx, 0, "%s must be one of %s, got '%s'", f->name, f->choices, v);
             return;
@@ -220,22 +240,40 @@ void run_agree_or_exit(const char *err) {
     exit(2);
 }
 
-static int mkdir_p(const char *path) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0777) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(buf, 0777) && errno != EEXIST ? -1 : 0;
-}
-
 static int min_over_ranks(int x) {
     int y;
     MPI_Allreduce(&x, &y, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     return y;
+}
+
+/* Every rank read --data itself: refuse to train unless all saw the same bytes
+ * (a file changed under the job, or a path that names another file elsewhere). */
+static void agree_on_data(const run_ctx *ctx, char *err, size_t len) {
+    unsigned long long mine[2] = {(unsigned long long)ctx->data.n, (unsigned long long)ctx->data.hash};
+    unsigned long long *all = malloc(2 * sizeof *all * (size_t)ctx->size);
+    if (!all) die("out of host memory");
+    MPI_Allgather(mine, 2, MPI_UNSIGNED_LONG_LONG, all, 2, MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD);
+    for (int r = 1; r < ctx->size; r++)
+        if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
+            snprintf(err, len, "--data %s: the ranks read different bytes (rank 0: %llu bytes, FNV-1a %016llx; "
+                     "rank %d: %llu bytes, %016llx); every rank must see the same file", ctx->data.source, all[0],
+                     all[1], r, all[2 * r], all[2 * r + 1]);
+            break;
+        }
+    free(all);
+}
+
+/* Rank 0 writes every output: prove now, before any work, that it can. */
+static void check_outputs(const run_ctx *ctx, char *err, size_t len) {
+    if (path_check_output_folder("--out", ctx->opt.out, err, len)) return;
+    const flag_spec *lists[2] = {shared_flags, ctx->lab.flags};
+    int counts[2] = {N_SHARED, ctx->lab.n_flags};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < counts[l]; i++) {
+            const flag_spec *f = &lists[l][i];
+            const char *path = f->type == FLAG_OUTPUT_FILE ? *(const char **)f->value : NULL;
+            if (path && path_check_output_file(f->name, path, err, len)) return;
+        }
 }
 
 void run_setup(run_ctx *ctx) {
@@ -283,16 +321,21 @@ void run_setup(run_ctx *ctx) {
     if (!err[0] && o->eval && data_heldout(&ctx->data, o->batch, o->seq, &heldout) == 0)
         snprintf(err, sizeof err, "--eval: %s leaves %ld held-out bytes, too few for one batch of --batch %d "
                  "windows of --seq %d", ctx->data.source, ctx->data.n - ctx->data.train_n, o->batch, o->seq);
-    if (!err[0]) ckpt_check_flags(ctx, err, sizeof err); /* --resume and --save, before anything is created */
+    if (!err[0]) ckpt_check_flags(ctx, err, sizeof err); /* --resume, before anything is created */
     run_agree_or_exit(err);
-    /* Only now, with every other input known good, is the folder created, so a
-     * rejected run leaves nothing behind. Only rank 0 writes the record; it
-     * checks the folder for everyone. */
-    if (ctx->rank == 0 && (mkdir_p(o->out) != 0 || access(o->out, W_OK) != 0))
-        snprintf(err, sizeof err, "--out %s: cannot write there: %s", o->out, strerror(errno));
+    agree_on_data(ctx, err, sizeof err);
     run_agree_or_exit(err);
-    snprintf(ctx->records_jsonl, sizeof ctx->records_jsonl, "%s/records.jsonl", o->out);
-    snprintf(ctx->records_csv, sizeof ctx->records_csv, "%s/records.csv", o->out);
+    /* Only rank 0 writes the record, trace, timeline and files such as --save:
+     * it proves each place writable for everyone. Only then, with every input
+     * known good, is the --out folder created, so a rejected run leaves nothing
+     * behind. */
+    if (ctx->rank == 0) check_outputs(ctx, err, sizeof err);
+    run_agree_or_exit(err);
+    if (ctx->rank == 0 && path_make_folder(o->out) != 0)
+        snprintf(err, sizeof err, "--out %s: cannot create it: %s", o->out, strerror(errno));
+    run_agree_or_exit(err);
+    ctx->records_jsonl = path_join(o->out, "records.jsonl");
+    ctx->records_csv = path_join(o->out, "records.csv");
 
     device_use(ctx->device, ctx->device == DEVICE_CUDA ? ctx->local_rank % gpus : 0);
     trace_init(MPI_COMM_WORLD);
@@ -344,8 +387,14 @@ void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {
         printf("step %d/%d | loss %.4f | %.1f ms | %s tok/s%s%s\n", step + 1, ctx->opt.steps, loss,
                dt * 1e3, human((double)ctx->tokens_per_step / dt, tps), extra ? " | " : "",
                extra ? extra : "");
-        fflush(stdout);
     }
+    if (!isfinite(loss) && !ctx->diverged_at) {
+        ctx->diverged_at = step + 1;
+        if (ctx->rank == 0)
+            printf("step %d: the loss is %g: the run diverged (recorded as diverged_at_step %d; a smaller --lr "
+                   "may help)\n", step + 1, loss, step + 1);
+    }
+    if (ctx->rank == 0) fflush(stdout);
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -18,11 +18,14 @@
 #include "optim.h"
 #include <stddef.h>
 
-typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_BOOL } flag_type;
+/* FLAG_OUTPUT_FILE: a string naming a file rank 0 writes (--save, lab01's
+ * --dump-weights); run_setup proves it can be written before any work. Floats
+ * are doubles that the code uses as floats: their values must be finite floats. */
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_BOOL, FLAG_OUTPUT_FILE } flag_type;
 
 typedef struct flag_spec {
     const char *name;    /* "--steps" */
-    flag_type type;      /* the value is an int, double, const char * or int (0/1) */
+    flag_type type;      /* the value is an int, double, const char * (also FLAG_OUTPUT_FILE) or int (0/1) */
     void *value;         /* holds the default on entry */
     const char *help;
     double min;          /* smallest value accepted (numbers) */
@@ -49,16 +52,17 @@ typedef struct run_ctx {
     run_options opt;
     int rank, size;               /* in MPI_COMM_WORLD */
     int local_rank, local_size;   /* among the ranks on this host */
-    char error[400];              /* the first error found, "" if none */
+    char error[8400];             /* the first error found, "" if none (room for two PATH_MAX paths) */
     device_kind device;
     comm_backend backend;
     dataset data;
     gpt_config model;
     adamw_config adamw;
-    char records_jsonl[512], records_csv[512];
+    char *records_jsonl, *records_csv; /* in --out; malloc'd */
     /* filled by run_step_end */
     double *step_seconds, *losses;
     int steps_done;
+    int diverged_at;              /* the first step (1-based) whose loss was not finite, 0: none */
     double step_t0;
     long tokens_per_step;         /* global batch x seq */
 } run_ctx;

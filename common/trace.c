@@ -15,7 +15,9 @@
 #include "trace.h"
 #include "comm.h" /* polite_wait */
 #include "device.h"
+#include "jsonval.h"
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,17 +285,6 @@ typedef struct {
     char op[24];
 } packed_event;
 
-static void write_json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-        else fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
 static void write_csv_field(FILE *f, const char *s) {
     if (!strpbrk(s, ",\"\n\r")) { fputs(s, f); return; }
     fputc('"', f);
@@ -317,6 +308,18 @@ static void close_written(FILE *f, const char *path) {
 }
 
 static const char *kind_name(int kind) { return kind == TRACE_COMM ? "comm" : "compute"; }
+
+/* Seconds as microseconds rounded to the nanosecond (Chrome trace times are us). */
+static json_t *microseconds(double seconds) { return jsonval_number(round(1e9 * seconds) / 1e3); }
+
+/* One event of the traceEvents array (a comma before all but the first); takes ev. */
+static void write_event(FILE *f, json_t *ev, long index, const char *path) {
+    if (!ev) die("out of host memory writing %s", path);
+    if (index) fputs(",\n", f);
+    /* 15 digits: times rounded to the nanosecond print as such, not as 17-digit noise */
+    if (json_dumpf(ev, f, JSON_COMPACT | JSON_REAL_PRECISION(15)) != 0) die("cannot write %s: %s", path, strerror(errno));
+    json_decref(ev);
+}
 
 void trace_write(MPI_Comm world, const char *json_path, const char *csv_path) {
     int rank, size;
@@ -386,29 +389,35 @@ void trace_write(MPI_Comm world, const char *json_path, const char *csv_path) {
     }
 
     if (json_path) {
+        /* One event object at a time through jansson (escaping, and numbers it
+         * refuses when not finite), so a long run's trace needs no whole tree. */
         FILE *f = open_for_writing(json_path);
         fprintf(f, "{\"traceEvents\":[\n");
+        long written = 0;
         for (int r = 0; r < size; r++) {
-            fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-                       "\"args\":{\"name\":\"rank %d\"}},\n", r, r);
-            fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-                       "\"args\":{\"sort_index\":%d}},\n", r, r);
-            for (int tid = 0; tid < 2; tid++)
-                fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-                           "\"args\":{\"name\":\"%s\"}}%s\n",
-                        r, tid, kind_name(tid), (r == size - 1 && tid == 1 && !total) ? "" : ",");
+            char rank_name[32];
+            snprintf(rank_name, sizeof rank_name, "rank %d", r);
+            json_t *meta[4] = {
+                json_pack("{s:s,s:s,s:i,s:i,s:{s:s}}", "name", "process_name", "ph", "M", "pid", r, "tid", 0,
+                          "args", "name", rank_name),
+                json_pack("{s:s,s:s,s:i,s:i,s:{s:i}}", "name", "process_sort_index", "ph", "M", "pid", r, "tid", 0,
+                          "args", "sort_index", r),
+                json_pack("{s:s,s:s,s:i,s:i,s:{s:s}}", "name", "thread_name", "ph", "M", "pid", r, "tid", 0,
+                          "args", "name", kind_name(0)),
+                json_pack("{s:s,s:s,s:i,s:i,s:{s:s}}", "name", "thread_name", "ph", "M", "pid", r, "tid", 1,
+                          "args", "name", kind_name(1))};
+            for (int k = 0; k < 4; k++) write_event(f, meta[k], written++, json_path);
         }
         for (long i = 0; i < total; i++) {
             const packed_event *p = &all[i];
-            fprintf(f, "{\"name\":");
-            write_json_string(f, p->op);
-            fprintf(f, ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
-                       "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"micro_batch\":%d,\"step\":%d}}%s\n",
-                    kind_name(p->kind), owner[i], p->kind == TRACE_COMM ? 1 : 0,
-                    1e6 * (p->t0 - origin), 1e6 * (p->t1 - p->t0), p->micro_batch, p->step,
-                    i + 1 < total ? "," : "");
+            json_t *ev = json_pack("{s:o,s:s,s:s,s:i,s:i,s:o,s:o,s:{s:i,s:i}}", "name", jsonval_text(p->op),
+                                   "cat", kind_name(p->kind), "ph", "X", "pid", owner[i],
+                                   "tid", p->kind == TRACE_COMM ? 1 : 0, "ts", microseconds(p->t0 - origin),
+                                   "dur", microseconds(p->t1 - p->t0), "args", "micro_batch", p->micro_batch,
+                                   "step", p->step);
+            write_event(f, ev, written++, json_path);
         }
-        fprintf(f, "],\"displayTimeUnit\":\"ms\"}\n");
+        fprintf(f, "\n],\"displayTimeUnit\":\"ms\"}\n");
         close_written(f, json_path);
     }
     if (csv_path) {

@@ -20,9 +20,11 @@
 #include "optim.h"
 #include "run.h"
 #include "trace.h"
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* FNV-1a over the weights' bytes: equal hashes on all ranks <=> identical replicas. */
 static uint64_t weights_hash(const float *params, long n) {
@@ -58,7 +60,7 @@ static void write_weights(const char *path, const float *params, long n) {
     mem_to_host(host, params, (size_t)n * sizeof(float));
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(host, sizeof(float), (size_t)n, f) != (size_t)n || fclose(f) != 0)
-        die("--dump-weights %s: cannot write", path);
+        die("--dump-weights %s: cannot write: %s", path, strerror(errno));
     free(host);
 }
 
@@ -92,7 +94,7 @@ int main(int argc, char **argv) {
          "(0: one all-reduce after the backward)", 0, NULL},
         {"--check-sync", FLAG_BOOL, &check_sync,
          "verify at the end that all ranks hold bit-identical weights (exit 1 if not)", 0, NULL},
-        {"--dump-weights", FLAG_STRING, &dump_weights,
+        {"--dump-weights", FLAG_OUTPUT_FILE, &dump_weights,
          "write the final weights (raw little-endian fp32, layout order) to this file", 0, NULL},
     };
     lab_info lab = {"lab01_dp", "data parallelism: the same model on every rank, gradients "

@@ -18,13 +18,26 @@ def program(name):
     return os.path.join(BUILD, name)
 
 
-def run(lab, n, args, timeout=600, check=True):
-    """Run `mpirun -n n ./lab args --out TMP` and return (record, completed process)."""
-    out = tempfile.mkdtemp(prefix="pl-test-")
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not JSON (a strict reader refuses it)")
+
+
+def strict_json(text, where):
+    """json.loads that refuses NaN and Infinity, which Python's json accepts but JSON has not."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as e:
+        fail(f"{where} is not strict JSON: {e}")
+
+
+def run(lab, n, args, timeout=600, check=True, out=None):
+    """Run `mpirun -n n ./lab args --out OUT` (a new temporary folder unless given) and
+    return (record, completed process, OUT)."""
+    out = out or tempfile.mkdtemp(prefix="pl-test-")
     cmd = [MPIRUN, "-n", str(n), program(lab), *args, "--out", out]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, env=env)
     elapsed = time.time() - t0
     print(f"$ {' '.join(cmd)}  ->  status {p.returncode} in {elapsed:.1f} s", flush=True)
     if check and p.returncode != 0:
@@ -33,10 +46,15 @@ def run(lab, n, args, timeout=600, check=True):
     rec = None
     path = os.path.join(out, "records.jsonl")
     if os.path.exists(path):
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
-        if lines:
-            rec = json.loads(lines[-1])
+        records = [strict_json(line, f"{path} line {i + 1}") for i, line in enumerate(lines)]
+        if records:
+            rec = records[-1]
+            # the Chrome trace is JSON too, written by the same library
+            if os.path.exists(rec.get("trace", "")):
+                with open(rec["trace"], encoding="utf-8") as f:
+                    strict_json(f.read(), rec["trace"])
     return rec, p, out
 
 
@@ -63,11 +81,12 @@ def compare_losses(name, got, ref, rtol):
     return d
 
 
-def check_rejected(lab, n, args, needle):
-    """A bad input: every rank exits 2 within 5 s, one line `error: ...` naming `needle`, no output."""
+def check_rejected(lab, n, args, needle, shell_prefix=""):
+    """A bad input: every rank exits 2 within 5 s, one line `error: ...` naming `needle`, no output.
+    shell_prefix: shell commands each rank runs first (e.g. a cd of its own)."""
     # each rank reports its own exit status, so "all ranks exit 2" is observed, not assumed
     out = "" if "--out" in args else f' --out "{tempfile.mkdtemp()}"'
-    script = f'"$0" "$@"{out}; echo "rank-exit $?" >&2'
+    script = f'{shell_prefix}"$0" "$@"{out}; echo "rank-exit $?" >&2'
     cmd = [MPIRUN, "-n", str(n), "sh", "-c", script, program(lab), *args]
     t0 = time.time()
     try:
@@ -77,7 +96,8 @@ def check_rejected(lab, n, args, needle):
     dt = time.time() - t0
     exits = [l for l in p.stderr.splitlines() if l.startswith("rank-exit")]
     msgs = [l for l in p.stderr.splitlines() if l and not l.startswith("rank-exit")]
-    print(f"-n {n} {' '.join(args)} -> {msgs} exits {[e.split()[1] for e in exits]} in {dt:.1f} s")
+    shown = " ".join(a if len(a) <= 100 else f"{a[:60]}...({len(a)} characters)" for a in args)
+    print(f"-n {n} {shown} -> {[m[:300] for m in msgs]} exits {[e.split()[1] for e in exits]} in {dt:.1f} s")
     check(exits == ["rank-exit 2"] * n, f"{args}: every rank must exit with 2, got {exits}")
     check(len(msgs) == 1, f"{args}: expected one line of message, got {msgs}")
     check(msgs[0].startswith("error: ") and needle in msgs[0], f"{args}: message must name {needle!r}: {msgs[0]!r}")

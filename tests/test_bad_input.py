@@ -14,6 +14,14 @@ from labtest import check, check_rejected, has_gpu, program  # noqa: E402
 
 EMPTY = tempfile.NamedTemporaryFile(delete=False, prefix="pl-empty-").name
 A_FOLDER = tempfile.mkdtemp(prefix="pl-folder-")  # exists, but is no text file
+SPECIAL = tempfile.mkdtemp(prefix="pl-special-")
+FIFO = os.path.join(SPECIAL, "fifo")  # opening it for reading would wait for a writer forever
+os.mkfifo(FIFO)
+HUGE = os.path.join(SPECIAL, "huge")  # sparse: over --data's 1 GiB limit without using the disk
+with open(HUGE, "wb") as f:
+    f.truncate((1 << 30) + 1)
+# a --save whose temporary name (PATH.tmp.PID) cannot exist: the name is at NAME_MAX already
+LONG_NAME = os.path.join(SPECIAL, "c" * 255)
 
 # (ranks, args, what the one-line message must contain)
 SHARED = [
@@ -39,6 +47,25 @@ SHARED = [
     (2, ["--comm", "nccl", "--device", "cpu"], "--comm"),
     (2, ["--out", "/proc/parallel-labs-test"], "--out"),
     (2, ["stray"], "stray"),
+    # float flags are used as floats: finite as a double is not enough
+    (2, ["--lr", "1e39"], "--lr"),
+    (2, ["--clip", "1e39"], "--clip"),
+    (2, ["--weight-decay", "1e-50"], "--weight-decay"),
+    # inputs that are not regular files, or too large, are refused before they are read
+    (2, ["--data", FIFO], "--data"),
+    (2, ["--data", "/dev/zero"], "--data"),
+    (2, ["--data", HUGE], "limit"),
+    (2, ["--resume", FIFO], "--resume"),
+    (2, ["--resume", "/dev/zero"], "--resume"),
+    # outputs proven writable at start-up, by creating a file where they go
+    (2, ["--out", EMPTY], "--out"),  # a file, not a folder
+    (2, ["--out", EMPTY + "/runs"], "--out"),  # under a file
+    (2, ["--out", "/" + "x" * 5000], "--out"),  # longer than PATH_MAX
+    (2, ["--save", EMPTY + "/ck"], "--save"),
+    (2, ["--save", "/proc/ck.safetensors"], "--save"),  # a folder nobody (root included) can write in
+    (2, ["--save", "/dev/null"], "--save"),  # not a regular file: never replaced
+    (2, ["--save", FIFO], "--save"),
+    (2, ["--save", LONG_NAME], "--save"),
 ]
 
 PER_LAB = {
@@ -46,6 +73,10 @@ PER_LAB = {
         (4, ["--batch", "30"], "--batch"),  # the ranks must share the batch evenly
         (2, ["--bucket-mb", "-1"], "--bucket-mb"),
         (2, ["--check-sync=yes"], "--check-sync"),
+        (2, ["--bucket-mb", "1e39"], "--bucket-mb"),
+        (2, ["--dump-weights", "/proc/weights"], "--dump-weights"),
+        (2, ["--dump-weights", EMPTY + "/weights"], "--dump-weights"),
+        (2, ["--dump-weights", "/dev/null"], "--dump-weights"),
     ],
     "lab02_zero": [
         (2, ["--zero-stage", "0"], "--zero-stage"),
@@ -98,12 +129,22 @@ def main(lab):
     cases = SHARED + PER_LAB[lab]
     if not has_gpu(lab):
         cases.append((2, ["--device", "cuda"], "--device cuda"))
-    for n, args, needle in cases:
+    # every rank reads --data itself: two ranks that see different bytes under one name
+    # (each starts in a folder of its own, where corpus.txt differs) must not train
+    folders = tempfile.mkdtemp(prefix="pl-data-")
+    for r, text in enumerate(["the cat sees the dog. " * 40, "the dog sees the cat. " * 40]):
+        os.mkdir(os.path.join(folders, f"r{r}"))
+        with open(os.path.join(folders, f"r{r}", "corpus.txt"), "w") as f:
+            f.write(text)
+    cases.append((2, ["--data", "corpus.txt"], "different bytes", f'cd "{folders}/r$PMI_RANK" && '))
+    for n, args, needle, *prefix in cases:
         if lab == "lab06_3d" and not any(a in ("--tp", "--pp", "--dp") for a in args):
             args = ["--tp", "1", "--pp", "1", "--dp", str(n)] + args  # a grid that fits n ranks
         out = os.path.join(tempfile.mkdtemp(prefix="pl-bad-"), "never-created")
-        check_rejected(lab, n, args if "--out" in args else args + ["--out", out], needle)
+        check_rejected(lab, n, args if "--out" in args else args + ["--out", out], needle, *prefix)
         check(not os.path.exists(out), f"{lab} {args}: a rejected run created {out}")
+    left = sorted(set(os.listdir(SPECIAL)) - {"fifo", "huge"})
+    check(not left, f"{lab}: rejected runs left files behind: {left}")
     print(f"{lab}: {len(cases)} bad inputs rejected with status 2, one line, nothing left behind")
 
 

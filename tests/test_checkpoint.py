@@ -9,17 +9,26 @@
              by lab01 -n 1, lab02 --zero-stage 3 -n 2 and lab06 at 1 x 2 x 2; a
              lab06 checkpoint with other --layers / --d-model flags is refused
   format     the file is plain safetensors: the header parses with json, the tensor
-             names, shapes and offsets are the documented ones, the checksum is the
-             FNV-1a of the data, and the parameters are lab01's --dump-weights
-  refused    truncated, corrupted, mismatched and non-checkpoint files: status 2 on
-             every rank, one line naming the file, within 5 s, nothing created
+             names, shapes and offsets are the documented ones, the checksum is format
+             2's FNV-1a of the metadata and the data, and the parameters are lab01's
+             --dump-weights; a format 1 file (checksum of the data alone) still resumes
+  refused    truncated, corrupted, mismatched and non-checkpoint files, an edited
+             header, a large file that is no checkpoint: status 2 on every rank, one
+             line naming the file, within 5 s, nothing created
+  faults     Ctrl-C in the middle of a save, a rank killed in one, a disk that fills
+             up: the previous checkpoint stays intact and no temporary is left behind
+             (a later save removes what a killed one left)
+  records    every record parses as strict JSON: a diverging run (null losses,
+             diverged_at_step, a console line), paths with quotes, backslashes and
+             non-ASCII, an --out longer than the old fixed buffers; a record, trace or
+             timeline on a full disk ends the run non-zero naming the path
   kill_lab04, kill_lab05, kill_lab06
              a rank killed with SIGKILL in the middle of a step ends the whole job
              with a non-zero status within 10 s, and no rank is left behind
   io_error   a checkpoint that cannot be written at run time ends the job with one
              line naming the rank and the failing call
 
-usage: test_checkpoint.py resume|resume_lab06|format|refused|kill_lab04|kill_lab05|kill_lab06|io_error"""
+usage: test_checkpoint.py resume|resume_lab06|format|refused|faults|records|kill_lab04|kill_lab05|kill_lab06|io_error"""
 import json
 import os
 import shutil
@@ -139,6 +148,20 @@ def fnv1a64(data):
     return h
 
 
+def checksum_v2(meta, data):
+    """Format 2: every metadata member but the checksum, by key, as key 0 value 0; then the data."""
+    body = b"".join(k.encode() + b"\0" + v.encode() + b"\0" for k, v in sorted(meta.items()) if k != "checksum")
+    return f"fnv1a64:{fnv1a64(body + data):016x}"
+
+
+def write_checkpoint(path, header, data):
+    """A safetensors file of this header and data (padded as the labs pad)."""
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
 def format_():
     tmp = tempfile.mkdtemp(prefix="pl-ckpt-")
     L, C, T = 2, 32, 32
@@ -150,7 +173,7 @@ def format_():
         meta = header.pop("__metadata__")
         check(all(isinstance(v, str) for v in meta.values()), "safetensors metadata values must be strings")
         for key, want in (("step", "3"), ("layers", str(L)), ("d_model", str(C)), ("seq", str(T)), ("vocab", "256"),
-                          ("heads", "4"), ("seed", "1"), ("format", "parallel-labs-checkpoint-1")):
+                          ("heads", "4"), ("seed", "1"), ("format", "parallel-labs-checkpoint-2")):
             check(meta.get(key) == want, f"{path}: metadata {key} = {meta.get(key)!r}, expected {want!r}")
         want = expected_tensors(L, C, T)
         check(list(header) == [name for name, _ in want], f"{path}: tensor names differ from the documented ones")
@@ -162,7 +185,8 @@ def format_():
                   f"{path}: {name} is {t}, expected F32 {shape} at [{offset}, {offset + size}]")
             offset += size
         check(offset == len(data), f"{path}: {len(data)} data bytes, the tensors cover {offset}")
-        check(meta["checksum"] == f"fnv1a64:{fnv1a64(data):016x}", f"{path}: the checksum is not the data's FNV-1a")
+        check(meta["checksum"] == checksum_v2(meta, data),
+              f"{path}: the checksum {meta['checksum']} is not format 2's FNV-1a of metadata and data")
         print(f"{path}: {len(want)} tensors, metadata {meta}")
     with open(f"{tmp}/w", "rb") as f:
         weights = f.read()
@@ -171,6 +195,16 @@ def format_():
     _, data4 = read_checkpoint(f"{tmp}/ck4")
     check(len(data4) == len(data), "lab04's checkpoint has another size")
     print("parameters == lab01 --dump-weights; lab04 -n 2 writes the same tensors")
+
+    # a file of format 1 (written before the checksum covered the header) still resumes, the same way
+    header, data = read_checkpoint(f"{tmp}/ck")
+    header["__metadata__"].update(format="parallel-labs-checkpoint-1", checksum=f"fnv1a64:{fnv1a64(data):016x}")
+    write_checkpoint(f"{tmp}/ck-format1", header, data)
+    resumed = [run("lab01_dp", 1, small[:-2] + ["--steps", "2", "--resume", f"{tmp}/{name}"])[0]
+               for name in ("ck", "ck-format1")]
+    check(resumed[0]["first_step"] == 3 and resumed[0]["losses"] == resumed[1]["losses"],
+          f"a format 1 file must resume as its format 2 twin: {resumed[1]['losses']} vs {resumed[0]['losses']}")
+    print(f"a format 1 checkpoint resumes like format 2: losses {resumed[1]['losses']}")
 
 
 def refused():
@@ -189,6 +223,15 @@ def refused():
     flipped = bytearray(blob)
     flipped[8 + n + 1000] ^= 0x10  # one bit of one weight
     reshaped = blob.replace(b'"shape":[192,64]', b'"shape":[193,64]', 1)
+    restepped = blob.replace(b'"step":"1"', b'"step":"7"', 1)  # the header, not the data: format 2's checksum
+    check(restepped != blob, "the header should hold \"step\":\"1\"")
+
+    def sparse(name, head, size):
+        """A file of `size` bytes starting with `head`, the rest a hole (no disk used)."""
+        with open(f"{tmp}/{name}", "wb") as f:
+            f.write(head)
+            f.truncate(size)
+        return f"{tmp}/{name}"
     bad_files = [
         (write("truncated", blob[:-100]), "truncated"),
         (write("header-only", blob[:8 + n]), "truncated"),
@@ -197,6 +240,10 @@ def refused():
         (write("reshaped", reshaped), "h.0.attn.c_attn.weight"),
         (write("not-json", struct.pack("<Q", 6) + b"{oops}" + blob[8 + n:]), "JSON"),
         (write("other-safetensors", struct.pack("<Q", 2) + b"{}"), "format"),
+        (write("restepped", restepped), "checksum"),
+        # large files that are no checkpoint: refused from their first bytes, not read whole
+        (sparse("zeros-4GiB", b"", 4 << 30), "JSON"),
+        (sparse("huge-header", struct.pack("<Q", 200 << 20), 300 << 20), "more than"),
         (f"{tmp}/missing", "No such file"),
         (tmp, "regular file"),
     ]
@@ -213,6 +260,139 @@ def refused():
     check_rejected("lab01_dp", 2, MODEL + ["--save-every", "-1", "--save", good], "--save-every")
     check_rejected("lab01_dp", 2, MODEL + ["--resume", ""], "--resume")
     print("every bad checkpoint refused by every rank before anything ran")
+
+
+def temporaries(folder):
+    return sorted(f for f in os.listdir(folder) if ".tmp." in f)
+
+
+def mid_save(job, folder, timeout=20):
+    """Wait until a save is under way: its temporary file exists in folder."""
+    t0 = time.time()
+    while not temporaries(folder):
+        check(job.p.poll() is None, "the job ended before it saved")
+        check(time.time() - t0 < timeout, f"no save seen within {timeout} s")
+
+
+def dead_pid():
+    """The pid of a process that has exited (a killed save's temporary carries one)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+SMALL = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8"]
+
+
+def faults():
+    # Ctrl-C (mpirun forwards SIGINT to the ranks) in the middle of a save: the rank
+    # removes its temporary on the way out; the last complete checkpoint stays
+    tmp = tempfile.mkdtemp(prefix="pl-fault-")
+    args = MODEL + ["--steps", "100000", "--save", f"{tmp}/ck", "--save-every", "1"]
+    job = Job("lab01_dp", 2, args)
+    job.wait_for("checkpoint: 1 steps")
+    mid_save(job, tmp)
+    job.p.send_signal(signal.SIGINT)
+    status = job.p.wait(timeout=10)  # (mpirun's own status after one Ctrl-C is 2 or, at times, 0)
+    job.join()
+    check(not temporaries(tmp), f"Ctrl-C during a save left {temporaries(tmp)}")
+    rec, _, _ = run("lab01_dp", 1, MODEL + ["--steps", "1", "--resume", f"{tmp}/ck"])
+    print(f"Ctrl-C mid-save: exit {status}, no temporary, the checkpoint of step {rec['first_step']} resumes")
+
+    # SIGKILL cannot be caught: the temporary stays, and the next save removes it
+    # (also one planted with the pid of a process that is gone, so the check never
+    # depends on when the kill landed)
+    job = Job("lab01_dp", 2, args)
+    job.wait_for("checkpoint: 1 steps")
+    rank0 = job.ranks()[0]
+    mid_save(job, tmp)
+    os.kill(rank0, signal.SIGKILL)
+    job.p.wait(timeout=10)
+    job.join()
+    left = temporaries(tmp)
+    planted = f"{tmp}/ck.tmp.{dead_pid()}"
+    with open(planted, "w") as f:
+        f.write("half a checkpoint")
+    check(os.path.exists(planted), "could not plant a stale temporary")
+    rec, p, _ = run("lab01_dp", 1, MODEL + ["--steps", "1", "--resume", f"{tmp}/ck", "--save", f"{tmp}/ck"])
+    check(not temporaries(tmp), f"a save must remove the stale temporaries of its target: {temporaries(tmp)}")
+    check(p.stdout.count("left by a write that did not finish") == len(left) + 1,
+          f"the save should say what it removed ({left} and {planted}): {p.stdout}")
+    print(f"rank 0 killed mid-save left {left}; the next save removed it and {os.path.basename(planted)}")
+
+    # a full disk: a tmpfs with room for one checkpoint, not for the next one's temporary
+    disk = tempfile.mkdtemp(prefix="pl-full-")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=768k", "tmpfs", disk], capture_output=True).returncode:
+        print("skipped the full-disk save: cannot mount a tmpfs here (needs root)")
+        return
+    try:
+        job = Job("lab01_dp", 1, SMALL + ["--steps", "3", "--save", f"{disk}/ck", "--save-every", "1"])
+        status = job.p.wait(timeout=60)
+        job.join()
+        errors = [line.strip() for line in job.errors if "error" in line]
+        small_size = os.path.getsize(f"{disk}/ck")
+        check(2 * small_size > 768 << 10 > small_size, f"a checkpoint of {small_size} bytes does not fit the test")
+        check(status != 0, "a save on a full disk must fail the run")
+        check(any(line.startswith("rank 0: error: ") and "No space left on device" in line and disk in line
+                  for line in errors), f"expected one line naming the file and the full disk, got {errors}")
+        check(not temporaries(disk), f"a failed save left {temporaries(disk)}")
+        header, _ = read_checkpoint(f"{disk}/ck")
+        check(header["__metadata__"]["step"] == "1", "the previous checkpoint (step 1) must stay")
+        run("lab01_dp", 1, SMALL + ["--steps", "1", "--resume", f"{disk}/ck"])
+        print(f"full disk at the second save: exit {status}, {errors[0]!r}; step 1's checkpoint intact, "
+              f"no temporary")
+    finally:
+        subprocess.run(["umount", disk])
+
+
+def records():
+    tmp = tempfile.mkdtemp(prefix="pl-rec-")
+    # a diverging run: the record says where, with null for the losses that are not finite
+    rec, p, _ = run("lab01_dp", 1, SMALL + ["--steps", "4", "--lr", "1e30", "--eval"])
+    at = rec["diverged_at_step"]
+    check(at is not None and rec["losses"][at - 1] is None and all(x is not None for x in rec["losses"][:at - 1]),
+          f"diverged_at_step {at} must be the first null loss: {rec['losses']}")
+    check(f"step {at}: the loss is" in p.stdout and "diverged" in p.stdout, "the console must say the run diverged")
+    check(rec["eval_loss"] is None, f"a diverged eval loss is null, got {rec['eval_loss']}")
+    healthy, _, _ = run("lab01_dp", 1, SMALL + ["--steps", "2"])
+    check(healthy["diverged_at_step"] is None, "a finite run records diverged_at_step null")
+    print(f"diverging run: losses {rec['losses']}, diverged_at_step {at}")
+
+    # names JSON must escape, and bytes that are not UTF-8, in --out, --data and --save
+    odd = os.path.join(tmp, 'quote"back\\slash \u00e9t\u00e9')
+    os.mkdir(odd)
+    data = os.path.join(odd, "corpus.txt")
+    with open(data, "w") as f:
+        f.write("the cat sees the dog. " * 200)
+    not_utf8 = os.fsdecode(os.path.join(tmp, "latin1-\xe9").encode("latin-1"))
+    rec, _, out = run("lab01_dp", 1, SMALL + ["--steps", "1", "--data", data, "--save", f"{odd}/ck",
+                                              "--dump-weights", not_utf8])
+    check(rec["config"]["data"] == data and rec["saved_to"] == f"{odd}/ck",
+          f"paths must come back exactly: {rec['config']['data']!r}, {rec['saved_to']!r}")
+    header, _ = read_checkpoint(f"{odd}/ck")
+    check(header["__metadata__"]["data"] == data, "the checkpoint's metadata must hold the --data path")
+    rec, _, _ = run("lab01_dp", 1, SMALL + ["--steps", "1", "--data", data, "--resume", f"{odd}/ck",
+                                            "--save", not_utf8])
+    check(rec["saved_to"].endswith("latin1-?"), f"bytes that are not UTF-8 become '?': {rec['saved_to']!r}")
+
+    # an --out longer than the 512-byte buffers the paths once had
+    deep = os.path.join(tmp, *(["d" * 100] * 6))
+    rec, _, _ = run("lab01_dp", 1, SMALL + ["--steps", "1"], out=deep)
+    check(rec is not None and rec["trace"].startswith(deep) and os.path.exists(rec["trace"]),
+          f"no record, or its trace not in the {len(deep)}-character --out")
+    print(f"odd names round-trip through the record; a {len(deep)}-character --out holds record and trace")
+
+    # a full disk where the record, the trace or the timeline go: exit non-zero, naming the path
+    for name in ("records.jsonl", "records.csv", "lab01_dp_dp_1_trace.json", "lab01_dp_dp_1_timeline.csv"):
+        out = tempfile.mkdtemp(prefix="pl-full-")
+        os.symlink("/dev/full", os.path.join(out, name))
+        cmd = [MPIRUN, "-n", "1", program("lab01_dp"), *SMALL, "--steps", "1", "--out", out]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        errors = [line for line in p.stderr.splitlines() if "error" in line]
+        print(f"{name} on a full disk: exit {p.returncode}, {errors[:1]}")
+        check(p.returncode != 0, f"{name}: a record lost to a full disk must fail the run")
+        check(any(os.path.join(out, name) in line and "No space left on device" in line for line in errors),
+              f"{name}: expected a line naming the file and the reason, got {errors}")
 
 
 class Job:
@@ -307,7 +487,8 @@ def io_error():
 
 
 if __name__ == "__main__":
-    {"resume": resume, "format": format_, "refused": refused, "io_error": io_error,
+    {"resume": resume, "format": format_, "refused": refused, "io_error": io_error, "faults": faults,
+     "records": records,
      "kill_lab04": lambda: kill("lab04_1f1b", 3, 1, ["--micro-batches", "4"]),  # the middle stage
      "kill_lab05": lambda: kill("lab05_tp", 2, 1, []),
      # rank 1: (tp 1, pp 0), so its TP peer waits in an all-reduce, stage 1 on a message

@@ -1,0 +1,31 @@
+/* JSON values from the labs' C values, through jansson (the run record, the
+ * Chrome trace and checkpoint headers are all written and read with it).
+ *
+ * jansson refuses what JSON cannot hold: json_real(NaN) and json_string() of
+ * bytes that are not UTF-8 return NULL. These helpers turn such values into
+ * what JSON can say (null; '?' for the bad bytes), so a record is always valid
+ * JSON, and abort the job (die) only when memory runs out. */
+#ifndef PL_JSONVAL_H
+#define PL_JSONVAL_H
+#include <jansson.h>
+
+/* A real, or null when x is NaN or infinite. */
+json_t *jsonval_number(double x);
+/* x rounded to an integer (byte counts kept in doubles), or null when not finite. */
+json_t *jsonval_integer(double x);
+/* [x0, x1, ...] with jsonval_number, or with jsonval_integer. */
+json_t *jsonval_numbers(const double *x, int n);
+json_t *jsonval_integers(const double *x, int n);
+/* A string: s itself when it is UTF-8 (file names usually are), else a copy with
+ * every byte >= 0x80 as '?'; NULL s gives null. */
+json_t *jsonval_text(const char *s);
+/* object[key] = value (the reference to value is taken). */
+void jsonval_set(json_t *object, const char *key, json_t *value);
+/* An object of the members a lab hands over as text ("\"k\":v,...", as in
+ * run_report.extra_json); NULL or "" gives {}. Text that is not valid JSON is a
+ * bug in the lab: the job ends naming `what` and the parser's complaint. */
+json_t *jsonval_members(const char *members, const char *what);
+/* The inverse: the object's members as that text, malloc'd. */
+char *jsonval_members_text(const json_t *object);
+
+#endif
