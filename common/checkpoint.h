@@ -4,7 +4,7 @@
  * The file holds whole tensors with GPT-2 names, never one rank's buffers:
  *
  *   8 bytes   N, the length of the JSON header (unsigned, little-endian)
- *   N bytes   {"__metadata__": {"format": "parallel-labs-checkpoint-1", "step": "10", ...},
+ *   N bytes   {"__metadata__": {"format": "parallel-labs-checkpoint-2", "step": "10", ...},
  *              "wte.weight": {"dtype": "F32", "shape": [256, 128], "data_offsets": [0, 131072]}, ...}
  *   the data  fp32, little-endian: the parameters ("wte.weight", "h.3.attn.c_attn.weight",
  *             ...), then the AdamW first moments ("optimizer.m.<name>"), then the second
@@ -12,11 +12,17 @@
  *
  * so the data is exactly the three flat buffers of the whole model, [params | m | v].
  * The metadata (strings, as safetensors wants) gives the step (optimizer steps
- * done), the model shape and training flags, the lab that saved it and the
- * FNV-1a 64-bit checksum of the data.
+ * done), the model shape and training flags, the lab that saved it and an
+ * FNV-1a 64-bit checksum of the other metadata and the data, so an edited
+ * header is refused like a flipped bit (files of format 1, whose checksum
+ * covers the data alone, are still read). The header is written and parsed
+ * with jansson; a file is checked header first, so one that is no checkpoint
+ * is refused before its data is read.
  *
  * Saving gathers every element to rank 0, which writes the file atomically
- * (temporary file, fsync, rename). Loading: every rank reads the file and takes
+ * (temporary file PATH.tmp.PID, fsync, rename; the temporary goes on errors
+ * and on SIGINT/SIGTERM, and a later save removes those of killed saves).
+ * Loading: every rank reads the file and takes
  * its slice, the same "any rank can create exactly its slice" idea as the
  * initialisation. So what a lab must say is only which elements of the global
  * flat layout its buffers hold, and where:
@@ -81,7 +87,8 @@ void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step);
 
 /* Called by run_setup on every rank, before anything is created: checks that the
  * --resume file is a complete, uncorrupted checkpoint of the model the flags
- * describe, and that --save can be written. Returns 0, or -1 with one line in err. */
+ * describe (--save, like every output, is proven writable by run_setup on rank
+ * 0). Returns 0, or -1 with one line in err. */
 int ckpt_check_flags(const run_ctx *ctx, char *err, size_t errlen);
 
 /* --eval's line on rank 0: the held-out loss, and what it was measured on. */

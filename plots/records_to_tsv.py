@@ -65,6 +65,8 @@ def subtitle(recs, steps=True):
 
 
 def fmt(x):
+    if x is None:  # a record's null: a loss that was not finite
+        return "NaN"
     if isinstance(x, float):
         if x != x:
             return "NaN"
