@@ -98,13 +98,13 @@ void plan_print_header(FILE *f, const char *name, const th_model *m, const clust
 void plan_print_table(FILE *f, const plan_result *r, int top) {
     fprintf(f, "\n%d layouts: %d fit, %d do not (and %ld combinations cannot divide the model or batch)\n", r->n, r->n_fit,
             r->n - r->n_fit, r->rejected_shape);
-    fprintf(f, "  #  tp  pp   dp  b    m schedule     v sp recompute | GiB per GPU: params grads optim  acts total |"
-               " step s = compute +    TP +    PP + bubble +    DP +   opt | tok/s    MFU\n");
+    fprintf(f, "  #  tp  pp   dp  b    m schedule     v sp recompute | params  grads  optim   acts  total GiB |"
+               " step s = compute +    TP +    PP + bubble +    DP +   opt |  tok/s    MFU\n");
     for (int i = 0; i < r->n && i < top; i++) {
         const estimate *e = &r->all[i];
         const layout *l = &e->l;
-        fprintf(f, "%3d %3d %3d %4d %2d %4d %-12s %1d %2s %-9s | %18.1f %5.1f %5.1f %5.1f %5.1f%s | %6.2f = %7.2f %7.2f %7.2f %6.2f "
-                   "%7.2f %5.2f | %5.3g %5.1f%%\n",
+        fprintf(f, "%3d %3d %3d %4d %2d %4d %-12s %1d %2s %-9s | %6.1f %6.1f %6.1f %6.1f %6.1f%s    | %6.2f = %7.2f %7.2f %7.2f %6.2f "
+                   "%7.2f %5.2f | %6.3g %5.1f%%\n",
                 i + 1, l->tp, l->pp, l->dp, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule],
                 l->vp, l->sp ? "on" : "-", recompute_names[l->recompute], e->mem[CAT_PARAMS] / GiB,
                 e->mem[CAT_GRADS] / GiB, e->mem[CAT_OPTIM] / GiB, e->mem[CAT_ACTS] / GiB, e->mem_total / GiB,
@@ -148,7 +148,7 @@ static int knob_rc(const layout *l) { return l->recompute; }
 
 static void explain_knob(FILE *f, const plan_result *r, const char *name, knob_fn key) {
     int seen[256], n_seen = 0;
-    fprintf(f, "  %-10s", name);
+    fprintf(f, "  %-12s", name);
     for (int i = 0; i < r->n; i++) { /* sorted best first: the first of each value is its best */
         int k = key(&r->all[i].l), dup = 0;
         for (int j = 0; j < n_seen; j++) dup |= seen[j] == k;

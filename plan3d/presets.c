@@ -49,11 +49,13 @@ const int n_model_presets = (int)(sizeof model_presets / sizeof model_presets[0]
  *     per GPU [DGX H100 datasheet].
  *   H200 SXM 141GB: the H100's compute and NVLink, 141 GB HBM3e at 4.8 TB/s
  *     [NVIDIA H200 datasheet]; 8 x 400 Gb/s NICs as the DGX H200.
- * efficiency: see plan3d/README.md ("how good is it"): one figure per GPU,
- * the fraction of dense peak that a transformer layer's forward and backward
- * (matrix products and the elementwise kernels between them, without
- * communication or bubble) reaches; chosen once, stated, and tested against
- * published runs (published_runs.tsv), not fitted per row. */
+ * efficiency: the fraction of dense peak that a transformer layer's forward
+ * and backward (matrix products and the elementwise kernels between them,
+ * without communication or bubble) reaches. One figure for every GPU, 0.57:
+ * the value at which the mean error over Megatron-LM 2021's seven rows of
+ * published_runs.tsv is about zero (0.565, rounded); the other six rows
+ * (BLOOM, MT-NLG, Llama 3 on H100s) are predictions with it. Not fitted per
+ * row; lab06_3d/README.md ("planning a real run") gives the errors. */
 const cluster cluster_presets[] = {
     {"a100-80gb", 8, 8, 80, 312, 156, 0.57, 300, 3, 25, 8, 2039, 0,
      "DGX A100 80GB nodes: NVLink 3 inside (600 GB/s both ways), 8 x HDR 200 Gb/s InfiniBand between"},
