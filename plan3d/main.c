@@ -219,6 +219,9 @@ int main(int argc, char **argv) {
     if (tp > c.gpus_per_node && !across)
         bad_input("--tp %d is more than --gpus-per-node %d (TP's all-reduces need the node's links; --tp-across-nodes "
                   "allows it)", tp, c.gpus_per_node);
+    if (tp && c.gpus_per_node % tp && tp < c.gpus_per_node && !across)
+        bad_input("--tp %d does not divide --gpus-per-node %d: some TP groups would span two nodes (--tp-across-nodes "
+                  "allows it)", tp, c.gpus_per_node);
     int chunks = k.schedule >= 0 ? th_schedule_chunks((th_schedule)k.schedule, vp ? vp : 1) : 1;
     if (pp && (long)pp * chunks > m.layers)
         bad_input("--pp %d x %d chunk%s per rank is more than --layers %ld: every chunk needs a layer", pp, chunks,

@@ -37,7 +37,8 @@ void plan_search(const th_model *m, const cluster *c, const training *tr, const 
     static const int batches[] = {1, 2, 4, 8, 16, 32}, chunks[] = {2, 3, 4, 6, 8};
     for (int t = 1; t <= c->gpus; t++) {
         if (c->gpus % t || (k->tp && t != k->tp)) continue;
-        if (!k->tp && (t > c->gpus_per_node && !k->tp_across_nodes)) continue;
+        /* a TP group inside a node must not straddle two: t divides the node's GPUs */
+        if (!k->tp && !k->tp_across_nodes && (t > c->gpus_per_node || c->gpus_per_node % t)) continue;
         for (int p = 1; p <= c->gpus / t; p++) {
             if ((c->gpus / t) % p || (k->pp && p != k->pp) || p > m->layers) continue;
             int d = c->gpus / (t * p);

@@ -189,6 +189,7 @@ def case_bad_input():
         (["--tp", "3"], "--tp 3"),                                   # does not divide 64 GPUs
         (["--gpus", "48", "--tp", "3", "--heads", "64"], "--heads 64"),  # 64 heads by t = 3
         (["--tp", "16"], "--tp 16"),                                 # beyond a node of 8
+        (["--gpus", "48", "--tp", "3", "--heads", "48", "--d-model", "8064"], "--gpus-per-node 8"),  # groups would straddle nodes
         (["--pp", "81"], "--layers 80"),                             # layers by p
         (["--pp", "16", "--schedule", "interleaved", "--vp", "6"], "--layers 80"),  # layers by p v
         (["--dp", "3"], "--dp 3"),                                   # 3 does not divide 64 GPUs
