@@ -254,6 +254,8 @@ int calibration_cluster(const char *path, const th_model *m, cluster *c) {
     c->fp32_tflops = c->bf16_tflops = rate;
     c->efficiency = 1; /* measured: the rate is what the layers reach */
     c->cores = cal.cores;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && cal.cores > 0) c->mem_gib = (double)pages * page / cal.cores / 1073741824.0; /* RAM per rank */
     c->gpus_per_node = cal.cores;
     c->intra_gbs = c->inter_gbs = cal.allreduce_gbs;
     c->intra_us = c->inter_us = cal.allreduce_us;

@@ -89,6 +89,12 @@ static void parse(option *opts, int n, int argc, char **argv) {
     }
 }
 
+static int opts_given(const option *opts, int n, const char *name) {
+    for (int k = 0; k < n; k++)
+        if (!strcmp(opts[k].name, name)) return opts[k].given;
+    return 0;
+}
+
 static void usage(const option *opts, int n) {
     printf("plan3d: lay out a model on a cluster (TP x PP x DP, micro-batches, schedule, SP, recomputation) from the\n"
            "formulas the labs check (theory/), and check those formulas against the labs' records and published runs.\n\n"
@@ -193,7 +199,7 @@ int main(int argc, char **argv) {
     cluster c = *cp;
     if (!strcmp(c.name, "cpu") && !calibration_cluster(calibration, &m, &c))
         bad_input("--cluster cpu needs --calibration %s: run mpirun -n 2 ./plan3d --calibrate first", calibration);
-    c.gpus = gpus;
+    if (strcmp(c.name, "cpu") || opts_given(opts, n_opts, "--gpus")) c.gpus = gpus; /* cpu: a rank per core */
     if (gpn) c.gpus_per_node = gpn;
     if (c.gpus_per_node > c.gpus) c.gpus_per_node = c.gpus;
     if (mem) c.mem_gib = mem;
@@ -264,7 +270,7 @@ int main(int argc, char **argv) {
         plan_free(&r);
         return 1;
     }
-    plan_print_winner(stdout, &r.all[0], &c, &tr);
+    plan_print_winner(stdout, &r.all[0], &c);
     plan_free(&r);
     return 0;
 }

@@ -114,11 +114,11 @@ void plan_print_table(FILE *f, const plan_result *r, int top) {
     }
 }
 
-void plan_print_winner(FILE *f, const estimate *e, const cluster *c, const training *tr) {
+void plan_print_winner(FILE *f, const estimate *e, const cluster *c) {
     char lt[160];
     fprintf(f, "\nbest: %s\n", layout_text(&e->l, lt, sizeof lt));
     fprintf(f, "  memory per GPU (stage %d, the fullest): params %.2f + grads %.2f + optimizer %.2f + activations %.2f "
-               "(%.3g micro-batches in flight) + comm %.2f + workspace %.2f = %.2f GiB of %.2f usable\n",
+               "(in flight: %.3g micro-batches' worth) + comm %.2f + workspace %.2f = %.2f GiB of %.2f usable\n",
             e->fullest_stage, e->mem[CAT_PARAMS] / GiB, e->mem[CAT_GRADS] / GiB, e->mem[CAT_OPTIM] / GiB,
             e->mem[CAT_ACTS] / GiB,
             th_acts_in_flight(e->l.schedule, e->l.pp, e->fullest_stage, e->l.micro_batches, e->l.vp),
@@ -135,7 +135,6 @@ void plan_print_winner(FILE *f, const estimate *e, const cluster *c, const train
     fprintf(f, "  %.4g tokens/s, %.1f TFLOP/s per GPU of model FLOPs (%.1f with recomputation), MFU %.1f%%\n",
             e->tokens_per_s, e->model_flops / e->t_step / c->gpus / 1e12, e->hw_flops / e->t_step / c->gpus / 1e12,
             100 * e->mfu);
-    (void)tr;
 }
 
 /* For one knob, the best layout at each of its values. */

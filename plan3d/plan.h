@@ -27,7 +27,7 @@ void plan_free(plan_result *r);
 /* Console output. */
 void plan_print_header(FILE *f, const char *model_name, const th_model *m, const cluster *c, const training *tr);
 void plan_print_table(FILE *f, const plan_result *r, int top);
-void plan_print_winner(FILE *f, const estimate *e, const cluster *c, const training *tr);
+void plan_print_winner(FILE *f, const estimate *e, const cluster *c);
 void plan_print_explain(FILE *f, const plan_result *r);
 /* The table for plots: every layout and which one won. */
 int plan_write_json(const char *path, const char *model_name, const th_model *m, const cluster *c,
