@@ -152,7 +152,6 @@ static double predict_grid(const run *r, const timing *tm, rank_pred *pr, double
     const double act = 4.0 * rows * r->T * r->C;
     *bubble_unit = th_bubble_unit(s, p, m, 1);
     double worst_f = 0, worst_b = 0, dp_time = 0, adam_time = 0;
-    double *busy = calloc((size_t)p, sizeof(double));
     for (int q = 0; q < r->ranks; q++) {
         const int pp = q / (t * d); /* rank = tp + t (dp + d pp): lab06's grid.h */
         int lo, hi;
@@ -172,12 +171,10 @@ static double predict_grid(const run *r, const timing *tm, rank_pred *pr, double
         double msg = p > 1 ? message_seconds(tm, act) : 0;
         worst_f = fmax(worst_f, fb / 3 + msg);
         worst_b = fmax(worst_b, 2 * fb / 3 + msg);
-        busy[pp] = m * fb;
         dp_time = fmax(dp_time, allreduce_seconds(tm, 4 * params, d));
         adam_time = fmax(adam_time, adamw_seconds(tm, params));
         x->busy = m * fb + adamw_seconds(tm, params);
     }
-    free(busy);
     return th_pipeline_step_time(s, p, m, 1, worst_f, worst_b, 0) + dp_time + adam_time;
 }
 

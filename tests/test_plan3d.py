@@ -9,9 +9,10 @@
              measurement and the step time within TIME_BOUND; needs the machine
              to itself (CTest runs it alone; it reports "skipped" when other
              programs keep the cores busy)
-  plan       the planner on Llama-3-70B and GPT-3 175B: a winner that fits, TP
-             inside a node, the JSON table, --explain; nothing fitting exits 1
-             with the shortfall
+  plan       the presets' parameter counts against their papers; the planner on
+             Llama-3-70B and GPT-3 175B: a winner that fits, TP inside a node, PP
+             where memory forces it, the JSON table, --explain; nothing fitting
+             exits 1 with the shortfall
   published  every published run predicted within 25 % (plan3d/published_runs.tsv)
   bad_input  unknown presets, layouts that cannot divide the model: one line, status 2
 
@@ -145,6 +146,16 @@ def case_times():
 
 
 def case_plan():
+    # theory/'s parameter counts of the presets against the sizes their papers give
+    h = plan3d(["--help"])
+    presets = h.stdout.split("model presets (--model):\n")[1].split("\n  (")[0].splitlines()
+    sizes = {l.split()[0]: float(l.split()[1]) for l in presets}  # "  name  size B  about"
+    published = {"gpt3-175b": 174.6, "llama3-8b": 8.03, "llama3-70b": 70.55, "llama3-405b": 405.9,
+                 "megatron-18b": 18.4, "megatron-39b": 39.1, "megatron-76b": 76.1, "megatron-145b": 145.6,
+                 "megatron-310b": 310.1, "megatron-530b": 529.6, "megatron-1t": 1008, "bloom-176b": 176.2}
+    for name, want in published.items():
+        check(name in sizes and abs(sizes[name] - want) <= 0.005 * want,
+              f"{name}: {sizes.get(name)} B parameters, its paper says {want} B")
     js = os.path.join(tempfile.mkdtemp(prefix="pl-plan-"), "plan.json")
     p = plan3d(["--model", "llama3-70b", "--cluster", "h100", "--gpus", "64", "--global-batch", "512", "--explain",
                 "--json", js])
