@@ -19,6 +19,7 @@
 #include "model.h"
 #include "optim.h"
 #include "run.h"
+#include "theory.h"
 #include "trace.h"
 #include <errno.h>
 #include <stdint.h>
@@ -170,7 +171,7 @@ int main(int argc, char **argv) {
              check_sync ? (in_sync ? "true" : "false") : "null");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
-                         .comm_formula_bytes = 2.0 * (world.size - 1) / world.size * (double)P * sizeof(float),
+                         .comm_formula_bytes = th_dp_traffic((double)P * sizeof(float), world.size, 1).ring,
                          .comm_formula = "ring all-reduce 2(N-1)/N x gradient bytes",
                          .bubble_theory = -1, .extra_json = record};
     run_finish(&ctx, &report);

@@ -1,40 +1,47 @@
 #include "zero_report.h"
 #include "mem.h"
+#include "theory.h"
 #include <math.h>
 #include <stdio.h>
 
 static const mem_category zero_category[ZERO_NCAT] = {MEM_PARAMS, MEM_GRADS, MEM_OPTIM};
 
+static void by_category(th_states s, double out[ZERO_NCAT]) {
+    out[ZERO_PARAMS] = s.params;
+    out[ZERO_GRADS] = s.grads;
+    out[ZERO_OPTIM] = s.optim;
+}
+
 void zero_figures_compute(const zero_state *z, zero_figures *f) {
     const shard_plan *p = &z->plan;
-    double psi = (double)z->g->total, N = p->ranks, pad = (double)p->padding_elems;
-    double one_unit = 4.0 * (double)p->largest_unit_elems;
-    int s = z->stage;
+    const double psi = (double)z->g->total, pad = (double)p->padding_elems;
+    const int s = z->stage;
     *f = (zero_figures){.psi = psi, .ranks = p->ranks};
 
-    /* the full buffers hold Psi + padding elements, a shard (Psi + padding) / N */
-    f->mem_formula[ZERO_PARAMS] = s < 3 ? 4 * psi : 4 * psi / N;
-    f->mem_padding[ZERO_PARAMS] = s < 3 ? 4 * pad : 4 * pad / N;
-    f->mem_buffers[ZERO_PARAMS] = s < 3 ? 0 : one_unit;
+    /* theory/'s table (theory.h: th_model_states), the buffers of whole units
+     * on top, and the padding: the full buffers hold Psi + padding elements, a
+     * shard (Psi + padding) / N */
+    const th_opts fp32 = th_opts_course(1);
+    const th_states formula = th_model_states(psi, &fp32, s, p->ranks);
+    const th_states padded = th_model_states(psi + pad, &fp32, s, p->ranks);
+    const th_states buffers = th_zero_buffers((double)p->largest_unit_elems, &fp32, s);
+    by_category(formula, f->mem_formula);
+    by_category(buffers, f->mem_buffers);
+    by_category(padded, f->mem_padding);
+    for (int k = 0; k < ZERO_NCAT; k++) f->mem_padding[k] -= f->mem_formula[k];
     f->mem_formula_text[ZERO_PARAMS] = s < 3 ? "4 Psi" : "4 Psi/N";
-    f->mem_formula[ZERO_GRADS] = s < 2 ? 4 * psi : 4 * psi / N;
-    f->mem_padding[ZERO_GRADS] = s < 2 ? 4 * pad : 4 * pad / N;
-    f->mem_buffers[ZERO_GRADS] = s < 2 ? 0 : one_unit;
     f->mem_formula_text[ZERO_GRADS] = s < 2 ? "4 Psi" : "4 Psi/N";
-    f->mem_formula[ZERO_OPTIM] = 8 * psi / N;
-    f->mem_padding[ZERO_OPTIM] = 8 * pad / N;
     f->mem_formula_text[ZERO_OPTIM] = "8 Psi/N";
 
     /* one reduce-scatter and one all-gather of every unit; stage 3 gathers
-     * each unit for the forward and again for the backward */
-    double passes = s < 3 ? 2 : 3, ring = (N - 1) / N;
-    f->comm_formula = passes * ring * 4 * psi;
+     * each unit for the forward and again for the backward (th_zero_traffic) */
+    f->comm_formula = th_zero_traffic(4 * psi, p->ranks, s).ring;
     f->comm_formula_text = s < 3 ? "reduce-scatter + all-gather 2(N-1)/N x 4 Psi (= DP's all-reduce)"
                                  : "reduce-scatter + 2 all-gathers 3(N-1)/N x 4 Psi (1.5x DP)";
-    f->comm_padding = passes * ring * 4 * pad;
+    f->comm_padding = th_zero_traffic(4 * (psi + pad), p->ranks, s).ring - f->comm_formula;
     if (s == 3) {
         const shard_unit *embedding = shard_unit_of_block(p, -1);
-        f->comm_skipped = -ring * 4.0 * (double)(embedding->chunk * p->ranks);
+        f->comm_skipped = -th_ring_factor(TH_ALLGATHER, p->ranks) * 4.0 * (double)(embedding->chunk * p->ranks);
     }
 }
 
@@ -94,7 +101,7 @@ void zero_print_summary(const zero_state *z, const zero_figures *f, int steps) {
     double payload = 0;
     for (int k = COLL_REDUCE_SCATTER; k <= COLL_ALLGATHER; k++) payload += z->dp->stats[k].bytes;
     double ring = steps > 0 ? (N - 1) / N * payload / steps : 0;
-    double dp_ring = 2 * (N - 1) / N * 4 * psi;
+    double dp_ring = th_dp_traffic(4 * psi, p->ranks, 1).ring;
     printf("  ring bytes/step %12s = %s (%s)\n", bytes(ring, a), bytes(f->comm_formula, b),
            f->comm_formula_text);
     printf("  %-15s %12s   + %s (padding)", "", "", bytes(f->comm_padding, a));

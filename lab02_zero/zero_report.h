@@ -14,7 +14,9 @@
  * (the parameters are gathered twice).
  *
  * Measured = formula + named buffers + padding, exactly; the figures below
- * name every term so the summary and the tests can add them up. */
+ * name every term so the summary and the tests can add them up. The formulas
+ * themselves are theory/'s (th_model_states, th_zero_buffers, th_zero_traffic),
+ * the code plan3d predicts with. */
 #ifndef LAB02_ZERO_REPORT_H
 #define LAB02_ZERO_REPORT_H
 #include "zero.h"

@@ -20,6 +20,7 @@
 #include "model.h"
 #include "run.h"
 #include "stage.h"
+#include "theory.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +47,7 @@ int main(int argc, char **argv) {
     ckpt_view_range(&view, st.params, st.adam_m, st.adam_v, st.begin, st.end);
     const int first = ckpt_resume(&ctx, &view);
     const int p = pipe.size;
-    const double theory = (double)(p - 1) / p;
+    const double theory = th_bubble_unit(TH_SCHED_GPIPE, p, 1, 1); /* one batch: (p-1)/p */
     if (ctx.rank == 0)
         printf("pipeline: %d stage%s, the whole batch at once | bubble theory (p-1)/p = %.3f\n", p,
                p == 1 ? "" : "s", theory);
@@ -80,7 +81,7 @@ int main(int argc, char **argv) {
     double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
-                         .comm_formula_bytes = boundaries * 2 * boundary_bytes,
+                         .comm_formula_bytes = th_pp_traffic(boundaries, 1, 1, boundary_bytes).ring,
                          .comm_formula = "busiest stage: boundaries x (activation + gradient) "
                                          "x B x T x C x 4 bytes",
                          .bubble_theory = theory, .extra_json = record};

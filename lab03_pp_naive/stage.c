@@ -4,6 +4,7 @@
 #include "mem.h"
 #include "run.h" /* human() */
 #include "textbuf.h"
+#include "theory.h"
 #include "trace.h"
 #include <stdarg.h>
 #include <stdio.h>
@@ -240,7 +241,7 @@ static void append_array(textbuf *b, const char *key, const double *all, int fie
 }
 
 char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text) {
-    enum { LO, HI, BYTES, IN_FLIGHT, PEAK, FIELDS };
+    enum { LO, HI, BYTES, BYTES_F, IN_FLIGHT, PEAK, FIELDS };
     int p = s->count;
     double *all = calloc((size_t)p * FIELDS, sizeof(double));
     if (!all) die("out of host memory");
@@ -248,6 +249,12 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
     mine[LO] = s->lo;
     mine[HI] = s->hi;
     mine[BYTES] = (double)s->acts_bytes;
+    /* theory/'s exact formula of the same block (full widths; a stage with
+     * other model code, lab06's, reports its own: -1 here) */
+    const gpt_config *cfg = &s->g->cfg;
+    const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
+    const th_opts fp32 = th_opts_course(1);
+    mine[BYTES_F] = s->model ? -1 : th_course_acts_bytes(&tm, &fp32, s->lo, s->hi, s->rows);
     mine[IN_FLIGHT] = in_flight_formula;
     mine[PEAK] = (double)mem_peak(MEM_ACTS);
     comm_allreduce_host(s->pipe, all, p * FIELDS); /* every other slot is 0: a gather */
@@ -258,6 +265,7 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
         textbuf_printf(&json, "%s[%.0f,%.0f]", r ? "," : "", all[r * FIELDS + LO], all[r * FIELDS + HI]);
     textbuf_printf(&json, "]");
     append_array(&json, "acts_bytes_per_micro_batch", all, BYTES, FIELDS, p);
+    append_array(&json, "acts_bytes_per_micro_batch_formula", all, BYTES_F, FIELDS, p);
     append_array(&json, "acts_in_flight_formula", all, IN_FLIGHT, FIELDS, p);
     textbuf_printf(&json, ",\"acts_peak_formula_bytes\":[");
     for (int r = 0; r < p; r++)
@@ -272,9 +280,11 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
         for (int r = 0; r < p; r++) {
             const double *x = all + (size_t)r * FIELDS;
             double formula = x[IN_FLIGHT] * x[BYTES];
-            printf("  stage %d: layers %.0f-%.0f | peak %sB measured | formula %.0f x %sB per micro-batch = %sB%s\n",
+            printf("  stage %d: layers %.0f-%.0f | peak %sB measured | formula %.0f x %sB per micro-batch = %sB%s"
+                   " | per micro-batch: allocator %.0f B, theory %.0f B%s\n",
                    r, x[LO], x[HI] - 1, human(x[PEAK], a), x[IN_FLIGHT], human(x[BYTES], b),
-                   human(formula, c), x[PEAK] == formula ? "" : " (MISMATCH)");
+                   human(formula, c), x[PEAK] == formula ? "" : " (MISMATCH)", x[BYTES], x[BYTES_F],
+                   x[BYTES_F] < 0 || x[BYTES_F] == x[BYTES] ? "" : " (MISMATCH)");
         }
         fflush(stdout);
     }

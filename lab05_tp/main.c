@@ -23,6 +23,7 @@
 #include "mem.h"
 #include "model.h"
 #include "run.h"
+#include "theory.h"
 #include "tp.h"
 #include "trace.h"
 #include <stdint.h>
@@ -123,14 +124,19 @@ int main(int argc, char **argv) {
     tp_scratch_alloc(&scratch, &tl, B);
     int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
 
-    /* The figures the lesson predicts (bytes are 4 per float). */
+    /* The figures the lesson predicts (bytes are 4 per float), by theory/'s
+     * formulas (theory.h), the ones plan3d predicts with. */
+    const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
+    const th_opts fp32 = th_opts_course(tp.size);
+    const th_params counts = th_param_counts(&tm);
     const double act_bytes = 4.0 * B * T * C;                 /* one all-reduce's payload */
-    const int allreduces = tp.size > 1 ? 4 * L : 0;           /* 2L g's forward + 2L f's backward */
-    const double ring = tp.size > 1 ? 2.0 * (tp.size - 1) / tp.size : 0;
-    const double block_full = 4.0 * L * tl.g.layer_size;      /* all block weights, serial model */
-    const double sharded_full = 4.0 * L * (12.0 * C * C + 7.0 * C); /* the 4 matrices + QKV, fc biases */
-    const double replicated = 4.0 * tp_replicated_elems(&tl);
-    const double block_per_rank = 4.0 * L * tl.layer_size;   /* 6C replicated + the 1/t shard */
+    const th_traffic tp_traffic = th_tp_traffic(L, 1, tp.size, act_bytes, 0); /* 2L g's + 2L f's */
+    const int allreduces = (int)tp_traffic.calls;
+    const double block_full = 4.0 * L * counts.layer;         /* all block weights, serial model */
+    const double sharded_full = 4.0 * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
+    const double replicated = 4.0 * (counts.total - L * counts.layer_sharded);
+    const double block_per_rank = 4.0 * L * (counts.layer - counts.layer_sharded + counts.layer_sharded / tp.size);
+    const double acts_formula = th_course_acts_bytes(&tm, &fp32, 0, L, B); /* this rank's, exact */
     /* activations split per layer: q,k,v (3NC), attention output (NC), the MLP's
      * two 4C-wide tensors (8NC) and the attention matrix (B*H*T*T) */
     const double acts_split_full = 4.0 * L * (12.0 * B * T * C + (double)B * ctx.opt.heads * T * T);
@@ -190,13 +196,13 @@ int main(int argc, char **argv) {
              "\"block_param_bytes_full\":%.0f,\"block_param_bytes_per_rank\":%.0f,"
              "\"block_sharded_bytes_full\":%.0f,\"block_sharded_bytes_per_rank\":%.0f,"
              "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
-             "\"replicated_identical\":%s",
+             "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s",
              tp.size, tl.heads, tl.hidden, allreduces, allreduces * act_bytes, act_bytes,
-             4.0 * P, replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
-             acts_split_full, acts_split_full / tp.size, check_sync ? (in_sync ? "true" : "false") : "null");
+             4.0 * th_stage_params(&tm, &fp32, 0, L), replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
+             acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
-                         .comm_formula_bytes = ring * allreduces * act_bytes, .comm_formula = formula,
+                         .comm_formula_bytes = tp_traffic.ring, .comm_formula = formula,
                          .bubble_theory = -1, .extra_json = record};
     run_finish(&ctx, &report);
     free(record);
@@ -209,8 +215,9 @@ int main(int argc, char **argv) {
         printf("  block weights per rank: %sB = 6C x L replicated (%sB) + 1/%d of the %sB split (matrices, QKV/fc biases); "
                "serial %sB\n", human(block_per_rank, a), human(4.0 * L * 6 * C, b), tp.size,
                human(sharded_full, c), human(block_full, d));
-        printf("  activations per rank: %sB, of which the split ones (q,k,v, heads, MLP units) are 1/%d of %sB\n",
-               human((double)mem_peak(MEM_ACTS), a), tp.size, human(acts_split_full, b));
+        printf("  activations per rank: %sB measured, %sB by the formula (theory.h); the split ones (q,k,v, heads, "
+               "MLP units) are 1/%d of %sB\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, c), tp.size,
+               human(acts_split_full, b));
     }
 
     free(tokens);

@@ -2,6 +2,7 @@
 #include "device.h"
 #include "mem.h"
 #include "textbuf.h"
+#include "theory.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,14 +15,17 @@ enum {
     F_GROUPS = 0,                       /* GROUP_KINDS x G_FIELDS */
     G_CALLS = 0, G_PAYLOAD, G_RING, G_SECONDS, G_CALLS_F, G_PAYLOAD_F, G_RING_F, G_FIELDS,
     F_LO = GROUP_KINDS * G_FIELDS, F_HI, F_TP, F_PP, F_DP,
-    F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_IN_FLIGHT,
+    F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_ACTS_PER_MB_F, F_IN_FLIGHT,
     F_FIELDS
 };
 
+/* theory.h's collective kinds are comm.h's, in the same order */
+_Static_assert((int)TH_ALLREDUCE == (int)COLL_ALLREDUCE && (int)TH_RECV == (int)COLL_RECV &&
+               (int)TH_NKINDS == (int)COLL_BARRIER, "th_coll and comm_kind differ");
+
 /* The bytes one rank moves for a call, by the ring algorithm (as run_finish counts). */
 static double ring_factor(comm_kind k, int n) {
-    if (n <= 1) return 0;
-    return k == COLL_ALLREDUCE ? 2.0 * (n - 1) / n : k == COLL_SEND || k == COLL_RECV ? 1 : 0;
+    return k < COLL_BARRIER ? th_ring_factor((th_coll)k, n) : 0;
 }
 
 /* Everything a group's communicator counted, per step. */
@@ -35,10 +39,10 @@ static void measured(const comm *c, int steps, double *row) {
     }
 }
 
-static void formula(double *row, double calls, double each_bytes, double ring_factor_) {
-    row[G_CALLS_F] = calls;
-    row[G_PAYLOAD_F] = calls * each_bytes;
-    row[G_RING_F] = ring_factor_ * calls * each_bytes;
+static void formula(double *row, th_traffic t) {
+    row[G_CALLS_F] = t.calls;
+    row[G_PAYLOAD_F] = t.payload;
+    row[G_RING_F] = t.ring;
 }
 
 static void json_column(textbuf *b, const char *key, const double *rows, int ranks, int field) {
@@ -64,14 +68,15 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     const double act_bytes = 4.0 * st->boundary_floats;
     comm *groups[GROUP_KINDS] = {&g->tp, &g->pipe, &g->dp};
     for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
-    /* TP: two g's forward, two f's backward per layer and micro-batch (none for t = 1) */
-    formula(row + GROUP_TP * G_FIELDS, d.tp > 1 ? 4.0 * (st->hi - st->lo) * m : 0, act_bytes, 2.0 * (d.tp - 1) / d.tp);
+    /* theory/'s formulas (theory.h), the ones plan3d predicts with.
+     * TP: two g's forward, two f's backward per layer and micro-batch (none for t = 1) */
+    formula(row + GROUP_TP * G_FIELDS, th_tp_traffic(st->hi - st->lo, m, d.tp, act_bytes, 0));
     /* PP: per boundary and micro-batch, one activation out and one gradient back,
      * each counted once as a send and once as a receive */
     int boundaries = (st->prev >= 0) + (st->next >= 0);
-    formula(row + GROUP_PP * G_FIELDS, 2.0 * boundaries * m, act_bytes, 1);
+    formula(row + GROUP_PP * G_FIELDS, th_pp_traffic(boundaries, m, 1, act_bytes));
     /* DP: one all-reduce of the rank's whole gradient after the flush (none for d = 1) */
-    formula(row + GROUP_DP * G_FIELDS, d.dp > 1 ? 1 : 0, 4.0 * (st->end - st->begin), 2.0 * (d.dp - 1) / d.dp);
+    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(4.0 * (st->end - st->begin), d.dp, 1));
     row[F_LO] = st->lo;
     row[F_HI] = st->hi;
     row[F_TP] = g->me.tp;
@@ -82,8 +87,12 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     row[F_OPTIM] = (double)mem_peak(MEM_OPTIM);
     row[F_ACTS] = (double)mem_peak(MEM_ACTS);
     row[F_TOTAL] = (double)mem_peak_total();
-    row[F_PARAMS_F] = 4.0 * (st->end - st->begin);
+    const gpt_config *cfg = &ctx->model;
+    const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
+    const th_opts fp32 = th_opts_course(d.tp);
+    row[F_PARAMS_F] = 4.0 * th_stage_params(&tm, &fp32, st->lo, st->hi);
     row[F_ACTS_PER_MB] = (double)st->acts_bytes;
+    row[F_ACTS_PER_MB_F] = th_course_acts_bytes(&tm, &fp32, st->lo, st->hi, st->rows);
     row[F_IN_FLIGHT] = in_flight;
 
     if (g->world.rank == 0) {
@@ -130,6 +139,8 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     textbuf_printf(&b, ",");
     json_column(&b, "acts_bytes_per_micro_batch", r->rows, r->ranks, F_ACTS_PER_MB);
     textbuf_printf(&b, ",");
+    json_column(&b, "acts_bytes_per_micro_batch_formula", r->rows, r->ranks, F_ACTS_PER_MB_F);
+    textbuf_printf(&b, ",");
     json_column(&b, "acts_in_flight_formula", r->rows, r->ranks, F_IN_FLIGHT);
     textbuf_printf(&b, ",\"acts_formula\":");
     textbuf_json_string(&b, in_flight_formula);
@@ -175,6 +186,8 @@ void report3d_print(const report3d *r, const process_grid *g) {
         if (q == 16 && r->ranks > 17) { printf("  ... (%d more ranks in the record)\n", r->ranks - 16); break; }
         const double *x = r->rows + (size_t)q * F_FIELDS;
         double acts_f = x[F_IN_FLIGHT] * x[F_ACTS_PER_MB];
+        if (x[F_ACTS_PER_MB_F] != x[F_ACTS_PER_MB]) printf("  rank %d: activations per micro-batch %.0f B, theory.h "
+                                                        "%.0f B (MISMATCH)\n", q, x[F_ACTS_PER_MB], x[F_ACTS_PER_MB_F]);
         printf("  %4d (%.0f,%.0f,%.0f) %4.0f-%-3.0f| %sB%s | %sB | %sB | %sB = %.0f x %sB%s | %sB | %.1f / %.1f / %.1f\n", q,
                x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI] - 1, human(x[F_PARAMS], a),
                x[F_PARAMS] == x[F_PARAMS_F] ? "" : " (MISMATCH)", human(x[F_GRADS], b), human(x[F_OPTIM], c),

@@ -158,6 +158,48 @@ def timeline_table(files, names, path):
                               "bubble_this_step"], rows)
 
 
+# ---- the planner's chart: one model's layouts on a cluster (plan3d --json) ----
+
+PLAN_ARGS = ["--model", "llama3-70b", "--cluster", "h100", "--gpus", "64", "--global-batch", "512"]
+
+
+def plan_table(build, path, args=PLAN_ARGS):
+    """plan3d's estimates for one model: the best layout of each (tp, pp) up to pp 16, as a TSV.
+    Returns the command that made them, or None where plan3d is not built."""
+    exe = os.path.join(build, "plan3d")
+    if not os.path.exists(exe):
+        return None
+    js = path + ".json"
+    cmd = [exe, *args, "--json", js]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr}")
+    import json
+    t = json.load(open(js))
+    best = {}
+    for x in t["layouts"]:  # best first: the first of each (tp, pp) is its best
+        if x["pp"] <= 16:
+            best.setdefault((x["tp"], x["pp"]), x)
+    gib = 2.0 ** 30
+    cats = ("params", "grads", "optim", "acts", "comm", "workspace")
+    parts = ("compute_s", "tp_s", "pp_s", "bubble_s", "dp_s", "optimizer_s")
+    with open(path, "w") as f:
+        m, c = t["model"], t["cluster"]
+        f.write(f"# subtitle: {m['name']} ({m['params'] / 1e9:.1f}B) on {c['gpus']} x {c['name']}, global batch "
+                f"{t['training']['global_batch']}, {t['training']['precision']}, ZeRO-{t['training']['zero_stage']}\n")
+        f.write(f"# limit_gib: {t['layouts'][0]['mem_limit_bytes'] / gib:.3f}\n# mem_gib: {c['mem_gib']}\n")
+        f.write("\t".join(("layout", "tp", "pp", "dp", "fits", "winner", "step_s") + parts
+                          + tuple(k + "_gib" for k in cats) + ("total_gib", "schedule")) + "\n")
+        for (tp, pp), x in sorted(best.items()):
+            label = f"t{tp} p{pp} d{x['dp']}"
+            row = [label, tp, pp, x["dp"], int(x["fits"]), int(x["winner"]), f"{x['step_s']:.4g}"]
+            row += [f"{x[k]:.4g}" for k in parts] + [f"{x['mem_bytes'][k] / gib:.4g}" for k in cats]
+            row += [f"{x['mem_total_bytes'] / gib:.4g}", x["label"].split(" ", 5)[-1]]
+            f.write("\t".join(str(v) for v in row) + "\n")
+    os.remove(js)
+    return os.path.relpath(exe, os.path.dirname(os.path.abspath(path))) + " " + " ".join(args) + " --json plan.json"
+
+
 # ---- the charts ----
 
 def chart_list(pipe_recs, note):
@@ -201,6 +243,13 @@ def chart_list(pipe_recs, note):
         ("loss", "Loss curves of every lab and layout", "loss.gp", {"src": "loss.tsv"}, "loss.tsv", "std",
          "Top: the loss of every step, every run on top of the one-rank baseline (lab01 -n 1). Bottom: the relative "
          "difference from the baseline; the tests require it below 1e-5. Every layout trains on the same tokens."),
+        ("plan", "plan3d: step time and memory per GPU of Llama-3-70B's layouts on 64 H100s", "plan.gp",
+         {"src": "plan.tsv"}, "plan.tsv", "plan",
+         "plan3d's estimates (lab06_3d/README.md, \"planning a real run\"), no run: for each TP x PP (DP the rest) "
+         "the best micro-batch, schedule, SP and recomputation. Top: the step time by part (compute at the preset's "
+         "efficiency, exposed TP, PP and DP traffic, the bubble, the optimizer); layouts that do not fit have no bar. "
+         "Bottom: memory per GPU by category (the fullest stage) against the usable memory; the winner is marked. "
+         "The memory formulas are theory/'s, the ones --check holds to the byte against the labs."),
         ("comm", "Bytes communicated per step, measured against the formula", "comm.gp", {"src": "comm.tsv"},
          "comm.tsv", "std",
          "Ring traffic per rank per step (bytes a rank sends under the ring algorithm: 2(N-1)/N of the payload for "
@@ -279,7 +328,10 @@ def main():
         path = os.path.join("runs", group, "records.jsonl")
         if os.path.exists(path):
             records_to_tsv.convert([path], ".", note if group == "pipe" else "", only)
-    charts = chart_list(pipe_recs, note)
+    plan_cmd = plan_table(build, "plan.tsv")
+    if plan_cmd:
+        commands["plan"] = [plan_cmd]
+    charts = [c for c in chart_list(pipe_recs, note) if c[0] != "plan" or plan_cmd]
     tl = charts[1][3]
     timeline_table(tl["src"].split(), [w.strip("'") for w in shlex.split(tl["names"])], "timeline.tsv")
 
@@ -299,7 +351,8 @@ def main():
         sections.append(f"## {len(sections) + 1}. {title}\n\n![{title}]({name}.png)\n\n"
                         f"[{name}.svg]({name}.svg) · data: [`{table}`]({table})\n\n{what}\n\n"
                         f"{md_table(table)}\n\nDrawn (in this folder) by\n\n```\n{shown}\n```\n\n"
-                        f"from the runs (from this folder, with `OPENBLAS_NUM_THREADS=1`)\n\n```\n"
+                        + ("from the estimates of\n\n```\n" if group == "plan" else
+                           "from the runs (from this folder, with `OPENBLAS_NUM_THREADS=1`)\n\n```\n")
                         + "\n".join(commands.get(group, [])) + "\n```\n")
     with open("gnuplot.log", "w") as f:
         f.write("\n\n".join(problems))

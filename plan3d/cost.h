@@ -1,0 +1,70 @@
+/* What one layout costs: memory per GPU by category and time per step by
+ * part, from theory/'s formulas and a cluster's figures.
+ *
+ * The time model (all per step, on the slowest pipeline stage):
+ *   compute   a micro-batch's forward over a rank's layers takes tF = its
+ *             FLOPs / (peak x efficiency), the input-gradient half of the
+ *             backward tB (the layers' matrices once more, attention's core
+ *             twice), the weight-gradient half tW (the matrices once more);
+ *             recomputation adds its forward to tB
+ *   TP        4 collectives per layer and micro-batch (6 with full
+ *             recomputation), each an all-reduce's ring time over the TP
+ *             group's link, not hidden: they sit between matrix products
+ *   PP        one message per chunk boundary per micro-batch each way (the
+ *             activation, split over the TP ranks as Megatron does), on the
+ *             critical path of every slot
+ *   bubble    theory/'s th_bubble_time for the schedule with those times
+ *   DP        the gradient's all-reduce (ZeRO 1-2: reduce-scatter + all-gather,
+ *             the same bytes; ZeRO 3 also gathers the parameters twice per
+ *             micro-batch) over the DP group's link, minus the overlapped share
+ *   optimizer 28 bytes of memory traffic per parameter of the rank's shard
+ * A link's collective over n ranks: 2(n-1) x latency + ring bytes / bandwidth. */
+#ifndef PLAN3D_COST_H
+#define PLAN3D_COST_H
+#include "presets.h"
+#include "theory.h"
+
+typedef struct training {
+    long global_batch;       /* sequences per step */
+    th_precision precision;
+    int zero_stage;          /* 0..3 over the DP group */
+    double dp_overlap;       /* 0..1: the share of DP traffic hidden behind the backward */
+    double headroom;         /* 0..1: memory kept free (CUDA context, NCCL buffers, fragmentation) */
+} training;
+
+typedef struct layout {
+    int tp, pp, dp;
+    int micro_batch;         /* b: sequences per micro-batch */
+    int micro_batches;       /* m = global batch / (d b) */
+    th_schedule schedule;
+    int vp;                  /* chunks per rank (interleaved); 1 otherwise */
+    int sp;                  /* sequence parallelism */
+    th_recompute recompute;
+} layout;
+
+enum { CAT_PARAMS, CAT_GRADS, CAT_OPTIM, CAT_ACTS, CAT_COMM, CAT_WORKSPACE, CAT_N };
+extern const char *const cat_names[CAT_N];
+
+typedef struct estimate {
+    layout l;
+    int stage_layers_max;     /* layers of the busiest rank */
+    int fullest_stage;        /* the rank whose memory is reported */
+    double mem[CAT_N], mem_total, mem_limit; /* bytes per GPU, the fullest rank */
+    int fits;
+    double tF, tB, tW;        /* one micro-batch on the slowest rank, with its TP and PP traffic */
+    double t_compute, t_tp, t_pp, t_bubble, t_dp, t_optim, t_step; /* seconds per step */
+    double tokens_per_s, model_flops, hw_flops; /* FLOPs per step, all GPUs */
+    double mfu;               /* model FLOPs / (step x GPUs x peak) */
+    double tp_bytes, pp_bytes, dp_bytes; /* ring bytes per GPU per step */
+} estimate;
+
+/* "" if the layout can run the model on the cluster, else why not (one line
+ * naming the flag, for status 2). */
+const char *layout_problem(const th_model *m, const cluster *c, const training *tr, const layout *l, char *buf, int len);
+
+void estimate_layout(const th_model *m, const cluster *c, const training *tr, const layout *l, estimate *e);
+
+/* A collective's time over n ranks on a link: 2(n-1) latencies + ring bytes / bandwidth. */
+double link_time(double ring_bytes, int n, double gbs, double us);
+
+#endif

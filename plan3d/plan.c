@@ -1,0 +1,228 @@
+#include "plan.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double GiB = 1073741824.0;
+static const char *const recompute_names[] = {"none", "selective", "full"};
+
+const char *layout_text(const layout *l, char *buf, int len) {
+    char v[16] = "";
+    if (l->schedule == TH_SCHED_INTERLEAVED) snprintf(v, sizeof v, " v=%d", l->vp);
+    snprintf(buf, len, "tp=%d pp=%d dp=%d b=%d m=%d %s%s%s recompute=%s", l->tp, l->pp, l->dp, l->micro_batch,
+             l->micro_batches, th_schedule_names[l->schedule], v, l->sp ? " sp" : "", recompute_names[l->recompute]);
+    return buf;
+}
+
+static int by_quality(const void *pa, const void *pb) {
+    const estimate *a = pa, *b = pb;
+    if (a->fits != b->fits) return b->fits - a->fits;
+    double x = a->fits ? a->t_step : a->mem_total - a->mem_limit, y = b->fits ? b->t_step : b->mem_total - b->mem_limit;
+    if (x != y) return x < y ? -1 : 1;
+    return a->mem_total < b->mem_total ? -1 : a->mem_total > b->mem_total;
+}
+
+static void push(plan_result *r, int *cap, const estimate *e) {
+    if (r->n == *cap) {
+        *cap = *cap ? 2 * *cap : 256;
+        r->all = realloc(r->all, sizeof *r->all * (size_t)*cap);
+        if (!r->all) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+    }
+    r->all[r->n++] = *e;
+}
+
+void plan_search(const th_model *m, const cluster *c, const training *tr, const constraints *k, plan_result *r) {
+    memset(r, 0, sizeof *r);
+    int cap = 0;
+    static const int batches[] = {1, 2, 4, 8, 16, 32}, chunks[] = {2, 3, 4, 6, 8};
+    for (int t = 1; t <= c->gpus; t++) {
+        if (c->gpus % t || (k->tp && t != k->tp)) continue;
+        /* a TP group inside a node must not straddle two: t divides the node's GPUs */
+        if (!k->tp && !k->tp_across_nodes && (t > c->gpus_per_node || c->gpus_per_node % t)) continue;
+        for (int p = 1; p <= c->gpus / t; p++) {
+            if ((c->gpus / t) % p || (k->pp && p != k->pp) || p > m->layers) continue;
+            int d = c->gpus / (t * p);
+            if (k->dp && d != k->dp) continue;
+            for (int bi = 0; bi < 6; bi++) {
+                int b = k->micro_batch ? k->micro_batch : batches[bi];
+                if (k->micro_batch && bi) break;
+                for (int s = 0; s < TH_NSCHED; s++) {
+                    if (k->schedule >= 0 ? s != k->schedule : (p == 1 && s != TH_SCHED_1F1B)) continue;
+                    for (int vi = 0; vi < 5; vi++) {
+                        int v = s != TH_SCHED_INTERLEAVED ? 1 : k->vp ? k->vp : chunks[vi];
+                        if ((s != TH_SCHED_INTERLEAVED || k->vp) && vi) break;
+                        for (int sp = 0; sp <= 1; sp++) {
+                            if (k->sp >= 0 ? sp != k->sp : (sp && t == 1)) continue;
+                            for (int rc = 0; rc < 3; rc++) {
+                                if (k->recompute >= 0 && rc != k->recompute) continue;
+                                layout l = {t, p, d, b, 0, (th_schedule)s, v, sp, (th_recompute)rc};
+                                l.micro_batches = d * b > 0 ? (int)(tr->global_batch / ((long)d * b)) : 0;
+                                char why[200];
+                                if (layout_problem(m, c, tr, &l, why, sizeof why)[0]) { r->rejected_shape++; continue; }
+                                estimate e;
+                                estimate_layout(m, c, tr, &l, &e);
+                                push(r, &cap, &e);
+                                r->n_fit += e.fits;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (r->n) qsort(r->all, (size_t)r->n, sizeof *r->all, by_quality);
+}
+
+void plan_free(plan_result *r) {
+    free(r->all);
+    memset(r, 0, sizeof *r);
+}
+
+void plan_print_header(FILE *f, const char *name, const th_model *m, const cluster *c, const training *tr) {
+    th_params pc = th_param_counts(m);
+    double peak = tr->precision == TH_BF16 ? c->bf16_tflops : c->fp32_tflops;
+    fprintf(f, "model    %s: %.4g B parameters | %ld layers, d_model %ld, %ld heads (%ld K/V), ffn %ld%s, seq %ld, vocab %ld\n",
+            name, pc.total / 1e9, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->gated_mlp ? " (SwiGLU)" : "",
+            m->seq, m->vocab);
+    fprintf(f, "cluster  %d x %s, %d per node | %.4g GiB, %.4g TFLOP/s dense %s at efficiency %.2f | inside %.4g GB/s %.3g us, "
+               "between %.4g GB/s %.3g us per GPU\n",
+            c->gpus, c->name, c->gpus_per_node, c->mem_gib, peak, tr->precision == TH_BF16 ? "bf16" : "fp32",
+            c->efficiency, c->intra_gbs, c->intra_us, c->inter_gbs, c->inter_us);
+    fprintf(f, "training global batch %ld sequences (%.3gM tokens) | %s (%g bytes of model state per parameter) | "
+               "ZeRO stage %d | DP overlap %.2f | %.0f%% of memory kept free\n",
+            tr->global_batch, tr->global_batch * (double)m->seq / 1e6,
+            tr->precision == TH_BF16 ? "bf16 mixed precision" : "fp32",
+            th_param_bytes(tr->precision) + th_grad_bytes(tr->precision) + th_optim_bytes(tr->precision), tr->zero_stage,
+            tr->dp_overlap, 100 * tr->headroom);
+}
+
+void plan_print_table(FILE *f, const plan_result *r, int top) {
+    fprintf(f, "\n%d layouts: %d fit, %d do not (and %ld combinations cannot divide the model or batch)\n", r->n, r->n_fit,
+            r->n - r->n_fit, r->rejected_shape);
+    fprintf(f, "  #  tp  pp   dp  b    m schedule     v sp recompute | params  grads  optim   acts  total GiB |"
+               " step s = compute +    TP +    PP + bubble +    DP +   opt |  tok/s    MFU\n");
+    for (int i = 0; i < r->n && i < top; i++) {
+        const estimate *e = &r->all[i];
+        const layout *l = &e->l;
+        fprintf(f, "%3d %3d %3d %4d %2d %4d %-12s %1d %2s %-9s | %6.1f %6.1f %6.1f %6.1f %6.1f%s    | %6.2f = %7.2f %7.2f %7.2f %6.2f "
+                   "%7.2f %5.2f | %6.3g %5.1f%%\n",
+                i + 1, l->tp, l->pp, l->dp, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule],
+                l->vp, l->sp ? "on" : "-", recompute_names[l->recompute], e->mem[CAT_PARAMS] / GiB,
+                e->mem[CAT_GRADS] / GiB, e->mem[CAT_OPTIM] / GiB, e->mem[CAT_ACTS] / GiB, e->mem_total / GiB,
+                e->fits ? " " : "!", e->t_step, e->t_compute, e->t_tp, e->t_pp, e->t_bubble, e->t_dp, e->t_optim,
+                e->tokens_per_s, 100 * e->mfu);
+    }
+}
+
+void plan_print_winner(FILE *f, const estimate *e, const cluster *c) {
+    char lt[160];
+    fprintf(f, "\nbest: %s\n", layout_text(&e->l, lt, sizeof lt));
+    fprintf(f, "  memory per GPU (stage %d, the fullest): params %.2f + grads %.2f + optimizer %.2f + activations %.2f "
+               "(in flight: %.3g micro-batches' worth) + comm %.2f + workspace %.2f = %.2f GiB of %.2f usable\n",
+            e->fullest_stage, e->mem[CAT_PARAMS] / GiB, e->mem[CAT_GRADS] / GiB, e->mem[CAT_OPTIM] / GiB,
+            e->mem[CAT_ACTS] / GiB,
+            th_acts_in_flight(e->l.schedule, e->l.pp, e->fullest_stage, e->l.micro_batches, e->l.vp),
+            e->mem[CAT_COMM] / GiB, e->mem[CAT_WORKSPACE] / GiB, e->mem_total / GiB, e->mem_limit / GiB);
+    fprintf(f, "  one micro-batch on the busiest stage (%d layers): forward %.1f ms, input-gradient %.1f ms, weight-gradient "
+               "%.1f ms (TP and PP traffic included)\n",
+            e->stage_layers_max, 1e3 * e->tF, 1e3 * e->tB, 1e3 * e->tW);
+    fprintf(f, "  step %.3f s: compute %.3f (at %.0f%% of peak) + TP %.3f + PP %.3f + bubble %.3f (%.1f%% of the step) + "
+               "exposed DP %.3f + optimizer %.3f\n",
+            e->t_step, e->t_compute, 100 * c->efficiency, e->t_tp, e->t_pp, e->t_bubble, 100 * e->t_bubble / e->t_step,
+            e->t_dp, e->t_optim);
+    fprintf(f, "  traffic per GPU per step (ring bytes): TP %.3g GB, PP %.3g GB, DP %.3g GB\n", e->tp_bytes / 1e9,
+            e->pp_bytes / 1e9, e->dp_bytes / 1e9);
+    fprintf(f, "  %.4g tokens/s, %.1f TFLOP/s per GPU of model FLOPs (%.1f with recomputation), MFU %.1f%%\n",
+            e->tokens_per_s, e->model_flops / e->t_step / c->gpus / 1e12, e->hw_flops / e->t_step / c->gpus / 1e12,
+            100 * e->mfu);
+}
+
+/* For one knob, the best layout at each of its values. */
+typedef int (*knob_fn)(const layout *l);
+static int knob_tp(const layout *l) { return l->tp; }
+static int knob_pp(const layout *l) { return l->pp; }
+static int knob_b(const layout *l) { return l->micro_batch; }
+static int knob_sched(const layout *l) { return l->schedule * 100 + (l->schedule == TH_SCHED_INTERLEAVED ? l->vp : 0); }
+static int knob_sp(const layout *l) { return l->sp; }
+static int knob_rc(const layout *l) { return l->recompute; }
+
+static void explain_knob(FILE *f, const plan_result *r, const char *name, knob_fn key) {
+    int seen[256], n_seen = 0;
+    fprintf(f, "  %-12s", name);
+    for (int i = 0; i < r->n; i++) { /* sorted best first: the first of each value is its best */
+        int k = key(&r->all[i].l), dup = 0;
+        for (int j = 0; j < n_seen; j++) dup |= seen[j] == k;
+        if (dup || n_seen == 256) continue;
+        seen[n_seen++] = k;
+    }
+    /* in the knob's own order */
+    for (int a = 0; a < n_seen; a++)
+        for (int b = a + 1; b < n_seen; b++)
+            if (seen[b] < seen[a]) { int x = seen[a]; seen[a] = seen[b]; seen[b] = x; }
+    for (int j = 0; j < n_seen; j++)
+        for (int i = 0; i < r->n; i++) {
+            const estimate *e = &r->all[i];
+            if (key(&e->l) != seen[j]) continue;
+            char label[32];
+            if (key == knob_sched && e->l.schedule == TH_SCHED_INTERLEAVED)
+                snprintf(label, sizeof label, "interleaved v=%d", e->l.vp);
+            else if (key == knob_sched) snprintf(label, sizeof label, "%s", th_schedule_names[e->l.schedule]);
+            else if (key == knob_rc) snprintf(label, sizeof label, "%s", recompute_names[e->l.recompute]);
+            else if (key == knob_sp) snprintf(label, sizeof label, "%s", e->l.sp ? "on" : "off");
+            else snprintf(label, sizeof label, "%d", seen[j]);
+            if (e->fits) fprintf(f, " | %s: %.2f s%s", label, e->t_step, i == 0 ? " (best)" : "");
+            else fprintf(f, " | %s: needs %.1f GiB, %.1f over", label, e->mem_total / GiB, (e->mem_total - e->mem_limit) / GiB);
+            break;
+        }
+    fprintf(f, "\n");
+}
+
+void plan_print_explain(FILE *f, const plan_result *r) {
+    fprintf(f, "\nhow the best was reached: %d layouts estimated (every t dividing the GPUs and the heads, within a node "
+               "unless --tp-across-nodes; every p; d the rest; micro-batches of 1-32 sequences; each schedule; SP on and "
+               "off; three recomputation modes); %d fit. For each knob, the best layout with that value (its step time, "
+               "or how far the best of them is over the memory):\n", r->n, r->n_fit);
+    explain_knob(f, r, "tp", knob_tp);
+    explain_knob(f, r, "pp", knob_pp);
+    explain_knob(f, r, "micro-batch", knob_b);
+    explain_knob(f, r, "schedule", knob_sched);
+    explain_knob(f, r, "sp", knob_sp);
+    explain_knob(f, r, "recompute", knob_rc);
+    if (r->n_fit) {
+        const estimate *w = &r->all[0];
+        fprintf(f, "  the winner's step: %.0f%% compute, %.0f%% TP, %.0f%% PP, %.0f%% bubble, %.0f%% DP, %.0f%% optimizer\n",
+                100 * w->t_compute / w->t_step, 100 * w->t_tp / w->t_step, 100 * w->t_pp / w->t_step,
+                100 * w->t_bubble / w->t_step, 100 * w->t_dp / w->t_step, 100 * w->t_optim / w->t_step);
+    }
+}
+
+int plan_write_json(const char *path, const char *name, const th_model *m, const cluster *c, const training *tr,
+                    const plan_result *r) {
+    FILE *f = fopen(path, "w");
+    if (!f) return 0;
+    th_params pc = th_param_counts(m);
+    fprintf(f, "{\"model\":{\"name\":\"%s\",\"params\":%.0f,\"layers\":%ld,\"d_model\":%ld,\"heads\":%ld,\"kv_heads\":%ld,"
+               "\"ffn\":%ld,\"seq\":%ld,\"vocab\":%ld},\n",
+            name, pc.total, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->seq, m->vocab);
+    fprintf(f, "\"cluster\":{\"name\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,\"mem_gib\":%g,\"efficiency\":%g},\n", c->name,
+            c->gpus, c->gpus_per_node, c->mem_gib, c->efficiency);
+    fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d},\n\"layouts\":[", tr->global_batch,
+            tr->precision == TH_BF16 ? "bf16" : "fp32", tr->zero_stage);
+    for (int i = 0; i < r->n; i++) {
+        const estimate *e = &r->all[i];
+        const layout *l = &e->l;
+        char lt[160];
+        fprintf(f, "%s\n{\"rank\":%d,\"winner\":%s,\"label\":\"%s\",\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%d,"
+                   "\"micro_batches\":%d,\"schedule\":\"%s\",\"vp\":%d,\"sp\":%d,\"recompute\":\"%s\",\"fits\":%s,\"mem_bytes\":{",
+                i ? "," : "", i + 1, i == 0 && e->fits ? "true" : "false", layout_text(l, lt, sizeof lt), l->tp, l->pp,
+                l->dp, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule], l->vp, l->sp,
+                recompute_names[l->recompute], e->fits ? "true" : "false");
+        for (int k = 0; k < CAT_N; k++) fprintf(f, "%s\"%s\":%.0f", k ? "," : "", cat_names[k], e->mem[k]);
+        fprintf(f, "},\"mem_total_bytes\":%.0f,\"mem_limit_bytes\":%.0f,\"step_s\":%.6g,\"compute_s\":%.6g,\"tp_s\":%.6g,"
+                   "\"pp_s\":%.6g,\"bubble_s\":%.6g,\"dp_s\":%.6g,\"optimizer_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.4f}",
+                e->mem_total, e->mem_limit, e->t_step, e->t_compute, e->t_tp, e->t_pp, e->t_bubble, e->t_dp, e->t_optim,
+                e->tokens_per_s, e->mfu);
+    }
+    fprintf(f, "\n]}\n");
+    return fclose(f) == 0;
+}

@@ -1,0 +1,39 @@
+/* The search: every layout of a model on a cluster, those that fit, the best. */
+#ifndef PLAN3D_PLAN_H
+#define PLAN3D_PLAN_H
+#include "cost.h"
+#include <stdio.h>
+
+/* What the user fixed; 0 (or -1 for the enums and flags) leaves it to the search. */
+typedef struct constraints {
+    int tp, pp, dp, micro_batch, vp;
+    int schedule;            /* th_schedule, -1: any */
+    int sp;                  /* 0, 1, -1: any */
+    int recompute;           /* th_recompute, -1: any */
+    int tp_across_nodes;     /* allow t > GPUs per node */
+} constraints;
+
+typedef struct plan_result {
+    estimate *all;           /* every valid layout, fitting or not, best first */
+    int n, n_fit;
+    long rejected_shape;     /* combinations that cannot divide the model or batch */
+} plan_result;
+
+/* Enumerates, estimates and sorts: fitting layouts by step time (then memory),
+ * then the ones that do not fit by how far over they are. */
+void plan_search(const th_model *m, const cluster *c, const training *tr, const constraints *k, plan_result *r);
+void plan_free(plan_result *r);
+
+/* Console output. */
+void plan_print_header(FILE *f, const char *model_name, const th_model *m, const cluster *c, const training *tr);
+void plan_print_table(FILE *f, const plan_result *r, int top);
+void plan_print_winner(FILE *f, const estimate *e, const cluster *c);
+void plan_print_explain(FILE *f, const plan_result *r);
+/* The table for plots: every layout and which one won. */
+int plan_write_json(const char *path, const char *model_name, const th_model *m, const cluster *c,
+                    const training *tr, const plan_result *r);
+
+/* "tp=8 pp=4 dp=2 b=1 m=64 interleaved v=2 sp selective" */
+const char *layout_text(const layout *l, char *buf, int len);
+
+#endif

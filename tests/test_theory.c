@@ -1,0 +1,137 @@
+/* theory/ against the code it describes, on many shapes: the exact activation
+ * and scratch bytes against what common/model.c allocates (full widths and a
+ * TP rank's), parameter counts against gpt_range and lab05's tp_range, FLOPs
+ * against gpt_flops_per_token; and the published and schedule formulas
+ * against values worked out by hand from their papers. */
+#include "device.h"
+#include "mem.h"
+#include "model.h"
+#include "theory.h"
+#include "tp.h"
+#include <math.h>
+#include <stdio.h>
+
+static int failures, checks;
+#define CHECK(cond, ...) do { checks++; if (!(cond)) { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } } while (0)
+
+static void check_course_shape(long V, long T, long L, long C, long H) {
+    gpt_config cfg = {.vocab = (int)V, .seq = (int)T, .layers = (int)L, .d_model = (int)C, .heads = (int)H};
+    gpt_layout g;
+    gpt_layout_init(&g, &cfg);
+    th_model m = th_course_model(V, T, L, C, H);
+    th_opts one = th_opts_course(1);
+    CHECK(th_param_counts(&m).total == (double)g.total, "params %ld: theory %.0f", g.total, th_param_counts(&m).total);
+    CHECK(fabs(th_flops_per_token(&m) - gpt_flops_per_token(&g)) <= 1e-9 * gpt_flops_per_token(&g),
+          "flops/token C=%ld: %g vs %g", C, th_flops_per_token(&m), gpt_flops_per_token(&g));
+    for (int t = 1; t <= H; t++) {
+        if (H % t) continue;
+        th_opts o = th_opts_course(t);
+        tp_layout tl;
+        tp_layout_init(&tl, &cfg, t, 0);
+        for (int lo = 0; lo < L; lo++)
+            for (int hi = lo + 1; hi <= L; hi++) {
+                long begin, end;
+                tp_range(&tl, lo, hi, &begin, &end);
+                CHECK(th_stage_params(&m, &o, lo, hi) == (double)(end - begin),
+                      "t=%d layers [%d,%d): %ld params, theory %.0f", t, lo, hi, end - begin, th_stage_params(&m, &o, lo, hi));
+                if (t == 1) {
+                    gpt_range(&g, lo, hi, &begin, &end);
+                    CHECK(th_stage_params(&m, &one, lo, hi) == (double)(end - begin), "gpt_range [%d,%d)", lo, hi);
+                }
+                for (long rows = 1; rows <= 3; rows++) {
+                    gpt_acts a;
+                    if (t == 1) gpt_acts_alloc(&a, &g, lo, hi, (int)rows);
+                    else tp_acts_alloc(&a, &tl, lo, hi, (int)rows);
+                    double want = (double)a.bytes, got = th_course_acts_bytes(&m, &o, lo, hi, rows);
+                    CHECK(got == want && (double)mem_current(MEM_ACTS) == want,
+                          "acts V=%ld T=%ld C=%ld H=%ld t=%d [%d,%d) rows %ld: allocator %.0f, theory %.0f",
+                          V, T, C, H, t, lo, hi, rows, want, got);
+                    gpt_acts_free(&a);
+                }
+            }
+        for (long rows = 1; rows <= 3; rows++) {
+            gpt_grad_scratch s;
+            if (t == 1) gpt_scratch_alloc(&s, &g, (int)rows);
+            else tp_scratch_alloc(&s, &tl, (int)rows);
+            double want = (double)mem_current(MEM_WORKSPACE), got = th_course_scratch_bytes(&m, &o, rows);
+            CHECK(got == want, "scratch C=%ld t=%d rows %ld: allocator %.0f, theory %.0f", C, t, rows, want, got);
+            gpt_scratch_free(&s);
+        }
+    }
+}
+
+static void check_published(void) {
+    /* GPT-3 175B's layer (Korthikanti et al. 2022, section 4 worked numbers):
+     * s = 2048, h = 12288, a = 96, b = 1, t = 8 */
+    th_model m = th_course_model(51200, 2048, 96, 12288, 96);
+    double s = 2048, h = 12288, a = 96, t = 8, sbh = s * h;
+    th_opts o = {.precision = TH_BF16, .tp = 8};
+    CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (10 + 24 / t + 5 * a * s / (h * t))) < 1,
+          "Table 2, tensor parallel");
+    o.sequence_parallel = 1;
+    CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (34 / t + 5 * a * s / (h * t))) < 1, "Table 2, TP + SP");
+    o.recompute = TH_RECOMPUTE_SELECTIVE;
+    CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * 34 / t) < 1, "Table 2, TP + SP + selective");
+    o.sequence_parallel = 0;
+    CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (10 + 24 / t)) < 1, "Table 2, TP + selective");
+    o.recompute = TH_RECOMPUTE_FULL;
+    CHECK(th_published_layer_acts_bytes(&m, &o, 1) == 2 * sbh, "Table 2, full recomputation");
+    o = (th_opts){.precision = TH_BF16, .tp = 1};
+    CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (34 + 5 * a * s / h)) < 1, "Table 2, no parallelism");
+    /* ZeRO paper: 16 bytes per parameter under mixed precision, sharded by stage */
+    th_states z = th_model_states(1e9, &o, 0, 64);
+    CHECK(z.params + z.grads + z.optim == 16e9, "bf16 stage 0: 16 bytes per parameter");
+    z = th_model_states(1e9, &o, 3, 64);
+    CHECK(fabs(z.params + z.grads + z.optim - 16e9 / 64) < 1, "bf16 stage 3: 16 Psi / N");
+    z = th_model_states(1e9, &o, 1, 64);
+    CHECK(fabs(z.params + z.grads + z.optim - (4e9 + 12e9 / 64)) < 1, "bf16 stage 1: 4 Psi + 12 Psi / N");
+    /* Llama-3-70B's published shape counts 70.6B parameters */
+    th_model l = {.vocab = 128256, .seq = 8192, .layers = 80, .d_model = 8192, .heads = 64, .kv_heads = 8,
+                  .ffn = 28672, .gated_mlp = 1};
+    double n = th_param_counts(&l).total;
+    CHECK(n > 70.5e9 && n < 70.6e9, "llama3-70b: %.4g parameters", n);
+}
+
+static void check_schedules(void) {
+    const int P[] = {1, 2, 4, 8}, M[] = {1, 2, 4, 8, 16};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++) {
+            int p = P[i], m = M[j];
+            double one = (double)(p - 1) / (m + p - 1);
+            CHECK(fabs(th_bubble_unit(TH_SCHED_GPIPE, p, m, 1) - one) < 1e-12, "gpipe p=%d m=%d", p, m);
+            CHECK(fabs(th_bubble_unit(TH_SCHED_1F1B, p, m, 1) - one) < 1e-12, "1f1b p=%d m=%d", p, m);
+            CHECK(fabs(th_bubble_unit(TH_SCHED_INTERLEAVED, p, m, 2) - (p - 1.0) / (2 * m + p - 1)) < 1e-12,
+                  "interleaved v=2 p=%d m=%d", p, m);
+            CHECK(fabs(th_bubble_unit(TH_SCHED_ZB_H1, p, m, 1) - (p - 1.0) / (3 * m + p - 1)) < 1e-12, "zb-h1");
+            CHECK(th_bubble_unit(TH_SCHED_ZB_V, p, m, 1) == 0, "zb-v at equal times");
+            /* the timed forms with tB + tW = one backward of twice the forward */
+            CHECK(fabs(th_bubble_time(TH_SCHED_1F1B, p, m, 1, 1, 1, 1) - 3.0 * (p - 1)) < 1e-12, "1f1b timed");
+            CHECK(fabs(th_bubble_time(TH_SCHED_ZB_H1, p, m, 1, 1, 1, 1) - (p - 1.0)) < 1e-12, "zb-h1 timed: a third");
+            for (int r = 0; r < p; r++) {
+                CHECK(th_acts_in_flight(TH_SCHED_GPIPE, p, r, m, 1) == m, "gpipe in flight");
+                CHECK(th_acts_in_flight(TH_SCHED_1F1B, p, r, m, 1) == (m < p - r ? m : p - r), "1f1b in flight");
+            }
+            if (2 * m >= 3 * p - 1) /* Megatron's interleaving penalty on stage 0: p (1 + (p-1)/(p v)) */
+                CHECK(fabs(th_acts_in_flight(TH_SCHED_INTERLEAVED, p, 0, m, 2) - p * (1 + (p - 1) / (2.0 * p))) < 1e-12,
+                      "interleaved in flight p=%d m=%d: %g", p, m, th_acts_in_flight(TH_SCHED_INTERLEAVED, p, 0, m, 2));
+        }
+    CHECK(th_schedule_parse("zb-v") == TH_SCHED_ZB_V && th_schedule_parse("1F1B") == -1, "schedule names");
+    /* traffic: lab01's all-reduce, lab02's stages, lab05's f and g */
+    th_traffic d = th_dp_traffic(1000, 4, 1);
+    CHECK(d.ring == 1500 && d.payload == 1000 && d.calls == 1, "dp ring 2(N-1)/N");
+    CHECK(th_zero_traffic(1000, 4, 3).ring == 2250 && th_zero_traffic(1000, 4, 2).ring == 1500, "zero 3 = 1.5 x dp");
+    th_traffic tp = th_tp_traffic(3, 2, 2, 100, 0);
+    CHECK(tp.calls == 24 && tp.payload == 2400 && tp.ring == 2400, "tp: 4 L m all-reduces");
+    CHECK(th_tp_traffic(3, 2, 2, 100, 1).ring == tp.ring, "sequence parallel moves the same ring bytes");
+    CHECK(th_pp_traffic(2, 4, 1, 10).payload == 160, "pp: 2 boundaries x m x 2");
+}
+
+int main(void) {
+    device_use(DEVICE_CPU, 0);
+    const long shapes[][5] = {{17, 5, 2, 8, 2}, {256, 16, 3, 32, 4}, {256, 7, 4, 24, 6}, {31, 9, 2, 12, 3}};
+    for (int i = 0; i < 4; i++) check_course_shape(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
+    check_published();
+    check_schedules();
+    printf("theory: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,84 @@
+/* Parameter counts, FLOPs and the model states (theory.h). */
+#include "theory.h"
+
+th_model th_course_model(long vocab, long seq, long layers, long d_model, long heads) {
+    return (th_model){.vocab = vocab, .seq = seq, .layers = layers, .d_model = d_model, .heads = heads,
+                      .kv_heads = heads, .ffn = 4 * d_model, .gated_mlp = 0, .biases = 1,
+                      .learned_positions = 1, .tied_head = 0};
+}
+
+th_opts th_opts_course(int tp) {
+    return (th_opts){.precision = TH_FP32, .tp = tp, .vocab_parallel = 0, .sequence_parallel = 0,
+                     .recompute = TH_RECOMPUTE_NONE};
+}
+
+double th_param_bytes(th_precision p) { return p == TH_BF16 ? 2 : 4; }
+double th_grad_bytes(th_precision p) { return p == TH_BF16 ? 2 : 4; }
+double th_optim_bytes(th_precision p) { return p == TH_BF16 ? 12 : 8; }
+
+th_params th_param_counts(const th_model *m) {
+    const double C = (double)m->d_model, F = (double)m->ffn, V = (double)m->vocab, T = (double)m->seq;
+    const double kv_width = C * (double)m->kv_heads / (double)m->heads; /* K and V columns each */
+    const double b = m->biases ? 1 : 0, norm = m->biases ? 2 * C : C;
+    th_params p = {0};
+    /* column-parallel (split by output rows, with their biases): q, k, v and the
+     * MLP's first matrix (or gate and up); row-parallel (split by input
+     * columns, bias whole): the attention projection and the MLP's last one */
+    double qkv = C * (C + 2 * kv_width) + b * (C + 2 * kv_width);
+    double mlp_in = (m->gated_mlp ? 2 : 1) * (C * F + b * F);
+    p.layer_sharded = qkv + C * C + mlp_in + F * C;
+    p.layer = p.layer_sharded + 2 * norm + b * C /* attention projection bias */ + b * C /* MLP's last bias */;
+    p.embed = V * C + (m->learned_positions ? T * C : 0);
+    p.head_matrix = V * C;
+    p.head = norm + p.head_matrix;
+    p.total = p.embed + (double)m->layers * p.layer + p.head - (m->tied_head ? p.head_matrix : 0);
+    return p;
+}
+
+double th_stage_params(const th_model *m, const th_opts *o, int lo, int hi) {
+    const th_params p = th_param_counts(m);
+    const double t = o->tp > 0 ? o->tp : 1, vocab_split = o->vocab_parallel ? t : 1;
+    const double C = (double)m->d_model;
+    double n = (double)(hi - lo) * (p.layer - p.layer_sharded + p.layer_sharded / t);
+    if (lo == 0) /* the token table, split over t when vocab-parallel; positions whole */
+        n += (double)m->vocab * C / vocab_split + (m->learned_positions ? (double)m->seq * C : 0);
+    if (hi == m->layers) {
+        double norm = m->biases ? 2 * C : C;
+        /* a tied head shares the embedding's matrix only when one stage holds both */
+        int own_matrix = !m->tied_head || lo > 0;
+        n += norm + (own_matrix ? p.head_matrix / vocab_split : 0);
+    }
+    return n;
+}
+
+double th_flops_per_token(const th_model *m) {
+    const th_params p = th_param_counts(m);
+    const double L = (double)m->layers, T = (double)m->seq, C = (double)m->d_model;
+    /* every parameter of a matrix product does a multiply-add per token forward
+     * (2 FLOPs) and two backward (input and weight gradients): 6; the attention
+     * scores and their use of V add 2 x 2 T C per layer forward, 12 T C in all */
+    return 6.0 * (L * p.layer + p.head) + 12.0 * L * T * C;
+}
+
+double th_recompute_flops_per_token(const th_model *m, th_recompute r) {
+    const th_params p = th_param_counts(m);
+    const double L = (double)m->layers, T = (double)m->seq, C = (double)m->d_model;
+    if (r == TH_RECOMPUTE_FULL) return 2.0 * L * p.layer + 4.0 * L * T * C;
+    if (r == TH_RECOMPUTE_SELECTIVE) return 4.0 * L * T * C;
+    return 0;
+}
+
+th_states th_model_states(double psi, const th_opts *o, int zero_stage, int dp) {
+    const double N = dp > 0 ? dp : 1;
+    th_states s = {th_param_bytes(o->precision) * psi, th_grad_bytes(o->precision) * psi,
+                   th_optim_bytes(o->precision) * psi};
+    if (zero_stage >= 1) s.optim /= N;
+    if (zero_stage >= 2) s.grads /= N;
+    if (zero_stage >= 3) s.params /= N;
+    return s;
+}
+
+th_states th_zero_buffers(double unit_elems, const th_opts *o, int zero_stage) {
+    return (th_states){zero_stage >= 3 ? th_param_bytes(o->precision) * unit_elems : 0,
+                       zero_stage >= 2 ? th_grad_bytes(o->precision) * unit_elems : 0, 0};
+}

@@ -1,0 +1,236 @@
+/* The formulas of the course, in one place: what the labs print beside their
+ * measurements and what plan3d uses to lay out a 70B model on a cluster.
+ *
+ * Every figure a lab prints as "formula" or "theory" (model-state bytes per
+ * ZeRO stage, activation bytes per micro-batch, bytes per collective, the
+ * pipeline bubble) is one of these functions, and plan3d calls the same
+ * functions for its predictions. So a formula that a test holds equal to the
+ * allocator's or the communicator's count on a small run is the code that
+ * predicts the big one.
+ *
+ * Why a folder of its own: common/ knows nothing about parallel strategies
+ * (DESIGN.md), and these formulas are about nothing else; and placing them in
+ * lab06_3d/, the lab that composes every technique, would make lab01..lab05
+ * depend on a later lab, which the design forbids (a lab uses earlier labs'
+ * code, never the other way round). theory/ sits beside common/: pure
+ * functions of numbers (no MPI, no device, no training buffers), linked by
+ * every lab and by plan3d.
+ *
+ * Two kinds of formula live here, kept apart:
+ *   exact     the course's own fp32 model (common/model.c), to the byte: what
+ *             the tests compare with the allocator and the communicator;
+ *   published the forms of the literature for what the labs do not run yet
+ *             (16-bit activations with sequence parallelism and selective or
+ *             full recomputation, Korthikanti et al. 2022, Table 2; mixed
+ *             precision's 2 + 2 + 12 bytes per parameter, Rajbhandari et al.
+ *             2020, the ZeRO paper), which plan3d uses for real models.
+ * The options struct th_opts carries what selects between them and can grow
+ * (issue 14 adds sequence parallelism and recomputation to the labs, issue 16
+ * bf16: their exact forms then join the exact functions). */
+#ifndef PL_THEORY_H
+#define PL_THEORY_H
+
+/* ---- the model ---------------------------------------------------------------------- */
+
+/* A decoder-only transformer. The course's model (th_course_model) is GPT-2's
+ * shape: learned positions, LayerNorm and linear biases, a 4C GELU MLP, an
+ * untied head. Real models differ in ways that change the counts, so the
+ * fields say how. */
+typedef struct th_model {
+    long vocab, seq, layers, d_model, heads;
+    long kv_heads;         /* heads of K and V (grouped-query attention); = heads: none */
+    long ffn;              /* the MLP's hidden width (4 d_model in GPT) */
+    int gated_mlp;         /* SwiGLU (Llama): gate, up and down matrices, not fc and proj */
+    int biases;            /* LayerNorm and linear biases (GPT); 0: RMSNorm, no biases (Llama) */
+    int learned_positions; /* a [seq, d_model] position table (GPT); 0: rotary or ALiBi */
+    int tied_head;         /* the head reuses the token embedding (GPT-3, BLOOM) */
+} th_model;
+
+/* The course's model: vocab 256, wpe, biases, 4C MLP, untied head. */
+th_model th_course_model(long vocab, long seq, long layers, long d_model, long heads);
+
+/* ---- options: the precision and parallelism a formula assumes ------------------------- */
+
+typedef enum { TH_FP32, TH_BF16 } th_precision;
+typedef enum { TH_RECOMPUTE_NONE, TH_RECOMPUTE_SELECTIVE, TH_RECOMPUTE_FULL } th_recompute;
+
+typedef struct th_opts {
+    th_precision precision;  /* fp32: the labs; bf16: mixed precision (published forms) */
+    int tp;                  /* tensor-parallel degree t (1: none) */
+    int vocab_parallel;      /* embedding and head split over t, as Megatron does;
+                              * 0: replicated on every TP rank, as lab05 does */
+    int sequence_parallel;   /* Megatron's SP (published forms only, for now) */
+    th_recompute recompute;  /* (published forms only, for now) */
+} th_opts;
+
+/* fp32, t = 1, no SP, no recomputation: a one-rank lab. */
+th_opts th_opts_course(int tp);
+
+/* Bytes per parameter and per activation element for a precision. */
+double th_param_bytes(th_precision p);   /* the weights the forward reads: 4 or 2 */
+double th_grad_bytes(th_precision p);    /* 4 or 2 */
+double th_optim_bytes(th_precision p);   /* AdamW: 8 (m, v), or 12 (fp32 master, m, v) */
+
+/* ---- parameters and FLOPs --------------------------------------------------------------- */
+
+typedef struct th_params {
+    double embed;           /* token (+ position) embedding */
+    double layer;           /* one layer */
+    double layer_sharded;   /* of which TP splits over t (the matrices, column-parallel biases) */
+    double head;            /* final norm + the head matrix (counted even when tied) */
+    double head_matrix;     /* vocab x d_model */
+    double total;           /* the model's parameters (a tied head counted once) */
+} th_params;
+
+th_params th_param_counts(const th_model *m);
+
+/* Parameters held by one rank of a pipeline stage running layers [lo, hi) of
+ * layers L, TP degree opts->tp: the embedding on the first stage, the head on
+ * the last (a tied head's matrix is a second copy when they are different
+ * stages), each layer's replicated part whole and its sharded part / t.
+ * For the course's model this is lab05's tp_range, and gpt_range at t = 1. */
+double th_stage_params(const th_model *m, const th_opts *o, int lo, int hi);
+
+/* Training FLOPs per token, forward and backward: 6 x the parameters of every
+ * matrix product (the layers and the head; the embedding is a lookup) plus
+ * attention's 12 L T C. For the course's model this is gpt_flops_per_token. */
+double th_flops_per_token(const th_model *m);
+/* The FLOPs recomputation adds per token: full, a second forward of the
+ * layers (2 x layer parameters + 4 L T C); selective, the attention core
+ * (4 L T C). Hardware FLOPs = model FLOPs + these. */
+double th_recompute_flops_per_token(const th_model *m, th_recompute r);
+
+/* ---- model states: parameters, gradients, optimizer state -------------------------------- */
+
+typedef struct th_states { double params, grads, optim; } th_states;
+
+/* Bytes per rank for psi parameters held by a data-parallel group of dp
+ * ranks under ZeRO stage 0..3 (0: lab01's plain DP, every rank the whole):
+ *
+ *             parameters        gradients          optimizer
+ *   stage 0   P psi             G psi              K psi
+ *   stage 1   P psi             G psi              K psi / N
+ *   stage 2   P psi             G psi / N          K psi / N
+ *   stage 3   P psi / N         G psi / N          K psi / N
+ *
+ * fp32 (the labs): P = 4, G = 4, K = 8; bf16 mixed precision (ZeRO paper,
+ * section 3.1): P = 2, G = 2, K = 12 (fp32 master weights, momentum and
+ * variance), 16 bytes in all. For lab02's padded layout pass psi + padding. */
+th_states th_model_states(double psi, const th_opts *o, int zero_stage, int dp);
+/* The buffers a ZeRO stage adds on top (lab02): stage 3 gathers one unit of
+ * unit_elems parameters at a time; stages 2-3 reduce gradients through one
+ * bucket of a unit. */
+th_states th_zero_buffers(double unit_elems, const th_opts *o, int zero_stage);
+
+/* ---- activations ---------------------------------------------------------------------- */
+
+/* EXACT, the course's fp32 model: the bytes common/model.c's gpt_acts_alloc
+ * (gpt_acts_alloc_local at t = opts->tp: H/t heads, 4C/t MLP units; the
+ * residual stream stays C wide) allocates for layers [lo, hi) of one
+ * micro-batch of `rows` sequences, every piece padded to 16 floats:
+ *
+ *   every stage  x_in [N,C]
+ *   each layer   ln1, res2, ln2, res3 [N,C]; 4 means/rstds [N]; qkv [N,3C/t];
+ *                atty [N,C/t]; att [rows,H/t,T,T]; fch, fch_gelu [N,4C/t]
+ *   first stage  tokens [N];  last stage: targets, losses [N], lnf [N,C],
+ *                its mean and rstd [N], logits, probs [N,V]
+ *
+ * with N = rows x T. Returns -1 for options the course's model does not run
+ * (bf16, sequence parallelism, recomputation, or a model that is not the
+ * course's shape). */
+double th_course_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows);
+/* EXACT: the backward scratch (gpt_scratch_alloc[_local], workspace category),
+ * one per stage, reused by every micro-batch: dres, dln [N,C]; dqkv [N,3C/t];
+ * datty [N,C/t]; datt [rows,H/t,T,T]; dfch, dfch_gelu [N,4C/t]; dlogits [N,V]. */
+double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows);
+
+/* PUBLISHED, 16-bit activations (Korthikanti et al. 2022, Table 2), bytes per
+ * layer per micro-batch of b sequences, s = seq, h = d_model, a = heads:
+ *
+ *   no recomputation    sbh (10 + 24/t + 5as/(ht))      SP: sbh (34/t + 5as/(ht))
+ *   selective           sbh (10 + 24/t)                 SP: 34 sbh / t
+ *   full                2 sbh                           SP: 2 sbh / t
+ *
+ * generalised from the paper's breakdown to grouped-query attention and other
+ * MLP widths (the 24 is 8 of attention, 4 + 4 kv/a with GQA, and 16 of the
+ * 4h GELU MLP, 4 F/h; a gated MLP stores 6 F/h). "selective" also stands for
+ * flash attention, which keeps no s x s scores either. */
+double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b);
+/* Layers [lo, hi) of one micro-batch, with Megatron's extras (its
+ * theoretical_memory_usage.py): the first stage's embedding output (sbh bytes)
+ * and the last stage's final norm output (2 sbh) and fp32 logits (4 sbV / t). */
+double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long b);
+
+/* ---- traffic ---------------------------------------------------------------------------- */
+
+typedef enum {
+    TH_ALLREDUCE, TH_REDUCE_SCATTER, TH_ALLGATHER, TH_BROADCAST, TH_SEND, TH_RECV, TH_NKINDS
+} th_coll;
+
+/* The bytes one rank moves per payload byte under the ring algorithm (what
+ * NCCL and MPICH use for large messages): an all-reduce is a reduce-scatter
+ * plus an all-gather, each (n-1)/n of the buffer; point-to-point, 1; 0 for n = 1. */
+double th_ring_factor(th_coll kind, int n);
+
+/* One rank's traffic of one kind per step. */
+typedef struct th_traffic { double calls, payload, ring; } th_traffic;
+
+/* lab01: one all-reduce of the gradient (grad_bytes) over dp ranks, ring
+ * 2(N-1)/N x grad_bytes; buckets change the calls, not the bytes. */
+th_traffic th_dp_traffic(double grad_bytes, int dp, int calls);
+/* lab02: ZeRO stages 1-2 reduce-scatter the gradient and all-gather the
+ * parameters, 2(N-1)/N x bytes (DP's all-reduce); stage 3 gathers them for
+ * the forward and again for the backward, 3(N-1)/N. psi_bytes: the padded
+ * buffer the collectives move. Payload and ring of both kinds together. */
+th_traffic th_zero_traffic(double psi_bytes, int dp, int zero_stage);
+/* lab05: 4 all-reduces per layer and micro-batch (2 g's forward, 2 f's
+ * backward) of one activation (act_bytes, rows x T x C x 4), ring 2(t-1)/t;
+ * none for t = 1. With sequence parallelism each becomes an all-gather and a
+ * reduce-scatter of the same buffer: twice the calls, the same ring bytes. */
+th_traffic th_tp_traffic(int layers, int micro_batches, int tp, double act_bytes, int sequence_parallel);
+/* lab03/04: per stage boundary and micro-batch, one activation forward and
+ * one gradient back, each counted as a send on one side and a receive on the
+ * other: 2 x boundaries x m messages of act_bytes per rank (sends plus
+ * receives); chunks v > 1 (interleaved) cross v times as many boundaries. */
+th_traffic th_pp_traffic(int boundaries, int micro_batches, int chunks, double act_bytes);
+
+/* ---- pipeline schedules ------------------------------------------------------------------- */
+
+typedef enum {
+    TH_SCHED_GPIPE, TH_SCHED_1F1B, TH_SCHED_INTERLEAVED, TH_SCHED_ZB_H1, TH_SCHED_ZB_V, TH_NSCHED
+} th_schedule;
+extern const char *const th_schedule_names[TH_NSCHED]; /* "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v" */
+/* -1 for an unknown name. */
+int th_schedule_parse(const char *name);
+/* Model chunks per rank a schedule runs: v for interleaved, 2 for ZB-V, else 1. */
+int th_schedule_chunks(th_schedule s, int v);
+
+/* The textbook bubble, the idle fraction of a step with unit times (a forward,
+ * an input-gradient backward and a weight-gradient backward take one slot each;
+ * GPipe and 1F1B run the two backward halves together):
+ *   gpipe, 1f1b   (p-1) / (m+p-1)      (lab03's naive schedule is m = 1: (p-1)/p)
+ *   interleaved   (p-1) / (v m + p-1)  (Narayanan et al. 2021: the bubble / v)
+ *   zb-h1         (p-1) / (3m + p-1)   (Qi et al. 2024: a third of 1F1B's bubble time)
+ *   zb-v          0                    (Qi et al. 2024: zero at equal F, B, W times) */
+double th_bubble_unit(th_schedule s, int p, int m, int v);
+/* The idle time per stage per step when a micro-batch's forward over the
+ * rank's layers takes tF, the input-gradient half of its backward tB and the
+ * weight-gradient half tW (all v chunks together):
+ *   gpipe, 1f1b   (p-1)(tF + tB + tW)
+ *   interleaved   (p-1)(tF + tB + tW) / v
+ *   zb-h1         (p-1)(tF + tB - tW)           (ZB paper, section 2)
+ *   zb-v          (p-1) max(0, tF + tB - 2 tW) / 2
+ * The ZB-V form is ours: the paper gives zero at equal times; this is ZB-H2's
+ * (p-1)(tF + tB - 2tW) for chunks of half the rank's layers. */
+double th_bubble_time(th_schedule s, int p, int m, int v, double tF, double tB, double tW);
+/* A pipelined step: m (tF + tB + tW) of work plus th_bubble_time. */
+double th_pipeline_step_time(th_schedule s, int p, int m, int v, double tF, double tB, double tW);
+/* Micro-batches of activations stage r holds at its peak, in units of one
+ * micro-batch over all of the rank's layers:
+ *   gpipe         m
+ *   1f1b, zb-h1   min(m, p - r)
+ *   interleaved   min(m v, 2(p-r-1) + (v-1) p + 1) / v   (Megatron's warm-up + 1, in chunks)
+ *   zb-v          min(m, p)                              (the ZB-V paper: 1F1B's stage 0, on every stage) */
+double th_acts_in_flight(th_schedule s, int p, int stage, int m, int v);
+
+#endif
