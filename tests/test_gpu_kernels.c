@@ -15,17 +15,18 @@
  * the GPU side, which catches a kernel that adds where it should write.
  *
  * Exit status: 0 all passed, 1 a check failed, 77 no GPU or no CUDA build
- * (CTest reports 77 as skipped). */
+ * (CTest reports 77 as skipped), 1 instead of 77 when PL_REQUIRE_GPU=1 (the
+ * device check sets it: there, finding no GPU is a failure, not a skip). */
 #include "device.h"
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifdef PL_HAVE_CUDA
 #include "kernels.h"
 #include "mem.h"
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define TOL_ELEMENTWISE 1e-5
 #define TOL_SUMS 1e-4
@@ -418,6 +419,11 @@ static int run_all(void) {
 
 int main(void) {
     if (device_gpu_count() == 0) {
+        const char *require = getenv("PL_REQUIRE_GPU");
+        if (require && require[0] && strcmp(require, "0") != 0) {
+            printf("no GPU, and PL_REQUIRE_GPU=%s: failed\n", require);
+            return 1;
+        }
         printf("no GPU: skipped\n");
         return 77;
     }

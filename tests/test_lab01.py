@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, has_gpu, run  # noqa: E402
+from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab01_dp"
 STEPS = ["--steps", "20"]
@@ -77,9 +77,7 @@ def buckets():
 
 def cuda():
     """GPU-labelled: lab01 on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
-    if not has_gpu(LAB):
-        print("no GPU: skipped")
-        sys.exit(77)
+    skip_without_gpu(LAB)
     cpu, _, _ = run(LAB, 1, STEPS + ["--device", "cpu"])
     for n in (1, 2):
         gpu, _, _ = run(LAB, n, STEPS + ["--device", "cuda", "--check-sync"])
