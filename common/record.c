@@ -160,9 +160,9 @@ void run_finish(run_ctx *ctx, const run_report *r) {
             ctx->lab.name, R, r->layout, ctx->device == DEVICE_CUDA ? "cuda" : "cpu",
             ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     fprintf(f, "\"config\":{\"steps\":%d,\"batch\":%d,\"seq\":%d,\"layers\":%d,\"d_model\":%d,\"heads\":%d,"
-               "\"lr\":%g,\"weight_decay\":%g,\"clip\":%g,\"seed\":%d,\"data\":\"%s\"},",
+               "\"lr\":%g,\"weight_decay\":%g,\"clip\":%g,\"seed\":%d,\"data\":\"%s\",\"preset\":\"%s\"},",
             o->steps, o->batch, o->seq, o->layers, o->d_model, o->heads, o->lr, o->weight_decay, o->clip,
-            o->seed, o->data ? o->data : "built-in");
+            o->seed, o->data ? o->data : "built-in", o->preset);
     fprintf(f, "\"params\":%ld,", r->params);
     json_numbers(f, "losses", ctx->losses, steps, "%.17g"); /* exact: tests compare bits */
     fputc(',', f);

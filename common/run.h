@@ -33,6 +33,7 @@ typedef struct run_options {
     int steps, batch, seq, layers, d_model, heads, seed;
     double lr, weight_decay, clip;
     const char *data, *device, *comm, *out;
+    const char *preset;        /* --preset: the shape's name ("tiny", "gpt2-small") */
     const char *save, *resume; /* checkpoint files (checkpoint.h), NULL: none */
     int save_every, eval;
 } run_options;

@@ -39,6 +39,9 @@ SHARED = [
     (2, ["--comm", "nccl", "--device", "cpu"], "--comm"),
     (2, ["--out", "/proc/parallel-labs-test"], "--out"),
     (2, ["stray"], "stray"),
+    (2, ["--preset", "huge"], "--preset"),
+    (2, ["--preset"], "--preset"),
+    (2, ["--preset", "gpt2-small", "--heads", "5"], "--heads"),  # 5 does not divide 768
 ]
 
 PER_LAB = {
