@@ -33,6 +33,22 @@ int device_gpu_count(void) {
 #endif
 }
 
+int device_gpu_uuid(int gpu_index, unsigned char uuid[16]) {
+#ifdef PL_HAVE_CUDA
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, gpu_index) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    memcpy(uuid, prop.uuid.bytes, 16);
+    return 0;
+#else
+    (void)gpu_index;
+    memset(uuid, 0, 16);
+    return -1;
+#endif
+}
+
 void device_use(device_kind kind, int gpu_index) {
     g_device = kind;
     K = &kernels_cpu;

@@ -270,6 +270,24 @@ static int min_over_ranks(int x) {
     return y;
 }
 
+/* How many ranks of this host use the same GPU as this rank (1: its own; 0: no
+ * GPU), judged by the GPUs' UUIDs, not by how many GPUs a rank sees: ranks
+ * given one GPU each through CUDA_VISIBLE_DEVICES all see one "GPU 0", and
+ * yet each has its own. Collective over `local`, the ranks of this host. */
+static int ranks_sharing_my_gpu(MPI_Comm local, int gpu_index) {
+    struct { unsigned char has, uuid[16]; } mine = {0}, *all;
+    if (gpu_index >= 0 && device_gpu_uuid(gpu_index, mine.uuid) == 0) mine.has = 1;
+    int n;
+    MPI_Comm_size(local, &n);
+    all = malloc((size_t)n * sizeof *all);
+    if (!all) die("out of host memory");
+    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, local);
+    int sharing = 0;
+    for (int q = 0; q < n && mine.has; q++) sharing += all[q].has && !memcmp(all[q].uuid, mine.uuid, 16);
+    free(all);
+    return sharing;
+}
+
 void run_setup(run_ctx *ctx) {
     run_options *o = &ctx->opt;
     /* Flag errors come from the same arguments on every rank, so every rank
@@ -283,15 +301,16 @@ void run_setup(run_ctx *ctx) {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &local);
     MPI_Comm_rank(local, &ctx->local_rank);
     MPI_Comm_size(local, &ctx->local_size);
-    MPI_Comm_free(&local);
 
     /* One OpenBLAS thread per rank: ranks are the parallelism on the CPU. */
     if (!getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
 
     char err[sizeof ctx->error] = "";
     int gpus = device_gpu_count();
+    ctx->gpu_sharers = ranks_sharing_my_gpu(local, gpus > 0 ? ctx->local_rank % gpus : -1);
+    MPI_Comm_free(&local);
     int every_rank_has_gpu = min_over_ranks(gpus > 0);
-    int every_rank_own_gpu = min_over_ranks(gpus >= ctx->local_size);
+    int every_rank_own_gpu = min_over_ranks(ctx->gpu_sharers == 1);
     if (!strcmp(o->device, "cuda") && gpus == 0) {
 #ifdef PL_HAVE_CUDA
         snprintf(err, sizeof err, "--device cuda: no usable GPU on this host (no driver or no device)");
@@ -304,9 +323,9 @@ void run_setup(run_ctx *ctx) {
     if (!err[0] && !strcmp(o->comm, "nccl")) {
         if (ctx->device != DEVICE_CUDA)
             snprintf(err, sizeof err, "--comm nccl needs --device cuda (the run is on the CPU)");
-        else if (gpus < ctx->local_size)
-            snprintf(err, sizeof err, "--comm nccl needs one GPU per rank: %d ranks share %d GPU(s) on this host "
-                     "(NCCL refuses two ranks on one GPU; use --comm mpi)", ctx->local_size, gpus);
+        else if (ctx->gpu_sharers != 1)
+            snprintf(err, sizeof err, "--comm nccl needs one GPU per rank: %d ranks on this host share one GPU "
+                     "(NCCL refuses two ranks on one GPU; use --comm mpi)", ctx->gpu_sharers);
     }
     ctx->backend = !strcmp(o->comm, "nccl") || (!strcmp(o->comm, "auto") && ctx->device == DEVICE_CUDA
                                                 && every_rank_own_gpu) ? COMM_NCCL : COMM_MPI;

@@ -50,6 +50,7 @@ typedef struct run_ctx {
     run_options opt;
     int rank, size;               /* in MPI_COMM_WORLD */
     int local_rank, local_size;   /* among the ranks on this host */
+    int gpu_sharers;              /* ranks of this host on this rank's GPU (1: its own; 0: no GPU) */
     char error[400];              /* the first error found, "" if none */
     device_kind device;
     comm_backend backend;
