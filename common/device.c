@@ -107,7 +107,8 @@ void device_synchronize(void) {
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
         cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) die("cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+        if (e != cudaSuccess) /* a fault of some earlier kernel: PL_CUDA_SYNC=1 finds which */
+            die("cudaDeviceSynchronize: %s (PL_CUDA_SYNC=1 names the failing kernel)", cudaGetErrorString(e));
     }
 #endif
 }

@@ -18,6 +18,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The project's headers are plain C without extern "C" guards. */
 extern "C" {
@@ -27,6 +29,27 @@ extern "C" {
 }
 
 /* ---- error checks: print the rank and the failing call, abort the job ----- */
+
+static cudaStream_t stream(void) { return (cudaStream_t)device_compute_stream(); }
+
+/* PL_CUDA_SYNC=1, for debugging: synchronise after every launch and cuBLAS call.
+ * A fault inside a kernel (an illegal address, say) otherwise surfaces at the
+ * next synchronising call, far from its cause; with this it is reported under
+ * the name of the kernel that caused it. Slow: never for measurements. */
+static bool sync_each_launch(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("PL_CUDA_SYNC");
+        on = v && v[0] && strcmp(v, "0") != 0;
+    }
+    return on;
+}
+
+/* cudaSuccess, or the error of the work queued so far when PL_CUDA_SYNC is on */
+static cudaError_t synced(cudaError_t e) {
+    if (e == cudaSuccess && sync_each_launch()) e = cudaStreamSynchronize(stream());
+    return e;
+}
 
 #define CUDA_CHECK(call)                                                          \
     do {                                                                          \
@@ -39,16 +62,17 @@ extern "C" {
         cublasStatus_t s_ = (call);                                               \
         if (s_ != CUBLAS_STATUS_SUCCESS)                                          \
             die("%s: status %d (%s)", #call, (int)s_, cublasGetStatusString(s_)); \
+        cudaError_t e_ = synced(cudaSuccess);                                     \
+        if (e_ != cudaSuccess) die("%s: %s", #call, cudaGetErrorString(e_));      \
     } while (0)
 
-/* A launch reports bad configurations only through cudaGetLastError. */
+/* A launch reports bad configurations only through cudaGetLastError; a fault
+ * while it runs only at a later synchronisation (see PL_CUDA_SYNC above). */
 #define LAUNCH_CHECK(name)                                                        \
     do {                                                                          \
-        cudaError_t e_ = cudaGetLastError();                                      \
+        cudaError_t e_ = synced(cudaGetLastError());                              \
         if (e_ != cudaSuccess) die("kernel %s: %s", name, cudaGetErrorString(e_)); \
     } while (0)
-
-static cudaStream_t stream(void) { return (cudaStream_t)device_compute_stream(); }
 
 /* One cuBLAS handle, made on first use and kept bound to the compute stream
  * (re-bound if the stream ever changes). Default math mode: full FP32, no TF32, so results match the
