@@ -61,6 +61,7 @@ void device_use(device_kind kind, int gpu_index) {
             if (e != cudaSuccess) die("cudaStreamCreate: %s", cudaGetErrorString(e));
         }
         K = &kernels_cuda;
+        kernels_cuda_init(); /* the kernels' fixed scratch, with the device */
     }
 #else
     (void)gpu_index;

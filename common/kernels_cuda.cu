@@ -4,7 +4,9 @@
  *
  * Everything runs on the one stream device_compute_stream() returns, so the
  * order of kernels is the order of calls and nothing here synchronizes except
- * sum_squares (its result goes back to the host).
+ * sum_squares (its result goes back to the host; sum_squares_add's stays on
+ * the device). Scratch is allocated once, by kernels_cuda_init, never during a
+ * step.
  *
  * Row-major tensors and column-major cuBLAS: a row-major matrix X[R, Cc] is,
  * read column-major, the matrix X^T[Cc, R] with leading dimension Cc. Every
@@ -253,34 +255,91 @@ __global__ void layernorm_backward_inp_kernel(float *dinp, const float *dout, co
     }
 }
 
-/* dw and db are sums over all N rows for each channel. A block of 32 x 32
- * threads owns 32 channels: threadIdx.x picks the channel (so a warp reads 32
- * consecutive floats of a row), threadIdx.y strides over rows, and the 32
- * partial sums per channel meet in shared memory. One writer per channel:
- * deterministic, and it may simply add into dw/db. */
-__global__ void layernorm_backward_params_kernel(float *dw, float *db, const float *dout,
+/* ---- column sums: LayerNorm's dw, db and the bias gradients ------------------ */
+
+/* A sum over N rows for each of C channels. A block of 32 x 32 threads owns 32
+ * channels: threadIdx.x picks the channel (a warp reads 32 consecutive floats
+ * of a row), threadIdx.y strides over rows, and the 32 partial sums per channel
+ * meet in shared memory. One block for all rows of its channels would make
+ * ceil(C/32) blocks, 4 for C = 128, on a GPU that runs hundreds at once, so
+ * the rows are cut into chunks too (blockIdx.y): each block writes its chunk's
+ * sums to the scratch, and a second kernel adds the chunks in chunk order into
+ * the output. The cut depends only on (N, C), so every run, and every TP rank
+ * with the same shapes, gets the same bits. With one chunk (few rows) the
+ * block adds into the output itself. */
+static constexpr int COLSUM_TARGET_BLOCKS = 264; /* two 1024-thread blocks on each of 132 SMs (H100/H200) */
+static constexpr int COLSUM_MIN_ROWS = 128;      /* rows per chunk, at least: 4 per thread row */
+static constexpr long COLSUM_SCRATCH_FLOATS = 1L << 16;
+static float *colsum_partials; /* COLSUM_SCRATCH_FLOATS: kernels_cuda_init */
+
+/* Rows per chunk for `sums` column sums of C channels over N rows. */
+static int column_chunk_rows(int N, int C, int sums) {
+    int column_blocks = (C + WARP - 1) / WARP;
+    long chunks = (COLSUM_TARGET_BLOCKS + column_blocks - 1) / column_blocks;
+    long by_rows = (N + COLSUM_MIN_ROWS - 1) / COLSUM_MIN_ROWS;
+    long by_scratch = COLSUM_SCRATCH_FLOATS / ((long)sums * C);
+    if (chunks > by_rows) chunks = by_rows;
+    if (chunks > by_scratch) chunks = by_scratch;
+    if (chunks < 1) chunks = 1;
+    return (int)((N + chunks - 1) / chunks);
+}
+
+static dim3 column_grid(int N, int C, int rows_per_chunk) {
+    return dim3((unsigned)((C + WARP - 1) / WARP), (unsigned)((N + rows_per_chunk - 1) / rows_per_chunk));
+}
+
+/* out[c] += sum over chunks k, in order, of partials[k * C + c] */
+__global__ void add_chunk_sums_kernel(float *out, const float *partials, int chunks, int C) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < chunks; k++) s += partials[(long)k * C + c];
+        out[c] += s;
+    }
+}
+
+static void add_chunk_sums(float *out, const float *partials, int chunks, int C, const char *name) {
+    add_chunk_sums_kernel<<<(unsigned)((C + THREADS - 1) / THREADS), THREADS, 0, stream()>>>(out, partials,
+                                                                                         chunks, C);
+    LAUNCH_CHECK(name);
+}
+
+/* The sum of the 32 thread rows of a block's column, in row order (thread row 0
+ * returns it; the others return garbage). */
+__device__ float column_block_sum(float s, float (*shared)[WARP + 1]) {
+    shared[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0)
+        for (int y = 1; y < (int)blockDim.y; y++) s += shared[y][threadIdx.x];
+    return s;
+}
+
+/* dw[c] += sum_n dout[n,c] xhat[n,c], db[c] += sum_n dout[n,c], over this block's
+ * chunk of rows; with several chunks, into partials[chunk][c] and
+ * partials[chunks + chunk][c] instead. */
+__global__ void layernorm_backward_params_kernel(float *dw, float *db, float *partials, const float *dout,
                                                  const float *inp, const float *mean,
-                                                 const float *rstd, int N, int C) {
+                                                 const float *rstd, int N, int C, int rows_per_chunk) {
     __shared__ float sdw[WARP][WARP + 1], sdb[WARP][WARP + 1];
     int c = blockIdx.x * WARP + threadIdx.x;
+    int lo = blockIdx.y * rows_per_chunk, hi = min(N, lo + rows_per_chunk);
     float sw = 0.0f, sb = 0.0f;
     if (c < C) {
-        for (int n = threadIdx.y; n < N; n += blockDim.y) {
+        for (int n = lo + threadIdx.y; n < hi; n += blockDim.y) {
             float dy = dout[(long)n * C + c];
             sw += dy * (inp[(long)n * C + c] - mean[n]) * rstd[n];
             sb += dy;
         }
     }
-    sdw[threadIdx.y][threadIdx.x] = sw;
-    sdb[threadIdx.y][threadIdx.x] = sb;
-    __syncthreads();
+    sw = column_block_sum(sw, sdw);
+    sb = column_block_sum(sb, sdb);
     if (threadIdx.y == 0 && c < C) {
-        for (int y = 1; y < (int)blockDim.y; y++) {
-            sw += sdw[y][threadIdx.x];
-            sb += sdb[y][threadIdx.x];
+        if (gridDim.y == 1) {
+            dw[c] += sw;
+            db[c] += sb;
+        } else {
+            partials[(long)blockIdx.y * C + c] = sw;
+            partials[(long)(gridDim.y + blockIdx.y) * C + c] = sb;
         }
-        dw[c] += sw;
-        db[c] += sb;
     }
 }
 
@@ -299,9 +358,15 @@ static void cuda_layernorm_backward(float *dinp, float *dw, float *db, const flo
     layernorm_backward_inp_kernel<<<warp_row_blocks(N), THREADS, 0, stream()>>>(
         dinp, dout, inp, w, mean, rstd, N, C);
     LAUNCH_CHECK("layernorm_backward_inp");
-    layernorm_backward_params_kernel<<<(C + WARP - 1) / WARP, dim3(WARP, WARP), 0, stream()>>>(
-        dw, db, dout, inp, mean, rstd, N, C);
+    int rows = column_chunk_rows(N, C, 2);
+    dim3 grid = column_grid(N, C, rows);
+    layernorm_backward_params_kernel<<<grid, dim3(WARP, WARP), 0, stream()>>>(
+        dw, db, colsum_partials, dout, inp, mean, rstd, N, C, rows);
     LAUNCH_CHECK("layernorm_backward_params");
+    if (grid.y > 1) {
+        add_chunk_sums(dw, colsum_partials, (int)grid.y, C, "layernorm_backward_dw_chunks");
+        add_chunk_sums(db, colsum_partials + (long)grid.y * C, (int)grid.y, C, "layernorm_backward_db_chunks");
+    }
 }
 
 /* ---- matmul ----------------------------------------------------------------- */
@@ -314,19 +379,20 @@ __global__ void add_bias_kernel(float *out, const float *bias, int OC, long NOC)
         out[i] += bias[i % OC];
 }
 
-/* dbias[OC] += column sums of dout[N,OC]; the 32 x 32 block layout of
- * layernorm_backward_params_kernel, for the same reasons. */
-__global__ void bias_backward_kernel(float *dbias, const float *dout, int N, int OC) {
-    __shared__ float partial[WARP][WARP + 1];
+/* dbias[OC] += column sums of dout[N,OC] over this block's chunk of rows (or
+ * into partials[chunk][oc] with several chunks): the column sums above. */
+__global__ void bias_backward_kernel(float *dbias, float *partials, const float *dout, int N, int OC,
+                                     int rows_per_chunk) {
+    __shared__ float shared[WARP][WARP + 1];
     int oc = blockIdx.x * WARP + threadIdx.x;
+    int lo = blockIdx.y * rows_per_chunk, hi = min(N, lo + rows_per_chunk);
     float s = 0.0f;
     if (oc < OC)
-        for (int n = threadIdx.y; n < N; n += blockDim.y) s += dout[(long)n * OC + oc];
-    partial[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
+        for (int n = lo + threadIdx.y; n < hi; n += blockDim.y) s += dout[(long)n * OC + oc];
+    s = column_block_sum(s, shared);
     if (threadIdx.y == 0 && oc < OC) {
-        for (int y = 1; y < (int)blockDim.y; y++) s += partial[y][threadIdx.x];
-        dbias[oc] += s;
+        if (gridDim.y == 1) dbias[oc] += s;
+        else partials[(long)blockIdx.y * OC + oc] = s;
     }
 }
 
@@ -360,9 +426,12 @@ static void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const flo
         CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout,
                                  OC, &one, dw, IC));
     if (dbias) {
-        bias_backward_kernel<<<(OC + WARP - 1) / WARP, dim3(WARP, WARP), 0, stream()>>>(dbias,
-                                                                                      dout, N, OC);
+        int rows = column_chunk_rows(N, OC, 1);
+        dim3 grid = column_grid(N, OC, rows);
+        bias_backward_kernel<<<grid, dim3(WARP, WARP), 0, stream()>>>(dbias, colsum_partials, dout, N, OC,
+                                                                      rows);
         LAUNCH_CHECK("bias_backward");
+        if (grid.y > 1) add_chunk_sums(dbias, colsum_partials, (int)grid.y, OC, "bias_backward_chunks");
     }
 }
 
@@ -621,10 +690,15 @@ static void cuda_crossentropy_backward(float *dlogits, const float *probs, const
 /* ---- sum of squares --------------------------------------------------------- */
 
 /* A fixed grid of at most SUMSQ_BLOCKS blocks, each reducing its grid-stride
- * share into one double partial; the host adds the partials in order. The
+ * share into one double partial; then one warp adds the partials, lane l those
+ * at l, l+32, ... in order, and the lanes meet in a fixed shuffle tree. The
  * grid depends only on N, so the result is the same bit for bit on every run
- * (an atomic add of the partials would not be). */
+ * (an atomic add of the partials would not be). Both kernels run on the
+ * compute stream, so consecutive calls take turns with the one partials
+ * buffer, and nothing waits for the GPU: the caller copies the sums once. */
 static constexpr int SUMSQ_BLOCKS = 1024;
+static double *sumsq_partials; /* SUMSQ_BLOCKS doubles: kernels_cuda_init */
+static double *sumsq_result;   /* one double, for sum_squares' answer */
 
 __global__ void sum_squares_kernel(double *partials, const float *x, long N) {
     __shared__ double shared[THREADS];
@@ -641,23 +715,33 @@ __global__ void sum_squares_kernel(double *partials, const float *x, long N) {
     if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
 }
 
-static double cuda_sum_squares(const float *x, long N) {
-    static double *partials; /* device scratch, made on first use, kept */
-    static double host[SUMSQ_BLOCKS];
-    if (N <= 0) return 0.0;
-    if (!partials) {
-        partials = (double *)mem_alloc(SUMSQ_BLOCKS * sizeof(double), MEM_WORKSPACE);
-    }
+/* One warp: acc[0] += the sum of partials[0..n). */
+__global__ void add_partials_kernel(double *acc, const double *partials, int n) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += WARP) s += partials[i];
+    for (int o = WARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) acc[0] += s;
+}
+
+static void cuda_sum_squares_add(double *acc, const float *x, long N) {
+    if (N <= 0) return;
     long want = (N + THREADS - 1) / THREADS;
     int blocks = (int)(want < SUMSQ_BLOCKS ? want : SUMSQ_BLOCKS);
-    sum_squares_kernel<<<blocks, THREADS, 0, stream()>>>(partials, x, N);
+    sum_squares_kernel<<<blocks, THREADS, 0, stream()>>>(sumsq_partials, x, N);
     LAUNCH_CHECK("sum_squares");
-    CUDA_CHECK(cudaMemcpyAsync(host, partials, blocks * sizeof(double), cudaMemcpyDeviceToHost,
-                               stream()));
+    add_partials_kernel<<<1, WARP, 0, stream()>>>(acc, sumsq_partials, blocks);
+    LAUNCH_CHECK("sum_squares_add");
+}
+
+/* The same sum, returned to the host: one copy, which waits for the stream. */
+static double cuda_sum_squares(const float *x, long N) {
+    if (N <= 0) return 0.0;
+    CUDA_CHECK(cudaMemsetAsync(sumsq_result, 0, sizeof(double), stream()));
+    cuda_sum_squares_add(sumsq_result, x, N);
+    double host;
+    CUDA_CHECK(cudaMemcpyAsync(&host, sumsq_result, sizeof(double), cudaMemcpyDeviceToHost, stream()));
     CUDA_CHECK(cudaStreamSynchronize(stream()));
-    double total = 0.0;
-    for (int b = 0; b < blocks; b++) total += host[b];
-    return total;
+    return host;
 }
 
 /* ---- AdamW ------------------------------------------------------------------ */
@@ -711,4 +795,14 @@ extern "C" const kernels kernels_cuda = {
     .crossentropy_backward = cuda_crossentropy_backward,
     .sum_squares = cuda_sum_squares,
     .adamw = cuda_adamw,
+    .sum_squares_add = cuda_sum_squares_add,
 };
+
+/* ---- fixed scratch ------------------------------------------------------------ */
+
+extern "C" void kernels_cuda_init(void) {
+    if (sumsq_partials) return; /* once per process: one GPU per rank */
+    sumsq_partials = (double *)mem_alloc(SUMSQ_BLOCKS * sizeof(double), MEM_WORKSPACE);
+    sumsq_result = (double *)mem_alloc(sizeof(double), MEM_WORKSPACE);
+    colsum_partials = (float *)mem_alloc(COLSUM_SCRATCH_FLOATS * sizeof(float), MEM_WORKSPACE);
+}

@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
         stage_step_begin(&st, step);
         schedule_run(&st, kind, m);           /* lab04: the pipeline, TP layers inside */
         if (d > 1) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
-        double loss = stage3d_optimizer_step(&st, &tl, &grid, &ctx.adamw, ctx.opt.clip);
+        double loss = stage3d_optimizer_step(&st, &s3, &grid, &ctx.adamw, ctx.opt.clip);
         char bubble[64];
         run_step_end(&ctx, i, loss, stage_bubble_text(&st, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
@@ -163,6 +163,7 @@ int main(int argc, char **argv) {
     free(extra_json);
     free(grid_json);
     stage_free(&st);
+    grad_norm_free(&s3.norm);
     grid_free(&grid);
     MPI_Finalize();
     return 0;
