@@ -17,6 +17,7 @@
  * encoder_backward included: a tensor-parallel rank recomputes the replicated
  * wte gradient itself, and the ranks must get the same bits (lab05's
  * --check-sync), which atomics adding in a run-dependent order would not give. */
+#include <cub/device/device_radix_sort.cuh>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -148,24 +149,67 @@ __global__ void encoder_forward_kernel(float *out, const int *tokens, const floa
     }
 }
 
-/* One block per position n, threads over the channels. Positions sharing a
- * token add into the same dwte row; an atomic add would make the order (and
- * so the bits) differ from run to run and from rank to rank. Instead the
- * block of a token's FIRST position sums all its positions, in increasing
- * order starting from dwte's value, as the CPU twin does; the blocks of later
- * positions of the same token do nothing. The scans over tokens are O(N) per
- * block, cheap next to the matmuls for the N = B*T of these labs. */
-__global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *tokens,
-                                            int C, long N) {
-    long n = blockIdx.x;
-    int tok = tokens[n];
-    int seen = 0;
-    for (long m = threadIdx.x; m < n; m += blockDim.x) seen |= tokens[m] == tok;
-    if (__syncthreads_or(seen)) return; /* block-uniform: an earlier block owns this token */
+__global__ void iota_kernel(int *x, long n) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        x[i] = (int)i;
+}
+
+/* Positions sharing a token add into the same dwte row; an atomic add would
+ * make the order (and so the bits) differ from run to run and from rank to
+ * rank. Instead a stable radix sort of (token, position) pairs lists each
+ * token's positions in increasing order, and one block per token sums them in
+ * that order, starting from dwte's value: the CPU twin's order, so the two
+ * agree bit for bit. O(N) per radix pass plus O(N C) adds; the earlier version
+ * had every block scan all earlier tokens, O(N^2). */
+static constexpr long TOKEN_SORT_POSITIONS = 1L << 16; /* batch x seq made for: 64 x 1024 */
+static struct {
+    long capacity;         /* positions the buffers hold */
+    int *positions;        /* 0, 1, 2, ...: the values sorted along with the tokens */
+    int *sorted_tokens, *sorted_positions;
+    void *temp;            /* CUB's scratch */
+    size_t temp_bytes;
+} token_sort;
+
+/* The sort's scratch for n positions: made by kernels_cuda_init for the labs'
+ * sizes, so it grows (once) only for a larger batch x sequence. */
+static void token_sort_reserve(long n) {
+    size_t bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, (const int *)nullptr, (int *)nullptr,
+                                               (const int *)nullptr, (int *)nullptr, (int)n, 0,
+                                               (int)(8 * sizeof(int)), stream()));
+    if (n <= token_sort.capacity && bytes <= token_sort.temp_bytes) return;
+    if (n < token_sort.capacity) n = token_sort.capacity;
+    mem_free(token_sort.positions);
+    mem_free(token_sort.sorted_tokens);
+    mem_free(token_sort.sorted_positions);
+    mem_free(token_sort.temp);
+    token_sort.positions = (int *)mem_alloc((size_t)n * sizeof(int), MEM_WORKSPACE);
+    token_sort.sorted_tokens = (int *)mem_alloc((size_t)n * sizeof(int), MEM_WORKSPACE);
+    token_sort.sorted_positions = (int *)mem_alloc((size_t)n * sizeof(int), MEM_WORKSPACE);
+    token_sort.temp = mem_alloc(bytes, MEM_WORKSPACE);
+    token_sort.temp_bytes = bytes;
+    token_sort.capacity = n;
+    iota_kernel<<<elementwise_blocks(n), THREADS, 0, stream()>>>(token_sort.positions, n);
+    LAUNCH_CHECK("iota");
+}
+
+/* One block per sorted index i, threads over the channels. The block where a
+ * token's run of positions starts sums the run; the others return at once. */
+__global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *sorted_tokens,
+                                            const int *sorted_positions, int C, int N) {
+    int i = blockIdx.x, tok = sorted_tokens[i];
+    if (i > 0 && sorted_tokens[i - 1] == tok) return; /* block-uniform: not the run's start */
+    /* the run's end: the first index holding a larger token (the keys are sorted) */
+    int lo = i + 1, hi = N;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (sorted_tokens[mid] == tok) lo = mid + 1;
+        else hi = mid;
+    }
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float s = dwte[(long)tok * C + c];
-        for (long m = n; m < N; m++)
-            if (tokens[m] == tok) s += dout[m * C + c];
+#pragma unroll 4
+        for (int j = i; j < lo; j++) s += dout[(long)sorted_positions[j] * C + c];
         dwte[(long)tok * C + c] = s;
     }
 }
@@ -195,8 +239,15 @@ static void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout,
                                   const int *tokens, int B, int T, int C) {
     long NC = (long)B * T * C;
     if (NC <= 0) return;
-    encoder_backward_wte_kernel<<<(unsigned)((long)B * T), 128, 0, stream()>>>(dwte, dout, tokens, C,
-                                                                              (long)B * T);
+    int N = B * T;
+    token_sort_reserve(N);
+    size_t temp_bytes = token_sort.temp_bytes;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(token_sort.temp, temp_bytes, tokens, token_sort.sorted_tokens,
+                                               token_sort.positions, token_sort.sorted_positions, N, 0,
+                                               (int)(8 * sizeof(int)), stream()));
+    LAUNCH_CHECK("encoder_backward_sort (cub::DeviceRadixSort)");
+    encoder_backward_wte_kernel<<<(unsigned)N, 128, 0, stream()>>>(dwte, dout, token_sort.sorted_tokens,
+                                                                   token_sort.sorted_positions, C, N);
     LAUNCH_CHECK("encoder_backward_wte");
     encoder_backward_wpe_kernel<<<elementwise_blocks((long)T * C), THREADS, 0, stream()>>>(
         dwpe, dout, B, T, C);
@@ -805,4 +856,5 @@ extern "C" void kernels_cuda_init(void) {
     sumsq_partials = (double *)mem_alloc(SUMSQ_BLOCKS * sizeof(double), MEM_WORKSPACE);
     sumsq_result = (double *)mem_alloc(sizeof(double), MEM_WORKSPACE);
     colsum_partials = (float *)mem_alloc(COLSUM_SCRATCH_FLOATS * sizeof(float), MEM_WORKSPACE);
+    token_sort_reserve(TOKEN_SORT_POSITIONS);
 }
