@@ -92,6 +92,7 @@ PER_LAB = {
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", "/nonexistent/ck.safetensors"], "--resume"),
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", EMPTY], EMPTY),
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--save", A_FOLDER], "--save"),
+        (2, ["--check-sync=yes"], "--check-sync"),
     ],
 }
 

@@ -119,9 +119,12 @@ def equivalence():
     # TP sums partial GEMMs in another order than one GEMM, DP averages partial
     # means: ~1e-7 relative per sum. Measured over 20 steps: 6e-9 to 9e-9.
     for t, p, d in LAYOUTS:
-        rec, _, _ = run(LAB, t * p * d, ARGS + grid_args(t, p, d))
+        sync = ["--check-sync"] if d > 1 else []  # lab01's check across the DP replicas
+        rec, _, _ = run(LAB, t * p * d, ARGS + grid_args(t, p, d) + sync)
         compare_losses(f"lab06 {t}x{p}x{d} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
         check_record(rec, t, p, d, M, "1f1b")
+        check(rec["replicas_identical"] is (True if d > 1 else None),
+              f"lab06 {t}x{p}x{d}: replicas_identical is {rec['replicas_identical']}")
         if (t, p, d) == (2, 2, 2):
             check_grid_8(rec)
     rec, _, _ = run(LAB, 4, ARGS + grid_args(2, 2, 1, m=4, schedule="gpipe"))
