@@ -15,8 +15,8 @@ What is planned (STEPS steps each, the labs' default model unless said):
 - lab01 --bucket-mb (the second stream) at 1 and 2 ranks, --comm mpi at 1 rank,
   --comm nccl at 2 ranks on one GPU (must exit 2), PL_CUDA_SYNC=1;
 - a checkpoint saved on CUDA resumed on the CPU, and the reverse;
-- gpt2-small (--preset): 3 steps of batch 8 on CUDA for its throughput, and one
-  sequence on CUDA and on the CPU, compared.
+- gpt2-small (--preset): 3 steps of batch 8 on CUDA for its throughput, and its
+  width and length at 2 layers and one sequence on CUDA and on the CPU, compared.
 
 usage: device_check.py --build DIR --out DIR [--steps N] [--jobs N] [--deadline EPOCH]"""
 import argparse
@@ -127,14 +127,18 @@ def make_plan(args):
     else:
         P.notes.append("compute-sanitizer not found: memcheck, racecheck and synccheck not run")
 
-    # gpt2-small: one sequence on both devices (the CPU side is the slowest lab run)
-    g2 = ["--preset", "gpt2-small", "--batch", "1"]
-    g2_shape = {"config": {"preset": "gpt2-small", "layers": 12, "d_model": 768, "heads": 12, "seq": 1024}}
-    g2_cpu = P.add(P.lab("gpt2-small b1 cpu", "lab01_dp", 1, "cpu", g2, steps=2, expect=g2_shape, timeout=300))
-    g2_cuda = P.add(P.lab("gpt2-small b1 cuda", "lab01_dp", 1, "cuda", g2, steps=2, expect=g2_shape))
-    P.cmp(g2_cuda, g2_cpu, CUDA_VS_CPU, "gpt2-small's shape (T 1024, C 768): CUDA vs CPU")
-    P.add(P.lab("gpt2-small b8 cuda", "lab01_dp", 1, "cuda", ["--preset", "gpt2-small"], steps=3,
-                expect={"config": dict(g2_shape["config"], batch=8)}))
+    # gpt2-small's width and length (C 768, 12 heads of 64, T 1024) on both devices, at
+    # 2 layers and one sequence so that the CPU side takes seconds; then the whole
+    # preset on CUDA alone, for its throughput
+    g2 = ["--preset", "gpt2-small", "--batch", "1", "--layers", "2"]
+    g2_shape = {"preset": "gpt2-small", "d_model": 768, "heads": 12, "seq": 1024}
+    g2_cpu = P.add(P.lab("gpt2-small L2 b1 cpu", "lab01_dp", 1, "cpu", g2, steps=2,
+                         expect={"config": dict(g2_shape, layers=2, batch=1)}, timeout=200))
+    g2_cuda = P.add(P.lab("gpt2-small L2 b1 cuda", "lab01_dp", 1, "cuda", g2, steps=2,
+                          expect={"config": dict(g2_shape, layers=2, batch=1)}))
+    P.cmp(g2_cuda, g2_cpu, CUDA_VS_CPU, "gpt2-small's width and T 1024: CUDA vs CPU")
+    P.add(P.lab("gpt2-small cuda", "lab01_dp", 1, "cuda", ["--preset", "gpt2-small"], steps=3,
+                expect={"config": dict(g2_shape, layers=12, batch=8)}))
 
     # every lab, both devices, 1 and 2 ranks
     ref = P.add(P.lab("lab01 cuda n1", "lab01_dp", 1, "cuda", []))
