@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -208,10 +209,14 @@ def execute(run, plan, deadline, lock, log_lines):
         with open(log, "w") as f:
             f.write("$ " + " ".join(f"{k}={v}" for k, v in run.env.items()) + " " + " ".join(run.argv) + "\n")
             f.flush()
-            p = subprocess.run(run.argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=run.timeout)
-        r.update(status="done", exit=p.returncode)
-    except subprocess.TimeoutExpired:
-        r.update(status="timeout")
+            # its own process group, so that a timeout ends mpirun's ranks too
+            p = subprocess.Popen(run.argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                r.update(status="done", exit=p.wait(timeout=run.timeout))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                r.update(status="timeout")
     except OSError as e:
         r.update(status="error", reason=str(e))
     r["seconds"] = time.time() - t0
@@ -234,7 +239,7 @@ def execute(run, plan, deadline, lock, log_lines):
         line = f"[{time.strftime('%H:%M:%S')}] {'ok    ' if ok else 'FAILED'} {run.name} ({r['seconds']:.1f} s)"
         print(line, flush=True)
         log_lines.append(line)
-    return r["status"] == "done"
+    return r["status"] == "done" and r.get("exit") == run.expect_exit
 
 
 def run_all(plan, jobs, deadline):
@@ -246,9 +251,11 @@ def run_all(plan, jobs, deadline):
 
     def worker(chain, cores):
         try:
-            for run in chain:
+            for i, run in enumerate(chain):
                 if not execute(run, plan, deadline, lock, log_lines):
-                    break  # a later run of the chain needs this one (a saved checkpoint)
+                    for later in chain[i + 1:]:  # they need this one (its checkpoint)
+                        later.result["reason"] = f"{run.name} before it did not complete"
+                    break
         finally:
             with free:
                 state["cores"] += cores
