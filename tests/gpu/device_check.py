@@ -22,6 +22,7 @@ usage: device_check.py --build DIR --out DIR [--steps N] [--jobs N] [--deadline 
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,8 @@ CUDA_VS_CPU = 1e-3
 LAYOUT = 1e-5
 # The same command twice on the same device: no atomics anywhere, so equal bits.
 SAME = 0.0
+# The gpu-labelled tests there must be (any others found are run too).
+EXPECTED_GPU_TESTS = ["gpu_kernels_vs_cpu"] + [f"gpu_lab0{i}_cuda" for i in range(1, 7)]
 
 
 class Run:
@@ -65,6 +68,7 @@ class Plan:
         self.chains = []   # lists of runs, each list run in order by one worker
         self.compare = []
         self.notes = []
+        self.missing = []  # results of planned runs that cannot even start
         self.runs_dir = os.path.join(args.out, "runs")
         self.logs_dir = os.path.join(args.out, "logs")
         self.ckpt_dir = tempfile.mkdtemp(prefix="pl-device-check-")  # big files: not under OUT
@@ -102,8 +106,7 @@ def slug(name):
 
 def gpu_tests(build):
     p = subprocess.run(["ctest", "--test-dir", build, "-N", "-L", "gpu"], capture_output=True, text=True)
-    names = [line.split(":", 1)[1].strip() for line in p.stdout.splitlines() if "Test #" in line]
-    return names
+    return re.findall(r"Test\s+#\d+:\s*(\S+)", p.stdout)  # "  Test  #8: gpu_kernels_vs_cpu"
 
 
 def make_plan(args):
@@ -111,8 +114,10 @@ def make_plan(args):
     S = args.steps
     # the longest first: the gpu-labelled tests and the sanitizers
     tests = gpu_tests(args.build)
-    if not tests:
-        P.notes.append("ctest -N -L gpu listed no tests")
+    for t in EXPECTED_GPU_TESTS:
+        if t not in tests:  # planned, and not there: a failure like any skipped run
+            P.missing.append({"name": f"ctest {t}", "kind": "ctest", "status": "skipped",
+                              "reason": "not listed by ctest -N -L gpu"})
     for t in tests:
         cores = 4 if t in ("gpu_lab04_cuda", "gpu_lab06_cuda") else 2
         P.add(Run(f"ctest {t}", "ctest", ["ctest", "--test-dir", args.build, "-R", f"^{t}$", "--output-on-failure",
@@ -291,7 +296,8 @@ def main():
     print(f"{n} runs, {len(plan.compare)} comparisons, {args.jobs} cores, "
           f"{max(0, args.deadline - time.time()):.0f} s left to start them", flush=True)
     run_all(plan, args.jobs, args.deadline)
-    results = {"runs": [r.result for c in plan.chains for r in c], "compare": plan.compare, "notes": plan.notes}
+    results = {"runs": plan.missing + [r.result for c in plan.chains for r in c], "compare": plan.compare,
+               "notes": plan.notes}
     path = os.path.join(args.out, "results.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
