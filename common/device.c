@@ -34,6 +34,22 @@ int device_gpu_count(void) {
 #endif
 }
 
+int device_gpu_uuid(int gpu_index, unsigned char uuid[16]) {
+#ifdef PL_HAVE_CUDA
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, gpu_index) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    memcpy(uuid, prop.uuid.bytes, 16);
+    return 0;
+#else
+    (void)gpu_index;
+    memset(uuid, 0, 16);
+    return -1;
+#endif
+}
+
 void device_use(device_kind kind, int gpu_index) {
     g_device = kind;
     K = &kernels_cpu;
@@ -46,6 +62,7 @@ void device_use(device_kind kind, int gpu_index) {
             if (e != cudaSuccess) die("cudaStreamCreate: %s", cudaGetErrorString(e));
         }
         K = &kernels_cuda;
+        kernels_cuda_init(); /* the kernels' fixed scratch, with the device */
     }
 #else
     (void)gpu_index;
@@ -92,7 +109,8 @@ void device_synchronize(void) {
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
         cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) die("cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+        if (e != cudaSuccess) /* a fault of some earlier kernel: PL_CUDA_SYNC=1 finds which */
+            die("cudaDeviceSynchronize: %s (PL_CUDA_SYNC=1 names the failing kernel)", cudaGetErrorString(e));
     }
 #endif
 }

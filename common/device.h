@@ -11,6 +11,9 @@ extern device_kind g_device; /* the kind in use; DEVICE_CPU until device_use */
 
 /* Number of GPUs this process can use: 0 without a CUDA build, a driver or a GPU. */
 int device_gpu_count(void);
+/* The 16-byte UUID of visible GPU `gpu_index`: what tells two ranks whether they
+ * share a GPU, whatever CUDA_VISIBLE_DEVICES each was given. 0 on success. */
+int device_gpu_uuid(int gpu_index, unsigned char uuid[16]);
 /* Select the kind (and for CUDA the GPU index); also selects the kernel table K. */
 void device_use(device_kind kind, int gpu_index);
 /* Wait until all queued device work is done (no-op on the CPU). */

@@ -81,12 +81,22 @@ typedef struct kernels {
      *   p -= lr * ( (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + wd p ) */
     void (*adamw)(float *p, const float *g, float *m, float *v, long N, float lr,
                   float beta1, float beta2, float eps, float wd, int t, float grad_scale);
+
+    /* acc[0] += sum of x[i]^2 in double, where acc is a device double: no copy to
+     * the host and no waiting, so a step adds all its tensors' squares on the
+     * device and copies the sums once (optim.h, grad_norm). One call adds exactly
+     * what sum_squares returns, so calls in the same order give the same bits. */
+    void (*sum_squares_add)(double *acc, const float *x, long N);
 } kernels;
 
 extern const kernels *K; /* the table in use; set by device_use() */
 extern const kernels kernels_cpu;
 #ifdef PL_HAVE_CUDA
 extern const kernels kernels_cuda;
+/* Allocates the CUDA kernels' fixed scratch (reduction partials) on the current
+ * GPU, as workspace, once: device_use calls it when it selects CUDA, so no
+ * kernel allocates during a step. */
+void kernels_cuda_init(void);
 #endif
 
 #endif

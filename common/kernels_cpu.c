@@ -485,6 +485,10 @@ static double sum_squares_cpu(const float *restrict x, long N) {
     return s;
 }
 
+static void sum_squares_add_cpu(double *restrict acc, const float *restrict x, long N) {
+    *acc += sum_squares_cpu(x, N);
+}
+
 static void adamw_cpu(float *restrict p, const float *restrict g, float *restrict m,
                       float *restrict v, long N, float lr, float beta1, float beta2, float eps,
                       float wd, int t, float grad_scale) {
@@ -521,4 +525,5 @@ const kernels kernels_cpu = {
     .crossentropy_backward = crossentropy_backward_cpu,
     .sum_squares = sum_squares_cpu,
     .adamw = adamw_cpu,
+    .sum_squares_add = sum_squares_add_cpu,
 };

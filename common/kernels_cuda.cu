@@ -4,7 +4,9 @@
  *
  * Everything runs on the one stream device_compute_stream() returns, so the
  * order of kernels is the order of calls and nothing here synchronizes except
- * sum_squares (its result goes back to the host).
+ * sum_squares (its result goes back to the host; sum_squares_add's stays on
+ * the device). Scratch is allocated once, by kernels_cuda_init, never during a
+ * step.
  *
  * Row-major tensors and column-major cuBLAS: a row-major matrix X[R, Cc] is,
  * read column-major, the matrix X^T[Cc, R] with leading dimension Cc. Every
@@ -15,9 +17,12 @@
  * encoder_backward included: a tensor-parallel rank recomputes the replicated
  * wte gradient itself, and the ranks must get the same bits (lab05's
  * --check-sync), which atomics adding in a run-dependent order would not give. */
+#include <cub/device/device_radix_sort.cuh>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The project's headers are plain C without extern "C" guards. */
 extern "C" {
@@ -27,6 +32,27 @@ extern "C" {
 }
 
 /* ---- error checks: print the rank and the failing call, abort the job ----- */
+
+static cudaStream_t stream(void) { return (cudaStream_t)device_compute_stream(); }
+
+/* PL_CUDA_SYNC=1, for debugging: synchronise after every launch and cuBLAS call.
+ * A fault inside a kernel (an illegal address, say) otherwise surfaces at the
+ * next synchronising call, far from its cause; with this it is reported under
+ * the name of the kernel that caused it. Slow: never for measurements. */
+static bool sync_each_launch(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("PL_CUDA_SYNC");
+        on = v && v[0] && strcmp(v, "0") != 0;
+    }
+    return on;
+}
+
+/* cudaSuccess, or the error of the work queued so far when PL_CUDA_SYNC is on */
+static cudaError_t synced(cudaError_t e) {
+    if (e == cudaSuccess && sync_each_launch()) e = cudaStreamSynchronize(stream());
+    return e;
+}
 
 #define CUDA_CHECK(call)                                                          \
     do {                                                                          \
@@ -39,16 +65,17 @@ extern "C" {
         cublasStatus_t s_ = (call);                                               \
         if (s_ != CUBLAS_STATUS_SUCCESS)                                          \
             die("%s: status %d (%s)", #call, (int)s_, cublasGetStatusString(s_)); \
+        cudaError_t e_ = synced(cudaSuccess);                                     \
+        if (e_ != cudaSuccess) die("%s: %s", #call, cudaGetErrorString(e_));      \
     } while (0)
 
-/* A launch reports bad configurations only through cudaGetLastError. */
+/* A launch reports bad configurations only through cudaGetLastError; a fault
+ * while it runs only at a later synchronisation (see PL_CUDA_SYNC above). */
 #define LAUNCH_CHECK(name)                                                        \
     do {                                                                          \
-        cudaError_t e_ = cudaGetLastError();                                      \
+        cudaError_t e_ = synced(cudaGetLastError());                              \
         if (e_ != cudaSuccess) die("kernel %s: %s", name, cudaGetErrorString(e_)); \
     } while (0)
-
-static cudaStream_t stream(void) { return (cudaStream_t)device_compute_stream(); }
 
 /* One cuBLAS handle, made on first use and kept bound to the compute stream
  * (re-bound if the stream ever changes). Default math mode: full FP32, no TF32, so results match the
@@ -122,24 +149,67 @@ __global__ void encoder_forward_kernel(float *out, const int *tokens, const floa
     }
 }
 
-/* One block per position n, threads over the channels. Positions sharing a
- * token add into the same dwte row; an atomic add would make the order (and
- * so the bits) differ from run to run and from rank to rank. Instead the
- * block of a token's FIRST position sums all its positions, in increasing
- * order starting from dwte's value, as the CPU twin does; the blocks of later
- * positions of the same token do nothing. The scans over tokens are O(N) per
- * block, cheap next to the matmuls for the N = B*T of these labs. */
-__global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *tokens,
-                                            int C, long N) {
-    long n = blockIdx.x;
-    int tok = tokens[n];
-    int seen = 0;
-    for (long m = threadIdx.x; m < n; m += blockDim.x) seen |= tokens[m] == tok;
-    if (__syncthreads_or(seen)) return; /* block-uniform: an earlier block owns this token */
+__global__ void iota_kernel(int *x, long n) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        x[i] = (int)i;
+}
+
+/* Positions sharing a token add into the same dwte row; an atomic add would
+ * make the order (and so the bits) differ from run to run and from rank to
+ * rank. Instead a stable radix sort of (token, position) pairs lists each
+ * token's positions in increasing order, and one block per token sums them in
+ * that order, starting from dwte's value: the CPU twin's order, so the two
+ * agree bit for bit. O(N) per radix pass plus O(N C) adds; the earlier version
+ * had every block scan all earlier tokens, O(N^2). */
+static constexpr long TOKEN_SORT_POSITIONS = 1L << 16; /* batch x seq made for: 64 x 1024 */
+static struct {
+    long capacity;         /* positions the buffers hold */
+    int *positions;        /* 0, 1, 2, ...: the values sorted along with the tokens */
+    int *sorted_tokens, *sorted_positions;
+    void *temp;            /* CUB's scratch */
+    size_t temp_bytes;
+} token_sort;
+
+/* The sort's scratch for n positions: made by kernels_cuda_init for the labs'
+ * sizes, so it grows (once) only for a larger batch x sequence. */
+static void token_sort_reserve(long n) {
+    size_t bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, (const int *)nullptr, (int *)nullptr,
+                                               (const int *)nullptr, (int *)nullptr, (int)n, 0,
+                                               (int)(8 * sizeof(int)), stream()));
+    if (n <= token_sort.capacity && bytes <= token_sort.temp_bytes) return;
+    if (n < token_sort.capacity) n = token_sort.capacity;
+    mem_free(token_sort.positions);
+    mem_free(token_sort.sorted_tokens);
+    mem_free(token_sort.sorted_positions);
+    mem_free(token_sort.temp);
+    token_sort.positions = (int *)mem_alloc((size_t)n * sizeof(int), MEM_WORKSPACE);
+    token_sort.sorted_tokens = (int *)mem_alloc((size_t)n * sizeof(int), MEM_WORKSPACE);
+    token_sort.sorted_positions = (int *)mem_alloc((size_t)n * sizeof(int), MEM_WORKSPACE);
+    token_sort.temp = mem_alloc(bytes, MEM_WORKSPACE);
+    token_sort.temp_bytes = bytes;
+    token_sort.capacity = n;
+    iota_kernel<<<elementwise_blocks(n), THREADS, 0, stream()>>>(token_sort.positions, n);
+    LAUNCH_CHECK("iota");
+}
+
+/* One block per sorted index i, threads over the channels. The block where a
+ * token's run of positions starts sums the run; the others return at once. */
+__global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *sorted_tokens,
+                                            const int *sorted_positions, int C, int N) {
+    int i = blockIdx.x, tok = sorted_tokens[i];
+    if (i > 0 && sorted_tokens[i - 1] == tok) return; /* block-uniform: not the run's start */
+    /* the run's end: the first index holding a larger token (the keys are sorted) */
+    int lo = i + 1, hi = N;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (sorted_tokens[mid] == tok) lo = mid + 1;
+        else hi = mid;
+    }
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float s = dwte[(long)tok * C + c];
-        for (long m = n; m < N; m++)
-            if (tokens[m] == tok) s += dout[m * C + c];
+#pragma unroll 4
+        for (int j = i; j < lo; j++) s += dout[(long)sorted_positions[j] * C + c];
         dwte[(long)tok * C + c] = s;
     }
 }
@@ -169,8 +239,15 @@ static void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout,
                                   const int *tokens, int B, int T, int C) {
     long NC = (long)B * T * C;
     if (NC <= 0) return;
-    encoder_backward_wte_kernel<<<(unsigned)((long)B * T), 128, 0, stream()>>>(dwte, dout, tokens, C,
-                                                                              (long)B * T);
+    int N = B * T;
+    token_sort_reserve(N);
+    size_t temp_bytes = token_sort.temp_bytes;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(token_sort.temp, temp_bytes, tokens, token_sort.sorted_tokens,
+                                               token_sort.positions, token_sort.sorted_positions, N, 0,
+                                               (int)(8 * sizeof(int)), stream()));
+    LAUNCH_CHECK("encoder_backward_sort (cub::DeviceRadixSort)");
+    encoder_backward_wte_kernel<<<(unsigned)N, 128, 0, stream()>>>(dwte, dout, token_sort.sorted_tokens,
+                                                                   token_sort.sorted_positions, C, N);
     LAUNCH_CHECK("encoder_backward_wte");
     encoder_backward_wpe_kernel<<<elementwise_blocks((long)T * C), THREADS, 0, stream()>>>(
         dwpe, dout, B, T, C);
@@ -229,34 +306,91 @@ __global__ void layernorm_backward_inp_kernel(float *dinp, const float *dout, co
     }
 }
 
-/* dw and db are sums over all N rows for each channel. A block of 32 x 32
- * threads owns 32 channels: threadIdx.x picks the channel (so a warp reads 32
- * consecutive floats of a row), threadIdx.y strides over rows, and the 32
- * partial sums per channel meet in shared memory. One writer per channel:
- * deterministic, and it may simply add into dw/db. */
-__global__ void layernorm_backward_params_kernel(float *dw, float *db, const float *dout,
+/* ---- column sums: LayerNorm's dw, db and the bias gradients ------------------ */
+
+/* A sum over N rows for each of C channels. A block of 32 x 32 threads owns 32
+ * channels: threadIdx.x picks the channel (a warp reads 32 consecutive floats
+ * of a row), threadIdx.y strides over rows, and the 32 partial sums per channel
+ * meet in shared memory. One block for all rows of its channels would make
+ * ceil(C/32) blocks, 4 for C = 128, on a GPU that runs hundreds at once, so
+ * the rows are cut into chunks too (blockIdx.y): each block writes its chunk's
+ * sums to the scratch, and a second kernel adds the chunks in chunk order into
+ * the output. The cut depends only on (N, C), so every run, and every TP rank
+ * with the same shapes, gets the same bits. With one chunk (few rows) the
+ * block adds into the output itself. */
+static constexpr int COLSUM_TARGET_BLOCKS = 264; /* two 1024-thread blocks on each of 132 SMs (H100/H200) */
+static constexpr int COLSUM_MIN_ROWS = 128;      /* rows per chunk, at least: 4 per thread row */
+static constexpr long COLSUM_SCRATCH_FLOATS = 1L << 16;
+static float *colsum_partials; /* COLSUM_SCRATCH_FLOATS: kernels_cuda_init */
+
+/* Rows per chunk for `sums` column sums of C channels over N rows. */
+static int column_chunk_rows(int N, int C, int sums) {
+    int column_blocks = (C + WARP - 1) / WARP;
+    long chunks = (COLSUM_TARGET_BLOCKS + column_blocks - 1) / column_blocks;
+    long by_rows = (N + COLSUM_MIN_ROWS - 1) / COLSUM_MIN_ROWS;
+    long by_scratch = COLSUM_SCRATCH_FLOATS / ((long)sums * C);
+    if (chunks > by_rows) chunks = by_rows;
+    if (chunks > by_scratch) chunks = by_scratch;
+    if (chunks < 1) chunks = 1;
+    return (int)((N + chunks - 1) / chunks);
+}
+
+static dim3 column_grid(int N, int C, int rows_per_chunk) {
+    return dim3((unsigned)((C + WARP - 1) / WARP), (unsigned)((N + rows_per_chunk - 1) / rows_per_chunk));
+}
+
+/* out[c] += sum over chunks k, in order, of partials[k * C + c] */
+__global__ void add_chunk_sums_kernel(float *out, const float *partials, int chunks, int C) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < chunks; k++) s += partials[(long)k * C + c];
+        out[c] += s;
+    }
+}
+
+static void add_chunk_sums(float *out, const float *partials, int chunks, int C, const char *name) {
+    add_chunk_sums_kernel<<<(unsigned)((C + THREADS - 1) / THREADS), THREADS, 0, stream()>>>(out, partials,
+                                                                                         chunks, C);
+    LAUNCH_CHECK(name);
+}
+
+/* The sum of the 32 thread rows of a block's column, in row order (thread row 0
+ * returns it; the others return garbage). */
+__device__ float column_block_sum(float s, float (*shared)[WARP + 1]) {
+    shared[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0)
+        for (int y = 1; y < (int)blockDim.y; y++) s += shared[y][threadIdx.x];
+    return s;
+}
+
+/* dw[c] += sum_n dout[n,c] xhat[n,c], db[c] += sum_n dout[n,c], over this block's
+ * chunk of rows; with several chunks, into partials[chunk][c] and
+ * partials[chunks + chunk][c] instead. */
+__global__ void layernorm_backward_params_kernel(float *dw, float *db, float *partials, const float *dout,
                                                  const float *inp, const float *mean,
-                                                 const float *rstd, int N, int C) {
+                                                 const float *rstd, int N, int C, int rows_per_chunk) {
     __shared__ float sdw[WARP][WARP + 1], sdb[WARP][WARP + 1];
     int c = blockIdx.x * WARP + threadIdx.x;
+    int lo = blockIdx.y * rows_per_chunk, hi = min(N, lo + rows_per_chunk);
     float sw = 0.0f, sb = 0.0f;
     if (c < C) {
-        for (int n = threadIdx.y; n < N; n += blockDim.y) {
+        for (int n = lo + threadIdx.y; n < hi; n += blockDim.y) {
             float dy = dout[(long)n * C + c];
             sw += dy * (inp[(long)n * C + c] - mean[n]) * rstd[n];
             sb += dy;
         }
     }
-    sdw[threadIdx.y][threadIdx.x] = sw;
-    sdb[threadIdx.y][threadIdx.x] = sb;
-    __syncthreads();
+    sw = column_block_sum(sw, sdw);
+    sb = column_block_sum(sb, sdb);
     if (threadIdx.y == 0 && c < C) {
-        for (int y = 1; y < (int)blockDim.y; y++) {
-            sw += sdw[y][threadIdx.x];
-            sb += sdb[y][threadIdx.x];
+        if (gridDim.y == 1) {
+            dw[c] += sw;
+            db[c] += sb;
+        } else {
+            partials[(long)blockIdx.y * C + c] = sw;
+            partials[(long)(gridDim.y + blockIdx.y) * C + c] = sb;
         }
-        dw[c] += sw;
-        db[c] += sb;
     }
 }
 
@@ -275,9 +409,15 @@ static void cuda_layernorm_backward(float *dinp, float *dw, float *db, const flo
     layernorm_backward_inp_kernel<<<warp_row_blocks(N), THREADS, 0, stream()>>>(
         dinp, dout, inp, w, mean, rstd, N, C);
     LAUNCH_CHECK("layernorm_backward_inp");
-    layernorm_backward_params_kernel<<<(C + WARP - 1) / WARP, dim3(WARP, WARP), 0, stream()>>>(
-        dw, db, dout, inp, mean, rstd, N, C);
+    int rows = column_chunk_rows(N, C, 2);
+    dim3 grid = column_grid(N, C, rows);
+    layernorm_backward_params_kernel<<<grid, dim3(WARP, WARP), 0, stream()>>>(
+        dw, db, colsum_partials, dout, inp, mean, rstd, N, C, rows);
     LAUNCH_CHECK("layernorm_backward_params");
+    if (grid.y > 1) {
+        add_chunk_sums(dw, colsum_partials, (int)grid.y, C, "layernorm_backward_dw_chunks");
+        add_chunk_sums(db, colsum_partials + (long)grid.y * C, (int)grid.y, C, "layernorm_backward_db_chunks");
+    }
 }
 
 /* ---- matmul ----------------------------------------------------------------- */
@@ -290,19 +430,20 @@ __global__ void add_bias_kernel(float *out, const float *bias, int OC, long NOC)
         out[i] += bias[i % OC];
 }
 
-/* dbias[OC] += column sums of dout[N,OC]; the 32 x 32 block layout of
- * layernorm_backward_params_kernel, for the same reasons. */
-__global__ void bias_backward_kernel(float *dbias, const float *dout, int N, int OC) {
-    __shared__ float partial[WARP][WARP + 1];
+/* dbias[OC] += column sums of dout[N,OC] over this block's chunk of rows (or
+ * into partials[chunk][oc] with several chunks): the column sums above. */
+__global__ void bias_backward_kernel(float *dbias, float *partials, const float *dout, int N, int OC,
+                                     int rows_per_chunk) {
+    __shared__ float shared[WARP][WARP + 1];
     int oc = blockIdx.x * WARP + threadIdx.x;
+    int lo = blockIdx.y * rows_per_chunk, hi = min(N, lo + rows_per_chunk);
     float s = 0.0f;
     if (oc < OC)
-        for (int n = threadIdx.y; n < N; n += blockDim.y) s += dout[(long)n * OC + oc];
-    partial[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
+        for (int n = lo + threadIdx.y; n < hi; n += blockDim.y) s += dout[(long)n * OC + oc];
+    s = column_block_sum(s, shared);
     if (threadIdx.y == 0 && oc < OC) {
-        for (int y = 1; y < (int)blockDim.y; y++) s += partial[y][threadIdx.x];
-        dbias[oc] += s;
+        if (gridDim.y == 1) dbias[oc] += s;
+        else partials[(long)blockIdx.y * OC + oc] = s;
     }
 }
 
@@ -336,9 +477,12 @@ static void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const flo
         CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout,
                                  OC, &one, dw, IC));
     if (dbias) {
-        bias_backward_kernel<<<(OC + WARP - 1) / WARP, dim3(WARP, WARP), 0, stream()>>>(dbias,
-                                                                                      dout, N, OC);
+        int rows = column_chunk_rows(N, OC, 1);
+        dim3 grid = column_grid(N, OC, rows);
+        bias_backward_kernel<<<grid, dim3(WARP, WARP), 0, stream()>>>(dbias, colsum_partials, dout, N, OC,
+                                                                      rows);
         LAUNCH_CHECK("bias_backward");
+        if (grid.y > 1) add_chunk_sums(dbias, colsum_partials, (int)grid.y, OC, "bias_backward_chunks");
     }
 }
 
@@ -597,10 +741,15 @@ static void cuda_crossentropy_backward(float *dlogits, const float *probs, const
 /* ---- sum of squares --------------------------------------------------------- */
 
 /* A fixed grid of at most SUMSQ_BLOCKS blocks, each reducing its grid-stride
- * share into one double partial; the host adds the partials in order. The
+ * share into one double partial; then one warp adds the partials, lane l those
+ * at l, l+32, ... in order, and the lanes meet in a fixed shuffle tree. The
  * grid depends only on N, so the result is the same bit for bit on every run
- * (an atomic add of the partials would not be). */
+ * (an atomic add of the partials would not be). Both kernels run on the
+ * compute stream, so consecutive calls take turns with the one partials
+ * buffer, and nothing waits for the GPU: the caller copies the sums once. */
 static constexpr int SUMSQ_BLOCKS = 1024;
+static double *sumsq_partials; /* SUMSQ_BLOCKS doubles: kernels_cuda_init */
+static double *sumsq_result;   /* one double, for sum_squares' answer */
 
 __global__ void sum_squares_kernel(double *partials, const float *x, long N) {
     __shared__ double shared[THREADS];
@@ -617,23 +766,33 @@ __global__ void sum_squares_kernel(double *partials, const float *x, long N) {
     if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
 }
 
-static double cuda_sum_squares(const float *x, long N) {
-    static double *partials; /* device scratch, made on first use, kept */
-    static double host[SUMSQ_BLOCKS];
-    if (N <= 0) return 0.0;
-    if (!partials) {
-        partials = (double *)mem_alloc(SUMSQ_BLOCKS * sizeof(double), MEM_WORKSPACE);
-    }
+/* One warp: acc[0] += the sum of partials[0..n). */
+__global__ void add_partials_kernel(double *acc, const double *partials, int n) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += WARP) s += partials[i];
+    for (int o = WARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) acc[0] += s;
+}
+
+static void cuda_sum_squares_add(double *acc, const float *x, long N) {
+    if (N <= 0) return;
     long want = (N + THREADS - 1) / THREADS;
     int blocks = (int)(want < SUMSQ_BLOCKS ? want : SUMSQ_BLOCKS);
-    sum_squares_kernel<<<blocks, THREADS, 0, stream()>>>(partials, x, N);
+    sum_squares_kernel<<<blocks, THREADS, 0, stream()>>>(sumsq_partials, x, N);
     LAUNCH_CHECK("sum_squares");
-    CUDA_CHECK(cudaMemcpyAsync(host, partials, blocks * sizeof(double), cudaMemcpyDeviceToHost,
-                               stream()));
+    add_partials_kernel<<<1, WARP, 0, stream()>>>(acc, sumsq_partials, blocks);
+    LAUNCH_CHECK("sum_squares_add");
+}
+
+/* The same sum, returned to the host: one copy, which waits for the stream. */
+static double cuda_sum_squares(const float *x, long N) {
+    if (N <= 0) return 0.0;
+    CUDA_CHECK(cudaMemsetAsync(sumsq_result, 0, sizeof(double), stream()));
+    cuda_sum_squares_add(sumsq_result, x, N);
+    double host;
+    CUDA_CHECK(cudaMemcpyAsync(&host, sumsq_result, sizeof(double), cudaMemcpyDeviceToHost, stream()));
     CUDA_CHECK(cudaStreamSynchronize(stream()));
-    double total = 0.0;
-    for (int b = 0; b < blocks; b++) total += host[b];
-    return total;
+    return host;
 }
 
 /* ---- AdamW ------------------------------------------------------------------ */
@@ -687,4 +846,15 @@ extern "C" const kernels kernels_cuda = {
     .crossentropy_backward = cuda_crossentropy_backward,
     .sum_squares = cuda_sum_squares,
     .adamw = cuda_adamw,
+    .sum_squares_add = cuda_sum_squares_add,
 };
+
+/* ---- fixed scratch ------------------------------------------------------------ */
+
+extern "C" void kernels_cuda_init(void) {
+    if (sumsq_partials) return; /* once per process: one GPU per rank */
+    sumsq_partials = (double *)mem_alloc(SUMSQ_BLOCKS * sizeof(double), MEM_WORKSPACE);
+    sumsq_result = (double *)mem_alloc(sizeof(double), MEM_WORKSPACE);
+    colsum_partials = (float *)mem_alloc(COLSUM_SCRATCH_FLOATS * sizeof(float), MEM_WORKSPACE);
+    token_sort_reserve(TOKEN_SORT_POSITIONS);
+}

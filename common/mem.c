@@ -4,8 +4,15 @@
 #include <string.h>
 #ifdef PL_HAVE_CUDA
 #include <cuda_runtime.h>
+/* A fault inside a kernel surfaces at the next copy, far from its cause:
+ * PL_CUDA_SYNC=1 makes the kernel report it under its own name. */
+static const char *fault_hint(cudaError_t e) {
+    return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure || e == cudaErrorMisalignedAddress ||
+           e == cudaErrorIllegalInstruction || e == cudaErrorAssert
+               ? " (a kernel's fault: PL_CUDA_SYNC=1 names the kernel)" : "";
+}
 #define CUDA_OK(call) do { cudaError_t e_ = (call); \
-    if (e_ != cudaSuccess) die("%s: %s", #call, cudaGetErrorString(e_)); } while (0)
+    if (e_ != cudaSuccess) die("%s: %s%s", #call, cudaGetErrorString(e_), fault_hint(e_)); } while (0)
 #endif
 
 const char *const mem_category_names[MEM_NCAT] = {

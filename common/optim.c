@@ -1,5 +1,6 @@
 #include "optim.h"
 #include "kernels.h"
+#include "mem.h"
 #include <math.h>
 
 typedef struct {
@@ -32,4 +33,24 @@ float clip_scale(double sum_squares, float max_norm) {
     double norm = sqrt(sum_squares);
     if (max_norm <= 0 || norm <= max_norm) return 1.0f;
     return (float)(max_norm / (norm + 1e-6));
+}
+
+void grad_norm_init(grad_norm *n, int parts) {
+    n->parts = parts;
+    n->sums = mem_alloc((size_t)parts * sizeof(double), MEM_WORKSPACE);
+}
+
+void grad_norm_free(grad_norm *n) {
+    mem_free(n->sums);
+    n->sums = NULL;
+}
+
+void grad_norm_begin(grad_norm *n) { mem_zero(n->sums, (size_t)n->parts * sizeof(double)); }
+
+void grad_norm_add(grad_norm *n, int part, const float *x, long count) {
+    K->sum_squares_add(n->sums + part, x, count);
+}
+
+void grad_norm_read(const grad_norm *n, double *host) {
+    mem_to_host(host, n->sums, (size_t)n->parts * sizeof(double));
 }

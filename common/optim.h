@@ -20,4 +20,21 @@ void adamw_step(const gpt_layout *g, const adamw_config *cfg, long begin, long e
  * (1 when it is already within, or when max_norm <= 0: no clipping). */
 float clip_scale(double sum_squares, float max_norm);
 
+/* The squared norm of a gradient held in pieces, summed where the gradient
+ * lives: every piece's squares go into one of `parts` device doubles
+ * (K->sum_squares_add: no copy, no waiting) and the sums reach the host in one
+ * copy per step. On a GPU a copy per tensor, each waiting for the GPU to drain
+ * (98 a step in lab05), would cost more than the sums. On the CPU the result
+ * is bit for bit that of adding the pieces' sums in order into a double. */
+typedef struct grad_norm {
+    double *sums; /* parts doubles on the device, workspace */
+    int parts;
+} grad_norm;
+
+void grad_norm_init(grad_norm *n, int parts); /* at set-up, not during a step */
+void grad_norm_free(grad_norm *n);
+void grad_norm_begin(grad_norm *n);           /* sums := 0 */
+void grad_norm_add(grad_norm *n, int part, const float *x, long count);
+void grad_norm_read(const grad_norm *n, double *host); /* parts doubles; waits for the device */
+
 #endif

@@ -151,9 +151,12 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     for (int m = 0; m < MEM_NCAT; m++) printf(" %s %sB |", mem_category_names[m], human(peak_max[m], a));
     printf(" total %sB\n", human(peak_max[MEM_NCAT], a));
     size_t drv_free, drv_total;
-    if (mem_driver_info(&drv_free, &drv_total))
-        printf("                  driver (rank 0): %sB used of %sB\n", human((double)(drv_total - drv_free), a),
+    if (mem_driver_info(&drv_free, &drv_total)) { /* the whole GPU's figure, whoever else uses it */
+        char whose[48] = "rank 0's GPU";
+        if (ctx->gpu_sharers > 1) snprintf(whose, sizeof whose, "whole GPU of rank 0, shared by %d ranks", ctx->gpu_sharers);
+        printf("                  driver (%s): %sB used of %sB\n", whose, human((double)(drv_total - drv_free), a),
                human((double)drv_total, b));
+    }
     printf("  communication   per rank per step (max over ranks):\n");
     int any = 0;
     for (int k = 0; k < COLL_NKINDS; k++) {
@@ -196,6 +199,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     jsonval_set(config, "clip", jsonval_number(o->clip));
     jsonval_set(config, "seed", json_integer(o->seed));
     jsonval_set(config, "data", jsonval_text(o->data ? o->data : "built-in"));
+    jsonval_set(config, "preset", jsonval_text(o->preset));
     jsonval_set(rec, "config", config);
     jsonval_set(rec, "params", json_integer(r->params));
     jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */

@@ -26,6 +26,9 @@ static flag_spec shared_flags[] = {
     {"--layers", FLAG_INT, NULL, "transformer layers L", 1, NULL},
     {"--d-model", FLAG_INT, NULL, "model width C", 1, NULL},
     {"--heads", FLAG_INT, NULL, "attention heads (must divide --d-model)", 1, NULL},
+    {"--preset", FLAG_STRING, NULL, "model shape by name: tiny = the defaults shown here; gpt2-small = "
+     "12 layers, d-model 768, 12 heads, seq 1024 (GPT-2 small, byte vocabulary), batch 8. --batch, --seq, "
+     "--layers, --d-model, --heads given as well override the preset's value", 0, "tiny|gpt2-small"},
     {"--lr", FLAG_FLOAT, NULL, "AdamW learning rate", 0, NULL},
     {"--weight-decay", FLAG_FLOAT, NULL, "AdamW weight decay on matrices", 0, NULL},
     {"--clip", FLAG_FLOAT, NULL, "clip the global gradient norm to this (0: off)", 0, NULL},
@@ -42,7 +45,7 @@ static flag_spec shared_flags[] = {
 #define N_SHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
 
 static void bind_shared(run_options *o) {
-    void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads,
+    void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads, &o->preset,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
                               &o->resume, &o->eval};
@@ -93,6 +96,25 @@ static void print_help(const lab_info *lab) {
         print_flags(title, lab->flags, lab->n_flags);
     }
     printf("  %-24s %s\n", "--help", "print this and exit");
+}
+
+/* --preset: a named shape (and the batch that goes with it). The first is the
+ * default; flags given as well override their member, in any order. */
+typedef struct {
+    const char *name;
+    int batch, seq, layers, d_model, heads;
+} model_preset;
+static const model_preset presets[] = {
+    {"tiny", 32, 64, 8, 128, 4},
+    /* batch 8: every lab's default layout divides it (lab04's 8 micro-batches,
+     * up to 8 data-parallel ranks), and one CPU run fits in ~12 GB (1.5 GB a sequence) */
+    {"gpt2-small", 8, 1024, 12, 768, 12},
+};
+
+static const model_preset *find_preset(const char *name) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(presets[i].name, name)) return &presets[i];
+    return &presets[0]; /* not reached: --preset's choices are the names above */
 }
 
 static int in_choices(const char *choices, const char *v) {
@@ -175,8 +197,10 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     MPI_Comm_rank(MPI_COMM_WORLD, &ctx->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &ctx->size);
     run_options *o = &ctx->opt;
-    *o = (run_options){.steps = 50, .batch = 32, .seq = 64, .layers = 8, .d_model = 128,
-                       .heads = 4, .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
+    const model_preset *tiny = &presets[0];
+    *o = (run_options){.steps = 50, .batch = tiny->batch, .seq = tiny->seq, .layers = tiny->layers,
+                       .d_model = tiny->d_model, .heads = tiny->heads, .preset = tiny->name,
+                       .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
                        .data = NULL, .device = "auto", .comm = "auto", .out = "runs"};
     bind_shared(o);
 
@@ -187,6 +211,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
             exit(0);
         }
     }
+    /* 0 = not given (each of these flags is at least 1): the preset fills it in below */
+    o->batch = o->seq = o->layers = o->d_model = o->heads = 0;
     for (int i = 1; i < argc && !ctx->error[0]; i++) {
         const char *arg = argv[i], *eq = strchr(arg, '=');
         if (strncmp(arg, "--", 2) != 0) {
@@ -211,6 +237,12 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
         }
         parse_value(ctx, f, v);
     }
+    const model_preset *preset = find_preset(o->preset);
+    if (!o->batch) o->batch = preset->batch;
+    if (!o->seq) o->seq = preset->seq;
+    if (!o->layers) o->layers = preset->layers;
+    if (!o->d_model) o->d_model = preset->d_model;
+    if (!o->heads) o->heads = preset->heads;
     run_check(ctx, o->d_model % o->heads == 0, "--heads %d does not divide --d-model %d", o->heads, o->d_model);
     run_check(ctx, !(o->data && !o->data[0]), "--data needs a file name");
     run_check(ctx, !(o->save && !o->save[0]), "--save needs a file name");
@@ -276,6 +308,24 @@ static void check_outputs(const run_ctx *ctx, char *err, size_t len) {
         }
 }
 
+/* How many ranks of this host use the same GPU as this rank (1: its own; 0: no
+ * GPU), judged by the GPUs' UUIDs, not by how many GPUs a rank sees: ranks
+ * given one GPU each through CUDA_VISIBLE_DEVICES all see one "GPU 0", and
+ * yet each has its own. Collective over `local`, the ranks of this host. */
+static int ranks_sharing_my_gpu(MPI_Comm local, int gpu_index) {
+    struct { unsigned char has, uuid[16]; } mine = {0}, *all;
+    if (gpu_index >= 0 && device_gpu_uuid(gpu_index, mine.uuid) == 0) mine.has = 1;
+    int n;
+    MPI_Comm_size(local, &n);
+    all = malloc((size_t)n * sizeof *all);
+    if (!all) die("out of host memory");
+    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, local);
+    int sharing = 0;
+    for (int q = 0; q < n && mine.has; q++) sharing += all[q].has && !memcmp(all[q].uuid, mine.uuid, 16);
+    free(all);
+    return sharing;
+}
+
 void run_setup(run_ctx *ctx) {
     run_options *o = &ctx->opt;
     /* Flag errors come from the same arguments on every rank, so every rank
@@ -289,15 +339,16 @@ void run_setup(run_ctx *ctx) {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &local);
     MPI_Comm_rank(local, &ctx->local_rank);
     MPI_Comm_size(local, &ctx->local_size);
-    MPI_Comm_free(&local);
 
     /* One OpenBLAS thread per rank: ranks are the parallelism on the CPU. */
     if (!getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
 
     char err[sizeof ctx->error] = "";
     int gpus = device_gpu_count();
+    ctx->gpu_sharers = ranks_sharing_my_gpu(local, gpus > 0 ? ctx->local_rank % gpus : -1);
+    MPI_Comm_free(&local);
     int every_rank_has_gpu = min_over_ranks(gpus > 0);
-    int every_rank_own_gpu = min_over_ranks(gpus >= ctx->local_size);
+    int every_rank_own_gpu = min_over_ranks(ctx->gpu_sharers == 1);
     if (!strcmp(o->device, "cuda") && gpus == 0) {
 #ifdef PL_HAVE_CUDA
         snprintf(err, sizeof err, "--device cuda: no usable GPU on this host (no driver or no device)");
@@ -310,9 +361,9 @@ void run_setup(run_ctx *ctx) {
     if (!err[0] && !strcmp(o->comm, "nccl")) {
         if (ctx->device != DEVICE_CUDA)
             snprintf(err, sizeof err, "--comm nccl needs --device cuda (the run is on the CPU)");
-        else if (gpus < ctx->local_size)
-            snprintf(err, sizeof err, "--comm nccl needs one GPU per rank: %d ranks share %d GPU(s) on this host "
-                     "(NCCL refuses two ranks on one GPU; use --comm mpi)", ctx->local_size, gpus);
+        else if (ctx->gpu_sharers != 1)
+            snprintf(err, sizeof err, "--comm nccl needs one GPU per rank: %d ranks on this host share one GPU "
+                     "(NCCL refuses two ranks on one GPU; use --comm mpi)", ctx->gpu_sharers);
     }
     ctx->backend = !strcmp(o->comm, "nccl") || (!strcmp(o->comm, "auto") && ctx->device == DEVICE_CUDA
                                                 && every_rank_own_gpu) ? COMM_NCCL : COMM_MPI;
@@ -350,8 +401,8 @@ void run_setup(run_ctx *ctx) {
                ctx->size == 1 ? "" : "s", ctx->device == DEVICE_CUDA ? "cuda" : "cpu",
                ctx->backend == COMM_NCCL ? "nccl" : "mpi",
                ctx->device == DEVICE_CUDA && ctx->backend == COMM_MPI ? " (staged through host memory)" : "");
-        printf("model: %d layers, d_model %d, %d heads, seq %d, vocab 256 | %s parameters\n",
-               o->layers, o->d_model, o->heads, o->seq, human((double)g.total, p));
+        printf("model: %s: %d layers, d_model %d, %d heads, seq %d, vocab 256 | %s parameters\n",
+               o->preset, o->layers, o->d_model, o->heads, o->seq, human((double)g.total, p));
         printf("data: %s (%ld bytes) | batch %d x %d = %ld tokens per step | %d steps, lr %g\n",
                ctx->data.source, ctx->data.n, o->batch, o->seq, ctx->tokens_per_step, o->steps, o->lr);
         fflush(stdout);

@@ -36,6 +36,7 @@ typedef struct run_options {
     int steps, batch, seq, layers, d_model, heads, seed;
     double lr, weight_decay, clip;
     const char *data, *device, *comm, *out;
+    const char *preset;        /* --preset: the shape's name ("tiny", "gpt2-small") */
     const char *save, *resume; /* checkpoint files (checkpoint.h), NULL: none */
     int save_every, eval;
 } run_options;
@@ -52,6 +53,7 @@ typedef struct run_ctx {
     run_options opt;
     int rank, size;               /* in MPI_COMM_WORLD */
     int local_rank, local_size;   /* among the ranks on this host */
+    int gpu_sharers;              /* ranks of this host on this rank's GPU (1: its own; 0: no GPU) */
     char error[8400];             /* the first error found, "" if none (room for two PATH_MAX paths) */
     device_kind device;
     comm_backend backend;

@@ -26,4 +26,9 @@ void dp_grads_ready(void *sync, long begin, long end);
 /* After the backward: reduce what is left and wait until every bucket is done. */
 void dp_sync_finish(dp_grad_sync *s);
 
+/* --check-sync: 1 if every rank of dp holds bit-identical params[0, n) (device
+ * memory; a hash of each rank's bytes, compared). With `print`, rank 0 of dp
+ * prints the hash, or every rank's on a mismatch. Collective over dp. */
+int dp_replicas_identical(comm *dp, const float *params, long n, int print);
+
 #endif

@@ -27,34 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* FNV-1a over the weights' bytes: equal hashes on all ranks <=> identical replicas. */
-static uint64_t weights_hash(const float *params, long n) {
-    unsigned char *host = malloc((size_t)n * sizeof(float));
-    if (!host) die("out of host memory");
-    mem_to_host(host, params, (size_t)n * sizeof(float));
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < (size_t)n * sizeof(float); i++) h = (h ^ host[i]) * 1099511628211ULL;
-    free(host);
-    return h;
-}
-
-/* Returns 1 if every rank holds bit-identical weights. Collective. */
-static int check_replicas_identical(comm *world, const float *params, long n) {
-    uint64_t mine = weights_hash(params, n), *all = malloc(sizeof(uint64_t) * (size_t)world->size);
-    MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world->mpi);
-    int same = 1;
-    for (int r = 1; r < world->size; r++) same &= all[r] == all[0];
-    if (world->rank == 0) {
-        if (same) printf("check-sync: weights bit-identical on all %d ranks (hash %016llx)\n",
-                         world->size, (unsigned long long)all[0]);
-        else
-            for (int r = 0; r < world->size; r++)
-                printf("check-sync: MISMATCH rank %d hash %016llx\n", r, (unsigned long long)all[r]);
-    }
-    free(all);
-    return same;
-}
-
 static void write_weights(const char *path, const float *params, long n) {
     float *host = malloc((size_t)n * sizeof(float));
     if (!host) die("out of host memory");
@@ -163,7 +135,7 @@ int main(int argc, char **argv) {
         ckpt_print_eval(&ctx, eval_loss);
     }
 
-    int in_sync = check_sync ? check_replicas_identical(&world, params, P) : 1;
+    int in_sync = check_sync ? dp_replicas_identical(&world, params, P, 1) : 1;
     if (dump_weights && world.rank == 0) write_weights(dump_weights, params, P);
     char layout[32], extra[64];
     snprintf(layout, sizeof layout, "dp=%d", world.size);

@@ -68,6 +68,7 @@ void zero_init(zero_state *z, const gpt_layout *g, comm *dp, int stage, double b
     if (stage >= 2) z->grad_shard = mem_alloc(shard, MEM_GRADS);
     z->adam_m = mem_alloc(shard, MEM_OPTIM);
     z->adam_v = mem_alloc(shard, MEM_OPTIM);
+    grad_norm_init(&z->norm, 1);
 
     /* Initial values are a pure function of (seed, tensor, index), so a rank
      * creates exactly the elements it stores, and every stage and rank count
@@ -103,6 +104,7 @@ void zero_free(zero_state *z) {
     mem_free(z->adam_m);
     mem_free(z->adam_v);
     shard_plan_free(&z->plan);
+    grad_norm_free(&z->norm);
 }
 
 /* ---- forward and backward ------------------------------------------------------- */
@@ -159,13 +161,16 @@ void zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float ma
     /* The clipping factor needs the norm of the WHOLE gradient: every rank
      * sums the squares of the chunks it owns (never the padding), and the ranks
      * add their sums. Clipping by a shard's own norm would scale each chunk
-     * differently and leave lab01's curve. */
-    double sum_squares = 0;
+     * differently and leave lab01's curve. The chunks' squares are summed on
+     * the device, one copy for all of them. */
+    grad_norm_begin(&z->norm);
     for (int i = 0; i < p->n_units; i++) {
         long begin, end;
         shard_owned_range(p, &p->units[i], &begin, &end);
-        if (end > begin) sum_squares += K->sum_squares(unit_grad_shard(z, &p->units[i]), end - begin);
+        if (end > begin) grad_norm_add(&z->norm, 0, unit_grad_shard(z, &p->units[i]), end - begin);
     }
+    double sum_squares;
+    grad_norm_read(&z->norm, &sum_squares);
     comm_allreduce_host(z->dp, &sum_squares, 1);
     float scale = clip_scale(sum_squares, max_norm);
     for (int i = 0; i < p->n_units; i++) {

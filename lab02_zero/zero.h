@@ -41,6 +41,7 @@ typedef struct zero_state {
     float *grad_shard;    /* stages 2-3 only (stage 1: inside grads) */
     float *adam_m, *adam_v; /* shards, every stage */
     int gathered_unit;    /* stage 3: the unit whose parameters `params` holds, -1 none */
+    grad_norm norm;       /* the owned chunks' squared norm, summed on the device */
 } zero_state;
 
 /* Allocates every buffer of the stage and initialises the parameters: the full

@@ -122,6 +122,8 @@ int main(int argc, char **argv) {
     tp_acts_alloc(&acts, &tl, 0, L, B); /* the whole batch: TP does not split it */
     gpt_grad_scratch scratch;
     tp_scratch_alloc(&scratch, &tl, B);
+    grad_norm norm; /* tp_grad_squares' two sums, on the device */
+    grad_norm_init(&norm, 2);
     int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
 
     /* The figures the lesson predicts (bytes are 4 per float), by theory/'s
@@ -166,7 +168,7 @@ int main(int argc, char **argv) {
          * serial model's norm, so clipping matches lab01 -n 1. */
         int ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
         double sharded_sq, replicated_sq;
-        tp_grad_squares(&tl, 0, L, grads, &sharded_sq, &replicated_sq);
+        tp_grad_squares(&tl, &norm, 0, L, grads, &sharded_sq, &replicated_sq);
         comm_allreduce_host(&tp, &sharded_sq, 1);
         float scale = clip_scale(sharded_sq + replicated_sq, (float)ctx.opt.clip);
         tp_adamw_step(&tl, &ctx.adamw, 0, L, params, grads, adam_m, adam_v, step + 1, scale);
@@ -224,6 +226,7 @@ int main(int argc, char **argv) {
     free(targets);
     gpt_scratch_free(&scratch);
     gpt_acts_free(&acts);
+    grad_norm_free(&norm);
     mem_free(params);
     mem_free(grads);
     mem_free(adam_m);

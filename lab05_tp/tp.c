@@ -329,24 +329,25 @@ float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *gr
 
 /* ---- optimizer and clipping --------------------------------------------------------- */
 
-void tp_grad_squares(const tp_layout *tl, int lo, int hi, const float *grads,
+void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const float *grads,
                      double *sharded, double *replicated) {
     const gpt_layout *g = &tl->g;
     long begin, end;
     tp_range(tl, lo, hi, &begin, &end);
-    double sh = 0, rep = 0;
-    if (lo == 0) rep += K->sum_squares(grads, g->embed_size);
+    enum { SHARDED, REPLICATED }; /* the parts of norm: two sums, one copy */
+    grad_norm_begin(norm);
+    if (lo == 0) grad_norm_add(norm, REPLICATED, grads, g->embed_size);
     for (int l = lo; l < hi; l++) {
         const float *gp = grads + tp_layer_offset(tl, l) - begin;
-        for (int i = 0; i < LAYER_NTENSORS; i++) {
-            double s = K->sum_squares(gp + tl->layer[i].offset, tl->layer[i].rows * tl->layer[i].cols);
-            if (tl->sharded[i]) sh += s;
-            else rep += s;
-        }
+        for (int i = 0; i < LAYER_NTENSORS; i++)
+            grad_norm_add(norm, tl->sharded[i] ? SHARDED : REPLICATED, gp + tl->layer[i].offset,
+                          tl->layer[i].rows * tl->layer[i].cols);
     }
-    if (hi == g->cfg.layers) rep += K->sum_squares(grads + tp_head_offset(tl) - begin, g->head_size);
-    *sharded = sh;
-    *replicated = rep;
+    if (hi == g->cfg.layers) grad_norm_add(norm, REPLICATED, grads + tp_head_offset(tl) - begin, g->head_size);
+    double sums[2];
+    grad_norm_read(norm, sums);
+    *sharded = sums[SHARDED];
+    *replicated = sums[REPLICATED];
 }
 
 void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, float *params,

@@ -150,8 +150,9 @@ float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *gr
 /* Squares of the range's gradients, split in two: the sharded matrices' (sum
  * them over the TP group: each rank holds different elements) and the
  * replicated tensors' (identical on every rank: count them ONCE, do not sum
- * over the group). The global norm^2 is  sum_over_group(sharded) + replicated. */
-void tp_grad_squares(const tp_layout *tl, int lo, int hi, const float *grads,
+ * over the group). The global norm^2 is  sum_over_group(sharded) + replicated.
+ * Summed on the device in norm's first two parts, then one copy to the host. */
+void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const float *grads,
                      double *sharded, double *replicated);
 /* AdamW over the range, weight decay on matrices only (as adamw_step), each
  * tensor in its shard shape. Buffers as in tp_forward. */

@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
     int ranks;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     const grid_dims defaults = grid_defaults(ranks); /* what --help shows for this rank count */
-    int tp = defaults.tp, pp = defaults.pp, dp = defaults.dp, micro_batches = 4;
+    int tp = defaults.tp, pp = defaults.pp, dp = defaults.dp, micro_batches = 4, check_sync = 0;
     const char *schedule = "1f1b";
     flag_spec flags[] = {
         {"--tp", FLAG_INT, &tp, "tensor-parallel degree t, ranks per TP group (omitted: 2 if the ranks allow)", 1, NULL},
@@ -69,9 +69,11 @@ int main(int argc, char **argv) {
          "micro-batches per replica and step (must divide --batch / --dp)", 1, NULL},
         {"--schedule", FLAG_STRING, &schedule,
          "gpipe: all forwards, then all backwards; 1f1b: one forward, one backward", 0, "1f1b|gpipe"},
+        {"--check-sync", FLAG_BOOL, &check_sync,
+         "verify at the end that the data-parallel replicas hold bit-identical weights (exit 1 if not)", 0, NULL},
     };
     lab_info lab = {"lab06_3d", "3D parallelism: tensor-parallel layers (lab05) in pipeline stages (lab04), "
-                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 5};
+                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 6};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     const grid_dims dims = grid_choose(&ctx, argc, argv, tp, pp, dp);
@@ -127,7 +129,7 @@ int main(int argc, char **argv) {
         stage_step_begin(&st, step);
         schedule_run(&st, kind, m);           /* lab04: the pipeline, TP layers inside */
         if (d > 1) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
-        double loss = stage3d_optimizer_step(&st, &tl, &grid, &ctx.adamw, ctx.opt.clip);
+        double loss = stage3d_optimizer_step(&st, &s3, &grid, &ctx.adamw, ctx.opt.clip);
         char bubble[64];
         run_step_end(&ctx, i, loss, stage_bubble_text(&st, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
@@ -138,14 +140,25 @@ int main(int argc, char **argv) {
         ckpt_print_eval(&ctx, eval_loss);
     }
 
+    /* lab01's check over each DP group (the replicas of one (tp, pp) position), all groups agreeing */
+    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, st.params, st.end - st.begin, 0) : 1;
+    if (check_sync) {
+        MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (ctx.rank == 0)
+            printf("check-sync: the %d data-parallel replicas of every (tp, pp) position %s\n", d,
+                   in_sync ? "hold bit-identical weights" : "DIFFER");
+    }
+
     report3d rep;
     report3d_gather(&rep, &grid, &st, &ctx, schedule_acts_in_flight(kind, p, grid.me.pp, m),
                     schedule_acts_formula(kind));
-    size_t json_len = strlen(grid_json) + (rep.json ? strlen(rep.json) : 0) + 128;
+    size_t json_len = strlen(grid_json) + (rep.json ? strlen(rep.json) : 0) + 192;
     char *extra_json = malloc(json_len);
     if (!extra_json) die("out of host memory");
-    snprintf(extra_json, json_len, "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\",%s%s%s",
-             t, p, d, m, schedule_name(kind), grid_json, rep.json ? "," : "", rep.json ? rep.json : "");
+    snprintf(extra_json, json_len,
+             "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\",\"replicas_identical\":%s,%s%s%s",
+             t, p, d, m, schedule_name(kind), check_sync ? (in_sync ? "true" : "false") : "null", grid_json,
+             rep.json ? "," : "", rep.json ? rep.json : "");
     char layout[64];
     snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
@@ -163,7 +176,8 @@ int main(int argc, char **argv) {
     free(extra_json);
     free(grid_json);
     stage_free(&st);
+    grad_norm_free(&s3.norm);
     grid_free(&grid);
     MPI_Finalize();
-    return 0;
+    return in_sync ? 0 : 1;
 }

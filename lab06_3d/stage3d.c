@@ -40,12 +40,14 @@ void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp) {
     s->tp = tp;
     s->model = (stage_model){.ctx = s, .range = range, .init_params = init_params, .acts_alloc = acts_alloc,
                              .scratch_alloc = scratch_alloc, .forward = forward, .backward = backward};
+    grad_norm_init(&s->norm, 2);
 }
 
 /* ---- the step's end ------------------------------------------------------------------ */
 
-double stage3d_optimizer_step(pipeline_stage *st, const tp_layout *tl, process_grid *g, const adamw_config *cfg,
+double stage3d_optimizer_step(pipeline_stage *st, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip) {
+    const tp_layout *tl = s->tl;
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* The serial norm counts every element of the model once. A rank holds
@@ -57,7 +59,7 @@ double stage3d_optimizer_step(pipeline_stage *st, const tp_layout *tl, process_g
      * nothing is summed over DP. The loss lives on the last stage (the same on
      * its TP ranks): summed over PP, averaged over the DP replicas. */
     double sharded, replicated;
-    tp_grad_squares(tl, st->lo, st->hi, st->grads, &sharded, &replicated);
+    tp_grad_squares(tl, &s->norm, st->lo, st->hi, st->grads, &sharded, &replicated);
     st->busy_seconds += now_seconds() - t0;
     trace_end(ev);
     double over_pp[3] = {sharded, replicated, st->loss_sum / st->micro_batches};

@@ -3,3 +3,8 @@ foreach(case equivalence determinism buckets)
 endforeach()
 add_lab_test(gpu_lab01_cuda test_lab01.py cuda)
 set_tests_properties(gpu_lab01_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
+# --preset: flags given with it override it; gpt2-small on the CPU, one step of one
+# 1024-token sequence (long: ~60 s, ~200 s under ASan, on 2 cores)
+add_lab_test(lab01_preset test_lab01.py preset)
+add_lab_test(lab01_gpt2_small test_lab01.py gpt2_small)
+set_tests_properties(lab01_gpt2_small PROPERTIES LABELS long)

@@ -30,11 +30,20 @@ def strict_json(text, where):
         fail(f"{where} is not strict JSON: {e}")
 
 
+def on_cpu_unless_named(args):
+    """`args`, with `--device cpu` added unless they name a device: the lab tests'
+    bounds are calibrated on the CPU, so on a machine with a GPU `auto` must not
+    move them there; the GPU tests say `--device cuda` themselves."""
+    if any(a == "--device" or a.startswith("--device=") for a in args):
+        return list(args)
+    return [*args, "--device", "cpu"]
+
+
 def run(lab, n, args, timeout=600, check=True, out=None):
     """Run `mpirun -n n ./lab args --out OUT` (a new temporary folder unless given) and
-    return (record, completed process, OUT)."""
+    return (record, completed process, OUT); on the CPU unless args name a --device."""
     out = out or tempfile.mkdtemp(prefix="pl-test-")
-    cmd = [MPIRUN, "-n", str(n), program(lab), *args, "--out", out]
+    cmd = [MPIRUN, "-n", str(n), program(lab), *on_cpu_unless_named(args), "--out", out]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, env=env)
@@ -108,3 +117,23 @@ def has_gpu(lab):
     """Whether `lab` can run on CUDA here (a GPU and a CUDA build)."""
     rec, p, _ = run(lab, 1, ["--steps", "1", "--layers", "1", "--device", "cuda"], check=False)
     return p.returncode == 0
+
+
+def require_gpu():
+    """PL_REQUIRE_GPU=1 (tests/gpu/device-check.sh sets it): a GPU test that finds
+    no GPU fails instead of being skipped, so a CUDA crash at start-up cannot pass
+    as "no GPU"."""
+    return os.environ.get("PL_REQUIRE_GPU", "") not in ("", "0")
+
+
+def skip_without_gpu(lab):
+    """Exit 77 (CTest: skipped) unless `lab` runs on CUDA here; with
+    PL_REQUIRE_GPU=1 a failed probe is a failure, its output shown."""
+    rec, p, _ = run(lab, 1, ["--steps", "1", "--layers", "1", "--device", "cuda"], check=False)
+    if p.returncode == 0:
+        return
+    if require_gpu():
+        print(p.stdout[-2000:], p.stderr[-2000:], sep="\n")
+        fail(f"PL_REQUIRE_GPU=1: {lab} --device cuda exited with {p.returncode}")
+    print("no GPU: skipped")
+    sys.exit(77)

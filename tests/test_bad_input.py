@@ -66,6 +66,9 @@ SHARED = [
     (2, ["--save", "/dev/null"], "--save"),  # not a regular file: never replaced
     (2, ["--save", FIFO], "--save"),
     (2, ["--save", LONG_NAME], "--save"),
+    (2, ["--preset", "huge"], "--preset"),
+    (2, ["--preset"], "--preset"),
+    (2, ["--preset", "gpt2-small", "--heads", "5"], "--heads"),  # 5 does not divide 768
 ]
 
 PER_LAB = {
@@ -120,6 +123,7 @@ PER_LAB = {
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", "/nonexistent/ck.safetensors"], "--resume"),
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", EMPTY], EMPTY),
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--save", A_FOLDER], "--save"),
+        (2, ["--check-sync=yes"], "--check-sync"),
     ],
 }
 

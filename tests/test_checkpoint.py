@@ -41,7 +41,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import MPIRUN, check, check_rejected, compare_losses, program, run  # noqa: E402
+from labtest import MPIRUN, check, check_rejected, compare_losses, on_cpu_unless_named, program, run  # noqa: E402
 
 # the small model of the lab tests
 MODEL = ["--layers", "4", "--d-model", "64", "--seq", "64", "--batch", "16"]
@@ -401,7 +401,7 @@ class Job:
     def __init__(self, lab, n, args):
         self.out = tempfile.mkdtemp(prefix="pl-kill-")
         self.prog = program(lab)
-        cmd = [MPIRUN, "-n", str(n), self.prog, *args, "--out", self.out]
+        cmd = [MPIRUN, "-n", str(n), self.prog, *on_cpu_unless_named(args), "--out", self.out]
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
         self.lines, self.errors = [], []  # stdout and stderr, apart: mpirun interleaves their chunks

@@ -14,18 +14,22 @@
  * nonzero gradient values; outputs that a kernel overwrites start as garbage on
  * the GPU side, which catches a kernel that adds where it should write.
  *
+ * `test_gpu_kernels --small` leaves out the shapes of a million elements or more
+ * (for compute-sanitizer, which checks every access).
+ *
  * Exit status: 0 all passed, 1 a check failed, 77 no GPU or no CUDA build
- * (CTest reports 77 as skipped). */
+ * (CTest reports 77 as skipped), 1 instead of 77 when PL_REQUIRE_GPU=1 (the
+ * device check sets it: there, finding no GPU is a failure, not a skip). */
 #include "device.h"
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifdef PL_HAVE_CUDA
 #include "kernels.h"
 #include "mem.h"
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define TOL_ELEMENTWISE 1e-5
 #define TOL_SUMS 1e-4
@@ -129,6 +133,20 @@ static void check(const char *what, const float *cpu, const float *dev, long n, 
     check_change(what, cpu, NULL, dev, n, tol);
 }
 
+static float *dev_to_host(const float *dev, long n) {
+    float *h = xmalloc((size_t)n * sizeof *h);
+    if (n > 0) mem_to_host(h, dev, (size_t)n * sizeof *h);
+    return h;
+}
+
+/* A kernel run again from the same start must give the same bits (no atomics,
+ * a split of the work fixed by the shape): `first` is the first run's result. */
+static void check_same_bits(const char *what, const float *first, const float *dev, long n) {
+    float *again = dev_to_host(dev, n);
+    report(what, memcmp(first, again, (size_t)n * sizeof *again) ? 1.0 : 0.0, 0.0);
+    free(again);
+}
+
 /* ---- one test per kernel (or forward/backward pair) ------------------------- */
 
 static void test_encoder(int B, int T, int C, int V) {
@@ -149,7 +167,8 @@ static void test_encoder(int B, int T, int C, int V) {
 
     kernels_cpu.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
     kernels_cuda.encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, B, T, C);
-    check("encoder_backward dwte", dwte, d_dwte, (long)V * C, TOL_ELEMENTWISE);
+    /* each token's positions summed in increasing order on both sides: the same bits */
+    check("encoder_backward dwte (exact)", dwte, d_dwte, (long)V * C, 0.0);
     check("encoder_backward dwpe", dwpe, d_dwpe, (long)T * C, TOL_ELEMENTWISE);
 
     free(tokens); free(wte); free(wpe); free(out); free(dout); free(dwte); free(dwpe);
@@ -165,6 +184,7 @@ static void test_layernorm(int N, int C) {
     float *out = host_random(NC, 1.0f), *mean = host_random(N, 1.0f), *rstd = host_random(N, 1.0f);
     float *dout = host_random(NC, 1.0f), *dinp = host_random(NC, 1.0f);
     float *dw = host_random(C, 1.0f), *db = host_random(C, 1.0f);
+    float *dw0 = host_copy(dw, C), *db0 = host_copy(db, C);
     float *d_inp = dev_floats(inp, NC), *d_w = dev_floats(w, C), *d_b = dev_floats(b, C);
     float *d_out = dev_garbage(NC), *d_mean = dev_garbage(N), *d_rstd = dev_garbage(N);
     float *d_dout = dev_floats(dout, NC), *d_dinp = dev_floats(dinp, NC);
@@ -185,9 +205,15 @@ static void test_layernorm(int N, int C) {
     check("layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUMS);
     check("layernorm_backward dw", dw, d_dw, C, TOL_SUMS);
     check("layernorm_backward db", db, d_db, C, TOL_SUMS);
+    float *first_dw = dev_to_host(d_dw, C), *first_db = dev_to_host(d_db, C);
+    mem_to_device(d_dw, dw0, (size_t)C * sizeof *dw0);
+    mem_to_device(d_db, db0, (size_t)C * sizeof *db0);
+    kernels_cuda.layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    check_same_bits("layernorm_backward dw again", first_dw, d_dw, C);
+    check_same_bits("layernorm_backward db again", first_db, d_db, C);
 
     free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(dout); free(dinp);
-    free(dw); free(db);
+    free(dw); free(db); free(dw0); free(db0); free(first_dw); free(first_db);
     mem_free(d_inp); mem_free(d_w); mem_free(d_b); mem_free(d_out); mem_free(d_mean);
     mem_free(d_rstd); mem_free(d_dout); mem_free(d_dinp); mem_free(d_dw); mem_free(d_db);
 }
@@ -201,6 +227,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
     float *inp = host_random(NI, 1.0f), *w = host_random(OI, 0.5f), *bias = host_random(OC, 1.0f);
     float *out = host_random(NO, 1.0f), *dout = host_random(NO, 1.0f);
     float *dinp = host_random(NI, 1.0f), *dw = host_random(OI, 1.0f), *dbias = host_random(OC, 1.0f);
+    float *dbias0 = host_copy(dbias, OC);
     float *d_inp = dev_floats(inp, NI), *d_w = dev_floats(w, OI), *d_bias = dev_floats(bias, OC);
     float *d_out = dev_garbage(NO), *d_dout = dev_floats(dout, NO);
     float *d_dinp = dev_floats(dinp, NI), *d_dw = dev_floats(dw, OI);
@@ -218,8 +245,15 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
     check("matmul_backward dinp", dinp, d_dinp, NI, TOL_SUMS);
     check("matmul_backward dw", dw, d_dw, OI, TOL_SUMS);
     check("matmul_backward dbias", dbias, d_dbias, OC, TOL_SUMS);
+    if (with_bias) {
+        float *first = dev_to_host(d_dbias, OC);
+        mem_to_device(d_dbias, dbias0, (size_t)OC * sizeof *dbias0);
+        kernels_cuda.matmul_backward(NULL, d_dw, d_dbias, d_dout, d_inp, d_w, N, IC, OC);
+        check_same_bits("matmul_backward dbias again", first, d_dbias, OC);
+        free(first);
+    }
 
-    free(inp); free(w); free(bias); free(out); free(dout); free(dinp); free(dw); free(dbias);
+    free(inp); free(w); free(bias); free(out); free(dout); free(dinp); free(dw); free(dbias); free(dbias0);
     mem_free(d_inp); mem_free(d_w); mem_free(d_bias); mem_free(d_out); mem_free(d_dout);
     mem_free(d_dinp); mem_free(d_dw); mem_free(d_dbias);
 }
@@ -339,6 +373,30 @@ static void test_sum_squares(long N) {
     mem_free(d_x);
 }
 
+/* Three tensors' squares added on the device into one double: the CPU's sum of
+ * the three sums (1e-9), and on the GPU exactly its own sum_squares results
+ * added in order (the contract that keeps one step's norm the same bits). */
+static void test_sum_squares_add(long n1, long n2, long n3) {
+    snprintf(shape, sizeof shape, "N=%ld+%ld+%ld", n1, n2, n3);
+    long ns[3] = {n1, n2, n3};
+    double cpu = 0.0, gpu_each = 0.0, acc = 0.0;
+    double *d_acc = dev_alloc(sizeof(double));
+    for (int i = 0; i < 3; i++) {
+        float *x = host_random(ns[i], 2.0f), *d_x = dev_floats(x, ns[i]);
+        kernels_cpu.sum_squares_add(&cpu, x, ns[i]);
+        gpu_each += kernels_cuda.sum_squares(d_x, ns[i]);
+        kernels_cuda.sum_squares_add(d_acc, d_x, ns[i]);
+        free(x);
+        mem_free(d_x);
+    }
+    mem_to_host(&acc, d_acc, sizeof acc);
+    mem_free(d_acc);
+    double err = fabs(acc - cpu) / (cpu > 0.0 ? cpu : 1.0);
+    if (isnan(acc)) err = acc;
+    report("sum_squares_add vs cpu", err, 1e-9);
+    report("sum_squares_add = sum_squares+", acc == gpu_each ? 0.0 : 1.0, 0.0);
+}
+
 static void test_adamw(long N, int t) {
     snprintf(shape, sizeof shape, "N=%ld t=%d", N, t);
     /* lr large enough that the update stands well above the rounding of p */
@@ -362,6 +420,10 @@ static void test_adamw(long N, int t) {
     mem_free(d_p); mem_free(d_g); mem_free(d_m); mem_free(d_v);
 }
 
+/* --small: no shape over a million elements, for compute-sanitizer's tools
+ * (tests/gpu/device-check.sh), under which every access is checked. */
+static int small;
+
 static int run_all(void) {
     device_use(DEVICE_CUDA, 0);
     printf("kernels_cuda vs kernels_cpu; err = max|gpu-cpu| / max|cpu| per buffer\n");
@@ -369,11 +431,17 @@ static int run_all(void) {
     test_encoder(2, 5, 7, 13);
     test_encoder(3, 7, 33, 256);
     test_encoder(4, 64, 128, 256);
+    test_encoder(8, 1024, 64, 256); /* gpt2-small's batch x seq: long runs of each token */
+    if (!small) test_encoder(80, 1024, 4, 256); /* more positions than the sort's first scratch */
 
     test_layernorm(10, 7);
     test_layernorm(37, 33);
     test_layernorm(256, 128);
     test_layernorm(3, 1000);
+    /* enough rows to cut the column sums into chunks (C not a multiple of 32 too) */
+    test_layernorm(300, 33);
+    test_layernorm(1000, 768);
+    test_layernorm(4096, 128);
 
     test_matmul(10, 7, 13, 1, 1);
     test_matmul(10, 7, 13, 0, 0);
@@ -381,20 +449,23 @@ static int run_all(void) {
     test_matmul(37, 33, 65, 1, 0);
     test_matmul(256, 128, 384, 1, 1);
     test_matmul(256, 512, 128, 0, 1);
+    test_matmul(4096, 64, 96, 1, 1);  /* dbias in row chunks */
+    test_matmul(2048, 32, 3072, 1, 0);
 
     test_attention(3, 7, 3, 5);
     test_attention(1, 1, 1, 1);
     test_attention(2, 33, 2, 7);
     test_attention(2, 64, 4, 32);
     test_attention(2, 100, 2, 8); /* T > 64: past the CPU twin's row blocks and a warp */
+    if (!small) test_attention(1, 1024, 2, 64); /* gpt2-small's T and head size */
 
     test_gelu(1);
     test_gelu(7);
-    test_gelu(1000003);
+    if (!small) test_gelu(1000003);
 
     test_elementwise(1);
     test_elementwise(7);
-    test_elementwise(1000003);
+    if (!small) test_elementwise(1000003);
 
     test_crossentropy(1, 1);
     test_crossentropy(10, 13);
@@ -404,11 +475,12 @@ static int run_all(void) {
     test_sum_squares(1);
     test_sum_squares(7);
     test_sum_squares(256);
-    test_sum_squares(1000003);
-    test_sum_squares(5000011); /* more elements than the kernel's fixed grid covers at once */
+    test_sum_squares(300007);
+    if (!small) test_sum_squares(5000011); /* more elements than the kernel's fixed grid covers at once */
+    test_sum_squares_add(7, 300007, 1000);
 
     test_adamw(7, 1);
-    test_adamw(1000003, 10);
+    if (!small) test_adamw(1000003, 10);
 
     device_synchronize(); /* surfaces an asynchronous CUDA error, if any */
     printf("%d of %d checks passed\n", checks - failures, checks);
@@ -416,14 +488,22 @@ static int run_all(void) {
 }
 #endif /* PL_HAVE_CUDA */
 
-int main(void) {
+int main(int argc, char **argv) {
     if (device_gpu_count() == 0) {
+        const char *require = getenv("PL_REQUIRE_GPU");
+        if (require && require[0] && strcmp(require, "0") != 0) {
+            printf("no GPU, and PL_REQUIRE_GPU=%s: failed\n", require);
+            return 1;
+        }
         printf("no GPU: skipped\n");
         return 77;
     }
 #ifdef PL_HAVE_CUDA
+    small = argc > 1 && strcmp(argv[1], "--small") == 0;
     return run_all();
 #else
+    (void)argc;
+    (void)argv;
     return 77; /* not reached: a build without CUDA sees no GPU */
 #endif
 }

@@ -2,14 +2,15 @@
 runs repeat bit for bit, buckets change nothing but the traffic pattern, the
 traffic equals the ring formula, and bad input fails fast and clearly.
 
-usage: test_lab01.py equivalence|determinism|buckets|cuda"""
+usage: test_lab01.py equivalence|determinism|buckets|preset|gpt2_small|cuda"""
+import math
 import array
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, has_gpu, run  # noqa: E402
+from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab01_dp"
 STEPS = ["--steps", "20"]
@@ -75,11 +76,41 @@ def buckets():
         print(f"-n {n}: {calls:.0f} all-reduces per step with buckets, same payload as one")
 
 
+def gpt_params(V, T, L, C):
+    """Parameters of the flat layout (README, Checkpoints): embeddings, L blocks, head."""
+    return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + V * C
+
+
+def gpt2_small():
+    """--preset gpt2-small runs on the CPU (one step of one sequence: the shape is
+    the point, not the batch) and the record shows its shape."""
+    rec, _, _ = run(LAB, 1, ["--preset", "gpt2-small", "--steps", "1", "--batch", "1"])
+    c = rec["config"]
+    got = (c["preset"], c["layers"], c["d_model"], c["heads"], c["seq"], c["batch"])
+    check(got == ("gpt2-small", 12, 768, 12, 1024, 1), f"gpt2-small's record shows {got}")
+    check(rec["params"] == gpt_params(256, 1024, 12, 768) == 86235648,
+          f"gpt2-small has {rec['params']} parameters, the layout formula {gpt_params(256, 1024, 12, 768)}")
+    loss = rec["losses"][0]
+    # freshly initialised: close to the uniform guess over 256 bytes
+    check(math.isfinite(loss) and abs(loss - math.log(256)) < 1.0, f"gpt2-small's first loss {loss}")
+    print(f"gpt2-small on the CPU: {rec['params']} parameters, loss {loss:.4f}, "
+          f"{rec['step_ms'][0] / 1e3:.1f} s for one step of 1 x 1024 tokens")
+
+
+def preset():
+    """Flags given with --preset override its values, before or after it."""
+    small = ["--layers", "1", "--d-model", "64", "--heads", "2", "--seq", "32", "--batch", "2", "--steps", "1"]
+    for args in (["--preset", "gpt2-small"] + small, small + ["--preset", "gpt2-small"]):
+        rec, _, _ = run(LAB, 1, args)
+        c = rec["config"]
+        got = (c["preset"], c["layers"], c["d_model"], c["heads"], c["seq"], c["batch"])
+        check(got == ("gpt2-small", 1, 64, 2, 32, 2), f"{args}: explicit flags must override the preset, got {got}")
+    print("flags given with --preset override its values, before or after it")
+
+
 def cuda():
     """GPU-labelled: lab01 on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
-    if not has_gpu(LAB):
-        print("no GPU: skipped")
-        sys.exit(77)
+    skip_without_gpu(LAB)
     cpu, _, _ = run(LAB, 1, STEPS + ["--device", "cpu"])
     for n in (1, 2):
         gpu, _, _ = run(LAB, n, STEPS + ["--device", "cuda", "--check-sync"])
@@ -89,5 +120,6 @@ def cuda():
 
 
 if __name__ == "__main__":
-    {"equivalence": equivalence, "determinism": determinism, "buckets": buckets, "cuda": cuda}[sys.argv[1]]()
+    {"equivalence": equivalence, "determinism": determinism, "buckets": buckets, "preset": preset,
+     "gpt2_small": gpt2_small, "cuda": cuda}[sys.argv[1]]()
     print("passed")

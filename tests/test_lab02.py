@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, has_gpu, run  # noqa: E402
+from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab02_zero"
 # A small model keeps 10 runs per stage within seconds; the batch divides by 2, 3 and 4.
@@ -106,9 +106,7 @@ def stage_test(stage):
 
 def cuda():
     """GPU-labelled: every stage on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
-    if not has_gpu(LAB):
-        print("no GPU: skipped")
-        sys.exit(77)
+    skip_without_gpu(LAB)
     cpu, _, _ = run("lab01_dp", 1, MODEL + ["--device", "cpu"])
     for stage in (1, 2, 3):
         for n in (1, 2):

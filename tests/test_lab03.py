@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, has_gpu, run  # noqa: E402
+from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab03_pp_naive"
 # a small model keeps the suite fast; lab01 and lab03 get exactly the same flags
@@ -94,9 +94,7 @@ def timeline():
 
 def cuda():
     """GPU-labelled: lab03 on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
-    if not has_gpu(LAB):
-        print("no GPU: skipped")
-        sys.exit(77)
+    skip_without_gpu(LAB)
     cpu, _, _ = run("lab01_dp", 1, BASE + ["--device", "cpu"])
     for n in (2, 4):
         gpu, _, _ = run(LAB, n, BASE + ["--device", "cuda"])

@@ -9,7 +9,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, has_gpu, run  # noqa: E402
+from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
 from test_lab03 import BASE, check_pipeline_record, read_timeline  # noqa: E402  (the same model as lab03's tests)
 
 LAB = "lab04_1f1b"
@@ -89,9 +89,7 @@ def order():
 def cuda():
     """GPU-labelled: both schedules on CUDA reproduce lab01 on the CPU, with the
     same activation peaks; skipped (77) without a GPU."""
-    if not has_gpu(LAB):
-        print("no GPU: skipped")
-        sys.exit(77)
+    skip_without_gpu(LAB)
     cpu, _, _ = run("lab01_dp", 1, BASE + ["--device", "cpu"])
     for n in (2, 4):
         for schedule in ("gpipe", "1f1b"):

@@ -8,7 +8,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, has_gpu, run  # noqa: E402
+from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab05_tp"
 # A smaller model than the default keeps -n 4 on a 2-core machine to a few
@@ -97,9 +97,7 @@ def equivalence():
 
 def cuda():
     """GPU-labelled: lab05 on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
-    if not has_gpu(LAB):
-        print("no GPU: skipped")
-        sys.exit(77)
+    skip_without_gpu(LAB)
     cpu, _, _ = run("lab01_dp", 1, ARGS + ["--device", "cpu"])
     for t in (1, 2):
         gpu, _, _ = run(LAB, t, ARGS + ["--device", "cuda", "--check-sync"])

@@ -14,7 +14,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import MPIRUN, check, check_rejected, compare_losses, has_gpu, program, run  # noqa: E402
+from labtest import (MPIRUN, check, check_rejected, compare_losses, on_cpu_unless_named, program,  # noqa: E402
+                     run, skip_without_gpu)
 from test_lab03 import documented_split  # noqa: E402  (the layer split stage.h documents)
 
 LAB = "lab06_3d"
@@ -118,9 +119,12 @@ def equivalence():
     # TP sums partial GEMMs in another order than one GEMM, DP averages partial
     # means: ~1e-7 relative per sum. Measured over 20 steps: 6e-9 to 9e-9.
     for t, p, d in LAYOUTS:
-        rec, _, _ = run(LAB, t * p * d, ARGS + grid_args(t, p, d))
+        sync = ["--check-sync"] if d > 1 else []  # lab01's check across the DP replicas
+        rec, _, _ = run(LAB, t * p * d, ARGS + grid_args(t, p, d) + sync)
         compare_losses(f"lab06 {t}x{p}x{d} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
         check_record(rec, t, p, d, M, "1f1b")
+        check(rec["replicas_identical"] is (True if d > 1 else None),
+              f"lab06 {t}x{p}x{d}: replicas_identical is {rec['replicas_identical']}")
         if (t, p, d) == (2, 2, 2):
             check_grid_8(rec)
     rec, _, _ = run(LAB, 4, ARGS + grid_args(2, 2, 1, m=4, schedule="gpipe"))
@@ -138,7 +142,7 @@ def run_on_fake_hosts(ranks_per_host, args):
     # wraps MPI_Get_processor_name).
     env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))
     cmd = [MPIRUN, "-n", "8", "env", f"LD_PRELOAD={os.environ['FAKE_HOSTS_LIB']}",
-           f"PL_FAKE_RANKS_PER_HOST={ranks_per_host}", program(LAB), *args, "--out", out]
+           f"PL_FAKE_RANKS_PER_HOST={ranks_per_host}", program(LAB), *on_cpu_unless_named(args), "--out", out]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     check(p.returncode == 0, f"{ranks_per_host} ranks per host: status {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
     with open(os.path.join(out, "records.jsonl")) as f:
@@ -216,9 +220,7 @@ def bad_input():
 
 def cuda():
     """GPU-labelled: lab06 on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
-    if not has_gpu(LAB):
-        print("no GPU: skipped")
-        sys.exit(77)
+    skip_without_gpu(LAB)
     cpu, _, _ = run("lab01_dp", 1, ARGS + ["--device", "cpu"])
     for t, p, d in [(2, 2, 1), (1, 2, 2)]:
         gpu, _, _ = run(LAB, t * p * d, ARGS + grid_args(t, p, d) + ["--device", "cuda"])
