@@ -73,3 +73,5 @@ double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int 
     if (hi == m->layers) bytes += 2 * s * B * h / sp + 4 * s * B * (double)m->vocab / t; /* lnf, logits */
     return bytes;
 }
+
+double th_grad_norm_bytes(int parts) { return 8.0 * parts; }

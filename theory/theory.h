@@ -143,6 +143,11 @@ double th_course_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi,
  * one per stage, reused by every micro-batch: dres, dln [N,C]; dqkv [N,3C/t];
  * datty [N,C/t]; datt [rows,H/t,T,T]; dfch, dfch_gelu [N,4C/t]; dlogits [N,V]. */
 double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows);
+/* EXACT: the gradient-norm sums (common/optim.h grad_norm, workspace category):
+ * one double per part, kept on the device for the whole run. lab02 keeps one
+ * part, lab05 and lab06 two (the sharded and the replicated tensors' squares);
+ * lab01, lab03 and lab04 sum on the host and keep none. */
+double th_grad_norm_bytes(int parts);
 
 /* PUBLISHED, 16-bit activations (Korthikanti et al. 2022, Table 2), bytes per
  * layer per micro-batch of b sequences, s = seq, h = d_model, a = heads:
