@@ -81,6 +81,24 @@ typedef struct kernels {
      *   p -= lr * ( (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + wd p ) */
     void (*adamw)(float *p, const float *g, float *m, float *v, long N, float lr,
                   float beta1, float beta2, float eps, float wd, int t, float grad_scale);
+
+    /* The backward split in its two halves, for the zero-bubble pipeline
+     * schedules (lab04): the input gradient ("B", which the previous pipeline
+     * stage waits for) and the weight gradient ("W", which may run later).
+     * Each half does exactly its part of the fused kernel above, with the same
+     * arithmetic, so the two halves together give the fused kernel's bits.
+     *   dinp += dout @ w */
+    void (*matmul_backward_input)(float *dinp, const float *dout, const float *w, int N, int IC,
+                                  int OC);
+    /*   dw += dout^T @ inp; dbias += column sums of dout (dbias NULL: no bias) */
+    void (*matmul_backward_weight)(float *dw, float *dbias, const float *dout, const float *inp,
+                                   int N, int IC, int OC);
+    /* layernorm_backward's dinp alone, and its dw and db alone */
+    void (*layernorm_backward_input)(float *dinp, const float *dout, const float *inp,
+                                     const float *w, const float *mean, const float *rstd, int N,
+                                     int C);
+    void (*layernorm_backward_weight)(float *dw, float *db, const float *dout, const float *inp,
+                                      const float *mean, const float *rstd, int N, int C);
 } kernels;
 
 extern const kernels *K; /* the table in use; set by device_use() */

@@ -186,6 +186,15 @@ static void test_layernorm(int N, int C) {
     check("layernorm_backward dw", dw, d_dw, C, TOL_SUMS);
     check("layernorm_backward db", db, d_db, C, TOL_SUMS);
 
+    /* The split halves, accumulating onto what the fused call left. */
+    kernels_cpu.layernorm_backward_input(dinp, dout, inp, w, mean, rstd, N, C);
+    kernels_cuda.layernorm_backward_input(d_dinp, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    check("layernorm_backward_input dinp", dinp, d_dinp, NC, TOL_SUMS);
+    kernels_cpu.layernorm_backward_weight(dw, db, dout, inp, mean, rstd, N, C);
+    kernels_cuda.layernorm_backward_weight(d_dw, d_db, d_dout, d_inp, d_mean, d_rstd, N, C);
+    check("layernorm_backward_weight dw", dw, d_dw, C, TOL_SUMS);
+    check("layernorm_backward_weight db", db, d_db, C, TOL_SUMS);
+
     free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(dout); free(dinp);
     free(dw); free(db);
     mem_free(d_inp); mem_free(d_w); mem_free(d_b); mem_free(d_out); mem_free(d_mean);
@@ -218,6 +227,16 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
     check("matmul_backward dinp", dinp, d_dinp, NI, TOL_SUMS);
     check("matmul_backward dw", dw, d_dw, OI, TOL_SUMS);
     check("matmul_backward dbias", dbias, d_dbias, OC, TOL_SUMS);
+
+    /* The split halves (zero-bubble schedules), accumulating onto what the
+     * fused call left, each side onto its own. */
+    kernels_cpu.matmul_backward_input(dinp, dout, w, N, IC, OC);
+    kernels_cuda.matmul_backward_input(d_dinp, d_dout, d_w, N, IC, OC);
+    check("matmul_backward_input dinp", dinp, d_dinp, NI, TOL_SUMS);
+    kernels_cpu.matmul_backward_weight(dw, with_bias ? dbias : NULL, dout, inp, N, IC, OC);
+    kernels_cuda.matmul_backward_weight(d_dw, with_bias ? d_dbias : NULL, d_dout, d_inp, N, IC, OC);
+    check("matmul_backward_weight dw", dw, d_dw, OI, TOL_SUMS);
+    check("matmul_backward_weight dbias", dbias, d_dbias, OC, TOL_SUMS);
 
     free(inp); free(w); free(bias); free(out); free(dout); free(dinp); free(dw); free(dbias);
     mem_free(d_inp); mem_free(d_w); mem_free(d_bias); mem_free(d_out); mem_free(d_dout);
