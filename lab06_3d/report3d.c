@@ -14,7 +14,7 @@ enum {
     F_GROUPS = 0,                       /* GROUP_KINDS x G_FIELDS */
     G_CALLS = 0, G_PAYLOAD, G_RING, G_SECONDS, G_CALLS_F, G_PAYLOAD_F, G_RING_F, G_FIELDS,
     F_LO = GROUP_KINDS * G_FIELDS, F_HI, F_TP, F_PP, F_DP,
-    F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_IN_FLIGHT,
+    F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_IN_FLIGHT, F_ACTS_F,
     F_FIELDS
 };
 
@@ -53,11 +53,14 @@ static double column_max(const double *rows, int ranks, int field) {
     return m;
 }
 
-void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, const run_ctx *ctx,
-                     int in_flight, const char *in_flight_formula) {
+void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, const run_ctx *ctx) {
     memset(r, 0, sizeof *r);
     r->ranks = g->world.size;
-    const int steps = ctx->steps_done > 0 ? ctx->steps_done : 1, m = st->micro_batches;
+    const pipeline_stage *st = &pr->chunk[0]; /* the one chunk, except under interleaved and zb-v */
+    const int steps = ctx->steps_done > 0 ? ctx->steps_done : 1, m = pr->m;
+    int layers = 0, in_flight, wgrads;
+    for (int c = 0; c < pr->v; c++) layers += pr->chunk[c].hi - pr->chunk[c].lo;
+    schedule_in_flight(&pr->sched, pr->rank, 0, &in_flight, &wgrads);
     const grid_dims d = g->dims;
     double row[F_FIELDS] = {0};
     /* one activation (or its gradient): what one TP all-reduce and one pipeline message carry */
@@ -65,13 +68,13 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     comm *groups[GROUP_KINDS] = {&g->tp, &g->pipe, &g->dp};
     for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
     /* TP: two g's forward, two f's backward per layer and micro-batch (none for t = 1) */
-    formula(row + GROUP_TP * G_FIELDS, d.tp > 1 ? 4.0 * (st->hi - st->lo) * m : 0, act_bytes, 2.0 * (d.tp - 1) / d.tp);
-    /* PP: per boundary and micro-batch, one activation out and one gradient back,
-     * each counted once as a send and once as a receive */
-    int boundaries = (st->prev >= 0) + (st->next >= 0);
+    formula(row + GROUP_TP * G_FIELDS, d.tp > 1 ? 4.0 * layers * m : 0, act_bytes, 2.0 * (d.tp - 1) / d.tp);
+    /* PP: per boundary to another rank and micro-batch, one activation out and
+     * one gradient back, each counted once as a send and once as a receive */
+    int boundaries = schedule_remote_links(&pr->sched, pr->rank);
     formula(row + GROUP_PP * G_FIELDS, 2.0 * boundaries * m, act_bytes, 1);
     /* DP: one all-reduce of the rank's whole gradient after the flush (none for d = 1) */
-    formula(row + GROUP_DP * G_FIELDS, d.dp > 1 ? 1 : 0, 4.0 * (st->end - st->begin), 2.0 * (d.dp - 1) / d.dp);
+    formula(row + GROUP_DP * G_FIELDS, d.dp > 1 ? 1 : 0, 4.0 * pr->n, 2.0 * (d.dp - 1) / d.dp);
     row[F_LO] = st->lo;
     row[F_HI] = st->hi;
     row[F_TP] = g->me.tp;
@@ -82,9 +85,10 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     row[F_OPTIM] = (double)mem_peak(MEM_OPTIM);
     row[F_ACTS] = (double)mem_peak(MEM_ACTS);
     row[F_TOTAL] = (double)mem_peak_total();
-    row[F_PARAMS_F] = 4.0 * (st->end - st->begin);
-    row[F_ACTS_PER_MB] = (double)st->acts_bytes;
+    row[F_PARAMS_F] = 4.0 * pr->n;
+    row[F_ACTS_PER_MB] = (double)st->acts_bytes; /* chunk 0's: the whole formula is F_ACTS_F */
     row[F_IN_FLIGHT] = in_flight;
+    row[F_ACTS_F] = pipeline_acts_formula_bytes(pr);
 
     if (g->world.rank == 0) {
         r->rows = malloc(sizeof(double) * F_FIELDS * (size_t)r->ranks);
@@ -131,8 +135,13 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     json_column(&b, "acts_bytes_per_micro_batch", r->rows, r->ranks, F_ACTS_PER_MB);
     textbuf_printf(&b, ",");
     json_column(&b, "acts_in_flight_formula", r->rows, r->ranks, F_IN_FLIGHT);
+    textbuf_printf(&b, ",");
+    json_column(&b, "acts_peak_formula_bytes", r->rows, r->ranks, F_ACTS_F);
     textbuf_printf(&b, ",\"acts_formula\":");
-    textbuf_json_string(&b, in_flight_formula);
+    textbuf_json_string(&b, pr->v == 1 && !pr->sched.split
+                                ? "the schedule's micro-batches in flight x one micro-batch's activations"
+                                : "per chunk: blocks in flight x their bytes (activations, and the weight-gradient "
+                                  "inputs where the backward is split)");
     r->json = b.s;
 }
 
@@ -174,11 +183,15 @@ void report3d_print(const report3d *r, const process_grid *g) {
     for (int q = 0; q < r->ranks; q++) {
         if (q == 16 && r->ranks > 17) { printf("  ... (%d more ranks in the record)\n", r->ranks - 16); break; }
         const double *x = r->rows + (size_t)q * F_FIELDS;
-        double acts_f = x[F_IN_FLIGHT] * x[F_ACTS_PER_MB];
-        printf("  %4d (%.0f,%.0f,%.0f) %4.0f-%-3.0f| %sB%s | %sB | %sB | %sB = %.0f x %sB%s | %sB | %.1f / %.1f / %.1f\n", q,
+        double acts_f = x[F_ACTS_F];
+        char how[48]; /* one chunk, unsplit: in flight x per micro-batch; else the chunks' sum */
+        if (x[F_IN_FLIGHT] * x[F_ACTS_PER_MB] == acts_f) snprintf(how, sizeof how, "%.0f x %sB", x[F_IN_FLIGHT],
+                                                                  human(x[F_ACTS_PER_MB], f));
+        else snprintf(how, sizeof how, "%sB (chunks)", human(acts_f, f));
+        printf("  %4d (%.0f,%.0f,%.0f) %4.0f-%-3.0f| %sB%s | %sB | %sB | %sB = %s%s | %sB | %.1f / %.1f / %.1f\n", q,
                x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI] - 1, human(x[F_PARAMS], a),
                x[F_PARAMS] == x[F_PARAMS_F] ? "" : " (MISMATCH)", human(x[F_GRADS], b), human(x[F_OPTIM], c),
-               human(x[F_ACTS], e), x[F_IN_FLIGHT], human(x[F_ACTS_PER_MB], f), x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
+               human(x[F_ACTS], e), how, x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
                human(x[F_TOTAL], t), 1e3 * x[GROUP_TP * G_FIELDS + G_SECONDS], 1e3 * x[GROUP_PP * G_FIELDS + G_SECONDS],
                1e3 * x[GROUP_DP * G_FIELDS + G_SECONDS]);
     }

@@ -202,7 +202,7 @@ def bad_input():
         # each replica's rows must split into micro-batches
         (4, ["--tp", "1", "--pp", "1", "--dp", "4", "--batch", "8", "--micro-batches", "4"], "--micro-batches 4"),
         (2, ["--micro-batches", "0"], "--micro-batches"),
-        (2, ["--schedule", "zb-v"], "--schedule"),
+        (2, ["--schedule", "zb-h2"], "--schedule"),
         # a few shared cases at a 3D layout; all of them run in bad_input_lab06
         # (tests/test_bad_input.py), with a grid that fits the ranks
         (8, ["--bogus"], "--bogus"),
