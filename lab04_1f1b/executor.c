@@ -44,6 +44,12 @@ static int consumed(const schedule *s, int rank, schedule_action a) {
     return -1;
 }
 
+/* Whether id is a message at all (nothing goes up from the last stage or down from the first). */
+static int message_exists(const schedule *s, int id) {
+    int S = schedule_stages(s), st = id / s->m % S;
+    return id / (S * s->m) == ACT ? st < S - 1 : st > 0;
+}
+
 /* Where a message goes and comes from. */
 static void endpoints(const schedule *s, int id, int *src, int *dst) {
     int per_dir = schedule_stages(s) * s->m, dir = id / per_dir, st = id % per_dir / s->m, chunk;
@@ -125,7 +131,7 @@ static pipeline_plan *plan_make(const schedule *s, int me) {
     for (int id = 0; id < pl->n_messages; id++) {
         pl->release_after[id] = -1;
         int src, dst;
-        if (id / s->m % schedule_stages(s) == (id < pl->n_messages / 2 ? schedule_stages(s) - 1 : 0)) continue;
+        if (!message_exists(s, id)) continue;
         endpoints(s, id, &src, &dst);
         if (src != me || dst == me) continue;
         /* the receiver's actions from the one that takes it on */
@@ -335,8 +341,8 @@ static void backward_weight(pipeline_stage *s, const gpt_acts *a, const gpt_wgra
 
 /* ---- running a plan -------------------------------------------------------------------- */
 
-/* The message an action needs, there to read: waited for when it came from
- * another rank. op: the trace event around the wait and the copy. */
+/* The message an action needs, there to read: waited for (a "recv_act" or
+ * "recv_grad" event) when it comes from another rank. */
 static float *take(pipeline_plan *pl, int id, int mb) {
     if (!pl->buf[id]) die("pipeline: message %d is needed before it was posted", id);
     if (!pl->req[id].active) return pl->buf[id]; /* from a chunk of this rank, or already there */
