@@ -505,6 +505,140 @@ void comm_recv(comm *c, float *buf, long n, int src) {
     p2p(c, NULL, 0, -1, buf, n, src, 0, 1);
 }
 
+/* ---- nonblocking point-to-point ------------------------------------------------ */
+
+void comm_group_begin(comm *c) {
+#ifdef PL_HAVE_CUDA
+    if (c->backend == COMM_NCCL) NCCL_OK(ncclGroupStart());
+#else
+    (void)c;
+#endif
+}
+
+void comm_group_end(comm *c) {
+#ifdef PL_HAVE_CUDA
+    if (c->backend == COMM_NCCL) NCCL_OK(ncclGroupEnd());
+#else
+    (void)c;
+#endif
+}
+
+/* The request's own staging buffer, grown as needed (pinned with CUDA). */
+static void *request_host(comm_request *r, size_t bytes) {
+    if (r->host && r->host_cap >= bytes) return r->host;
+    comm_request_free(r);
+#ifdef PL_HAVE_CUDA
+    CUDA_OK(cudaMallocHost(&r->host, bytes));
+    r->host_pinned = 1;
+#else
+    r->host = malloc(bytes);
+#endif
+    if (!r->host) die("out of host memory for a %zu-byte message", bytes);
+    r->host_cap = bytes;
+    return r->host;
+}
+
+static void post(comm *c, const float *send, float *recv, long n, int peer, int tag, comm_request *r) {
+    int is_recv = recv != NULL;
+    check_member(c, is_recv ? "comm_irecv" : "comm_isend");
+    check_rank(c, peer, is_recv ? "comm_irecv source" : "comm_isend destination");
+    if (r->active) die("comm_%s: the request is still in use", is_recv ? "irecv" : "isend");
+    if (tag <= 0) die("comm_%s: tag %d (0 belongs to the blocking calls)", is_recv ? "irecv" : "isend", tag);
+    op_scope sc = op_begin(c, is_recv ? "irecv" : "isend");
+    size_t bytes = (size_t)n * sizeof(float);
+    r->c = c;
+    r->is_recv = is_recv;
+    r->mpi = MPI_REQUEST_NULL;
+    r->dev = NULL;
+    r->bytes = bytes;
+    r->active = n > 0;
+    if (n > 0) {
+#ifdef PL_HAVE_CUDA
+        if (c->backend == COMM_NCCL) {
+            ncclComm_t nc = (ncclComm_t)c->nccl;
+            if (is_recv) NCCL_OK(ncclRecv(recv, (size_t)n, ncclFloat, peer, nc, nccl_stream(c)));
+            else NCCL_OK(ncclSend(send, (size_t)n, ncclFloat, peer, nc, nccl_stream(c)));
+        } else
+#endif
+        {
+            int count = mpi_count(n, is_recv ? "comm_irecv" : "comm_isend");
+            if (staged(c)) {
+                void *h = request_host(r, bytes);
+                if (is_recv) {
+                    r->dev = recv;
+                    MPI_OK(MPI_Irecv(h, count, MPI_FLOAT, peer, tag, c->mpi, &r->mpi));
+                } else {
+                    stage_enter();
+                    stage_out(h, send, bytes);
+                    MPI_OK(MPI_Isend(h, count, MPI_FLOAT, peer, tag, c->mpi, &r->mpi));
+                }
+            } else if (is_recv) {
+                MPI_OK(MPI_Irecv(recv, count, MPI_FLOAT, peer, tag, c->mpi, &r->mpi));
+            } else {
+                MPI_OK(MPI_Isend(send, count, MPI_FLOAT, peer, tag, c->mpi, &r->mpi));
+            }
+        }
+    }
+    op_end(sc, is_recv ? COLL_RECV : COLL_SEND, (double)bytes);
+}
+
+void comm_isend(comm *c, const float *buf, long n, int dst, int tag, comm_request *r) {
+    post(c, buf, NULL, n, dst, tag, r);
+}
+
+void comm_irecv(comm *c, float *buf, long n, int src, int tag, comm_request *r) {
+    if (n > 0 && !buf) die("comm_irecv: no buffer");
+    post(c, NULL, buf, n, src, tag, r);
+}
+
+/* A completed request: a staged receive's data goes to the device. */
+static void finish(comm_request *r) {
+    r->active = 0;
+    if (r->is_recv && r->dev) {
+        stage_in(r->dev, r->host, r->bytes);
+        stage_enter(); /* the host buffer may be posted again at once */
+    }
+}
+
+int comm_test(comm_request *r) {
+    if (!r->active) return 1;
+    if (r->mpi == MPI_REQUEST_NULL) { /* NCCL: ordered on its stream */
+        finish(r);
+        return 1;
+    }
+    int done = 0;
+    MPI_OK(MPI_Test(&r->mpi, &done, MPI_STATUS_IGNORE));
+    if (done) finish(r);
+    return done;
+}
+
+void comm_wait(comm_request *r) {
+    if (!r->active) return;
+    comm *c = r->c;
+    op_scope sc = op_begin(c, "wait");
+    if (r->mpi != MPI_REQUEST_NULL) polite_wait(&r->mpi);
+#ifdef PL_HAVE_CUDA
+    else if (c->stream && c->stream != device_compute_stream())
+        device_stream_wait(device_compute_stream(), c->stream);
+#endif
+    finish(r);
+    /* the time, not the call: the post counted the call and the bytes */
+    c->stats[r->is_recv ? COLL_RECV : COLL_SEND].seconds += now_seconds() - sc.t0;
+    trace_end(sc.handle);
+}
+
+void comm_request_free(comm_request *r) {
+    if (r->active) die("comm_request_free: the request is still in use");
+#ifdef PL_HAVE_CUDA
+    if (r->host && r->host_pinned) CUDA_OK(cudaFreeHost(r->host));
+    else
+#endif
+        free(r->host);
+    r->host = NULL;
+    r->host_cap = 0;
+    r->host_pinned = 0;
+}
+
 void comm_barrier(comm *c) {
     check_member(c, "comm_barrier");
     op_scope s = op_begin(c, comm_kind_names[COLL_BARRIER]);

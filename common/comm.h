@@ -14,6 +14,7 @@
 #ifndef PL_COMM_H
 #define PL_COMM_H
 #include <mpi.h>
+#include <stddef.h>
 
 typedef enum { COMM_MPI = 0, COMM_NCCL = 1 } comm_backend;
 
@@ -73,6 +74,41 @@ void comm_sendrecv(comm *c, const float *send, long send_n, int dst,
                    float *recv, long recv_n, int src);
 void comm_send(comm *c, const float *buf, long n, int dst);
 void comm_recv(comm *c, float *buf, long n, int src);
+
+/* Nonblocking point-to-point, for lab04's schedule executor, which posts a
+ * receive when its schedule says the data will be sent (often long before
+ * an action needs it) and waits only when the action does.
+ *   comm_isend / comm_irecv post; comm_test / comm_wait complete: after them
+ *   the send buffer may be reused, the receive buffer read.
+ * tag tells messages between the same two ranks apart on MPI (0 is the
+ * blocking calls' above). NCCL has no tags: it matches the sends and receives
+ * between two ranks in the order they are posted, so both sides must post
+ * them in the same order, and operations that must progress together (a
+ * rank that sends to and receives from its neighbours at one point) go
+ * between comm_group_begin and comm_group_end (no-ops on MPI). NCCL works on
+ * c->stream, so its requests are complete for everything queued on that
+ * stream afterwards, and comm_wait only orders the compute stream after it.
+ * With MPI and device buffers, each request stages through its own host
+ * buffer (kept for the request's next use; comm_request_free releases it).
+ * Counted like comm_send / comm_recv (a receive's seconds include its wait). */
+typedef struct comm_request {
+    comm *c;
+    int active;          /* posted and not yet completed */
+    int is_recv;
+    MPI_Request mpi;
+    float *dev;          /* a staged receive: where the data goes when it completes */
+    size_t bytes;
+    void *host;          /* staging buffer (MPI with device buffers) */
+    size_t host_cap;
+    int host_pinned;
+} comm_request;
+void comm_group_begin(comm *c);
+void comm_group_end(comm *c);
+void comm_isend(comm *c, const float *buf, long n, int dst, int tag, comm_request *r);
+void comm_irecv(comm *c, float *buf, long n, int src, int tag, comm_request *r);
+int comm_test(comm_request *r); /* 1 when complete (or never posted), without waiting */
+void comm_wait(comm_request *r);
+void comm_request_free(comm_request *r);
 
 void comm_barrier(comm *c);
 

@@ -87,6 +87,23 @@ typedef struct kernels {
      * device and copies the sums once (optim.h, grad_norm). One call adds exactly
      * what sum_squares returns, so calls in the same order give the same bits. */
     void (*sum_squares_add)(double *acc, const float *x, long N);
+    /* The backward split in its two halves, for the zero-bubble pipeline
+     * schedules (lab04): the input gradient ("B", which the previous pipeline
+     * stage waits for) and the weight gradient ("W", which may run later).
+     * Each half does exactly its part of the fused kernel above, with the same
+     * arithmetic, so the two halves together give the fused kernel's bits.
+     *   dinp += dout @ w */
+    void (*matmul_backward_input)(float *dinp, const float *dout, const float *w, int N, int IC,
+                                  int OC);
+    /*   dw += dout^T @ inp; dbias += column sums of dout (dbias NULL: no bias) */
+    void (*matmul_backward_weight)(float *dw, float *dbias, const float *dout, const float *inp,
+                                   int N, int IC, int OC);
+    /* layernorm_backward's dinp alone, and its dw and db alone */
+    void (*layernorm_backward_input)(float *dinp, const float *dout, const float *inp,
+                                     const float *w, const float *mean, const float *rstd, int N,
+                                     int C);
+    void (*layernorm_backward_weight)(float *dw, float *db, const float *dout, const float *inp,
+                                      const float *mean, const float *rstd, int N, int C);
 } kernels;
 
 extern const kernels *K; /* the table in use; set by device_use() */

@@ -203,11 +203,12 @@ static void layernorm_forward_cpu(float *restrict out, float *restrict mean,
     }
 }
 
-static void layernorm_backward_cpu(float *restrict dinp, float *restrict dw,
-                                   float *restrict db, const float *restrict dout,
-                                   const float *restrict inp, const float *restrict w,
-                                   const float *restrict mean, const float *restrict rstd,
-                                   int N, int C) {
+/* The input gradient, row by row: dx = rstd (g - mean(g) - xhat mean(g xhat))
+ * with g = dout * w. */
+static void layernorm_backward_input_cpu(float *restrict dinp, const float *restrict dout,
+                                         const float *restrict inp, const float *restrict w,
+                                         const float *restrict mean, const float *restrict rstd,
+                                         int N, int C) {
     for (int n = 0; n < N; n++) {
         const float *restrict x = inp + (size_t)n * C;
         const float *restrict d = dout + (size_t)n * C;
@@ -231,15 +232,37 @@ static void layernorm_backward_cpu(float *restrict dinp, float *restrict dw,
         for (; i < C; i++) sgx += d[i] * w[i] * ((x[i] - m) * r);
         const float mg = sg / (float)C, mgx = sgx / (float)C;
 
-        /* dx = rstd (g - mean(g) - xhat mean(g xhat)), and the parameter
-         * gradients, in one loop without reductions. */
         for (i = 0; i < C; i++) {
             float xh = (x[i] - m) * r;
-            db[i] += d[i];
-            dw[i] += xh * d[i];
             dx[i] += (d[i] * w[i] - mg - xh * mgx) * r;
         }
     }
+}
+
+/* The parameter gradients, summed over the rows in row order. */
+static void layernorm_backward_weight_cpu(float *restrict dw, float *restrict db,
+                                          const float *restrict dout, const float *restrict inp,
+                                          const float *restrict mean, const float *restrict rstd,
+                                          int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const float *restrict x = inp + (size_t)n * C;
+        const float *restrict d = dout + (size_t)n * C;
+        const float m = mean[n], r = rstd[n];
+        for (int i = 0; i < C; i++) {
+            float xh = (x[i] - m) * r;
+            db[i] += d[i];
+            dw[i] += xh * d[i];
+        }
+    }
+}
+
+static void layernorm_backward_cpu(float *restrict dinp, float *restrict dw,
+                                   float *restrict db, const float *restrict dout,
+                                   const float *restrict inp, const float *restrict w,
+                                   const float *restrict mean, const float *restrict rstd,
+                                   int N, int C) {
+    layernorm_backward_input_cpu(dinp, dout, inp, w, mean, rstd, N, C);
+    layernorm_backward_weight_cpu(dw, db, dout, inp, mean, rstd, N, C);
 }
 
 /* ---- matmul --------------------------------------------------------------------- */
@@ -261,24 +284,35 @@ static void matmul_forward_cpu(float *restrict out, const float *restrict inp,
                 beta, out, OC);
 }
 
-static void matmul_backward_cpu(float *restrict dinp, float *restrict dw,
-                                float *restrict dbias, const float *restrict dout,
-                                const float *restrict inp, const float *restrict w,
-                                int N, int IC, int OC) {
+/* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
+static void matmul_backward_input_cpu(float *restrict dinp, const float *restrict dout,
+                                      const float *restrict w, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0 || IC <= 0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f,
+                dinp, IC);
+}
+
+/* dw[OC,IC] += dout^T @ inp; dbias += column sums of dout */
+static void matmul_backward_weight_cpu(float *restrict dw, float *restrict dbias,
+                                       const float *restrict dout, const float *restrict inp,
+                                       int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
-    if (IC > 0) {
-        if (dinp) /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w,
-                        IC, 1.0f, dinp, IC);
-        /* dw[OC,IC] += dout^T @ inp */
+    if (IC > 0)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC,
                     1.0f, dw, IC);
-    }
     if (dbias)
         for (int n = 0; n < N; n++) {
             const float *restrict d = dout + (size_t)n * OC;
             for (int o = 0; o < OC; o++) dbias[o] += d[o];
         }
+}
+
+static void matmul_backward_cpu(float *restrict dinp, float *restrict dw,
+                                float *restrict dbias, const float *restrict dout,
+                                const float *restrict inp, const float *restrict w,
+                                int N, int IC, int OC) {
+    if (dinp) matmul_backward_input_cpu(dinp, dout, w, N, IC, OC);
+    matmul_backward_weight_cpu(dw, dbias, dout, inp, N, IC, OC);
 }
 
 /* ---- attention ------------------------------------------------------------------ */
@@ -526,4 +560,8 @@ const kernels kernels_cpu = {
     .sum_squares = sum_squares_cpu,
     .adamw = adamw_cpu,
     .sum_squares_add = sum_squares_add_cpu,
+    .matmul_backward_input = matmul_backward_input_cpu,
+    .matmul_backward_weight = matmul_backward_weight_cpu,
+    .layernorm_backward_input = layernorm_backward_input_cpu,
+    .layernorm_backward_weight = layernorm_backward_weight_cpu,
 };

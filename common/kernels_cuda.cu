@@ -406,9 +406,12 @@ static void cuda_layernorm_backward(float *dinp, float *dw, float *db, const flo
                                     const float *inp, const float *w, const float *mean,
                                     const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    layernorm_backward_inp_kernel<<<warp_row_blocks(N), THREADS, 0, stream()>>>(
-        dinp, dout, inp, w, mean, rstd, N, C);
-    LAUNCH_CHECK("layernorm_backward_inp");
+    if (dinp) { /* NULL: the weight half alone (cuda_layernorm_backward_weight) */
+        layernorm_backward_inp_kernel<<<warp_row_blocks(N), THREADS, 0, stream()>>>(
+            dinp, dout, inp, w, mean, rstd, N, C);
+        LAUNCH_CHECK("layernorm_backward_inp");
+    }
+    if (!dw) return; /* NULL: the input half alone */
     int rows = column_chunk_rows(N, C, 2);
     dim3 grid = column_grid(N, C, rows);
     layernorm_backward_params_kernel<<<grid, dim3(WARP, WARP), 0, stream()>>>(
@@ -472,8 +475,9 @@ static void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const flo
     if (dinp && IC > 0) /* dinp[N,IC] += dout @ w:  dinp^T[IC,N] += w^T[IC,OC] * dout^T[OC,N] */
         CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, w, IC, dout,
                                  OC, &one, dinp, IC));
-    /* dw[OC,IC] += dout^T @ inp:  dw^T[IC,OC] += inp^T[IC,N] * (dout^T[OC,N])^T */
-    if (IC > 0)
+    /* dw[OC,IC] += dout^T @ inp:  dw^T[IC,OC] += inp^T[IC,N] * (dout^T[OC,N])^T
+     * (dw NULL: the input half alone, cuda_matmul_backward_input) */
+    if (dw && IC > 0)
         CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout,
                                  OC, &one, dw, IC));
     if (dbias) {
@@ -822,6 +826,30 @@ static void cuda_adamw(float *p, const float *g, float *m, float *v, long N, flo
     LAUNCH_CHECK("adamw");
 }
 
+/* ---- the backward in two halves (kernels.h): the fused kernels with one half off */
+
+static void cuda_matmul_backward_input(float *dinp, const float *dout, const float *w, int N,
+                                       int IC, int OC) {
+    cuda_matmul_backward(dinp, NULL, NULL, dout, NULL, w, N, IC, OC);
+}
+
+static void cuda_matmul_backward_weight(float *dw, float *dbias, const float *dout,
+                                        const float *inp, int N, int IC, int OC) {
+    cuda_matmul_backward(NULL, dw, dbias, dout, inp, NULL, N, IC, OC);
+}
+
+static void cuda_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
+                                          const float *w, const float *mean, const float *rstd,
+                                          int N, int C) {
+    cuda_layernorm_backward(dinp, NULL, NULL, dout, inp, w, mean, rstd, N, C);
+}
+
+static void cuda_layernorm_backward_weight(float *dw, float *db, const float *dout,
+                                           const float *inp, const float *mean,
+                                           const float *rstd, int N, int C) {
+    cuda_layernorm_backward(NULL, dw, db, dout, inp, NULL, mean, rstd, N, C);
+}
+
 /* ---- the table -------------------------------------------------------------- */
 
 /* Designated initializers: standard C++20, and accepted by nvcc and gcc in
@@ -847,6 +875,10 @@ extern "C" const kernels kernels_cuda = {
     .sum_squares = cuda_sum_squares,
     .adamw = cuda_adamw,
     .sum_squares_add = cuda_sum_squares_add,
+    .matmul_backward_input = cuda_matmul_backward_input,
+    .matmul_backward_weight = cuda_matmul_backward_weight,
+    .layernorm_backward_input = cuda_layernorm_backward_input,
+    .layernorm_backward_weight = cuda_layernorm_backward_weight,
 };
 
 /* ---- fixed scratch ------------------------------------------------------------ */

@@ -352,6 +352,140 @@ float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_
     return NULL;
 }
 
+/* ---- the backward in two halves ----------------------------------------------------- */
+
+static long lay_out_wgrads(gpt_wgrads *w, const gpt_layout *g, layer_widths wd, float *block) {
+    long N = (long)w->B * g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, used = 0;
+    for (int l = 0; l < w->hi - w->lo; l++) {
+        layer_wgrads *lw = &w->layer[l];
+        lw->dres3 = carve(block, &used, N * C);
+        lw->dfch = carve(block, &used, N * wd.mlp);
+        lw->dln2 = carve(block, &used, N * C);
+        lw->dres2 = carve(block, &used, N * C);
+        lw->dqkv = carve(block, &used, N * 3 * wd.attn);
+        lw->dln1 = carve(block, &used, N * C);
+    }
+    int last = w->hi == g->cfg.layers;
+    w->dlogits = last ? carve(block, &used, N * V) : NULL;
+    w->dlnf = last ? carve(block, &used, N * C) : NULL;
+    w->dx = w->lo == 0 ? carve(block, &used, N * C) : NULL;
+    return used;
+}
+
+static void wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, layer_widths wd) {
+    memset(w, 0, sizeof *w);
+    w->B = B; w->lo = lo; w->hi = hi;
+    w->layer = calloc((size_t)(hi - lo) + 1, sizeof *w->layer);
+    if (!w->layer) die("out of host memory");
+    w->bytes = lay_out_wgrads(w, g, wd, NULL) * (long)sizeof(float);
+    w->block = mem_alloc((size_t)w->bytes, MEM_ACTS);
+    lay_out_wgrads(w, g, wd, w->block);
+}
+
+void gpt_wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B) {
+    wgrads_alloc(w, g, lo, hi, B, full_widths(g));
+}
+
+void gpt_wgrads_alloc_local(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width) {
+    wgrads_alloc(w, g, lo, hi, B, (layer_widths){heads, (long)heads * (g->cfg.d_model / g->cfg.heads), mlp_width});
+}
+
+void gpt_wgrads_free(gpt_wgrads *w) {
+    mem_free(w->block);
+    free(w->layer);
+    memset(w, 0, sizeof *w);
+}
+
+void gpt_head_backward_input(const gpt_layout *g, const float *hp, gpt_acts *a, gpt_grad_scratch *s,
+                             gpt_wgrads *w, float dloss) {
+    int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
+    size_t nc = (size_t)N * C * sizeof(float);
+    K->crossentropy_backward(w->dlogits, a->probs, a->targets, dloss, N, V);
+    mem_zero(w->dlnf, nc);
+    K->matmul_backward_input(w->dlnf, w->dlogits, hp + g->head[HEAD_W].offset, N, C, V);
+    mem_zero(s->dres, nc);
+    K->layernorm_backward_input(s->dres, w->dlnf, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
+                                a->lnf_mean, a->lnf_rstd, N, C);
+}
+
+/* gpt_layer_backward with every weight gradient left out, and the douts W
+ * needs kept in w instead of in the shared scratch. */
+void gpt_layer_backward_input(const gpt_layout *g, const float *lp, const gpt_acts *a, int layer,
+                              gpt_grad_scratch *s, gpt_wgrads *w) {
+    int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
+    const layer_acts *la = &a->layer[layer - a->lo];
+    layer_wgrads *lw = &w->layer[layer - a->lo];
+    const float *x = layer_input(a, layer);
+    size_t nc = (size_t)N * C * sizeof(float), n4c = 4 * nc;
+    /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
+    mem_copy(lw->dres3, s->dres, nc);
+    mem_zero(s->dfch_gelu, n4c);
+    K->matmul_backward_input(s->dfch_gelu, s->dres, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
+    mem_zero(lw->dfch, n4c);
+    K->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
+    mem_zero(lw->dln2, nc);
+    K->matmul_backward_input(lw->dln2, lw->dfch, P(lp, LAYER_FC_W), N, C, 4 * C);
+    K->layernorm_backward_input(s->dres, lw->dln2, la->res2, P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
+    /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
+    mem_copy(lw->dres2, s->dres, nc);
+    mem_zero(s->datty, nc);
+    K->matmul_backward_input(s->datty, s->dres, P(lp, LAYER_ATTPROJ_W), N, C, C);
+    mem_zero(lw->dqkv, 3 * nc);
+    K->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
+    mem_zero(lw->dln1, nc);
+    K->matmul_backward_input(lw->dln1, lw->dqkv, P(lp, LAYER_QKV_W), N, C, 3 * C);
+    K->layernorm_backward_input(s->dres, lw->dln1, x, P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
+}
+
+void gpt_head_backward_weight(const gpt_layout *g, float *hg, const gpt_acts *a, const gpt_wgrads *w) {
+    int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
+    K->matmul_backward_weight(hg + g->head[HEAD_W].offset, NULL, w->dlogits, a->lnf, N, C, V);
+    K->layernorm_backward_weight(hg + g->head[HEAD_LNF_W].offset, hg + g->head[HEAD_LNF_B].offset, w->dlnf,
+                                 gpt_acts_output(a), a->lnf_mean, a->lnf_rstd, N, C);
+}
+
+/* In gpt_layer_backward's order, so the gradients come out the same. */
+void gpt_layer_backward_weight(const gpt_layout *g, float *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
+    int C = g->cfg.d_model, N = a->B * g->cfg.seq;
+    const layer_acts *la = &a->layer[layer - a->lo];
+    const layer_wgrads *lw = &w->layer[layer - a->lo];
+    K->matmul_backward_weight(P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N, 4 * C, C);
+    K->matmul_backward_weight(P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, 4 * C);
+    K->layernorm_backward_weight(P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
+                                 la->ln2_rstd, N, C);
+    K->matmul_backward_weight(P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, C, C);
+    K->matmul_backward_weight(P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * C);
+    K->layernorm_backward_weight(P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
+                                 la->ln1_mean, la->ln1_rstd, N, C);
+}
+
+void gpt_embed_backward_weight(const gpt_layout *g, float *eg, const gpt_acts *a, const gpt_wgrads *w) {
+    K->encoder_backward(eg + g->embed[EMBED_WTE].offset, eg + g->embed[EMBED_WPE].offset, w->dx, a->tokens,
+                        a->B, g->cfg.seq, g->cfg.d_model);
+}
+
+float *gpt_backward_input(const gpt_layout *g, const float *params, gpt_acts *a, gpt_grad_scratch *s,
+                          gpt_wgrads *w, const float *dout, float dloss) {
+    long begin, end;
+    size_t nc = (size_t)a->B * g->cfg.seq * g->cfg.d_model * sizeof(float);
+    gpt_range(g, a->lo, a->hi, &begin, &end);
+    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, params + gpt_head_offset(g) - begin, a, s, w, dloss);
+    else mem_copy(s->dres, dout, nc);
+    for (int l = a->hi - 1; l >= a->lo; l--)
+        gpt_layer_backward_input(g, params + gpt_layer_offset(g, l) - begin, a, l, s, w);
+    if (a->lo != 0) return s->dres;
+    mem_copy(w->dx, s->dres, nc); /* the embedding's W reads it */
+    return NULL;
+}
+
+void gpt_backward_weight(const gpt_layout *g, float *grads, const gpt_acts *a, const gpt_wgrads *w) {
+    long begin, end;
+    gpt_range(g, a->lo, a->hi, &begin, &end);
+    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, grads + gpt_head_offset(g) - begin, a, w);
+    for (int l = a->hi - 1; l >= a->lo; l--) gpt_layer_backward_weight(g, grads + gpt_layer_offset(g, l) - begin, a, l, w);
+    if (a->lo == 0) gpt_embed_backward_weight(g, grads, a, w);
+}
+
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a) {
     long n = (long)a->B * g->cfg.seq;
     float *host = malloc((size_t)n * sizeof(float));

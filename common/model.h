@@ -145,6 +145,61 @@ void gpt_layer_backward(const gpt_layout *g, const float *layer_params, float *l
                         gpt_acts *a, int layer, gpt_grad_scratch *s);
 void gpt_embed_backward(const gpt_layout *g, float *embed_grads, gpt_acts *a, gpt_grad_scratch *s);
 
+/* ---- the backward in two halves (lab04's zero-bubble schedules) -----------------
+ * B, the input half: the gradient of the range's input, which the previous
+ * pipeline stage waits for. W, the weight half: the gradients of the weights,
+ * which nobody waits for until the optimizer step, so a schedule may run it
+ * later, in what would otherwise be idle time. B then W gives exactly
+ * gpt_backward's gradients (the same kernels on the same values).
+ *
+ * What W needs from B: the gradient at the output of every matmul and
+ * LayerNorm of the range (the "dout" of their weight gradients). B leaves them
+ * in a gpt_wgrads block, one per micro-batch, which lives from B until W; the
+ * inputs of those matmuls and LayerNorms are in the micro-batch's gpt_acts,
+ * which must therefore also live until W (not only until B). Both blocks are
+ * in the activations category, so a schedule's deferred W's show in its
+ * activation peak. */
+typedef struct layer_wgrads {
+    float *dres3; /* [B,T,C] gradient of the layer's output: fc-proj's dout */
+    float *dfch;  /* [B,T,4C] fc's dout (through GELU) */
+    float *dln2;  /* [B,T,C] LN2's dout */
+    float *dres2; /* [B,T,C] gradient of res2: att-proj's dout */
+    float *dqkv;  /* [B,T,3C] qkv's dout */
+    float *dln1;  /* [B,T,C] LN1's dout */
+} layer_wgrads;
+
+typedef struct gpt_wgrads {
+    int B, lo, hi;
+    layer_wgrads *layer;  /* hi - lo of them */
+    float *dlogits, *dlnf; /* last stage: the head's matmul and LN_f douts */
+    float *dx;            /* first stage: the gradient of the embedding's output */
+    float *block;         /* the one allocation (activations category) */
+    long bytes;
+} gpt_wgrads;
+
+void gpt_wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B);
+/* At a tensor-parallel rank's local widths, as gpt_acts_alloc_local. */
+void gpt_wgrads_alloc_local(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width);
+void gpt_wgrads_free(gpt_wgrads *w);
+
+/* B of the range: gpt_backward without any weight gradient, filling w; returns
+ * the gradient of x_in (inside s, valid until the next backward), NULL on the
+ * first stage. */
+float *gpt_backward_input(const gpt_layout *g, const float *params, gpt_acts *a, gpt_grad_scratch *s,
+                          gpt_wgrads *w, const float *dout, float dloss);
+/* W of the range: accumulates every weight gradient from a and w. */
+void gpt_backward_weight(const gpt_layout *g, float *grads, const gpt_acts *a, const gpt_wgrads *w);
+/* The pieces, per block as the fused ones above (s->dres carries the residual
+ * gradient from the head down through the layers in B). */
+void gpt_head_backward_input(const gpt_layout *g, const float *head_params, gpt_acts *a, gpt_grad_scratch *s,
+                             gpt_wgrads *w, float dloss);
+void gpt_layer_backward_input(const gpt_layout *g, const float *layer_params, const gpt_acts *a, int layer,
+                              gpt_grad_scratch *s, gpt_wgrads *w);
+void gpt_head_backward_weight(const gpt_layout *g, float *head_grads, const gpt_acts *a, const gpt_wgrads *w);
+void gpt_layer_backward_weight(const gpt_layout *g, float *layer_grads, const gpt_acts *a, int layer,
+                               const gpt_wgrads *w);
+void gpt_embed_backward_weight(const gpt_layout *g, float *embed_grads, const gpt_acts *a, const gpt_wgrads *w);
+
 /* The mean of a->losses, read back to the host. */
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a);
 

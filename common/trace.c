@@ -278,6 +278,20 @@ trace_summary trace_summarize(int first_measured) {
     return sum;
 }
 
+double trace_op_seconds(const char *op, int first_measured, int *count) {
+    resolve();
+    double total = 0;
+    int n = 0;
+    for (size_t i = 0; i < n_events; i++) {
+        const event *ev = &events[i];
+        if (!ev->resolved || ev->step < 0 || ev->step < first_measured || strcmp(ev->op, op)) continue;
+        total += ev->t1 - ev->t0;
+        n++;
+    }
+    if (count) *count = n;
+    return total;
+}
+
 /* What travels to rank 0: fixed size, so one MPI_BYTE Gatherv carries it. */
 typedef struct {
     double t0, t1;

@@ -30,6 +30,10 @@ void trace_step_end(int step);
 typedef struct { double wall, compute, comm; int steps; } trace_summary;
 trace_summary trace_summarize(int first_measured);
 
+/* Seconds inside this rank's events named `op` over the measured steps, and
+ * how many there were (e.g. the forwards, to time one micro-batch's). */
+double trace_op_seconds(const char *op, int first_measured, int *count);
+
 /* Collective over `world`: gathers every rank's events to rank 0, which writes
  * a Chrome trace (JSON, opens in Perfetto) and a CSV timeline with columns
  * rank,start_us,end_us,op,kind,micro_batch,step. Times are relative to the

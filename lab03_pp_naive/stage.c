@@ -31,22 +31,31 @@ void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const datase
 
 void stage_init_model(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
                       const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches) {
+    int r = pipe->rank, p = pipe->size;
+    stage_place place = {r, p, r > 0 ? r - 1 : -1, r < p - 1 ? r + 1 : -1, NULL, NULL, NULL, NULL};
+    stage_init_placed(s, pipe, g, model, data, seed, first_row, batch, micro_batches, &place);
+}
+
+void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
+                       const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches,
+                       const stage_place *place) {
     memset(s, 0, sizeof *s);
     s->pipe = pipe;
-    s->index = pipe->rank;
-    s->count = pipe->size;
-    s->prev = s->index > 0 ? s->index - 1 : -1;
-    s->next = s->index < s->count - 1 ? s->index + 1 : -1;
+    s->index = place->index;
+    s->count = place->count;
+    s->prev = place->prev;
+    s->next = place->next;
     s->g = g;
     s->model = model;
     stage_layers(g->cfg.layers, s->count, s->index, &s->lo, &s->hi);
     if (model) model->range(model->ctx, s->lo, s->hi, &s->begin, &s->end);
     else gpt_range(g, s->lo, s->hi, &s->begin, &s->end);
     size_t n = (size_t)(s->end - s->begin) * sizeof(float);
-    s->params = mem_alloc(n, MEM_PARAMS);
-    s->grads = mem_alloc(n, MEM_GRADS);
-    s->adam_m = mem_alloc(n, MEM_OPTIM);
-    s->adam_v = mem_alloc(n, MEM_OPTIM);
+    s->owns_buffers = !place->params;
+    s->params = s->owns_buffers ? mem_alloc(n, MEM_PARAMS) : place->params;
+    s->grads = s->owns_buffers ? mem_alloc(n, MEM_GRADS) : place->grads;
+    s->adam_m = s->owns_buffers ? mem_alloc(n, MEM_OPTIM) : place->adam_m;
+    s->adam_v = s->owns_buffers ? mem_alloc(n, MEM_OPTIM) : place->adam_v;
     /* the same values lab01 has at these offsets: initial weights are a pure
      * function of (seed, tensor, element), not of who creates them */
     if (model) model->init_params(model->ctx, seed, s->lo, s->hi, s->params);
@@ -70,10 +79,12 @@ void stage_init_model(pipeline_stage *s, comm *pipe, const gpt_layout *g, const 
 }
 
 void stage_free(pipeline_stage *s) {
-    mem_free(s->params);
-    mem_free(s->grads);
-    mem_free(s->adam_m);
-    mem_free(s->adam_v);
+    if (s->owns_buffers) {
+        mem_free(s->params);
+        mem_free(s->grads);
+        mem_free(s->adam_m);
+        mem_free(s->adam_v);
+    }
     mem_free(s->dout);
     gpt_scratch_free(&s->scratch);
     free(s->tokens);
@@ -184,17 +195,6 @@ void stage_recv_backward(pipeline_stage *s, int mb) {
 
 void stage_send_backward(pipeline_stage *s, const float *dx, int mb) {
     exchange(s, dx, s->prev, "send_grad", mb, NULL, -1, NULL, -1);
-}
-
-void stage_send_forward_recv_backward(pipeline_stage *s, const gpt_acts *a, int send_mb, int recv_mb) {
-    /* both go to / come from the next stage */
-    exchange(s, gpt_acts_output(a), s->next, "send_act", send_mb, s->dout, s->next, "recv_grad", recv_mb);
-}
-
-void stage_send_backward_recv_forward(pipeline_stage *s, const float *dx, int send_mb,
-                                      gpt_acts *a, int recv_mb) {
-    /* both go to / come from the previous stage */
-    exchange(s, dx, s->prev, "send_grad", send_mb, a->x_in, s->prev, "recv_act", recv_mb);
 }
 
 void stage_forward(pipeline_stage *s, gpt_acts *a, int mb) {

@@ -5,9 +5,9 @@
  * of the input back).
  *
  * Every exchange is one paired comm_sendrecv, so a send and a receive that two
- * neighbours post at the same moment can never wait on each other. The lab04
- * schedules call the same functions; 1F1B also needs the two fused exchanges
- * (send the output and receive a gradient in one call, and the reverse).
+ * neighbours post at the same moment can never wait on each other. lab04 runs
+ * the same stages (one per model chunk of a rank, as "virtual stages") and the
+ * same compute, under its own schedules, which post their messages themselves.
  *
  * Timeline events (the CSV and the Chrome trace):
  *   compute  "forward", "backward", "alloc_acts" (micro-batch index),
@@ -48,12 +48,31 @@ typedef struct stage_model {
     void (*forward)(void *ctx, const float *params, gpt_acts *a);
     float *(*backward)(void *ctx, const float *params, float *grads, gpt_acts *a,
                        gpt_grad_scratch *s, const float *dout, float dloss);
+    /* The backward in two halves (lab04's zero-bubble schedules): gpt_wgrads_alloc,
+     * gpt_backward_input, gpt_backward_weight. NULL: the model has no split backward. */
+    void (*wgrads_alloc)(void *ctx, gpt_wgrads *w, int lo, int hi, int rows);
+    float *(*backward_input)(void *ctx, const float *params, gpt_acts *a, gpt_grad_scratch *s,
+                             gpt_wgrads *w, const float *dout, float dloss);
+    void (*backward_weight)(void *ctx, float *grads, const gpt_acts *a, const gpt_wgrads *w);
 } stage_model;
+
+/* Where a stage sits in the pipeline. lab03's stage r of p is virtual stage r
+ * of p with neighbours r-1 and r+1 and buffers of its own. lab04 runs several
+ * virtual stages per rank (its interleaved and V schedules): stage `index` of
+ * `count` runs the layers stage_layers(L, count, index), its neighbours may be
+ * any rank of the pipe (this one included), and the rank's stages share one
+ * flat buffer per kind, each stage a range of it. */
+typedef struct stage_place {
+    int index, count;  /* this virtual stage, of how many */
+    int prev, next;    /* ranks of the neighbouring stages; -1 at the ends */
+    float *params, *grads, *adam_m, *adam_v; /* NULL: allocate its own */
+} stage_place;
 
 typedef struct pipeline_stage {
     comm *pipe;             /* rank r of this communicator is stage r */
     int index, count;       /* this stage r, and the number of stages p */
     int prev, next;         /* the neighbours' ranks; -1 at the ends of the pipe */
+    int owns_buffers;       /* params .. adam_v were allocated here (stage_place's NULL) */
     int lo, hi;             /* the layers [lo, hi) this stage runs */
     const gpt_layout *g;
     const stage_model *model; /* NULL: common/'s full-width model */
@@ -90,6 +109,12 @@ void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const datase
  * stage_init_model(.., NULL, .., 0, global_batch, ..). */
 void stage_init_model(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
                       const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches);
+/* The same at any place (stage_init_model is this with lab03's place). The
+ * caller's buffers, when given, hold at least the stage's range (model->range
+ * or gpt_range of its layers) and outlive the stage. */
+void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
+                       const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches,
+                       const stage_place *place);
 void stage_free(pipeline_stage *s);
 
 /* Start a step: zero the gradients (they accumulate over micro-batches). */
@@ -116,10 +141,6 @@ void stage_recv_forward(pipeline_stage *s, gpt_acts *a, int mb);         /* a->x
 void stage_send_forward(pipeline_stage *s, const gpt_acts *a, int mb);   /* output -> next */
 void stage_recv_backward(pipeline_stage *s, int mb);                     /* s->dout <- next */
 void stage_send_backward(pipeline_stage *s, const float *dx, int mb);    /* dx -> prev */
-/* 1F1B's steady state: both directions in one paired call. */
-void stage_send_forward_recv_backward(pipeline_stage *s, const gpt_acts *a, int send_mb, int recv_mb);
-void stage_send_backward_recv_forward(pipeline_stage *s, const float *dx, int send_mb,
-                                      gpt_acts *a, int recv_mb);
 
 /* A whole forward / backward of one micro-batch: receive, compute, send. */
 void stage_forward(pipeline_stage *s, gpt_acts *a, int mb);

@@ -1,112 +1,156 @@
-/* lab04_1f1b: pipeline parallelism with micro-batches, GPipe and 1F1B.
+/* lab04_1f1b: pipeline schedules, as data: GPipe, 1F1B, interleaved 1F1B and
+ * the zero-bubble schedules ZB-H1 and ZB-V.
  *
  * The stages are lab03's (stage.c: the same layer split, the same forward and
- * backward of one micro-batch with its sends and receives). What changes is the
- * schedule: the global batch is cut into m micro-batches of B/m rows, so while
- * stage r works on micro-batch i, stage r+1 can already work on i-1. The
- * gradients of all m micro-batches accumulate (each backward weighs its loss by
- * 1/(B x T), so the sum is the whole batch's gradient) and there is one
- * optimizer step per global batch: the loss curve is still lab01's.
+ * backward of one micro-batch). What changes is the schedule: the global batch
+ * is cut into m micro-batches of B/m rows, so while stage r works on
+ * micro-batch i, stage r+1 can already work on i-1. The gradients of all m
+ * micro-batches accumulate (each backward weighs its loss by 1/(B x T), so the
+ * sum is the whole batch's gradient) and there is one optimizer step per
+ * global batch: the loss curve is still lab01's, whatever the schedule.
  *
- * --schedule gpipe runs all forwards, then all backwards; --schedule 1f1b
- * (schedule.c) alternates them after a short warm-up. Both idle for p-1 slots
- * out of m+p-1: the bubble (p-1)/(m+p-1). 1F1B keeps at most min(m, p-r)
- * micro-batches of activations on stage r instead of all m.
+ * A schedule is a list of actions per rank (schedule.c: F, B, W of a
+ * micro-batch on one of the rank's model chunks), made by a pure function and
+ * printed by --print-schedule; one executor (executor.c) runs any list.
+ * gpipe and 1f1b idle p-1 slots of a micro-batch's forward and backward out
+ * of m+p-1; interleaved (--virtual-stages v chunks per rank) cuts that by v at
+ * v times the messages; zb-h1 and zb-v split the backward into B (the input
+ * gradient, which the previous stage waits for) and W (the weight gradient,
+ * which can wait) and fill the idle slots with W's.
  *
- * What to look at: the bubble per rank against (p-1)/(m+p-1) as m grows; the
- * timeline in Perfetto (runs/lab04_1f1b_pp_4_m_8_1f1b_trace.json), where the
- * two schedules' orders are plain to see; the "pipeline stages" lines, the
- * activation peak per stage (measured by the allocator) against the formula. */
+ * What to look at: the bubble per rank against each schedule's formula,
+ * evaluated on the measured t_F, t_B, t_W (the "schedule" lines at the end)
+ * and against the unit-time textbook figure; the timeline in Perfetto
+ * (runs/lab04_1f1b_pp_4_m_8_zb-h1_trace.json), where each schedule's order is
+ * plain to see; the "pipeline ranks" lines, the activation peak per rank
+ * (measured by the allocator) against the schedule's blocks in flight. */
 #include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
+#include "executor.h"
 #include "model.h"
 #include "run.h"
 #include "schedule.h"
-#include "stage.h"
+#include "textbuf.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
-    int micro_batches = 8;
-    const char *schedule = "1f1b";
+    int micro_batches = 8, virtual_stages = 2, print_schedule = 0;
+    const char *schedule_arg = "1f1b";
     flag_spec flags[] = {
         {"--micro-batches", FLAG_INT, &micro_batches,
          "cut the global batch into this many micro-batches (must divide --batch)", 1, NULL},
-        {"--schedule", FLAG_STRING, &schedule,
-         "gpipe: all forwards, then all backwards; 1f1b: one forward, one backward", 0, "1f1b|gpipe"},
+        {"--schedule", FLAG_STRING, &schedule_arg,
+         "gpipe: all forwards, then all backwards; 1f1b: one forward, one backward; interleaved: 1f1b over "
+         "--virtual-stages chunks per rank; zb-h1, zb-v: the backward split, weight gradients fill the bubble",
+         0, SCHEDULE_CHOICES},
+        {"--virtual-stages", FLAG_INT, &virtual_stages,
+         "model chunks per rank for --schedule interleaved (--layers must divide by ranks x chunks)", 1, NULL},
+        {"--print-schedule", FLAG_BOOL, &print_schedule,
+         "print every rank's list of actions (F, B, W of micro-batch.chunk) and exit", 0, NULL},
     };
-    lab_info lab = {"lab04_1f1b", "pipeline parallelism with micro-batches: lab03's stages under "
-                    "the GPipe or the 1F1B schedule, one optimizer step per global batch", flags, 2};
+    lab_info lab = {"lab04_1f1b", "pipeline parallelism with micro-batches: lab03's stages under a schedule "
+                    "(a list of actions per rank), one optimizer step per global batch", flags, 4};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
-    run_check(&ctx, stage_split_possible(ctx.opt.layers, ctx.size),
-              "--layers %d cannot be split into %d pipeline stages: every stage needs at least one "
-              "layer (give more --layers or run fewer ranks)", ctx.opt.layers, ctx.size);
-    run_check(&ctx, ctx.opt.batch % micro_batches == 0,
-              "--batch %d is not divisible by --micro-batches %d", ctx.opt.batch, micro_batches);
+    const int p = ctx.size, m = micro_batches;
+    const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, p, m, virtual_stages);
+    run_check(&ctx, ctx.opt.batch % m == 0, "--batch %d is not divisible by --micro-batches %d", ctx.opt.batch, m);
+    if (print_schedule) {
+        run_agree_or_exit(ctx.error);
+        if (ctx.rank == 0) {
+            schedule s;
+            schedule_make(&s, kind, p, m, virtual_stages);
+            schedule_print(&s);
+            schedule_free(&s);
+        }
+        MPI_Finalize();
+        return 0;
+    }
     run_setup(&ctx);
 
     comm pipe;
     comm_init(&pipe, MPI_COMM_WORLD, ctx.backend);
     gpt_layout g;
     gpt_layout_init(&g, &ctx.model);
-    pipeline_stage st;
-    stage_init(&st, &pipe, &g, &ctx.data, (uint64_t)ctx.opt.seed, ctx.opt.batch, micro_batches);
-    ckpt_view view; /* this stage's layers: local [0, n) is global [begin, end) */
-    ckpt_view_range(&view, st.params, st.adam_m, st.adam_v, st.begin, st.end);
+    pipeline_rank pr;
+    pipeline_init(&pr, &pipe, &g, NULL, &ctx.data, (uint64_t)ctx.opt.seed, 0, ctx.opt.batch, kind, m,
+                  virtual_stages);
+    ckpt_view view; /* this rank's chunks: one run of the model's layout each */
+    pipeline_checkpoint_view(&pr, &view);
     const int first = ckpt_resume(&ctx, &view);
-    const int p = pipe.size, m = micro_batches;
-    const schedule_kind kind = schedule_parse(schedule);
-    const double theory = schedule_bubble_theory(p, m);
+    const int v = pr.v;
+    const double theory = schedule_bubble_textbook(kind, p, m, v);
     if (ctx.rank == 0)
-        printf("pipeline: %d stage%s, %d micro-batch%s of %d rows, schedule %s | bubble theory "
-               "(p-1)/(m+p-1) = %.3f\n", p, p == 1 ? "" : "s", m, m == 1 ? "" : "es", st.rows,
-               schedule_name(kind), theory);
+        printf("pipeline: %d rank%s x %d chunk%s, %d micro-batch%s of %d rows, schedule %s | bubble theory "
+               "(unit times) %s = %.3f\n", p, p == 1 ? "" : "s", v, v == 1 ? "" : "s", m, m == 1 ? "" : "es",
+               pr.chunk[0].rows, schedule_name(kind), schedule_bubble_textbook_text(kind), theory);
 
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
-        stage_step_begin(&st, step);
-        schedule_run(&st, kind, m);
-        double loss = stage_optimizer_step(&st, &ctx.adamw, ctx.opt.clip);
+        pipeline_step_begin(&pr, step);
+        pipeline_run(&pr);
+        double loss = pipeline_optimizer_step(&pr, &ctx.adamw, ctx.opt.clip);
         char bubble[64];
-        run_step_end(&ctx, i, loss, stage_bubble_text(&st, theory, bubble));
+        run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
     double eval_loss = -1;
     if (ctx.opt.eval) {
-        eval_loss = stage_evaluate(&st, &ctx.data, ctx.opt.batch, ctx.opt.seq);
+        eval_loss = pipeline_evaluate(&pr, &ctx.data, ctx.opt.batch, ctx.opt.seq);
         ckpt_print_eval(&ctx, eval_loss);
     }
 
-    char *stages_json = stage_report_json(&st, schedule_acts_in_flight(kind, p, pipe.rank, m),
-                                          schedule_acts_formula(kind));
-    size_t json_len = strlen(stages_json) + 128;
-    char *extra_json = malloc(json_len);
-    if (!extra_json) die("out of host memory");
-    snprintf(extra_json, json_len, "\"micro_batches\":%d,\"schedule\":\"%s\",%s", m, schedule_name(kind),
-             stages_json);
-    char layout[48];
-    snprintf(layout, sizeof layout, "pp=%d m=%d %s", p, m, schedule_name(kind));
-    /* The same bytes as lab03, in m messages of B/m rows instead of one. */
-    int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
+    /* The theory beside the measurement: each schedule's formula on the
+     * measured times of one micro-batch (the mean over the ranks). */
+    double t[3];
+    pipeline_measured_times(&pr, ctx.steps_done > 1 ? 1 : 0, t);
+    const int split = pr.sched.split;
+    const double t_b = split ? t[1] : t[1] / 2, t_w = split ? t[2] : t[1] / 2; /* unsplit: B + W as one */
+    const double formula = schedule_bubble_formula(&pr.sched, t[0], t_b, t_w);
+    if (ctx.rank == 0) {
+        printf("schedule %s: one micro-batch per rank's share, mean over ranks: t_F %.2f ms, ", schedule_name(kind),
+               1e3 * t[0]);
+        if (split) printf("t_B %.2f ms (input half), t_W %.2f ms (weight half)\n", 1e3 * t[1], 1e3 * t[2]);
+        else printf("t_B %.2f ms (the whole backward)\n", 1e3 * t[1]);
+        printf("  bubble by the formula, %s, on these times: %.3f | textbook, unit times: %s = %.3f\n",
+               schedule_bubble_formula_text(kind), formula, schedule_bubble_textbook_text(kind), theory);
+        fflush(stdout);
+    }
+
+    char *stages_json = pipeline_report_json(&pr);
+    textbuf extra = {0};
+    textbuf_printf(&extra, "\"micro_batches\":%d,\"schedule\":\"%s\",\"t_forward_s\":%.6g,\"t_backward_s\":%.6g,"
+                   "\"t_weight_s\":%.6g,\"bubble_formula\":%.6g,\"bubble_formula_text\":\"%s\",%s", m,
+                   schedule_name(kind), t[0], t[1], t[2], formula, schedule_bubble_formula_text(kind), stages_json);
+    char layout[64];
+    if (kind == SCHEDULE_INTERLEAVED) snprintf(layout, sizeof layout, "pp=%d m=%d %s v=%d", p, m, schedule_name(kind), v);
+    else snprintf(layout, sizeof layout, "pp=%d m=%d %s", p, m, schedule_name(kind));
+    /* Across each of the busiest rank's boundaries to another rank go m
+     * activations one way and m gradients the other, B/m x T x C floats each. */
+    int links = 0;
+    for (int r = 0; r < p; r++) {
+        int l = schedule_remote_links(&pr.sched, r);
+        if (l > links) links = l;
+    }
     double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra.s);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
-                         .comm_formula_bytes = boundaries * 2 * boundary_bytes,
-                         .comm_formula = "busiest stage: boundaries x (activation + gradient) "
+                         .comm_formula_bytes = links * 2 * boundary_bytes,
+                         .comm_formula = "busiest rank: boundaries to other ranks x (activations + gradients) "
                                          "x B x T x C x 4 bytes",
                          .bubble_theory = theory, .extra_json = record};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);
 
-    free(extra_json);
+    free(extra.s);
     free(stages_json);
-    stage_free(&st);
+    pipeline_free(&pr);
     comm_free(&pipe);
     MPI_Finalize();
     return 0;

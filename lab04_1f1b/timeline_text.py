@@ -1,6 +1,7 @@
 """Draw one step of a pipeline timeline as text: one line per rank, time to the
-right, each forward "F3" / backward "B3" (micro-batch 3) as wide as it took,
-idle time as dots. The same picture Perfetto shows, for a terminal or a README.
+right, each forward "F3" / backward "B3" / weight half "W3" (micro-batch 3) as
+wide as it took, idle time as dots. The same picture Perfetto shows, for a
+terminal or a README.
 
 usage: python3 timeline_text.py TIMELINE.csv [STEP] [COLUMNS]
   TIMELINE.csv: the run's timeline (the record's "timeline"; runs/*_timeline.csv)
@@ -22,7 +23,7 @@ def main():
     scale = (t1 - t0) / width  # microseconds per column
     ranks = sorted({int(r["rank"]) for r in events})
     print(f"step {step}, {(t1 - t0) / 1e3:.1f} ms, one column = {scale / 1e3:.2f} ms; "
-          "F3/B3 = forward/backward of micro-batch 3, '#' other compute, '.' idle")
+          "F3/B3/W3 = forward/backward/weight half of micro-batch 3, '#' other compute, '.' idle")
     for rank in ranks:
         line = ["."] * width
         for r in events:
@@ -31,7 +32,8 @@ def main():
             a = int((float(r["start_us"]) - t0) / scale)
             b = max(a + 1, int((float(r["end_us"]) - t0) / scale))
             op = r["op"]
-            label = (op[0].upper() + r["micro_batch"]) if op in ("forward", "backward") else "#"
+            letter = {"forward": "F", "backward": "B", "backward_weight": "W"}.get(op)
+            label = letter + r["micro_batch"] if letter else "#"
             text = (label + "-" * width)[: b - a] if label != "#" else "#" * (b - a)
             if len(text) > 1 and label != "#":
                 text = text[:-1] + "|"  # mark where the event ends

@@ -327,6 +327,89 @@ float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *gr
     return NULL;
 }
 
+/* ---- the backward in two halves ------------------------------------------------------ */
+
+void tp_wgrads_alloc(gpt_wgrads *w, const tp_layout *tl, int lo, int hi, int B) {
+    gpt_wgrads_alloc_local(w, &tl->g, lo, hi, B, tl->heads, tl->hidden);
+}
+
+/* tp_layer_backward without the weight gradients: the same input-gradient
+ * GEMMs and the same two all-reduces, the douts kept in w. */
+void tp_layer_backward_input(const tp_layout *tl, comm *tp, const float *lp, const gpt_acts *a, int layer,
+                             gpt_grad_scratch *s, gpt_wgrads *w) {
+    const gpt_config *cfg = &tl->g.cfg;
+    int B = a->B, T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
+    const layer_acts *la = &a->layer[layer - a->lo];
+    layer_wgrads *lw = &w->layer[layer - a->lo];
+    const float *x = layer_input(a, layer);
+    size_t nc = (size_t)N * C * sizeof(float), nh = (size_t)N * tl->hidden * sizeof(float);
+
+    /* MLP: row-parallel fc-proj's input gradient, GELU, column-parallel fc's, then f */
+    mem_copy(lw->dres3, s->dres, nc);
+    mem_zero(s->dfch_gelu, nh);
+    K->matmul_backward_input(s->dfch_gelu, s->dres, LP(lp, LAYER_FCPROJ_W), N, tl->hidden, C);
+    mem_zero(lw->dfch, nh);
+    K->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * tl->hidden);
+    mem_zero(lw->dln2, nc);
+    K->matmul_backward_input(lw->dln2, lw->dfch, LP(lp, LAYER_FC_W), N, C, tl->hidden);
+    tp_f_backward(tp, lw->dln2, (long)N * C); /* all-reduce 1 of 2 */
+    K->layernorm_backward_input(s->dres, lw->dln2, la->res2, LP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
+
+    /* attention: row-parallel out-proj, attention over this rank's heads, column-parallel qkv, then f */
+    mem_copy(lw->dres2, s->dres, nc);
+    mem_zero(s->datty, (size_t)N * tl->width * sizeof(float));
+    K->matmul_backward_input(s->datty, s->dres, LP(lp, LAYER_ATTPROJ_W), N, tl->width, C);
+    mem_zero(lw->dqkv, (size_t)N * 3 * tl->width * sizeof(float));
+    K->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, tl->heads, HS);
+    mem_zero(lw->dln1, nc);
+    K->matmul_backward_input(lw->dln1, lw->dqkv, LP(lp, LAYER_QKV_W), N, C, 3 * tl->width);
+    tp_f_backward(tp, lw->dln1, (long)N * C); /* all-reduce 2 of 2 */
+    K->layernorm_backward_input(s->dres, lw->dln1, x, LP(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
+}
+
+/* In tp_layer_backward's order; the replicated tensors (LayerNorms, row-parallel
+ * biases) get the same gradient on every TP rank, from the same full douts. */
+void tp_layer_backward_weight(const tp_layout *tl, float *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
+    const gpt_config *cfg = &tl->g.cfg;
+    int C = cfg->d_model, N = a->B * cfg->seq;
+    const layer_acts *la = &a->layer[layer - a->lo];
+    const layer_wgrads *lw = &w->layer[layer - a->lo];
+    K->matmul_backward_weight(LP(gp, LAYER_FCPROJ_W), LP(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N,
+                              tl->hidden, C);
+    K->matmul_backward_weight(LP(gp, LAYER_FC_W), LP(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, tl->hidden);
+    K->layernorm_backward_weight(LP(gp, LAYER_LN2_W), LP(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
+                                 la->ln2_rstd, N, C);
+    K->matmul_backward_weight(LP(gp, LAYER_ATTPROJ_W), LP(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, tl->width, C);
+    K->matmul_backward_weight(LP(gp, LAYER_QKV_W), LP(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * tl->width);
+    K->layernorm_backward_weight(LP(gp, LAYER_LN1_W), LP(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
+                                 la->ln1_mean, la->ln1_rstd, N, C);
+}
+
+float *tp_backward_input(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a, gpt_grad_scratch *s,
+                         gpt_wgrads *w, const float *dout, float dloss) {
+    const gpt_layout *g = &tl->g;
+    long begin, end;
+    size_t nc = (size_t)a->B * g->cfg.seq * g->cfg.d_model * sizeof(float);
+    tp_range(tl, a->lo, a->hi, &begin, &end);
+    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, params + tp_head_offset(tl) - begin, a, s, w, dloss);
+    else mem_copy(s->dres, dout, nc);
+    for (int l = a->hi - 1; l >= a->lo; l--)
+        tp_layer_backward_input(tl, tp, params + tp_layer_offset(tl, l) - begin, a, l, s, w);
+    if (a->lo != 0) return s->dres;
+    mem_copy(w->dx, s->dres, nc); /* full and identical on every rank after layer 0's f */
+    return NULL;
+}
+
+void tp_backward_weight(const tp_layout *tl, float *grads, const gpt_acts *a, const gpt_wgrads *w) {
+    const gpt_layout *g = &tl->g;
+    long begin, end;
+    tp_range(tl, a->lo, a->hi, &begin, &end);
+    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, grads + tp_head_offset(tl) - begin, a, w);
+    for (int l = a->hi - 1; l >= a->lo; l--)
+        tp_layer_backward_weight(tl, grads + tp_layer_offset(tl, l) - begin, a, l, w);
+    if (a->lo == 0) gpt_embed_backward_weight(g, grads, a, w);
+}
+
 /* ---- optimizer and clipping --------------------------------------------------------- */
 
 void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const float *grads,

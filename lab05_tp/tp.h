@@ -146,6 +146,19 @@ void tp_forward(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a)
 float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *grads, gpt_acts *a,
                    gpt_grad_scratch *s, const float *dout, float dloss);
 
+/* The same backward in two halves, as gpt_backward_input and
+ * gpt_backward_weight (lab04's zero-bubble schedules, in lab06): the input
+ * half holds both all-reduces of every layer (f's backward sits on the input
+ * gradient's path) and keeps in w what the weight half needs; the weight
+ * half is local GEMMs only. w at this rank's widths: tp_wgrads_alloc. */
+void tp_wgrads_alloc(gpt_wgrads *w, const tp_layout *tl, int lo, int hi, int B);
+void tp_layer_backward_input(const tp_layout *tl, comm *tp, const float *lp, const gpt_acts *a, int layer,
+                             gpt_grad_scratch *s, gpt_wgrads *w);
+void tp_layer_backward_weight(const tp_layout *tl, float *gp, const gpt_acts *a, int layer, const gpt_wgrads *w);
+float *tp_backward_input(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a, gpt_grad_scratch *s,
+                         gpt_wgrads *w, const float *dout, float dloss);
+void tp_backward_weight(const tp_layout *tl, float *grads, const gpt_acts *a, const gpt_wgrads *w);
+
 /* ---- optimizer and clipping --------------------------------------------------------- */
 /* Squares of the range's gradients, split in two: the sharded matrices' (sum
  * them over the TP group: each rank holds different elements) and the

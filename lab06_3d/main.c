@@ -3,9 +3,9 @@
  * The three techniques of the course at once, on a grid of t x p x d ranks
  * (--tp, --pp, --dp; grid.h). Every layer's matrices are split over the t ranks
  * of a TP group (lab05: two all-reduces per layer each way); the layers are cut
- * into p pipeline stages run under lab04's 1F1B or GPipe schedule with m
- * micro-batches (lab03's stages, computing with lab05's layers through the
- * stage's model hooks: stage3d.c); and that whole pipeline is replicated d
+ * into p pipeline stages run under any of lab04's schedules with m
+ * micro-batches (lab03's stages in lab04's executor, computing with lab05's
+ * layers through the stage's model hooks: stage3d.c); and that whole pipeline is replicated d
  * times, each replica taking B/d rows of the global batch, with lab01's
  * gradient all-reduce across the replicas once the pipeline has flushed. The
  * optimizer step clips by the norm of the whole model, every element counted
@@ -28,6 +28,7 @@
 #include "comm.h"
 #include "device.h"
 #include "dp.h"
+#include "executor.h"
 #include "grid.h"
 #include "model.h"
 #include "report3d.h"
@@ -40,15 +41,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --eval: lab03's stage_evaluate (the pipeline forward on the held-out
+/* --eval: lab04's pipeline_evaluate (the pipeline forward on the held-out
  * batches, no backward), each replica on its own B/d rows of every held-out
- * batch (st->first_row), as in training; averaged over the replicas, that is
- * the mean over the whole batch, lab01's. The forward's TP all-reduces stay out
- * of the traffic counts, so the record's per-step figures are the training's. */
-static double evaluate(const run_ctx *ctx, pipeline_stage *st, process_grid *g) {
+ * batch (the stages' first_row), as in training; averaged over the replicas,
+ * that is the mean over the whole batch, lab01's. The forward's TP all-reduces
+ * stay out of the traffic counts, so the record's per-step figures are the
+ * training's. */
+static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g) {
     comm_stat tp_training[COLL_NKINDS];
     memcpy(tp_training, g->tp.stats, sizeof tp_training);
-    double loss = stage_evaluate(st, &ctx->data, ctx->opt.batch, ctx->opt.seq);
+    double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
     memcpy(g->tp.stats, tp_training, sizeof tp_training);
     comm_allreduce_host(&g->dp, &loss, 1);
     return loss / g->dp.size;
@@ -59,21 +61,24 @@ int main(int argc, char **argv) {
     int ranks;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     const grid_dims defaults = grid_defaults(ranks); /* what --help shows for this rank count */
-    int tp = defaults.tp, pp = defaults.pp, dp = defaults.dp, micro_batches = 4, check_sync = 0;
-    const char *schedule = "1f1b";
+    int tp = defaults.tp, pp = defaults.pp, dp = defaults.dp, micro_batches = 4, virtual_stages = 2, check_sync = 0;
+    const char *schedule_arg = "1f1b";
     flag_spec flags[] = {
         {"--tp", FLAG_INT, &tp, "tensor-parallel degree t, ranks per TP group (omitted: 2 if the ranks allow)", 1, NULL},
         {"--pp", FLAG_INT, &pp, "pipeline stages p (omitted: 2 if the ranks --tp leaves allow)", 1, NULL},
         {"--dp", FLAG_INT, &dp, "data-parallel replicas d (omitted: the ranks left); t x p x d = ranks", 1, NULL},
         {"--micro-batches", FLAG_INT, &micro_batches,
          "micro-batches per replica and step (must divide --batch / --dp)", 1, NULL},
-        {"--schedule", FLAG_STRING, &schedule,
-         "gpipe: all forwards, then all backwards; 1f1b: one forward, one backward", 0, "1f1b|gpipe"},
+        {"--schedule", FLAG_STRING, &schedule_arg,
+         "lab04's pipeline schedules: gpipe, 1f1b, interleaved (--virtual-stages chunks per rank), zb-h1, zb-v",
+         0, SCHEDULE_CHOICES},
+        {"--virtual-stages", FLAG_INT, &virtual_stages,
+         "model chunks per rank for --schedule interleaved (--layers must divide by --pp x chunks)", 1, NULL},
         {"--check-sync", FLAG_BOOL, &check_sync,
          "verify at the end that the data-parallel replicas hold bit-identical weights (exit 1 if not)", 0, NULL},
     };
     lab_info lab = {"lab06_3d", "3D parallelism: tensor-parallel layers (lab05) in pipeline stages (lab04), "
-                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 6};
+                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 7};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     const grid_dims dims = grid_choose(&ctx, argc, argv, tp, pp, dp);
@@ -81,6 +86,7 @@ int main(int argc, char **argv) {
     run_check(&ctx, stage_split_possible(ctx.opt.layers, dims.pp),
               "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", dims.pp,
               ctx.opt.layers);
+    const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, dims.pp, micro_batches, virtual_stages);
     run_check(&ctx, ctx.opt.batch % ((long)dims.dp * micro_batches) == 0,
               "--batch %d is not divisible by --dp %d x --micro-batches %d (each replica cuts its B/d rows "
               "into micro-batches)", ctx.opt.batch, dims.dp, micro_batches);
@@ -98,50 +104,48 @@ int main(int argc, char **argv) {
     stage3d s3;
     stage3d_init(&s3, &tl, &grid.tp);
     const int share = ctx.opt.batch / d;
-    pipeline_stage st;
-    stage_init_model(&st, &grid.pipe, &tl.g, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, grid.me.dp * share,
-                     share, m);
+    pipeline_rank pr; /* lab04: this rank's chunks of the pipeline, TP layers inside */
+    pipeline_init(&pr, &grid.pipe, &tl.g, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, grid.me.dp * share, share,
+                  kind, m, virtual_stages);
     /* Each micro-batch's loss weight is 1/(B/d x T) (st.dloss): a replica's
      * gradient is that of its own rows' mean, and the DP all-reduce AVERAGES the
      * replicas, as lab01 does: the mean over the whole global batch. */
     dp_grad_sync dp_sync;
-    dp_sync_init(&dp_sync, &grid.dp, st.grads, st.begin, st.end, 0);
+    dp_sync_init(&dp_sync, &grid.dp, pr.grads, 0, pr.n, 0); /* the rank's chunks, one buffer */
     /* lab05's view over lab04's stage: this TP shard of this stage's layers,
      * replicated tensors whole. The d replicas hold the same elements; the
      * lowest rank of them saves them, and on resume every replica loads them. */
     ckpt_view view;
-    ckpt_view_init(&view, st.params, st.end - st.begin, st.adam_m, st.adam_v, st.end - st.begin);
-    tp_checkpoint_hold(&tl, st.lo, st.hi, &view);
+    stage3d_checkpoint_view(&pr, &tl, &view);
     const int first = ckpt_resume(&ctx, &view);
-    const schedule_kind kind = schedule_parse(schedule);
-    const double theory = schedule_bubble_theory(p, m);
+    const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
     if (ctx.rank == 0) {
-        printf("3D: TP t=%d (%d of %d heads, %d of %d MLP units per rank) | PP p=%d stages, m=%d micro-batches of %d "
-               "rows, %s | DP d=%d replicas of %d rows | bubble theory (p-1)/(m+p-1) = %.3f\n",
-               t, tl.heads, ctx.opt.heads, tl.hidden, 4 * ctx.opt.d_model, p, m, st.rows, schedule_name(kind), d,
-               share, theory);
+        printf("3D: TP t=%d (%d of %d heads, %d of %d MLP units per rank) | PP p=%d stages x %d chunk%s, m=%d "
+               "micro-batches of %d rows, %s | DP d=%d replicas of %d rows | bubble theory %s = %.3f\n",
+               t, tl.heads, ctx.opt.heads, tl.hidden, 4 * ctx.opt.d_model, p, pr.v, pr.v == 1 ? "" : "s", m,
+               pr.chunk[0].rows, schedule_name(kind), d, share, schedule_bubble_textbook_text(kind), theory);
         fflush(stdout);
     }
 
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
-        stage_step_begin(&st, step);
-        schedule_run(&st, kind, m);           /* lab04: the pipeline, TP layers inside */
+        pipeline_step_begin(&pr, step);
+        pipeline_run(&pr);                    /* lab04: the schedule's lists, TP layers inside */
         if (d > 1) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
-        double loss = stage3d_optimizer_step(&st, &s3, &grid, &ctx.adamw, ctx.opt.clip);
+        double loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip);
         char bubble[64];
-        run_step_end(&ctx, i, loss, stage_bubble_text(&st, theory, bubble));
+        run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
     double eval_loss = -1;
     if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &st, &grid);
+        eval_loss = evaluate(&ctx, &pr, &grid);
         ckpt_print_eval(&ctx, eval_loss);
     }
 
     /* lab01's check over each DP group (the replicas of one (tp, pp) position), all groups agreeing */
-    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, st.params, st.end - st.begin, 0) : 1;
+    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.params, pr.n, 0) : 1;
     if (check_sync) {
         MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (ctx.rank == 0)
@@ -150,17 +154,18 @@ int main(int argc, char **argv) {
     }
 
     report3d rep;
-    report3d_gather(&rep, &grid, &st, &ctx, schedule_acts_in_flight(kind, p, grid.me.pp, m),
-                    schedule_acts_formula(kind));
+    report3d_gather(&rep, &grid, &pr, &ctx);
     size_t json_len = strlen(grid_json) + (rep.json ? strlen(rep.json) : 0) + 192;
     char *extra_json = malloc(json_len);
     if (!extra_json) die("out of host memory");
-    snprintf(extra_json, json_len,
-             "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\",\"replicas_identical\":%s,%s%s%s",
-             t, p, d, m, schedule_name(kind), check_sync ? (in_sync ? "true" : "false") : "null", grid_json,
-             rep.json ? "," : "", rep.json ? rep.json : "");
+    snprintf(extra_json, json_len, "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\","
+             "\"chunks_per_rank\":%d,\"replicas_identical\":%s,%s%s%s", t, p, d, m, schedule_name(kind), pr.v,
+             check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
+             rep.json ? rep.json : "");
     char layout[64];
-    snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
+    if (kind == SCHEDULE_INTERLEAVED)
+        snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d", t, p, d, m, schedule_name(kind), pr.v);
+    else snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
     run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
@@ -175,7 +180,7 @@ int main(int argc, char **argv) {
     report3d_free(&rep);
     free(extra_json);
     free(grid_json);
-    stage_free(&st);
+    pipeline_free(&pr);
     grad_norm_free(&s3.norm);
     grid_free(&grid);
     MPI_Finalize();

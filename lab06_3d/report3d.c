@@ -15,7 +15,7 @@ enum {
     F_GROUPS = 0,                       /* GROUP_KINDS x G_FIELDS */
     G_CALLS = 0, G_PAYLOAD, G_RING, G_SECONDS, G_CALLS_F, G_PAYLOAD_F, G_RING_F, G_FIELDS,
     F_LO = GROUP_KINDS * G_FIELDS, F_HI, F_TP, F_PP, F_DP,
-    F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_ACTS_PER_MB_F, F_IN_FLIGHT,
+    F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_ACTS_PER_MB_F, F_IN_FLIGHT, F_ACTS_F,
     F_FIELDS
 };
 
@@ -57,11 +57,14 @@ static double column_max(const double *rows, int ranks, int field) {
     return m;
 }
 
-void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, const run_ctx *ctx,
-                     int in_flight, const char *in_flight_formula) {
+void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, const run_ctx *ctx) {
     memset(r, 0, sizeof *r);
     r->ranks = g->world.size;
-    const int steps = ctx->steps_done > 0 ? ctx->steps_done : 1, m = st->micro_batches;
+    const pipeline_stage *st = &pr->chunk[0]; /* the one chunk, except under interleaved and zb-v */
+    const int steps = ctx->steps_done > 0 ? ctx->steps_done : 1, m = pr->m;
+    int layers = 0, in_flight, wgrads;
+    for (int c = 0; c < pr->v; c++) layers += pr->chunk[c].hi - pr->chunk[c].lo;
+    schedule_in_flight(&pr->sched, pr->rank, 0, &in_flight, &wgrads);
     const grid_dims d = g->dims;
     double row[F_FIELDS] = {0};
     /* one activation (or its gradient): what one TP all-reduce and one pipeline message carry */
@@ -70,13 +73,13 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
     /* theory/'s formulas (theory.h), the ones plan3d predicts with.
      * TP: two g's forward, two f's backward per layer and micro-batch (none for t = 1) */
-    formula(row + GROUP_TP * G_FIELDS, th_tp_traffic(st->hi - st->lo, m, d.tp, act_bytes, 0));
-    /* PP: per boundary and micro-batch, one activation out and one gradient back,
-     * each counted once as a send and once as a receive */
-    int boundaries = (st->prev >= 0) + (st->next >= 0);
-    formula(row + GROUP_PP * G_FIELDS, th_pp_traffic(boundaries, m, 1, act_bytes));
+    formula(row + GROUP_TP * G_FIELDS, th_tp_traffic(layers, m, d.tp, act_bytes, 0));
+    /* PP: per boundary to another rank and micro-batch, one activation out and
+     * one gradient back, each counted once as a send and once as a receive
+     * (schedule_remote_links counts the links of every chunk of this rank) */
+    formula(row + GROUP_PP * G_FIELDS, th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, act_bytes));
     /* DP: one all-reduce of the rank's whole gradient after the flush (none for d = 1) */
-    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(4.0 * (st->end - st->begin), d.dp, 1));
+    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(4.0 * pr->n, d.dp, 1));
     row[F_LO] = st->lo;
     row[F_HI] = st->hi;
     row[F_TP] = g->me.tp;
@@ -90,10 +93,12 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     const gpt_config *cfg = &ctx->model;
     const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
     const th_opts fp32 = th_opts_course(d.tp);
-    row[F_PARAMS_F] = 4.0 * th_stage_params(&tm, &fp32, st->lo, st->hi);
-    row[F_ACTS_PER_MB] = (double)st->acts_bytes;
+    row[F_PARAMS_F] = 0;
+    for (int c = 0; c < pr->v; c++) row[F_PARAMS_F] += 4.0 * th_stage_params(&tm, &fp32, pr->chunk[c].lo, pr->chunk[c].hi);
+    row[F_ACTS_PER_MB] = (double)st->acts_bytes; /* chunk 0's: the whole formula is F_ACTS_F */
     row[F_ACTS_PER_MB_F] = th_course_acts_bytes(&tm, &fp32, st->lo, st->hi, st->rows);
     row[F_IN_FLIGHT] = in_flight;
+    row[F_ACTS_F] = pipeline_acts_formula_bytes(pr);
 
     if (g->world.rank == 0) {
         r->rows = malloc(sizeof(double) * F_FIELDS * (size_t)r->ranks);
@@ -142,8 +147,13 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, con
     json_column(&b, "acts_bytes_per_micro_batch_formula", r->rows, r->ranks, F_ACTS_PER_MB_F);
     textbuf_printf(&b, ",");
     json_column(&b, "acts_in_flight_formula", r->rows, r->ranks, F_IN_FLIGHT);
+    textbuf_printf(&b, ",");
+    json_column(&b, "acts_peak_formula_bytes", r->rows, r->ranks, F_ACTS_F);
     textbuf_printf(&b, ",\"acts_formula\":");
-    textbuf_json_string(&b, in_flight_formula);
+    textbuf_json_string(&b, pr->v == 1 && !pr->sched.split
+                                ? "the schedule's micro-batches in flight x one micro-batch's activations"
+                                : "per chunk: blocks in flight x their bytes (activations, and the weight-gradient "
+                                  "inputs where the backward is split)");
     r->json = b.s;
 }
 
@@ -185,13 +195,17 @@ void report3d_print(const report3d *r, const process_grid *g) {
     for (int q = 0; q < r->ranks; q++) {
         if (q == 16 && r->ranks > 17) { printf("  ... (%d more ranks in the record)\n", r->ranks - 16); break; }
         const double *x = r->rows + (size_t)q * F_FIELDS;
-        double acts_f = x[F_IN_FLIGHT] * x[F_ACTS_PER_MB];
+        double acts_f = x[F_ACTS_F];
         if (x[F_ACTS_PER_MB_F] != x[F_ACTS_PER_MB]) printf("  rank %d: activations per micro-batch %.0f B, theory.h "
                                                         "%.0f B (MISMATCH)\n", q, x[F_ACTS_PER_MB], x[F_ACTS_PER_MB_F]);
-        printf("  %4d (%.0f,%.0f,%.0f) %4.0f-%-3.0f| %sB%s | %sB | %sB | %sB = %.0f x %sB%s | %sB | %.1f / %.1f / %.1f\n", q,
+        char how[48]; /* one chunk, unsplit: in flight x per micro-batch; else the chunks' sum */
+        if (x[F_IN_FLIGHT] * x[F_ACTS_PER_MB] == acts_f) snprintf(how, sizeof how, "%.0f x %sB", x[F_IN_FLIGHT],
+                                                                  human(x[F_ACTS_PER_MB], f));
+        else snprintf(how, sizeof how, "%sB (chunks)", human(acts_f, f));
+        printf("  %4d (%.0f,%.0f,%.0f) %4.0f-%-3.0f| %sB%s | %sB | %sB | %sB = %s%s | %sB | %.1f / %.1f / %.1f\n", q,
                x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI] - 1, human(x[F_PARAMS], a),
                x[F_PARAMS] == x[F_PARAMS_F] ? "" : " (MISMATCH)", human(x[F_GRADS], b), human(x[F_OPTIM], c),
-               human(x[F_ACTS], e), x[F_IN_FLIGHT], human(x[F_ACTS_PER_MB], f), x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
+               human(x[F_ACTS], e), how, x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
                human(x[F_TOTAL], t), 1e3 * x[GROUP_TP * G_FIELDS + G_SECONDS], 1e3 * x[GROUP_PP * G_FIELDS + G_SECONDS],
                1e3 * x[GROUP_DP * G_FIELDS + G_SECONDS]);
     }

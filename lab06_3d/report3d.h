@@ -2,9 +2,9 @@
  * receives, DP all-reduce) measured beside its formula, and memory per rank. */
 #ifndef LAB06_REPORT3D_H
 #define LAB06_REPORT3D_H
+#include "executor.h"
 #include "grid.h"
 #include "run.h"
-#include "stage.h"
 #include "tp.h"
 
 enum { GROUP_TP, GROUP_PP, GROUP_DP, GROUP_KINDS };
@@ -24,10 +24,9 @@ typedef struct report3d {
 } report3d;
 
 /* Collective over the grid, after the last step: measures and computes every
- * rank's figures and gathers them to rank 0. in_flight: the schedule's count of
- * micro-batches of activations this stage holds at its peak. */
-void report3d_gather(report3d *r, process_grid *g, const pipeline_stage *st, const run_ctx *ctx,
-                     int in_flight, const char *in_flight_formula);
+ * rank's figures and gathers them to rank 0; the activation formula is the
+ * schedule's blocks in flight on the rank's chunks (pipeline_acts_formula_bytes). */
+void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, const run_ctx *ctx);
 /* Rank 0: the 3D lines of the summary. */
 void report3d_print(const report3d *r, const process_grid *g);
 void report3d_free(report3d *r);

@@ -35,17 +35,54 @@ static float *backward(void *ctx, const float *params, float *grads, gpt_acts *a
     return tp_backward(s->tl, s->tp, params, grads, a, sc, dout, dloss);
 }
 
+static void wgrads_alloc(void *ctx, gpt_wgrads *w, int lo, int hi, int rows) {
+    const stage3d *s = ctx;
+    tp_wgrads_alloc(w, s->tl, lo, hi, rows);
+}
+
+static float *backward_input(void *ctx, const float *params, gpt_acts *a, gpt_grad_scratch *sc, gpt_wgrads *w,
+                             const float *dout, float dloss) {
+    const stage3d *s = ctx;
+    return tp_backward_input(s->tl, s->tp, params, a, sc, w, dout, dloss);
+}
+
+static void backward_weight(void *ctx, float *grads, const gpt_acts *a, const gpt_wgrads *w) {
+    const stage3d *s = ctx;
+    tp_backward_weight(s->tl, grads, a, w);
+}
+
 void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp) {
     s->tl = tl;
     s->tp = tp;
     s->model = (stage_model){.ctx = s, .range = range, .init_params = init_params, .acts_alloc = acts_alloc,
-                             .scratch_alloc = scratch_alloc, .forward = forward, .backward = backward};
+                             .scratch_alloc = scratch_alloc, .forward = forward, .backward = backward,
+                             .wgrads_alloc = wgrads_alloc, .backward_input = backward_input,
+                             .backward_weight = backward_weight};
     grad_norm_init(&s->norm, 2);
+}
+
+void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v) {
+    ckpt_view_init(v, pr->params, pr->n, pr->adam_m, pr->adam_v, pr->n);
+    for (int c = 0; c < pr->v; c++) {
+        ckpt_view chunk; /* the chunk alone, its local offsets from its own start */
+        const pipeline_stage *st = &pr->chunk[c];
+        ckpt_view_init(&chunk, st->params, st->end - st->begin, st->adam_m, st->adam_v, st->end - st->begin);
+        tp_checkpoint_hold(tl, pr->chunk[c].lo, pr->chunk[c].hi, &chunk);
+        for (int i = 0; i < chunk.params_at.n; i++) {
+            const ckpt_run *run = &chunk.params_at.runs[i];
+            ckpt_hold_params(v, pr->offset[c] + run->local, run->global, run->n);
+        }
+        for (int i = 0; i < chunk.moments_at.n; i++) {
+            const ckpt_run *run = &chunk.moments_at.runs[i];
+            ckpt_hold_moments(v, pr->offset[c] + run->local, run->global, run->n);
+        }
+        ckpt_view_free(&chunk);
+    }
 }
 
 /* ---- the step's end ------------------------------------------------------------------ */
 
-double stage3d_optimizer_step(pipeline_stage *st, stage3d *s, process_grid *g, const adamw_config *cfg,
+double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip) {
     const tp_layout *tl = s->tl;
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
@@ -58,11 +95,17 @@ double stage3d_optimizer_step(pipeline_stage *st, stage3d *s, process_grid *g, c
      * and after the DP all-reduce every replica holds the same gradient, so
      * nothing is summed over DP. The loss lives on the last stage (the same on
      * its TP ranks): summed over PP, averaged over the DP replicas. */
-    double sharded, replicated;
-    tp_grad_squares(tl, &s->norm, st->lo, st->hi, st->grads, &sharded, &replicated);
-    st->busy_seconds += now_seconds() - t0;
+    double sharded = 0, replicated = 0;
+    for (int c = 0; c < pr->v; c++) {
+        const pipeline_stage *st = &pr->chunk[c];
+        double sh, rep;
+        tp_grad_squares(tl, &s->norm, st->lo, st->hi, st->grads, &sh, &rep);
+        sharded += sh;
+        replicated += rep;
+    }
+    pr->other_busy += now_seconds() - t0;
     trace_end(ev);
-    double over_pp[3] = {sharded, replicated, st->loss_sum / st->micro_batches};
+    double over_pp[3] = {sharded, replicated, pipeline_loss_sum(pr) / pr->m};
     comm_allreduce_host(&g->pipe, over_pp, 3);
     comm_allreduce_host(&g->tp, &over_pp[0], 1);
     comm_allreduce_host(&g->dp, &over_pp[2], 1);
@@ -70,8 +113,11 @@ double stage3d_optimizer_step(pipeline_stage *st, stage3d *s, process_grid *g, c
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     t0 = now_seconds();
     float scale = clip_scale(over_pp[0] + over_pp[1], (float)clip);
-    tp_adamw_step(tl, cfg, st->lo, st->hi, st->params, st->grads, st->adam_m, st->adam_v, st->step + 1, scale);
-    st->busy_seconds += now_seconds() - t0;
+    for (int c = 0; c < pr->v; c++) {
+        pipeline_stage *st = &pr->chunk[c];
+        tp_adamw_step(tl, cfg, st->lo, st->hi, st->params, st->grads, st->adam_m, st->adam_v, st->step + 1, scale);
+    }
+    pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     return over_pp[2] / g->dp.size;
 }

@@ -1,8 +1,10 @@
-/* What one rank of the 3D grid computes: a pipeline stage (lab03's
- * pipeline_stage, driven by lab04's schedules) whose layers are lab05's
- * tensor-parallel layers, and the optimizer step that closes a step of the grid.
+/* What one rank of the 3D grid computes: its pipeline chunks (lab04's
+ * pipeline_rank of lab03's stages, run by lab04's executor under any of its
+ * schedules) whose layers are lab05's tensor-parallel layers, and the
+ * optimizer step that closes a step of the grid.
  *
- * The stage's local buffer is lab05's layout cut to the stage's layers:
+ * Each chunk's part of the local buffer is lab05's layout cut to its layers
+ * (one chunk per rank except under interleaved and zb-v):
  *   stage 0:    [ embedding ][ local layers lo..hi-1 ]
  *   middle:     [ local layers lo..hi-1 ]
  *   last stage: [ local layers lo..hi-1 ][ head ]
@@ -12,6 +14,7 @@
  * buffer as it is. */
 #ifndef LAB06_STAGE3D_H
 #define LAB06_STAGE3D_H
+#include "executor.h"
 #include "grid.h"
 #include "optim.h"
 #include "stage.h"
@@ -24,16 +27,20 @@ typedef struct stage3d {
     grad_norm norm;      /* tp_grad_squares' two sums, on the device */
 } stage3d;
 
-/* Fill s->model so that stage_init_model runs tp_range, tp_init_params,
- * tp_acts_alloc, tp_scratch_alloc, tp_forward and tp_backward (after
- * run_setup: it allocates the norm's sums on the device). */
+/* Fill s->model so that the stages run tp_range, tp_init_params,
+ * tp_acts_alloc, tp_scratch_alloc, tp_forward and tp_backward, and for the
+ * split schedules tp_wgrads_alloc, tp_backward_input and tp_backward_weight
+ * (after run_setup: it allocates the norm's sums on the device). */
 void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp);
 
 /* After the DP all-reduce: clip by the norm of the whole model's gradient, every
- * element counted once, and step AdamW on this rank's part. Collective over the
- * grid. Returns the step's mean loss over the global batch. Adds its compute
- * time to st->busy_seconds. */
-double stage3d_optimizer_step(pipeline_stage *st, stage3d *s, process_grid *g, const adamw_config *cfg,
+ * element counted once, and step AdamW on this rank's chunks. Collective over the
+ * grid. Returns the step's mean loss over the global batch. */
+double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip);
+
+/* The checkpoint view of the rank's chunks: lab05's tp_checkpoint_hold of each
+ * chunk's layers, moved to where the chunk sits in the rank's buffers. */
+void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v);
 
 #endif

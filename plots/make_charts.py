@@ -35,10 +35,21 @@ SIZES = {
     "full": dict(pipe="--layers 8 --d-model 256 --heads 8 --seq 64", pipe_steps=3, micro=(1, 2, 4, 8, 16),
                  std="--layers 8 --d-model 128 --heads 4 --seq 64", std_steps=10, batch=32,
                  acts_micro=(1, 2, 4, 8), acts_rows=4),
-    "quick": dict(pipe="--layers 4 --d-model 32 --heads 4 --seq 16", pipe_steps=2, micro=(1, 8),
+    "quick": dict(pipe="--layers 8 --d-model 32 --heads 4 --seq 16", pipe_steps=2, micro=(1, 8),
                   std="--layers 4 --d-model 32 --heads 4 --seq 16", std_steps=3, batch=16,
                   acts_micro=(1, 8), acts_rows=2),
 }
+
+
+# lab04's schedules in the bubble and timeline charts, and the m each can run at
+# (lab04_1f1b/schedule.h: interleaved m a multiple of p, zb-h1 m >= p, zb-v m >= 2p-1)
+PIPE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+SCHEDULE_TITLES = {"naive": "naive (lab03)", "gpipe": "GPipe (lab04)", "1f1b": "1F1B (lab04)",
+                   "interleaved": "interleaved 1F1B, v = 2 (lab04)", "zb-h1": "ZB-H1 (lab04)", "zb-v": "ZB-V (lab04)"}
+
+
+def schedule_runs(s, p, m):
+    return {"interleaved": m % p == 0, "zb-h1": m >= p, "zb-v": m >= 2 * p - 1}.get(s, True)
 
 
 def sweep(z):
@@ -49,8 +60,9 @@ def sweep(z):
     for p in (2, 4):  # charts 1 and 2: the bubble as m grows; timelines at p = 4, m = 8
         runs.append(("pipe", "lab03_pp_naive", p, pipe))
         for m in z["micro"]:
-            for s in ("gpipe", "1f1b"):
-                runs.append(("pipe", "lab04_1f1b", p, f"{pipe} --micro-batches {m} --schedule {s}"))
+            for s in PIPE_SCHEDULES:
+                if schedule_runs(s, p, m):
+                    runs.append(("pipe", "lab04_1f1b", p, f"{pipe} --micro-batches {m} --schedule {s}"))
     std = f"{z['std']} --batch {z['batch']} --steps {z['std_steps']}"
     runs += [  # charts 3 to 6: every lab and layout, one model, one global batch
         ("std", "lab01_dp", 1, std),  # the one-rank baseline
@@ -208,22 +220,26 @@ def chart_list(pipe_recs, note):
     for r in pipe_recs:
         if r["ranks"] == 4 and (r["lab"] == "lab03_pp_naive" or r.get("micro_batches") == 8):
             p4m8[r.get("schedule", "naive")] = os.path.relpath(r["timeline"], ".")
-    order = [s for s in ("naive", "gpipe", "1f1b") if s in p4m8]
+    order = [s for s in ("naive",) + PIPE_SCHEDULES if s in p4m8]
     files = " ".join(p4m8[s] for s in order)
-    titles = " ".join(f"'{t}'" for t in [{"naive": "naive (lab03)", "gpipe": "GPipe (lab04)",
-                                          "1f1b": "1F1B (lab04)"}[s] for s in order])
+    titles = " ".join(f"'{SCHEDULE_TITLES[s]}'" for s in order)
     over = note or "each rank had a core"
     return [
         ("bubble", "Bubble fraction against micro-batches", "bubble.gp", {"src": "bubble.tsv"}, "bubble.tsv", "pipe",
          "Measured bubble (1 - busy/wall per rank: points at the mean over ranks, bars from min to max) of the naive "
-         "pipeline (lab03) and of GPipe and 1F1B (lab04) beside the theory, (p-1)/p and (p-1)/(m+p-1). "
-         "GPipe and 1F1B have the same bubble; micro-batches shrink it. "
-         f"{over}. Compare with the theory at p = 2."),
+         "pipeline (lab03) and of lab04's schedules beside the textbook theory on unit times (lines): (p-1)/p, "
+         "(p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(vm+p-1) interleaved (v = 2), (p-1)/(3m+p-1) ZB-H1, "
+         "(p-1)/(6m+p-1) ZB-V; small open markers: each schedule's formula on the run's own measured t_F, t_B, t_W "
+         "(on a CPU the backward takes about twice the forward, so the zero-bubble points sit above their unit-time "
+         "lines). GPipe and 1F1B have the same bubble; micro-batches shrink it, interleaving by v, the split backward "
+         f"by up to 3 and 6. {over}. Compare with the theory at p = 2."),
         ("timeline", "Pipeline timelines per rank, p = 4, m = 8", "timeline.gp",
          {"src": files, "names": titles, "note": note}, "timeline.tsv", "pipe",
-         "One step (the last) of each schedule, every rank a row: forward (F<micro-batch>), backward (B<micro-batch>), "
+         "One step (the last) of each schedule, every rank a row: forward (F<micro-batch>), backward (B<micro-batch>: "
+         "the whole backward, or its input half where the schedule splits it), weight half (W<micro-batch>), "
          "other compute (embedding, head, optimizer), communication (sends, receives, waits) and idle. "
-         "Naive: one stage at a time; GPipe: all forwards then all backwards; 1F1B: one forward, one backward. "
+         "Naive: one stage at a time; GPipe: all forwards then all backwards; 1F1B: one forward, one backward; "
+         "interleaved: two chunks per rank, so twice the (shorter) steps; ZB-H1 and ZB-V: W's fill the drain. "
          f"{over}."),
         ("memory", "Memory per rank by category: DP against ZeRO-1/2/3", "memory.gp", {"src": "memory.tsv"},
          "memory.tsv", "std",

@@ -8,7 +8,8 @@ Writes into DIR (default: the current folder) whichever of these the records
 have runs for; each starts with `# key: value` lines (the chart's subtitle and
 the like), then a header line, then one tab-separated row per run:
 
-  bubble.tsv      lab03/lab04 runs: bubble measured (mean, min, max over ranks) and theory
+  bubble.tsv      lab03/lab04 runs: bubble measured (mean, min, max over ranks), theory (unit
+                  times) and the schedule's formula on the run's measured times
   memory.tsv      lab01 and lab02 runs at the ZeRO runs' rank count: peak bytes of rank 0
                   per category and the formula of the model states
   acts.tsv        lab04 runs: activation peak (max over stages), measured and formula
@@ -93,10 +94,12 @@ def bubble(recs, note):
         sched = r.get("schedule", "naive")
         m = r.get("micro_batches", 1)
         rows.append((r["ranks"], sched, m, r["bubble"]["theory"], sum(meas) / len(meas), min(meas), max(meas),
-                     r["step_ms_median"]))
-    rows.sort(key=lambda x: (x[0], ["naive", "gpipe", "1f1b"].index(x[1]) if x[1] in ("naive", "gpipe", "1f1b") else 9, x[2]))
+                     r["step_ms_median"], r.get("bubble_formula", r["bubble"]["theory"])))
+    order = ["naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"]
+    rows.sort(key=lambda x: (x[0], order.index(x[1]) if x[1] in order else 9, x[2]))
     return runs, {"subtitle": subtitle(runs), "note": note, "ps": " ".join(str(p) for p in sorted({x[0] for x in rows}))}, \
-        ["p", "schedule", "m", "theory", "measured_mean", "measured_min", "measured_max", "step_ms"], rows
+        ["p", "schedule", "m", "theory", "measured_mean", "measured_min", "measured_max", "step_ms",
+         "formula_measured_times"], rows
 
 
 def memory(recs):
@@ -121,7 +124,8 @@ def memory(recs):
 def acts(recs):
     """Two series per schedule: the global batch fixed (the most common batch) and
     the micro-batch size fixed (the most common rows per micro-batch among the others)."""
-    runs = [r for r in recs if r["lab"] == "lab04_1f1b" and "acts_peak_measured_bytes" in r]
+    runs = [r for r in recs if r["lab"] == "lab04_1f1b" and "acts_peak_measured_bytes" in r
+            and r["schedule"] in ("gpipe", "1f1b")]  # the chart compares these two
     if not runs:
         return runs, {}, [], []
     p = Counter(r["ranks"] for r in runs).most_common(1)[0][0]

@@ -1,5 +1,5 @@
 # Chart 2: pipeline timelines per rank (Gantt), one panel per timeline CSV, on a
-# common time axis: forward, backward, other compute, communication and idle.
+# common time axis: forward, backward, weight half, other compute, communication and idle.
 #
 # Reads the timeline CSVs the labs write beside their records
 # (rank,start_us,end_us,op,kind,micro_batch,step), no conversion needed:
@@ -26,7 +26,7 @@ set datafile separator ","
 set datafile columnheaders
 set termoption noenhanced
 
-c_fwd = "#4c72b0"; c_bwd = "#55a868"; c_other = "#8172b3"; c_comm = "#c44e52"; c_idle = "#e6e6e6"
+c_fwd = "#4c72b0"; c_bwd = "#55a868"; c_wgt = "#dd8452"; c_other = "#8172b3"; c_comm = "#c44e52"; c_idle = "#e6e6e6"
 
 # each file's step, its start, its length and its ranks; the longest sets the axis
 array S[n]; array T0[n]; array MS[n]; array R[n]
@@ -53,7 +53,7 @@ set ytics 1 nomirror
 set grid x
 set style fill solid 1.0 noborder
 set lmargin at screen 0.06
-set rmargin at screen 0.82
+set rmargin at screen 0.97
 do for [i = 1 : n] {
     f = word(src, i)
     set tmargin at screen 0.90 - (i - 1) * h - 0.05
@@ -66,16 +66,18 @@ do for [i = 1 : n] {
     do for [r = 0 : R[i] - 1] {
         set object r + 1 rect from 0, r - 0.38 to MS[i], r + 0.38 fc rgb c_idle fs solid 1.0 noborder behind
     }
-    if (i == 1) { set key at screen 0.83, 0.90 - 0.05 left top Left reverse samplen 2 spacing 1.3 } else { unset key }
+    if (i == 1) { set key at screen 0.06, 0.91 left bottom Left reverse horizontal maxrows 2 width 2 samplen 2 spacing 1.2 } else { unset key }
     x0(t) = (t - T0[i]) / 1000.0
     is(k, o) = column(7) == S[i] && strcol(5) eq k && (o eq "" || strcol(4) eq o)
-    other(d) = column(7) == S[i] && strcol(5) eq "compute" && strcol(4) ne "forward" && strcol(4) ne "backward"
-    fb(d) = column(7) == S[i] && (strcol(4) eq "forward" || strcol(4) eq "backward")
+    other(d) = column(7) == S[i] && strcol(5) eq "compute" && strcol(4) ne "forward" && strcol(4) ne "backward" && strcol(4) ne "backward_weight"
+    fb(d) = column(7) == S[i] && (strcol(4) eq "forward" || strcol(4) eq "backward" || strcol(4) eq "backward_weight")
+    letter(d) = strcol(4) eq "forward" ? "F" : strcol(4) eq "backward" ? "B" : "W"
     plot f using (is("comm", "") ? x0(($2 + $3) / 2) : NaN):1:(($3 - $2) / 2000.0):(0.30) with boxxyerror lc rgb c_comm title "communication, waiting", \
          f using (other(0) ? x0(($2 + $3) / 2) : NaN):1:(($3 - $2) / 2000.0):(0.38) with boxxyerror lc rgb c_other title "other compute", \
          f using (is("compute", "forward") ? x0(($2 + $3) / 2) : NaN):1:(($3 - $2) / 2000.0):(0.38) with boxxyerror lc rgb c_fwd title "forward Fi (micro-batch i)", \
-         f using (is("compute", "backward") ? x0(($2 + $3) / 2) : NaN):1:(($3 - $2) / 2000.0):(0.38) with boxxyerror lc rgb c_bwd title "backward Bi", \
+         f using (is("compute", "backward") ? x0(($2 + $3) / 2) : NaN):1:(($3 - $2) / 2000.0):(0.38) with boxxyerror lc rgb c_bwd title "backward Bi (input half where split)", \
+         f using (is("compute", "backward_weight") ? x0(($2 + $3) / 2) : NaN):1:(($3 - $2) / 2000.0):(0.38) with boxxyerror lc rgb c_wgt title "weight half Wi", \
          keyentry with boxes fc rgb c_idle title "idle", \
-         f using (fb(0) ? x0(($2 + $3) / 2) : NaN):1:(($3 - $2) / 1000.0 > span * 0.013 ? sprintf("%s%d", strcol(4) eq "forward" ? "F" : "B", column(6)) : "") with labels tc rgb "#ffffff" font ",9" notitle
+         f using (fb(0) ? x0(($2 + $3) / 2) : NaN):1:(($3 - $2) / 1000.0 > span * 0.013 ? sprintf("%s%d", letter(0), column(6)) : "") with labels tc rgb "#ffffff" font ",9" notitle
 }
 unset multiplot

@@ -101,9 +101,23 @@ PER_LAB = {
         (2, ["--micro-batches", "two"], "--micro-batches"),
         (2, ["--batch", "30", "--micro-batches", "4"], "--micro-batches"),
         (4, ["--batch", "8", "--micro-batches", "16"], "--micro-batches"),
-        (2, ["--schedule", "zb-v"], "--schedule"),
+        (2, ["--schedule", "zb-h2"], "--schedule"),  # an unknown schedule
         (2, ["--schedule", "1F1B"], "--schedule"),
         (2, ["--schedule"], "--schedule"),
+        (2, ["--virtual-stages", "0"], "--virtual-stages"),  # v < 1
+        # v with a schedule that takes none (or, zb-v, only 2)
+        (2, ["--schedule", "1f1b", "--virtual-stages", "2"], "--virtual-stages"),
+        (2, ["--schedule", "zb-v", "--virtual-stages", "3"], "--virtual-stages"),
+        (2, ["--schedule", "interleaved", "--virtual-stages", "1"], "--virtual-stages"),
+        # layers not divisible by ranks x chunks
+        (2, ["--schedule", "interleaved", "--virtual-stages", "3"], "--layers"),
+        (2, ["--schedule", "zb-v", "--layers", "6"], "--layers"),
+        # m too small (or not a multiple of p) for the schedule
+        (4, ["--schedule", "interleaved", "--micro-batches", "6", "--batch", "24"], "--micro-batches"),
+        (4, ["--schedule", "zb-h1", "--micro-batches", "2"], "--micro-batches"),
+        (2, ["--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
+        (2, ["--print-schedule", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
+        (2, ["--print-schedule=yes"], "--print-schedule"),
     ],
     "lab05_tp": [
         (3, [], "--heads"),  # 3 does not divide 4 heads
@@ -118,6 +132,10 @@ PER_LAB = {
         (4, ["--tp", "4", "--pp", "1", "--dp", "1", "--heads", "2"], "--tp"),
         (4, ["--tp", "1", "--pp", "4", "--dp", "1", "--layers", "3"], "--layers"),
         (4, ["--tp", "0", "--pp", "2", "--dp", "2"], "--tp"),
+        # lab04's schedule flags, checked at the grid's pipeline depth
+        (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--schedule", "interleaved", "--virtual-stages", "3"], "--layers"),
+        (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--schedule", "zb-h1", "--micro-batches", "1"], "--micro-batches"),
+        (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--schedule", "1f1b", "--virtual-stages", "2"], "--virtual-stages"),
         # checkpoints at the 2 x 2 x 1 grid: refused on all four ranks before the
         # grid is built (test_checkpoint.py resume_lab06: a file of another shape)
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", "/nonexistent/ck.safetensors"], "--resume"),

@@ -236,6 +236,55 @@ static void test_p2p(comm *c) {
     check_stat(c, COLL_BARRIER, 3, 0, "barrier");
 }
 
+/* Nonblocking: every rank posts K receives from r-1 first, then K sends to
+ * r+1 in the reverse tag order, interleaved with one blocking exchange the
+ * other way round (tag 0 must not match them), then completes everything. */
+static void test_nonblocking(comm *c) {
+    enum { K = 4 };
+    int r = c->rank, p = c->size, dst = (r + 1) % p, src = (r - 1 + p) % p;
+    const long n = 4099; /* above MPICH's eager limit: the sends need the receiver */
+    comm_reset_stats(c);
+    comm_request recv[K] = {0}, send[K] = {0};
+    float *in[K], *out[K];
+    for (int k = 0; k < K; k++) {
+        in[k] = floats(n, -1.0f);
+        out[k] = floats(n, 0);
+        for (long i = 0; i < n; i++) out[k][i] = val(r, i) + 0.5f * k;
+    }
+    comm_group_begin(c);
+    for (int k = 0; k < K; k++) comm_irecv(c, in[k], n, src, 1 + k, &recv[k]);
+    comm_group_end(c);
+    float *back = floats(n, -1.0f), *forth = floats(n, 0);
+    for (long i = 0; i < n; i++) forth[i] = val(r, i) - 1;
+    for (int k = K - 1; k >= 0; k--) {
+        comm_isend(c, out[k], n, dst, 1 + k, &send[k]);
+        if (k == K / 2) comm_sendrecv(c, forth, n, src, back, n, dst); /* the blocking one, reversed */
+    }
+    for (long i = 0; i < n; i++)
+        CHECK(back[i] == val(dst, i) - 1, "nonblocking: the blocking exchange got [%ld] = %g", i, back[i]);
+    for (int k = 0; k < K; k++) {
+        comm_wait(&recv[k]);
+        CHECK(comm_test(&recv[k]), "nonblocking: a completed receive must test complete");
+        for (long i = 0; i < n; i++)
+            if (in[k][i] != val(src, i) + 0.5f * k) {
+                CHECK(0, "nonblocking tag %d: [%ld] = %g, expected %g", 1 + k, i, in[k][i], val(src, i) + 0.5f * k);
+                break;
+            }
+    }
+    for (int k = 0; k < K; k++) {
+        while (!comm_test(&send[k])) {} /* the receiver has matched it: it completes */
+        comm_request_free(&send[k]);
+        comm_request_free(&recv[k]);
+        free(in[k]);
+        free(out[k]);
+    }
+    double bytes = 4.0 * n;
+    check_stat(c, COLL_SEND, K + 1, (K + 1) * bytes, "nonblocking");
+    check_stat(c, COLL_RECV, K + 1, (K + 1) * bytes, "nonblocking");
+    free(back);
+    free(forth);
+}
+
 /* ---- sub-groups ----------------------------------------------------------------- */
 
 static void test_split(comm *world) {
@@ -448,6 +497,7 @@ int main(int argc, char **argv) {
     test_allgather(&world, 1, "world");
     test_broadcast(&world, "world");
     test_p2p(&world);
+    test_nonblocking(&world);
     test_split(&world);
     test_polite_wait(&world);
     test_trace(&world);

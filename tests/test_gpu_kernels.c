@@ -205,12 +205,25 @@ static void test_layernorm(int N, int C) {
     check("layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUMS);
     check("layernorm_backward dw", dw, d_dw, C, TOL_SUMS);
     check("layernorm_backward db", db, d_db, C, TOL_SUMS);
-    float *first_dw = dev_to_host(d_dw, C), *first_db = dev_to_host(d_db, C);
+    /* The same call again from the same dw, db: the same bits (the column sums'
+     * fixed order). dinp accumulates a second time, so it is put back after. */
+    float *first_dw = dev_to_host(d_dw, C), *first_db = dev_to_host(d_db, C), *first_dinp = dev_to_host(d_dinp, NC);
     mem_to_device(d_dw, dw0, (size_t)C * sizeof *dw0);
     mem_to_device(d_db, db0, (size_t)C * sizeof *db0);
     kernels_cuda.layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
     check_same_bits("layernorm_backward dw again", first_dw, d_dw, C);
     check_same_bits("layernorm_backward db again", first_db, d_db, C);
+    mem_to_device(d_dinp, first_dinp, (size_t)NC * sizeof *first_dinp);
+    free(first_dinp);
+
+    /* The split halves, accumulating onto what the fused call left. */
+    kernels_cpu.layernorm_backward_input(dinp, dout, inp, w, mean, rstd, N, C);
+    kernels_cuda.layernorm_backward_input(d_dinp, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    check("layernorm_backward_input dinp", dinp, d_dinp, NC, TOL_SUMS);
+    kernels_cpu.layernorm_backward_weight(dw, db, dout, inp, mean, rstd, N, C);
+    kernels_cuda.layernorm_backward_weight(d_dw, d_db, d_dout, d_inp, d_mean, d_rstd, N, C);
+    check("layernorm_backward_weight dw", dw, d_dw, C, TOL_SUMS);
+    check("layernorm_backward_weight db", db, d_db, C, TOL_SUMS);
 
     free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(dout); free(dinp);
     free(dw); free(db); free(dw0); free(db0); free(first_dw); free(first_db);
@@ -245,13 +258,25 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
     check("matmul_backward dinp", dinp, d_dinp, NI, TOL_SUMS);
     check("matmul_backward dw", dw, d_dw, OI, TOL_SUMS);
     check("matmul_backward dbias", dbias, d_dbias, OC, TOL_SUMS);
-    if (with_bias) {
-        float *first = dev_to_host(d_dbias, OC);
+    if (with_bias) { /* dbias again from the same start: the same bits; dw accumulates twice, so it is put back */
+        float *first = dev_to_host(d_dbias, OC), *first_dw = dev_to_host(d_dw, OI);
         mem_to_device(d_dbias, dbias0, (size_t)OC * sizeof *dbias0);
         kernels_cuda.matmul_backward(NULL, d_dw, d_dbias, d_dout, d_inp, d_w, N, IC, OC);
         check_same_bits("matmul_backward dbias again", first, d_dbias, OC);
+        mem_to_device(d_dw, first_dw, (size_t)OI * sizeof *first_dw);
         free(first);
+        free(first_dw);
     }
+
+    /* The split halves (zero-bubble schedules), accumulating onto what the
+     * fused call left, each side onto its own. */
+    kernels_cpu.matmul_backward_input(dinp, dout, w, N, IC, OC);
+    kernels_cuda.matmul_backward_input(d_dinp, d_dout, d_w, N, IC, OC);
+    check("matmul_backward_input dinp", dinp, d_dinp, NI, TOL_SUMS);
+    kernels_cpu.matmul_backward_weight(dw, with_bias ? dbias : NULL, dout, inp, N, IC, OC);
+    kernels_cuda.matmul_backward_weight(d_dw, with_bias ? d_dbias : NULL, d_dout, d_inp, N, IC, OC);
+    check("matmul_backward_weight dw", dw, d_dw, OI, TOL_SUMS);
+    check("matmul_backward_weight dbias", dbias, d_dbias, OC, TOL_SUMS);
 
     free(inp); free(w); free(bias); free(out); free(dout); free(dinp); free(dw); free(dbias); free(dbias0);
     mem_free(d_inp); mem_free(d_w); mem_free(d_bias); mem_free(d_out); mem_free(d_dout);

@@ -159,6 +159,12 @@ static double twice_err(const float *once, const float *twice, long n) {
 }
 #define TWICE_TOL 1e-5
 
+/* The two halves of a split backward against the fused kernel: the same
+ * arithmetic, so the same bits (0 or 1, as a max error for report). */
+static double bits_differ(const float *a, const float *b, long n) {
+    return n > 0 && memcmp(a, b, (size_t)n * sizeof *a) != 0 ? 1.0 : 0.0;
+}
+
 /* ---- gradient checks ------------------------------------------------------------ */
 
 typedef double (*loss_fn)(void *ctx);
@@ -355,6 +361,22 @@ static void test_layernorm(int N, int C) {
            fmax(twice_err(dinp1, dinp, NC), fmax(twice_err(dw1, dw, C), twice_err(db1, db, C))),
            TWICE_TOL);
 
+    /* the split halves: each its own finite-difference check, and together
+     * the fused kernel's bits */
+    float *sdinp = alloc_f(NC), *sdw = alloc_f(C), *sdb = alloc_f(C);
+    K->layernorm_backward_input(sdinp, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
+    snprintf(name, sizeof name, "layernorm_backward_input  %s  dinp", shape);
+    check_grad_terms(name, c.inp, sdinp, NC, &L, terms);
+    ln_loss(&c);
+    K->layernorm_backward_weight(sdw, sdb, c.R, c.inp, c.mean, c.rstd, N, C);
+    snprintf(name, sizeof name, "layernorm_backward_weight %s  dw", shape);
+    check_grad(name, c.w, sdw, C, &L);
+    snprintf(name, sizeof name, "layernorm_backward_weight %s  db", shape);
+    check_grad(name, c.b, sdb, C, &L);
+    snprintf(name, sizeof name, "layernorm_backward halves %s  = fused, bit for bit", shape);
+    report(name, fmax(bits_differ(sdinp, dinp1, NC), fmax(bits_differ(sdw, dw1, C), bits_differ(sdb, db1, C))), 0);
+    free(sdinp), free(sdw), free(sdb);
+
     free(c.inp), free(c.w), free(c.b), free(c.out), free(c.mean), free(c.rstd), free(c.R);
     free(c.ref);
     free(ref), free(refm), free(refr), free(scale);
@@ -431,6 +453,25 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int with_dinp) {
     if (db) e = fmax(e, twice_err(db1, db, OC));
     snprintf(name, sizeof name, "matmul_backward %s  accumulates", shape);
     report(name, e, TWICE_TOL);
+
+    /* the split halves, as for layernorm */
+    float *sdinp = alloc_f(NI), *sdw = alloc_f(WO), *sdb = with_bias ? alloc_f(OC) : NULL;
+    K->matmul_backward_input(sdinp, c.R, c.w, N, IC, OC);
+    K->matmul_backward_weight(sdw, sdb, c.R, c.inp, N, IC, OC);
+    snprintf(name, sizeof name, "matmul_backward_input  %s  dinp", shape);
+    check_grad(name, c.inp, sdinp, NI, &L);
+    snprintf(name, sizeof name, "matmul_backward_weight %s  dw", shape);
+    check_grad(name, c.w, sdw, WO, &L);
+    e = bits_differ(sdw, dw1, WO);
+    if (dinp) e = fmax(e, bits_differ(sdinp, dinp1, NI));
+    if (db) {
+        snprintf(name, sizeof name, "matmul_backward_weight %s  dbias", shape);
+        check_grad(name, c.bias, sdb, OC, &L);
+        e = fmax(e, bits_differ(sdb, db1, OC));
+    }
+    snprintf(name, sizeof name, "matmul_backward halves %s  = fused, bit for bit", shape);
+    report(name, e, 0);
+    free(sdinp), free(sdw), free(sdb);
 
     free(c.inp), free(c.w), free(c.bias), free(c.out), free(c.R), free(c.ref);
     free(ref), free(scale);

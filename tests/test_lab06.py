@@ -1,12 +1,12 @@
 """lab06_3d against its promises: every (t, p, d) grid reproduces lab01's one-rank
-losses; ranks sit on the grid in Megatron's order (TP fastest, then DP, then PP)
-and the communicators say so; each group kind moves exactly the bytes its
+losses, under each of lab04's schedules too; ranks sit on the grid in Megatron's
+order (TP fastest, then DP, then PP) and the communicators say so; each group kind moves exactly the bytes its
 formula says, on every rank; memory per rank is the rank's shard of its stage;
 omitted grid flags default as documented; on (pretended) hosts the map shows
 them and a TP group that spans two is warned about; bad input fails fast and
 clearly (the shared bad-input cases run in bad_input_lab06, test_bad_input.py).
 
-usage: test_lab06.py equivalence|grid|bad_input|cuda"""
+usage: test_lab06.py equivalence|schedules|grid|bad_input|cuda"""
 import json
 import os
 import subprocess
@@ -132,6 +132,59 @@ def equivalence():
     check_record(rec, 2, 2, 1, 4, "gpipe")
 
 
+# lab04's newer schedules at every 3D layout, on a smaller model (20 steps)
+SMALL = ["--steps", "20", "--layers", str(L), "--d-model", "32", "--heads", str(H), "--batch", str(B), "--seq", "16"]
+SCHEDULES = [("interleaved", 2, 2), ("zb-h1", 2, 1), ("zb-v", 4, 2)]  # (schedule, m, chunks per rank)
+
+
+def stage_of(schedule, p, rank, chunk):
+    """lab04's placement: Megatron's chunk c p + r, the V's r and 2p-1-r."""
+    return (rank if chunk == 0 else 2 * p - 1 - rank) if schedule == "zb-v" else chunk * p + rank
+
+
+def chunk_params(t, stages, s, C):
+    """Elements of virtual stage s's chunk on one TP rank (as local_params)."""
+    lo, hi = documented_split(L, stages)[s]
+    return (hi - lo) * (6 * C + (12 * C * C + 7 * C) // t) + (V * C + 16 * C if s == 0 else 0) + \
+        (2 * C + V * C if s == stages - 1 else 0)
+
+
+def check_schedule_record(rec, t, p, d, m, schedule, v):
+    n, S, C = t * p * d, p * v, 32
+    check((rec["schedule"], rec["micro_batches"], rec["chunks_per_rank"]) == (schedule, m, v),
+          f"record says {rec['schedule']} {rec['micro_batches']} {rec['chunks_per_rank']}")
+    act = (B // (d * m)) * 16 * C * 4
+    traffic, mem = rec["traffic_per_group"], rec["mem_peak_bytes_per_rank"]
+    for r in range(n):
+        tp, pp, dp = coord(r, t, p, d)
+        stages = [stage_of(schedule, p, pp, c) for c in range(v)]
+        where = {stage_of(schedule, p, q, c): q for q in range(p) for c in range(v)}
+        links = sum(1 for s in stages for nb in (s - 1, s + 1) if 0 <= nb < S and where[nb] != pp)
+        elems = sum(chunk_params(t, S, s, C) for s in stages)
+        want = {"tp": (4 * (L // p) * m if t > 1 else 0, act), "pp": (2 * links * m, act),
+                "dp": (1 if d > 1 else 0, 4 * elems)}
+        for kind, (calls, each) in want.items():
+            g = traffic[kind]
+            check(g["calls"][r] == g["calls_formula"][r] == calls and
+                  abs(g["payload_bytes"][r] - calls * each) < 0.5 and abs(g["payload_bytes_formula"][r] - calls * each) < 0.5,
+                  f"{schedule} {t}x{p}x{d} rank {r} {kind}: calls {g['calls'][r]} (formula {g['calls_formula'][r]}, "
+                  f"expected {calls}), payload {g['payload_bytes'][r]}")
+        check(mem["params"][r] == 4 * elems, f"{schedule} rank {r}: params {mem['params'][r]} != 4 x {elems}")
+        check(mem["acts"][r] == rec["acts_peak_formula_bytes"][r],
+              f"{schedule} rank {r}: activation peak {mem['acts'][r]} != formula {rec['acts_peak_formula_bytes'][r]}")
+    print(f"  {schedule} {t}x{p}x{d}: traffic per group and parameters per rank = formula, activation peaks "
+          f"{mem['acts']} = the schedule's blocks in flight")
+
+
+def schedules():
+    ref, _, _ = run("lab01_dp", 1, SMALL)
+    for t, p, d in [(2, 2, 1), (1, 2, 2), (2, 2, 2)]:
+        for schedule, m, v in SCHEDULES:
+            rec, _, _ = run(LAB, t * p * d, SMALL + grid_args(t, p, d, m, schedule))
+            compare_losses(f"lab06 {t}x{p}x{d} {schedule} m={m} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            check_schedule_record(rec, t, p, d, m, schedule, v)
+
+
 def run_on_fake_hosts(ranks_per_host, args):
     """lab06 on 8 ranks that MPI_Get_processor_name places on hosts of
     ranks_per_host consecutive ranks (lab06_3d/fake_hosts.c, preloaded)."""
@@ -206,7 +259,7 @@ def bad_input():
         # each replica's rows must split into micro-batches
         (4, ["--tp", "1", "--pp", "1", "--dp", "4", "--batch", "8", "--micro-batches", "4"], "--micro-batches 4"),
         (2, ["--micro-batches", "0"], "--micro-batches"),
-        (2, ["--schedule", "zb-v"], "--schedule"),
+        (2, ["--schedule", "zb-h2"], "--schedule"),
         # a few shared cases at a 3D layout; all of them run in bad_input_lab06
         # (tests/test_bad_input.py), with a grid that fits the ranks
         (8, ["--bogus"], "--bogus"),
@@ -230,5 +283,6 @@ def cuda():
 
 
 if __name__ == "__main__":
-    {"equivalence": equivalence, "grid": grid, "bad_input": bad_input, "cuda": cuda}[sys.argv[1]]()
+    {"equivalence": equivalence, "schedules": schedules, "grid": grid, "bad_input": bad_input,
+     "cuda": cuda}[sys.argv[1]]()
     print("passed")
