@@ -31,7 +31,8 @@ typedef struct {
 static traffic count_traffic(const run_report *r) {
     traffic t;
     memset(&t, 0, sizeof t);
-    for (int c = 0; c < r->n_comms; c++)
+    for (int c = 0; c < r->n_comms; c++) {
+        if (r->comms[c]->size <= 1) continue; /* a collective of one rank moves nothing */
         for (int k = 0; k < COLL_NKINDS; k++) {
             const comm_stat *s = &r->comms[c]->stats[k];
             t.calls[k] += (double)s->calls;
@@ -39,6 +40,7 @@ static traffic count_traffic(const run_report *r) {
             t.wire[k] += ring_bytes((comm_kind)k, s->bytes, r->comms[c]->size);
             t.seconds[k] += s->seconds;
         }
+    }
     return t;
 }
 

@@ -175,8 +175,8 @@ void report3d_print(const report3d *r, const process_grid *g) {
         if (q == 16 && r->ranks > 17) { printf("  ... (%d more ranks in the record)\n", r->ranks - 16); break; }
         const double *x = r->rows + (size_t)q * F_FIELDS;
         double acts_f = x[F_IN_FLIGHT] * x[F_ACTS_PER_MB];
-        printf("  %4d (%.0f,%.0f,%.0f) %4.0f-%-3.0f| %sB%s | %sB | %sB | %sB = %.0f x %sB%s | %sB | %.1f / %.1f / %.1f\n", q,
-               x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI] - 1, human(x[F_PARAMS], a),
+        printf("  %4d (%.0f,%.0f,%.0f) [%.0f,%.0f) | %sB%s | %sB | %sB | %sB = %.0f x %sB%s | %sB | %.1f / %.1f / %.1f\n", q,
+               x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI], human(x[F_PARAMS], a),
                x[F_PARAMS] == x[F_PARAMS_F] ? "" : " (MISMATCH)", human(x[F_GRADS], b), human(x[F_OPTIM], c),
                human(x[F_ACTS], e), x[F_IN_FLIGHT], human(x[F_ACTS_PER_MB], f), x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
                human(x[F_TOTAL], t), 1e3 * x[GROUP_TP * G_FIELDS + G_SECONDS], 1e3 * x[GROUP_PP * G_FIELDS + G_SECONDS],
