@@ -16,6 +16,7 @@ usage: test_lessons.py static | run LESSON.md..."""
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -188,7 +189,7 @@ def first_mismatch(shown, actual):
 
 def on_cpu(cmd):
     """`--device cpu` on each lab program: the transcripts are CPU runs, also on a GPU machine."""
-    return re.sub(r"(\./lab0\d_\w+)((?:[ \t]+(?!\d?>)[^\s;|&]+)*)", r"\1\2 --device cpu", cmd)
+    return re.sub(r"(?<![\w./])(\./lab0\d_\w+)(?![\w/])((?:[ \t]+(?!\d?>)[^\s;|&]+)*)", r"\1\2 --device cpu", cmd)
 
 
 class Scratch:
@@ -243,12 +244,9 @@ class Scratch:
 
 
 def shutil_which(name):
-    if os.path.isabs(name):
-        return name
-    for d in os.environ["PATH"].split(os.pathsep):
-        if os.access(os.path.join(d, name), os.X_OK):
-            return os.path.join(d, name)
-    fail(f"{name} not found")
+    found = name if os.path.isabs(name) else shutil.which(name)
+    check(found is not None, f"{name} not found")
+    return found
 
 
 def without_steps(cmd):
@@ -285,7 +283,9 @@ def run(paths):
                     n_lines += 0 if run_only else len([l for l in shown if l.strip() not in ("", "...")])
     for p in problems:
         print("FAIL:", p, flush=True)
-    check(not problems, f"{len(problems)} lesson claims do not hold")
+    if problems:
+        fail(f"{len(problems)} lesson claims do not hold (the runs' files are in {scratch.build})")
+    shutil.rmtree(scratch.root)
     print(f"{' '.join(paths)}: {n_cmds} commands ran, {n_lines} shown lines match, in {time.time() - t_all:.1f} s")
 
 
