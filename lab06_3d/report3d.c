@@ -155,12 +155,13 @@ void report3d_print(const report3d *r, const process_grid *g) {
             mismatches += x[G_CALLS] != x[G_CALLS_F] || fabs(x[G_PAYLOAD] - x[G_PAYLOAD_F]) > 0.5 ||
                           fabs(x[G_RING] - x[G_RING_F]) > 0.5;
         }
-        printf("  %s (groups of %d): %4.0f calls, payload %sB, ring %sB, %.1f ms | %.0f calls, %sB, ring %sB%s\n",
+        const char *wire = k == GROUP_PP ? "point to point" : "ring"; /* a send has no ring factor */
+        printf("  %s (groups of %d): %4.0f calls, payload %sB, %s %sB, %.1f ms | %.0f calls, %sB, %s %sB%s\n",
                titles[k], sizes[k], column_max(r->rows, r->ranks, o + G_CALLS),
-               human(column_max(r->rows, r->ranks, o + G_PAYLOAD), a), human(column_max(r->rows, r->ranks, o + G_RING), b),
-               1e3 * column_max(r->rows, r->ranks, o + G_SECONDS), column_max(r->rows, r->ranks, o + G_CALLS_F),
-               human(column_max(r->rows, r->ranks, o + G_PAYLOAD_F), c),
-               human(column_max(r->rows, r->ranks, o + G_RING_F), e), mismatches ? " MISMATCH" : "");
+               human(column_max(r->rows, r->ranks, o + G_PAYLOAD), a), wire,
+               human(column_max(r->rows, r->ranks, o + G_RING), b), 1e3 * column_max(r->rows, r->ranks, o + G_SECONDS),
+               column_max(r->rows, r->ranks, o + G_CALLS_F), human(column_max(r->rows, r->ranks, o + G_PAYLOAD_F), c),
+               wire, human(column_max(r->rows, r->ranks, o + G_RING_F), e), mismatches ? " MISMATCH" : "");
         printf("      formula: %s%s\n", formulas[k],
                mismatches ? "" : "; every rank's measured figures equal its own formula");
     }
