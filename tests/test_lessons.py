@@ -111,6 +111,8 @@ def static():
             file = os.path.normpath(os.path.join(SOURCE, here, target.split("#")[0]))
             if not os.path.exists(file):
                 problems.append(f"{path}: link to {target}, which does not exist")
+            elif "#" in target and target.split("#")[1] not in anchors(file):
+                problems.append(f"{path}: link to {target}: no such heading there")
         if path.startswith("lab0") and not path.startswith("lab00"):
             heads = re.findall(r"^## (.+)$", text, re.M)
             at = 0
@@ -135,6 +137,15 @@ def static():
         print("FAIL:", p)
     check(not problems, f"{len(problems)} problems in the lessons")
     print(f"{len(LESSONS)} lessons and {len(docs)} docs: shape, links, answers and the first command as promised")
+
+
+def anchors(file):
+    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped, spaces to -)."""
+    if not file.endswith(".md"):
+        return set()
+    text = re.sub(r"```.*?```", "", open(file).read(), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
 
 
 def section(text, name):
