@@ -34,7 +34,8 @@ typedef struct {
 static traffic count_traffic(const run_report *r) {
     traffic t;
     memset(&t, 0, sizeof t);
-    for (int c = 0; c < r->n_comms; c++)
+    for (int c = 0; c < r->n_comms; c++) {
+        if (r->comms[c]->size <= 1) continue; /* a collective of one rank moves nothing */
         for (int k = 0; k < COLL_NKINDS; k++) {
             const comm_stat *s = &r->comms[c]->stats[k];
             t.calls[k] += (double)s->calls;
@@ -42,6 +43,7 @@ static traffic count_traffic(const run_report *r) {
             t.wire[k] += ring_bytes((comm_kind)k, s->bytes, r->comms[c]->size);
             t.seconds[k] += s->seconds;
         }
+    }
     return t;
 }
 
@@ -162,8 +164,11 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     for (int k = 0; k < COLL_NKINDS; k++) {
         if (tmax.calls[k] == 0) continue;
         any = 1;
-        printf("                  %-14s %5.1f calls | payload %sB | ring traffic %sB | %.2f ms\n",
+        /* point to point moves its payload once: no ring factor, and the line says so */
+        int p2p = k == COLL_SEND || k == COLL_RECV;
+        printf("                  %-14s %5.1f calls | payload %sB | %s %sB | %.2f ms\n",
                comm_kind_names[k], tmax.calls[k] * per_step, human(tmax.payload[k] * per_step, a),
+               p2p ? "point to point" : "ring traffic",
                human(tmax.wire[k] * per_step, b), tmax.seconds[k] * per_step * 1e3);
     }
     if (!any) printf("                  none\n");

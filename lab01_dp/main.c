@@ -138,7 +138,8 @@ int main(int argc, char **argv) {
     int in_sync = check_sync ? dp_replicas_identical(&world, params, P, 1) : 1;
     if (dump_weights && world.rank == 0) write_weights(dump_weights, params, P);
     char layout[32], extra[64];
-    snprintf(layout, sizeof layout, "dp=%d", world.size);
+    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
+    snprintf(layout, sizeof layout, bucket_mb > 0 ? "dp=%d bucket=%gMiB" : "dp=%d", world.size, bucket_mb);
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s", bucket_mb,
              check_sync ? (in_sync ? "true" : "false") : "null");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);

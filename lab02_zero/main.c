@@ -118,7 +118,9 @@ int main(int argc, char **argv) {
     zero_figures fig;
     zero_figures_compute(&zero, &fig);
     char layout[48], extra[1024];
-    snprintf(layout, sizeof layout, "zero%d dp=%d", zero_stage, world.size);
+    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
+    snprintf(layout, sizeof layout, bucket_mb > 0 ? "zero%d dp=%d bucket=%gMiB" : "zero%d dp=%d", zero_stage,
+             world.size, bucket_mb);
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,

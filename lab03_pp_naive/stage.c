@@ -221,7 +221,10 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
     double sums[2] = {K->sum_squares(s->grads, n), s->loss_sum};
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
+    /* traced as communication: a stage that finished its backward early waits here */
+    ev = trace_begin("norm_allreduce", TRACE_COMM, -1, NULL);
     comm_allreduce_host(s->pipe, sums, 2);
+    trace_end(ev);
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     t0 = now_seconds();
@@ -280,9 +283,9 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
         for (int r = 0; r < p; r++) {
             const double *x = all + (size_t)r * FIELDS;
             double formula = x[IN_FLIGHT] * x[BYTES];
-            printf("  stage %d: layers %.0f-%.0f | peak %sB measured | formula %.0f x %sB per micro-batch = %sB%s"
+            printf("  stage %d: layers [%.0f,%.0f) | peak %sB measured | formula %.0f x %sB per micro-batch = %sB%s"
                    " | per micro-batch: allocator %.0f B, theory %.0f B%s\n",
-                   r, x[LO], x[HI] - 1, human(x[PEAK], a), x[IN_FLIGHT], human(x[BYTES], b),
+                   r, x[LO], x[HI], human(x[PEAK], a), x[IN_FLIGHT], human(x[BYTES], b),
                    human(formula, c), x[PEAK] == formula ? "" : " (MISMATCH)", x[BYTES], x[BYTES_F],
                    x[BYTES_F] < 0 || x[BYTES_F] == x[BYTES] ? "" : " (MISMATCH)");
         }

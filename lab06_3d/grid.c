@@ -210,7 +210,7 @@ char *grid_describe(process_grid *g, int layers) {
         for (int pp = 0; pp < d.pp; pp++) {
             int lo, hi;
             stage_layers(layers, d.pp, pp, &lo, &hi);
-            printf("  stage %d, layers %d-%d:", pp, lo, hi - 1);
+            printf("  stage %d, layers [%d,%d):", pp, lo, hi);
             for (int dp = 0; dp < d.dp && dp < 8; dp++) {
                 int first = grid_rank_of(d, (grid_coord){0, pp, dp});
                 printf("  dp %d [", dp);

@@ -176,12 +176,13 @@ void report3d_print(const report3d *r, const process_grid *g) {
             mismatches += x[G_CALLS] != x[G_CALLS_F] || fabs(x[G_PAYLOAD] - x[G_PAYLOAD_F]) > 0.5 ||
                           fabs(x[G_RING] - x[G_RING_F]) > 0.5;
         }
-        printf("  %s (groups of %d): %4.0f calls, payload %sB, ring %sB, %.1f ms | %.0f calls, %sB, ring %sB%s\n",
+        const char *wire = k == GROUP_PP ? "point to point" : "ring"; /* a send has no ring factor */
+        printf("  %s (groups of %d): %4.0f calls, payload %sB, %s %sB, %.1f ms | %.0f calls, %sB, %s %sB%s\n",
                titles[k], sizes[k], column_max(r->rows, r->ranks, o + G_CALLS),
-               human(column_max(r->rows, r->ranks, o + G_PAYLOAD), a), human(column_max(r->rows, r->ranks, o + G_RING), b),
-               1e3 * column_max(r->rows, r->ranks, o + G_SECONDS), column_max(r->rows, r->ranks, o + G_CALLS_F),
-               human(column_max(r->rows, r->ranks, o + G_PAYLOAD_F), c),
-               human(column_max(r->rows, r->ranks, o + G_RING_F), e), mismatches ? " MISMATCH" : "");
+               human(column_max(r->rows, r->ranks, o + G_PAYLOAD), a), wire,
+               human(column_max(r->rows, r->ranks, o + G_RING), b), 1e3 * column_max(r->rows, r->ranks, o + G_SECONDS),
+               column_max(r->rows, r->ranks, o + G_CALLS_F), human(column_max(r->rows, r->ranks, o + G_PAYLOAD_F), c),
+               wire, human(column_max(r->rows, r->ranks, o + G_RING_F), e), mismatches ? " MISMATCH" : "");
         printf("      formula: %s%s\n", formulas[k],
                mismatches ? "" : "; every rank's measured figures equal its own formula");
     }
@@ -202,8 +203,8 @@ void report3d_print(const report3d *r, const process_grid *g) {
         if (x[F_IN_FLIGHT] * x[F_ACTS_PER_MB] == acts_f) snprintf(how, sizeof how, "%.0f x %sB", x[F_IN_FLIGHT],
                                                                   human(x[F_ACTS_PER_MB], f));
         else snprintf(how, sizeof how, "%sB (chunks)", human(acts_f, f));
-        printf("  %4d (%.0f,%.0f,%.0f) %4.0f-%-3.0f| %sB%s | %sB | %sB | %sB = %s%s | %sB | %.1f / %.1f / %.1f\n", q,
-               x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI] - 1, human(x[F_PARAMS], a),
+        printf("  %4d (%.0f,%.0f,%.0f) [%.0f,%.0f) | %sB%s | %sB | %sB | %sB = %s%s | %sB | %.1f / %.1f / %.1f\n", q,
+               x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI], human(x[F_PARAMS], a),
                x[F_PARAMS] == x[F_PARAMS_F] ? "" : " (MISMATCH)", human(x[F_GRADS], b), human(x[F_OPTIM], c),
                human(x[F_ACTS], e), how, x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
                human(x[F_TOTAL], t), 1e3 * x[GROUP_TP * G_FIELDS + G_SECONDS], 1e3 * x[GROUP_PP * G_FIELDS + G_SECONDS],

@@ -6,11 +6,13 @@ their run records, turns them into TSV files (records_to_tsv.py) and draws each
 chart with its gnuplot script (plots/*.gp) as PNG and SVG, with an index.md that
 shows every chart, the numbers behind it and the commands that produced it.
 
-usage: make_charts.py [--build DIR] [--out DIR] [--quick] [--mpirun PATH]
+usage: make_charts.py [--build DIR] [--out DIR] [--docs DIR] [--quick] [--mpirun PATH]
   --build DIR   where the lab programs are [build]
   --out DIR     the charts folder [BUILD/charts]; its runs/ subfolder is replaced
+  --docs DIR    also copy each chart's PNG there, with a README.md of captions: the
+                images the lessons embed (`make plots` passes docs/charts of the repository)
   --quick       a tiny model and few runs (the test uses it): checks the plumbing
-  `make plots` runs it with the defaults.
+  `make plots` runs it with the defaults and --docs.
 """
 import argparse
 import os
@@ -312,15 +314,36 @@ def md_table(path, max_rows=40):
     return "\n".join(out)
 
 
+def copy_to_docs(charts, docs, mode, pipe_recs):
+    """The PNG of every chart into the lessons' folder, with a README.md that says
+    what each shows and how to redraw it (the numbers stay in the build's index.md)."""
+    os.makedirs(docs, exist_ok=True)
+    lines = ["# Charts of the lessons\n",
+             "Drawn by `make plots` (from `build/`), which runs the sweep of `plots/make_charts.py`, draws "
+             "every chart into `build/charts/` (with `index.md`: the numbers and the commands behind each) and "
+             "copies the PNGs here. Timing figures (throughput, bubbles, timelines) are the drawing machine's: "
+             f"{CORES} cores, device `{pipe_recs[0]['device'] if pipe_recs else '?'}`"
+             f"{', quick sweep (tiny model)' if mode == 'quick' else ''}. "
+             "Bytes, memory and losses are exact.\n"]
+    for name, title, script, variables, table, group, what in charts:
+        shutil.copyfile(f"{name}.png", os.path.join(docs, f"{name}.png"))
+        lines.append(f"## {title}\n\n![{title}]({name}.png)\n\n{what}\n")
+    with open(os.path.join(docs, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+    print(f"lesson charts: {len(charts)} PNGs and README.md in {docs}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build", help="folder with the lab programs [build]")
     ap.add_argument("--out", help="charts folder [BUILD/charts]")
+    ap.add_argument("--docs", help="also copy the PNGs there, with a README.md (the lessons' images)")
     ap.add_argument("--quick", action="store_true", help="tiny model, few runs: checks the plumbing (the test)")
     ap.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     out = os.path.abspath(a.out or os.path.join(build, "charts"))
+    docs = os.path.abspath(a.docs) if a.docs else None
     if not os.path.exists(os.path.join(build, "lab01_dp")):
         sys.exit(f"error: --build {a.build}: no lab01_dp there (build the labs first: cmake --build {a.build})")
     if not shutil.which("gnuplot"):
@@ -388,6 +411,8 @@ def main():
                     f"a core counts that as bubble. The comparison with the theory is the p = 2 panel.\n\n")
         f.write("\n".join(sections))
     print(f"index: {out}/index.md", flush=True)
+    if docs:
+        copy_to_docs(charts, docs, mode, pipe_recs)
     print(f"done in {clock(total)} ({clock(sweep_s)} of runs)", flush=True)
     if problems:
         print("gnuplot problems (also in gnuplot.log):\n" + "\n".join(problems), file=sys.stderr)

@@ -1,8 +1,9 @@
 """plots/ against its promises: the quick sweep of plots/make_charts.py draws
 every chart as a non-empty PNG and SVG, gnuplot says nothing on stderr (no
-error, no warning), index.md names every chart; and each gnuplot script also
-runs alone on records converted by plots/records_to_tsv.py, as plots/README.md
-tells a user to.
+error, no warning), index.md names every chart, --docs copies every PNG (the
+images the lessons embed from docs/charts/, each of which is a chart drawn
+here); and each gnuplot script also runs alone on records converted by
+plots/records_to_tsv.py, as plots/README.md tells a user to.
 
 usage: test_plots.py quick"""
 import glob
@@ -43,8 +44,9 @@ def quick():
     if not shutil.which("gnuplot"):
         fail("gnuplot not found: apt-get install gnuplot-nox")
     out = tempfile.mkdtemp(prefix="pl-plots-")
+    docs = os.path.join(out, "docs")
     cmd = [sys.executable, os.path.join(PLOTS, "make_charts.py"), "--quick", "--build", BUILD, "--out", out,
-           "--mpirun", MPIRUN]
+           "--docs", docs, "--mpirun", MPIRUN]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     print(f"$ {' '.join(cmd)} -> status {p.returncode} in {time.time() - t0:.1f} s")
@@ -66,6 +68,19 @@ def quick():
     check(index.count("\n## ") == len(CHARTS), f"index.md should have one section per chart ({len(CHARTS)})")
     check(index.count("| --- |") >= len(CHARTS), "index.md should have a table of numbers per chart")
     print(f"{len(CHARTS)} charts as PNG and SVG, gnuplot silent, index.md names them all")
+
+    # --docs: the lessons' copies, and every image a lesson embeds is one of them
+    readme = open(os.path.join(docs, "README.md")).read()
+    for name in CHARTS:
+        check_image(os.path.join(docs, f"{name}.png"))
+        check(f"]({name}.png)" in readme, f"docs README.md does not show {name}.png")
+    source = os.path.dirname(PLOTS)
+    for lesson in sorted(glob.glob(os.path.join(source, "lab0*", "README.md"))):
+        for name in re.findall(r"\]\(\.\./docs/charts/([\w-]+)\.png\)", open(lesson).read()):
+            check(name in CHARTS, f"{os.path.relpath(lesson, source)} embeds docs/charts/{name}.png, "
+                                  f"which make_charts.py does not draw")
+            check_image(os.path.join(source, "docs", "charts", f"{name}.png"))
+    print(f"--docs copied the {len(CHARTS)} PNGs; every chart a lesson embeds is drawn by make_charts.py")
 
     # each script alone, on the user's own data, as plots/README.md says
     mine = tempfile.mkdtemp(prefix="pl-plots-mine-")

@@ -1,0 +1,12 @@
+# The lessons against the programs (docs/lesson-shape.md): their shape, links and
+# answers without running anything, then each lesson's commands and checked
+# transcripts (a few seconds each, on the CPU).
+add_lab_test(lessons_static test_lessons.py static)
+set_tests_properties(lessons_static PROPERTIES LABELS lessons)
+foreach(lesson lab00_concepts lab01_dp lab02_zero lab03_pp_naive lab04_1f1b lab05_tp lab06_3d)
+  string(SUBSTRING ${lesson} 0 5 short)
+  add_test(NAME lessons_${short} COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/test_lessons.py run
+           ${CMAKE_SOURCE_DIR}/${lesson}/README.md)
+  set_tests_properties(lessons_${short} PROPERTIES TIMEOUT 300 LABELS lessons
+    ENVIRONMENT "BUILD_DIR=${CMAKE_BINARY_DIR};MPIRUN=${MPIEXEC_EXECUTABLE};OPENBLAS_NUM_THREADS=1")
+endforeach()
