@@ -140,7 +140,7 @@ static double predict_data_parallel(const run *r, const timing *tm, rank_pred *p
                 p->payload[TH_ALLGATHER] += 4 * (2 * full - embed_unit);
             }
         } else {
-            count(p, TH_ALLREDUCE, units, 4 * psi / units); /* lab01 calls it even on one rank */
+            if (N > 1) count(p, TH_ALLREDUCE, units, 4 * psi / units); /* a group of one counts no traffic */
         }
     }
     if (zero) {
