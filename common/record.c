@@ -81,6 +81,31 @@ static void sanitize(char *dst, size_t len, const char *src) {
     dst[i] = 0;
 }
 
+/* The activation peak of every rank beside its formula, on one line:
+ * `all` holds each rank's row of `fields` doubles, the measured peak at
+ * MEM_ACTS and the formula at `formula` (0: the lab gave none). */
+static void print_acts_formula(const double *all, int fields, int formula, int R, const char *recompute) {
+    int equal = 1, same = 1;
+    for (int q = 0; q < R; q++) {
+        const double *x = all + (size_t)q * fields;
+        if (x[formula] <= 0) return;
+        equal &= x[MEM_ACTS] == x[formula];
+        same &= x[MEM_ACTS] == all[MEM_ACTS];
+    }
+    char a[16], b[16];
+    printf("  activations     peak per rank, allocator %s formula (theory.h, --recompute %s):", equal ? "=" : "vs",
+           recompute);
+    if (equal && same) printf(" %sB on every rank\n", human(all[MEM_ACTS], a));
+    else {
+        for (int q = 0; q < R && q < 8; q++) {
+            const double *x = all + (size_t)q * fields;
+            if (x[MEM_ACTS] == x[formula]) printf(" %sB", human(x[MEM_ACTS], a));
+            else printf(" rank %d %sB vs %sB MISMATCH", q, human(x[MEM_ACTS], a), human(x[formula], b));
+        }
+        printf("%s\n", R > 8 ? " ... (every rank in the record)" : "");
+    }
+}
+
 /* What run_setup allocated for the run. */
 static void run_release(run_ctx *ctx) {
     free(ctx->step_seconds);
@@ -97,10 +122,11 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     int R = ctx->size, rank = ctx->rank;
 
     /* memory: every category's peak on every rank */
-    enum { NM = MEM_NCAT + 1 };
+    enum { NM = MEM_NCAT + 2, ACTS_FORMULA = MEM_NCAT + 1 }; /* the categories, the total, the formula */
     double mine[NM], *all = rank == 0 ? malloc(sizeof(double) * NM * (size_t)R) : NULL;
     for (int c = 0; c < MEM_NCAT; c++) mine[c] = (double)mem_peak((mem_category)c);
     mine[MEM_NCAT] = (double)mem_peak_total();
+    mine[ACTS_FORMULA] = r->acts_formula_bytes;
     MPI_Gather(mine, NM, MPI_DOUBLE, all, NM, MPI_DOUBLE, 0, MPI_COMM_WORLD);
 
     /* timeline: busy fractions over the measured steps, then the files */
@@ -152,6 +178,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("  peak memory     (bytes per rank, max over ranks)\n                 ");
     for (int m = 0; m < MEM_NCAT; m++) printf(" %s %sB |", mem_category_names[m], human(peak_max[m], a));
     printf(" total %sB\n", human(peak_max[MEM_NCAT], a));
+    print_acts_formula(all, NM, ACTS_FORMULA, R, o->recompute);
     size_t drv_free, drv_total;
     if (mem_driver_info(&drv_free, &drv_total)) { /* the whole GPU's figure, whoever else uses it */
         char whose[48] = "rank 0's GPU";
@@ -205,6 +232,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     jsonval_set(config, "seed", json_integer(o->seed));
     jsonval_set(config, "data", jsonval_text(o->data ? o->data : "built-in"));
     jsonval_set(config, "preset", jsonval_text(o->preset));
+    jsonval_set(config, "recompute", jsonval_text(o->recompute));
     jsonval_set(rec, "config", config);
     jsonval_set(rec, "params", json_integer(r->params));
     jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */
@@ -224,6 +252,9 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         for (int q = 0; q < R; q++) col[q] = all[q * NM + m];
         jsonval_set(x, m < MEM_NCAT ? mem_category_names[m] : "total", jsonval_integers(col, R));
     }
+    /* beside mem_peak_bytes_per_rank.acts: the same peak by theory.h, rank by rank */
+    for (int q = 0; q < R; q++) col[q] = all[q * NM + ACTS_FORMULA];
+    jsonval_set(rec, "acts_peak_bytes_formula_per_rank", r->acts_formula_bytes > 0 ? jsonval_integers(col, R) : json_null());
     jsonval_set(rec, "comm_bytes_per_step", x = json_object());
     for (int k = 0; k < COLL_NKINDS; k++)
         if (tmax.calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_integer(tmax.payload[k] * per_step));

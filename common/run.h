@@ -39,6 +39,7 @@ typedef struct run_options {
     const char *preset;        /* --preset: the shape's name ("tiny", "gpt2-small") */
     const char *save, *resume; /* checkpoint files (checkpoint.h), NULL: none */
     int save_every, eval;
+    const char *recompute;     /* --recompute none|selective|full (gpt_config.recompute) */
 } run_options;
 
 typedef struct lab_info {
@@ -91,6 +92,8 @@ typedef struct run_report {
     const char *comm_formula;   /* how it is computed, e.g. "2(N-1)/N x gradient bytes" */
     double bubble_theory;       /* < 0: not a pipeline */
     const char *extra_json;     /* lab-specific record members ("\"k\":v,..."), or NULL */
+    double acts_formula_bytes;  /* THIS rank's activation peak by theory.h's formula (0: none given),
+                                 * printed and recorded beside the allocator's peak */
 } run_report;
 
 /* Collective: gathers memory, traffic and timeline from all ranks, prints the

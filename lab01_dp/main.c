@@ -96,6 +96,7 @@ int main(int argc, char **argv) {
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
     gpt_scratch_alloc(&scratch, &g, rows);
+    gpt_acts_bind(&acts, &scratch); /* --recompute: what the layers do not keep goes there */
     int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
     dp_grad_sync sync;
     dp_sync_init(&sync, &world, grads, 0, P, bucket_mb);
@@ -143,10 +144,14 @@ int main(int argc, char **argv) {
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s", bucket_mb,
              check_sync ? (in_sync ? "true" : "false") : "null");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
+    /* the activations of B/N rows by theory.h's exact formula, beside the allocator's peak */
+    const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    const th_opts opts = th_opts_run(1, 0, ctx.model.recompute);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = th_dp_traffic((double)P * sizeof(float), world.size, 1).ring,
                          .comm_formula = "ring all-reduce 2(N-1)/N x gradient bytes",
-                         .bubble_theory = -1, .extra_json = record};
+                         .bubble_theory = -1, .extra_json = record,
+                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

@@ -5,47 +5,105 @@
 /* common/model.c's carve(): every piece starts 64-byte aligned */
 static double pad16(double floats) { return (double)(((long long)floats + 15) / 16 * 16); }
 
-/* The options and shape the course's model runs: fp32, no SP, no recomputation,
- * GPT-2's architecture, and whole heads and MLP units per TP rank. */
+/* The options and shape the course's model runs: fp32, GPT-2's architecture,
+ * whole heads and MLP units per TP rank, and with sequence parallelism whole
+ * slices of every sequence (T divisible by t). */
 static int course_runs(const th_model *m, const th_opts *o) {
     long t = o->tp > 0 ? o->tp : 1;
-    return o->precision == TH_FP32 && !o->sequence_parallel && o->recompute == TH_RECOMPUTE_NONE &&
-           !o->vocab_parallel && m->kv_heads == m->heads && m->ffn == 4 * m->d_model && !m->gated_mlp &&
-           m->biases && m->learned_positions && !m->tied_head && m->heads % t == 0 && m->d_model % m->heads == 0;
+    return o->precision == TH_FP32 && !o->vocab_parallel && m->kv_heads == m->heads && m->ffn == 4 * m->d_model &&
+           !m->gated_mlp && m->biases && m->learned_positions && !m->tied_head && m->heads % t == 0 &&
+           m->d_model % m->heads == 0 && (!o->sequence_parallel || m->seq % t == 0) &&
+           (o->recompute == TH_RECOMPUTE_NONE || o->recompute == TH_RECOMPUTE_SELECTIVE ||
+            o->recompute == TH_RECOMPUTE_FULL);
 }
 
-/* A TP rank's widths inside a layer: heads, attention columns, MLP units. */
-typedef struct { double heads, attn, mlp; } widths;
+/* A TP rank's widths inside a layer (heads, attention columns, MLP units) and
+ * the positions it holds: N = rows x T inside the tensor-parallel regions, Ns
+ * on the residual stream (N / t under sequence parallelism, else N). */
+typedef struct { double heads, attn, mlp, B, T, C, V, N, Ns; } widths;
 
-static widths local_widths(const th_model *m, const th_opts *o) {
+static widths local_widths(const th_model *m, const th_opts *o, long rows) {
     long t = o->tp > 0 ? o->tp : 1, heads = m->heads / t;
-    return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), (double)(m->ffn / t)};
+    double N = (double)rows * m->seq;
+    return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), (double)(m->ffn / t), (double)rows,
+                    (double)m->seq, (double)m->d_model, (double)m->vocab, N,
+                    o->sequence_parallel ? N / (double)t : N};
+}
+
+/* One layer's pieces (common/model.c's carve_layer), in floats, split into
+ * the attention matrix and the rest. */
+typedef struct { double ln1, qkv, atty, att, res2, ln2, fch, gelu, res3; } layer_pieces;
+
+static layer_pieces pieces_of(const widths *w) {
+    return (layer_pieces){.ln1 = pad16(w->N * w->C) + 2 * pad16(w->Ns), /* + mean, rstd */
+                          .qkv = pad16(w->N * 3 * w->attn), .atty = pad16(w->N * w->attn),
+                          .att = pad16(w->B * w->heads * w->T * w->T), .res2 = pad16(w->Ns * w->C),
+                          .ln2 = pad16(w->N * w->C) + 2 * pad16(w->Ns), .fch = pad16(w->N * w->mlp),
+                          .gelu = pad16(w->N * w->mlp), .res3 = pad16(w->Ns * w->C)};
+}
+
+static double all_but_att(const layer_pieces *p) {
+    return p->ln1 + p->qkv + p->atty + p->res2 + p->ln2 + p->fch + p->gelu + p->res3;
+}
+
+th_acts_parts th_course_acts_parts(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
+    th_acts_parts r = {-1, -1, -1};
+    if (!course_runs(m, o)) return r;
+    const widths w = local_widths(m, o, rows);
+    const layer_pieces p = pieces_of(&w);
+    const double layers = hi - lo;
+    /* what a layer keeps for its backward under each --recompute mode */
+    double quadratic = p.att, linear = all_but_att(&p);
+    if (o->recompute == TH_RECOMPUTE_SELECTIVE) quadratic = 0;
+    if (o->recompute == TH_RECOMPUTE_FULL) { quadratic = 0; linear = p.res3; /* its output only */ }
+    double other = pad16(w.Ns * w.C);      /* x_in */
+    if (lo == 0) other += pad16(w.Ns);     /* tokens */
+    if (hi == m->layers)                   /* targets, lnf + mean, rstd, logits, probs, losses */
+        other += pad16(w.Ns) + pad16(w.Ns * w.C) + 2 * pad16(w.Ns) + 2 * pad16(w.Ns * w.V) + pad16(w.Ns);
+    r.quadratic = 4 * layers * quadratic;
+    r.linear = 4 * layers * linear;
+    r.other = 4 * other;
+    return r;
 }
 
 double th_course_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
-    if (!course_runs(m, o)) return -1;
-    const widths w = local_widths(m, o);
-    const double B = (double)rows, T = (double)m->seq, C = (double)m->d_model, V = (double)m->vocab, N = B * T;
-    const int first = lo == 0, last = hi == m->layers;
-    double layer = 4 * pad16(N * C)                       /* ln1, res2, ln2, res3 */
-                 + 4 * pad16(N)                           /* ln1 and ln2 mean and rstd */
-                 + pad16(N * 3 * w.attn) + pad16(N * w.attn) /* qkv, atty */
-                 + pad16(B * w.heads * T * T)             /* att */
-                 + 2 * pad16(N * w.mlp);                  /* fch, fch_gelu */
-    double floats = pad16(N * C) /* x_in */ + (double)(hi - lo) * layer;
-    if (first) floats += pad16(N); /* tokens */
-    if (last) floats += pad16(N) /* targets */ + pad16(N * C) + 2 * pad16(N) /* lnf, mean, rstd */
-                        + 2 * pad16(N * V) /* logits, probs */ + pad16(N) /* losses */;
-    return 4 * floats;
+    th_acts_parts p = th_course_acts_parts(m, o, lo, hi, rows);
+    return p.other < 0 ? -1 : p.quadratic + p.linear + p.other;
 }
 
 double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
     if (!course_runs(m, o)) return -1;
-    const widths w = local_widths(m, o);
-    const double B = (double)rows, T = (double)m->seq, C = (double)m->d_model, V = (double)m->vocab, N = B * T;
-    double floats = 2 * pad16(N * C) + pad16(N * 3 * w.attn) + pad16(N * w.attn) + pad16(B * w.heads * T * T) +
-                    2 * pad16(N * w.mlp) + pad16(N * V);
+    const widths w = local_widths(m, o, rows);
+    const layer_pieces p = pieces_of(&w);
+    double floats = pad16(w.Ns * w.C) /* dres */ + pad16(w.N * w.C) /* dln */ + pad16(w.N * 3 * w.attn) +
+                    pad16(w.N * w.attn) + pad16(w.B * w.heads * w.T * w.T) + 2 * pad16(w.N * w.mlp) +
+                    pad16(w.Ns * w.V) /* dlogits */;
+    if (o->sequence_parallel && o->tp > 1) floats += 2 * pad16(w.N * w.C) + pad16(w.Ns * w.C); /* staging */
+    if (o->recompute == TH_RECOMPUTE_SELECTIVE) floats += p.att;                   /* the recomputed att */
+    if (o->recompute == TH_RECOMPUTE_FULL) floats += p.att + all_but_att(&p);      /* one whole layer */
     return 4 * floats;
+}
+
+double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
+    if (!course_runs(m, o)) return -1;
+    const widths w = local_widths(m, o, rows);
+    const layer_pieces p = pieces_of(&w);
+    double layer = 2 * pad16(w.N * w.C)                 /* dres3, dres2: the row-parallel douts, whole */
+                 + 2 * pad16(w.Ns * w.C)                /* dln1, dln2: the LayerNorms' */
+                 + pad16(w.N * w.mlp) + pad16(w.N * 3 * w.attn); /* dfch, dqkv */
+    if (o->recompute == TH_RECOMPUTE_FULL) layer += p.ln1 + p.atty + p.res2 + p.ln2 + p.gelu; /* what W reads */
+    double floats = (double)(hi - lo) * layer;
+    if (hi == m->layers) floats += pad16(w.Ns * w.V) + pad16(w.Ns * w.C); /* dlogits, dlnf */
+    if (lo == 0) floats += pad16(w.Ns * w.C);                            /* dx */
+    return 4 * floats;
+}
+
+double th_sp_partial_params(const th_model *m, int lo, int hi) {
+    const double V = (double)m->vocab, T = (double)m->seq, C = (double)m->d_model;
+    double n = (double)(hi - lo) * 4 * C;      /* LN1 and LN2, weight and bias */
+    if (lo == 0) n += V * C + T * C;           /* wte, wpe */
+    if (hi == m->layers) n += 2 * C + V * C;   /* ln_f, the head */
+    return n;
 }
 
 double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b) {

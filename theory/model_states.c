@@ -12,6 +12,13 @@ th_opts th_opts_course(int tp) {
                      .recompute = TH_RECOMPUTE_NONE};
 }
 
+th_opts th_opts_run(int tp, int sequence_parallel, int recompute) {
+    th_opts o = th_opts_course(tp);
+    o.sequence_parallel = sequence_parallel;
+    o.recompute = (th_recompute)recompute;
+    return o;
+}
+
 double th_param_bytes(th_precision p) { return p == TH_BF16 ? 2 : 4; }
 double th_grad_bytes(th_precision p) { return p == TH_BF16 ? 2 : 4; }
 double th_optim_bytes(th_precision p) { return p == TH_BF16 ? 12 : 8; }
