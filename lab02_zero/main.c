@@ -21,6 +21,7 @@
 #include "mem.h"
 #include "model.h"
 #include "run.h"
+#include "theory.h"
 #include "zero.h"
 #include "zero_report.h"
 #include <stdint.h>
@@ -88,6 +89,7 @@ int main(int argc, char **argv) {
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
     gpt_scratch_alloc(&scratch, &g, rows);
+    gpt_acts_bind(&acts, &scratch); /* --recompute: what the layers do not keep goes there */
     int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
 
     for (int i = 0; i < ctx.opt.steps; i++) {
@@ -123,9 +125,12 @@ int main(int argc, char **argv) {
              world.size, bucket_mb);
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
+    const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    const th_opts opts = th_opts_run(1, 0, ctx.model.recompute);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
-                         .bubble_theory = -1, .extra_json = record};
+                         .bubble_theory = -1, .extra_json = record,
+                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

@@ -80,11 +80,15 @@ int main(int argc, char **argv) {
     int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
     double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
+    const th_model tm = th_course_model(g.cfg.vocab, g.cfg.seq, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    const th_opts opts = stage_opts(&st);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                          .comm_formula_bytes = th_pp_traffic(boundaries, 1, 1, boundary_bytes).ring,
                          .comm_formula = "busiest stage: boundaries x (activation + gradient) "
                                          "x B x T x C x 4 bytes",
-                         .bubble_theory = theory, .extra_json = record};
+                         .bubble_theory = theory, .extra_json = record,
+                         /* one batch in flight: this stage's block by theory.h */
+                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, st.lo, st.hi, st.rows)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

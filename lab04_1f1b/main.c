@@ -143,7 +143,9 @@ int main(int argc, char **argv) {
                          .comm_formula_bytes = links * 2 * boundary_bytes,
                          .comm_formula = "busiest rank: boundaries to other ranks x (activations + gradients) "
                                          "x B x T x C x 4 bytes",
-                         .bubble_theory = theory, .extra_json = record};
+                         .bubble_theory = theory, .extra_json = record,
+                         /* the schedule's blocks in flight x their bytes by theory.h */
+                         .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);
