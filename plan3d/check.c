@@ -36,6 +36,7 @@ typedef struct rank_pred {
 typedef struct run {
     const char *lab, *schedule;
     int ranks, cuda, steps, B, T, L, C, H, m, tp, pp, dp, zero;
+    int recompute, sp;       /* --recompute (gpt_recompute), --sequence-parallel */
     double bucket_mb;
     th_model model;
 } run;
@@ -82,13 +83,15 @@ static const th_opts fp32 = {TH_FP32, 1, 0, 0, TH_RECOMPUTE_NONE};
 /* model states, activations (in flight x one micro-batch) and scratch of one rank */
 static void rank_memory(rank_pred *p, const run *r, double params, int t, int lo, int hi, long rows, double in_flight,
                         int receives_grad) {
-    const th_opts o = th_opts_course(t);
+    const th_opts o = th_opts_run(t, r->sp, r->recompute);
     th_states s = th_model_states(params, &o, 0, 1);
     p->mem[CAT_PARAMS] = s.params;
     p->mem[CAT_GRADS] = s.grads;
     p->mem[CAT_OPTIM] = s.optim;
     p->mem[CAT_ACTS] = in_flight * th_course_acts_bytes(&r->model, &o, lo, hi, rows);
     p->mem[CAT_COMM] = receives_grad ? 4.0 * rows * r->T * r->C : 0; /* lab03's dout */
+    /* lab05 under sequence parallelism: the staging of the partial gradients' all-reduce */
+    if (!strcmp(r->lab, "lab05_tp") && r->sp && t > 1) p->mem[CAT_COMM] = 4.0 * th_sp_partial_params(&r->model, 0, r->L);
     /* lab04's executor (and lab06 through it) keeps a pool of message buffers
      * whose size its lists decide: not predicted here yet. */
     if (!strcmp(r->lab, "lab04_1f1b") || !strcmp(r->lab, "lab06_3d")) p->mem[CAT_COMM] = -1;
@@ -109,7 +112,7 @@ static void count(rank_pred *p, th_coll k, double calls, double each) {
 static double predict_data_parallel(const run *r, const timing *tm, rank_pred *pr) {
     const int N = r->ranks;
     const long rows = r->B / N;
-    gpt_config cfg = {256, r->T, r->L, r->C, r->H};
+    gpt_config cfg = {256, r->T, r->L, r->C, r->H, r->recompute};
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
     const double psi = (double)g.total;
@@ -163,21 +166,33 @@ static double predict_grid(const run *r, const timing *tm, rank_pred *pr, double
         const int pp = q / (t * d); /* rank = tp + t (dp + d pp): lab06's grid.h */
         int lo, hi;
         stage_layers(r->L, p, pp, &lo, &hi);
-        const th_opts o = th_opts_course(t);
+        const th_opts o = th_opts_run(t, r->sp, r->recompute);
         const double params = th_stage_params(&r->model, &o, lo, hi);
         rank_pred *x = &pr[q];
-        rank_memory(x, r, params, t, lo, hi, rows, th_acts_in_flight(s, p, pp, m, 1), pp < p - 1);
+        /* lab04's ZB-H1 keeps a micro-batch's activations until its W: min(m, p) blocks
+         * on every stage, and min(m, r + 1) weight-gradient blocks (test_lab04's closed forms) */
+        const int zb_h1 = s == TH_SCHED_ZB_H1;
+        rank_memory(x, r, params, t, lo, hi, rows, zb_h1 ? (m < p ? m : p) : th_acts_in_flight(s, p, pp, m, 1), pp < p - 1);
+        if (zb_h1) x->mem[CAT_ACTS] += (m < pp + 1 ? m : pp + 1) * th_course_wgrads_bytes(&r->model, &o, lo, hi, rows);
         const int boundaries = (pp > 0) + (pp < p - 1);
-        count(x, TH_SEND, (double)m * boundaries, act);
-        count(x, TH_RECV, (double)m * boundaries, act);
-        const double tp_calls = t > 1 ? 4.0 * (hi - lo) * m : 0;
-        count(x, TH_ALLREDUCE, tp_calls, act);
+        const double msg = r->sp && t > 1 ? act / t : act; /* SP: a TP rank's T/t positions */
+        count(x, TH_SEND, (double)m * boundaries, msg);
+        count(x, TH_RECV, (double)m * boundaries, msg);
+        /* 4 per layer and micro-batch, 6 under --recompute full; SP: each an all-gather and a reduce-scatter */
+        const double tp_calls = th_tp_traffic_run(hi - lo, m, act, &o).calls;
+        if (r->sp && t > 1) {
+            count(x, TH_ALLGATHER, tp_calls / 2, act);
+            count(x, TH_REDUCE_SCATTER, tp_calls / 2, act);
+            count(x, TH_ALLREDUCE, 1, 4 * th_sp_partial_params(&r->model, lo, hi)); /* the partial gradients */
+        } else {
+            count(x, TH_ALLREDUCE, tp_calls, act);
+        }
         if (d > 1) count(x, TH_ALLREDUCE, 1, 4 * params);
         /* time: the stage's compute, with its TP all-reduces inside (traced as compute) */
         double fb = fwd_bwd_seconds(tm, r, lo, hi, rows, t) + 4.0 * (hi - lo) * allreduce_seconds(tm, act, t);
-        double msg = p > 1 ? message_seconds(tm, act) : 0;
-        worst_f = fmax(worst_f, fb / 3 + msg);
-        worst_b = fmax(worst_b, 2 * fb / 3 + msg);
+        double msg_s = p > 1 ? message_seconds(tm, msg) : 0;
+        worst_f = fmax(worst_f, fb / 3 + msg_s);
+        worst_b = fmax(worst_b, 2 * fb / 3 + msg_s);
         dp_time = fmax(dp_time, allreduce_seconds(tm, 4 * params, d));
         adam_time = fmax(adam_time, adamw_seconds(tm, params));
         x->busy = m * fb + adamw_seconds(tm, params);
@@ -218,6 +233,9 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     json_t *bmb = json_object_get(rec, "bucket_mb");
     r.bucket_mb = json_is_number(bmb) ? json_number_value(bmb) : 0;
     r.zero = get_int(rec, "zero_stage", 0);
+    r.recompute = gpt_recompute_parse(str_or(json_object_get(cfg, "recompute"), "none"));
+    if (r.recompute < 0) return 0;
+    r.sp = json_is_true(json_object_get(rec, "sequence_parallel"));
     r.tp = 1; r.pp = 1; r.dp = 1;
     if (!strcmp(r.lab, "lab03_pp_naive") || !strcmp(r.lab, "lab04_1f1b")) r.pp = r.ranks;
     else if (!strcmp(r.lab, "lab05_tp")) r.tp = r.ranks;
