@@ -210,7 +210,13 @@ static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, float
     a->tokens = first ? (int *)carve(block, &used, Ns) : NULL;
     a->targets = last ? (int *)carve(block, &used, Ns) : NULL;
     a->x_in = carve(block, &used, Ns * C);
-    for (int l = 0; l < a->hi - a->lo; l++) carve_layer(&a->layer[l], block, &used, g, B, w, kept_pieces(g));
+    long layers_start = used, att = 0;
+    for (int l = 0; l < a->hi - a->lo; l++) {
+        carve_layer(&a->layer[l], block, &used, g, B, w, kept_pieces(g));
+        if (a->layer[l].att) att += (B * w.heads * T * T + 15) / 16 * 16;
+    }
+    a->att_bytes = att * (long)sizeof(float);
+    a->layer_bytes = (used - layers_start - att) * (long)sizeof(float);
     if (last) {
         a->lnf = carve(block, &used, Ns * C);
         a->lnf_mean = carve(block, &used, Ns);

@@ -107,6 +107,8 @@ typedef struct gpt_acts {
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses; /* last stage only, B*seq positions */
     float *block;          /* the one allocation */
     long bytes;
+    long att_bytes, layer_bytes; /* of which the layers' att pieces (the T^2 term), and their
+                                  * other pieces; the rest (x_in, tokens, the head's) is not per layer */
     struct gpt_grad_scratch *scratch; /* gpt_acts_bind: where the forward puts what it does not keep */
 } gpt_acts;
 

@@ -120,6 +120,9 @@ static void run_release(run_ctx *ctx) {
 void run_finish(run_ctx *ctx, const run_report *r) {
     const run_options *o = &ctx->opt;
     int R = ctx->size, rank = ctx->rank;
+    /* the layout names the run (summary, record, trace and timeline files): --recompute is in it when not none */
+    char *run_layout = ctx->model.recompute ? text_printf("%s recompute=%s", r->layout, o->recompute)
+                                            : text_printf("%s", r->layout);
 
     /* memory: every category's peak on every rank */
     enum { NM = MEM_NCAT + 2, ACTS_FORMULA = MEM_NCAT + 1 }; /* the categories, the total, the formula */
@@ -140,13 +143,14 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     MPI_Reduce(&t, &tmax, sizeof t / sizeof(double), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
     char layout[64];
-    sanitize(layout, sizeof layout, r->layout);
+    sanitize(layout, sizeof layout, run_layout);
     char *json_path = text_printf("%s/%s_%s_trace.json", o->out, ctx->lab.name, layout);
     char *csv_path = text_printf("%s/%s_%s_timeline.csv", o->out, ctx->lab.name, layout);
     trace_write(MPI_COMM_WORLD, json_path, csv_path);
     if (rank != 0) {
         free(json_path);
         free(csv_path);
+        free(run_layout);
         run_release(ctx);
         return;
     }
@@ -168,7 +172,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
 
     /* ---- the summary ---- */
     char a[16], b[16];
-    printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, r->layout, R, R == 1 ? "" : "s",
+    printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, run_layout, R, R == 1 ? "" : "s",
            ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
     if (ctx->diverged_at)
@@ -220,7 +224,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     if (!rec || !config) die("out of host memory");
     jsonval_set(rec, "lab", jsonval_text(ctx->lab.name));
     jsonval_set(rec, "ranks", json_integer(R));
-    jsonval_set(rec, "layout", jsonval_text(r->layout));
+    jsonval_set(rec, "layout", jsonval_text(run_layout));
     jsonval_set(rec, "device", jsonval_text(dev));
     jsonval_set(rec, "comm", jsonval_text(backend));
     const struct { const char *key; int value; } ints[] = {{"steps", o->steps}, {"batch", o->batch}, {"seq", o->seq},
@@ -312,5 +316,6 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     free(fracs);
     free(json_path);
     free(csv_path);
+    free(run_layout);
     run_release(ctx);
 }

@@ -228,7 +228,7 @@ int main(int argc, char **argv) {
     double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / steps;
     double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / steps;
     const int per_layer = collectives / L / (tl.seq_parts > 1 ? 2 : 1); /* 4, or 6 under --recompute full */
-    char layout[48], formula[200], extra[1400];
+    char layout[48], formula[200], extra[2048];
     /* the layout names the trace and timeline files: every flag that changes what runs is in it */
     snprintf(layout, sizeof layout, "tp=%d%s", tp.size, tl.seq_parts > 1 ? " sp" : "");
     if (tl.seq_parts > 1)
@@ -246,14 +246,18 @@ int main(int argc, char **argv) {
              "\"block_param_bytes_full\":%.0f,\"block_param_bytes_per_rank\":%.0f,"
              "\"block_sharded_bytes_full\":%.0f,\"block_sharded_bytes_per_rank\":%.0f,"
              "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
-             "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s",
+             "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s,"
+             "\"acts_block_bytes_by_kind\":{\"quadratic\":%ld,\"linear\":%ld,\"other\":%ld},"
+             "\"acts_bytes_by_kind_formula\":{\"quadratic\":%.0f,\"linear\":%.0f,\"other\":%.0f}",
              tp.size, tl.heads, tl.hidden, tl.seq_parts > 1 ? "true" : "false",
              allreduces ? (double)allreduces : partial_traffic.calls,
              allreduces ? allreduces * act_bytes : partial_traffic.payload,
              tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tp_traffic.ring,
              partial_traffic.payload, act_bytes,
              4.0 * th_stage_params(&tm, &fp32, 0, L), replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
-             acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null");
+             acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null",
+             acts.att_bytes, acts.layer_bytes, acts.bytes - acts.att_bytes - acts.layer_bytes, acts_parts.quadratic,
+             acts_parts.linear, acts_parts.other);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
                          .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring, .comm_formula = formula,

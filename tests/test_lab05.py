@@ -132,6 +132,12 @@ def check_sp_record(rec, t, L, C, H, B, T, mode, sp):
           f"t={t}: the record's TP ring formula {rec['tp_ring_bytes_per_step_formula']} != {tp_ring}")
     check(rec["replicated_identical"] is True, f"t={t} sp={sp} {mode}: the replicated tensors differ between ranks")
     check_acts(rec, [acts_bytes(B, T, C, H, L, t=t, sp=sp, recompute=mode)] * t, f"t={t} sp={sp} {mode}")
+    # by kind, as the allocator laid the block out and as theory.h splits it: the T^2 term is L att pieces
+    kinds = rec["acts_block_bytes_by_kind"]
+    att = 0 if mode != "none" else L * 4 * ((B * (H // t) * T * T + 15) // 16 * 16)
+    check(kinds == rec["acts_bytes_by_kind_formula"] and kinds["quadratic"] == att and sum(kinds.values()) ==
+          rec["mem_peak_bytes_per_rank"]["acts"][0], f"t={t} sp={sp} {mode}: activations by kind {kinds}, formula "
+          f"{rec['acts_bytes_by_kind_formula']}, T^2 term {att}")
 
 
 def sequence_parallel():
