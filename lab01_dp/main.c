@@ -138,15 +138,17 @@ int main(int argc, char **argv) {
 
     int in_sync = check_sync ? dp_replicas_identical(&world, params, P, 1) : 1;
     if (dump_weights && world.rank == 0) write_weights(dump_weights, params, P);
-    char layout[32], extra[64];
+    char layout[32], extra[256];
     /* the layout names the trace and timeline files: every flag that changes what runs is in it */
     snprintf(layout, sizeof layout, bucket_mb > 0 ? "dp=%d bucket=%gMiB" : "dp=%d", world.size, bucket_mb);
-    snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s", bucket_mb,
-             check_sync ? (in_sync ? "true" : "false") : "null");
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
-    /* the activations of B/N rows by theory.h's exact formula, beside the allocator's peak */
+    /* the activations of B/N rows by theory.h's exact formula, beside the allocator's peak;
+     * the FLOPs a token costs, and what --recompute adds to them */
     const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute);
+    snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s,\"flops_per_token_formula\":%.0f,"
+             "\"recompute_flops_per_token_formula\":%.0f", bucket_mb, check_sync ? (in_sync ? "true" : "false") : "null",
+             th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = th_dp_traffic((double)P * sizeof(float), world.size, 1).ring,
                          .comm_formula = "ring all-reduce 2(N-1)/N x gradient bytes",

@@ -248,7 +248,8 @@ int main(int argc, char **argv) {
              "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
              "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s,"
              "\"acts_block_bytes_by_kind\":{\"quadratic\":%ld,\"linear\":%ld,\"other\":%ld},"
-             "\"acts_bytes_by_kind_formula\":{\"quadratic\":%.0f,\"linear\":%.0f,\"other\":%.0f}",
+             "\"acts_bytes_by_kind_formula\":{\"quadratic\":%.0f,\"linear\":%.0f,\"other\":%.0f},"
+             "\"flops_per_token_formula\":%.0f,\"recompute_flops_per_token_formula\":%.0f",
              tp.size, tl.heads, tl.hidden, tl.seq_parts > 1 ? "true" : "false",
              allreduces ? (double)allreduces : partial_traffic.calls,
              allreduces ? allreduces * act_bytes : partial_traffic.payload,
@@ -257,7 +258,7 @@ int main(int argc, char **argv) {
              4.0 * th_stage_params(&tm, &fp32, 0, L), replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
              acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null",
              acts.att_bytes, acts.layer_bytes, acts.bytes - acts.att_bytes - acts.layer_bytes, acts_parts.quadratic,
-             acts_parts.linear, acts_parts.other);
+             acts_parts.linear, acts_parts.other, th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
                          .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring, .comm_formula = formula,
