@@ -289,10 +289,15 @@ int main(int argc, char **argv) {
         printf("  block weights per rank: %sB = 6C x L replicated (%sB) + 1/%d of the %sB split (matrices, QKV/fc biases); "
                "serial %sB\n", human(block_per_rank, a), human(4.0 * L * 6 * C, b), tp.size,
                human(sharded_full, c), human(block_full, d));
-        printf("  activations per rank: %sB measured, %sB by the formula (theory.h): layers' T^2 term %sB + their "
-               "other pieces %sB + not per layer (x_in, tokens, the head's) %sB\n", human((double)mem_peak(MEM_ACTS), a),
-               human(acts_formula, c), human(acts_parts.quadratic, b), human(acts_parts.linear, d),
-               human(acts_parts.other, e));
+        if (tl.seq_parts == 1 && ctx.model.recompute == GPT_RECOMPUTE_NONE)
+            printf("  activations per rank: %sB measured, %sB by the formula (theory.h); the split ones (q,k,v, heads, "
+                   "MLP units) are 1/%d of %sB\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, c),
+                   tp.size, human(acts_split_full, b));
+        else /* SP or recomputation: what is split and what is kept differs, so by kind */
+            printf("  activations per rank: %sB measured, %sB by the formula (theory.h): the layers' T^2 term %sB + "
+                   "their other pieces %sB + not per layer (x_in, tokens, the head's) %sB\n",
+                   human((double)mem_peak(MEM_ACTS), a), human(acts_formula, c), human(acts_parts.quadratic, b),
+                   human(acts_parts.linear, d), human(acts_parts.other, e));
     }
 
     free(tokens);
