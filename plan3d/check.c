@@ -5,7 +5,9 @@
  *               on every rank, to the byte: the allocator's peak
  *   traffic     calls and payload bytes per step of every collective kind
  *               (the record's maximum over ranks), exactly
- *   bubble      pipeline labs: 1 - busy/step per rank, from the times below
+ *   bubble      pipeline labs: 1 - busy/step per rank; one-chunk schedules on
+ *               the compute each rank measured (bubbles_from_own_compute),
+ *               the others from the times below
  *   step time   the calibrated model rate, AdamW rate and link figures of
  *               this machine (plan3d --calibrate) applied to the run's FLOPs
  *               and bytes; ranks beyond the cores share them
@@ -202,6 +204,30 @@ static double rank_value(json_t *rec, const char *group, const char *key, int ra
     return json_is_number(v) ? json_number_value(v) : -1;
 }
 
+/* The bubble each rank of a one-chunk pipeline (naive, GPipe, 1F1B) should see
+ * given the compute this run measured on every rank, or NULL for the other
+ * schedules. The cores of a shared machine differ in speed from run to run
+ * (one rank computes 30 % slower in one run and not the next), so a bubble
+ * predicted from a calibration misses by as much; what the executor must
+ * reproduce is the schedule's bubble on the ranks' own times. With c_q the
+ * share of the step rank q computed (1 - its measured bubble) and m
+ * micro-batches, the slowest stage k sets the pace and the others' fill and
+ * drain add one micro-batch each: step = max_k c_k + sum_{q != k} c_q / m
+ * (exact for p = 2; m = 1 is the naive pipeline's sum). Predicted bubble of
+ * rank q: 1 - c_q / step. An executor that idles where the schedule would not
+ * makes the measured bubbles larger than these. */
+static double *bubbles_from_own_compute(const run *r, json_t *measured_bubble) {
+    const int s = th_schedule_parse(r->schedule);
+    if ((s != TH_SCHED_GPIPE && s != TH_SCHED_1F1B) || r->tp != 1 || r->dp != 1 || r->pp != r->ranks ||
+        json_array_size(measured_bubble) != (size_t)r->ranks)
+        return NULL;
+    double *c = calloc((size_t)r->ranks, sizeof *c), total = 0, step = 0;
+    for (int q = 0; q < r->ranks; q++) total += c[q] = 1 - json_number_value(json_array_get(measured_bubble, (size_t)q));
+    for (int k = 0; k < r->ranks; k++) step = fmax(step, c[k] + (total - c[k]) / r->m);
+    for (int q = 0; q < r->ranks; q++) c[q] = 1 - c[q] / step;
+    return c;
+}
+
 typedef struct tally { int records, exact, mem_checked, mem_exact, bytes_checked, bytes_exact, bubbles, bubbles_close; } tally;
 
 static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
@@ -278,13 +304,15 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     json_t *bubbles = json_array();
     double worst_bubble = 0;
     json_t *measured_bubble = json_object_get(json_object_get(rec, "bubble"), "measured");
+    double *own = bubbles_from_own_compute(&r, measured_bubble);
     if (tm.cal && json_is_array(measured_bubble))
         for (int q = 0; q < r.ranks; q++) {
             double got = json_number_value(json_array_get(measured_bubble, (size_t)q));
-            double want = step > 0 ? 1 - pr[q].busy / step : 0;
+            double want = own ? own[q] : step > 0 ? 1 - pr[q].busy / step : 0;
             worst_bubble = fmax(worst_bubble, fabs(got - want));
             json_array_append_new(bubbles, json_pack("{s:f,s:f}", "measured", got, "predicted", want));
         }
+    free(own);
     const char *layout = str_or(json_object_get(rec, "layout"), "");
     int exact = mem_ok == mem_n && bytes_ok == bytes_n;
     printf("%-15s %-26s %d rank%s | memory %d/%d exact | traffic %d/%d kinds exact", r.lab, layout, r.ranks,
