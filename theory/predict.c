@@ -2,6 +2,7 @@
  * together as each lab allocates and communicates. */
 #include "predict.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *const th_mem_names[TH_NMEM] = {"params", "grads", "optim", "acts", "comm", "workspace"};
@@ -126,7 +127,7 @@ double th_predicted_ring_bytes(const th_run *r, const th_rank_need *need) {
     for (int k = 0; k < TH_NKINDS; k++) {
         double busiest = 0;
         for (int q = 0; q < r->ranks; q++) {
-            if (need[q].calls[k] < 0 || need[q].ring[k] < 0) return -1;
+            if (need[q].ring[k] < 0) return -1; /* calls may be unknown where the bytes are not */
             busiest = fmax(busiest, need[q].ring[k]);
         }
         total += busiest;
@@ -143,6 +144,7 @@ static void print_bytes(FILE *f, double x) {
 
 void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_rows) {
     const int R = r->ranks;
+    fprintf(f, "needs of the run by theory/'s formulas (theory/predict.h), rank by rank:\n");
     fprintf(f, "  memory per rank, bytes (the peak per category the allocator will count; ? not predicted):\n");
     fprintf(f, "    rank  tp pp dp  layers  ");
     for (int k = 0; k < TH_NMEM; k++) fprintf(f, " %12s", th_mem_names[k]);
@@ -189,4 +191,13 @@ void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_
     const double ring = th_predicted_ring_bytes(r, need);
     if (ring >= 0) fprintf(f, "  ring traffic of the busiest rank per step: %.0f bytes (per kind, the maximum over ranks, summed)\n", ring);
     else fprintf(f, "  ring traffic of the busiest rank per step: not predicted\n");
+}
+
+int th_print_prediction(FILE *f, const th_run *r, int max_rows) {
+    th_rank_need *need = calloc((size_t)r->ranks, sizeof *need);
+    if (!need) return -1;
+    int status = th_predict_run(r, need);
+    if (status == 0) th_print_needs(f, r, need, max_rows);
+    free(need);
+    return status;
 }

@@ -73,5 +73,8 @@ double th_predicted_ring_bytes(const th_run *r, const th_rank_need *need);
  * rank, the first `max_rows`, then the maximum over ranks, which the summary
  * prints as "peak memory (max over ranks)") and traffic per rank per step. */
 void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_rows);
+/* th_predict_run then th_print_needs: what a lab's --dry-run prints. Returns
+ * th_predict_run's status. */
+int th_print_prediction(FILE *f, const th_run *r, int max_rows);
 
 #endif
