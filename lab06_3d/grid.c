@@ -179,9 +179,36 @@ char *grid_describe(process_grid *g, int layers) {
         spans |= other[r] >= 0;
     }
 
+    /* Pipeline boundaries inside a host while TP groups cross hosts: the grid
+     * upside down, the host's fast links carrying one activation per
+     * micro-batch and the network the all-reduces of every layer. */
+    int inside = 0, inside_a = -1, inside_b = -1;
+    for (int r = 0; r < ranks && spans && all; r++) {
+        const int *x = all + (size_t)r * fields;
+        if (x[2] != 0) continue; /* each pipeline once, from its first stage */
+        for (int k = 0; k + 1 < d.pp; k++) {
+            const int a = x[4 + d.tp + k], c = x[4 + d.tp + k + 1];
+            if (strcmp(HOST(a), HOST(c))) continue;
+            if (!inside++) { inside_a = a; inside_b = c; }
+        }
+    }
+    /* each host's rank count, for the warning's fix: a --tp dividing all of them */
+    char sizes[96] = "";
+    for (int r = 0, shown = 0, len = 0; r < ranks && len < 80; r++) {
+        int n = 0, first = 1;
+        for (int q = 0; q < ranks; q++) {
+            n += !strcmp(HOST(q), HOST(r));
+            first &= !(q < r && !strcmp(HOST(q), HOST(r)));
+        }
+        if (!first) continue;
+        if (++shown > 8) { snprintf(sizes + len, sizeof sizes - (size_t)len, " ..."); break; }
+        len += snprintf(sizes + len, sizeof sizes - (size_t)len, "%s%d", shown > 1 ? " " : "", n);
+    }
+
     textbuf b = {0};
     textbuf_printf(&b, "\"grid\":{\"tp\":%d,\"pp\":%d,\"dp\":%d,\"order\":\"rank = tp + t*(dp + d*pp)\",\"hosts\":%d,"
-                   "\"tp_group_spans_hosts\":%s,\"ranks\":[", d.tp, d.pp, d.dp, n_hosts, spans ? "true" : "false");
+                   "\"tp_group_spans_hosts\":%s,\"pipeline_boundaries_inside_hosts_while_tp_spans\":%d,\"ranks\":[",
+                   d.tp, d.pp, d.dp, n_hosts, spans ? "true" : "false", inside);
     for (int r = 0; r < ranks; r++) {
         grid_coord c = grid_coord_of(d, r);
         const int *x = all ? all + (size_t)r * fields : NULL;
@@ -231,8 +258,16 @@ char *grid_describe(process_grid *g, int layers) {
         for (int r = 0; r < ranks; r++)
             if (other[r] >= 0)
                 printf("warning: the TP group of rank %d spans hosts %s and %s: its 4 all-reduces per layer and "
-                       "micro-batch would cross the network; give each host a multiple of --tp %d consecutive ranks\n",
+                       "micro-batch would cross the network; give each host a multiple of --tp %d consecutive ranks "
+                       "(mpirun -ppn, srun --ntasks-per-node, Open MPI --map-by ppr:N:node)\n",
                        r, HOST(r), HOST(other[r]), d.tp);
+        if (inside)
+            printf("warning: %d pipeline boundar%s inside a host while TP groups cross hosts (stages %d and %d, ranks %d "
+                   "and %d, both on %s): the host's fast links carry one activation per micro-batch and the network "
+                   "the all-reduces of every layer, the wrong way round; a --tp that divides every host's rank count "
+                   "(%s), or hosts of a multiple of --tp %d ranks (-ppn), puts every TP group inside a host and the "
+                   "stages across\n", inside, inside == 1 ? "y is" : "ies are", all[(size_t)inside_a * fields + 2],
+                   all[(size_t)inside_b * fields + 2], inside_a, inside_b, HOST(inside_a), sizes, d.tp);
         fflush(stdout);
     }
 #undef HOST
