@@ -332,7 +332,7 @@ static int ranks_sharing_my_gpu(MPI_Comm local, int gpu_index) {
 
 /* ---- placement: which ranks share a host, and their GPUs ------------------------- */
 
-/* What a rank tells rank 0 about where it runs. */
+/* What a rank tells the others about where it runs. */
 typedef struct rank_place {
     int host;                  /* the world rank of its host's first rank: the host's id */
     int gpu;                   /* the GPU index it uses (local rank % GPUs it sees); -1: none */
@@ -340,7 +340,11 @@ typedef struct rank_place {
     char name[MPI_MAX_PROCESSOR_NAME + 1];
 } rank_place;
 
-/* "0-3", "0,4,8,12" (Open MPI's --map-by node, a hostfile without counts): the
+enum { HOST_LABEL = MPI_MAX_PROCESSOR_NAME + 16 };
+
+const char *run_host_label(const run_ctx *ctx, int rank) { return ctx->host_labels + (size_t)rank * HOST_LABEL; }
+
+/* "0-3", "0,4,8,12" (a hostfile without counts, Open MPI's --map-by node): the
  * ranks of one host, consecutive runs joined. */
 static void append_ranks(textbuf *b, const rank_place *all, int ranks, int host) {
     int shown = 0;
@@ -355,25 +359,39 @@ static void append_ranks(textbuf *b, const rank_place *all, int ranks, int host)
     }
 }
 
-/* With more than one host (or --dry-run): one line per host, its ranks and the
- * GPU each of them uses. Ranks see their GPUs through CUDA_VISIBLE_DEVICES, so
- * "GPU 0" on every rank of a host can be as many GPUs as ranks: they are
- * counted by UUID (the identity the NCCL rule of run_setup uses). Collective
- * over the world; returns rank 0's text (malloc'd), NULL elsewhere or when
- * there is nothing to say. */
+/* Where every rank runs, known to every rank (ctx->hosts, host_of_rank,
+ * host_labels): a host is a group of ranks that share memory, the launcher's
+ * placement as MPI sees it, which decides the local rank and so the GPU. With
+ * more than one host (or `show`, --dry-run) rank 0 gets one line per host, its
+ * ranks and the GPU each uses. Ranks see their GPUs through
+ * CUDA_VISIBLE_DEVICES, so "GPU 0" on every rank of a host can be as many GPUs
+ * as ranks: they are counted by UUID (the identity of run_setup's NCCL rule).
+ * Collective over the world; returns rank 0's text (malloc'd) or NULL. */
 static char *describe_hosts(run_ctx *ctx, MPI_Comm local, int gpu_index, int show) {
     rank_place mine = {.host = ctx->rank, .gpu = gpu_index};
     MPI_Bcast(&mine.host, 1, MPI_INT, 0, local);
     if (gpu_index >= 0 && device_gpu_uuid(gpu_index, mine.uuid) == 0) mine.has_uuid = 1;
     int len = 0;
     MPI_Get_processor_name(mine.name, &len);
-    int first = ctx->local_rank == 0;
-    MPI_Allreduce(&first, &ctx->hosts, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (ctx->hosts <= 1 && !show) return NULL;
-    rank_place *all = ctx->rank == 0 ? malloc((size_t)ctx->size * sizeof *all) : NULL;
-    if (ctx->rank == 0 && !all) die("out of host memory");
-    MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, MPI_COMM_WORLD);
-    if (ctx->rank != 0) return NULL;
+    rank_place *all = malloc((size_t)ctx->size * sizeof *all);
+    ctx->host_of_rank = malloc((size_t)ctx->size * sizeof *ctx->host_of_rank);
+    ctx->host_labels = malloc((size_t)ctx->size * HOST_LABEL);
+    if (!all || !ctx->host_of_rank || !ctx->host_labels) die("out of host memory");
+    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD);
+    ctx->hosts = 0;
+    for (int r = 0; r < ctx->size; r++) {
+        ctx->host_of_rank[r] = all[r].host;
+        ctx->hosts += all[r].host == r;
+        int shared_name = 0; /* another host with this name */
+        for (int q = 0; q < ctx->size && !shared_name; q++) /* each other host's first rank */
+            shared_name = all[q].host == q && q != all[r].host && !strcmp(all[q].name, all[r].name);
+        snprintf(ctx->host_labels + (size_t)r * HOST_LABEL, HOST_LABEL, shared_name ? "%s/%d" : "%s", all[r].name,
+                 all[r].host);
+    }
+    if ((ctx->hosts <= 1 && !show) || ctx->rank != 0) {
+        free(all);
+        return NULL;
+    }
     textbuf b = {0};
     textbuf_printf(&b, "hosts: %d (ranks that share memory, MPI_COMM_TYPE_SHARED) | %d rank%s\n", ctx->hosts,
                    ctx->size, ctx->size == 1 ? "" : "s");
@@ -389,7 +407,7 @@ static char *describe_hosts(run_ctx *ctx, MPI_Comm local, int gpu_index, int sho
                 seen = all[q].host == h && all[q].has_uuid && all[r].has_uuid && !memcmp(all[q].uuid, all[r].uuid, 16);
             gpus += all[r].has_uuid && !seen;
         }
-        textbuf_printf(&b, "  host %s: %d rank%s ", all[h].name, n, n == 1 ? "" : "s");
+        textbuf_printf(&b, "  host %s: %d rank%s ", run_host_label(ctx, h), n, n == 1 ? "" : "s");
         append_ranks(&b, all, ctx->size, h);
         if (ctx->device != DEVICE_CUDA) {
             textbuf_printf(&b, " | cpu");
@@ -570,6 +588,8 @@ void run_dry_run_exit(run_ctx *ctx, const run_report *r) {
         fflush(stdout);
     }
     data_free(&ctx->data);
+    free(ctx->host_of_rank);
+    free(ctx->host_labels);
     MPI_Finalize();
     exit(0);
 }

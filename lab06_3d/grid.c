@@ -146,25 +146,15 @@ static void print_groups(const char *title, const int *all, int fields, int rank
     printf("\n");
 }
 
-char *grid_describe(process_grid *g, int layers) {
+char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
     const grid_dims d = g->dims;
     const int ranks = g->world.size;
-    char name[MPI_MAX_PROCESSOR_NAME + 1] = "";
-    int len = 0;
-    MPI_Get_processor_name(name, &len);
-    char *hosts = malloc((size_t)ranks * sizeof name);
-    if (!hosts) die("out of host memory");
-    MPI_Allgather(name, (int)sizeof name, MPI_CHAR, hosts, (int)sizeof name, MPI_CHAR, MPI_COMM_WORLD);
-#define HOST(r) (hosts + (size_t)(r) * sizeof name)
+    /* hosts as run_setup found them: the ranks that share memory, named by MPI_Get_processor_name */
+#define HOST(r) run_host_label(ctx, r)
+#define SAME_HOST(a, b) (ctx->host_of_rank[a] == ctx->host_of_rank[b])
     int fields;
     int *all = gather_groups(g, &fields);
-
-    int n_hosts = 0;
-    for (int r = 0; r < ranks; r++) {
-        int seen = 0;
-        for (int q = 0; q < r && !seen; q++) seen = !strcmp(HOST(q), HOST(r));
-        n_hosts += !seen;
-    }
+    const int n_hosts = ctx->hosts;
     /* TP groups that span hosts (from their members as the communicators
      * report them): those carry their per-layer all-reduces over the network.
      * other[r]: for member 0 of such a group, a member on another host, else -1. */
@@ -175,7 +165,7 @@ char *grid_describe(process_grid *g, int layers) {
         const int *x = all ? all + (size_t)r * fields : NULL;
         if (!x || x[1] != 0) continue;
         for (int k = 1; k < d.tp && other[r] < 0; k++)
-            if (strcmp(HOST(r), HOST(x[4 + k]))) other[r] = x[4 + k];
+            if (!SAME_HOST(r, x[4 + k])) other[r] = x[4 + k];
         spans |= other[r] >= 0;
     }
 
@@ -188,19 +178,25 @@ char *grid_describe(process_grid *g, int layers) {
         if (x[2] != 0) continue; /* each pipeline once, from its first stage */
         for (int k = 0; k + 1 < d.pp; k++) {
             const int a = x[4 + d.tp + k], c = x[4 + d.tp + k + 1];
-            if (strcmp(HOST(a), HOST(c))) continue;
+            if (!SAME_HOST(a, c)) continue;
             if (!inside++) { inside_a = a; inside_b = c; }
         }
     }
-    /* each host's rank count, for the warning's fix: a --tp dividing all of them */
+    /* whether every host holds one block of consecutive ranks (a launcher that
+     * deals ranks round robin does not), and each host's rank count: the fixes */
+    int blocks = 1, dealt = -1;
+    for (int r = 1; r < ranks; r++)
+        if (!SAME_HOST(r, r - 1) && ctx->host_of_rank[r] != r && blocks) { blocks = 0; dealt = ctx->host_of_rank[r]; }
+    char dealt_ranks[64] = "";
+    for (int r = 0, len = 0, shown = 0; !blocks && r < ranks && shown < 4; r++)
+        if (ctx->host_of_rank[r] == dealt)
+            len += snprintf(dealt_ranks + len, sizeof dealt_ranks - (size_t)len, "%s%d", shown++ ? "," : "", r);
+    /* each host's rank count, for the fix by --tp: one dividing all of them */
     char sizes[96] = "";
     for (int r = 0, shown = 0, len = 0; r < ranks && len < 80; r++) {
-        int n = 0, first = 1;
-        for (int q = 0; q < ranks; q++) {
-            n += !strcmp(HOST(q), HOST(r));
-            first &= !(q < r && !strcmp(HOST(q), HOST(r)));
-        }
-        if (!first) continue;
+        if (ctx->host_of_rank[r] != r) continue; /* each host once, at its first rank */
+        int n = 0;
+        for (int q = 0; q < ranks; q++) n += SAME_HOST(q, r);
         if (++shown > 8) { snprintf(sizes + len, sizeof sizes - (size_t)len, " ..."); break; }
         len += snprintf(sizes + len, sizeof sizes - (size_t)len, "%s%d", shown > 1 ? " " : "", n);
     }
@@ -261,18 +257,25 @@ char *grid_describe(process_grid *g, int layers) {
                        "micro-batch would cross the network; give each host a multiple of --tp %d consecutive ranks "
                        "(mpirun -ppn, srun --ntasks-per-node, Open MPI --map-by ppr:N:node)\n",
                        r, HOST(r), HOST(other[r]), d.tp);
-        if (inside)
+        if (inside) {
             printf("warning: %d pipeline boundar%s inside a host while TP groups cross hosts (stages %d and %d, ranks %d "
                    "and %d, both on %s): the host's fast links carry one activation per micro-batch and the network "
-                   "the all-reduces of every layer, the wrong way round; a --tp that divides every host's rank count "
-                   "(%s), or hosts of a multiple of --tp %d ranks (-ppn), puts every TP group inside a host and the "
-                   "stages across\n", inside, inside == 1 ? "y is" : "ies are", all[(size_t)inside_a * fields + 2],
-                   all[(size_t)inside_b * fields + 2], inside_a, inside_b, HOST(inside_a), sizes, d.tp);
+                   "the all-reduces of every layer, the wrong way round; ", inside, inside == 1 ? "y is" : "ies are",
+                   all[(size_t)inside_a * fields + 2], all[(size_t)inside_b * fields + 2], inside_a, inside_b,
+                   HOST(inside_a));
+            if (!blocks)
+                printf("the launcher dealt the ranks round robin (%s holds ranks %s,...): place them in blocks, "
+                       "a multiple of --tp %d per host (mpirun -ppn N or host:N in the hostfile, srun "
+                       "--distribution=block, Open MPI --map-by slot)\n", HOST(dealt), dealt_ranks, d.tp);
+            else
+                printf("a --tp that divides every host's rank count (%s), or hosts of a multiple of --tp %d ranks "
+                       "(-ppn), puts every TP group inside a host and the stages across\n", sizes, d.tp);
+        }
         fflush(stdout);
     }
 #undef HOST
+#undef SAME_HOST
     free(other);
     free(all);
-    free(hosts);
     return b.s;
 }

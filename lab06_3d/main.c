@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
     if (ctx.opt.dry_run) { /* the grid map and its warnings (MPI groups only: no NCCL), then theory/predict.h */
         process_grid grid;
         grid_init(&grid, dims, COMM_MPI);
-        free(grid_describe(&grid, ctx.opt.layers));
+        free(grid_describe(&grid, ctx.opt.layers, &ctx));
         grid_free(&grid);
         const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
                              .batch = ctx.opt.batch, .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers,
@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
 
     process_grid grid;
     grid_init(&grid, dims, ctx.backend);
-    char *grid_json = grid_describe(&grid, ctx.opt.layers);
+    char *grid_json = grid_describe(&grid, ctx.opt.layers, &ctx);
 
     /* This rank: TP shard tp of the layers of stage pp, for replica dp, which
      * trains on rows [dp x B/d, (dp+1) x B/d) of every global batch. */

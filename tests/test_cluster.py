@@ -1,6 +1,6 @@
 """A cluster on one machine: several hosts pretended, and --dry-run.
 
-usage: test_cluster.py dry_run | hosts
+usage: test_cluster.py dry_run | hosts | hydra
 
 dry_run  every lab's --dry-run exits 0 in under 5 s, creates no --out folder and
          writes nothing into an existing one, prints the placement, and its
@@ -13,7 +13,15 @@ hosts    with the hosts that lab06_3d/fake_hosts.c pretends (FAKE_HOSTS_LIB,
          preloaded; PL_FAKE_RANKS_PER_HOST consecutive ranks a host): every lab
          prints one line per host on 2 and on 4 hosts, none on one host; lab06's
          two placement warnings appear exactly when the layout earns them, each
-         naming the flags that fix it."""
+         naming the flags that fix it.
+hydra    hosts placed by a real launcher: MPICH's mpiexec (hydra) with its fork
+         launcher starts one proxy per name of -hosts on this machine, and MPI
+         then counts each proxy's ranks as a host of their own (they share no
+         memory segment). So hydra's own placement rules are seen, not
+         pretended: a list without counts deals ranks round robin, -ppn and
+         host:N counts give consecutive blocks; lab06 warns on the first and
+         trains on the second, reproducing lab01 -n 1. Skipped (77) where the
+         launcher is not hydra."""
 import json
 import os
 import re
@@ -229,5 +237,55 @@ def hosts():
     print("passed")
 
 
+def hydra_launch(hosts_flags, n, lab, args):
+    cmd = [MPIRUN, "-launcher", "fork", *hosts_flags, "-n", str(n), program(lab), *on_cpu_unless_named(args)]
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120,
+                       env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    print(f"$ mpiexec -launcher fork {' '.join(hosts_flags)} -n {n} ./{lab} {' '.join(args)}  ->  status {p.returncode}",
+          flush=True)
+    return p
+
+
+def hydra():
+    v = subprocess.run([MPIRUN, "--version"], capture_output=True, text=True)
+    if "HYDRA" not in v.stdout:
+        print(f"{MPIRUN} is not MPICH's hydra: skipped")
+        sys.exit(77)
+    dry = TINY + ["--dry-run"]
+    # no counts: round robin, rank r on host r mod 2
+    p = hydra_launch(["-hosts", "localhost,127.0.0.1"], 4, "lab01_dp", dry)
+    if p.returncode != 0 or "hosts: 2 " not in p.stdout:
+        print(p.stdout[-2000:], p.stderr[-2000:])
+        print("hydra's fork launcher did not start two proxies here: skipped")
+        sys.exit(77)
+    lines = [x.split(":")[1].split("|")[0].strip() for x in host_lines(p.stdout)]
+    check(lines == ["2 ranks 0,2", "2 ranks 1,3"], f"-hosts without counts: {lines} (round robin expected)")
+    print(f"  -hosts a,b -n 4: {lines}: round robin")
+    for flags in (["-hosts", "localhost,127.0.0.1", "-ppn", "2"], ["-hosts", "localhost:2,127.0.0.1:2"]):
+        p = hydra_launch(flags, 4, "lab01_dp", dry)
+        lines = [x.split(":")[1].split("|")[0].strip() for x in host_lines(p.stdout)]
+        check(p.returncode == 0 and lines == ["2 ranks 0-1", "2 ranks 2-3"], f"{flags}: {lines} (blocks of 2 expected)")
+        print(f"  {' '.join(flags)} -n 4: {lines}: consecutive")
+    # lab06 2 x 2 x 1: round robin splits every TP group; blocks of 2 keep them whole and train as lab01 -n 1
+    grid = TINY + ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "2"]
+    p = hydra_launch(["-hosts", "localhost,127.0.0.1"], 4, "lab06_3d", grid + ["--dry-run"])
+    w = [x for x in p.stdout.splitlines() if x.startswith("warning:")]
+    check(p.returncode == 0 and len(w) == 3 and all("TP group of rank" in x for x in w[:2]), f"round robin: {w}")
+    check("stages 0 and 1, ranks 0 and 2" in w[2] and "dealt the ranks round robin" in w[2] and "-ppn N" in w[2]
+          and "--distribution=block" in w[2], f"round robin, the pipeline warning and its fix: {w[2]}")
+    print(f"  lab06 on round robin: {w[0]}\n  {w[2]}")
+    out = tempfile.mkdtemp(prefix="pl-hydra-")
+    p = hydra_launch(["-hosts", "localhost:2,127.0.0.1:2"], 4, "lab06_3d", grid + ["--steps", "3", "--out", out])
+    check(p.returncode == 0 and "warning" not in p.stdout, f"lab06 on 2 hosts of 2: status {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    with open(os.path.join(out, "records.jsonl")) as f:
+        rec = json.loads(f.read().splitlines()[-1])
+    check(rec["grid"]["hosts"] == 2 and rec["grid"]["tp_group_spans_hosts"] is False, f"grid {rec['grid']['hosts']} hosts")
+    ref, _, _ = run("lab01_dp", 1, TINY + ["--steps", "3"])
+    d = max(abs(a - b) / abs(b) for a, b in zip(rec["losses"], ref["losses"]))
+    check(len(rec["losses"]) == 3 and d <= 1e-5, f"lab06 across 2 hosts vs lab01 -n 1: {rec['losses']} vs {ref['losses']}")
+    print(f"  lab06 2x2x1 on hosts of 2 (TP inside, PP across): losses = lab01 -n 1 within {d:.1e}")
+    print("passed")
+
+
 if __name__ == "__main__":
-    {"dry_run": dry_run, "hosts": hosts}[sys.argv[1]]()
+    {"dry_run": dry_run, "hosts": hosts, "hydra": hydra}[sys.argv[1]]()
