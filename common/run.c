@@ -395,8 +395,12 @@ static char *describe_hosts(run_ctx *ctx, MPI_Comm local, int gpu_index, int sho
     textbuf b = {0};
     textbuf_printf(&b, "hosts: %d (ranks that share memory, MPI_COMM_TYPE_SHARED) | %d rank%s\n", ctx->hosts,
                    ctx->size, ctx->size == 1 ? "" : "s");
-    for (int h = 0; h < ctx->size; h++) {
+    for (int h = 0, shown_hosts = 0; h < ctx->size; h++) {
         if (all[h].host != h) continue; /* each host once, at its first rank */
+        if (++shown_hosts > 32) {
+            textbuf_printf(&b, "  ... (%d more hosts)\n", ctx->hosts - 32);
+            break;
+        }
         int n = 0, gpus = 0, with_gpu = 0;
         for (int r = 0; r < ctx->size; r++) {
             if (all[r].host != h) continue;

@@ -188,9 +188,11 @@ char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
     for (int r = 1; r < ranks; r++)
         if (!SAME_HOST(r, r - 1) && ctx->host_of_rank[r] != r && blocks) { blocks = 0; dealt = ctx->host_of_rank[r]; }
     char dealt_ranks[64] = "";
-    for (int r = 0, len = 0, shown = 0; !blocks && r < ranks && shown < 4; r++)
-        if (ctx->host_of_rank[r] == dealt)
-            len += snprintf(dealt_ranks + len, sizeof dealt_ranks - (size_t)len, "%s%d", shown++ ? "," : "", r);
+    for (int r = 0, len = 0, shown = 0; !blocks && r < ranks; r++) {
+        if (ctx->host_of_rank[r] != dealt) continue;
+        if (++shown > 4) { snprintf(dealt_ranks + len, sizeof dealt_ranks - (size_t)len, ",..."); break; }
+        len += snprintf(dealt_ranks + len, sizeof dealt_ranks - (size_t)len, "%s%d", shown > 1 ? "," : "", r);
+    }
     /* each host's rank count, for the fix by --tp: one dividing all of them */
     char sizes[96] = "";
     for (int r = 0, shown = 0, len = 0; r < ranks && len < 80; r++) {
@@ -264,7 +266,7 @@ char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
                    all[(size_t)inside_a * fields + 2], all[(size_t)inside_b * fields + 2], inside_a, inside_b,
                    HOST(inside_a));
             if (!blocks)
-                printf("the launcher dealt the ranks round robin (%s holds ranks %s,...): place them in blocks, "
+                printf("the launcher dealt the ranks round robin (%s holds ranks %s): place them in blocks, "
                        "a multiple of --tp %d per host (mpirun -ppn N or host:N in the hostfile, srun "
                        "--distribution=block, Open MPI --map-by slot)\n", HOST(dealt), dealt_ranks, d.tp);
             else
