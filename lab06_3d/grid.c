@@ -195,12 +195,15 @@ char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
     }
     /* each host's rank count, for the fix by --tp: one dividing all of them */
     char sizes[96] = "";
-    for (int r = 0, shown = 0, len = 0; r < ranks && len < 80; r++) {
+    int largest_host = 0;
+    for (int r = 0, shown = 0, len = 0; r < ranks; r++) {
         if (ctx->host_of_rank[r] != r) continue; /* each host once, at its first rank */
         int n = 0;
         for (int q = 0; q < ranks; q++) n += SAME_HOST(q, r);
-        if (++shown > 8) { snprintf(sizes + len, sizeof sizes - (size_t)len, " ..."); break; }
-        len += snprintf(sizes + len, sizeof sizes - (size_t)len, "%s%d", shown > 1 ? " " : "", n);
+        if (n > largest_host) largest_host = n;
+        if (++shown > 9) continue;
+        if (shown == 9) snprintf(sizes + len, sizeof sizes - (size_t)len, " ...");
+        else len += snprintf(sizes + len, sizeof sizes - (size_t)len, "%s%d", shown > 1 ? " " : "", n);
     }
 
     textbuf b = {0};
@@ -253,12 +256,23 @@ char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
         print_groups("TP groups (all-reduce inside every layer)", all, fields, ranks, 0, 4, d.tp);
         print_groups("pipelines (send/recv between stages)", all, fields, ranks, 1, 4 + d.tp, d.pp);
         print_groups("DP groups (all-reduce gradients once per step)", all, fields, ranks, 2, 4 + d.tp + d.pp, d.dp);
-        for (int r = 0; r < ranks; r++)
-            if (other[r] >= 0)
-                printf("warning: the TP group of rank %d spans hosts %s and %s: its 4 all-reduces per layer and "
-                       "micro-batch would cross the network; give each host a multiple of --tp %d consecutive ranks "
-                       "(mpirun -ppn, srun --ntasks-per-node, Open MPI --map-by ppr:N:node)\n",
-                       r, HOST(r), HOST(other[r]), d.tp);
+        int shown_spans = 0, n_spans = 0;
+        for (int r = 0; r < ranks; r++) n_spans += other[r] >= 0;
+        for (int r = 0; r < ranks; r++) {
+            if (other[r] < 0) continue;
+            if (++shown_spans > 8) {
+                printf("warning: ... and %d more TP groups span hosts\n", n_spans - 8);
+                break;
+            }
+            printf("warning: the TP group of rank %d spans hosts %s and %s: its 4 all-reduces per layer and "
+                   "micro-batch would cross the network; ", r, HOST(r), HOST(other[r]));
+            if (d.tp > largest_host) /* no placement can help: the group is larger than a host */
+                printf("--tp %d is more than the %d ranks of the largest host: a --tp that divides every host's "
+                       "rank count (%s) keeps each TP group inside a host\n", d.tp, largest_host, sizes);
+            else
+                printf("give each host a multiple of --tp %d consecutive ranks (mpirun -ppn, srun "
+                       "--ntasks-per-node, Open MPI --map-by ppr:N:node)\n", d.tp);
+        }
         if (inside) {
             printf("warning: %d pipeline boundar%s inside a host while TP groups cross hosts (stages %d and %d, ranks %d "
                    "and %d, both on %s): the host's fast links carry one activation per micro-batch and the network "

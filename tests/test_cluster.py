@@ -222,8 +222,11 @@ def hosts():
               f"{want_tp}, {want_pp}")
         t = int(args[args.index("--tp") + 1])
         for x in tp_w:
-            check(f"a multiple of --tp {t} consecutive ranks" in x and "-ppn" in x and "--ntasks-per-node" in x,
-                  f"the TP warning must name the fix: {x}")
+            if t > per_host:  # no placement fits a group larger than a host: the fix is a smaller --tp
+                check(f"--tp {t} is more than the {per_host} ranks of the largest host" in x, f"the fix: {x}")
+            else:
+                check(f"a multiple of --tp {t} consecutive ranks" in x and "-ppn" in x and "--ntasks-per-node" in x,
+                      f"the TP warning must name the fix: {x}")
         for x in pp_w:
             check("--tp that divides every host's rank count" in x and f"multiple of --tp {t} ranks (-ppn)" in x,
                   f"the pipeline warning must name the fix: {x}")
