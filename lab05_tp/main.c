@@ -29,6 +29,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
+#include "predict.h"
 #include "run.h"
 #include "theory.h"
 #include "sequence_parallel.h"
@@ -130,6 +131,36 @@ int main(int argc, char **argv) {
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
+    /* The figures the lesson predicts (bytes are 4 per float), by theory/'s
+     * formulas (theory.h), the ones plan3d predicts with. */
+    const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
+    const th_opts opts = th_opts_run(ctx.size, sequence_parallel, ctx.model.recompute); /* as it runs */
+    const double act_bytes = 4.0 * B * T * C;                 /* one all-reduce's payload */
+    /* 2L g's + 2L f's (full recomputation: the g's again); SP: each an all-gather + a reduce-scatter */
+    const th_traffic tp_traffic = th_tp_traffic_run(L, 1, act_bytes, &opts);
+    const int collectives = (int)tp_traffic.calls;            /* all-reduces, or all-gathers + reduce-scatters */
+    const int allreduces = sequence_parallel ? 0 : collectives;
+    const int per_layer = ctx.model.recompute == GPT_RECOMPUTE_FULL ? 6 : 4;
+    /* SP: one all-reduce of the replicated tensors' partial gradients */
+    const th_traffic partial_traffic =
+        th_dp_traffic(4.0 * th_sp_partial_params(&tm, 0, L), sequence_parallel ? ctx.size : 1, 1);
+    char layout[48], formula[200];
+    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
+    snprintf(layout, sizeof layout, "tp=%d%s", ctx.size, sequence_parallel ? " sp" : "");
+    if (sequence_parallel)
+        snprintf(formula, sizeof formula, "%dL all-gathers + %dL reduce-scatters of B*T*C floats, ring (t-1)/t each "
+                 "(= TP's all-reduces), + 1 all-reduce of the partial gradients", per_layer, per_layer);
+    else snprintf(formula, sizeof formula, "%dL all-reduces of B*T*C floats, ring 2(t-1)/t x %d L B T C", per_layer,
+                  4 * per_layer);
+    if (ctx.opt.dry_run) { /* theory/predict.h: every rank the whole batch, 1/t of every layer */
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA, .batch = B,
+                             .model = tm, .tp = ctx.size, .pp = 1, .dp = 1, .micro_batches = 1,
+                             .sequence_parallel = sequence_parallel, .recompute = ctx.model.recompute};
+        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout,
+                                             .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring,
+                                             .comm_formula = formula, .bubble_theory = -1});
+    }
     comm tp;
     comm_init(&tp, MPI_COMM_WORLD, ctx.backend);
     tp_layout tl;
@@ -157,20 +188,8 @@ int main(int argc, char **argv) {
     grad_norm_init(&norm, 2);
     int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
 
-    /* The figures the lesson predicts (bytes are 4 per float), by theory/'s
-     * formulas (theory.h), the ones plan3d predicts with. */
-    const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
     const th_opts fp32 = th_opts_course(tp.size);
-    const th_opts opts = th_opts_run(tp.size, tl.seq_parts > 1, ctx.model.recompute); /* as it runs */
     const th_params counts = th_param_counts(&tm);
-    const double act_bytes = 4.0 * B * T * C;                 /* one all-reduce's payload */
-    /* 2L g's + 2L f's (full recomputation: the g's again); SP: each an all-gather + a reduce-scatter */
-    const th_traffic tp_traffic = th_tp_traffic_run(L, 1, act_bytes, &opts);
-    const int collectives = (int)tp_traffic.calls;            /* all-reduces, or all-gathers + reduce-scatters */
-    const int allreduces = tl.seq_parts > 1 ? 0 : collectives;
-    /* SP: one all-reduce of the replicated tensors' partial gradients */
-    const th_traffic partial_traffic =
-        th_dp_traffic(4.0 * th_sp_partial_params(&tm, 0, L), tl.seq_parts > 1 ? tp.size : 1, 1);
     const double block_full = 4.0 * L * counts.layer;         /* all block weights, serial model */
     const double sharded_full = 4.0 * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
     const double replicated = 4.0 * (counts.total - L * counts.layer_sharded);
@@ -227,15 +246,7 @@ int main(int argc, char **argv) {
     const double steps = ctx.steps_done;
     double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / steps;
     double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / steps;
-    const int per_layer = collectives / L / (tl.seq_parts > 1 ? 2 : 1); /* 4, or 6 under --recompute full */
-    char layout[48], formula[200], extra[2048];
-    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
-    snprintf(layout, sizeof layout, "tp=%d%s", tp.size, tl.seq_parts > 1 ? " sp" : "");
-    if (tl.seq_parts > 1)
-        snprintf(formula, sizeof formula, "%dL all-gathers + %dL reduce-scatters of B*T*C floats, ring (t-1)/t each "
-                 "(= TP's all-reduces), + 1 all-reduce of the partial gradients", per_layer, per_layer);
-    else snprintf(formula, sizeof formula, "%dL all-reduces of B*T*C floats, ring 2(t-1)/t x %d L B T C", per_layer,
-                  4 * per_layer);
+    char extra[2048];
     snprintf(extra, sizeof extra,
              "\"tp\":%d,\"heads_per_rank\":%d,\"mlp_units_per_rank\":%d,\"sequence_parallel\":%s,"
              "\"allreduce_calls_per_step_formula\":%.0f,\"allreduce_bytes_per_step_formula\":%.0f,"
