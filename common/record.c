@@ -93,8 +93,8 @@ static void print_acts_formula(const double *all, int fields, int formula, int R
         same &= x[MEM_ACTS] == all[MEM_ACTS];
     }
     char a[16], b[16];
-    printf("  activations     peak per rank, allocator %s formula (theory.h, --recompute %s):", equal ? "=" : "vs",
-           recompute);
+    /* no "formula" in this line: the lessons' transcripts `grep formula` for the traffic line */
+    printf("  activations     peak per rank, allocator %s theory.h (--recompute %s):", equal ? "=" : "vs", recompute);
     if (equal && same) printf(" %sB on every rank\n", human(all[MEM_ACTS], a));
     else {
         for (int q = 0; q < R && q < 8; q++) {
