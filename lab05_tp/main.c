@@ -22,6 +22,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
+#include "predict.h"
 #include "run.h"
 #include "theory.h"
 #include "tp.h"
@@ -104,6 +105,21 @@ int main(int argc, char **argv) {
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
+    /* The figures the lesson predicts (bytes are 4 per float), by theory/'s
+     * formulas (theory.h), the ones plan3d predicts with. */
+    const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
+    const double act_bytes = 4.0 * B * T * C;                 /* one all-reduce's payload */
+    const th_traffic tp_traffic = th_tp_traffic(L, 1, ctx.size, act_bytes, 0); /* 2L g's + 2L f's */
+    char layout[32];
+    snprintf(layout, sizeof layout, "tp=%d", ctx.size);
+    const char *formula = "4L all-reduces of B*T*C floats, ring 2(t-1)/t x 16 L B T C";
+    if (ctx.opt.dry_run) { /* theory/predict.h: every rank the whole batch, 1/t of every layer */
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA, .batch = B,
+                             .model = tm, .tp = ctx.size, .pp = 1, .dp = 1, .micro_batches = 1};
+        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = tp_traffic.ring,
+                                             .comm_formula = formula, .bubble_theory = -1});
+    }
     comm tp;
     comm_init(&tp, MPI_COMM_WORLD, ctx.backend);
     tp_layout tl;
@@ -126,13 +142,8 @@ int main(int argc, char **argv) {
     grad_norm_init(&norm, 2);
     int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
 
-    /* The figures the lesson predicts (bytes are 4 per float), by theory/'s
-     * formulas (theory.h), the ones plan3d predicts with. */
-    const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
     const th_opts fp32 = th_opts_course(tp.size);
     const th_params counts = th_param_counts(&tm);
-    const double act_bytes = 4.0 * B * T * C;                 /* one all-reduce's payload */
-    const th_traffic tp_traffic = th_tp_traffic(L, 1, tp.size, act_bytes, 0); /* 2L g's + 2L f's */
     const int allreduces = (int)tp_traffic.calls;
     const double block_full = 4.0 * L * counts.layer;         /* all block weights, serial model */
     const double sharded_full = 4.0 * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
@@ -187,9 +198,7 @@ int main(int argc, char **argv) {
     int in_sync = check_sync ? check_replicas_identical(&tp, &tl, params) : 1;
     double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / ctx.steps_done;
     double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / ctx.steps_done;
-    char layout[32], formula[160], extra[1024];
-    snprintf(layout, sizeof layout, "tp=%d", tp.size);
-    snprintf(formula, sizeof formula, "4L all-reduces of B*T*C floats, ring 2(t-1)/t x 16 L B T C");
+    char extra[1024];
     snprintf(extra, sizeof extra,
              "\"tp\":%d,\"heads_per_rank\":%d,\"mlp_units_per_rank\":%d,"
              "\"allreduce_calls_per_step_formula\":%d,\"allreduce_bytes_per_step_formula\":%.0f,"

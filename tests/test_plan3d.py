@@ -5,8 +5,11 @@
              bytes per collective kind predicted from each run's own flags must
              equal the records exactly (theory/'s formulas are the labs' own)
   times      the same for a few runs where compute dominates, after
-             `mpirun -n 2 plan3d --calibrate`: the bubble within 0.05 of the
-             measurement and the step time within TIME_BOUND; needs the machine
+             `mpirun -n 2 plan3d --calibrate`: each pipeline rank's bubble
+             within 0.05 of the schedule's on the compute the run measured per
+             rank (the cores' speeds differ from run to run; the calibration
+             cannot know which is slower) and the step time within TIME_BOUND
+             of the calibrated prediction; needs the machine
              to itself (CTest runs it alone; it reports "skipped" when other
              programs keep the cores busy)
   plan       the presets' parameter counts against their papers; the planner on
