@@ -75,3 +75,14 @@ double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int 
 }
 
 double th_grad_norm_bytes(int parts) { return 8.0 * parts; }
+
+double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
+    if (!course_runs(m, o)) return -1;
+    const widths w = local_widths(m, o);
+    const double N = (double)rows * m->seq, C = (double)m->d_model, V = (double)m->vocab;
+    double layer = 4 * pad16(N * C) + pad16(N * w.mlp) + pad16(N * 3 * w.attn); /* dres3 dln2 dres2 dln1, dfch, dqkv */
+    double floats = (double)(hi - lo) * layer;
+    if (hi == m->layers) floats += pad16(N * V) + pad16(N * C); /* dlogits, dlnf */
+    if (lo == 0) floats += pad16(N * C);                        /* dx */
+    return 4 * floats;
+}
