@@ -124,6 +124,7 @@ int main(int argc, char **argv) {
                              .batch = ctx.opt.batch, .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers,
                                                                               ctx.opt.d_model, ctx.opt.heads),
                              .tp = t, .pp = p, .dp = d, .micro_batches = m, .schedule = schedule_name(kind),
+                             .chunks = v,
                              .stage_layers = stage_layers, .sequence_parallel = sequence_parallel,
                              .recompute = ctx.model.recompute};
         double ring = -1;

@@ -32,7 +32,7 @@ enum { KINDS = TH_NKINDS };
 
 typedef struct run {
     const char *lab, *schedule;
-    int ranks, cuda, steps, B, T, L, C, H, m, tp, pp, dp, zero;
+    int ranks, cuda, steps, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
     int recompute, sp;       /* --recompute (gpt_recompute), --sequence-parallel */
     double bucket_mb;
     th_model model;
@@ -94,8 +94,9 @@ static void shard_figures(const run *r, th_run *t) {
 
 static th_run prediction_input(const run *r) {
     th_run t = {.lab = r->lab, .ranks = r->ranks, .cuda = r->cuda, .batch = r->B, .model = r->model, .tp = r->tp,
-                .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->schedule, .zero_stage = r->zero,
-                .stage_layers = stage_layers, .sequence_parallel = r->sp, .recompute = r->recompute};
+                .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->schedule, .chunks = r->chunks,
+                .zero_stage = r->zero, .stage_layers = stage_layers, .sequence_parallel = r->sp,
+                .recompute = r->recompute};
     if (!strcmp(r->lab, "lab01_dp") || !strcmp(r->lab, "lab02_zero")) {
         t.dp = r->ranks;
         shard_figures(r, &t);
@@ -189,6 +190,7 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     if (!r.lab || r.ranks < 1 || r.B < 1 || r.T < 1 || r.L < 1 || r.C < 1 || r.H < 1) return 0;
     r.model = th_course_model(256, r.T, r.L, r.C, r.H);
     r.m = get_int(rec, "micro_batches", 1);
+    r.chunks = get_int(rec, "chunks_per_rank", 1); /* lab04, lab06: the model chunks of a rank */
     r.schedule = str_or(json_object_get(rec, "schedule"), "gpipe"); /* lab03: one batch, GPipe's m = 1 */
     if (th_schedule_parse(r.schedule) < 0) return 0;
     json_t *bmb = json_object_get(rec, "bucket_mb");

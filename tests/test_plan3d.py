@@ -81,13 +81,20 @@ def case_check():
         ("lab01_dp", 2, TINY + ["--recompute", "selective"]),
         ("lab05_tp", 2, TINY + ["--sequence-parallel", "--recompute", "full"]),
         ("lab06_3d", 4, TINY + ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "2", "--sequence-parallel"]),
+        # several chunks per rank (placed as lab04's schedule_stage_of places them), the split backward
+        ("lab04_1f1b", 2, TINY + ["--micro-batches", "4", "--schedule", "interleaved", "--layers", "4"]),
+        ("lab04_1f1b", 3, TINY + ["--micro-batches", "6", "--schedule", "interleaved", "--layers", "6", "--batch", "12"]),
+        ("lab04_1f1b", 2, TINY + ["--micro-batches", "4", "--schedule", "zb-h1"]),
+        ("lab04_1f1b", 2, TINY + ["--micro-batches", "4", "--schedule", "zb-v", "--layers", "4"]),
+        ("lab06_3d", 4, TINY + ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "4", "--schedule", "zb-v",
+                                "--layers", "4"]),
     ])
     js = os.path.join(out, "check.json")
     p = plan3d(["--check", out, "--calibration", os.path.join(out, "none.json"), "--json", js])
     print(p.stdout)
     check(p.returncode == 0, f"plan3d --check: status {p.returncode}: {p.stdout[-2000:]} {p.stderr}")
     runs = json.load(open(js))["runs"]
-    check(len(runs) == 14, f"14 runs checked, got {len(runs)}")
+    check(len(runs) == 19, f"19 runs checked, got {len(runs)}")
     labs = {r["lab"] for r in runs}
     check(len(labs) == 6, f"every lab checked: {sorted(labs)}")
     for r in runs:

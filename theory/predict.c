@@ -18,8 +18,6 @@ static void add_traffic(th_rank_need *x, th_coll k, th_traffic t, int group) {
     if (t.calls > 0) count(x, k, t.calls, t.payload / t.calls, group);
 }
 
-static void not_predicted(th_rank_need *x, th_coll k) { x->calls[k] = x->payload[k] = x->ring[k] = -1; }
-
 static int is(const th_run *r, const char *lab) { return !strcmp(r->lab, lab); }
 
 /* Model states, activations (in flight x one micro-batch), the received
@@ -81,14 +79,28 @@ static void predict_data_parallel(const th_run *r, th_rank_need *need) {
     }
 }
 
-/* lab03, lab04, lab05, lab06: a t x p x d grid (lab03/04: p = ranks; lab05: t = ranks). */
+/* The virtual stage of a rank's chunk c under schedule s (lab04's
+ * schedule_stage_of): zb-v's V (r, then 2p-1-r), else Megatron's c p + r. */
+static int stage_of(th_schedule s, int p, int rank, int c) {
+    if (s == TH_SCHED_ZB_V) return c == 0 ? rank : 2 * p - 1 - rank;
+    return c * p + rank;
+}
+
+static int rank_of(th_schedule s, int p, int stage) {
+    if (s == TH_SCHED_ZB_V) return stage < p ? stage : 2 * p - 1 - stage;
+    return stage % p;
+}
+
+/* lab03, lab04, lab05, lab06: a t x p x d grid (lab03/04: p = ranks; lab05: t = ranks).
+ * A pipeline rank holds v chunks (virtual stages stage_of(.., c), layers
+ * stage_layers(L, p v, stage)); each chunk keeps its own activation blocks
+ * (th_chunk_in_flight) and, where the backward is split, its weight-gradient
+ * inputs; a boundary between chunks of one rank is a copy, not a message. */
 static void predict_grid(const th_run *r, th_rank_need *need) {
     const int t = r->tp, p = r->pp, d = r->dp, m = r->micro_batches > 0 ? r->micro_batches : 1;
-    const int s = th_schedule_parse(r->schedule ? r->schedule : "gpipe");
-    /* several chunks per rank: layers placed by lab04's schedule_stage_of; a
-     * split backward: weight-gradient inputs kept beside the activations */
-    const int chunked = s == TH_SCHED_INTERLEAVED || s == TH_SCHED_ZB_V, split = s == TH_SCHED_ZB_V;
-    const int zb_h1 = s == TH_SCHED_ZB_H1, sp = r->sequence_parallel && t > 1;
+    const th_schedule s = (th_schedule)th_schedule_parse(r->schedule ? r->schedule : "gpipe");
+    const int v = s == TH_SCHED_ZB_V ? 2 : s == TH_SCHED_INTERLEAVED ? (r->chunks > 0 ? r->chunks : 2) : 1;
+    const int S = p * v, L = (int)r->model.layers, sp = r->sequence_parallel && t > 1;
     const long rows = r->batch / ((long)d * m);
     const double act = 4.0 * rows * r->model.seq * r->model.d_model; /* one activation, or its gradient */
     const th_opts o = th_opts_run(t, sp, r->recompute);
@@ -96,39 +108,47 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
     for (int q = 0; q < r->ranks; q++) {
         th_rank_need *x = &need[q];
         const int pp = q / (t * d); /* rank = tp + t (dp + d pp): lab06's grid.h */
-        int lo = 0, hi = (int)r->model.layers;
-        if (p > 1) r->stage_layers((int)r->model.layers, p, pp, &lo, &hi);
+        double params = 0, acts = 0, in_flight = 0;
+        int layers = 0, links = 0, lo = 0, hi = L;
+        for (int c = 0; c < v; c++) {
+            const int st = stage_of(s, p, pp, c);
+            int clo = 0, chi = L, a = 0, w = 0;
+            if (S > 1) r->stage_layers(L, S, st, &clo, &chi);
+            th_chunk_in_flight(s, p, m, v, pp, c, &a, &w);
+            params += th_stage_params(&r->model, &o, clo, chi);
+            acts += a * th_course_acts_bytes(&r->model, &o, clo, chi, rows);
+            if (w > 0) acts += w * th_course_wgrads_bytes(&r->model, &o, clo, chi, rows);
+            in_flight += (double)a / v;
+            layers += chi - clo;
+            for (int nb = st - 1; nb <= st + 1; nb += 2)
+                links += nb >= 0 && nb < S && rank_of(s, p, nb) != pp;
+            if (c == 0) lo = clo, hi = chi;
+        }
         *x = (th_rank_need){.tp = q % t, .dp = q / t % d, .pp = pp, .lo = lo, .hi = hi, .rows = rows,
-                            .params = th_stage_params(&r->model, &o, lo, hi),
-                            /* ZB-H1 keeps a micro-batch's activations until its W: min(m, p) blocks */
-                            .acts_in_flight = zb_h1 ? (m < p ? m : p) : th_acts_in_flight(s, p, pp, m, 1)};
+                            .params = params, .acts_in_flight = in_flight};
         rank_memory(x, r, t, pp < p - 1);
-        /* ... and min(m, stage + 1) weight-gradient blocks (test_lab04's closed forms) */
-        if (zb_h1)
-            x->mem[TH_MEM_ACTS] += (m < pp + 1 ? m : pp + 1) * th_course_wgrads_bytes(&r->model, &o, lo, hi, rows);
-        const int boundaries = (pp > 0) + (pp < p - 1);
-        const th_traffic pipe = th_pp_traffic(boundaries, m, 1, msg); /* sends and receives together */
+        x->mem[TH_MEM_ACTS] = acts;
+        /* each chunk is a lab03 stage with its own scratch */
+        if (x->mem[TH_MEM_WORKSPACE] >= 0) x->mem[TH_MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
+        if (v > 1) x->lo = x->hi = -1; /* not one run of layers */
+        const th_traffic pipe = th_pp_traffic(links, m, 1, msg); /* sends and receives together */
         count(x, TH_SEND, pipe.calls / 2, msg, 2);
         count(x, TH_RECV, pipe.calls / 2, msg, 2);
-        /* 4 per layer and micro-batch, 6 under --recompute full; SP: each an all-gather and a reduce-scatter */
-        const double tp_calls = th_tp_traffic_run(hi - lo, m, act, &o).calls;
+        /* 4 per layer and micro-batch, 6 under --recompute full; SP: each an all-gather and a reduce-scatter,
+         * and one all-reduce per chunk of the partial gradients */
+        const double tp_calls = th_tp_traffic_run(layers, m, act, &o).calls;
         if (sp) {
             count(x, TH_ALLGATHER, tp_calls / 2, act, t);
             count(x, TH_REDUCE_SCATTER, tp_calls / 2, act, t);
-            count(x, TH_ALLREDUCE, 1, 4 * th_sp_partial_params(&r->model, lo, hi), t); /* the partial gradients */
+            for (int c = 0; c < v; c++) {
+                int clo = 0, chi = L;
+                if (S > 1) r->stage_layers(L, S, stage_of(s, p, pp, c), &clo, &chi);
+                count(x, TH_ALLREDUCE, 1, 4 * th_sp_partial_params(&r->model, clo, chi), t);
+            }
         } else if (t > 1) {
             count(x, TH_ALLREDUCE, tp_calls, act, t);
         }
         add_traffic(x, TH_ALLREDUCE, th_dp_traffic(4 * x->params, d, 1), d);
-        if (split) x->mem[TH_MEM_ACTS] = -1;
-        if (chunked) {
-            x->lo = x->hi = -1;
-            x->params = x->acts_in_flight = -1;
-            for (int k = 0; k < TH_NMEM; k++) x->mem[k] = -1;
-            not_predicted(x, TH_ALLREDUCE);
-            not_predicted(x, TH_SEND);
-            not_predicted(x, TH_RECV);
-        }
     }
 }
 

@@ -11,12 +11,10 @@
  * says "not predicted" (< 0) instead of guessing:
  *   - lab04's executor (and lab06 through it) keeps a pool of message buffers
  *     whose size its lists decide (the comm category);
- *   - on CUDA the kernels add their own scratch (the workspace category);
- *   - schedules with several model chunks per rank (interleaved, zb-v) place
- *     layers by lab04's schedule_stage_of, and zb-v keeps weight-gradient
- *     inputs beside the activations: a chunked schedule's stage figures are
- *     not predicted (zb-h1's are: min(m, p) activation blocks and
- *     min(m, stage + 1) weight-gradient blocks, th_course_wgrads_bytes).
+ *   - on CUDA the kernels add their own scratch (the workspace category).
+ * Schedules with several model chunks per rank (interleaved, zb-v) are
+ * predicted chunk by chunk, placed as lab04's schedule_stage_of places them,
+ * with the weight-gradient inputs the split schedules (zb-h1, zb-v) keep.
  * What the caller knows better is passed in: lab02's shard plan (the
  * padding and units ZeRO's collectives move, lab02_zero/shards.h) and lab03's
  * rule for splitting layers into stages (stage.h), so theory/ stays free of
@@ -41,6 +39,7 @@ typedef struct th_run {
     int tp, pp, dp;         /* the grid: lab01/02 dp = ranks, lab03/04 pp = ranks, lab05 tp = ranks */
     int micro_batches;      /* per replica and step (pipelines; 1 elsewhere) */
     const char *schedule;   /* th_schedule_names; lab03's naive schedule is "gpipe" at m = 1 */
+    int chunks;             /* interleaved's model chunks per rank (--virtual-stages; 0: its default 2) */
     int zero_stage;         /* lab02: 1..3; 0 elsewhere */
     /* lab01 and lab02: the units whose collectives move the gradient (lab02's
      * shard plan: units 1 and full = the parameters without buckets); units
