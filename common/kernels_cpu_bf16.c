@@ -91,17 +91,18 @@ enum { ELEMS = 16384 };       /* elementwise chunks: 64 KB per operand, in L2 */
 enum { ROW_FLOATS = 16384 };  /* row kernels: as many rows as fit in this */
 enum { GEMM_FLOATS = 1 << 18 }; /* matrix products: rows per chunk x width, 1 MB per operand */
 
+static long min_long(long a, long b) { return a < b ? a : b; }
+
 static long rows_per_chunk(long budget, long width) {
     long r = width > 0 ? budget / width : budget;
     return r > 0 ? r : 1;
 }
 
-static long min_long(long a, long b) { return a < b ? a : b; }
 
 /* ---- elementwise ------------------------------------------------------------------------ */
 
 static void gelu_forward_bf16(void *out, const void *inp, long N) {
-    float *x = scratch(0, ELEMS), *y = scratch(1, ELEMS);
+    float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
     for (long i = 0; i < N; i += ELEMS) {
         long n = min_long(ELEMS, N - i);
         widen(x, (const bf16 *)inp + i, n);
@@ -111,7 +112,7 @@ static void gelu_forward_bf16(void *out, const void *inp, long N) {
 }
 
 static void gelu_backward_bf16(void *dinp, const void *dout, const void *inp, long N) {
-    float *dx = scratch(0, ELEMS), *dy = scratch(1, ELEMS), *x = scratch(2, ELEMS);
+    float *dx = scratch(0, min_long(ELEMS, N)), *dy = scratch(1, min_long(ELEMS, N)), *x = scratch(2, min_long(ELEMS, N));
     for (long i = 0; i < N; i += ELEMS) {
         long n = min_long(ELEMS, N - i);
         widen(dx, (const bf16 *)dinp + i, n);
@@ -124,7 +125,7 @@ static void gelu_backward_bf16(void *dinp, const void *dout, const void *inp, lo
 
 /* out may alias a or b: each chunk is read whole before it is written */
 static void add_bf16(void *out, const void *a, const void *b, long N) {
-    float *x = scratch(0, ELEMS), *y = scratch(1, ELEMS);
+    float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
     for (long i = 0; i < N; i += ELEMS) {
         long n = min_long(ELEMS, N - i);
         widen(x, (const bf16 *)a + i, n);
@@ -137,7 +138,7 @@ static void add_bf16(void *out, const void *a, const void *b, long N) {
 static void accumulate_bf16(void *dst, const void *src, long N) { add_bf16(dst, dst, src, N); }
 
 static void scale_bf16(void *x, float s, long N) {
-    float *f = scratch(0, ELEMS);
+    float *f = scratch(0, min_long(ELEMS, N));
     for (long i = 0; i < N; i += ELEMS) {
         long n = min_long(ELEMS, N - i);
         widen(f, (const bf16 *)x + i, n);
@@ -170,7 +171,7 @@ static void encoder_backward_bf16(void *dwte, void *dwpe, const void *dout, cons
     long rows = 0;
     for (long n = 0; n < (long)B * T; n++)
         if (tokens[n] + 1L > rows) rows = tokens[n] + 1L;
-    long S = rows_per_chunk(GEMM_FLOATS, (long)T * C); /* sequences per chunk */
+    long S = min_long(rows_per_chunk(GEMM_FLOATS, (long)T * C), B); /* sequences per chunk */
     float *te = scratch(0, rows * C), *pe = scratch(1, (long)T * C), *d = scratch(2, S * T * C);
     widen(te, dwte, rows * C);
     widen(pe, dwpe, (long)T * C);
@@ -187,7 +188,7 @@ static void encoder_backward_bf16(void *dwte, void *dwpe, const void *dout, cons
 
 static void layernorm_forward_bf16(void *out, float *mean, float *rstd, const void *inp, const void *w,
                                    const void *b, int N, int C) {
-    long R = rows_per_chunk(ROW_FLOATS, C);
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
     float *wf = scratch(0, C), *bfl = scratch(1, C), *x = scratch(2, R * C), *y = scratch(3, R * C);
     widen(wf, w, C);
     widen(bfl, b, C);
@@ -201,7 +202,7 @@ static void layernorm_forward_bf16(void *out, float *mean, float *rstd, const vo
 
 static void layernorm_backward_input_bf16(void *dinp, const void *dout, const void *inp, const void *w,
                                           const float *mean, const float *rstd, int N, int C) {
-    long R = rows_per_chunk(ROW_FLOATS, C);
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
     float *wf = scratch(0, C), *dx = scratch(1, R * C), *dy = scratch(2, R * C), *x = scratch(3, R * C);
     widen(wf, w, C);
     for (long n0 = 0; n0 < N; n0 += R) {
@@ -216,7 +217,7 @@ static void layernorm_backward_input_bf16(void *dinp, const void *dout, const vo
 
 static void layernorm_backward_weight_bf16(void *dw, void *db, const void *dout, const void *inp, const float *mean,
                                            const float *rstd, int N, int C) {
-    long R = rows_per_chunk(ROW_FLOATS, C);
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
     float *dwf = scratch(0, C), *dbf = scratch(1, C), *dy = scratch(2, R * C), *x = scratch(3, R * C);
     widen(dwf, dw, C);
     widen(dbf, db, C);
@@ -240,7 +241,7 @@ static void layernorm_backward_bf16(void *dinp, void *dw, void *db, const void *
 
 /* The bias gradient, fp32 column sums of dout over all N rows, rounded once. */
 static void bias_backward_bf16(void *dbias, const void *dout, int N, int OC) {
-    long R = rows_per_chunk(ROW_FLOATS, OC);
+    long R = min_long(rows_per_chunk(ROW_FLOATS, OC), N);
     float *acc = scratch(4, OC), *d = scratch(5, R * OC);
     widen(acc, dbias, OC);
     for (long n0 = 0; n0 < N; n0 += R) {
@@ -253,7 +254,7 @@ static void bias_backward_bf16(void *dbias, const void *dout, int N, int OC) {
 
 /* out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias, on the widened operands, chunk by chunk of rows */
 static void sgemm_forward(void *out, const void *inp, const void *w, const void *bias, int N, int IC, int OC) {
-    long R = rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC);
+    long R = min_long(rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC), N);
     float *wf = scratch(0, (long)OC * IC), *bf = bias ? scratch(1, OC) : NULL;
     float *x = scratch(2, R * IC), *y = scratch(3, R * OC);
     widen(wf, w, (long)OC * IC);
@@ -268,7 +269,7 @@ static void sgemm_forward(void *out, const void *inp, const void *w, const void 
 
 /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
 static void sgemm_backward_input(void *dinp, const void *dout, const void *w, int N, int IC, int OC) {
-    long R = rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC);
+    long R = min_long(rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC), N);
     float *wf = scratch(0, (long)OC * IC), *dy = scratch(2, R * OC), *dx = scratch(3, R * IC);
     widen(wf, w, (long)OC * IC);
     for (long n0 = 0; n0 < N; n0 += R) {
@@ -282,7 +283,7 @@ static void sgemm_backward_input(void *dinp, const void *dout, const void *w, in
 
 /* dw[OC,IC] += dout^T @ inp: the sum over all N rows in an fp32 dw, rounded once */
 static void sgemm_backward_weight(void *dw, const void *dout, const void *inp, int N, int IC, int OC) {
-    long R = rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC);
+    long R = min_long(rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC), N);
     float *dwf = scratch(0, (long)OC * IC), *dy = scratch(2, R * OC), *x = scratch(3, R * IC);
     widen(dwf, dw, (long)OC * IC);
     for (long n0 = 0; n0 < N; n0 += R) {
@@ -555,7 +556,7 @@ static void attention_backward_bf16(void *dqkv, void *datt, const void *dout, co
 /* ---- loss ---------------------------------------------------------------------------------------- */
 
 static void crossentropy_forward_bf16(float *losses, void *probs, const void *logits, const int *targets, int N, int V) {
-    long R = rows_per_chunk(ROW_FLOATS, V);
+    long R = min_long(rows_per_chunk(ROW_FLOATS, V), N);
     float *x = scratch(0, R * V), *p = scratch(1, R * V);
     for (long n0 = 0; n0 < N; n0 += R) {
         long r = min_long(R, N - n0);
@@ -566,7 +567,7 @@ static void crossentropy_forward_bf16(float *losses, void *probs, const void *lo
 }
 
 static void crossentropy_backward_bf16(void *dlogits, const void *probs, const int *targets, float dloss, int N, int V) {
-    long R = rows_per_chunk(ROW_FLOATS, V);
+    long R = min_long(rows_per_chunk(ROW_FLOATS, V), N);
     float *p = scratch(0, R * V), *d = scratch(1, R * V);
     for (long n0 = 0; n0 < N; n0 += R) {
         long r = min_long(R, N - n0);
@@ -579,7 +580,7 @@ static void crossentropy_backward_bf16(void *dlogits, const void *probs, const i
 /* ---- optimizer --------------------------------------------------------------------------------------- */
 
 static double sum_squares_bf16(const void *x, long N) {
-    float *f = scratch(0, ELEMS);
+    float *f = scratch(0, min_long(ELEMS, N));
     double s = 0;
     for (long i = 0; i < N; i += ELEMS) {
         long n = min_long(ELEMS, N - i);
@@ -594,7 +595,7 @@ static void sum_squares_add_bf16(double *acc, const void *x, long N) { *acc += s
 /* The fp32 step on the master weights, from the bf16 gradient. */
 static void adamw_bf16(float *p, const void *g, float *m, float *v, long N, float lr, float beta1, float beta2,
                        float eps, float wd, int t, float grad_scale) {
-    float *gf = scratch(0, ELEMS);
+    float *gf = scratch(0, min_long(ELEMS, N));
     for (long i = 0; i < N; i += ELEMS) {
         long n = min_long(ELEMS, N - i);
         widen(gf, (const bf16 *)g + i, n);

@@ -28,9 +28,7 @@ int precision_parse(const char *name, precision *p) {
 
 float *master_alloc(void *params, long n) {
     if (g_precision == PREC_FP32) return params;
-    float *master = mem_alloc((size_t)n * sizeof(float), MEM_OPTIM);
-    KP->to_floats(master, params, n);
-    return master;
+    return mem_alloc((size_t)n * sizeof(float), MEM_OPTIM);
 }
 
 void master_free(float *master, void *params) {

@@ -47,8 +47,10 @@ static inline void *value_at(const void *base, long i) {
 }
 
 /* The fp32 weights the optimizer updates, for `params` (n values): params
- * itself in an fp32 run, else a buffer of their own (category optim) holding
- * the same values. master_free frees what master_alloc allocated. */
+ * itself in an fp32 run, else a buffer of its own (category optim, zeroed).
+ * A lab initialises (or loads) the master weights, then rounds them into
+ * params with params_from_master. master_free frees what master_alloc
+ * allocated. */
 float *master_alloc(void *params, long n);
 void master_free(float *master, void *params);
 /* After the optimizer updated the master weights: params = bf16(master) (a

@@ -41,6 +41,8 @@ static flag_spec shared_flags[] = {
     {"--save-every", FLAG_INT, NULL, "also save after every N-th step (0: only at the end)", 0, NULL},
     {"--resume", FLAG_STRING, NULL, "continue from this checkpoint: weights, AdamW moments and step", 0, NULL},
     {"--eval", FLAG_BOOL, NULL, "at the end, the loss on the held-out last 10% of the data", 0, NULL},
+    {"--precision", FLAG_STRING, NULL, "the model's values: fp32, or bf16 mixed precision (bf16 weights, "
+     "activations and gradients; fp32 master weights, AdamW moments and arithmetic)", 0, "fp32|bf16"},
 };
 #define N_SHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
 
@@ -48,7 +50,7 @@ static void bind_shared(run_options *o) {
     void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads, &o->preset,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
-                              &o->resume, &o->eval};
+                              &o->resume, &o->eval, &o->precision};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -201,7 +203,7 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     *o = (run_options){.steps = 50, .batch = tiny->batch, .seq = tiny->seq, .layers = tiny->layers,
                        .d_model = tiny->d_model, .heads = tiny->heads, .preset = tiny->name,
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
-                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs"};
+                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .precision = "fp32"};
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {
@@ -389,6 +391,9 @@ void run_setup(run_ctx *ctx) {
     ctx->records_csv = path_join(o->out, "records.csv");
 
     device_use(ctx->device, ctx->device == DEVICE_CUDA ? ctx->local_rank % gpus : 0);
+    precision p = PREC_FP32;
+    precision_parse(o->precision, &p); /* one of --precision's choices */
+    precision_use(p);
     trace_init(MPI_COMM_WORLD);
     ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
     ctx->losses = calloc((size_t)o->steps, sizeof(double));
@@ -405,6 +410,11 @@ void run_setup(run_ctx *ctx) {
                o->preset, o->layers, o->d_model, o->heads, o->seq, human((double)g.total, p));
         printf("data: %s (%ld bytes) | batch %d x %d = %ld tokens per step | %d steps, lr %g\n",
                ctx->data.source, ctx->data.n, o->batch, o->seq, ctx->tokens_per_step, o->steps, o->lr);
+        if (g_precision == PREC_BF16)
+            printf("precision: bf16 weights, activations and gradients; fp32 master weights, AdamW moments and "
+                   "arithmetic | %s\n", ctx->device == DEVICE_CUDA
+                                            ? "bf16 matmuls: cuBLAS on bf16, fp32 compute (tensor cores)"
+                                            : kernels_bf16_cpu_gemm_text());
         fflush(stdout);
     }
 }

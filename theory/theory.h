@@ -65,6 +65,8 @@ typedef struct th_opts {
 
 /* fp32, t = 1, no SP, no recomputation: a one-rank lab. */
 th_opts th_opts_course(int tp);
+/* The same in a lab's precision: bf16 = 1 for --precision bf16. */
+th_opts th_opts_precision(int tp, int bf16);
 
 /* Bytes per parameter and per activation element for a precision. */
 double th_param_bytes(th_precision p);   /* the weights the forward reads: 4 or 2 */
