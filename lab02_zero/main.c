@@ -84,6 +84,7 @@ int main(int argc, char **argv) {
     ckpt_view view;
     zero_checkpoint_view(&zero, &view);
     const int first = ckpt_resume(&ctx, &view);
+    zero_params_from_master(&zero); /* bf16: the resumed master weights rounded and gathered */
     gpt_acts acts;
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
@@ -125,7 +126,7 @@ int main(int argc, char **argv) {
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
-                         .bubble_theory = -1, .extra_json = record};
+                         .bubble_theory = -1, .extra_json = record}; /* model states: its own table */
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);
