@@ -44,8 +44,9 @@ int main(int argc, char **argv) {
     pipeline_stage st;
     stage_init(&st, &pipe, &g, &ctx.data, (uint64_t)ctx.opt.seed, ctx.opt.batch, 1);
     ckpt_view view; /* this stage's layers: local [0, n) is global [begin, end) */
-    ckpt_view_range(&view, st.params, st.adam_m, st.adam_v, st.begin, st.end);
+    ckpt_view_range(&view, st.master, st.adam_m, st.adam_v, st.begin, st.end);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(st.params, st.master, st.end - st.begin); /* bf16: round what was resumed */
     const int p = pipe.size;
     const double theory = th_bubble_unit(TH_SCHED_GPIPE, p, 1, 1); /* one batch: (p-1)/p */
     if (ctx.rank == 0)
@@ -76,15 +77,21 @@ int main(int argc, char **argv) {
     char layout[32];
     snprintf(layout, sizeof layout, "pp=%d", p);
     /* Across each boundary go one activation (forward) and one gradient (back),
-     * B x T x C floats each; the busiest stage (a middle one) has two boundaries. */
+     * B x T x C values each; the busiest stage (a middle one) has two boundaries. */
     int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
-    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
+    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * value_bytes();
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
+    char formula[96];
+    snprintf(formula, sizeof formula, "busiest stage: boundaries x (activation + gradient) x B x T x C x %zu bytes",
+             value_bytes());
+    const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
+    const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                          .comm_formula_bytes = th_pp_traffic(boundaries, 1, 1, boundary_bytes).ring,
-                         .comm_formula = "busiest stage: boundaries x (activation + gradient) "
-                                         "x B x T x C x 4 bytes",
-                         .bubble_theory = theory, .extra_json = record};
+                         .comm_formula = formula, .bubble_theory = theory, .extra_json = record,
+                         .params_held = st.end - st.begin,
+                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

@@ -32,6 +32,7 @@
 #include "run.h"
 #include "schedule.h"
 #include "textbuf.h"
+#include "theory.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,7 @@ int main(int argc, char **argv) {
     ckpt_view view; /* this rank's chunks: one run of the model's layout each */
     pipeline_checkpoint_view(&pr, &view);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(pr.params, pr.master, pr.n); /* bf16: round what was resumed */
     const int v = pr.v;
     const double theory = schedule_bubble_textbook(kind, p, m, v);
     if (ctx.rank == 0)
@@ -131,19 +133,24 @@ int main(int argc, char **argv) {
     if (kind == SCHEDULE_INTERLEAVED) snprintf(layout, sizeof layout, "pp=%d m=%d %s v=%d", p, m, schedule_name(kind), v);
     else snprintf(layout, sizeof layout, "pp=%d m=%d %s", p, m, schedule_name(kind));
     /* Across each of the busiest rank's boundaries to another rank go m
-     * activations one way and m gradients the other, B/m x T x C floats each. */
+     * activations one way and m gradients the other, B/m x T x C values each. */
     int links = 0;
     for (int r = 0; r < p; r++) {
         int l = schedule_remote_links(&pr.sched, r);
         if (l > links) links = l;
     }
-    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
+    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * value_bytes();
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra.s);
+    char formula_text[112];
+    snprintf(formula_text, sizeof formula_text, "busiest rank: boundaries to other ranks x (activations + gradients) "
+             "x B x T x C x %zu bytes", value_bytes());
+    const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
+    const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                          .comm_formula_bytes = links * 2 * boundary_bytes,
-                         .comm_formula = "busiest rank: boundaries to other ranks x (activations + gradients) "
-                                         "x B x T x C x 4 bytes",
-                         .bubble_theory = theory, .extra_json = record};
+                         .comm_formula = formula_text, .bubble_theory = theory, .extra_json = record,
+                         .params_held = pr.n, .states_formula = {per_param.params, per_param.grads, per_param.optim},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

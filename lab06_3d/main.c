@@ -36,6 +36,7 @@
 #include "schedule.h"
 #include "stage.h"
 #include "stage3d.h"
+#include "theory.h"
 #include "tp.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,6 +119,7 @@ int main(int argc, char **argv) {
     ckpt_view view;
     stage3d_checkpoint_view(&pr, &tl, &view);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(pr.params, pr.master, pr.n); /* bf16: round what was resumed */
     const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
     if (ctx.rank == 0) {
         printf("3D: TP t=%d (%d of %d heads, %d of %d MLP units per rank) | PP p=%d stages x %d chunk%s, m=%d "
@@ -145,7 +147,7 @@ int main(int argc, char **argv) {
     }
 
     /* lab01's check over each DP group (the replicas of one (tp, pp) position), all groups agreeing */
-    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.params, pr.n, 0) : 1;
+    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.master, pr.n, 0) : 1;
     if (check_sync) {
         MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (ctx.rank == 0)
@@ -167,11 +169,14 @@ int main(int argc, char **argv) {
         snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d", t, p, d, m, schedule_name(kind), pr.v);
     else snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
+    const th_precision prec = g_precision == PREC_BF16 ? TH_BF16 : TH_FP32;
     run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
                          .comm_formula = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives, "
                                          "the formulas below",
-                         .bubble_theory = theory, .extra_json = record};
+                         .bubble_theory = theory, .extra_json = record, .params_held = pr.n,
+                         .states_formula = {th_param_bytes(prec), th_grad_bytes(prec), th_optim_bytes(prec)},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);
     report3d_print(&rep, &grid);
     free(record);
