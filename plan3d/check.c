@@ -36,6 +36,8 @@ typedef struct rank_pred {
 typedef struct run {
     const char *lab, *schedule;
     int ranks, cuda, steps, B, T, L, C, H, m, tp, pp, dp, zero;
+    int bf16;           /* config.precision "bf16": 2-byte values, 2 + 2 + 12 model states */
+    double vb;          /* bytes of one of the model's values: 4, or 2 in bf16 */
     double bucket_mb;
     th_model model;
 } run;
@@ -77,18 +79,16 @@ static double adamw_seconds(const timing *tm, double params) {
 
 /* ---- the labs, one by one ------------------------------------------------------------ */
 
-static const th_opts fp32 = {TH_FP32, 1, 0, 0, TH_RECOMPUTE_NONE};
-
 /* model states, activations (in flight x one micro-batch) and scratch of one rank */
 static void rank_memory(rank_pred *p, const run *r, double params, int t, int lo, int hi, long rows, double in_flight,
                         int receives_grad) {
-    const th_opts o = th_opts_course(t);
+    const th_opts o = th_opts_precision(t, r->bf16);
     th_states s = th_model_states(params, &o, 0, 1);
     p->mem[CAT_PARAMS] = s.params;
     p->mem[CAT_GRADS] = s.grads;
     p->mem[CAT_OPTIM] = s.optim;
     p->mem[CAT_ACTS] = in_flight * th_course_acts_bytes(&r->model, &o, lo, hi, rows);
-    p->mem[CAT_COMM] = receives_grad ? 4.0 * rows * r->T * r->C : 0; /* lab03's dout */
+    p->mem[CAT_COMM] = receives_grad ? r->vb * rows * r->T * r->C : 0; /* lab03's dout */
     /* lab04's executor (and lab06 through it) keeps a pool of message buffers
      * whose size its lists decide: not predicted here yet. */
     if (!strcmp(r->lab, "lab04_1f1b") || !strcmp(r->lab, "lab06_3d")) p->mem[CAT_COMM] = -1;
@@ -115,7 +115,9 @@ static double predict_data_parallel(const run *r, const timing *tm, rank_pred *p
     const double psi = (double)g.total;
     const int zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0;
     /* lab01's buckets and lab02's units follow one rule (lab02_zero/shards.h) */
-    long bucket = (long)(r->bucket_mb * 1024 * 1024 / sizeof(float));
+    long bucket = (long)(r->bucket_mb * 1024 * 1024 / r->vb);
+    const th_opts opts = th_opts_precision(1, r->bf16);
+    const double vb = r->vb;
     long unit = zero == 3 ? 1 : bucket > 0 ? bucket : zero == 2 ? 1 : 0;
     shard_plan plan;
     shard_plan_init(&plan, &g, zero ? N : 1, 0, unit);
@@ -129,24 +131,24 @@ static double predict_data_parallel(const run *r, const timing *tm, rank_pred *p
         rank_pred *p = &pr[q];
         rank_memory(p, r, psi, 1, 0, r->L, rows, 1, 0);
         if (zero) { /* theory.h: the padded buffers, the stage's sharding and its unit buffers */
-            th_states s = th_model_states(full, &fp32, zero, N), b = th_zero_buffers(largest, &fp32, zero);
+            th_states s = th_model_states(full, &opts, zero, N), b = th_zero_buffers(largest, &opts, zero);
             p->mem[CAT_PARAMS] = s.params + b.params;
             p->mem[CAT_GRADS] = s.grads + b.grads;
             p->mem[CAT_OPTIM] = s.optim;
-            count(p, TH_REDUCE_SCATTER, units, 4 * full / units);
-            if (zero < 3) count(p, TH_ALLGATHER, units, 4 * full / units);
+            count(p, TH_REDUCE_SCATTER, units, vb * full / units);
+            if (zero < 3) count(p, TH_ALLGATHER, units, vb * full / units);
             else { /* each unit gathered for the forward, again for the backward but the embedding's */
                 p->calls[TH_ALLGATHER] += 2 * units - 1;
-                p->payload[TH_ALLGATHER] += 4 * (2 * full - embed_unit);
+                p->payload[TH_ALLGATHER] += vb * (2 * full - embed_unit);
             }
         } else {
-            if (N > 1) count(p, TH_ALLREDUCE, units, 4 * psi / units); /* a group of one counts no traffic */
+            if (N > 1) count(p, TH_ALLREDUCE, units, vb * psi / units); /* a group of one counts no traffic */
         }
     }
     if (zero) {
-        step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, 4 * full / units, N) + adamw_seconds(tm, full / N);
+        step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, vb * full / units, N) + adamw_seconds(tm, full / N);
     } else {
-        step += units * allreduce_seconds(tm, 4 * psi / units, N) + adamw_seconds(tm, psi);
+        step += units * allreduce_seconds(tm, vb * psi / units, N) + adamw_seconds(tm, psi);
     }
     return step;
 }
@@ -156,14 +158,14 @@ static double predict_grid(const run *r, const timing *tm, rank_pred *pr, double
     const int t = r->tp, p = r->pp, d = r->dp, m = r->m;
     const long rows = r->B / ((long)d * m);
     const th_schedule s = th_schedule_parse(r->schedule);
-    const double act = 4.0 * rows * r->T * r->C;
+    const double act = r->vb * rows * r->T * r->C;
     *bubble_unit = th_bubble_unit(s, p, m, 1);
     double worst_f = 0, worst_b = 0, dp_time = 0, adam_time = 0;
     for (int q = 0; q < r->ranks; q++) {
         const int pp = q / (t * d); /* rank = tp + t (dp + d pp): lab06's grid.h */
         int lo, hi;
         stage_layers(r->L, p, pp, &lo, &hi);
-        const th_opts o = th_opts_course(t);
+        const th_opts o = th_opts_precision(t, r->bf16);
         const double params = th_stage_params(&r->model, &o, lo, hi);
         rank_pred *x = &pr[q];
         rank_memory(x, r, params, t, lo, hi, rows, th_acts_in_flight(s, p, pp, m, 1), pp < p - 1);
@@ -172,13 +174,13 @@ static double predict_grid(const run *r, const timing *tm, rank_pred *pr, double
         count(x, TH_RECV, (double)m * boundaries, act);
         const double tp_calls = t > 1 ? 4.0 * (hi - lo) * m : 0;
         count(x, TH_ALLREDUCE, tp_calls, act);
-        if (d > 1) count(x, TH_ALLREDUCE, 1, 4 * params);
+        if (d > 1) count(x, TH_ALLREDUCE, 1, r->vb * params);
         /* time: the stage's compute, with its TP all-reduces inside (traced as compute) */
         double fb = fwd_bwd_seconds(tm, r, lo, hi, rows, t) + 4.0 * (hi - lo) * allreduce_seconds(tm, act, t);
         double msg = p > 1 ? message_seconds(tm, act) : 0;
         worst_f = fmax(worst_f, fb / 3 + msg);
         worst_b = fmax(worst_b, 2 * fb / 3 + msg);
-        dp_time = fmax(dp_time, allreduce_seconds(tm, 4 * params, d));
+        dp_time = fmax(dp_time, allreduce_seconds(tm, r->vb * params, d));
         adam_time = fmax(adam_time, adamw_seconds(tm, params));
         x->busy = m * fb + adamw_seconds(tm, params);
     }
@@ -212,6 +214,8 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
              .L = get_int(cfg, "layers", 0), .C = get_int(cfg, "d_model", 0), .H = get_int(cfg, "heads", 0)};
     if (!r.lab || r.ranks < 1 || r.B < 1 || r.T < 1 || r.L < 1 || r.C < 1 || r.H < 1) return 0;
     r.model = th_course_model(256, r.T, r.L, r.C, r.H);
+    r.bf16 = !strcmp(str_or(json_object_get(cfg, "precision"), "fp32"), "bf16");
+    r.vb = r.bf16 ? 2 : 4;
     r.m = get_int(rec, "micro_batches", 1);
     r.schedule = str_or(json_object_get(rec, "schedule"), "gpipe"); /* lab03: one batch, GPipe's m = 1 */
     if (th_schedule_parse(r.schedule) < 0) return 0;
