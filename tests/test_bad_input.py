@@ -69,6 +69,8 @@ SHARED = [
     (2, ["--preset", "huge"], "--preset"),
     (2, ["--preset"], "--preset"),
     (2, ["--preset", "gpt2-small", "--heads", "5"], "--heads"),  # 5 does not divide 768
+    (2, ["--precision", "fp16"], "--precision"),
+    (2, ["--precision"], "--precision"),
 ]
 
 PER_LAB = {
