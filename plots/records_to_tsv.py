@@ -35,7 +35,7 @@ def read_records(paths):
     # the last run of a lab, layout and batch wins
     latest = {}
     for r in recs:
-        latest[(r["lab"], r["layout"], r["config"]["batch"])] = r
+        latest[(r["lab"], r["layout"], r["config"]["batch"], precision(r))] = r
     return list(latest.values())
 
 
@@ -43,9 +43,13 @@ def lab_no(r):
     return int(r["lab"][3:5])
 
 
+def precision(r):
+    return r["config"].get("precision", "fp32")
+
+
 def label(r):
-    """A short name for a run: `lab04 pp=4 m=8 1f1b`."""
-    return f"{r['lab'][:5]} {r['layout']}"
+    """A short name for a run: `lab04 pp=4 m=8 1f1b` (and ` bf16` for --precision bf16)."""
+    return f"{r['lab'][:5]} {r['layout']}" + ("" if precision(r) == "fp32" else f" {precision(r)}")
 
 
 def model(r):
@@ -155,7 +159,7 @@ def throughput(recs):
 
 
 def loss(recs):
-    runs = sorted(recs, key=lambda r: (lab_no(r), r["ranks"], r["layout"]))
+    runs = sorted(recs, key=lambda r: (lab_no(r), r["ranks"], r["layout"], precision(r) != "fp32"))
     base = [r for r in runs if r["lab"] == "lab01_dp" and r["ranks"] == 1]
     runs = base[:1] + [r for r in runs if r not in base[:1]]
     steps = max((len(r["losses"]) for r in runs), default=0)
