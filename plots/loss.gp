@@ -11,6 +11,7 @@ if (!exists("src")) src = "loss.tsv"
 if (!exists("out")) out = "loss"
 if (!exists("fmt")) fmt = "png"
 if (!exists("tol")) tol = 1e-5
+tol = tol + 0                # a number, also when given as a string (make_charts.py quotes its variables)
 if (!exists("heading")) heading = "Loss of every lab and layout over the one-rank baseline"
 meta(k) = system(sprintf("sed -n 's/^# %s: //p' '%s' | head -n 1", k, src))
 if (fmt eq "svg") {

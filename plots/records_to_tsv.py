@@ -16,6 +16,8 @@ the like), then a header line, then one tab-separated row per run:
   throughput.tsv  every run: tokens/s and median step time
   loss.tsv        every run: the loss of each step, one column per run, baseline first
   comm.tsv        every run on more than one rank: ring bytes per step, measured and formula
+  precision.tsv   lab01 -n 1 in fp32 and in bf16 (--precision), when both are there: the loss
+                  of each step, fp32 first
 
 When a file holds several runs of the same lab and layout (and batch), the last wins.
 --note adds a line under the bubble chart's subtitle (the driver says there
@@ -172,6 +174,14 @@ def loss(recs):
     return runs, meta, ["step"] + [label(r) for r in runs], [[row[0]] + [repr(x) if x == x else "NaN" for x in row[1:]] for row in rows]
 
 
+def precision_loss(recs):
+    """loss() of lab01 -n 1's fp32 and bf16 runs; nothing unless both are there."""
+    one = [r for r in recs if r["lab"] == "lab01_dp" and r["ranks"] == 1]
+    if {precision(r) for r in one} != {"fp32", "bf16"}:
+        return [], {}, [], []
+    return loss(one)
+
+
 def comm(recs):
     runs = sorted([r for r in recs if r["ranks"] > 1], key=lambda r: (lab_no(r), r["ranks"], r["layout"]))
     rows = []
@@ -189,7 +199,7 @@ def convert(paths, out, note="", only=None):
     os.makedirs(out, exist_ok=True)
     made = {}
     for name, make in (("bubble", lambda r: bubble(r, note)), ("memory", memory), ("acts", acts),
-                       ("throughput", throughput), ("loss", loss), ("comm", comm)):
+                       ("throughput", throughput), ("loss", loss), ("comm", comm), ("precision", precision_loss)):
         if only and name not in only:
             continue
         runs, meta, header, rows = make(recs)

@@ -99,8 +99,6 @@ def quick():
             sys.dont_write_bytecode = True  # no __pycache__ in plots/
             import make_charts
             check(make_charts.plan_table(BUILD, os.path.join(mine, "plan.tsv")) is not None, "plan3d is not built")
-        if name == "precision":  # loss.gp again (run above on the merged loss.tsv, bf16 included)
-            continue
         if name == "timeline":
             csv = sorted(glob.glob(os.path.join(out, "runs", "pipe", "*pp_4*1f1b_timeline.csv")))[-1]
             gnuplot("timeline.gp", f"src='{csv}'; out='mine_timeline'", mine)
