@@ -91,6 +91,10 @@ static void run_release(run_ctx *ctx) {
     free(ctx->records_csv);
     ctx->records_jsonl = ctx->records_csv = NULL;
     data_free(&ctx->data);
+    free(ctx->host_of_rank);
+    free(ctx->host_labels);
+    ctx->host_of_rank = NULL;
+    ctx->host_labels = NULL;
 }
 
 void run_finish(run_ctx *ctx, const run_report *r) {

@@ -4,6 +4,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "paths.h"
+#include "textbuf.h"
 #include "trace.h"
 #include <cblas.h>
 #include <errno.h>
@@ -43,6 +44,9 @@ static flag_spec shared_flags[] = {
     {"--eval", FLAG_BOOL, NULL, "at the end, the loss on the held-out last 10% of the data", 0, NULL},
     {"--precision", FLAG_STRING, NULL, "the model's values: fp32, or bf16 mixed precision (bf16 weights, "
      "activations and gradients; fp32 master weights, AdamW moments and arithmetic)", 0, "fp32|bf16"},
+    {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
+     "and bytes per rank the run will need (theory/'s formulas), then exit 0: nothing trained, --out not created", 0,
+     NULL},
 };
 #define N_SHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
 
@@ -50,7 +54,7 @@ static void bind_shared(run_options *o) {
     void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads, &o->preset,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
-                              &o->resume, &o->eval, &o->precision};
+                              &o->resume, &o->eval, &o->precision, &o->dry_run};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -328,6 +332,107 @@ static int ranks_sharing_my_gpu(MPI_Comm local, int gpu_index) {
     return sharing;
 }
 
+/* ---- placement: which ranks share a host, and their GPUs ------------------------- */
+
+/* What a rank tells the others about where it runs. */
+typedef struct rank_place {
+    int host;                  /* the world rank of its host's first rank: the host's id */
+    int gpu;                   /* the GPU index it uses (local rank % GPUs it sees); -1: none */
+    unsigned char has_uuid, uuid[16];
+    char name[MPI_MAX_PROCESSOR_NAME + 1];
+} rank_place;
+
+enum { HOST_LABEL = MPI_MAX_PROCESSOR_NAME + 16 };
+
+const char *run_host_label(const run_ctx *ctx, int rank) { return ctx->host_labels + (size_t)rank * HOST_LABEL; }
+
+/* "0-3", "0,4,8,12" (a hostfile without counts, Open MPI's --map-by node): the
+ * ranks of one host, consecutive runs joined. */
+static void append_ranks(textbuf *b, const rank_place *all, int ranks, int host) {
+    int shown = 0;
+    for (int r = 0; r < ranks; r++) {
+        if (all[r].host != host) continue;
+        int end = r;
+        while (end + 1 < ranks && all[end + 1].host == host) end++;
+        if (++shown > 8) { textbuf_printf(b, ",..."); break; }
+        textbuf_printf(b, shown > 1 ? "," : "");
+        textbuf_printf(b, end > r ? "%d-%d" : "%d", r, end);
+        r = end;
+    }
+}
+
+/* Where every rank runs, known to every rank (ctx->hosts, host_of_rank,
+ * host_labels): a host is a group of ranks that share memory, the launcher's
+ * placement as MPI sees it, which decides the local rank and so the GPU. With
+ * more than one host (or `show`, --dry-run) rank 0 gets one line per host, its
+ * ranks and the GPU each uses. Ranks see their GPUs through
+ * CUDA_VISIBLE_DEVICES, so "GPU 0" on every rank of a host can be as many GPUs
+ * as ranks: they are counted by UUID (the identity of run_setup's NCCL rule).
+ * Collective over the world; returns rank 0's text (malloc'd) or NULL. */
+static char *describe_hosts(run_ctx *ctx, MPI_Comm local, int gpu_index, int show) {
+    rank_place mine = {.host = ctx->rank, .gpu = gpu_index};
+    MPI_Bcast(&mine.host, 1, MPI_INT, 0, local);
+    if (gpu_index >= 0 && device_gpu_uuid(gpu_index, mine.uuid) == 0) mine.has_uuid = 1;
+    int len = 0;
+    MPI_Get_processor_name(mine.name, &len);
+    rank_place *all = malloc((size_t)ctx->size * sizeof *all);
+    ctx->host_of_rank = malloc((size_t)ctx->size * sizeof *ctx->host_of_rank);
+    ctx->host_labels = malloc((size_t)ctx->size * HOST_LABEL);
+    if (!all || !ctx->host_of_rank || !ctx->host_labels) die("out of host memory");
+    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD);
+    ctx->hosts = 0;
+    for (int r = 0; r < ctx->size; r++) {
+        ctx->host_of_rank[r] = all[r].host;
+        ctx->hosts += all[r].host == r;
+        int shared_name = 0; /* another host with this name */
+        for (int q = 0; q < ctx->size && !shared_name; q++) /* each other host's first rank */
+            shared_name = all[q].host == q && q != all[r].host && !strcmp(all[q].name, all[r].name);
+        snprintf(ctx->host_labels + (size_t)r * HOST_LABEL, HOST_LABEL, shared_name ? "%s/%d" : "%s", all[r].name,
+                 all[r].host);
+    }
+    if ((ctx->hosts <= 1 && !show) || ctx->rank != 0) {
+        free(all);
+        return NULL;
+    }
+    textbuf b = {0};
+    textbuf_printf(&b, "hosts: %d (ranks that share memory, MPI_COMM_TYPE_SHARED) | %d rank%s\n", ctx->hosts,
+                   ctx->size, ctx->size == 1 ? "" : "s");
+    for (int h = 0, shown_hosts = 0; h < ctx->size; h++) {
+        if (all[h].host != h) continue; /* each host once, at its first rank */
+        if (++shown_hosts > 32) {
+            textbuf_printf(&b, "  ... (%d more hosts)\n", ctx->hosts - 32);
+            break;
+        }
+        int n = 0, gpus = 0, with_gpu = 0;
+        for (int r = 0; r < ctx->size; r++) {
+            if (all[r].host != h) continue;
+            n++;
+            with_gpu += all[r].gpu >= 0;
+            int seen = 0; /* the first rank of the host on this GPU counts it */
+            for (int q = 0; q < r && !seen; q++)
+                seen = all[q].host == h && all[q].has_uuid && all[r].has_uuid && !memcmp(all[q].uuid, all[r].uuid, 16);
+            gpus += all[r].has_uuid && !seen;
+        }
+        textbuf_printf(&b, "  host %s: %d rank%s ", run_host_label(ctx, h), n, n == 1 ? "" : "s");
+        append_ranks(&b, all, ctx->size, h);
+        if (ctx->device != DEVICE_CUDA) {
+            textbuf_printf(&b, " | cpu");
+            if (with_gpu) textbuf_printf(&b, " (the GPUs it has are not used: --device cpu)");
+        } else {
+            textbuf_printf(&b, " | GPU index per rank:");
+            int shown = 0;
+            for (int r = 0; r < ctx->size; r++)
+                if (all[r].host == h && ++shown <= 16) textbuf_printf(&b, " %d", all[r].gpu);
+            if (shown > 16) textbuf_printf(&b, " ...");
+            textbuf_printf(&b, " = %d GPU%s by UUID%s", gpus, gpus == 1 ? "" : "s",
+                           gpus == n ? ", one per rank" : ", shared: NCCL refuses, comm mpi");
+        }
+        textbuf_printf(&b, "\n");
+    }
+    free(all);
+    return b.s;
+}
+
 void run_setup(run_ctx *ctx) {
     run_options *o = &ctx->opt;
     /* Flag errors come from the same arguments on every rank, so every rank
@@ -348,7 +453,6 @@ void run_setup(run_ctx *ctx) {
     char err[sizeof ctx->error] = "";
     int gpus = device_gpu_count();
     ctx->gpu_sharers = ranks_sharing_my_gpu(local, gpus > 0 ? ctx->local_rank % gpus : -1);
-    MPI_Comm_free(&local);
     int every_rank_has_gpu = min_over_ranks(gpus > 0);
     int every_rank_own_gpu = min_over_ranks(ctx->gpu_sharers == 1);
     if (!strcmp(o->device, "cuda") && gpus == 0) {
@@ -369,6 +473,8 @@ void run_setup(run_ctx *ctx) {
     }
     ctx->backend = !strcmp(o->comm, "nccl") || (!strcmp(o->comm, "auto") && ctx->device == DEVICE_CUDA
                                                 && every_rank_own_gpu) ? COMM_NCCL : COMM_MPI;
+    char *hosts_text = describe_hosts(ctx, local, gpus > 0 ? ctx->local_rank % gpus : -1, o->dry_run);
+    MPI_Comm_free(&local);
     if (!err[0] && data_load(&ctx->data, o->data, o->seq, err, sizeof err) != 0) { /* err is set */ }
     dataset heldout;
     if (!err[0] && o->eval && data_heldout(&ctx->data, o->batch, o->seq, &heldout) == 0)
@@ -384,19 +490,23 @@ void run_setup(run_ctx *ctx) {
      * behind. */
     if (ctx->rank == 0) check_outputs(ctx, err, sizeof err);
     run_agree_or_exit(err);
-    if (ctx->rank == 0 && path_make_folder(o->out) != 0)
+    /* --dry-run creates nothing: the checks above are the run's own */
+    if (ctx->rank == 0 && !o->dry_run && path_make_folder(o->out) != 0)
         snprintf(err, sizeof err, "--out %s: cannot create it: %s", o->out, strerror(errno));
     run_agree_or_exit(err);
-    ctx->records_jsonl = path_join(o->out, "records.jsonl");
-    ctx->records_csv = path_join(o->out, "records.csv");
-
-    device_use(ctx->device, ctx->device == DEVICE_CUDA ? ctx->local_rank % gpus : 0);
+    if (!o->dry_run) {
+        ctx->records_jsonl = path_join(o->out, "records.jsonl");
+        ctx->records_csv = path_join(o->out, "records.csv");
+        device_use(ctx->device, ctx->device == DEVICE_CUDA ? ctx->local_rank % gpus : 0);
+        trace_init(MPI_COMM_WORLD);
+        ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
+        ctx->losses = calloc((size_t)o->steps, sizeof(double));
+    }
+    /* after device_use (the kernel table is the device's); --dry-run too, whose
+     * formulas count values of the precision's bytes */
     precision p = PREC_FP32;
     precision_parse(o->precision, &p); /* one of --precision's choices */
     precision_use(p);
-    trace_init(MPI_COMM_WORLD);
-    ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
-    ctx->losses = calloc((size_t)o->steps, sizeof(double));
 
     if (ctx->rank == 0) {
         gpt_layout g;
@@ -415,8 +525,10 @@ void run_setup(run_ctx *ctx) {
                    "arithmetic | %s\n", ctx->device == DEVICE_CUDA
                                             ? "bf16 matmuls: cuBLAS on bf16, fp32 compute (tensor cores)"
                                             : kernels_bf16_cpu_gemm_text());
+        if (hosts_text) fputs(hosts_text, stdout);
         fflush(stdout);
     }
+    free(hosts_text);
 }
 
 /* ---- steps -------------------------------------------------------------------- */
@@ -472,4 +584,28 @@ double run_median_step_seconds(const run_ctx *ctx) {
     double m = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
     free(t);
     return m;
+}
+
+/* ---- --dry-run ------------------------------------------------------------------- */
+
+void run_dry_run_exit(run_ctx *ctx, const run_report *r) {
+    if (ctx->rank == 0) {
+        char a[16];
+        printf("dry run of %s (%s, %d rank%s, %s/%s): the formulas the summary prints beside its measurements\n",
+               ctx->lab.name, r->layout, ctx->size, ctx->size == 1 ? "" : "s",
+               ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
+        if (r->comm_formula_bytes >= 0)
+            printf("  communication   formula %s = %sB (%.0f bytes per rank per step)\n", r->comm_formula,
+                   human(r->comm_formula_bytes, a), r->comm_formula_bytes);
+        else if (r->comm_formula)
+            printf("  communication   formula %s: not predicted for this layout\n", r->comm_formula);
+        if (r->bubble_theory >= 0) printf("  bubble theory   %.3f\n", r->bubble_theory);
+        printf("dry run: nothing trained, no training buffer allocated, nothing written to --out %s\n", ctx->opt.out);
+        fflush(stdout);
+    }
+    data_free(&ctx->data);
+    free(ctx->host_of_rank);
+    free(ctx->host_labels);
+    MPI_Finalize();
+    exit(0);
 }

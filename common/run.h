@@ -40,6 +40,7 @@ typedef struct run_options {
     const char *save, *resume; /* checkpoint files (checkpoint.h), NULL: none */
     int save_every, eval;
     const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
+    int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
 } run_options;
 
 typedef struct lab_info {
@@ -55,6 +56,9 @@ typedef struct run_ctx {
     int rank, size;               /* in MPI_COMM_WORLD */
     int local_rank, local_size;   /* among the ranks on this host */
     int gpu_sharers;              /* ranks of this host on this rank's GPU (1: its own; 0: no GPU) */
+    int hosts;                    /* hosts of the job: groups of ranks that share memory (MPI_COMM_TYPE_SHARED) */
+    int *host_of_rank;            /* every rank's host, as the world rank of the host's first rank */
+    char *host_labels;            /* every rank's host name (run_host_label) */
     char error[8400];             /* the first error found, "" if none (room for two PATH_MAX paths) */
     device_kind device;
     comm_backend backend;
@@ -105,6 +109,17 @@ typedef struct run_report {
 /* Collective: gathers memory, traffic and timeline from all ranks, prints the
  * summary on rank 0, appends the run record and writes trace + timeline. */
 void run_finish(run_ctx *ctx, const run_report *report);
+
+/* The name of rank's host (MPI_Get_processor_name), "name/R" where two hosts
+ * (groups of ranks that share memory, R the first rank of each) report one name. */
+const char *run_host_label(const run_ctx *ctx, int rank);
+
+/* --dry-run, after run_setup and the lab's own layout lines: rank 0 prints the
+ * layout and the formula lines the summary would print beside its
+ * measurements (r's layout, comm formula and bubble theory; nothing else of r
+ * is read), then every rank exits 0. Nothing was trained, no training buffer
+ * allocated and --out not created. Collective. */
+void run_dry_run_exit(run_ctx *ctx, const run_report *r) __attribute__((noreturn));
 
 /* Median of the measured step times in seconds (step 0 is warm-up when steps > 1). */
 double run_median_step_seconds(const run_ctx *ctx);

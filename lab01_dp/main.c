@@ -19,6 +19,7 @@
 #include "model.h"
 #include "optim.h"
 #include "run.h"
+#include "predict.h"
 #include "theory.h"
 #include "trace.h"
 #include <errno.h>
@@ -79,11 +80,26 @@ int main(int argc, char **argv) {
     run_setup(&ctx);
 
     const int T = ctx.opt.seq, rows = ctx.opt.batch / ctx.size;
-    comm world;
-    comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     gpt_layout g;
     gpt_layout_init(&g, &ctx.model);
     const long P = g.total;
+    char layout[32];
+    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
+    snprintf(layout, sizeof layout, bucket_mb > 0 ? "dp=%d bucket=%gMiB" : "dp=%d", ctx.size, bucket_mb);
+    const double comm_formula = th_dp_traffic((double)P * value_bytes(), ctx.size, 1).ring;
+    const char *comm_formula_text = "ring all-reduce 2(N-1)/N x gradient bytes";
+    if (ctx.opt.dry_run) { /* theory/predict.h: buckets decide the calls at run time, not the bytes */
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
+                             .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
+                             .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .units = bucket_mb > 0 ? 0 : 1,
+                             .full_elems = (double)P, .largest_unit_elems = (double)P};
+        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
+                                             .comm_formula = comm_formula_text, .bubble_theory = -1});
+    }
+    comm world;
+    comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     /* the values forward and backward use (fp32, or bf16: precision.h) and the
      * fp32 weights AdamW updates: the same buffer in fp32, a master copy in bf16 */
     void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS);
@@ -142,17 +158,14 @@ int main(int argc, char **argv) {
 
     int in_sync = check_sync ? dp_replicas_identical(&world, master, P, 1) : 1;
     if (dump_weights && world.rank == 0) write_weights(dump_weights, master, P);
-    char layout[32], extra[64];
-    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
-    snprintf(layout, sizeof layout, bucket_mb > 0 ? "dp=%d bucket=%gMiB" : "dp=%d", world.size, bucket_mb);
+    char extra[64];
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s", bucket_mb,
              check_sync ? (in_sync ? "true" : "false") : "null");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
     const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
-                         .comm_formula_bytes = th_dp_traffic((double)P * value_bytes(), world.size, 1).ring,
-                         .comm_formula = "ring all-reduce 2(N-1)/N x gradient bytes",
+                         .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
                          .bubble_theory = -1, .extra_json = record, .params_held = P,
                          .states_formula = {per_param.params, per_param.grads, per_param.optim},
                          .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};

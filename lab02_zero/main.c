@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "mem.h"
 #include "model.h"
+#include "predict.h"
 #include "run.h"
 #include "zero.h"
 #include "zero_report.h"
@@ -74,11 +75,32 @@ int main(int argc, char **argv) {
     run_setup(&ctx);
 
     const int T = ctx.opt.seq, rows = ctx.opt.batch / ctx.size;
-    comm world;
-    comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     gpt_layout g;
     gpt_layout_init(&g, &ctx.model);
     const long P = g.total;
+    char layout[48];
+    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
+    snprintf(layout, sizeof layout, bucket_mb > 0 ? "zero%d dp=%d bucket=%gMiB" : "zero%d dp=%d", zero_stage,
+             ctx.size, bucket_mb);
+    if (ctx.opt.dry_run) { /* the stage's shard plan, which zero_init makes, without its buffers */
+        shard_plan plan;
+        shard_plan_init(&plan, &g, ctx.size, 0, zero_unit_elems(zero_stage, bucket_mb));
+        zero_figures fig;
+        zero_figures_of_plan(&g, &plan, zero_stage, &fig);
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch, .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model,
+                                                                              ctx.opt.heads),
+                             .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .zero_stage = zero_stage,
+                             .units = plan.n_units, .full_elems = (double)plan.full_elems,
+                             .largest_unit_elems = (double)plan.largest_unit_elems,
+                             .embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * ctx.size)};
+        shard_plan_free(&plan);
+        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = fig.comm_formula,
+                                             .comm_formula = fig.comm_formula_text, .bubble_theory = -1});
+    }
+    comm world;
+    comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     zero_state zero;
     zero_init(&zero, &g, &world, zero_stage, bucket_mb, (uint64_t)ctx.opt.seed);
     ckpt_view view;
@@ -118,10 +140,7 @@ int main(int argc, char **argv) {
 
     zero_figures fig;
     zero_figures_compute(&zero, &fig);
-    char layout[48], extra[1024];
-    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
-    snprintf(layout, sizeof layout, bucket_mb > 0 ? "zero%d dp=%d bucket=%gMiB" : "zero%d dp=%d", zero_stage,
-             world.size, bucket_mb);
+    char extra[1024];
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,

@@ -57,14 +57,17 @@ static const void *block_params(zero_state *z, int block) {
 
 /* ---- set-up ------------------------------------------------------------------ */
 
-void zero_init(zero_state *z, const gpt_layout *g, comm *dp, int stage, double bucket_mb, uint64_t seed) {
-    *z = (zero_state){.stage = stage, .g = g, .dp = dp, .gathered_unit = -1};
-    long bucket_elems = (long)(bucket_mb * 1024 * 1024 / value_bytes());
+long zero_unit_elems(int stage, double bucket_mb) {
+    long bucket_elems = (long)(bucket_mb * 1024 * 1024 / value_bytes()); /* buckets are bytes of values */
     /* stage 1 with no buckets reduces everything at once; stage 2 cannot (the
      * full gradient must never exist), so its smallest bucket is one block;
      * stage 3 gathers one block at a time, so its units are blocks */
-    long unit_elems = stage == 3 ? 1 : bucket_elems > 0 ? bucket_elems : stage == 1 ? 0 : 1;
-    shard_plan_init(&z->plan, g, dp->size, dp->rank, unit_elems);
+    return stage == 3 ? 1 : bucket_elems > 0 ? bucket_elems : stage == 1 ? 0 : 1;
+}
+
+void zero_init(zero_state *z, const gpt_layout *g, comm *dp, int stage, double bucket_mb, uint64_t seed) {
+    *z = (zero_state){.stage = stage, .g = g, .dp = dp, .gathered_unit = -1};
+    shard_plan_init(&z->plan, g, dp->size, dp->rank, zero_unit_elems(stage, bucket_mb));
     const shard_plan *p = &z->plan;
     size_t vb = value_bytes(), full = (size_t)p->full_elems * vb, shard = (size_t)p->shard_elems * vb;
     size_t one_unit = (size_t)p->largest_unit_elems * vb, shard32 = (size_t)p->shard_elems * sizeof(float);

@@ -54,6 +54,8 @@ typedef struct zero_state {
  * unit, the whole model; stage 2: 0 is one block per unit); one block per unit
  * in stage 3. */
 void zero_init(zero_state *z, const gpt_layout *g, comm *dp, int stage, double bucket_mb, uint64_t seed);
+/* That unit size in elements (shard_plan_init's unit_elems). */
+long zero_unit_elems(int stage, double bucket_mb);
 void zero_free(zero_state *z);
 
 /* Forward of the whole model on this rank's rows, block by block. */

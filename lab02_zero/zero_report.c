@@ -12,10 +12,10 @@ static void by_category(th_states s, double out[ZERO_NCAT]) {
     out[ZERO_OPTIM] = s.optim;
 }
 
-void zero_figures_compute(const zero_state *z, zero_figures *f) {
-    const shard_plan *p = &z->plan;
-    const double psi = (double)z->g->total, pad = (double)p->padding_elems;
-    const int s = z->stage;
+void zero_figures_compute(const zero_state *z, zero_figures *f) { zero_figures_of_plan(z->g, &z->plan, z->stage, f); }
+
+void zero_figures_of_plan(const gpt_layout *g, const shard_plan *p, int s, zero_figures *f) {
+    const double psi = (double)g->total, pad = (double)p->padding_elems;
     *f = (zero_figures){.psi = psi, .ranks = p->ranks};
 
     /* theory/'s table (theory.h: th_model_states), the buffers of whole units

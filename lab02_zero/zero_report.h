@@ -42,6 +42,8 @@ typedef struct zero_figures {
 } zero_figures;
 
 void zero_figures_compute(const zero_state *z, zero_figures *f);
+/* The same from a shard plan alone, before any buffer exists (--dry-run). */
+void zero_figures_of_plan(const gpt_layout *g, const shard_plan *p, int stage, zero_figures *f);
 
 /* The run record's lab members (run_report.extra_json). */
 void zero_extra_json(const zero_state *z, const zero_figures *f, double bucket_mb, char *buf, size_t len);

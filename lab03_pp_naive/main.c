@@ -18,6 +18,7 @@
 #include "comm.h"
 #include "device.h"
 #include "model.h"
+#include "predict.h"
 #include "run.h"
 #include "stage.h"
 #include "theory.h"
@@ -37,6 +38,29 @@ int main(int argc, char **argv) {
               "layer (give more --layers or run fewer ranks)", ctx.opt.layers, ctx.size);
     run_setup(&ctx);
 
+    const int p = ctx.size;
+    const double theory = th_bubble_unit(TH_SCHED_GPIPE, p, 1, 1); /* one batch: (p-1)/p */
+    char layout[32];
+    snprintf(layout, sizeof layout, "pp=%d", p);
+    /* Across each boundary go one activation (forward) and one gradient (back),
+     * B x T x C values each; the busiest stage (a middle one) has two boundaries. */
+    int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
+    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * value_bytes();
+    const double comm_formula = th_pp_traffic(boundaries, 1, 1, boundary_bytes).ring;
+    char comm_formula_text[96];
+    snprintf(comm_formula_text, sizeof comm_formula_text,
+             "busiest stage: boundaries x (activation + gradient) x B x T x C x %zu bytes", value_bytes());
+    if (ctx.opt.dry_run) { /* theory/predict.h: the naive schedule is GPipe with one micro-batch */
+        const th_run need = {.lab = lab.name, .ranks = p, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
+                             .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
+                             .tp = 1, .pp = p, .dp = 1, .micro_batches = 1, .schedule = "gpipe",
+                             .stage_layers = stage_layers};
+        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
+                                             .comm_formula = comm_formula_text, .bubble_theory = theory});
+    }
+
     comm pipe;
     comm_init(&pipe, MPI_COMM_WORLD, ctx.backend);
     gpt_layout g;
@@ -47,8 +71,6 @@ int main(int argc, char **argv) {
     ckpt_view_range(&view, st.master, st.adam_m, st.adam_v, st.begin, st.end);
     const int first = ckpt_resume(&ctx, &view);
     params_from_master(st.params, st.master, st.end - st.begin); /* bf16: round what was resumed */
-    const int p = pipe.size;
-    const double theory = th_bubble_unit(TH_SCHED_GPIPE, p, 1, 1); /* one batch: (p-1)/p */
     if (ctx.rank == 0)
         printf("pipeline: %d stage%s, the whole batch at once | bubble theory (p-1)/p = %.3f\n", p,
                p == 1 ? "" : "s", theory);
@@ -74,22 +96,12 @@ int main(int argc, char **argv) {
     }
 
     char *extra_json = stage_report_json(&st, 1, "1 batch (naive: the whole batch at once)");
-    char layout[32];
-    snprintf(layout, sizeof layout, "pp=%d", p);
-    /* Across each boundary go one activation (forward) and one gradient (back),
-     * B x T x C values each; the busiest stage (a middle one) has two boundaries. */
-    int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
-    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * value_bytes();
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
-    char formula[96];
-    snprintf(formula, sizeof formula, "busiest stage: boundaries x (activation + gradient) x B x T x C x %zu bytes",
-             value_bytes());
     const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
     const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
-                         .comm_formula_bytes = th_pp_traffic(boundaries, 1, 1, boundary_bytes).ring,
-                         .comm_formula = formula, .bubble_theory = theory, .extra_json = record,
-                         .params_held = st.end - st.begin,
+                         .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
+                         .bubble_theory = theory, .extra_json = record, .params_held = st.end - st.begin,
                          .states_formula = {per_param.params, per_param.grads, per_param.optim},
                          .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);

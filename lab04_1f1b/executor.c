@@ -624,7 +624,7 @@ char *pipeline_report_json(const pipeline_rank *pr) {
             printf("  rank %d: peak %sB measured | formula %sB =", r, human(peak, a), human(formula[r], b));
             for (int c = 0; c < v; c++) {
                 const double *x = all + ((size_t)r * v + c) * FIELDS;
-                printf("%s stage %.0f (layers %.0f-%.0f) %.0f x %sB", c ? " +" : "", x[STAGE], x[LO], x[HI] - 1,
+                printf("%s stage %.0f, layers [%.0f,%.0f): %.0f x %sB", c ? " +" : "", x[STAGE], x[LO], x[HI],
                        x[ACTS_N], human(x[ACTS_BYTES], c16));
                 if (pr->sched.split) printf(" + %.0f x %sB", x[WG_N], human(x[WG_BYTES], d));
             }

@@ -1,4 +1,5 @@
 #include "schedule.h"
+#include "theory.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -365,66 +366,37 @@ double schedule_simulated_bubble(const schedule *s, double t_f, double t_b, doub
     return 1 - work / schedule_simulate(s, t_f, t_b, t_w, NULL);
 }
 
-/* ---- the formulas --------------------------------------------------------------------- */
+/* ---- the formulas: theory/'s, which plan3d and lab06 print too ------------------------ */
+
+_Static_assert((int)SCHEDULE_GPIPE == (int)TH_SCHED_GPIPE && (int)SCHEDULE_1F1B == (int)TH_SCHED_1F1B &&
+               (int)SCHEDULE_INTERLEAVED == (int)TH_SCHED_INTERLEAVED && (int)SCHEDULE_ZB_H1 == (int)TH_SCHED_ZB_H1 &&
+               (int)SCHEDULE_ZB_V == (int)TH_SCHED_ZB_V, "schedule_kind follows theory.h's th_schedule");
 
 double schedule_bubble_formula(const schedule *s, double t_f, double t_b, double t_w) {
-    double step_work = t_f + t_b + t_w, idle;
-    switch (s->kind) {
-    case SCHEDULE_GPIPE:
-    case SCHEDULE_1F1B: idle = (s->p - 1) * step_work; break;
-    case SCHEDULE_INTERLEAVED: idle = (s->p - 1) * step_work / s->v; break;
-    case SCHEDULE_ZB_H1: idle = (s->p - 1) * fmax(fmax(t_f, t_b), t_f + t_b - t_w); break;
-    default: return schedule_simulated_bubble(s, t_f, t_b, t_w);
-    }
-    return idle / (idle + s->m * step_work);
+    const th_schedule k = (th_schedule)s->kind;
+    if (!th_bubble_time_exact(k, t_f, t_b, t_w)) return schedule_simulated_bubble(s, t_f, t_b, t_w);
+    double idle = th_bubble_time(k, s->p, s->m, s->v, t_f, t_b, t_w);
+    return idle / (idle + s->m * (t_f + t_b + t_w));
 }
 
 const char *schedule_bubble_formula_text(schedule_kind kind) {
-    switch (kind) {
-    case SCHEDULE_GPIPE:
-    case SCHEDULE_1F1B: return "(p-1)(tF+tB+tW) idle per rank";
-    case SCHEDULE_INTERLEAVED: return "(p-1)(tF+tB+tW)/v idle per rank";
-    case SCHEDULE_ZB_H1: return "(p-1)max(tF,tB,tF+tB-tW) idle per rank";
-    default: return "its lists simulated on the measured times";
-    }
+    static char text[SCHEDULE_KINDS][128];
+    if (!text[kind][0])
+        snprintf(text[kind], sizeof text[kind], "%s idle per rank%s", th_bubble_time_text((th_schedule)kind),
+                 kind == SCHEDULE_ZB_V ? " where tW<=tF<=tB, else its lists simulated" : "");
+    return text[kind];
 }
 
 double schedule_bubble_textbook(schedule_kind kind, int p, int m, int v) {
-    switch (kind) {
-    case SCHEDULE_GPIPE:
-    case SCHEDULE_1F1B: return (double)(p - 1) / (m + p - 1);
-    case SCHEDULE_INTERLEAVED: return (double)(p - 1) / (v * m + p - 1);
-    case SCHEDULE_ZB_H1: return (double)(p - 1) / (3 * m + p - 1);
-    default: return (double)(p - 1) / (6 * m + p - 1);
-    }
+    return th_bubble_unit((th_schedule)kind, p, m, v);
 }
 
-const char *schedule_bubble_textbook_text(schedule_kind kind) {
-    switch (kind) {
-    case SCHEDULE_GPIPE:
-    case SCHEDULE_1F1B: return "(p-1)/(m+p-1)";
-    case SCHEDULE_INTERLEAVED: return "(p-1)/(vm+p-1)";
-    case SCHEDULE_ZB_H1: return "(p-1)/(3m+p-1)";
-    default: return "(p-1)/(6m+p-1)";
-    }
-}
+const char *schedule_bubble_textbook_text(schedule_kind kind) { return th_bubble_unit_text((th_schedule)kind); }
 
 /* ---- memory --------------------------------------------------------------------------- */
 
 void schedule_in_flight(const schedule *s, int rank, int chunk, int *acts, int *wgrads) {
-    int a = 0, w = 0, peak_a = 0, peak_w = 0;
-    for (int i = 0; i < s->count[rank]; i++) {
-        schedule_action x = s->rank[rank][i];
-        if (x.chunk != chunk) continue;
-        if (x.op == OP_F) a++;
-        if (x.op == OP_B && s->split) w++;
-        if (x.op == OP_W || (x.op == OP_B && !s->split)) a--;
-        if (x.op == OP_W) w--;
-        if (a > peak_a) peak_a = a;
-        if (w > peak_w) peak_w = w;
-    }
-    *acts = peak_a;
-    *wgrads = peak_w;
+    th_chunk_in_flight((th_schedule)s->kind, s->p, s->m, s->v, rank, chunk, acts, wgrads);
 }
 
 /* ---- printing ------------------------------------------------------------------------- */

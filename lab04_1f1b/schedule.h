@@ -30,14 +30,11 @@
  *                the loss is on rank 0. The backward split, with W's filling
  *                the gaps. Needs m >= 2p-1.
  *
- * The bubble, with t_F, t_B, t_W the times of one micro-batch's F, B and W on a
- * rank's whole share of the layers (a chunk takes 1/v of it), idle per rank:
- *   gpipe, 1f1b   (p-1)(t_F + t_B + t_W)
- *   interleaved   (p-1)(t_F + t_B + t_W) / v
- *   zb-h1         (p-1) max(t_F, t_B, t_F + t_B - t_W), the paper's
- *                 (p-1)(t_F + t_B - t_W) whenever t_W <= t_F and t_W <= t_B
- *   zb-v          (p-1) t_F / 2 when t_F = t_B = t_W (no closed form otherwise)
- * and the fraction is idle / (idle + m (t_F + t_B + t_W)). */
+ * The formulas these lists promise (the bubble on unit times and on measured
+ * t_F, t_B, t_W, the activation blocks each chunk holds at its peak) are
+ * theory/'s (theory.h, "pipeline schedules"), the functions lab06 and plan3d
+ * print too; the functions below call them. tests/test_theory.c holds them
+ * equal to these lists: the blocks counted on the lists, the bubble simulated. */
 #ifndef LAB04_SCHEDULE_H
 #define LAB04_SCHEDULE_H
 
@@ -108,22 +105,22 @@ double schedule_simulate(const schedule *s, double t_f, double t_b, double t_w, 
 /* 1 - work / makespan of that simulation: the bubble of every rank (all do the same work). */
 double schedule_simulated_bubble(const schedule *s, double t_f, double t_b, double t_w);
 
-/* The bubble fraction by the formula in this file's header, on the given
- * times (for zb-v: the simulation, which is its only formula when the times
- * differ); and the formula as text. */
+/* The bubble fraction by theory/'s formula (th_bubble_time) on the given
+ * times, or, for zb-v on times where it has no closed form, the simulation of
+ * its lists; and the formula as text. */
 double schedule_bubble_formula(const schedule *s, double t_f, double t_b, double t_w);
 const char *schedule_bubble_formula_text(schedule_kind kind);
-/* The textbook figure, on unit times (t_F = t_B = t_W): (p-1)/(m+p-1),
- * (p-1)/(v m+p-1), (p-1)/(3m+p-1), (p-1)/(6m+p-1); and as text. */
+/* The textbook figure, on unit times (t_F = t_B = t_W): theory's th_bubble_unit,
+ * (p-1)/(m+p-1), (p-1)/(v m+p-1), (p-1)/(3m+p-1), (p-1)/(6m+p-1); and as text. */
 double schedule_bubble_textbook(schedule_kind kind, int p, int m, int v);
 const char *schedule_bubble_textbook_text(schedule_kind kind);
 
-/* Activation blocks a chunk holds at its peak, counted on its list: acts, the
- * micro-batches whose F has run and whose backward (W where split) has not;
- * wgrads, those whose B has run and W not (the weight-gradient inputs, 0 where
- * the schedule does not split). Each chunk keeps its own blocks, so a rank's
- * activation peak is the sum over its chunks of acts x one micro-batch's
- * activations + wgrads x one micro-batch's weight-gradient inputs. */
+/* Activation blocks a chunk holds at its peak (theory's th_chunk_in_flight):
+ * acts, the micro-batches whose F has run and whose backward (W where split)
+ * has not; wgrads, those whose B has run and W not (the weight-gradient
+ * inputs, 0 where the schedule does not split). Each chunk keeps its own
+ * blocks, so a rank's activation peak is the sum over its chunks of acts x one
+ * micro-batch's activations + wgrads x one micro-batch's weight-gradient inputs. */
 void schedule_in_flight(const schedule *s, int rank, int chunk, int *acts, int *wgrads);
 
 /* One action as text: "F3", "B3", "W3", with ".c" for the chunk when v > 1. */

@@ -22,6 +22,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
+#include "predict.h"
 #include "run.h"
 #include "theory.h"
 #include "tp.h"
@@ -104,6 +105,24 @@ int main(int argc, char **argv) {
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
+    /* The figures the lesson predicts (bytes are vb per value: 4 in fp32, 2 in
+     * bf16), by theory/'s formulas (theory.h), the ones plan3d predicts with. */
+    const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
+    const double vb = (double)value_bytes();
+    const double act_bytes = vb * B * T * C;                  /* one all-reduce's payload */
+    const th_traffic tp_traffic = th_tp_traffic(L, 1, ctx.size, act_bytes, 0); /* 2L g's + 2L f's */
+    char layout[32];
+    snprintf(layout, sizeof layout, "tp=%d", ctx.size);
+    const char *formula = g_precision == PREC_BF16 ? "4L all-reduces of B*T*C bf16 values, ring 2(t-1)/t x 8 L B T C"
+                                                   : "4L all-reduces of B*T*C floats, ring 2(t-1)/t x 16 L B T C";
+    if (ctx.opt.dry_run) { /* theory/predict.h: every rank the whole batch, 1/t of every layer */
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = B,
+                             .model = tm, .tp = ctx.size, .pp = 1, .dp = 1, .micro_batches = 1};
+        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = tp_traffic.ring,
+                                             .comm_formula = formula, .bubble_theory = -1});
+    }
     comm tp;
     comm_init(&tp, MPI_COMM_WORLD, ctx.backend);
     tp_layout tl;
@@ -128,14 +147,8 @@ int main(int argc, char **argv) {
     grad_norm_init(&norm, 2);
     int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
 
-    /* The figures the lesson predicts (bytes are vb per value: 4 in fp32, 2 in
-     * bf16), by theory/'s formulas (theory.h), the ones plan3d predicts with. */
-    const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
     const th_opts opts = th_opts_precision(tp.size, g_precision == PREC_BF16);
     const th_params counts = th_param_counts(&tm);
-    const double vb = (double)value_bytes();
-    const double act_bytes = vb * B * T * C;                  /* one all-reduce's payload */
-    const th_traffic tp_traffic = th_tp_traffic(L, 1, tp.size, act_bytes, 0); /* 2L g's + 2L f's */
     const int allreduces = (int)tp_traffic.calls;
     const double block_full = vb * L * counts.layer;          /* all block weights, serial model */
     const double sharded_full = vb * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
@@ -191,10 +204,7 @@ int main(int argc, char **argv) {
     int in_sync = check_sync ? check_replicas_identical(&tp, &tl, master) : 1; /* bf16: params are their rounding */
     double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / ctx.steps_done;
     double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / ctx.steps_done;
-    char layout[32], formula[160], extra[1024];
-    snprintf(layout, sizeof layout, "tp=%d", tp.size);
-    if (g_precision == PREC_BF16) snprintf(formula, sizeof formula, "4L all-reduces of B*T*C bf16 values, ring 2(t-1)/t x 8 L B T C");
-    else snprintf(formula, sizeof formula, "4L all-reduces of B*T*C floats, ring 2(t-1)/t x 16 L B T C");
+    char extra[1024];
     snprintf(extra, sizeof extra,
              "\"tp\":%d,\"heads_per_rank\":%d,\"mlp_units_per_rank\":%d,"
              "\"allreduce_calls_per_step_formula\":%d,\"allreduce_bytes_per_step_formula\":%.0f,"
@@ -205,7 +215,7 @@ int main(int argc, char **argv) {
              "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
              "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s",
              tp.size, tl.heads, tl.hidden, allreduces, allreduces * act_bytes, act_bytes,
-             vb * th_stage_params(&tm, &opts, 0, L), replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
+             vb * th_stage_params(&tm, &opts, 0, L), replicated, block_full, block_per_rank, sharded_full, vb * tp_sharded_elems(&tl),
              acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     const th_states per_param = th_model_states(1, &opts, 0, 1);

@@ -146,25 +146,15 @@ static void print_groups(const char *title, const int *all, int fields, int rank
     printf("\n");
 }
 
-char *grid_describe(process_grid *g, int layers) {
+char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
     const grid_dims d = g->dims;
     const int ranks = g->world.size;
-    char name[MPI_MAX_PROCESSOR_NAME + 1] = "";
-    int len = 0;
-    MPI_Get_processor_name(name, &len);
-    char *hosts = malloc((size_t)ranks * sizeof name);
-    if (!hosts) die("out of host memory");
-    MPI_Allgather(name, (int)sizeof name, MPI_CHAR, hosts, (int)sizeof name, MPI_CHAR, MPI_COMM_WORLD);
-#define HOST(r) (hosts + (size_t)(r) * sizeof name)
+    /* hosts as run_setup found them: the ranks that share memory, named by MPI_Get_processor_name */
+#define HOST(r) run_host_label(ctx, r)
+#define SAME_HOST(a, b) (ctx->host_of_rank[a] == ctx->host_of_rank[b])
     int fields;
     int *all = gather_groups(g, &fields);
-
-    int n_hosts = 0;
-    for (int r = 0; r < ranks; r++) {
-        int seen = 0;
-        for (int q = 0; q < r && !seen; q++) seen = !strcmp(HOST(q), HOST(r));
-        n_hosts += !seen;
-    }
+    const int n_hosts = ctx->hosts;
     /* TP groups that span hosts (from their members as the communicators
      * report them): those carry their per-layer all-reduces over the network.
      * other[r]: for member 0 of such a group, a member on another host, else -1. */
@@ -175,13 +165,51 @@ char *grid_describe(process_grid *g, int layers) {
         const int *x = all ? all + (size_t)r * fields : NULL;
         if (!x || x[1] != 0) continue;
         for (int k = 1; k < d.tp && other[r] < 0; k++)
-            if (strcmp(HOST(r), HOST(x[4 + k]))) other[r] = x[4 + k];
+            if (!SAME_HOST(r, x[4 + k])) other[r] = x[4 + k];
         spans |= other[r] >= 0;
+    }
+
+    /* Pipeline boundaries inside a host while TP groups cross hosts: the grid
+     * upside down, the host's fast links carrying one activation per
+     * micro-batch and the network the all-reduces of every layer. */
+    int inside = 0, inside_a = -1, inside_b = -1;
+    for (int r = 0; r < ranks && spans && all; r++) {
+        const int *x = all + (size_t)r * fields;
+        if (x[2] != 0) continue; /* each pipeline once, from its first stage */
+        for (int k = 0; k + 1 < d.pp; k++) {
+            const int a = x[4 + d.tp + k], c = x[4 + d.tp + k + 1];
+            if (!SAME_HOST(a, c)) continue;
+            if (!inside++) { inside_a = a; inside_b = c; }
+        }
+    }
+    /* whether every host holds one block of consecutive ranks (a launcher that
+     * deals ranks round robin does not), and each host's rank count: the fixes */
+    int blocks = 1, dealt = -1;
+    for (int r = 1; r < ranks; r++)
+        if (!SAME_HOST(r, r - 1) && ctx->host_of_rank[r] != r && blocks) { blocks = 0; dealt = ctx->host_of_rank[r]; }
+    char dealt_ranks[64] = "";
+    for (int r = 0, len = 0, shown = 0; !blocks && r < ranks; r++) {
+        if (ctx->host_of_rank[r] != dealt) continue;
+        if (++shown > 4) { snprintf(dealt_ranks + len, sizeof dealt_ranks - (size_t)len, ",..."); break; }
+        len += snprintf(dealt_ranks + len, sizeof dealt_ranks - (size_t)len, "%s%d", shown > 1 ? "," : "", r);
+    }
+    /* each host's rank count, for the fix by --tp: one dividing all of them */
+    char sizes[96] = "";
+    int largest_host = 0;
+    for (int r = 0, shown = 0, len = 0; r < ranks; r++) {
+        if (ctx->host_of_rank[r] != r) continue; /* each host once, at its first rank */
+        int n = 0;
+        for (int q = 0; q < ranks; q++) n += SAME_HOST(q, r);
+        if (n > largest_host) largest_host = n;
+        if (++shown > 9) continue;
+        if (shown == 9) snprintf(sizes + len, sizeof sizes - (size_t)len, " ...");
+        else len += snprintf(sizes + len, sizeof sizes - (size_t)len, "%s%d", shown > 1 ? " " : "", n);
     }
 
     textbuf b = {0};
     textbuf_printf(&b, "\"grid\":{\"tp\":%d,\"pp\":%d,\"dp\":%d,\"order\":\"rank = tp + t*(dp + d*pp)\",\"hosts\":%d,"
-                   "\"tp_group_spans_hosts\":%s,\"ranks\":[", d.tp, d.pp, d.dp, n_hosts, spans ? "true" : "false");
+                   "\"tp_group_spans_hosts\":%s,\"pipeline_boundaries_inside_hosts_while_tp_spans\":%d,\"ranks\":[",
+                   d.tp, d.pp, d.dp, n_hosts, spans ? "true" : "false", inside);
     for (int r = 0; r < ranks; r++) {
         grid_coord c = grid_coord_of(d, r);
         const int *x = all ? all + (size_t)r * fields : NULL;
@@ -228,16 +256,42 @@ char *grid_describe(process_grid *g, int layers) {
         print_groups("TP groups (all-reduce inside every layer)", all, fields, ranks, 0, 4, d.tp);
         print_groups("pipelines (send/recv between stages)", all, fields, ranks, 1, 4 + d.tp, d.pp);
         print_groups("DP groups (all-reduce gradients once per step)", all, fields, ranks, 2, 4 + d.tp + d.pp, d.dp);
-        for (int r = 0; r < ranks; r++)
-            if (other[r] >= 0)
-                printf("warning: the TP group of rank %d spans hosts %s and %s: its 4 all-reduces per layer and "
-                       "micro-batch would cross the network; give each host a multiple of --tp %d consecutive ranks\n",
-                       r, HOST(r), HOST(other[r]), d.tp);
+        int shown_spans = 0, n_spans = 0;
+        for (int r = 0; r < ranks; r++) n_spans += other[r] >= 0;
+        for (int r = 0; r < ranks; r++) {
+            if (other[r] < 0) continue;
+            if (++shown_spans > 8) {
+                printf("warning: ... and %d more TP groups span hosts\n", n_spans - 8);
+                break;
+            }
+            printf("warning: the TP group of rank %d spans hosts %s and %s: its 4 all-reduces per layer and "
+                   "micro-batch would cross the network; ", r, HOST(r), HOST(other[r]));
+            if (d.tp > largest_host) /* no placement can help: the group is larger than a host */
+                printf("--tp %d is more than the %d ranks of the largest host: a --tp that divides every host's "
+                       "rank count (%s) keeps each TP group inside a host\n", d.tp, largest_host, sizes);
+            else
+                printf("give each host a multiple of --tp %d consecutive ranks (mpirun -ppn, srun "
+                       "--ntasks-per-node, Open MPI --map-by ppr:N:node)\n", d.tp);
+        }
+        if (inside) {
+            printf("warning: %d pipeline boundar%s inside a host while TP groups cross hosts (stages %d and %d, ranks %d "
+                   "and %d, both on %s): the host's fast links carry one activation per micro-batch and the network "
+                   "the all-reduces of every layer, the wrong way round; ", inside, inside == 1 ? "y is" : "ies are",
+                   all[(size_t)inside_a * fields + 2], all[(size_t)inside_b * fields + 2], inside_a, inside_b,
+                   HOST(inside_a));
+            if (!blocks)
+                printf("the launcher dealt the ranks round robin (%s holds ranks %s): place them in blocks, "
+                       "a multiple of --tp %d per host (mpirun -ppn N or host:N in the hostfile, srun "
+                       "--distribution=block, Open MPI --map-by slot)\n", HOST(dealt), dealt_ranks, d.tp);
+            else
+                printf("a --tp that divides every host's rank count (%s), or hosts of a multiple of --tp %d ranks "
+                       "(-ppn), puts every TP group inside a host and the stages across\n", sizes, d.tp);
+        }
         fflush(stdout);
     }
 #undef HOST
+#undef SAME_HOST
     free(other);
     free(all);
-    free(hosts);
     return b.s;
 }

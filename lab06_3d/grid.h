@@ -49,10 +49,11 @@ void grid_init(process_grid *g, grid_dims dims, comm_backend backend);
 void grid_free(process_grid *g);
 
 /* Collective over the world. Rank 0 prints the grid map: which rank holds which
- * (tp, pp, dp) on which host (MPI_Get_processor_name), each stage's layers of
- * `layers`, the groups as the communicators report them, and a warning for each
- * TP group that spans hosts. Returns the run record's member
- * "grid":{...} (malloc'd, on every rank). */
-char *grid_describe(process_grid *g, int layers);
+ * (tp, pp, dp) on which host (ctx's hosts: the ranks that share memory, named
+ * by MPI_Get_processor_name), each stage's layers of `layers`, the groups as
+ * the communicators report them, a warning for each TP group that spans hosts,
+ * and one for pipeline boundaries inside a host while TP groups cross hosts.
+ * Returns the run record's member "grid":{...} (malloc'd, on every rank). */
+char *grid_describe(process_grid *g, int layers, const run_ctx *ctx);
 
 #endif

@@ -32,6 +32,7 @@
 #include "grid.h"
 #include "model.h"
 #include "report3d.h"
+#include "predict.h"
 #include "run.h"
 #include "schedule.h"
 #include "stage.h"
@@ -93,10 +94,41 @@ int main(int argc, char **argv) {
               "into micro-batches)", ctx.opt.batch, dims.dp, micro_batches);
     run_setup(&ctx);
 
+    const int t = dims.tp, p = dims.pp, d = dims.dp, m = micro_batches;
+    const int v = schedule_chunks(kind, virtual_stages);
+    char layout[64];
+    if (kind == SCHEDULE_INTERLEAVED)
+        snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d", t, p, d, m, schedule_name(kind), v);
+    else snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
+    const char *comm_formula_text = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives, the formulas below";
+    if (ctx.opt.dry_run) { /* the grid map and its warnings (MPI groups only: no NCCL), then theory/predict.h */
+        process_grid grid;
+        grid_init(&grid, dims, COMM_MPI);
+        free(grid_describe(&grid, ctx.opt.layers, &ctx));
+        grid_free(&grid);
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch, .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers,
+                                                                              ctx.opt.d_model, ctx.opt.heads),
+                             .tp = t, .pp = p, .dp = d, .micro_batches = m, .schedule = schedule_name(kind),
+                             .chunks = v,
+                             .stage_layers = stage_layers};
+        double ring = -1;
+        if (ctx.rank == 0) {
+            th_rank_need *needs = calloc((size_t)ctx.size, sizeof *needs);
+            if (!needs) die("out of host memory");
+            th_predict_run(&need, needs);
+            th_print_needs(stdout, &need, needs, 32);
+            ring = th_predicted_ring_bytes(&need, needs); /* as report3d adds up its formulas */
+            free(needs);
+        }
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = ring,
+                                             .comm_formula = comm_formula_text,
+                                             .bubble_theory = schedule_bubble_textbook(kind, p, m, v)});
+    }
+
     process_grid grid;
     grid_init(&grid, dims, ctx.backend);
-    char *grid_json = grid_describe(&grid, ctx.opt.layers);
-    const int t = dims.tp, p = dims.pp, d = dims.dp, m = micro_batches;
+    char *grid_json = grid_describe(&grid, ctx.opt.layers, &ctx);
 
     /* This rank: TP shard tp of the layers of stage pp, for replica dp, which
      * trains on rows [dp x B/d, (dp+1) x B/d) of every global batch. */
@@ -164,16 +196,11 @@ int main(int argc, char **argv) {
              "\"chunks_per_rank\":%d,\"replicas_identical\":%s,%s%s%s", t, p, d, m, schedule_name(kind), pr.v,
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
-    char layout[64];
-    if (kind == SCHEDULE_INTERLEAVED)
-        snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d", t, p, d, m, schedule_name(kind), pr.v);
-    else snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
     const th_precision prec = g_precision == PREC_BF16 ? TH_BF16 : TH_FP32;
     run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
-                         .comm_formula = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives, "
-                                         "the formulas below",
+                         .comm_formula = comm_formula_text,
                          .bubble_theory = theory, .extra_json = record, .params_held = pr.n,
                          .states_formula = {th_param_bytes(prec), th_grad_bytes(prec), th_optim_bytes(prec)},
                          .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};

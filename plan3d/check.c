@@ -5,7 +5,9 @@
  *               on every rank, to the byte: the allocator's peak
  *   traffic     calls and payload bytes per step of every collective kind
  *               (the record's maximum over ranks), exactly
- *   bubble      pipeline labs: 1 - busy/step per rank, from the times below
+ *   bubble      pipeline labs: 1 - busy/step per rank; one-chunk schedules on
+ *               the compute each rank measured (bubbles_from_own_compute),
+ *               the others from the times below
  *   step time   the calibrated model rate, AdamW rate and link figures of
  *               this machine (plan3d --calibrate) applied to the run's FLOPs
  *               and bytes; ranks beyond the cores share them
@@ -16,6 +18,7 @@
 #include "check.h"
 #include "comm.h"
 #include "cost.h"
+#include "predict.h"
 #include "model.h"
 #include "shards.h"
 #include "stage.h"
@@ -27,18 +30,12 @@
 
 enum { KINDS = TH_NKINDS };
 
-typedef struct rank_pred {
-    double mem[CAT_N];
-    double calls[KINDS], payload[KINDS];
-    double busy;          /* seconds of compute per step (pipelines: for the bubble) */
-} rank_pred;
-
 typedef struct run {
     const char *lab, *schedule;
-    int ranks, cuda, steps, B, T, L, C, H, m, tp, pp, dp, zero;
+    int ranks, cuda, steps, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
+    double bucket_mb;
     int bf16;           /* config.precision "bf16": 2-byte values, 2 + 2 + 12 model states */
     double vb;          /* bytes of one of the model's values: 4, or 2 in bf16 */
-    double bucket_mb;
     th_model model;
 } run;
 
@@ -77,104 +74,57 @@ static double adamw_seconds(const timing *tm, double params) {
     return tm->cal ? tm->cal->adamw_ns * 1e-9 * params / tm->share : 0;
 }
 
-/* ---- the labs, one by one ------------------------------------------------------------ */
+/* ---- the labs, one by one: memory and traffic from theory/predict.h, times here ---------- */
 
-/* model states, activations (in flight x one micro-batch) and scratch of one rank */
-static void rank_memory(rank_pred *p, const run *r, double params, int t, int lo, int hi, long rows, double in_flight,
-                        int receives_grad) {
-    const th_opts o = th_opts_precision(t, r->bf16);
-    th_states s = th_model_states(params, &o, 0, 1);
-    p->mem[CAT_PARAMS] = s.params;
-    p->mem[CAT_GRADS] = s.grads;
-    p->mem[CAT_OPTIM] = s.optim;
-    p->mem[CAT_ACTS] = in_flight * th_course_acts_bytes(&r->model, &o, lo, hi, rows);
-    p->mem[CAT_COMM] = receives_grad ? r->vb * rows * r->T * r->C : 0; /* lab03's dout */
-    /* lab04's executor (and lab06 through it) keeps a pool of message buffers
-     * whose size its lists decide: not predicted here yet. */
-    if (!strcmp(r->lab, "lab04_1f1b") || !strcmp(r->lab, "lab06_3d")) p->mem[CAT_COMM] = -1;
-    /* lab02 sums the gradient norm in one part on the device, lab05 and lab06 in two */
-    const int norm_parts = !strcmp(r->lab, "lab02_zero") ? 1 : !strcmp(r->lab, "lab05_tp") || !strcmp(r->lab, "lab06_3d") ? 2 : 0;
-    p->mem[CAT_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, rows) + th_grad_norm_bytes(norm_parts);
-    /* On CUDA the kernels add their own scratch (partial sums, and the embedding
-     * backward's sort buffers, whose size cub decides at run time): not predicted. */
-    if (r->cuda) p->mem[CAT_WORKSPACE] = -1;
-}
-
-static void count(rank_pred *p, th_coll k, double calls, double each) {
-    p->calls[k] += calls;
-    p->payload[k] += calls * each;
-}
-
-/* lab01 and lab02: every rank the whole model on B/N rows */
-static double predict_data_parallel(const run *r, const timing *tm, rank_pred *pr) {
-    const int N = r->ranks;
-    const long rows = r->B / N;
+/* The shard plan of lab01's buckets and lab02's units (one rule, lab02_zero/shards.h). */
+static void shard_figures(const run *r, th_run *t) {
     gpt_config cfg = {256, r->T, r->L, r->C, r->H};
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
-    const double psi = (double)g.total;
-    const int zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0;
-    /* lab01's buckets and lab02's units follow one rule (lab02_zero/shards.h) */
+    const int N = r->ranks, zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0;
     long bucket = (long)(r->bucket_mb * 1024 * 1024 / r->vb);
-    const th_opts opts = th_opts_precision(1, r->bf16);
-    const double vb = r->vb;
     long unit = zero == 3 ? 1 : bucket > 0 ? bucket : zero == 2 ? 1 : 0;
     shard_plan plan;
     shard_plan_init(&plan, &g, zero ? N : 1, 0, unit);
-    const double full = (double)plan.full_elems, largest = (double)plan.largest_unit_elems;
-    const int units = plan.n_units;
-    const double embed_unit = (double)(shard_unit_of_block(&plan, -1)->chunk * (zero ? N : 1));
+    t->units = plan.n_units;
+    t->full_elems = (double)plan.full_elems;
+    t->largest_unit_elems = (double)plan.largest_unit_elems;
+    t->embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * (zero ? N : 1));
     shard_plan_free(&plan);
+}
 
-    double step = fwd_bwd_seconds(tm, r, 0, r->L, rows, 1);
-    for (int q = 0; q < N; q++) {
-        rank_pred *p = &pr[q];
-        rank_memory(p, r, psi, 1, 0, r->L, rows, 1, 0);
-        if (zero) { /* theory.h: the padded buffers, the stage's sharding and its unit buffers */
-            th_states s = th_model_states(full, &opts, zero, N), b = th_zero_buffers(largest, &opts, zero);
-            p->mem[CAT_PARAMS] = s.params + b.params;
-            p->mem[CAT_GRADS] = s.grads + b.grads;
-            p->mem[CAT_OPTIM] = s.optim;
-            count(p, TH_REDUCE_SCATTER, units, vb * full / units);
-            if (zero < 3) count(p, TH_ALLGATHER, units, vb * full / units);
-            else { /* each unit gathered for the forward, again for the backward but the embedding's */
-                p->calls[TH_ALLGATHER] += 2 * units - 1;
-                p->payload[TH_ALLGATHER] += vb * (2 * full - embed_unit);
-            }
-        } else {
-            if (N > 1) count(p, TH_ALLREDUCE, units, vb * psi / units); /* a group of one counts no traffic */
-        }
+static th_run prediction_input(const run *r) {
+    th_run t = {.lab = r->lab, .ranks = r->ranks, .cuda = r->cuda, .batch = r->B, .model = r->model, .tp = r->tp,
+                .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->schedule, .chunks = r->chunks, .zero_stage = r->zero,
+                .stage_layers = stage_layers, .bf16 = r->bf16};
+    if (!strcmp(r->lab, "lab01_dp") || !strcmp(r->lab, "lab02_zero")) {
+        t.dp = r->ranks;
+        shard_figures(r, &t);
     }
-    if (zero) {
-        step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, vb * full / units, N) + adamw_seconds(tm, full / N);
-    } else {
-        step += units * allreduce_seconds(tm, vb * psi / units, N) + adamw_seconds(tm, psi);
-    }
+    return t;
+}
+
+/* lab01 and lab02: every rank the whole model on B/N rows */
+static double time_data_parallel(const run *r, const th_run *in, const timing *tm, double *busy) {
+    const int N = r->ranks, zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0, units = in->units;
+    const double psi = th_param_counts(&r->model).total, full = in->full_elems;
+    double step = fwd_bwd_seconds(tm, r, 0, r->L, r->B / N, 1);
+    if (zero) step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, r->vb * full / units, N) + adamw_seconds(tm, full / N);
+    else step += units * allreduce_seconds(tm, r->vb * psi / units, N) + adamw_seconds(tm, psi);
+    for (int q = 0; q < N; q++) busy[q] = 0; /* no bubble to predict */
     return step;
 }
 
 /* lab03, lab04, lab05, lab06: a t x p x d grid (lab03/04: p = ranks; lab05: t = ranks) */
-static double predict_grid(const run *r, const timing *tm, rank_pred *pr, double *bubble_unit) {
+static double time_grid(const run *r, const timing *tm, const th_rank_need *need, double *busy) {
     const int t = r->tp, p = r->pp, d = r->dp, m = r->m;
     const long rows = r->B / ((long)d * m);
     const th_schedule s = th_schedule_parse(r->schedule);
     const double act = r->vb * rows * r->T * r->C;
-    *bubble_unit = th_bubble_unit(s, p, m, 1);
     double worst_f = 0, worst_b = 0, dp_time = 0, adam_time = 0;
     for (int q = 0; q < r->ranks; q++) {
-        const int pp = q / (t * d); /* rank = tp + t (dp + d pp): lab06's grid.h */
-        int lo, hi;
-        stage_layers(r->L, p, pp, &lo, &hi);
-        const th_opts o = th_opts_precision(t, r->bf16);
-        const double params = th_stage_params(&r->model, &o, lo, hi);
-        rank_pred *x = &pr[q];
-        rank_memory(x, r, params, t, lo, hi, rows, th_acts_in_flight(s, p, pp, m, 1), pp < p - 1);
-        const int boundaries = (pp > 0) + (pp < p - 1);
-        count(x, TH_SEND, (double)m * boundaries, act);
-        count(x, TH_RECV, (double)m * boundaries, act);
-        const double tp_calls = t > 1 ? 4.0 * (hi - lo) * m : 0;
-        count(x, TH_ALLREDUCE, tp_calls, act);
-        if (d > 1) count(x, TH_ALLREDUCE, 1, r->vb * params);
+        const int lo = need[q].lo, hi = need[q].hi;
+        const double params = need[q].params;
         /* time: the stage's compute, with its TP all-reduces inside (traced as compute) */
         double fb = fwd_bwd_seconds(tm, r, lo, hi, rows, t) + 4.0 * (hi - lo) * allreduce_seconds(tm, act, t);
         double msg = p > 1 ? message_seconds(tm, act) : 0;
@@ -182,7 +132,7 @@ static double predict_grid(const run *r, const timing *tm, rank_pred *pr, double
         worst_b = fmax(worst_b, 2 * fb / 3 + msg);
         dp_time = fmax(dp_time, allreduce_seconds(tm, r->vb * params, d));
         adam_time = fmax(adam_time, adamw_seconds(tm, params));
-        x->busy = m * fb + adamw_seconds(tm, params);
+        busy[q] = m * fb + adamw_seconds(tm, params);
     }
     return th_pipeline_step_time(s, p, m, 1, worst_f, worst_b, 0) + dp_time + adam_time;
 }
@@ -204,6 +154,30 @@ static double rank_value(json_t *rec, const char *group, const char *key, int ra
     return json_is_number(v) ? json_number_value(v) : -1;
 }
 
+/* The bubble each rank of a one-chunk pipeline (naive, GPipe, 1F1B) should see
+ * given the compute this run measured on every rank, or NULL for the other
+ * schedules. The cores of a shared machine differ in speed from run to run
+ * (one rank computes 30 % slower in one run and not the next), so a bubble
+ * predicted from a calibration misses by as much; what the executor must
+ * reproduce is the schedule's bubble on the ranks' own times. With c_q the
+ * share of the step rank q computed (1 - its measured bubble) and m
+ * micro-batches, the slowest stage k sets the pace and the others' fill and
+ * drain add one micro-batch each: step = max_k c_k + sum_{q != k} c_q / m
+ * (exact for p = 2; m = 1 is the naive pipeline's sum). Predicted bubble of
+ * rank q: 1 - c_q / step. An executor that idles where the schedule would not
+ * makes the measured bubbles larger than these. */
+static double *bubbles_from_own_compute(const run *r, json_t *measured_bubble) {
+    const int s = th_schedule_parse(r->schedule);
+    if ((s != TH_SCHED_GPIPE && s != TH_SCHED_1F1B) || r->tp != 1 || r->dp != 1 || r->pp != r->ranks ||
+        json_array_size(measured_bubble) != (size_t)r->ranks)
+        return NULL;
+    double *c = calloc((size_t)r->ranks, sizeof *c), total = 0, step = 0;
+    for (int q = 0; q < r->ranks; q++) total += c[q] = 1 - json_number_value(json_array_get(measured_bubble, (size_t)q));
+    for (int k = 0; k < r->ranks; k++) step = fmax(step, c[k] + (total - c[k]) / r->m);
+    for (int q = 0; q < r->ranks; q++) c[q] = 1 - c[q] / step;
+    return c;
+}
+
 typedef struct tally { int records, exact, mem_checked, mem_exact, bytes_checked, bytes_exact, bubbles, bubbles_close; } tally;
 
 static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
@@ -214,14 +188,15 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
              .L = get_int(cfg, "layers", 0), .C = get_int(cfg, "d_model", 0), .H = get_int(cfg, "heads", 0)};
     if (!r.lab || r.ranks < 1 || r.B < 1 || r.T < 1 || r.L < 1 || r.C < 1 || r.H < 1) return 0;
     r.model = th_course_model(256, r.T, r.L, r.C, r.H);
-    r.bf16 = !strcmp(str_or(json_object_get(cfg, "precision"), "fp32"), "bf16");
-    r.vb = r.bf16 ? 2 : 4;
     r.m = get_int(rec, "micro_batches", 1);
+    r.chunks = get_int(rec, "chunks_per_rank", 1); /* lab04, lab06: the model chunks of a rank */
     r.schedule = str_or(json_object_get(rec, "schedule"), "gpipe"); /* lab03: one batch, GPipe's m = 1 */
     if (th_schedule_parse(r.schedule) < 0) return 0;
     json_t *bmb = json_object_get(rec, "bucket_mb");
     r.bucket_mb = json_is_number(bmb) ? json_number_value(bmb) : 0;
     r.zero = get_int(rec, "zero_stage", 0);
+    r.bf16 = !strcmp(str_or(json_object_get(cfg, "precision"), "fp32"), "bf16");
+    r.vb = r.bf16 ? 2 : 4;
     r.tp = 1; r.pp = 1; r.dp = 1;
     if (!strcmp(r.lab, "lab03_pp_naive") || !strcmp(r.lab, "lab04_1f1b")) r.pp = r.ranks;
     else if (!strcmp(r.lab, "lab05_tp")) r.tp = r.ranks;
@@ -233,14 +208,17 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     /* ranks beyond the cores share them, in proportion to how busy they are */
     timing tm = *tm0;
     double bubble_unit = 0;
-    rank_pred *pr = calloc((size_t)r.ranks, sizeof *pr);
+    th_rank_need *pr = calloc((size_t)r.ranks, sizeof *pr);
+    double *busy = calloc((size_t)r.ranks, sizeof *busy);
+    const th_run in = prediction_input(&r);
+    th_predict_run(&in, pr);
     if (is_grid) bubble_unit = th_bubble_unit(th_schedule_parse(r.schedule), r.pp, r.m, 1);
     tm.share = 1;
     if (tm.cal && tm.cal->cores > 0) {
         double demand = r.ranks * (1 - bubble_unit);
         if (demand > tm.cal->cores) tm.share = tm.cal->cores / demand;
     }
-    double step = is_grid ? predict_grid(&r, &tm, pr, &bubble_unit) : predict_data_parallel(&r, &tm, pr);
+    double step = is_grid ? time_grid(&r, &tm, pr, busy) : time_data_parallel(&r, &in, &tm, busy);
 
     /* memory: every category on every rank */
     int mem_n = 0, mem_ok = 0;
@@ -261,10 +239,13 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     json_t *kinds = json_object();
     for (int k = 0; k < KINDS; k++) {
         double calls = 0, payload = 0;
+        int predicted = 1;
         for (int q = 0; q < r.ranks; q++) {
+            predicted &= pr[q].calls[k] >= 0 && pr[q].payload[k] >= 0;
             calls = fmax(calls, pr[q].calls[k]);
             payload = fmax(payload, pr[q].payload[k]);
         }
+        if (!predicted) continue;
         json_t *mc = json_object_get(calls_rec, comm_kind_names[k]), *mb = json_object_get(bytes_rec, comm_kind_names[k]);
         double got_calls = json_is_number(mc) ? json_number_value(mc) : 0, got_bytes = json_is_number(mb) ? json_number_value(mb) : 0;
         if (calls == 0 && got_calls == 0) continue;
@@ -282,13 +263,15 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     json_t *bubbles = json_array();
     double worst_bubble = 0;
     json_t *measured_bubble = json_object_get(json_object_get(rec, "bubble"), "measured");
+    double *own = bubbles_from_own_compute(&r, measured_bubble);
     if (tm.cal && json_is_array(measured_bubble))
         for (int q = 0; q < r.ranks; q++) {
             double got = json_number_value(json_array_get(measured_bubble, (size_t)q));
-            double want = step > 0 ? 1 - pr[q].busy / step : 0;
+            double want = own ? own[q] : step > 0 ? 1 - busy[q] / step : 0;
             worst_bubble = fmax(worst_bubble, fabs(got - want));
             json_array_append_new(bubbles, json_pack("{s:f,s:f}", "measured", got, "predicted", want));
         }
+    free(own);
     const char *layout = str_or(json_object_get(rec, "layout"), "");
     int exact = mem_ok == mem_n && bytes_ok == bytes_n;
     printf("%-15s %-26s %d rank%s | memory %d/%d exact | traffic %d/%d kinds exact", r.lab, layout, r.ranks,
@@ -311,6 +294,7 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
                                          "step_ms", measured_ms, "step_ms_predicted", 1e3 * step, "bubble", bubbles,
                                          "bubble_worst_error", worst_bubble, "core_share", tm.share));
     free(pr);
+    free(busy);
     return 1;
 }
 

@@ -111,8 +111,12 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
             nl += hi - lo;
             has_head |= hi == L;
             params += th_stage_params(m, mo, lo, hi);
-            acts += exact ? th_course_acts_bytes(m, &lab, lo, hi, (long)b)
-                          : th_published_acts_bytes(m, &o, lo, hi, (long)b) * act_bytes / 2;
+            /* the chunk's own pool of blocks (lab04's executor): its blocks in flight x their bytes */
+            int n_acts, n_wgrads;
+            th_chunk_in_flight(l->schedule, p, M, v, r, k, &n_acts, &n_wgrads);
+            acts += n_acts * (exact ? th_course_acts_bytes(m, &lab, lo, hi, (long)b)
+                                    : th_published_acts_bytes(m, &o, lo, hi, (long)b) * act_bytes / 2);
+            if (exact) acts += n_wgrads * th_course_wgrads_bytes(m, &lab, lo, hi, (long)b);
         }
         /* time of one micro-batch on this rank */
         double fwd = nl * layer_fwd + (has_head ? head_fwd : 0), core = nl * attn_fwd;
@@ -134,7 +138,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
         th_states s = th_model_states(params, mo, tr->zero_stage, d);
         th_states buf = th_zero_buffers(layer_local, mo, tr->zero_stage);
         double mem[CAT_N] = {s.params + buf.params, s.grads + buf.grads, s.optim,
-                             th_acts_in_flight(l->schedule, p, r, M, l->vp) * acts,
+                             acts,
                              r < p - 1 ? act : 0, /* the received gradient of the output (lab03's dout) */
                              exact ? th_course_scratch_bytes(m, &lab, (long)b) : 0};
         double total = 0;

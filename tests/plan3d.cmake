@@ -4,4 +4,4 @@ foreach(case check plan published bad_input)
 endforeach()
 # step times and bubbles need the cores to themselves: run alone, skipped when busy
 add_lab_test(plan3d_times test_plan3d.py times)
-set_tests_properties(plan3d_times PROPERTIES RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
+set_tests_properties(plan3d_times PROPERTIES RUN_SERIAL TRUE SKIP_RETURN_CODE 77 LABELS timing)

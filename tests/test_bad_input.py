@@ -71,6 +71,12 @@ SHARED = [
     (2, ["--preset", "gpt2-small", "--heads", "5"], "--heads"),  # 5 does not divide 768
     (2, ["--precision", "fp16"], "--precision"),
     (2, ["--precision"], "--precision"),
+    # --dry-run checks what the run would: the same errors, the same status
+    (2, ["--dry-run=yes"], "--dry-run"),
+    (2, ["--dry-run", "--steps", "0"], "--steps"),
+    (2, ["--dry-run", "--data", "/nonexistent/corpus.txt"], "--data"),
+    (2, ["--dry-run", "--out", EMPTY], "--out"),
+    (2, ["--dry-run", "--save", "/proc/ck.safetensors"], "--save"),
 ]
 
 PER_LAB = {
@@ -82,6 +88,7 @@ PER_LAB = {
         (2, ["--dump-weights", "/proc/weights"], "--dump-weights"),
         (2, ["--dump-weights", EMPTY + "/weights"], "--dump-weights"),
         (2, ["--dump-weights", "/dev/null"], "--dump-weights"),
+        (4, ["--dry-run", "--batch", "30"], "--batch"),
     ],
     "lab02_zero": [
         (2, ["--zero-stage", "0"], "--zero-stage"),
@@ -90,11 +97,13 @@ PER_LAB = {
         (2, ["--zero-stage"], "--zero-stage"),
         (2, ["--zero-stage", "3", "--bucket-mb", "1"], "--bucket-mb"),
         (3, ["--batch", "32", "--zero-stage", "2"], "--batch"),
+        (2, ["--dry-run", "--zero-stage", "3", "--bucket-mb", "1"], "--bucket-mb"),
     ],
     "lab03_pp_naive": [
         (4, ["--layers", "3"], "--layers"),  # more stages than layers
         (2, ["--layers", "1"], "--layers"),  # every stage needs a layer
         (2, ["--micro-batches", "4"], "--micro-batches"),  # lab04's flag, not this lab's
+        (4, ["--dry-run", "--layers", "3"], "--layers"),
     ],
     "lab04_1f1b": [
         (4, ["--layers", "3"], "--layers"),
@@ -120,6 +129,7 @@ PER_LAB = {
         (2, ["--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
         (2, ["--print-schedule", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
         (2, ["--print-schedule=yes"], "--print-schedule"),
+        (2, ["--dry-run", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
     ],
     "lab05_tp": [
         (3, [], "--heads"),  # 3 does not divide 4 heads
@@ -128,6 +138,7 @@ PER_LAB = {
         # "t divides the MLP width 4C" and "t divides C" cannot fail on their
         # own: t | heads and heads | C (checked first) imply both.
         (2, ["--check-sync=yes"], "--check-sync"),
+        (3, ["--dry-run"], "--heads"),
     ],
     "lab06_3d": [
         (4, ["--tp", "2", "--pp", "2", "--dp", "2"], "--dp"),  # 8 slots for 4 ranks
@@ -144,6 +155,7 @@ PER_LAB = {
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", EMPTY], EMPTY),
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--save", A_FOLDER], "--save"),
         (2, ["--check-sync=yes"], "--check-sync"),
+        (4, ["--tp", "2", "--pp", "2", "--dp", "2", "--dry-run"], "--dp"),
     ],
 }
 

@@ -205,7 +205,7 @@ def on_cpu(cmd):
 
 
 class Scratch:
-    """A scratch build folder: the programs and tests/ of the build, the repository's
+    """A scratch build folder: the programs (the labs, plan3d) and tests/ of the build, the repository's
     folders beside it (so ../lab04_1f1b/... works), runs/ of its own, mpirun on PATH."""
 
     def __init__(self):
@@ -214,7 +214,8 @@ class Scratch:
         os.makedirs(self.build)
         for name in os.listdir(BUILD):
             full = os.path.join(BUILD, name)
-            if name == "tests" or (name.startswith("lab") and os.access(full, os.X_OK) and os.path.isfile(full)):
+            if name == "tests" or (name.startswith(("lab", "plan3d")) and os.access(full, os.X_OK)
+                                   and os.path.isfile(full)):
                 os.symlink(full, os.path.join(self.build, name))
         for name in os.listdir(SOURCE):
             if os.path.isdir(os.path.join(SOURCE, name)) and not name.startswith((".", "build")):

@@ -1,12 +1,14 @@
 /* theory/ against the code it describes, on many shapes: the exact activation
  * and scratch bytes against what common/model.c allocates (full widths and a
  * TP rank's), parameter counts against gpt_range and lab05's tp_range, FLOPs
- * against gpt_flops_per_token; and the published and schedule formulas
- * against values worked out by hand from their papers. */
+ * against gpt_flops_per_token; the published and schedule formulas against
+ * values worked out by hand from their papers; and the schedule formulas
+ * against lab04's lists (lab04_1f1b/schedule.c), counted and simulated. */
 #include "device.h"
 #include "mem.h"
 #include "model.h"
 #include "theory.h"
+#include "schedule.h"
 #include "tp.h"
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +51,15 @@ static void check_course_shape(long V, long T, long L, long C, long H) {
                           "acts %s V=%ld T=%ld C=%ld H=%ld t=%d [%d,%d) rows %ld: allocator %.0f, theory %.0f",
                           precision_name(g_precision), V, T, C, H, t, lo, hi, rows, want, got);
                     gpt_acts_free(&a);
+                    gpt_wgrads w;
+                    if (t == 1) gpt_wgrads_alloc(&w, &g, lo, hi, (int)rows);
+                    else tp_wgrads_alloc(&w, &tl, lo, hi, (int)rows);
+                    want = (double)w.bytes;
+                    got = th_course_wgrads_bytes(&m, &o, lo, hi, rows);
+                    CHECK(got == want && (double)mem_current(MEM_ACTS) == want,
+                          "wgrads V=%ld T=%ld C=%ld H=%ld t=%d [%d,%d) rows %ld: allocator %.0f, theory %.0f",
+                          V, T, C, H, t, lo, hi, rows, want, got);
+                    gpt_wgrads_free(&w);
                 }
             }
         for (long rows = 1; rows <= 3; rows++) {
@@ -102,6 +113,67 @@ static void check_published(void) {
     CHECK(n > 70.5e9 && n < 70.6e9, "llama3-70b: %.4g parameters", n);
 }
 
+/* The activation blocks a chunk holds at its peak, counted on lab04's list of
+ * the rank: an F adds one, the backward (W where split) removes it; a split
+ * B adds a weight-gradient block, its W removes it. */
+static void count_on_list(const schedule *s, int r, int c, int *acts, int *wgrads) {
+    int a = 0, w = 0;
+    *acts = *wgrads = 0;
+    for (int i = 0; i < s->count[r]; i++) {
+        schedule_action x = s->rank[r][i];
+        if (x.chunk != c) continue;
+        a += x.op == OP_F ? 1 : x.op == OP_W || (x.op == OP_B && !s->split) ? -1 : 0;
+        w += x.op == OP_B && s->split ? 1 : x.op == OP_W ? -1 : 0;
+        if (a > *acts) *acts = a;
+        if (w > *wgrads) *wgrads = w;
+    }
+}
+
+/* theory/'s pipeline formulas against lab04's lists (schedule.c), for every
+ * schedule on p = 1..8, the micro-batch counts it accepts up to 3p + 4, and
+ * v = 2..4: the blocks in flight counted on the lists, the textbook bubble
+ * against the lists simulated on unit times, and the timed bubble against the
+ * simulation on random times wherever theory says its form is exact. */
+static void check_against_lists(void) {
+    unsigned seed = 12345;
+    int timed = 0;
+    for (int kind = 0; kind < SCHEDULE_KINDS; kind++)
+        for (int v = 2; v <= (kind == SCHEDULE_INTERLEAVED ? 4 : 2); v++)
+            for (int p = 1; p <= 8; p++)
+                for (int m = 1; m <= 3 * p + 4; m++) {
+                    char msg[256];
+                    const int chunks = schedule_chunks(kind, v);
+                    if (!schedule_check(kind, p, m, v, kind == SCHEDULE_INTERLEAVED, p * chunks, msg, sizeof msg)) continue;
+                    schedule s;
+                    schedule_make(&s, kind, p, m, v);
+                    for (int r = 0; r < p; r++)
+                        for (int c = 0; c < chunks; c++) {
+                            int a, w, ta, tw;
+                            count_on_list(&s, r, c, &a, &w);
+                            th_chunk_in_flight((th_schedule)kind, p, m, chunks, r, c, &ta, &tw);
+                            CHECK(a == ta && w == tw, "%s p=%d m=%d v=%d rank %d chunk %d: lists %d+%d, theory %d+%d",
+                                  schedule_name(kind), p, m, chunks, r, c, a, w, ta, tw);
+                        }
+                    const double unit = schedule_simulated_bubble(&s, 1, 1, 1);
+                    CHECK(fabs(unit - th_bubble_unit((th_schedule)kind, p, m, chunks)) < 1e-12,
+                          "%s p=%d m=%d v=%d: unit-time bubble simulated %.6f, theory %.6f", schedule_name(kind), p, m,
+                          chunks, unit, th_bubble_unit((th_schedule)kind, p, m, chunks));
+                    for (int k = 0; k < 8; k++) {
+                        double t[3];
+                        for (int i = 0; i < 3; i++) t[i] = 0.05 + (seed = seed * 1103515245u + 12345u) % 1000 / 1000.0;
+                        if (!s.split) t[2] = t[1]; /* one backward: B + W as one */
+                        if (!th_bubble_time_exact((th_schedule)kind, t[0], t[1], t[2])) continue;
+                        const double idle = schedule_simulate(&s, t[0], t[1], t[2], NULL) - m * (t[0] + t[1] + t[2]);
+                        const double want = th_bubble_time((th_schedule)kind, p, m, chunks, t[0], t[1], t[2]);
+                        CHECK(fabs(idle - want) < 1e-9, "%s p=%d m=%d v=%d on %.3f %.3f %.3f: simulated idle %.6f, "
+                              "theory %.6f", schedule_name(kind), p, m, chunks, t[0], t[1], t[2], idle, want);
+                        timed++;
+                    }
+                    schedule_free(&s);
+                }
+    CHECK(timed > 2000, "%d timed comparisons", timed);
+}
+
 static void check_schedules(void) {
     const int P[] = {1, 2, 4, 8}, M[] = {1, 2, 4, 8, 16};
     for (int i = 0; i < 4; i++)
@@ -113,16 +185,18 @@ static void check_schedules(void) {
             CHECK(fabs(th_bubble_unit(TH_SCHED_INTERLEAVED, p, m, 2) - (p - 1.0) / (2 * m + p - 1)) < 1e-12,
                   "interleaved v=2 p=%d m=%d", p, m);
             CHECK(fabs(th_bubble_unit(TH_SCHED_ZB_H1, p, m, 1) - (p - 1.0) / (3 * m + p - 1)) < 1e-12, "zb-h1");
-            CHECK(th_bubble_unit(TH_SCHED_ZB_V, p, m, 1) == 0, "zb-v at equal times");
+            CHECK(fabs(th_bubble_unit(TH_SCHED_ZB_V, p, m, 1) - (p - 1.0) / (6 * m + p - 1)) < 1e-12, "zb-v");
             /* the timed forms with tB + tW = one backward of twice the forward */
             CHECK(fabs(th_bubble_time(TH_SCHED_1F1B, p, m, 1, 1, 1, 1) - 3.0 * (p - 1)) < 1e-12, "1f1b timed");
             CHECK(fabs(th_bubble_time(TH_SCHED_ZB_H1, p, m, 1, 1, 1, 1) - (p - 1.0)) < 1e-12, "zb-h1 timed: a third");
+            /* the paper's (p-1)(tF + tB - tW) whenever tW is the smallest */
+            CHECK(fabs(th_bubble_time(TH_SCHED_ZB_H1, p, m, 1, 1, 1.2, 0.7) - (p - 1.0) * 1.5) < 1e-12, "zb-h1 paper");
             for (int r = 0; r < p; r++) {
                 CHECK(th_acts_in_flight(TH_SCHED_GPIPE, p, r, m, 1) == m, "gpipe in flight");
                 CHECK(th_acts_in_flight(TH_SCHED_1F1B, p, r, m, 1) == (m < p - r ? m : p - r), "1f1b in flight");
             }
-            if (2 * m >= 3 * p - 1) /* Megatron's interleaving penalty on stage 0: p (1 + (p-1)/(p v)) */
-                CHECK(fabs(th_acts_in_flight(TH_SCHED_INTERLEAVED, p, 0, m, 2) - p * (1 + (p - 1) / (2.0 * p))) < 1e-12,
+            if (m >= 2 * p && m % p == 0) /* interleaved, v = 2, stage 0: chunk 0 holds 2p, chunk 1 p */
+                CHECK(fabs(th_acts_in_flight(TH_SCHED_INTERLEAVED, p, 0, m, 2) - 1.5 * p) < 1e-12,
                       "interleaved in flight p=%d m=%d: %g", p, m, th_acts_in_flight(TH_SCHED_INTERLEAVED, p, 0, m, 2));
         }
     CHECK(th_schedule_parse("zb-v") == TH_SCHED_ZB_V && th_schedule_parse("1F1B") == -1, "schedule names");
@@ -146,6 +220,7 @@ int main(void) {
     precision_use(PREC_FP32);
     check_published();
     check_schedules();
+    check_against_lists();
     printf("theory: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

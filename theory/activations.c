@@ -78,3 +78,15 @@ double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int 
 }
 
 double th_grad_norm_bytes(int parts) { return 8.0 * parts; }
+
+double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
+    if (!course_runs(m, o)) return -1;
+    const widths w = local_widths(m, o);
+    const double N = (double)rows * m->seq, C = (double)m->d_model, V = (double)m->vocab;
+    const double v = th_param_bytes(o->precision); /* values: 4, or 2 in bf16 */
+    double layer = 4 * pad64(v * N * C) + pad64(v * N * w.mlp) + pad64(v * N * 3 * w.attn); /* dres3 dln2 dres2 dln1, dfch, dqkv */
+    double bytes = (double)(hi - lo) * layer;
+    if (hi == m->layers) bytes += pad64(v * N * V) + pad64(v * N * C); /* dlogits, dlnf */
+    if (lo == 0) bytes += pad64(v * N * C);                           /* dx */
+    return bytes;
+}

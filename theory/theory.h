@@ -217,32 +217,65 @@ int th_schedule_parse(const char *name);
 /* Model chunks per rank a schedule runs: v for interleaved, 2 for ZB-V, else 1. */
 int th_schedule_chunks(th_schedule s, int v);
 
-/* The textbook bubble, the idle fraction of a step with unit times (a forward,
- * an input-gradient backward and a weight-gradient backward take one slot each;
- * GPipe and 1F1B run the two backward halves together):
- *   gpipe, 1f1b   (p-1) / (m+p-1)      (lab03's naive schedule is m = 1: (p-1)/p)
- *   interleaved   (p-1) / (v m + p-1)  (Narayanan et al. 2021: the bubble / v)
- *   zb-h1         (p-1) / (3m + p-1)   (Qi et al. 2024: a third of 1F1B's bubble time)
- *   zb-v          0                    (Qi et al. 2024: zero at equal F, B, W times) */
-double th_bubble_unit(th_schedule s, int p, int m, int v);
-/* The idle time per stage per step when a micro-batch's forward over the
- * rank's layers takes tF, the input-gradient half of its backward tB and the
- * weight-gradient half tW (all v chunks together):
+/* The pipeline formulas of lab04's schedules (lab04_1f1b/schedule.h has the
+ * lists themselves, its simulator and the tests that hold these equal to them;
+ * lab04's summary and record, lab06's and plan3d print these functions).
+ *
+ * The idle time per rank per step when a micro-batch's forward over the
+ * rank's whole share of the layers takes tF, the input-gradient half of its
+ * backward tB and the weight-gradient half tW (GPipe and 1F1B run the two
+ * halves as one backward, tB + tW; a chunk of v takes 1/v of each):
  *   gpipe, 1f1b   (p-1)(tF + tB + tW)
  *   interleaved   (p-1)(tF + tB + tW) / v
- *   zb-h1         (p-1)(tF + tB - tW)           (ZB paper, section 2)
- *   zb-v          (p-1) max(0, tF + tB - 2 tW) / 2
- * The ZB-V form is ours: the paper gives zero at equal times; this is ZB-H2's
- * (p-1)(tF + tB - 2tW) for chunks of half the rank's layers. */
+ *   zb-h1         (p-1) max(tF, tB, tF + tB - tW); the paper's (p-1)(tF + tB - tW)
+ *                 whenever tW is the smallest (Qi et al. 2024, section 2)
+ *   zb-v          (p-1) max(tB - tW, tB / 2) whenever tW <= tF <= tB, the usual
+ *                 order (a weight half no longer than the forward, attention's
+ *                 backward all in B); on other times lab04's V has no closed
+ *                 form (th_bubble_time_exact says when this one holds) and
+ *                 lab04 simulates its lists instead.
+ * Exact for lab04's lists whenever th_bubble_time_exact: the makespan of the
+ * lists on these times, sends free, is m (tF + tB + tW) + this. */
 double th_bubble_time(th_schedule s, int p, int m, int v, double tF, double tB, double tW);
+int th_bubble_time_exact(th_schedule s, double tF, double tB, double tW);
 /* A pipelined step: m (tF + tB + tW) of work plus th_bubble_time. */
 double th_pipeline_step_time(th_schedule s, int p, int m, int v, double tF, double tB, double tW);
-/* Micro-batches of activations stage r holds at its peak, in units of one
- * micro-batch over all of the rank's layers:
- *   gpipe         m
- *   1f1b, zb-h1   min(m, p - r)
- *   interleaved   min(m v, 2(p-r-1) + (v-1) p + 1) / v   (Megatron's warm-up + 1, in chunks)
- *   zb-v          min(m, p)                              (the ZB-V paper: 1F1B's stage 0, on every stage) */
+/* The textbook bubble, the idle fraction of a step on unit times (a forward,
+ * an input-gradient half and a weight-gradient half take one slot each):
+ *   gpipe, 1f1b   (p-1) / (m + p-1)     (lab03's naive schedule is m = 1: (p-1)/p)
+ *   interleaved   (p-1) / (v m + p-1)   (Narayanan et al. 2021: the bubble / v)
+ *   zb-h1         (p-1) / (3m + p-1)    (a third of 1F1B's idle time)
+ *   zb-v          (p-1) / (6m + p-1)    (half of ZB-H1's: lab04's V idles only
+ *                                        while the first micro-batch fills it) */
+double th_bubble_unit(th_schedule s, int p, int m, int v);
+/* As text: "(p-1)/(m+p-1)" ... */
+const char *th_bubble_unit_text(th_schedule s);
+/* th_bubble_time as text: "(p-1)(tF+tB+tW)" ... */
+const char *th_bubble_time_text(th_schedule s);
+
+/* The activation blocks chunk c (0 .. chunks-1) of pipeline rank r holds at
+ * its peak, each chunk its own pool (lab04's executor), counted as the lists
+ * of lab04 run:
+ *   acts    micro-batches whose forward has run and whose backward (its W
+ *           where the schedule splits it) has not: one block of the chunk's
+ *           activations each (th_course_acts_bytes)
+ *   wgrads  micro-batches whose B has run and whose W has not: one block of
+ *           the weight half's inputs each (th_course_wgrads_bytes); 0 unless split
+ * gpipe m; 1f1b min(m, p-r); zb-h1 p and r+1 (m >= p); zb-v chunk 0
+ * min(m, 2p-r) and r+1, chunk 1 r+1 and max(1, r) (m >= 2p-1); interleaved
+ * (m a multiple of p): counted on Megatron's order (theory/bubble.c). */
+void th_chunk_in_flight(th_schedule s, int p, int m, int v, int rank, int chunk, int *acts, int *wgrads);
+/* Activations rank r holds at its peak in units of one micro-batch over all
+ * of its layers: the sum over its chunks of th_chunk_in_flight's acts / chunks
+ * (chunks of equal layers; plan3d's layouts). */
 double th_acts_in_flight(th_schedule s, int p, int stage, int m, int v);
+/* EXACT, the course's fp32 model: one micro-batch's weight-gradient inputs
+ * for layers [lo, hi) (common/model.c's gpt_wgrads_alloc[_local]), what the
+ * zero-bubble schedules keep from a B to its W: per layer the gradients at
+ * the outputs of fc-proj, LN2, att-proj and LN1 [N,C], of fc [N,4C/t] and
+ * of qkv [N,3C/t]; the last stage dlogits [N,V] and dlnf [N,C]; the first
+ * stage dx [N,C]; every piece padded to 16 floats. -1 where
+ * th_course_acts_bytes is. */
+double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows);
 
 #endif

@@ -1,0 +1,227 @@
+/* A lab run predicted from its flags (predict.h): theory.h's formulas put
+ * together as each lab allocates and communicates. */
+#include "predict.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const th_mem_names[TH_NMEM] = {"params", "grads", "optim", "acts", "comm", "workspace"};
+const char *const th_coll_names[TH_NKINDS] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv"};
+
+static void count(th_rank_need *x, th_coll k, double calls, double each, int group) {
+    x->calls[k] += calls;
+    x->payload[k] += calls * each;
+    x->ring[k] += calls * each * th_ring_factor(k, group);
+}
+
+static void add_traffic(th_rank_need *x, th_coll k, th_traffic t, int group) {
+    if (t.calls > 0) count(x, k, t.calls, t.payload / t.calls, group);
+}
+
+static int is(const th_run *r, const char *lab) { return !strcmp(r->lab, lab); }
+
+/* Bytes of one of the model's values (activations, gradients, messages): 4, or 2 in bf16. */
+static double value_bytes_of(const th_run *r) { return r->bf16 ? 2.0 : 4.0; }
+
+/* Model states, activations (in flight x one micro-batch), the received
+ * gradient and the scratch of one rank holding `params` parameters of layers
+ * [lo, hi) at TP degree t. */
+static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_grad) {
+    const th_opts o = th_opts_precision(t, r->bf16);
+    const th_states s = th_model_states(x->params, &o, 0, 1);
+    x->mem[TH_MEM_PARAMS] = s.params;
+    x->mem[TH_MEM_GRADS] = s.grads;
+    x->mem[TH_MEM_OPTIM] = s.optim;
+    x->mem[TH_MEM_ACTS] = x->acts_in_flight * th_course_acts_bytes(&r->model, &o, x->lo, x->hi, x->rows);
+    /* lab03's stage keeps the gradient it receives from the next stage */
+    x->mem[TH_MEM_COMM] = receives_grad ? value_bytes_of(r) * x->rows * r->model.seq * r->model.d_model : 0;
+    /* lab04's executor (and lab06 through it) keeps a pool of message buffers
+     * whose size its lists decide */
+    if (is(r, "lab04_1f1b") || is(r, "lab06_3d")) x->mem[TH_MEM_COMM] = -1;
+    /* the gradient-norm sums: lab02 one part on the device, lab05 and lab06 two */
+    const int norm_parts = is(r, "lab02_zero") ? 1 : is(r, "lab05_tp") || is(r, "lab06_3d") ? 2 : 0;
+    x->mem[TH_MEM_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, x->rows) + th_grad_norm_bytes(norm_parts);
+    /* On CUDA the kernels add their own scratch (partial sums, and the
+     * embedding backward's sort buffers, whose size cub decides at run time). */
+    if (r->cuda) x->mem[TH_MEM_WORKSPACE] = -1;
+}
+
+/* lab01 and lab02: every rank the whole model on B/N rows; ZeRO shards the
+ * model states over the N ranks. */
+static void predict_data_parallel(const th_run *r, th_rank_need *need) {
+    const int N = r->ranks, zero = is(r, "lab02_zero") ? r->zero_stage : 0;
+    const th_opts opts = th_opts_precision(1, r->bf16);
+    const double vb = value_bytes_of(r);
+    const th_params counts = th_param_counts(&r->model);
+    const double psi = counts.total, full = r->full_elems, largest = r->largest_unit_elems;
+    const int units = r->units;
+    for (int q = 0; q < N; q++) {
+        th_rank_need *x = &need[q];
+        *x = (th_rank_need){.dp = q, .lo = 0, .hi = (int)r->model.layers, .rows = r->batch / N, .params = psi,
+                            .acts_in_flight = 1};
+        rank_memory(x, r, 1, 0);
+        if (zero) { /* the padded buffers, sharded as the stage shards them, and the unit buffers */
+            const th_states s = th_model_states(full, &opts, zero, N), b = th_zero_buffers(largest, &opts, zero);
+            x->mem[TH_MEM_PARAMS] = s.params + b.params;
+            x->mem[TH_MEM_GRADS] = s.grads + b.grads;
+            x->mem[TH_MEM_OPTIM] = s.optim;
+            if (N == 1) continue; /* a group of one counts no traffic */
+            count(x, TH_REDUCE_SCATTER, units, vb * full / units, N);
+            if (zero < 3) count(x, TH_ALLGATHER, units, vb * full / units, N);
+            else { /* each unit gathered for the forward, again for the backward but the embedding's */
+                x->calls[TH_ALLGATHER] += 2 * units - 1;
+                x->payload[TH_ALLGATHER] += vb * (2 * full - r->embed_unit_elems);
+                x->ring[TH_ALLGATHER] += vb * (2 * full - r->embed_unit_elems) * th_ring_factor(TH_ALLGATHER, N);
+            }
+        } else if (N > 1) { /* a group of one counts no traffic */
+            add_traffic(x, TH_ALLREDUCE, th_dp_traffic(vb * psi, N, units > 0 ? units : 1), N);
+            if (units <= 0) x->calls[TH_ALLREDUCE] = -1; /* buckets: as many calls as the backward fills */
+        }
+    }
+}
+
+/* The virtual stage of a rank's chunk c under schedule s (lab04's
+ * schedule_stage_of): zb-v's V (r, then 2p-1-r), else Megatron's c p + r. */
+static int stage_of(th_schedule s, int p, int rank, int c) {
+    if (s == TH_SCHED_ZB_V) return c == 0 ? rank : 2 * p - 1 - rank;
+    return c * p + rank;
+}
+
+static int rank_of(th_schedule s, int p, int stage) {
+    if (s == TH_SCHED_ZB_V) return stage < p ? stage : 2 * p - 1 - stage;
+    return stage % p;
+}
+
+/* lab03, lab04, lab05, lab06: a t x p x d grid (lab03/04: p = ranks; lab05: t = ranks).
+ * A pipeline rank holds v chunks (virtual stages stage_of(.., c), layers
+ * stage_layers(L, p v, stage)); each chunk keeps its own activation blocks
+ * (th_chunk_in_flight) and, where the backward is split, its weight-gradient
+ * inputs; a boundary between chunks of one rank is a copy, not a message. */
+static void predict_grid(const th_run *r, th_rank_need *need) {
+    const int t = r->tp, p = r->pp, d = r->dp, m = r->micro_batches > 0 ? r->micro_batches : 1;
+    const th_schedule s = (th_schedule)th_schedule_parse(r->schedule ? r->schedule : "gpipe");
+    const int v = s == TH_SCHED_ZB_V ? 2 : s == TH_SCHED_INTERLEAVED ? (r->chunks > 0 ? r->chunks : 2) : 1;
+    const int S = p * v, L = (int)r->model.layers;
+    const long rows = r->batch / ((long)d * m);
+    const double act = value_bytes_of(r) * rows * r->model.seq * r->model.d_model; /* one activation, or its gradient */
+    const th_opts o = th_opts_precision(t, r->bf16);
+    for (int q = 0; q < r->ranks; q++) {
+        th_rank_need *x = &need[q];
+        const int pp = q / (t * d); /* rank = tp + t (dp + d pp): lab06's grid.h */
+        double params = 0, acts = 0, in_flight = 0;
+        int layers = 0, links = 0, lo = 0, hi = L;
+        for (int c = 0; c < v; c++) {
+            const int st = stage_of(s, p, pp, c);
+            int clo = 0, chi = L, a = 0, w = 0;
+            if (S > 1) r->stage_layers(L, S, st, &clo, &chi);
+            th_chunk_in_flight(s, p, m, v, pp, c, &a, &w);
+            params += th_stage_params(&r->model, &o, clo, chi);
+            acts += a * th_course_acts_bytes(&r->model, &o, clo, chi, rows);
+            if (w > 0) acts += w * th_course_wgrads_bytes(&r->model, &o, clo, chi, rows);
+            in_flight += (double)a / v;
+            layers += chi - clo;
+            for (int nb = st - 1; nb <= st + 1; nb += 2)
+                links += nb >= 0 && nb < S && rank_of(s, p, nb) != pp;
+            if (c == 0) lo = clo, hi = chi;
+        }
+        *x = (th_rank_need){.tp = q % t, .dp = q / t % d, .pp = pp, .lo = lo, .hi = hi, .rows = rows,
+                            .params = params, .acts_in_flight = in_flight};
+        rank_memory(x, r, t, pp < p - 1);
+        x->mem[TH_MEM_ACTS] = acts;
+        /* each chunk is a lab03 stage with its own scratch */
+        if (x->mem[TH_MEM_WORKSPACE] >= 0) x->mem[TH_MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
+        if (v > 1) x->lo = x->hi = -1; /* not one run of layers */
+        const th_traffic pipe = th_pp_traffic(links, m, 1, act); /* sends and receives together */
+        count(x, TH_SEND, pipe.calls / 2, act, 2);
+        count(x, TH_RECV, pipe.calls / 2, act, 2);
+        add_traffic(x, TH_ALLREDUCE, th_tp_traffic(layers, m, t, act, 0), t);
+        add_traffic(x, TH_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
+    }
+}
+
+int th_predict_run(const th_run *r, th_rank_need *need) {
+    if (is(r, "lab01_dp") || is(r, "lab02_zero")) predict_data_parallel(r, need);
+    else if (is(r, "lab03_pp_naive") || is(r, "lab04_1f1b") || is(r, "lab05_tp") || is(r, "lab06_3d")) predict_grid(r, need);
+    else return -1;
+    return 0;
+}
+
+double th_predicted_ring_bytes(const th_run *r, const th_rank_need *need) {
+    double total = 0;
+    for (int k = 0; k < TH_NKINDS; k++) {
+        double busiest = 0;
+        for (int q = 0; q < r->ranks; q++) {
+            if (need[q].ring[k] < 0) return -1; /* calls may be unknown where the bytes are not */
+            busiest = fmax(busiest, need[q].ring[k]);
+        }
+        total += busiest;
+    }
+    return total;
+}
+
+/* ---- --dry-run's tables ------------------------------------------------------------------ */
+
+static void print_bytes(FILE *f, double x) {
+    if (x < 0) fprintf(f, " %12s", "?");
+    else fprintf(f, " %12.0f", x);
+}
+
+void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_rows) {
+    const int R = r->ranks;
+    fprintf(f, "needs of the run by theory/'s formulas (theory/predict.h), rank by rank:\n");
+    fprintf(f, "  memory per rank, bytes (the peak per category the allocator will count; ? not predicted):\n");
+    fprintf(f, "    rank  tp pp dp  layers  ");
+    for (int k = 0; k < TH_NMEM; k++) fprintf(f, " %12s", th_mem_names[k]);
+    fprintf(f, " %12s\n", "sum");
+    double max[TH_NMEM + 1] = {0};
+    for (int q = 0; q < R; q++) {
+        const th_rank_need *x = &need[q];
+        double total = 0;
+        for (int k = 0; k < TH_NMEM; k++) {
+            total = x->mem[k] < 0 || total < 0 ? -1 : total + x->mem[k];
+            max[k] = x->mem[k] < 0 || max[k] < 0 ? -1 : fmax(max[k], x->mem[k]);
+        }
+        /* the sum of the categories' peaks: the allocator's peak of the total is at most this */
+        max[TH_NMEM] = total < 0 || max[TH_NMEM] < 0 ? -1 : fmax(max[TH_NMEM], total);
+        if (q >= max_rows) continue;
+        char layers[24] = "?";
+        if (x->lo >= 0) snprintf(layers, sizeof layers, "[%d,%d)", x->lo, x->hi);
+        fprintf(f, "    %4d  %2d %2d %2d  %-8s", q, x->tp, x->pp, x->dp, layers);
+        for (int k = 0; k < TH_NMEM; k++) print_bytes(f, x->mem[k]);
+        print_bytes(f, total);
+        fprintf(f, "\n");
+    }
+    if (R > max_rows) fprintf(f, "    ... (%d more ranks)\n", R - max_rows);
+    fprintf(f, "    max over ranks        ");
+    for (int k = 0; k <= TH_NMEM; k++) print_bytes(f, max[k]);
+    fprintf(f, "\n");
+
+    fprintf(f, "  traffic per rank per step (calls x payload bytes, by kind):\n");
+    int shown = 0;
+    for (int q = 0; q < R && shown < max_rows; q++, shown++) {
+        fprintf(f, "    %4d ", q);
+        int any = 0;
+        for (int k = 0; k < TH_NKINDS; k++) {
+            const th_rank_need *x = &need[q];
+            if (x->calls[k] == 0 && x->payload[k] == 0) continue;
+            any = 1;
+            if (x->payload[k] < 0) fprintf(f, " | %s ? (not predicted)", th_coll_names[k]);
+            else if (x->calls[k] < 0) fprintf(f, " | %s ? calls, payload %.0f", th_coll_names[k], x->payload[k]);
+            else fprintf(f, " | %s %g calls, payload %.0f", th_coll_names[k], x->calls[k], x->payload[k]);
+        }
+        fprintf(f, "%s\n", any ? "" : " | none");
+    }
+    if (R > max_rows) fprintf(f, "    ... (%d more ranks)\n", R - max_rows);
+    const double ring = th_predicted_ring_bytes(r, need);
+    if (ring >= 0) fprintf(f, "  ring traffic of the busiest rank per step: %.0f bytes (per kind, the maximum over ranks, summed)\n", ring);
+    else fprintf(f, "  ring traffic of the busiest rank per step: not predicted\n");
+}
+
+int th_print_prediction(FILE *f, const th_run *r, int max_rows) {
+    th_rank_need *need = calloc((size_t)r->ranks, sizeof *need);
+    if (!need) return -1;
+    int status = th_predict_run(r, need);
+    if (status == 0) th_print_needs(f, r, need, max_rows);
+    free(need);
+    return status;
+}
