@@ -117,14 +117,34 @@ void gpt_init_params(const gpt_layout *g, uint64_t seed, long begin, long end, f
     free(host);
 }
 
+void gpt_init_values(const gpt_layout *g, uint64_t seed, long begin, long end, void *dst) {
+    if (g_precision == PREC_FP32) {
+        gpt_init_params(g, seed, begin, end, dst);
+        return;
+    }
+    float *host = malloc((size_t)(end - begin) * sizeof(float) + 1);
+    uint16_t *rounded = malloc((size_t)(end - begin) * sizeof(uint16_t) + 1);
+    if (!host || !rounded) die("out of host memory initialising parameters");
+    init_ctx c = {g, seed, begin, end, host};
+    gpt_for_each_tensor(g, begin, end, init_tensor, &c);
+    for (long i = 0; i < end - begin; i++) rounded[i] = bf16_from_float(host[i]);
+    mem_to_device(dst, rounded, (size_t)(end - begin) * sizeof(uint16_t));
+    free(host);
+    free(rounded);
+}
+
 /* ---- activations ----------------------------------------------------------- */
 
-/* Carve consecutive pieces out of one block; the first pass (block NULL) counts. */
-static float *carve(float *block, long *used, long n) {
+/* Carve consecutive pieces of n elements of `size` bytes out of one block; the
+ * first pass (block NULL) counts the bytes. Values are value_bytes() each
+ * (VALUES), LayerNorm statistics, losses and token ids 4 (FOUR). */
+static void *carve(void *block, long *used, long n, size_t size) {
     long at = *used;
-    *used += (n + 15) / 16 * 16; /* keep every piece 64-byte aligned */
-    return block ? block + at : NULL;
+    *used += ((long)size * n + 63) / 64 * 64; /* keep every piece 64-byte aligned */
+    return block ? (char *)block + at : NULL;
 }
+#define VALUES value_bytes()
+#define FOUR 4
 
 /* Widths inside a layer: all heads and 4C MLP units, or a tensor-parallel
  * rank's share of them (the residual stream stays C wide either way). */
@@ -134,37 +154,37 @@ static layer_widths full_widths(const gpt_layout *g) {
     return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model};
 }
 
-static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, float *block) {
+static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, void *block) {
     long B = a->B, T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab;
     long N = B * T, used = 0;
     int first = a->lo == 0, last = a->hi == g->cfg.layers;
     /* token ids live in the float block as int-sized slots */
-    a->tokens = first ? (int *)carve(block, &used, N) : NULL;
-    a->targets = last ? (int *)carve(block, &used, N) : NULL;
-    a->x_in = carve(block, &used, N * C);
+    a->tokens = first ? (int *)carve(block, &used, N, FOUR) : NULL;
+    a->targets = last ? (int *)carve(block, &used, N, FOUR) : NULL;
+    a->x_in = carve(block, &used, N * C, VALUES);
     for (int l = 0; l < a->hi - a->lo; l++) {
         layer_acts *la = &a->layer[l];
-        la->ln1 = carve(block, &used, N * C);
-        la->ln1_mean = carve(block, &used, N);
-        la->ln1_rstd = carve(block, &used, N);
-        la->qkv = carve(block, &used, N * 3 * w.attn);
-        la->atty = carve(block, &used, N * w.attn);
-        la->att = carve(block, &used, B * w.heads * T * T);
-        la->res2 = carve(block, &used, N * C);
-        la->ln2 = carve(block, &used, N * C);
-        la->ln2_mean = carve(block, &used, N);
-        la->ln2_rstd = carve(block, &used, N);
-        la->fch = carve(block, &used, N * w.mlp);
-        la->fch_gelu = carve(block, &used, N * w.mlp);
-        la->res3 = carve(block, &used, N * C);
+        la->ln1 = carve(block, &used, N * C, VALUES);
+        la->ln1_mean = carve(block, &used, N, FOUR);
+        la->ln1_rstd = carve(block, &used, N, FOUR);
+        la->qkv = carve(block, &used, N * 3 * w.attn, VALUES);
+        la->atty = carve(block, &used, N * w.attn, VALUES);
+        la->att = carve(block, &used, B * w.heads * T * T, VALUES);
+        la->res2 = carve(block, &used, N * C, VALUES);
+        la->ln2 = carve(block, &used, N * C, VALUES);
+        la->ln2_mean = carve(block, &used, N, FOUR);
+        la->ln2_rstd = carve(block, &used, N, FOUR);
+        la->fch = carve(block, &used, N * w.mlp, VALUES);
+        la->fch_gelu = carve(block, &used, N * w.mlp, VALUES);
+        la->res3 = carve(block, &used, N * C, VALUES);
     }
     if (last) {
-        a->lnf = carve(block, &used, N * C);
-        a->lnf_mean = carve(block, &used, N);
-        a->lnf_rstd = carve(block, &used, N);
-        a->logits = carve(block, &used, N * V);
-        a->probs = carve(block, &used, N * V);
-        a->losses = carve(block, &used, N);
+        a->lnf = carve(block, &used, N * C, VALUES);
+        a->lnf_mean = carve(block, &used, N, FOUR);
+        a->lnf_rstd = carve(block, &used, N, FOUR);
+        a->logits = carve(block, &used, N * V, VALUES);
+        a->probs = carve(block, &used, N * V, VALUES);
+        a->losses = carve(block, &used, N, FOUR);
     } else {
         a->lnf = a->lnf_mean = a->lnf_rstd = a->logits = a->probs = a->losses = NULL;
     }
@@ -176,8 +196,7 @@ static void acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, 
     a->B = B; a->lo = lo; a->hi = hi;
     a->layer = calloc((size_t)(hi - lo) + 1, sizeof *a->layer);
     if (!a->layer) die("out of host memory");
-    long n = lay_out_acts(a, g, w, NULL);
-    a->bytes = n * (long)sizeof(float);
+    a->bytes = lay_out_acts(a, g, w, NULL);
     a->block = mem_alloc((size_t)a->bytes, MEM_ACTS);
     lay_out_acts(a, g, w, a->block);
 }
@@ -196,27 +215,27 @@ void gpt_acts_free(gpt_acts *a) {
     memset(a, 0, sizeof *a);
 }
 
-float *gpt_acts_output(const gpt_acts *a) {
+void *gpt_acts_output(const gpt_acts *a) {
     return a->hi > a->lo ? a->layer[a->hi - a->lo - 1].res3 : a->x_in;
 }
 
-static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w, float *block) {
+static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w, void *block) {
     long T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, N = B * T;
     long used = 0;
-    s->dres = carve(block, &used, N * C);
-    s->dln = carve(block, &used, N * C);
-    s->dqkv = carve(block, &used, N * 3 * w.attn);
-    s->datty = carve(block, &used, N * w.attn);
-    s->datt = carve(block, &used, (long)B * w.heads * T * T);
-    s->dfch = carve(block, &used, N * w.mlp);
-    s->dfch_gelu = carve(block, &used, N * w.mlp);
-    s->dlogits = carve(block, &used, N * V);
+    s->dres = carve(block, &used, N * C, VALUES);
+    s->dln = carve(block, &used, N * C, VALUES);
+    s->dqkv = carve(block, &used, N * 3 * w.attn, VALUES);
+    s->datty = carve(block, &used, N * w.attn, VALUES);
+    s->datt = carve(block, &used, (long)B * w.heads * T * T, VALUES);
+    s->dfch = carve(block, &used, N * w.mlp, VALUES);
+    s->dfch_gelu = carve(block, &used, N * w.mlp, VALUES);
+    s->dlogits = carve(block, &used, N * V, VALUES);
     return used;
 }
 
 static void scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w) {
     long n = lay_out_scratch(s, g, B, w, NULL);
-    s->block = mem_alloc((size_t)n * sizeof(float), MEM_WORKSPACE);
+    s->block = mem_alloc((size_t)n, MEM_WORKSPACE);
     lay_out_scratch(s, g, B, w, s->block);
 }
 
@@ -233,117 +252,117 @@ void gpt_scratch_free(gpt_grad_scratch *s) {
 
 /* ---- forward ----------------------------------------------------------------- */
 
-#define P(block, which) ((block) + g->layer[which].offset)
+#define P(block, which) value_at(block, g->layer[which].offset)
 
-void gpt_embed_forward(const gpt_layout *g, const float *ep, gpt_acts *a) {
-    K->encoder_forward(a->x_in, a->tokens, ep + g->embed[EMBED_WTE].offset,
-                       ep + g->embed[EMBED_WPE].offset, a->B, g->cfg.seq, g->cfg.d_model);
+void gpt_embed_forward(const gpt_layout *g, const void *ep, gpt_acts *a) {
+    KP->encoder_forward(a->x_in, a->tokens, value_at(ep, g->embed[EMBED_WTE].offset),
+                        value_at(ep, g->embed[EMBED_WPE].offset), a->B, g->cfg.seq, g->cfg.d_model);
 }
 
 /* The input of `layer`: the previous layer's output, or x_in for the first. */
-static const float *layer_input(const gpt_acts *a, int layer) {
+static const void *layer_input(const gpt_acts *a, int layer) {
     return layer == a->lo ? a->x_in : a->layer[layer - a->lo - 1].res3;
 }
 
-void gpt_layer_forward(const gpt_layout *g, const float *lp, gpt_acts *a, int layer) {
+void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int layer) {
     int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
     layer_acts *la = &a->layer[layer - a->lo];
-    const float *x = layer_input(a, layer);
-    K->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, P(lp, LAYER_LN1_W), P(lp, LAYER_LN1_B), N, C);
-    K->matmul_forward(la->qkv, la->ln1, P(lp, LAYER_QKV_W), P(lp, LAYER_QKV_B), N, C, 3 * C);
-    K->attention_forward(la->atty, la->att, la->qkv, B, T, NH, C / NH);
-    K->matmul_forward(la->res2, la->atty, P(lp, LAYER_ATTPROJ_W), P(lp, LAYER_ATTPROJ_B), N, C, C);
-    K->add(la->res2, la->res2, x, (long)N * C);
-    K->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, P(lp, LAYER_LN2_W), P(lp, LAYER_LN2_B), N, C);
-    K->matmul_forward(la->fch, la->ln2, P(lp, LAYER_FC_W), P(lp, LAYER_FC_B), N, C, 4 * C);
-    K->gelu_forward(la->fch_gelu, la->fch, (long)N * 4 * C);
-    K->matmul_forward(la->res3, la->fch_gelu, P(lp, LAYER_FCPROJ_W), P(lp, LAYER_FCPROJ_B), N, 4 * C, C);
-    K->add(la->res3, la->res3, la->res2, (long)N * C);
+    const void *x = layer_input(a, layer);
+    KP->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, P(lp, LAYER_LN1_W), P(lp, LAYER_LN1_B), N, C);
+    KP->matmul_forward(la->qkv, la->ln1, P(lp, LAYER_QKV_W), P(lp, LAYER_QKV_B), N, C, 3 * C);
+    KP->attention_forward(la->atty, la->att, la->qkv, B, T, NH, C / NH);
+    KP->matmul_forward(la->res2, la->atty, P(lp, LAYER_ATTPROJ_W), P(lp, LAYER_ATTPROJ_B), N, C, C);
+    KP->add(la->res2, la->res2, x, (long)N * C);
+    KP->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, P(lp, LAYER_LN2_W), P(lp, LAYER_LN2_B), N, C);
+    KP->matmul_forward(la->fch, la->ln2, P(lp, LAYER_FC_W), P(lp, LAYER_FC_B), N, C, 4 * C);
+    KP->gelu_forward(la->fch_gelu, la->fch, (long)N * 4 * C);
+    KP->matmul_forward(la->res3, la->fch_gelu, P(lp, LAYER_FCPROJ_W), P(lp, LAYER_FCPROJ_B), N, 4 * C, C);
+    KP->add(la->res3, la->res3, la->res2, (long)N * C);
 }
 
-void gpt_head_forward(const gpt_layout *g, const float *hp, gpt_acts *a) {
+void gpt_head_forward(const gpt_layout *g, const void *hp, gpt_acts *a) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
-    K->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
-                         hp + g->head[HEAD_LNF_B].offset, N, C);
-    K->matmul_forward(a->logits, a->lnf, hp + g->head[HEAD_W].offset, NULL, N, C, V);
-    K->crossentropy_forward(a->losses, a->probs, a->logits, a->targets, N, V);
+    KP->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt_acts_output(a), value_at(hp, g->head[HEAD_LNF_W].offset),
+                          value_at(hp, g->head[HEAD_LNF_B].offset), N, C);
+    KP->matmul_forward(a->logits, a->lnf, value_at(hp, g->head[HEAD_W].offset), NULL, N, C, V);
+    KP->crossentropy_forward(a->losses, a->probs, a->logits, a->targets, N, V);
 }
 
-void gpt_forward(const gpt_layout *g, const float *params, gpt_acts *a) {
+void gpt_forward(const gpt_layout *g, const void *params, gpt_acts *a) {
     long begin, end;
     gpt_range(g, a->lo, a->hi, &begin, &end);
     if (a->lo == 0) gpt_embed_forward(g, params, a);
-    for (int l = a->lo; l < a->hi; l++) gpt_layer_forward(g, params + gpt_layer_offset(g, l) - begin, a, l);
-    if (a->hi == g->cfg.layers) gpt_head_forward(g, params + gpt_head_offset(g) - begin, a);
+    for (int l = a->lo; l < a->hi; l++) gpt_layer_forward(g, value_at(params, gpt_layer_offset(g, l) - begin), a, l);
+    if (a->hi == g->cfg.layers) gpt_head_forward(g, value_at(params, gpt_head_offset(g) - begin), a);
 }
 
 /* ---- backward ---------------------------------------------------------------- */
 
-void gpt_head_backward(const gpt_layout *g, const float *hp, float *hg, gpt_acts *a,
+void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *a,
                        gpt_grad_scratch *s, float dloss) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
-    size_t nc = (size_t)N * C * sizeof(float);
-    K->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
+    size_t nc = (size_t)N * C * value_bytes();
+    KP->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
     mem_zero(s->dln, nc);
-    K->matmul_backward(s->dln, hg + g->head[HEAD_W].offset, NULL, s->dlogits, a->lnf,
-                       hp + g->head[HEAD_W].offset, N, C, V);
+    KP->matmul_backward(s->dln, value_at(hg, g->head[HEAD_W].offset), NULL, s->dlogits, a->lnf,
+                        value_at(hp, g->head[HEAD_W].offset), N, C, V);
     mem_zero(s->dres, nc);
-    K->layernorm_backward(s->dres, hg + g->head[HEAD_LNF_W].offset, hg + g->head[HEAD_LNF_B].offset,
-                          s->dln, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
-                          a->lnf_mean, a->lnf_rstd, N, C);
+    KP->layernorm_backward(s->dres, value_at(hg, g->head[HEAD_LNF_W].offset), value_at(hg, g->head[HEAD_LNF_B].offset),
+                           s->dln, gpt_acts_output(a), value_at(hp, g->head[HEAD_LNF_W].offset),
+                           a->lnf_mean, a->lnf_rstd, N, C);
 }
 
-void gpt_layer_backward(const gpt_layout *g, const float *lp, float *gp, gpt_acts *a, int layer,
+void gpt_layer_backward(const gpt_layout *g, const void *lp, void *gp, gpt_acts *a, int layer,
                         gpt_grad_scratch *s) {
     int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
     const layer_acts *la = &a->layer[layer - a->lo];
-    const float *x = layer_input(a, layer);
-    size_t nc = (size_t)N * C * sizeof(float), n4c = 4 * nc;
+    const void *x = layer_input(a, layer);
+    size_t nc = (size_t)N * C * value_bytes(), n4c = 4 * nc;
     /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
     mem_zero(s->dfch_gelu, n4c);
-    K->matmul_backward(s->dfch_gelu, P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), s->dres,
+    KP->matmul_backward(s->dfch_gelu, P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), s->dres,
                        la->fch_gelu, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
     mem_zero(s->dfch, n4c);
-    K->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
+    KP->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
     mem_zero(s->dln, nc);
-    K->matmul_backward(s->dln, P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), s->dfch, la->ln2,
+    KP->matmul_backward(s->dln, P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), s->dfch, la->ln2,
                        P(lp, LAYER_FC_W), N, C, 4 * C);
-    K->layernorm_backward(s->dres, P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), s->dln, la->res2,
+    KP->layernorm_backward(s->dres, P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), s->dln, la->res2,
                           P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
     /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
     mem_zero(s->datty, nc);
-    K->matmul_backward(s->datty, P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), s->dres,
+    KP->matmul_backward(s->datty, P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), s->dres,
                        la->atty, P(lp, LAYER_ATTPROJ_W), N, C, C);
     mem_zero(s->dqkv, 3 * nc);
-    K->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
+    KP->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
     mem_zero(s->dln, nc);
-    K->matmul_backward(s->dln, P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), s->dqkv, la->ln1,
+    KP->matmul_backward(s->dln, P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), s->dqkv, la->ln1,
                        P(lp, LAYER_QKV_W), N, C, 3 * C);
-    K->layernorm_backward(s->dres, P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), s->dln, x,
+    KP->layernorm_backward(s->dres, P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), s->dln, x,
                           P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
 }
 
-void gpt_embed_backward(const gpt_layout *g, float *eg, gpt_acts *a, gpt_grad_scratch *s) {
-    K->encoder_backward(eg + g->embed[EMBED_WTE].offset, eg + g->embed[EMBED_WPE].offset,
-                        s->dres, a->tokens, a->B, g->cfg.seq, g->cfg.d_model);
+void gpt_embed_backward(const gpt_layout *g, void *eg, gpt_acts *a, gpt_grad_scratch *s) {
+    KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset), value_at(eg, g->embed[EMBED_WPE].offset),
+                         s->dres, a->tokens, a->B, g->cfg.seq, g->cfg.d_model);
 }
 
-float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_acts *a,
-                    gpt_grad_scratch *s, const float *dout, float dloss,
-                    grads_ready_fn ready, void *ready_ctx) {
+void *gpt_backward(const gpt_layout *g, const void *params, void *grads, gpt_acts *a,
+                   gpt_grad_scratch *s, const void *dout, float dloss,
+                   grads_ready_fn ready, void *ready_ctx) {
     int L = g->cfg.layers;
     long begin, end;
     gpt_range(g, a->lo, a->hi, &begin, &end);
     if (a->hi == L) {
         long h = gpt_head_offset(g) - begin;
-        gpt_head_backward(g, params + h, grads + h, a, s, dloss);
+        gpt_head_backward(g, value_at(params, h), value_at(grads, h), a, s, dloss);
         if (ready) ready(ready_ctx, gpt_head_offset(g), g->total);
     } else {
-        mem_copy(s->dres, dout, (size_t)a->B * g->cfg.seq * g->cfg.d_model * sizeof(float));
+        mem_copy(s->dres, dout, (size_t)a->B * g->cfg.seq * g->cfg.d_model * value_bytes());
     }
     for (int l = a->hi - 1; l >= a->lo; l--) {
         long o = gpt_layer_offset(g, l) - begin;
-        gpt_layer_backward(g, params + o, grads + o, a, l, s);
+        gpt_layer_backward(g, value_at(params, o), value_at(grads, o), a, l, s);
         if (ready) ready(ready_ctx, gpt_layer_offset(g, l), gpt_layer_offset(g, l + 1));
     }
     if (a->lo != 0) return s->dres;
@@ -354,21 +373,21 @@ float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_
 
 /* ---- the backward in two halves ----------------------------------------------------- */
 
-static long lay_out_wgrads(gpt_wgrads *w, const gpt_layout *g, layer_widths wd, float *block) {
+static long lay_out_wgrads(gpt_wgrads *w, const gpt_layout *g, layer_widths wd, void *block) {
     long N = (long)w->B * g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, used = 0;
     for (int l = 0; l < w->hi - w->lo; l++) {
         layer_wgrads *lw = &w->layer[l];
-        lw->dres3 = carve(block, &used, N * C);
-        lw->dfch = carve(block, &used, N * wd.mlp);
-        lw->dln2 = carve(block, &used, N * C);
-        lw->dres2 = carve(block, &used, N * C);
-        lw->dqkv = carve(block, &used, N * 3 * wd.attn);
-        lw->dln1 = carve(block, &used, N * C);
+        lw->dres3 = carve(block, &used, N * C, VALUES);
+        lw->dfch = carve(block, &used, N * wd.mlp, VALUES);
+        lw->dln2 = carve(block, &used, N * C, VALUES);
+        lw->dres2 = carve(block, &used, N * C, VALUES);
+        lw->dqkv = carve(block, &used, N * 3 * wd.attn, VALUES);
+        lw->dln1 = carve(block, &used, N * C, VALUES);
     }
     int last = w->hi == g->cfg.layers;
-    w->dlogits = last ? carve(block, &used, N * V) : NULL;
-    w->dlnf = last ? carve(block, &used, N * C) : NULL;
-    w->dx = w->lo == 0 ? carve(block, &used, N * C) : NULL;
+    w->dlogits = last ? carve(block, &used, N * V, VALUES) : NULL;
+    w->dlnf = last ? carve(block, &used, N * C, VALUES) : NULL;
+    w->dx = w->lo == 0 ? carve(block, &used, N * C, VALUES) : NULL;
     return used;
 }
 
@@ -377,7 +396,7 @@ static void wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int
     w->B = B; w->lo = lo; w->hi = hi;
     w->layer = calloc((size_t)(hi - lo) + 1, sizeof *w->layer);
     if (!w->layer) die("out of host memory");
-    w->bytes = lay_out_wgrads(w, g, wd, NULL) * (long)sizeof(float);
+    w->bytes = lay_out_wgrads(w, g, wd, NULL);
     w->block = mem_alloc((size_t)w->bytes, MEM_ACTS);
     lay_out_wgrads(w, g, wd, w->block);
 }
@@ -396,93 +415,94 @@ void gpt_wgrads_free(gpt_wgrads *w) {
     memset(w, 0, sizeof *w);
 }
 
-void gpt_head_backward_input(const gpt_layout *g, const float *hp, gpt_acts *a, gpt_grad_scratch *s,
+void gpt_head_backward_input(const gpt_layout *g, const void *hp, gpt_acts *a, gpt_grad_scratch *s,
                              gpt_wgrads *w, float dloss) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
-    size_t nc = (size_t)N * C * sizeof(float);
-    K->crossentropy_backward(w->dlogits, a->probs, a->targets, dloss, N, V);
+    size_t nc = (size_t)N * C * value_bytes();
+    KP->crossentropy_backward(w->dlogits, a->probs, a->targets, dloss, N, V);
     mem_zero(w->dlnf, nc);
-    K->matmul_backward_input(w->dlnf, w->dlogits, hp + g->head[HEAD_W].offset, N, C, V);
+    KP->matmul_backward_input(w->dlnf, w->dlogits, value_at(hp, g->head[HEAD_W].offset), N, C, V);
     mem_zero(s->dres, nc);
-    K->layernorm_backward_input(s->dres, w->dlnf, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
-                                a->lnf_mean, a->lnf_rstd, N, C);
+    KP->layernorm_backward_input(s->dres, w->dlnf, gpt_acts_output(a), value_at(hp, g->head[HEAD_LNF_W].offset),
+                                 a->lnf_mean, a->lnf_rstd, N, C);
 }
 
 /* gpt_layer_backward with every weight gradient left out, and the douts W
  * needs kept in w instead of in the shared scratch. */
-void gpt_layer_backward_input(const gpt_layout *g, const float *lp, const gpt_acts *a, int layer,
+void gpt_layer_backward_input(const gpt_layout *g, const void *lp, const gpt_acts *a, int layer,
                               gpt_grad_scratch *s, gpt_wgrads *w) {
     int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
     const layer_acts *la = &a->layer[layer - a->lo];
     layer_wgrads *lw = &w->layer[layer - a->lo];
-    const float *x = layer_input(a, layer);
-    size_t nc = (size_t)N * C * sizeof(float), n4c = 4 * nc;
+    const void *x = layer_input(a, layer);
+    size_t nc = (size_t)N * C * value_bytes(), n4c = 4 * nc;
     /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
     mem_copy(lw->dres3, s->dres, nc);
     mem_zero(s->dfch_gelu, n4c);
-    K->matmul_backward_input(s->dfch_gelu, s->dres, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
+    KP->matmul_backward_input(s->dfch_gelu, s->dres, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
     mem_zero(lw->dfch, n4c);
-    K->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
+    KP->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
     mem_zero(lw->dln2, nc);
-    K->matmul_backward_input(lw->dln2, lw->dfch, P(lp, LAYER_FC_W), N, C, 4 * C);
-    K->layernorm_backward_input(s->dres, lw->dln2, la->res2, P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
+    KP->matmul_backward_input(lw->dln2, lw->dfch, P(lp, LAYER_FC_W), N, C, 4 * C);
+    KP->layernorm_backward_input(s->dres, lw->dln2, la->res2, P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
     /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
     mem_copy(lw->dres2, s->dres, nc);
     mem_zero(s->datty, nc);
-    K->matmul_backward_input(s->datty, s->dres, P(lp, LAYER_ATTPROJ_W), N, C, C);
+    KP->matmul_backward_input(s->datty, s->dres, P(lp, LAYER_ATTPROJ_W), N, C, C);
     mem_zero(lw->dqkv, 3 * nc);
-    K->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
+    KP->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
     mem_zero(lw->dln1, nc);
-    K->matmul_backward_input(lw->dln1, lw->dqkv, P(lp, LAYER_QKV_W), N, C, 3 * C);
-    K->layernorm_backward_input(s->dres, lw->dln1, x, P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
+    KP->matmul_backward_input(lw->dln1, lw->dqkv, P(lp, LAYER_QKV_W), N, C, 3 * C);
+    KP->layernorm_backward_input(s->dres, lw->dln1, x, P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
 }
 
-void gpt_head_backward_weight(const gpt_layout *g, float *hg, const gpt_acts *a, const gpt_wgrads *w) {
+void gpt_head_backward_weight(const gpt_layout *g, void *hg, const gpt_acts *a, const gpt_wgrads *w) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
-    K->matmul_backward_weight(hg + g->head[HEAD_W].offset, NULL, w->dlogits, a->lnf, N, C, V);
-    K->layernorm_backward_weight(hg + g->head[HEAD_LNF_W].offset, hg + g->head[HEAD_LNF_B].offset, w->dlnf,
-                                 gpt_acts_output(a), a->lnf_mean, a->lnf_rstd, N, C);
+    KP->matmul_backward_weight(value_at(hg, g->head[HEAD_W].offset), NULL, w->dlogits, a->lnf, N, C, V);
+    KP->layernorm_backward_weight(value_at(hg, g->head[HEAD_LNF_W].offset), value_at(hg, g->head[HEAD_LNF_B].offset),
+                                  w->dlnf, gpt_acts_output(a), a->lnf_mean, a->lnf_rstd, N, C);
 }
 
 /* In gpt_layer_backward's order, so the gradients come out the same. */
-void gpt_layer_backward_weight(const gpt_layout *g, float *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
+void gpt_layer_backward_weight(const gpt_layout *g, void *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
     int C = g->cfg.d_model, N = a->B * g->cfg.seq;
     const layer_acts *la = &a->layer[layer - a->lo];
     const layer_wgrads *lw = &w->layer[layer - a->lo];
-    K->matmul_backward_weight(P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N, 4 * C, C);
-    K->matmul_backward_weight(P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, 4 * C);
-    K->layernorm_backward_weight(P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
+    KP->matmul_backward_weight(P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N, 4 * C, C);
+    KP->matmul_backward_weight(P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, 4 * C);
+    KP->layernorm_backward_weight(P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
                                  la->ln2_rstd, N, C);
-    K->matmul_backward_weight(P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, C, C);
-    K->matmul_backward_weight(P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * C);
-    K->layernorm_backward_weight(P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
+    KP->matmul_backward_weight(P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, C, C);
+    KP->matmul_backward_weight(P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * C);
+    KP->layernorm_backward_weight(P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
                                  la->ln1_mean, la->ln1_rstd, N, C);
 }
 
-void gpt_embed_backward_weight(const gpt_layout *g, float *eg, const gpt_acts *a, const gpt_wgrads *w) {
-    K->encoder_backward(eg + g->embed[EMBED_WTE].offset, eg + g->embed[EMBED_WPE].offset, w->dx, a->tokens,
-                        a->B, g->cfg.seq, g->cfg.d_model);
+void gpt_embed_backward_weight(const gpt_layout *g, void *eg, const gpt_acts *a, const gpt_wgrads *w) {
+    KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset), value_at(eg, g->embed[EMBED_WPE].offset), w->dx,
+                         a->tokens, a->B, g->cfg.seq, g->cfg.d_model);
 }
 
-float *gpt_backward_input(const gpt_layout *g, const float *params, gpt_acts *a, gpt_grad_scratch *s,
-                          gpt_wgrads *w, const float *dout, float dloss) {
+void *gpt_backward_input(const gpt_layout *g, const void *params, gpt_acts *a, gpt_grad_scratch *s,
+                         gpt_wgrads *w, const void *dout, float dloss) {
     long begin, end;
-    size_t nc = (size_t)a->B * g->cfg.seq * g->cfg.d_model * sizeof(float);
+    size_t nc = (size_t)a->B * g->cfg.seq * g->cfg.d_model * value_bytes();
     gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, params + gpt_head_offset(g) - begin, a, s, w, dloss);
+    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, value_at(params, gpt_head_offset(g) - begin), a, s, w, dloss);
     else mem_copy(s->dres, dout, nc);
     for (int l = a->hi - 1; l >= a->lo; l--)
-        gpt_layer_backward_input(g, params + gpt_layer_offset(g, l) - begin, a, l, s, w);
+        gpt_layer_backward_input(g, value_at(params, gpt_layer_offset(g, l) - begin), a, l, s, w);
     if (a->lo != 0) return s->dres;
     mem_copy(w->dx, s->dres, nc); /* the embedding's W reads it */
     return NULL;
 }
 
-void gpt_backward_weight(const gpt_layout *g, float *grads, const gpt_acts *a, const gpt_wgrads *w) {
+void gpt_backward_weight(const gpt_layout *g, void *grads, const gpt_acts *a, const gpt_wgrads *w) {
     long begin, end;
     gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, grads + gpt_head_offset(g) - begin, a, w);
-    for (int l = a->hi - 1; l >= a->lo; l--) gpt_layer_backward_weight(g, grads + gpt_layer_offset(g, l) - begin, a, l, w);
+    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, value_at(grads, gpt_head_offset(g) - begin), a, w);
+    for (int l = a->hi - 1; l >= a->lo; l--)
+        gpt_layer_backward_weight(g, value_at(grads, gpt_layer_offset(g, l) - begin), a, l, w);
     if (a->lo == 0) gpt_embed_backward_weight(g, grads, a, w);
 }
 

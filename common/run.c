@@ -42,6 +42,8 @@ static flag_spec shared_flags[] = {
     {"--save-every", FLAG_INT, NULL, "also save after every N-th step (0: only at the end)", 0, NULL},
     {"--resume", FLAG_STRING, NULL, "continue from this checkpoint: weights, AdamW moments and step", 0, NULL},
     {"--eval", FLAG_BOOL, NULL, "at the end, the loss on the held-out last 10% of the data", 0, NULL},
+    {"--precision", FLAG_STRING, NULL, "the model's values: fp32, or bf16 mixed precision (bf16 weights, "
+     "activations and gradients; fp32 master weights, AdamW moments and arithmetic)", 0, "fp32|bf16"},
     {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
      "and bytes per rank the run will need (theory/'s formulas), then exit 0: nothing trained, --out not created", 0,
      NULL},
@@ -52,7 +54,7 @@ static void bind_shared(run_options *o) {
     void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads, &o->preset,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
-                              &o->resume, &o->eval, &o->dry_run};
+                              &o->resume, &o->eval, &o->precision, &o->dry_run};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -205,7 +207,7 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     *o = (run_options){.steps = 50, .batch = tiny->batch, .seq = tiny->seq, .layers = tiny->layers,
                        .d_model = tiny->d_model, .heads = tiny->heads, .preset = tiny->name,
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
-                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs"};
+                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .precision = "fp32"};
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {
@@ -500,6 +502,11 @@ void run_setup(run_ctx *ctx) {
         ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
         ctx->losses = calloc((size_t)o->steps, sizeof(double));
     }
+    /* after device_use (the kernel table is the device's); --dry-run too, whose
+     * formulas count values of the precision's bytes */
+    precision p = PREC_FP32;
+    precision_parse(o->precision, &p); /* one of --precision's choices */
+    precision_use(p);
 
     if (ctx->rank == 0) {
         gpt_layout g;
@@ -513,6 +520,11 @@ void run_setup(run_ctx *ctx) {
                o->preset, o->layers, o->d_model, o->heads, o->seq, human((double)g.total, p));
         printf("data: %s (%ld bytes) | batch %d x %d = %ld tokens per step | %d steps, lr %g\n",
                ctx->data.source, ctx->data.n, o->batch, o->seq, ctx->tokens_per_step, o->steps, o->lr);
+        if (g_precision == PREC_BF16)
+            printf("precision: bf16 weights, activations and gradients; fp32 master weights, AdamW moments and "
+                   "arithmetic | %s\n", ctx->device == DEVICE_CUDA
+                                            ? "bf16 matmuls: cuBLAS on bf16, fp32 compute (tensor cores)"
+                                            : kernels_bf16_cpu_gemm_text());
         if (hosts_text) fputs(hosts_text, stdout);
         fflush(stdout);
     }

@@ -39,6 +39,7 @@ typedef struct run_options {
     const char *preset;        /* --preset: the shape's name ("tiny", "gpt2-small") */
     const char *save, *resume; /* checkpoint files (checkpoint.h), NULL: none */
     int save_every, eval;
+    const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
 } run_options;
 
@@ -95,6 +96,14 @@ typedef struct run_report {
     const char *comm_formula;   /* how it is computed, e.g. "2(N-1)/N x gradient bytes" */
     double bubble_theory;       /* < 0: not a pipeline */
     const char *extra_json;     /* lab-specific record members ("\"k\":v,..."), or NULL */
+    /* Model states per parameter this rank computes with (its replica, stage or
+     * TP shard: params_held, 0 meaning `params`), measured as the allocator's
+     * params, grads and optim peaks over params_held, beside the formula's bytes
+     * per parameter (theory.h: th_model_states(1, ...)), printed in bf16 runs and
+     * recorded in both. states_formula[] all 0: the lab prints its own (lab02). */
+    long params_held;
+    double states_formula[3];
+    const char *states_formula_text; /* "2 + 2 + 12" */
 } run_report;
 
 /* Collective: gathers memory, traffic and timeline from all ranks, prints the

@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
         zero_figures fig;
         zero_figures_of_plan(&g, &plan, zero_stage, &fig);
         const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
-                             .batch = ctx.opt.batch, .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch, .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model,
                                                                               ctx.opt.heads),
                              .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .zero_stage = zero_stage,
                              .units = plan.n_units, .full_elems = (double)plan.full_elems,
@@ -106,6 +106,7 @@ int main(int argc, char **argv) {
     ckpt_view view;
     zero_checkpoint_view(&zero, &view);
     const int first = ckpt_resume(&ctx, &view);
+    zero_params_from_master(&zero); /* bf16: the resumed master weights rounded and gathered */
     gpt_acts acts;
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
@@ -144,7 +145,7 @@ int main(int argc, char **argv) {
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
-                         .bubble_theory = -1, .extra_json = record};
+                         .bubble_theory = -1, .extra_json = record}; /* model states: its own table */
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

@@ -70,7 +70,7 @@ static int check_replicas_identical(comm *tp, const tp_layout *tl, const float *
 /* --eval: the mean loss over the held-out batches, forward only, every rank on
  * the whole batch as in training. Its all-reduces stay out of the traffic
  * counts, so the record's per-step figures are the training's. */
-static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const float *params, gpt_acts *acts,
+static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const void *params, gpt_acts *acts,
                        int *tokens, int *targets) {
     const int B = ctx->opt.batch, T = ctx->opt.seq;
     dataset heldout;
@@ -105,16 +105,19 @@ int main(int argc, char **argv) {
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
-    /* The figures the lesson predicts (bytes are 4 per float), by theory/'s
-     * formulas (theory.h), the ones plan3d predicts with. */
+    /* The figures the lesson predicts (bytes are vb per value: 4 in fp32, 2 in
+     * bf16), by theory/'s formulas (theory.h), the ones plan3d predicts with. */
     const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
-    const double act_bytes = 4.0 * B * T * C;                 /* one all-reduce's payload */
+    const double vb = (double)value_bytes();
+    const double act_bytes = vb * B * T * C;                  /* one all-reduce's payload */
     const th_traffic tp_traffic = th_tp_traffic(L, 1, ctx.size, act_bytes, 0); /* 2L g's + 2L f's */
     char layout[32];
     snprintf(layout, sizeof layout, "tp=%d", ctx.size);
-    const char *formula = "4L all-reduces of B*T*C floats, ring 2(t-1)/t x 16 L B T C";
+    const char *formula = g_precision == PREC_BF16 ? "4L all-reduces of B*T*C bf16 values, ring 2(t-1)/t x 8 L B T C"
+                                                   : "4L all-reduces of B*T*C floats, ring 2(t-1)/t x 16 L B T C";
     if (ctx.opt.dry_run) { /* theory/predict.h: every rank the whole batch, 1/t of every layer */
-        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA, .batch = B,
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = B,
                              .model = tm, .tp = ctx.size, .pp = 1, .dp = 1, .micro_batches = 1};
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
         run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = tp_traffic.ring,
@@ -125,15 +128,17 @@ int main(int argc, char **argv) {
     tp_layout tl;
     tp_layout_init(&tl, &ctx.model, tp.size, tp.rank);
     const long P = tl.total; /* this rank's parameters: replicated + its shards */
-    float *params = mem_alloc((size_t)P * sizeof(float), MEM_PARAMS);
-    float *grads = mem_alloc((size_t)P * sizeof(float), MEM_GRADS);
+    void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS); /* the model's values (precision.h) */
+    void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
+    float *master = master_alloc(params, P); /* the fp32 weights AdamW updates: params itself in fp32 */
     float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
     float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
-    tp_init_params(&tl, (uint64_t)ctx.opt.seed, 0, L, params);
+    tp_init_params(&tl, (uint64_t)ctx.opt.seed, 0, L, master);
     ckpt_view view; /* replicated tensors whole, this rank's shards piece by piece */
-    ckpt_view_init(&view, params, P, adam_m, adam_v, P);
+    ckpt_view_init(&view, master, P, adam_m, adam_v, P);
     tp_checkpoint_hold(&tl, 0, L, &view);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(params, master, P);
     gpt_acts acts;
     tp_acts_alloc(&acts, &tl, 0, L, B); /* the whole batch: TP does not split it */
     gpt_grad_scratch scratch;
@@ -142,17 +147,17 @@ int main(int argc, char **argv) {
     grad_norm_init(&norm, 2);
     int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
 
-    const th_opts fp32 = th_opts_course(tp.size);
+    const th_opts opts = th_opts_precision(tp.size, g_precision == PREC_BF16);
     const th_params counts = th_param_counts(&tm);
     const int allreduces = (int)tp_traffic.calls;
-    const double block_full = 4.0 * L * counts.layer;         /* all block weights, serial model */
-    const double sharded_full = 4.0 * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
-    const double replicated = 4.0 * (counts.total - L * counts.layer_sharded);
-    const double block_per_rank = 4.0 * L * (counts.layer - counts.layer_sharded + counts.layer_sharded / tp.size);
-    const double acts_formula = th_course_acts_bytes(&tm, &fp32, 0, L, B); /* this rank's, exact */
+    const double block_full = vb * L * counts.layer;          /* all block weights, serial model */
+    const double sharded_full = vb * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
+    const double replicated = vb * (counts.total - L * counts.layer_sharded);
+    const double block_per_rank = vb * L * (counts.layer - counts.layer_sharded + counts.layer_sharded / tp.size);
+    const double acts_formula = th_course_acts_bytes(&tm, &opts, 0, L, B); /* this rank's, exact */
     /* activations split per layer: q,k,v (3NC), attention output (NC), the MLP's
      * two 4C-wide tensors (8NC) and the attention matrix (B*H*T*T) */
-    const double acts_split_full = 4.0 * L * (12.0 * B * T * C + (double)B * ctx.opt.heads * T * T);
+    const double acts_split_full = vb * L * (12.0 * B * T * C + (double)B * ctx.opt.heads * T * T);
     if (tp.rank == 0) {
         char a[16], b[16], c[16];
         printf("tensor parallel: t=%d | per rank %d of %d heads, %d of %d MLP units | block weights %sB "
@@ -168,7 +173,7 @@ int main(int argc, char **argv) {
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, 0, B, T, tokens, targets);
         mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)B * T);
         mem_to_device(acts.targets, targets, sizeof(int) * (size_t)B * T);
-        mem_zero(grads, (size_t)P * sizeof(float));
+        mem_zero(grads, (size_t)P * value_bytes());
 
         tp_forward(&tl, &tp, params, &acts);
         tp_backward(&tl, &tp, params, grads, &acts, &scratch, NULL, 1.0f / ((float)B * T));
@@ -182,7 +187,8 @@ int main(int argc, char **argv) {
         tp_grad_squares(&tl, &norm, 0, L, grads, &sharded_sq, &replicated_sq);
         comm_allreduce_host(&tp, &sharded_sq, 1);
         float scale = clip_scale(sharded_sq + replicated_sq, (float)ctx.opt.clip);
-        tp_adamw_step(&tl, &ctx.adamw, 0, L, params, grads, adam_m, adam_v, step + 1, scale);
+        tp_adamw_step(&tl, &ctx.adamw, 0, L, master, grads, adam_m, adam_v, step + 1, scale);
+        params_from_master(params, master, P);
         trace_end(ev);
 
         /* the head is replicated: every rank has the same losses, no reduction needed */
@@ -195,7 +201,7 @@ int main(int argc, char **argv) {
         ckpt_print_eval(&ctx, eval_loss);
     }
 
-    int in_sync = check_sync ? check_replicas_identical(&tp, &tl, params) : 1;
+    int in_sync = check_sync ? check_replicas_identical(&tp, &tl, master) : 1; /* bf16: params are their rounding */
     double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / ctx.steps_done;
     double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / ctx.steps_done;
     char extra[1024];
@@ -209,22 +215,25 @@ int main(int argc, char **argv) {
              "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
              "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s",
              tp.size, tl.heads, tl.hidden, allreduces, allreduces * act_bytes, act_bytes,
-             4.0 * th_stage_params(&tm, &fp32, 0, L), replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
+             vb * th_stage_params(&tm, &opts, 0, L), replicated, block_full, block_per_rank, sharded_full, vb * tp_sharded_elems(&tl),
              acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
+    const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
                          .comm_formula_bytes = tp_traffic.ring, .comm_formula = formula,
-                         .bubble_theory = -1, .extra_json = record};
+                         .bubble_theory = -1, .extra_json = record, .params_held = P,
+                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);
     if (tp.rank == 0) {
         char a[16], b[16], c[16], d[16];
         printf("  tensor parallel all-reduces per step: %.0f measured, 4L = %d by the formula | "
-               "%sB payload measured, 4L x B*T*C x 4 = %sB\n",
-               measured_calls, allreduces, human(measured_bytes, a), human(allreduces * act_bytes, b));
+               "%sB payload measured, 4L x B*T*C x %.0f = %sB\n",
+               measured_calls, allreduces, human(measured_bytes, a), vb, human(allreduces * act_bytes, b));
         printf("  block weights per rank: %sB = 6C x L replicated (%sB) + 1/%d of the %sB split (matrices, QKV/fc biases); "
-               "serial %sB\n", human(block_per_rank, a), human(4.0 * L * 6 * C, b), tp.size,
+               "serial %sB\n", human(block_per_rank, a), human(vb * L * 6 * C, b), tp.size,
                human(sharded_full, c), human(block_full, d));
         printf("  activations per rank: %sB measured, %sB by the formula (theory.h); the split ones (q,k,v, heads, "
                "MLP units) are 1/%d of %sB\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, c), tp.size,
@@ -236,6 +245,7 @@ int main(int argc, char **argv) {
     gpt_scratch_free(&scratch);
     gpt_acts_free(&acts);
     grad_norm_free(&norm);
+    master_free(master, params);
     mem_free(params);
     mem_free(grads);
     mem_free(adam_m);

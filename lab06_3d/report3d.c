@@ -68,7 +68,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     const grid_dims d = g->dims;
     double row[F_FIELDS] = {0};
     /* one activation (or its gradient): what one TP all-reduce and one pipeline message carry */
-    const double act_bytes = 4.0 * st->boundary_floats;
+    const double act_bytes = (double)value_bytes() * st->boundary_floats;
     comm *groups[GROUP_KINDS] = {&g->tp, &g->pipe, &g->dp};
     for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
     /* theory/'s formulas (theory.h), the ones plan3d predicts with.
@@ -79,7 +79,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
      * (schedule_remote_links counts the links of every chunk of this rank) */
     formula(row + GROUP_PP * G_FIELDS, th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, act_bytes));
     /* DP: one all-reduce of the rank's whole gradient after the flush (none for d = 1) */
-    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(4.0 * pr->n, d.dp, 1));
+    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic((double)value_bytes() * pr->n, d.dp, 1));
     row[F_LO] = st->lo;
     row[F_HI] = st->hi;
     row[F_TP] = g->me.tp;
@@ -92,11 +92,12 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     row[F_TOTAL] = (double)mem_peak_total();
     const gpt_config *cfg = &ctx->model;
     const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
-    const th_opts fp32 = th_opts_course(d.tp);
+    const th_opts opts = th_opts_precision(d.tp, g_precision == PREC_BF16);
     row[F_PARAMS_F] = 0;
-    for (int c = 0; c < pr->v; c++) row[F_PARAMS_F] += 4.0 * th_stage_params(&tm, &fp32, pr->chunk[c].lo, pr->chunk[c].hi);
+    for (int c = 0; c < pr->v; c++)
+        row[F_PARAMS_F] += th_param_bytes(opts.precision) * th_stage_params(&tm, &opts, pr->chunk[c].lo, pr->chunk[c].hi);
     row[F_ACTS_PER_MB] = (double)st->acts_bytes; /* chunk 0's: the whole formula is F_ACTS_F */
-    row[F_ACTS_PER_MB_F] = th_course_acts_bytes(&tm, &fp32, st->lo, st->hi, st->rows);
+    row[F_ACTS_PER_MB_F] = th_course_acts_bytes(&tm, &opts, st->lo, st->hi, st->rows);
     row[F_IN_FLIGHT] = in_flight;
     row[F_ACTS_F] = pipeline_acts_formula_bytes(pr);
 

@@ -2,14 +2,16 @@
  * 16-bit forms. */
 #include "theory.h"
 
-/* common/model.c's carve(): every piece starts 64-byte aligned */
-static double pad16(double floats) { return (double)(((long long)floats + 15) / 16 * 16); }
+/* common/model.c's carve(): every piece starts 64-byte aligned. Pieces of the
+ * model's values take the precision's bytes (4 or 2: th_param_bytes); the
+ * LayerNorm statistics, the losses and the token ids 4 in both. */
+static double pad64(double bytes) { return (double)(((long long)bytes + 63) / 64 * 64); }
 
 /* The options and shape the course's model runs: fp32, no SP, no recomputation,
  * GPT-2's architecture, and whole heads and MLP units per TP rank. */
 static int course_runs(const th_model *m, const th_opts *o) {
     long t = o->tp > 0 ? o->tp : 1;
-    return o->precision == TH_FP32 && !o->sequence_parallel && o->recompute == TH_RECOMPUTE_NONE &&
+    return (o->precision == TH_FP32 || o->precision == TH_BF16) && !o->sequence_parallel && o->recompute == TH_RECOMPUTE_NONE &&
            !o->vocab_parallel && m->kv_heads == m->heads && m->ffn == 4 * m->d_model && !m->gated_mlp &&
            m->biases && m->learned_positions && !m->tied_head && m->heads % t == 0 && m->d_model % m->heads == 0;
 }
@@ -27,25 +29,26 @@ double th_course_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi,
     const widths w = local_widths(m, o);
     const double B = (double)rows, T = (double)m->seq, C = (double)m->d_model, V = (double)m->vocab, N = B * T;
     const int first = lo == 0, last = hi == m->layers;
-    double layer = 4 * pad16(N * C)                       /* ln1, res2, ln2, res3 */
-                 + 4 * pad16(N)                           /* ln1 and ln2 mean and rstd */
-                 + pad16(N * 3 * w.attn) + pad16(N * w.attn) /* qkv, atty */
-                 + pad16(B * w.heads * T * T)             /* att */
-                 + 2 * pad16(N * w.mlp);                  /* fch, fch_gelu */
-    double floats = pad16(N * C) /* x_in */ + (double)(hi - lo) * layer;
-    if (first) floats += pad16(N); /* tokens */
-    if (last) floats += pad16(N) /* targets */ + pad16(N * C) + 2 * pad16(N) /* lnf, mean, rstd */
-                        + 2 * pad16(N * V) /* logits, probs */ + pad16(N) /* losses */;
-    return 4 * floats;
+    const double v = th_param_bytes(o->precision);
+    double layer = 4 * pad64(v * N * C)                          /* ln1, res2, ln2, res3 */
+                 + 4 * pad64(4 * N)                              /* ln1 and ln2 mean and rstd */
+                 + pad64(v * N * 3 * w.attn) + pad64(v * N * w.attn) /* qkv, atty */
+                 + pad64(v * B * w.heads * T * T)                /* att */
+                 + 2 * pad64(v * N * w.mlp);                     /* fch, fch_gelu */
+    double bytes = pad64(v * N * C) /* x_in */ + (double)(hi - lo) * layer;
+    if (first) bytes += pad64(4 * N); /* tokens */
+    if (last) bytes += pad64(4 * N) /* targets */ + pad64(v * N * C) + 2 * pad64(4 * N) /* lnf, mean, rstd */
+                       + 2 * pad64(v * N * V) /* logits, probs */ + pad64(4 * N) /* losses */;
+    return bytes;
 }
 
 double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
     if (!course_runs(m, o)) return -1;
     const widths w = local_widths(m, o);
     const double B = (double)rows, T = (double)m->seq, C = (double)m->d_model, V = (double)m->vocab, N = B * T;
-    double floats = 2 * pad16(N * C) + pad16(N * 3 * w.attn) + pad16(N * w.attn) + pad16(B * w.heads * T * T) +
-                    2 * pad16(N * w.mlp) + pad16(N * V);
-    return 4 * floats;
+    const double v = th_param_bytes(o->precision);
+    return 2 * pad64(v * N * C) + pad64(v * N * 3 * w.attn) + pad64(v * N * w.attn) + pad64(v * B * w.heads * T * T) +
+           2 * pad64(v * N * w.mlp) + pad64(v * N * V);
 }
 
 double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b) {
@@ -80,9 +83,10 @@ double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int h
     if (!course_runs(m, o)) return -1;
     const widths w = local_widths(m, o);
     const double N = (double)rows * m->seq, C = (double)m->d_model, V = (double)m->vocab;
-    double layer = 4 * pad16(N * C) + pad16(N * w.mlp) + pad16(N * 3 * w.attn); /* dres3 dln2 dres2 dln1, dfch, dqkv */
-    double floats = (double)(hi - lo) * layer;
-    if (hi == m->layers) floats += pad16(N * V) + pad16(N * C); /* dlogits, dlnf */
-    if (lo == 0) floats += pad16(N * C);                        /* dx */
-    return 4 * floats;
+    const double v = th_param_bytes(o->precision); /* values: 4, or 2 in bf16 */
+    double layer = 4 * pad64(v * N * C) + pad64(v * N * w.mlp) + pad64(v * N * 3 * w.attn); /* dres3 dln2 dres2 dln1, dfch, dqkv */
+    double bytes = (double)(hi - lo) * layer;
+    if (hi == m->layers) bytes += pad64(v * N * V) + pad64(v * N * C); /* dlogits, dlnf */
+    if (lo == 0) bytes += pad64(v * N * C);                           /* dx */
+    return bytes;
 }

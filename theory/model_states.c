@@ -12,6 +12,12 @@ th_opts th_opts_course(int tp) {
                      .recompute = TH_RECOMPUTE_NONE};
 }
 
+th_opts th_opts_precision(int tp, int bf16) {
+    th_opts o = th_opts_course(tp);
+    o.precision = bf16 ? TH_BF16 : TH_FP32;
+    return o;
+}
+
 double th_param_bytes(th_precision p) { return p == TH_BF16 ? 2 : 4; }
 double th_grad_bytes(th_precision p) { return p == TH_BF16 ? 2 : 4; }
 double th_optim_bytes(th_precision p) { return p == TH_BF16 ? 12 : 8; }

@@ -17,16 +17,18 @@
  * every lab and by plan3d.
  *
  * Two kinds of formula live here, kept apart:
- *   exact     the course's own fp32 model (common/model.c), to the byte: what
- *             the tests compare with the allocator and the communicator;
+ *   exact     the course's own model (common/model.c) in fp32 or bf16 mixed
+ *             precision (--precision), to the byte: what the tests compare
+ *             with the allocator and the communicator;
  *   published the forms of the literature for what the labs do not run yet
  *             (16-bit activations with sequence parallelism and selective or
- *             full recomputation, Korthikanti et al. 2022, Table 2; mixed
- *             precision's 2 + 2 + 12 bytes per parameter, Rajbhandari et al.
- *             2020, the ZeRO paper), which plan3d uses for real models.
+ *             full recomputation, Korthikanti et al. 2022, Table 2), which
+ *             plan3d uses for real models. Mixed precision's 2 + 2 + 12 bytes
+ *             per parameter (Rajbhandari et al. 2020, the ZeRO paper) is both:
+ *             the labs' bf16 allocates exactly that.
  * The options struct th_opts carries what selects between them and can grow
- * (issue 14 adds sequence parallelism and recomputation to the labs, issue 16
- * bf16: their exact forms then join the exact functions). */
+ * (issue 14 adds sequence parallelism and recomputation to the labs: their
+ * exact forms then join the exact functions). */
 #ifndef PL_THEORY_H
 #define PL_THEORY_H
 
@@ -55,7 +57,7 @@ typedef enum { TH_FP32, TH_BF16 } th_precision;
 typedef enum { TH_RECOMPUTE_NONE, TH_RECOMPUTE_SELECTIVE, TH_RECOMPUTE_FULL } th_recompute;
 
 typedef struct th_opts {
-    th_precision precision;  /* fp32: the labs; bf16: mixed precision (published forms) */
+    th_precision precision;  /* fp32, or bf16 mixed precision (the labs' --precision) */
     int tp;                  /* tensor-parallel degree t (1: none) */
     int vocab_parallel;      /* embedding and head split over t, as Megatron does;
                               * 0: replicated on every TP rank, as lab05 does */
@@ -65,6 +67,8 @@ typedef struct th_opts {
 
 /* fp32, t = 1, no SP, no recomputation: a one-rank lab. */
 th_opts th_opts_course(int tp);
+/* The same in a lab's precision: bf16 = 1 for --precision bf16. */
+th_opts th_opts_precision(int tp, int bf16);
 
 /* Bytes per parameter and per activation element for a precision. */
 double th_param_bytes(th_precision p);   /* the weights the forward reads: 4 or 2 */
@@ -124,10 +128,12 @@ th_states th_zero_buffers(double unit_elems, const th_opts *o, int zero_stage);
 
 /* ---- activations ---------------------------------------------------------------------- */
 
-/* EXACT, the course's fp32 model: the bytes common/model.c's gpt_acts_alloc
- * (gpt_acts_alloc_local at t = opts->tp: H/t heads, 4C/t MLP units; the
- * residual stream stays C wide) allocates for layers [lo, hi) of one
- * micro-batch of `rows` sequences, every piece padded to 16 floats:
+/* EXACT, the course's model in fp32 or bf16: the bytes common/model.c's
+ * gpt_acts_alloc (gpt_acts_alloc_local at t = opts->tp: H/t heads, 4C/t MLP
+ * units; the residual stream stays C wide) allocates for layers [lo, hi) of
+ * one micro-batch of `rows` sequences, every piece padded to 64 bytes; the
+ * model's values 4 or 2 bytes each (th_param_bytes), the means, rstds,
+ * losses and token ids 4 in both:
  *
  *   every stage  x_in [N,C]
  *   each layer   ln1, res2, ln2, res3 [N,C]; 4 means/rstds [N]; qkv [N,3C/t];
@@ -136,12 +142,13 @@ th_states th_zero_buffers(double unit_elems, const th_opts *o, int zero_stage);
  *                its mean and rstd [N], logits, probs [N,V]
  *
  * with N = rows x T. Returns -1 for options the course's model does not run
- * (bf16, sequence parallelism, recomputation, or a model that is not the
- * course's shape). */
+ * (sequence parallelism, recomputation, or a model that is not the course's
+ * shape). */
 double th_course_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows);
 /* EXACT: the backward scratch (gpt_scratch_alloc[_local], workspace category),
  * one per stage, reused by every micro-batch: dres, dln [N,C]; dqkv [N,3C/t];
- * datty [N,C/t]; datt [rows,H/t,T,T]; dfch, dfch_gelu [N,4C/t]; dlogits [N,V]. */
+ * datty [N,C/t]; datt [rows,H/t,T,T]; dfch, dfch_gelu [N,4C/t]; dlogits [N,V];
+ * all values of the precision. */
 double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows);
 /* EXACT: the gradient-norm sums (common/optim.h grad_norm, workspace category):
  * one double per part, kept on the device for the whole run. lab02 keeps one
