@@ -1,11 +1,20 @@
 /* Collectives and point-to-point over MPI or NCCL (see comm.h).
  *
+ * Device buffers hold the model's values (precision.h): fp32, or bf16 in a
+ * bf16 run, value_bytes() each. bf16 sums stay bf16 on the wire, 2 bytes a
+ * value: NCCL's ncclBfloat16, and on MPI a sum operator of our own
+ * (bf16_sum below: each pair added in fp32 and rounded to bf16, which is what
+ * NCCL does at each step of its ring). Reducing in fp32 instead (widen, add,
+ * round once at the end) would round once rather than at every partial sum,
+ * at twice the bytes: the ZeRO paper's count, and this code's, is 2.
+ *
  * Accounting, the same on both backends:
  *  - calls:   one per call of a kind (comm_sendrecv counts one send and/or one
  *             receive, for the directions it actually carries).
- *  - bytes:   the caller's buffer: n*4 for allreduce, broadcast, send and recv.
+ *  - bytes:   the caller's buffer: n values (n*4 bytes in fp32, n*2 in bf16)
+ *             for allreduce, broadcast, send and recv.
  *             For reduce-scatter and all-gather it is the FULL padded buffer,
- *             chunk*size*4 bytes, not the shard: that is the volume the caller
+ *             chunk*size values, not the shard: that is the volume the caller
  *             hands over, and it is the same on every rank.
  *  - seconds: host wall time from entry to return. On MPI that is the whole
  *             operation. On NCCL the work is queued on a stream and the host
@@ -18,6 +27,7 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "comm.h"
 #include "device.h"
+#include "precision.h"
 #include "trace.h"
 #include <limits.h>
 #include <stdint.h>
@@ -96,6 +106,40 @@ static int usable_cores(void) {
 
 void polite_wait(MPI_Request *req) { polite_waitall(1, req); }
 
+/* ---- the values' types ---------------------------------------------------------- */
+
+/* MPI's sum of bf16 values: each pair widened to fp32, added, rounded to bf16. */
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = bf16_from_float(float_from_bf16(a[i]) + float_from_bf16(b[i]));
+}
+
+static MPI_Datatype mpi_values(void) { return g_precision == PREC_BF16 ? MPI_UINT16_T : MPI_FLOAT; }
+
+static MPI_Op mpi_sum(void) {
+    static MPI_Op bf16_op = MPI_OP_NULL;
+    if (g_precision != PREC_BF16) return MPI_SUM;
+    if (bf16_op == MPI_OP_NULL) MPI_Op_create(bf16_sum, 1, &bf16_op); /* commutative; kept until exit */
+    return bf16_op;
+}
+
+/* x /= d for n values of host memory (an average after the sum) */
+static void divide_values(void *x, long n, int d) {
+    if (g_precision == PREC_BF16) {
+        uint16_t *h = x;
+        for (long i = 0; i < n; i++) h[i] = bf16_from_float(float_from_bf16(h[i]) / (float)d);
+    } else {
+        float *h = x;
+        for (long i = 0; i < n; i++) h[i] /= (float)d;
+    }
+}
+
+#ifdef PL_HAVE_CUDA
+static ncclDataType_t nccl_values(void) { return g_precision == PREC_BF16 ? ncclBfloat16 : ncclFloat; }
+#endif
+
 /* ---- helpers ---------------------------------------------------------------- */
 
 long comm_chunk(long n, int size) { return size > 0 ? (n + size - 1) / size : 0; }
@@ -143,7 +187,7 @@ static void op_end(op_scope s, comm_kind k, double bytes) {
 typedef struct { void *p; size_t bytes; int pinned; } host_buf;
 static host_buf stage_buf[2];
 
-static float *stage(int which, size_t bytes) {
+static void *stage(int which, size_t bytes) {
     host_buf *b = &stage_buf[which];
 #ifdef PL_HAVE_CUDA
     int want_pinned = g_device == DEVICE_CUDA;
@@ -285,60 +329,59 @@ void comm_reset_stats(comm *c) { memset(c->stats, 0, sizeof c->stats); }
 
 /* ---- collectives ---------------------------------------------------------------- */
 
-void comm_allreduce(comm *c, float *buf, long n, int average) {
+void comm_allreduce(comm *c, void *buf, long n, int average) {
     check_member(c, "comm_allreduce");
     op_scope s = op_begin(c, comm_kind_names[COLL_ALLREDUCE]);
-    size_t bytes = (size_t)n * sizeof(float);
+    size_t bytes = (size_t)n * value_bytes();
     if (n > 0) {
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
-            NCCL_OK(ncclAllReduce(buf, buf, (size_t)n, ncclFloat, average ? ncclAvg : ncclSum,
+            NCCL_OK(ncclAllReduce(buf, buf, (size_t)n, nccl_values(), average ? ncclAvg : ncclSum,
                                   (ncclComm_t)c->nccl, nccl_stream(c)));
         } else
 #endif
         {
-            float *h = buf;
+            void *h = buf;
             if (staged(c)) {
                 stage_enter();
                 h = stage(0, bytes);
                 stage_out(h, buf, bytes);
             }
             MPI_Request req;
-            MPI_OK(MPI_Iallreduce(MPI_IN_PLACE, h, mpi_count(n, "comm_allreduce"), MPI_FLOAT,
-                                  MPI_SUM, c->mpi, &req));
+            MPI_OK(MPI_Iallreduce(MPI_IN_PLACE, h, mpi_count(n, "comm_allreduce"), mpi_values(),
+                                  mpi_sum(), c->mpi, &req));
             polite_wait(&req);
-            if (average && c->size > 1)
-                for (long i = 0; i < n; i++) h[i] /= (float)c->size;
+            if (average && c->size > 1) divide_values(h, n, c->size);
             if (staged(c)) stage_in(buf, h, bytes);
         }
     }
     op_end(s, COLL_ALLREDUCE, (double)bytes);
 }
 
-void comm_reduce_scatter(comm *c, const float *full, float *shard, long n) {
+void comm_reduce_scatter(comm *c, const void *full, void *shard, long n) {
     check_member(c, "comm_reduce_scatter");
     op_scope s = op_begin(c, comm_kind_names[COLL_REDUCE_SCATTER]);
     long chunk = comm_chunk(n, c->size);
-    size_t shard_bytes = (size_t)chunk * sizeof(float);
+    size_t shard_bytes = (size_t)chunk * value_bytes();
     size_t full_bytes = shard_bytes * (size_t)c->size;
     if (chunk > 0) {
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
             /* NCCL's in-place form is shard == full + rank*chunk; any other overlap
              * would be a race on the GPU. */
-            if (shard != full + (long)c->rank * chunk &&
+            if (shard != value_at(full, (long)c->rank * chunk) &&
                 overlaps(shard, shard_bytes, full, full_bytes))
                 die("comm_reduce_scatter: shard overlaps full other than at rank*chunk");
-            NCCL_OK(ncclReduceScatter(full, shard, (size_t)chunk, ncclFloat, ncclSum,
+            NCCL_OK(ncclReduceScatter(full, shard, (size_t)chunk, nccl_values(), ncclSum,
                                       (ncclComm_t)c->nccl, nccl_stream(c)));
         } else
 #endif
         {
-            const float *in = full;
-            float *out = shard;
+            const void *in = full;
+            void *out = shard;
             if (staged(c)) {
                 stage_enter();
-                float *h = stage(0, full_bytes);
+                void *h = stage(0, full_bytes);
                 stage_out(h, full, full_bytes);
                 in = h;
                 out = stage(1, shard_bytes);
@@ -349,7 +392,7 @@ void comm_reduce_scatter(comm *c, const float *full, float *shard, long n) {
             }
             MPI_Request req;
             MPI_OK(MPI_Ireduce_scatter_block(in, out, mpi_count(chunk, "comm_reduce_scatter"),
-                                             MPI_FLOAT, MPI_SUM, c->mpi, &req));
+                                             mpi_values(), mpi_sum(), c->mpi, &req));
             polite_wait(&req);
             if (staged(c)) stage_in(shard, out, shard_bytes);
             else if (out != shard) memcpy(shard, out, shard_bytes);
@@ -358,37 +401,37 @@ void comm_reduce_scatter(comm *c, const float *full, float *shard, long n) {
     op_end(s, COLL_REDUCE_SCATTER, (double)full_bytes);
 }
 
-void comm_allgather(comm *c, const float *shard, float *full, long n) {
+void comm_allgather(comm *c, const void *shard, void *full, long n) {
     check_member(c, "comm_allgather");
     op_scope s = op_begin(c, comm_kind_names[COLL_ALLGATHER]);
     long chunk = comm_chunk(n, c->size);
-    size_t shard_bytes = (size_t)chunk * sizeof(float);
+    size_t shard_bytes = (size_t)chunk * value_bytes();
     size_t full_bytes = shard_bytes * (size_t)c->size;
     if (chunk > 0) {
-        float *mine = full + (long)c->rank * chunk; /* where this rank's shard goes */
+        void *mine = value_at(full, (long)c->rank * chunk); /* where this rank's shard goes */
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
             /* NCCL's in-place form is shard == full + rank*chunk. */
             if (shard != mine && overlaps(shard, shard_bytes, full, full_bytes))
                 die("comm_allgather: shard overlaps full other than at rank*chunk");
-            NCCL_OK(ncclAllGather(shard, full, (size_t)chunk, ncclFloat,
+            NCCL_OK(ncclAllGather(shard, full, (size_t)chunk, nccl_values(),
                                   (ncclComm_t)c->nccl, nccl_stream(c)));
         } else
 #endif
         {
             /* Put the own shard in place and gather in place: that works whether
              * or not the caller's shard already lives inside full. */
-            float *h = full;
+            void *h = full;
             if (staged(c)) {
                 stage_enter();
                 h = stage(0, full_bytes);
-                stage_out(h + (long)c->rank * chunk, shard, shard_bytes);
+                stage_out(value_at(h, (long)c->rank * chunk), shard, shard_bytes);
             } else if (shard != mine) {
                 memmove(mine, shard, shard_bytes);
             }
             MPI_Request req;
             MPI_OK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h,
-                                  mpi_count(chunk, "comm_allgather"), MPI_FLOAT, c->mpi, &req));
+                                  mpi_count(chunk, "comm_allgather"), mpi_values(), c->mpi, &req));
             polite_wait(&req);
             if (staged(c)) stage_in(full, h, full_bytes);
         }
@@ -396,27 +439,27 @@ void comm_allgather(comm *c, const float *shard, float *full, long n) {
     op_end(s, COLL_ALLGATHER, (double)full_bytes);
 }
 
-void comm_broadcast(comm *c, float *buf, long n, int root) {
+void comm_broadcast(comm *c, void *buf, long n, int root) {
     check_member(c, "comm_broadcast");
     check_rank(c, root, "comm_broadcast root");
     op_scope s = op_begin(c, comm_kind_names[COLL_BROADCAST]);
-    size_t bytes = (size_t)n * sizeof(float);
+    size_t bytes = (size_t)n * value_bytes();
     if (n > 0) {
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
-            NCCL_OK(ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root,
+            NCCL_OK(ncclBroadcast(buf, buf, (size_t)n, nccl_values(), root,
                                   (ncclComm_t)c->nccl, nccl_stream(c)));
         } else
 #endif
         {
-            float *h = buf;
+            void *h = buf;
             if (staged(c)) {
                 stage_enter();
                 h = stage(0, bytes);
                 if (c->rank == root) stage_out(h, buf, bytes);
             }
             MPI_Request req;
-            MPI_OK(MPI_Ibcast(h, mpi_count(n, "comm_broadcast"), MPI_FLOAT, root, c->mpi, &req));
+            MPI_OK(MPI_Ibcast(h, mpi_count(n, "comm_broadcast"), mpi_values(), root, c->mpi, &req));
             polite_wait(&req);
             if (staged(c) && c->rank != root) stage_in(buf, h, bytes);
         }
@@ -429,7 +472,7 @@ void comm_broadcast(comm *c, float *buf, long n, int root) {
 /* Both directions are posted before either is waited on, so neighbours that
  * exchange (a ring, a pipeline's forward and backward edges) cannot deadlock.
  * count_send / count_recv say which kinds this call is counted as. */
-static void p2p(comm *c, const float *send, long send_n, int dst, float *recv, long recv_n,
+static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, long recv_n,
                 int src, int count_send, int count_recv) {
     check_member(c, "comm_sendrecv");
     int do_send = send_n > 0 && dst >= 0, do_recv = recv_n > 0 && src >= 0;
@@ -438,26 +481,26 @@ static void p2p(comm *c, const float *send, long send_n, int dst, float *recv, l
     const char *name = count_send && count_recv ? "sendrecv"
                      : count_send ? comm_kind_names[COLL_SEND] : comm_kind_names[COLL_RECV];
     op_scope s = op_begin(c, name);
-    size_t send_bytes = do_send ? (size_t)send_n * sizeof(float) : 0;
-    size_t recv_bytes = do_recv ? (size_t)recv_n * sizeof(float) : 0;
+    size_t send_bytes = do_send ? (size_t)send_n * value_bytes() : 0;
+    size_t recv_bytes = do_recv ? (size_t)recv_n * value_bytes() : 0;
     if (do_send || do_recv) {
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
             ncclComm_t nc = (ncclComm_t)c->nccl;
             cudaStream_t st = nccl_stream(c);
             NCCL_OK(ncclGroupStart());
-            if (do_send) NCCL_OK(ncclSend(send, (size_t)send_n, ncclFloat, dst, nc, st));
-            if (do_recv) NCCL_OK(ncclRecv(recv, (size_t)recv_n, ncclFloat, src, nc, st));
+            if (do_send) NCCL_OK(ncclSend(send, (size_t)send_n, nccl_values(), dst, nc, st));
+            if (do_recv) NCCL_OK(ncclRecv(recv, (size_t)recv_n, nccl_values(), src, nc, st));
             NCCL_OK(ncclGroupEnd());
         } else
 #endif
         {
-            const float *hs = send;
-            float *hr = recv;
+            const void *hs = send;
+            void *hr = recv;
             if (staged(c)) {
                 stage_enter();
                 if (do_send) {
-                    float *h = stage(0, send_bytes);
+                    void *h = stage(0, send_bytes);
                     stage_out(h, send, send_bytes);
                     hs = h;
                 }
@@ -465,10 +508,10 @@ static void p2p(comm *c, const float *send, long send_n, int dst, float *recv, l
             }
             MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
             if (do_recv)
-                MPI_OK(MPI_Irecv(hr, mpi_count(recv_n, "comm_recv"), MPI_FLOAT, src, 0, c->mpi,
+                MPI_OK(MPI_Irecv(hr, mpi_count(recv_n, "comm_recv"), mpi_values(), src, 0, c->mpi,
                                  &req[1]));
             if (do_send)
-                MPI_OK(MPI_Isend(hs, mpi_count(send_n, "comm_send"), MPI_FLOAT, dst, 0, c->mpi,
+                MPI_OK(MPI_Isend(hs, mpi_count(send_n, "comm_send"), mpi_values(), dst, 0, c->mpi,
                                  &req[0]));
             polite_waitall(2, req);
             if (staged(c) && do_recv) stage_in(recv, hr, recv_bytes);
@@ -490,18 +533,18 @@ static void p2p(comm *c, const float *send, long send_n, int dst, float *recv, l
     trace_end(s.handle);
 }
 
-void comm_sendrecv(comm *c, const float *send, long send_n, int dst,
-                   float *recv, long recv_n, int src) {
+void comm_sendrecv(comm *c, const void *send, long send_n, int dst,
+                   void *recv, long recv_n, int src) {
     int do_send = send_n > 0 && dst >= 0, do_recv = recv_n > 0 && src >= 0;
     if (!do_send && !do_recv) return; /* nothing asked: nothing counted */
     p2p(c, send, send_n, dst, recv, recv_n, src, do_send, do_recv);
 }
 
-void comm_send(comm *c, const float *buf, long n, int dst) {
+void comm_send(comm *c, const void *buf, long n, int dst) {
     p2p(c, buf, n, dst, NULL, 0, -1, 1, 0);
 }
 
-void comm_recv(comm *c, float *buf, long n, int src) {
+void comm_recv(comm *c, void *buf, long n, int src) {
     p2p(c, NULL, 0, -1, buf, n, src, 0, 1);
 }
 
@@ -538,14 +581,14 @@ static void *request_host(comm_request *r, size_t bytes) {
     return r->host;
 }
 
-static void post(comm *c, const float *send, float *recv, long n, int peer, int tag, comm_request *r) {
+static void post(comm *c, const void *send, void *recv, long n, int peer, int tag, comm_request *r) {
     int is_recv = recv != NULL;
     check_member(c, is_recv ? "comm_irecv" : "comm_isend");
     check_rank(c, peer, is_recv ? "comm_irecv source" : "comm_isend destination");
     if (r->active) die("comm_%s: the request is still in use", is_recv ? "irecv" : "isend");
     if (tag <= 0) die("comm_%s: tag %d (0 belongs to the blocking calls)", is_recv ? "irecv" : "isend", tag);
     op_scope sc = op_begin(c, is_recv ? "irecv" : "isend");
-    size_t bytes = (size_t)n * sizeof(float);
+    size_t bytes = (size_t)n * value_bytes();
     r->c = c;
     r->is_recv = is_recv;
     r->mpi = MPI_REQUEST_NULL;
@@ -556,8 +599,8 @@ static void post(comm *c, const float *send, float *recv, long n, int peer, int 
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
             ncclComm_t nc = (ncclComm_t)c->nccl;
-            if (is_recv) NCCL_OK(ncclRecv(recv, (size_t)n, ncclFloat, peer, nc, nccl_stream(c)));
-            else NCCL_OK(ncclSend(send, (size_t)n, ncclFloat, peer, nc, nccl_stream(c)));
+            if (is_recv) NCCL_OK(ncclRecv(recv, (size_t)n, nccl_values(), peer, nc, nccl_stream(c)));
+            else NCCL_OK(ncclSend(send, (size_t)n, nccl_values(), peer, nc, nccl_stream(c)));
         } else
 #endif
         {
@@ -566,27 +609,27 @@ static void post(comm *c, const float *send, float *recv, long n, int peer, int 
                 void *h = request_host(r, bytes);
                 if (is_recv) {
                     r->dev = recv;
-                    MPI_OK(MPI_Irecv(h, count, MPI_FLOAT, peer, tag, c->mpi, &r->mpi));
+                    MPI_OK(MPI_Irecv(h, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
                 } else {
                     stage_enter();
                     stage_out(h, send, bytes);
-                    MPI_OK(MPI_Isend(h, count, MPI_FLOAT, peer, tag, c->mpi, &r->mpi));
+                    MPI_OK(MPI_Isend(h, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
                 }
             } else if (is_recv) {
-                MPI_OK(MPI_Irecv(recv, count, MPI_FLOAT, peer, tag, c->mpi, &r->mpi));
+                MPI_OK(MPI_Irecv(recv, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
             } else {
-                MPI_OK(MPI_Isend(send, count, MPI_FLOAT, peer, tag, c->mpi, &r->mpi));
+                MPI_OK(MPI_Isend(send, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
             }
         }
     }
     op_end(sc, is_recv ? COLL_RECV : COLL_SEND, (double)bytes);
 }
 
-void comm_isend(comm *c, const float *buf, long n, int dst, int tag, comm_request *r) {
+void comm_isend(comm *c, const void *buf, long n, int dst, int tag, comm_request *r) {
     post(c, buf, NULL, n, dst, tag, r);
 }
 
-void comm_irecv(comm *c, float *buf, long n, int src, int tag, comm_request *r) {
+void comm_irecv(comm *c, void *buf, long n, int src, int tag, comm_request *r) {
     if (n > 0 && !buf) die("comm_irecv: no buffer");
     post(c, NULL, buf, n, src, tag, r);
 }

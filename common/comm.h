@@ -1,5 +1,9 @@
 /* Collectives and point-to-point over MPI or NCCL, on device buffers.
  *
+ * The buffers hold the model's values in the run's precision (precision.h):
+ * n counts values, fp32 or bf16, and a bf16 sum is added in fp32 pair by pair
+ * and stays bf16 on the wire (2 bytes a value; comm.c says how).
+ *
  * NCCL when every rank has a GPU of its own; MPI otherwise. With MPI and CUDA
  * together, device buffers are staged through pinned host memory (Debian's
  * MPICH is not CUDA-aware, and NCCL refuses two ranks on one GPU).
@@ -50,30 +54,30 @@ void comm_init(comm *c, MPI_Comm world, comm_backend backend);
 void comm_split(const comm *parent, int color, int key, comm *out);
 void comm_free(comm *c);
 
-/* In place over n floats; average divides the sum by size. */
-void comm_allreduce(comm *c, float *buf, long n, int average);
+/* In place over n values; average divides the sum by size. */
+void comm_allreduce(comm *c, void *buf, long n, int average);
 
-/* Sharded collectives over n floats in chunks of comm_chunk(n, size): rank r owns
- * [r*chunk, min(n, (r+1)*chunk)). `full` must hold chunk*size floats (the tail
+/* Sharded collectives over n values in chunks of comm_chunk(n, size): rank r owns
+ * [r*chunk, min(n, (r+1)*chunk)). `full` must hold chunk*size values (the tail
  * past n is padding; its contents are ignored / left unspecified).
  *   reduce_scatter: shard[0..chunk) = sum over ranks of full[r*chunk ..]
  *   allgather:      full[r*chunk ..] = shard of rank r, for every r */
 long comm_chunk(long n, int size);
-void comm_reduce_scatter(comm *c, const float *full, float *shard, long n);
-void comm_allgather(comm *c, const float *shard, float *full, long n);
+void comm_reduce_scatter(comm *c, const void *full, void *shard, long n);
+void comm_allgather(comm *c, const void *shard, void *full, long n);
 
 /* Sum n doubles of host memory over the group, in place (losses, norms, counts). */
 void comm_allreduce_host(comm *c, double *x, int n);
 
-void comm_broadcast(comm *c, float *buf, long n, int root);
+void comm_broadcast(comm *c, void *buf, long n, int root);
 
 /* Send and/or receive at once, paired so that two neighbours exchanging never
  * deadlock: pass send_n = 0 (or dst < 0) to only receive, recv_n = 0 (or src < 0)
  * to only send. */
-void comm_sendrecv(comm *c, const float *send, long send_n, int dst,
-                   float *recv, long recv_n, int src);
-void comm_send(comm *c, const float *buf, long n, int dst);
-void comm_recv(comm *c, float *buf, long n, int src);
+void comm_sendrecv(comm *c, const void *send, long send_n, int dst,
+                   void *recv, long recv_n, int src);
+void comm_send(comm *c, const void *buf, long n, int dst);
+void comm_recv(comm *c, void *buf, long n, int src);
 
 /* Nonblocking point-to-point, for lab04's schedule executor, which posts a
  * receive when its schedule says the data will be sent (often long before
@@ -96,7 +100,7 @@ typedef struct comm_request {
     int active;          /* posted and not yet completed */
     int is_recv;
     MPI_Request mpi;
-    float *dev;          /* a staged receive: where the data goes when it completes */
+    void *dev;           /* a staged receive: where the data goes when it completes */
     size_t bytes;
     void *host;          /* staging buffer (MPI with device buffers) */
     size_t host_cap;
@@ -104,8 +108,8 @@ typedef struct comm_request {
 } comm_request;
 void comm_group_begin(comm *c);
 void comm_group_end(comm *c);
-void comm_isend(comm *c, const float *buf, long n, int dst, int tag, comm_request *r);
-void comm_irecv(comm *c, float *buf, long n, int src, int tag, comm_request *r);
+void comm_isend(comm *c, const void *buf, long n, int dst, int tag, comm_request *r);
+void comm_irecv(comm *c, void *buf, long n, int src, int tag, comm_request *r);
 int comm_test(comm_request *r); /* 1 when complete (or never posted), without waiting */
 void comm_wait(comm_request *r);
 void comm_request_free(comm_request *r);

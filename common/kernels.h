@@ -18,6 +18,7 @@
  * (add's out may be a or b). Token ids and targets are in [0, V). */
 #ifndef PL_KERNELS_H
 #define PL_KERNELS_H
+#include <stddef.h>
 
 typedef struct kernels {
     const char *name; /* "cpu" or "cuda" */
@@ -115,5 +116,73 @@ extern const kernels kernels_cuda;
  * kernel allocates during a step. */
 void kernels_cuda_init(void);
 #endif
+
+/* ---- the same kernels on the model's values, in the run's precision ----------------
+ * precision.h says what values are. value_kernels has the entries above (and
+ * two conversions) with `void *` for every value tensor: a buffer of fp32 in an
+ * fp32 run, of bf16 in a bf16 run. What is fp32 in both keeps its float *:
+ * LayerNorm's mean and rstd, the losses, AdamW's weights (the fp32 master copy
+ * in a bf16 run) and moments. The model (model.c) and the tensor-parallel
+ * layers (lab05) call these, through KP, so the same code runs either way.
+ *
+ * bf16 kernels read bf16, compute in fp32 (matrix products accumulate in
+ * fp32) and round each output once to bf16 (round to nearest even); an
+ * accumulating output (the rule above) adds in fp32 and rounds once per call.
+ * Their results are therefore the fp32 kernel's on the bf16 inputs, rounded,
+ * up to the order of the fp32 sums. In an fp32 run KP's entries are K's
+ * (kernels_values_fp32 passes every call on unchanged, so fp32 results are
+ * exactly K's). */
+typedef struct value_kernels {
+    const char *name; /* "fp32", "bf16 cpu", "bf16 cuda" */
+    void (*encoder_forward)(void *out, const int *tokens, const void *wte, const void *wpe, int B, int T, int C);
+    void (*encoder_backward)(void *dwte, void *dwpe, const void *dout, const int *tokens, int B, int T, int C);
+    void (*layernorm_forward)(void *out, float *mean, float *rstd, const void *inp, const void *w, const void *b,
+                              int N, int C);
+    void (*layernorm_backward)(void *dinp, void *dw, void *db, const void *dout, const void *inp, const void *w,
+                               const float *mean, const float *rstd, int N, int C);
+    void (*matmul_forward)(void *out, const void *inp, const void *w, const void *bias, int N, int IC, int OC);
+    void (*matmul_backward)(void *dinp, void *dw, void *dbias, const void *dout, const void *inp, const void *w,
+                            int N, int IC, int OC);
+    void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int NH, int HS);
+    void (*attention_backward)(void *dqkv, void *datt, const void *dout, const void *qkv, const void *att, int B,
+                               int T, int NH, int HS);
+    void (*gelu_forward)(void *out, const void *inp, long N);
+    void (*gelu_backward)(void *dinp, const void *dout, const void *inp, long N);
+    void (*add)(void *out, const void *a, const void *b, long N);
+    void (*accumulate)(void *dst, const void *src, long N);
+    void (*scale)(void *x, float s, long N);
+    void (*crossentropy_forward)(float *losses, void *probs, const void *logits, const int *targets, int N, int V);
+    void (*crossentropy_backward)(void *dlogits, const void *probs, const int *targets, float dloss, int N, int V);
+    double (*sum_squares)(const void *x, long N);
+    void (*sum_squares_add)(double *acc, const void *x, long N);
+    /* p: the fp32 weights the optimizer updates (the master copy in bf16); g: values */
+    void (*adamw)(float *p, const void *g, float *m, float *v, long N, float lr, float beta1, float beta2,
+                  float eps, float wd, int t, float grad_scale);
+    void (*matmul_backward_input)(void *dinp, const void *dout, const void *w, int N, int IC, int OC);
+    void (*matmul_backward_weight)(void *dw, void *dbias, const void *dout, const void *inp, int N, int IC, int OC);
+    void (*layernorm_backward_input)(void *dinp, const void *dout, const void *inp, const void *w,
+                                     const float *mean, const float *rstd, int N, int C);
+    void (*layernorm_backward_weight)(void *dw, void *db, const void *dout, const void *inp, const float *mean,
+                                      const float *rstd, int N, int C);
+    /* dst = src rounded to values (a copy in fp32; nothing when dst == src), and back */
+    void (*to_values)(void *dst, const float *src, long N);
+    void (*to_floats)(float *dst, const void *src, long N);
+} value_kernels;
+
+extern const value_kernels *KP; /* the table for the run's precision; set by precision_use() */
+extern const value_kernels kernels_values_fp32; /* K's kernels, whatever the device */
+extern const value_kernels kernels_bf16_cpu;
+#ifdef PL_HAVE_CUDA
+extern const value_kernels kernels_bf16_cuda;
+#endif
+/* The CPU bf16 kernels' matrix products: 1 through oneDNN's bf16 matmul (fp32
+ * accumulation), 0 by widening to fp32 for OpenBLAS's sgemm; and a line
+ * saying which and why, for the start-up. Decided once, at the first call. */
+int kernels_bf16_cpu_uses_onednn(void);
+const char *kernels_bf16_cpu_gemm_text(void);
+/* Host bytes of fp32 scratch the CPU bf16 kernels hold (their widened
+ * operands, a few rows at a time), outside mem.h's categories like
+ * OpenBLAS's own buffers: the peak so far. */
+size_t kernels_bf16_cpu_scratch_bytes(void);
 
 #endif

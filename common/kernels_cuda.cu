@@ -13,12 +13,21 @@
  * cuBLAS call below is therefore written for the transposes; each says which
  * row-major product it computes.
  *
+ * One source for both precisions (precision.h): every kernel and host function
+ * on the model's values is a template over their storage type T, float or
+ * __nv_bfloat16, reading through ld() and writing through st<T>(), which for
+ * float are nothing at all, so the fp32 instantiations are the fp32 code.
+ * bf16 computes in fp32 and rounds each output once (to nearest even); the
+ * matrix products are cuBLAS's GemmEx on bf16 with fp32 compute (tensor
+ * cores); the scratch of partial sums stays fp32.
+ *
  * Gradient sums are deterministic (no atomics), the embedding scatter of
  * encoder_backward included: a tensor-parallel rank recomputes the replicated
  * wte gradient itself, and the ranks must get the same bits (lab05's
  * --check-sync), which atomics adding in a run-dependent order would not give. */
 #include <cub/device/device_radix_sort.cuh>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdlib.h>
@@ -96,6 +105,43 @@ static cublasHandle_t cublas(void) {
     return handle;
 }
 
+/* ---- the two storage types ----------------------------------------------------- */
+
+typedef __nv_bfloat16 bf16;
+__device__ __forceinline__ float ld(float x) { return x; }
+__device__ __forceinline__ float ld(bf16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T st(float x);
+template <> __device__ __forceinline__ float st<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 st<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+/* C (+)= op(A) op(B), column-major as cuBLAS wants; fp32: cublasSgemm, bf16:
+ * GemmEx on bf16 with fp32 compute (alpha and beta are floats either way). */
+template <typename T> static cudaDataType_t cuda_type(void);
+template <> cudaDataType_t cuda_type<float>(void) { return CUDA_R_32F; }
+template <> cudaDataType_t cuda_type<bf16>(void) { return CUDA_R_16BF; }
+
+template <typename T>
+static cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *alpha,
+                           const T *A, int lda, const T *B, int ldb, const float *beta, T *C, int ldc) {
+    if (sizeof(T) == sizeof(float))
+        return cublasSgemm(cublas(), ta, tb, m, n, k, alpha, (const float *)A, lda, (const float *)B, ldb, beta,
+                           (float *)C, ldc);
+    return cublasGemmEx(cublas(), ta, tb, m, n, k, alpha, A, cuda_type<T>(), lda, B, cuda_type<T>(), ldb, beta, C,
+                        cuda_type<T>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+template <typename T>
+static cublasStatus_t gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                   const float *alpha, const T *A, int lda, long long sa, const T *B, int ldb,
+                                   long long sb, const float *beta, T *C, int ldc, long long sc, int batches) {
+    if (sizeof(T) == sizeof(float))
+        return cublasSgemmStridedBatched(cublas(), ta, tb, m, n, k, alpha, (const float *)A, lda, sa,
+                                         (const float *)B, ldb, sb, beta, (float *)C, ldc, sc, batches);
+    return cublasGemmStridedBatchedEx(cublas(), ta, tb, m, n, k, alpha, A, cuda_type<T>(), lda, sa, B,
+                                      cuda_type<T>(), ldb, sb, beta, C, cuda_type<T>(), ldc, sc, batches,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
 /* ---- launch shapes ---------------------------------------------------------- */
 
 static constexpr int THREADS = 256, WARP = 32, ROWS_PER_BLOCK = THREADS / WARP;
@@ -139,13 +185,14 @@ __device__ float block_reduce(float x, float *shared) {
 
 /* One thread per output element (n, c): consecutive threads read consecutive
  * channels of one embedding row, so loads are coalesced. */
-__global__ void encoder_forward_kernel(float *out, const int *tokens, const float *wte,
-                                       const float *wpe, int T, int C, long NC) {
+template <typename T>
+__global__ void encoder_forward_kernel(T *out, const int *tokens, const T *wte, const T *wpe, int Tn, int C,
+                                       long NC) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < NC;
          i += (long)gridDim.x * blockDim.x) {
         long n = i / C;
-        int c = (int)(i % C), t = (int)(n % T);
-        out[i] = wte[(long)tokens[n] * C + c] + wpe[(long)t * C + c];
+        int c = (int)(i % C), t = (int)(n % Tn);
+        out[i] = st<T>(ld(wte[(long)tokens[n] * C + c]) + ld(wpe[(long)t * C + c]));
     }
 }
 
@@ -195,7 +242,8 @@ static void token_sort_reserve(long n) {
 
 /* One block per sorted index i, threads over the channels. The block where a
  * token's run of positions starts sums the run; the others return at once. */
-__global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *sorted_tokens,
+template <typename T>
+__global__ void encoder_backward_wte_kernel(T *dwte, const T *dout, const int *sorted_tokens,
                                             const int *sorted_positions, int C, int N) {
     int i = blockIdx.x, tok = sorted_tokens[i];
     if (i > 0 && sorted_tokens[i - 1] == tok) return; /* block-uniform: not the run's start */
@@ -207,27 +255,28 @@ __global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, cons
         else hi = mid;
     }
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float s = dwte[(long)tok * C + c];
+        float s = ld(dwte[(long)tok * C + c]);
 #pragma unroll 4
-        for (int j = i; j < lo; j++) s += dout[(long)sorted_positions[j] * C + c];
-        dwte[(long)tok * C + c] = s;
+        for (int j = i; j < lo; j++) s += ld(dout[(long)sorted_positions[j] * C + c]);
+        dwte[(long)tok * C + c] = st<T>(s);
     }
 }
 
 /* One thread per dwpe element (t, c), summing over the batch itself: every
  * element has exactly one writer, so no atomics and a fixed order. */
-__global__ void encoder_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T, int C) {
-    long TC = (long)T * C;
+template <typename T>
+__global__ void encoder_backward_wpe_kernel(T *dwpe, const T *dout, int B, int Tn, int C) {
+    long TC = (long)Tn * C;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < TC;
          i += (long)gridDim.x * blockDim.x) {
         float s = 0.0f;
-        for (int b = 0; b < B; b++) s += dout[b * TC + i];
-        dwpe[i] += s;
+        for (int b = 0; b < B; b++) s += ld(dout[b * TC + i]);
+        dwpe[i] = st<T>(ld(dwpe[i]) + s);
     }
 }
 
-static void cuda_encoder_forward(float *out, const int *tokens, const float *wte,
-                                 const float *wpe, int B, int T, int C) {
+template <typename V>
+static void cuda_encoder_forward(V *out, const int *tokens, const V *wte, const V *wpe, int B, int T, int C) {
     long NC = (long)B * T * C;
     if (NC <= 0) return;
     encoder_forward_kernel<<<elementwise_blocks(NC), THREADS, 0, stream()>>>(out, tokens, wte,
@@ -235,8 +284,8 @@ static void cuda_encoder_forward(float *out, const int *tokens, const float *wte
     LAUNCH_CHECK("encoder_forward");
 }
 
-static void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout,
-                                  const int *tokens, int B, int T, int C) {
+template <typename V>
+static void cuda_encoder_backward(V *dwte, V *dwpe, const V *dout, const int *tokens, int B, int T, int C) {
     long NC = (long)B * T * C;
     if (NC <= 0) return;
     int N = B * T;
@@ -260,22 +309,23 @@ static void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout,
  * the row read it coalesced, and the mean and variance need only warp
  * shuffles, no shared memory or block barriers. The row is read twice (mean,
  * then variance about the mean) like the CPU twin, from L1. */
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
-                                         const float *w, const float *b, int N, int C) {
+template <typename T>
+__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b,
+                                         int N, int C) {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N) return;
-    const float *x = inp + (long)row * C;
+    const T *x = inp + (long)row * C;
     float s = 0.0f;
-    for (int c = lane; c < C; c += WARP) s += x[c];
+    for (int c = lane; c < C; c += WARP) s += ld(x[c]);
     float m = warp_sum(s) / C;
     float v = 0.0f;
     for (int c = lane; c < C; c += WARP) {
-        float d = x[c] - m;
+        float d = ld(x[c]) - m;
         v += d * d;
     }
     float rs = 1.0f / sqrtf(warp_sum(v) / C + 1e-5f);
-    float *o = out + (long)row * C;
-    for (int c = lane; c < C; c += WARP) o[c] = (x[c] - m) * rs * w[c] + b[c];
+    T *o = out + (long)row * C;
+    for (int c = lane; c < C; c += WARP) o[c] = st<T>((ld(x[c]) - m) * rs * ld(w[c]) + ld(b[c]));
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = rs;
@@ -284,25 +334,25 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
 
 /* dinp, one warp per row for the same reason as the forward: the two row means
  * the gradient needs are warp reductions. */
-__global__ void layernorm_backward_inp_kernel(float *dinp, const float *dout, const float *inp,
-                                              const float *w, const float *mean,
+template <typename T>
+__global__ void layernorm_backward_inp_kernel(T *dinp, const T *dout, const T *inp, const T *w, const float *mean,
                                               const float *rstd, int N, int C) {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N) return;
-    const float *x = inp + (long)row * C, *dy = dout + (long)row * C;
+    const T *x = inp + (long)row * C, *dy = dout + (long)row * C;
     float m = mean[row], rs = rstd[row];
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
     for (int c = lane; c < C; c += WARP) {
-        float dnorm = w[c] * dy[c];
+        float dnorm = ld(w[c]) * ld(dy[c]);
         dnorm_sum += dnorm;
-        dnorm_norm_sum += dnorm * (x[c] - m) * rs;
+        dnorm_norm_sum += dnorm * (ld(x[c]) - m) * rs;
     }
     float dnorm_mean = warp_sum(dnorm_sum) / C;
     float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / C;
-    float *dx = dinp + (long)row * C;
+    T *dx = dinp + (long)row * C;
     for (int c = lane; c < C; c += WARP) {
-        float norm = (x[c] - m) * rs;
-        dx[c] += (w[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        float norm = (ld(x[c]) - m) * rs;
+        dx[c] = st<T>(ld(dx[c]) + (ld(w[c]) * ld(dy[c]) - dnorm_mean - norm * dnorm_norm_mean) * rs);
     }
 }
 
@@ -340,15 +390,17 @@ static dim3 column_grid(int N, int C, int rows_per_chunk) {
 }
 
 /* out[c] += sum over chunks k, in order, of partials[k * C + c] */
-__global__ void add_chunk_sums_kernel(float *out, const float *partials, int chunks, int C) {
+template <typename T>
+__global__ void add_chunk_sums_kernel(T *out, const float *partials, int chunks, int C) {
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
         float s = 0.0f;
         for (int k = 0; k < chunks; k++) s += partials[(long)k * C + c];
-        out[c] += s;
+        out[c] = st<T>(ld(out[c]) + s);
     }
 }
 
-static void add_chunk_sums(float *out, const float *partials, int chunks, int C, const char *name) {
+template <typename T>
+static void add_chunk_sums(T *out, const float *partials, int chunks, int C, const char *name) {
     add_chunk_sums_kernel<<<(unsigned)((C + THREADS - 1) / THREADS), THREADS, 0, stream()>>>(out, partials,
                                                                                          chunks, C);
     LAUNCH_CHECK(name);
@@ -367,17 +419,18 @@ __device__ float column_block_sum(float s, float (*shared)[WARP + 1]) {
 /* dw[c] += sum_n dout[n,c] xhat[n,c], db[c] += sum_n dout[n,c], over this block's
  * chunk of rows; with several chunks, into partials[chunk][c] and
  * partials[chunks + chunk][c] instead. */
-__global__ void layernorm_backward_params_kernel(float *dw, float *db, float *partials, const float *dout,
-                                                 const float *inp, const float *mean,
-                                                 const float *rstd, int N, int C, int rows_per_chunk) {
+template <typename T>
+__global__ void layernorm_backward_params_kernel(T *dw, T *db, float *partials, const T *dout, const T *inp,
+                                                 const float *mean, const float *rstd, int N, int C,
+                                                 int rows_per_chunk) {
     __shared__ float sdw[WARP][WARP + 1], sdb[WARP][WARP + 1];
     int c = blockIdx.x * WARP + threadIdx.x;
     int lo = blockIdx.y * rows_per_chunk, hi = min(N, lo + rows_per_chunk);
     float sw = 0.0f, sb = 0.0f;
     if (c < C) {
         for (int n = lo + threadIdx.y; n < hi; n += blockDim.y) {
-            float dy = dout[(long)n * C + c];
-            sw += dy * (inp[(long)n * C + c] - mean[n]) * rstd[n];
+            float dy = ld(dout[(long)n * C + c]);
+            sw += dy * (ld(inp[(long)n * C + c]) - mean[n]) * rstd[n];
             sb += dy;
         }
     }
@@ -385,8 +438,8 @@ __global__ void layernorm_backward_params_kernel(float *dw, float *db, float *pa
     sb = column_block_sum(sb, sdb);
     if (threadIdx.y == 0 && c < C) {
         if (gridDim.y == 1) {
-            dw[c] += sw;
-            db[c] += sb;
+            dw[c] = st<T>(ld(dw[c]) + sw);
+            db[c] = st<T>(ld(db[c]) + sb);
         } else {
             partials[(long)blockIdx.y * C + c] = sw;
             partials[(long)(gridDim.y + blockIdx.y) * C + c] = sb;
@@ -394,17 +447,18 @@ __global__ void layernorm_backward_params_kernel(float *dw, float *db, float *pa
     }
 }
 
-static void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                   const float *w, const float *b, int N, int C) {
+template <typename V>
+static void cuda_layernorm_forward(V *out, float *mean, float *rstd, const V *inp, const V *w, const V *b, int N,
+                                   int C) {
     if (N <= 0 || C <= 0) return;
     layernorm_forward_kernel<<<warp_row_blocks(N), THREADS, 0, stream()>>>(out, mean, rstd, inp,
                                                                           w, b, N, C);
     LAUNCH_CHECK("layernorm_forward");
 }
 
-static void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                    const float *inp, const float *w, const float *mean,
-                                    const float *rstd, int N, int C) {
+template <typename V>
+static void cuda_layernorm_backward(V *dinp, V *dw, V *db, const V *dout, const V *inp, const V *w,
+                                    const float *mean, const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
     if (dinp) { /* NULL: the weight half alone (cuda_layernorm_backward_weight) */
         layernorm_backward_inp_kernel<<<warp_row_blocks(N), THREADS, 0, stream()>>>(
@@ -427,39 +481,39 @@ static void cuda_layernorm_backward(float *dinp, float *dw, float *db, const flo
 
 /* out[N,OC] += bias, one thread per element: the bias row is tiny and stays in
  * cache, the output is read and written coalesced. */
-__global__ void add_bias_kernel(float *out, const float *bias, int OC, long NOC) {
+template <typename T>
+__global__ void add_bias_kernel(T *out, const T *bias, int OC, long NOC) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < NOC;
          i += (long)gridDim.x * blockDim.x)
-        out[i] += bias[i % OC];
+        out[i] = st<T>(ld(out[i]) + ld(bias[i % OC]));
 }
 
 /* dbias[OC] += column sums of dout[N,OC] over this block's chunk of rows (or
  * into partials[chunk][oc] with several chunks): the column sums above. */
-__global__ void bias_backward_kernel(float *dbias, float *partials, const float *dout, int N, int OC,
-                                     int rows_per_chunk) {
+template <typename T>
+__global__ void bias_backward_kernel(T *dbias, float *partials, const T *dout, int N, int OC, int rows_per_chunk) {
     __shared__ float shared[WARP][WARP + 1];
     int oc = blockIdx.x * WARP + threadIdx.x;
     int lo = blockIdx.y * rows_per_chunk, hi = min(N, lo + rows_per_chunk);
     float s = 0.0f;
     if (oc < OC)
-        for (int n = lo + threadIdx.y; n < hi; n += blockDim.y) s += dout[(long)n * OC + oc];
+        for (int n = lo + threadIdx.y; n < hi; n += blockDim.y) s += ld(dout[(long)n * OC + oc]);
     s = column_block_sum(s, shared);
     if (threadIdx.y == 0 && oc < OC) {
-        if (gridDim.y == 1) dbias[oc] += s;
+        if (gridDim.y == 1) dbias[oc] = st<T>(ld(dbias[oc]) + s);
         else partials[(long)blockIdx.y * OC + oc] = s;
     }
 }
 
-static void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                                int N, int IC, int OC) {
+template <typename V>
+static void cuda_matmul_forward(V *out, const V *inp, const V *w, const V *bias, int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
     const float one = 1.0f, zero = 0.0f;
     if (IC <= 0) { /* an empty sum; cuBLAS would reject lda = 0 */
-        CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(float), stream()));
+        CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(V), stream()));
     } else {
         /* out[N,OC] = inp @ w^T:  out^T[OC,N] = (w^T[IC,OC])^T * inp^T[IC,N] */
-        CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, w, IC, inp, IC,
-                                 &zero, out, OC));
+        CUBLAS_CHECK(gemm<V>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, w, IC, inp, IC, &zero, out, OC));
     }
     if (bias) {
         long NOC = (long)N * OC;
@@ -468,18 +522,17 @@ static void cuda_matmul_forward(float *out, const float *inp, const float *w, co
     }
 }
 
-static void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                                 const float *inp, const float *w, int N, int IC, int OC) {
+template <typename V>
+static void cuda_matmul_backward(V *dinp, V *dw, V *dbias, const V *dout, const V *inp, const V *w, int N, int IC,
+                                 int OC) {
     if (N <= 0 || OC <= 0) return;
     const float one = 1.0f;
     if (dinp && IC > 0) /* dinp[N,IC] += dout @ w:  dinp^T[IC,N] += w^T[IC,OC] * dout^T[OC,N] */
-        CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, w, IC, dout,
-                                 OC, &one, dinp, IC));
+        CUBLAS_CHECK(gemm<V>(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, w, IC, dout, OC, &one, dinp, IC));
     /* dw[OC,IC] += dout^T @ inp:  dw^T[IC,OC] += inp^T[IC,N] * (dout^T[OC,N])^T
      * (dw NULL: the input half alone, cuda_matmul_backward_input) */
     if (dw && IC > 0)
-        CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout,
-                                 OC, &one, dw, IC));
+        CUBLAS_CHECK(gemm<V>(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC, &one, dw, IC));
     if (dbias) {
         int rows = column_chunk_rows(N, OC, 1);
         dim3 grid = column_grid(N, OC, rows);
@@ -496,35 +549,37 @@ static void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const flo
  * the softmax over its first t+1 entries, and the rest of the row zero (the
  * causal mask). One warp per row: T is at most a few hundred here, lanes stride
  * over the row, max and sum are warp shuffles. */
-__global__ void causal_softmax_kernel(float *att, int T, long rows) {
+template <typename V>
+__global__ void causal_softmax_kernel(V *att, int T, long rows) {
     long row = blockIdx.x * (long)ROWS_PER_BLOCK + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (row >= rows) return;
     int t = (int)(row % T);
-    float *a = att + row * T;
+    V *a = att + row * T;
     float m = -INFINITY;
-    for (int j = lane; j <= t; j += WARP) m = fmaxf(m, a[j]);
+    for (int j = lane; j <= t; j += WARP) m = fmaxf(m, ld(a[j]));
     m = warp_max(m);
     float s = 0.0f;
-    for (int j = lane; j <= t; j += WARP) s += expf(a[j] - m);
+    for (int j = lane; j <= t; j += WARP) s += expf(ld(a[j]) - m);
     float inv = 1.0f / warp_sum(s);
-    for (int j = lane; j < T; j += WARP) a[j] = j <= t ? expf(a[j] - m) * inv : 0.0f;
+    for (int j = lane; j < T; j += WARP) a[j] = st<V>(j <= t ? expf(ld(a[j]) - m) * inv : 0.0f);
 }
 
 /* In place on datt[B,NH,T,T]: the gradient through the softmax,
  * dpre[j] = att[j] (datt[j] - sum_i att[i] datt[i]), zero above the diagonal.
  * One warp per row, like the forward. */
-__global__ void causal_softmax_backward_kernel(float *datt, const float *att, int T, long rows) {
+template <typename V>
+__global__ void causal_softmax_backward_kernel(V *datt, const V *att, int T, long rows) {
     long row = blockIdx.x * (long)ROWS_PER_BLOCK + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (row >= rows) return;
     int t = (int)(row % T);
-    float *d = datt + row * T;
-    const float *a = att + row * T;
+    V *d = datt + row * T;
+    const V *a = att + row * T;
     float s = 0.0f;
-    for (int j = lane; j <= t; j += WARP) s += a[j] * d[j];
+    for (int j = lane; j <= t; j += WARP) s += ld(a[j]) * ld(d[j]);
     s = warp_sum(s);
-    for (int j = lane; j < T; j += WARP) d[j] = j <= t ? a[j] * (d[j] - s) : 0.0f;
+    for (int j = lane; j < T; j += WARP) d[j] = st<V>(j <= t ? ld(a[j]) * (ld(d[j]) - s) : 0.0f);
 }
 
 /* Products per (batch, head) run as one strided-batched cuBLAS call per head,
@@ -550,16 +605,16 @@ static attention_layout layout_of(int B, int T, int NH, int HS) {
     return L;
 }
 
-static void cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
-                                   int HS) {
+template <typename V>
+static void cuda_attention_forward(V *out, V *att, const V *qkv, int B, int T, int NH, int HS) {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     attention_layout L = layout_of(B, T, NH, HS);
     const float scale = 1.0f / sqrtf((float)HS), zero = 0.0f, one = 1.0f;
     for (int h = 0; h < NH; h++) {
-        const float *q = qkv + h * HS, *k = qkv + L.C + h * HS;
-        float *a = att + (long)h * T * T;
+        const V *q = qkv + h * HS, *k = qkv + L.C + h * HS;
+        V *a = att + (long)h * T * T;
         /* pre[T,T] = q k^T * scale:  pre^T = k * q^T, with k read as (k^T)^T */
-        CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, HS, &scale,
+        CUBLAS_CHECK(gemm_batched<V>(CUBLAS_OP_T, CUBLAS_OP_N, T, T, HS, &scale,
                                                k, L.C3, L.qkv_batch, q, L.C3, L.qkv_batch, &zero,
                                                a, T, L.att_batch, B));
     }
@@ -567,30 +622,31 @@ static void cuda_attention_forward(float *out, float *att, const float *qkv, int
     causal_softmax_kernel<<<warp_row_blocks(rows), THREADS, 0, stream()>>>(att, T, rows);
     LAUNCH_CHECK("causal_softmax");
     for (int h = 0; h < NH; h++) {
-        const float *v = qkv + 2 * L.C + h * HS;
-        const float *a = att + (long)h * T * T;
+        const V *v = qkv + 2 * L.C + h * HS;
+        const V *a = att + (long)h * T * T;
         /* out_h[T,HS] = att @ v:  out_h^T[HS,T] = v^T[HS,T] * att^T[T,T] */
-        CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, HS, T, T, &one,
+        CUBLAS_CHECK(gemm_batched<V>(CUBLAS_OP_N, CUBLAS_OP_N, HS, T, T, &one,
                                                v, L.C3, L.qkv_batch, a, T, L.att_batch, &zero,
                                                out + h * HS, L.C, L.out_batch, B));
     }
 }
 
-static void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                                    const float *att, int B, int T, int NH, int HS) {
+template <typename V>
+static void cuda_attention_backward(V *dqkv, V *datt, const V *dout, const V *qkv, const V *att, int B, int T,
+                                    int NH, int HS) {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     attention_layout L = layout_of(B, T, NH, HS);
     const float scale = 1.0f / sqrtf((float)HS), zero = 0.0f, one = 1.0f;
     for (int h = 0; h < NH; h++) {
-        const float *v = qkv + 2 * L.C + h * HS, *dy = dout + h * HS;
-        const float *a = att + (long)h * T * T;
-        float *da = datt + (long)h * T * T, *dv = dqkv + 2 * L.C + h * HS;
+        const V *v = qkv + 2 * L.C + h * HS, *dy = dout + h * HS;
+        const V *a = att + (long)h * T * T;
+        V *da = datt + (long)h * T * T, *dv = dqkv + 2 * L.C + h * HS;
         /* datt[T,T] = dout_h @ v^T:  datt^T = v * dout_h^T, v read as (v^T)^T */
-        CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, HS, &one,
+        CUBLAS_CHECK(gemm_batched<V>(CUBLAS_OP_T, CUBLAS_OP_N, T, T, HS, &one,
                                                v, L.C3, L.qkv_batch, dy, L.C, L.out_batch, &zero,
                                                da, T, L.att_batch, B));
         /* dv[T,HS] += att^T @ dout_h:  dv^T[HS,T] += dout_h^T[HS,T] * (att^T)^T */
-        CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, HS, T, T, &one,
+        CUBLAS_CHECK(gemm_batched<V>(CUBLAS_OP_N, CUBLAS_OP_T, HS, T, T, &one,
                                                dy, L.C, L.out_batch, a, T, L.att_batch, &one, dv,
                                                L.C3, L.qkv_batch, B));
     }
@@ -599,15 +655,15 @@ static void cuda_attention_backward(float *dqkv, float *datt, const float *dout,
                                                                                    rows);
     LAUNCH_CHECK("causal_softmax_backward");
     for (int h = 0; h < NH; h++) {
-        const float *q = qkv + h * HS, *k = qkv + L.C + h * HS;
-        const float *dpre = datt + (long)h * T * T;
-        float *dq = dqkv + h * HS, *dk = dqkv + L.C + h * HS;
+        const V *q = qkv + h * HS, *k = qkv + L.C + h * HS;
+        const V *dpre = datt + (long)h * T * T;
+        V *dq = dqkv + h * HS, *dk = dqkv + L.C + h * HS;
         /* dq[T,HS] += dpre @ k * scale:  dq^T[HS,T] += k^T[HS,T] * dpre^T[T,T] */
-        CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, HS, T, T,
+        CUBLAS_CHECK(gemm_batched<V>(CUBLAS_OP_N, CUBLAS_OP_N, HS, T, T,
                                                &scale, k, L.C3, L.qkv_batch, dpre, T, L.att_batch,
                                                &one, dq, L.C3, L.qkv_batch, B));
         /* dk[T,HS] += dpre^T @ q * scale:  dk^T[HS,T] += q^T[HS,T] * (dpre^T)^T */
-        CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, HS, T, T,
+        CUBLAS_CHECK(gemm_batched<V>(CUBLAS_OP_N, CUBLAS_OP_T, HS, T, T,
                                                &scale, q, L.C3, L.qkv_batch, dpre, T, L.att_batch,
                                                &one, dk, L.C3, L.qkv_batch, B));
     }
@@ -622,70 +678,80 @@ static void cuda_attention_backward(float *dqkv, float *datt, const float *dout,
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
 
-__global__ void gelu_forward_kernel(float *out, const float *inp, long N) {
+template <typename T>
+__global__ void gelu_forward_kernel(T *out, const T *inp, long N) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N;
          i += (long)gridDim.x * blockDim.x) {
-        float x = inp[i];
+        float x = ld(inp[i]);
         float u2 = fminf(-2.0f * GELU_K * (x + GELU_A * x * x * x), 80.0f);
-        out[i] = x / (1.0f + expf(u2));
+        out[i] = st<T>(x / (1.0f + expf(u2)));
     }
 }
 
 /* d/dx [x s(2u)] = s + 2 x s (1 - s) u'(x), with s = sigmoid(2u) */
-__global__ void gelu_backward_kernel(float *dinp, const float *dout, const float *inp, long N) {
+template <typename T>
+__global__ void gelu_backward_kernel(T *dinp, const T *dout, const T *inp, long N) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N;
          i += (long)gridDim.x * blockDim.x) {
-        float x = inp[i], x2 = x * x;
+        float x = ld(inp[i]), x2 = x * x;
         float u2 = fminf(-2.0f * GELU_K * (x + GELU_A * x2 * x), 80.0f);
         float s = 1.0f / (1.0f + expf(u2));
         float du = GELU_K * (1.0f + 3.0f * GELU_A * x2);
-        dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+        dinp[i] = st<T>(ld(dinp[i]) + (s + 2.0f * x * s * (1.0f - s) * du) * ld(dout[i]));
     }
 }
 
-__global__ void add_kernel(float *out, const float *a, const float *b, long N) {
+template <typename T>
+__global__ void add_kernel(T *out, const T *a, const T *b, long N) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N;
          i += (long)gridDim.x * blockDim.x)
-        out[i] = a[i] + b[i];
+        out[i] = st<T>(ld(a[i]) + ld(b[i]));
 }
 
-__global__ void accumulate_kernel(float *dst, const float *src, long N) {
+template <typename T>
+__global__ void accumulate_kernel(T *dst, const T *src, long N) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N;
          i += (long)gridDim.x * blockDim.x)
-        dst[i] += src[i];
+        dst[i] = st<T>(ld(dst[i]) + ld(src[i]));
 }
 
-__global__ void scale_kernel(float *x, float s, long N) {
+template <typename T>
+__global__ void scale_kernel(T *x, float s, long N) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N;
          i += (long)gridDim.x * blockDim.x)
-        x[i] *= s;
+        x[i] = st<T>(ld(x[i]) * s);
 }
 
-static void cuda_gelu_forward(float *out, const float *inp, long N) {
+template <typename V>
+static void cuda_gelu_forward(V *out, const V *inp, long N) {
     if (N <= 0) return;
     gelu_forward_kernel<<<elementwise_blocks(N), THREADS, 0, stream()>>>(out, inp, N);
     LAUNCH_CHECK("gelu_forward");
 }
 
-static void cuda_gelu_backward(float *dinp, const float *dout, const float *inp, long N) {
+template <typename V>
+static void cuda_gelu_backward(V *dinp, const V *dout, const V *inp, long N) {
     if (N <= 0) return;
     gelu_backward_kernel<<<elementwise_blocks(N), THREADS, 0, stream()>>>(dinp, dout, inp, N);
     LAUNCH_CHECK("gelu_backward");
 }
 
-static void cuda_add(float *out, const float *a, const float *b, long N) {
+template <typename V>
+static void cuda_add(V *out, const V *a, const V *b, long N) {
     if (N <= 0) return;
     add_kernel<<<elementwise_blocks(N), THREADS, 0, stream()>>>(out, a, b, N);
     LAUNCH_CHECK("add");
 }
 
-static void cuda_accumulate(float *dst, const float *src, long N) {
+template <typename V>
+static void cuda_accumulate(V *dst, const V *src, long N) {
     if (N <= 0) return;
     accumulate_kernel<<<elementwise_blocks(N), THREADS, 0, stream()>>>(dst, src, N);
     LAUNCH_CHECK("accumulate");
 }
 
-static void cuda_scale(float *x, float s, long N) {
+template <typename V>
+static void cuda_scale(V *x, float s, long N) {
     if (N <= 0) return;
     scale_kernel<<<elementwise_blocks(N), THREADS, 0, stream()>>>(x, s, N);
     LAUNCH_CHECK("scale");
@@ -697,44 +763,45 @@ static void cuda_scale(float *x, float s, long N) {
  * thread), any V works because threads stride over the row. Max and sum are
  * block reductions. The loss is log(sum) - (logit - max), the same value as
  * -log(prob) but finite even where the probability underflows. */
-__global__ void crossentropy_forward_kernel(float *losses, float *probs, const float *logits,
-                                            const int *targets, int V) {
+template <typename T>
+__global__ void crossentropy_forward_kernel(float *losses, T *probs, const T *logits, const int *targets, int V) {
     __shared__ float shared[WARP];
     long row = blockIdx.x;
-    const float *l = logits + row * V;
-    float *p = probs + row * V;
+    const T *l = logits + row * V;
+    T *p = probs + row * V;
     float m = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, l[j]);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, ld(l[j]));
     m = block_reduce<true>(m, shared);
     float s = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(l[j] - m);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(ld(l[j]) - m);
     s = block_reduce<false>(s, shared);
     float inv = 1.0f / s;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) p[j] = expf(l[j] - m) * inv;
-    if (threadIdx.x == 0) losses[row] = logf(s) - (l[targets[row]] - m);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) p[j] = st<T>(expf(ld(l[j]) - m) * inv);
+    if (threadIdx.x == 0) losses[row] = logf(s) - (ld(l[targets[row]]) - m);
 }
 
 /* Elementwise over N*V: each dlogit depends only on its own prob (and whether
  * it is the target), so no row structure is needed. Overwrites dlogits. */
-__global__ void crossentropy_backward_kernel(float *dlogits, const float *probs,
-                                             const int *targets, float dloss, int V, long NV) {
+template <typename T>
+__global__ void crossentropy_backward_kernel(T *dlogits, const T *probs, const int *targets, float dloss, int V,
+                                             long NV) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < NV;
          i += (long)gridDim.x * blockDim.x) {
         long n = i / V;
         int v = (int)(i % V);
-        dlogits[i] = (probs[i] - (v == targets[n] ? 1.0f : 0.0f)) * dloss;
+        dlogits[i] = st<T>((ld(probs[i]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
     }
 }
 
-static void cuda_crossentropy_forward(float *losses, float *probs, const float *logits,
-                                      const int *targets, int N, int V) {
+template <typename T>
+static void cuda_crossentropy_forward(float *losses, T *probs, const T *logits, const int *targets, int N, int V) {
     if (N <= 0 || V <= 0) return;
     crossentropy_forward_kernel<<<N, THREADS, 0, stream()>>>(losses, probs, logits, targets, V);
     LAUNCH_CHECK("crossentropy_forward");
 }
 
-static void cuda_crossentropy_backward(float *dlogits, const float *probs, const int *targets,
-                                       float dloss, int N, int V) {
+template <typename T>
+static void cuda_crossentropy_backward(T *dlogits, const T *probs, const int *targets, float dloss, int N, int V) {
     long NV = (long)N * V;
     if (NV <= 0) return;
     crossentropy_backward_kernel<<<elementwise_blocks(NV), THREADS, 0, stream()>>>(
@@ -755,12 +822,13 @@ static constexpr int SUMSQ_BLOCKS = 1024;
 static double *sumsq_partials; /* SUMSQ_BLOCKS doubles: kernels_cuda_init */
 static double *sumsq_result;   /* one double, for sum_squares' answer */
 
-__global__ void sum_squares_kernel(double *partials, const float *x, long N) {
+template <typename T>
+__global__ void sum_squares_kernel(double *partials, const T *x, long N) {
     __shared__ double shared[THREADS];
     double s = 0.0;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N;
          i += (long)gridDim.x * blockDim.x)
-        s += (double)x[i] * (double)x[i];
+        s += (double)ld(x[i]) * (double)ld(x[i]);
     shared[threadIdx.x] = s;
     __syncthreads();
     for (int half = blockDim.x / 2; half > 0; half >>= 1) {
@@ -778,7 +846,8 @@ __global__ void add_partials_kernel(double *acc, const double *partials, int n) 
     if (threadIdx.x == 0) acc[0] += s;
 }
 
-static void cuda_sum_squares_add(double *acc, const float *x, long N) {
+template <typename V>
+static void cuda_sum_squares_add(double *acc, const V *x, long N) {
     if (N <= 0) return;
     long want = (N + THREADS - 1) / THREADS;
     int blocks = (int)(want < SUMSQ_BLOCKS ? want : SUMSQ_BLOCKS);
@@ -789,7 +858,8 @@ static void cuda_sum_squares_add(double *acc, const float *x, long N) {
 }
 
 /* The same sum, returned to the host: one copy, which waits for the stream. */
-static double cuda_sum_squares(const float *x, long N) {
+template <typename V>
+static double cuda_sum_squares(const V *x, long N) {
     if (N <= 0) return 0.0;
     CUDA_CHECK(cudaMemsetAsync(sumsq_result, 0, sizeof(double), stream()));
     cuda_sum_squares_add(sumsq_result, x, N);
@@ -803,12 +873,12 @@ static double cuda_sum_squares(const float *x, long N) {
 
 /* One thread per parameter; the bias corrections are the same for all, so the
  * host computes them once (as their inverses, like the CPU twin). */
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, long N, float lr,
-                             float beta1, float beta2, float eps, float wd, float ibc1,
-                             float ibc2, float grad_scale) {
+template <typename T>
+__global__ void adamw_kernel(float *p, const T *g, float *m, float *v, long N, float lr, float beta1, float beta2,
+                             float eps, float wd, float ibc1, float ibc2, float grad_scale) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N;
          i += (long)gridDim.x * blockDim.x) {
-        float gi = g[i] * grad_scale;
+        float gi = ld(g[i]) * grad_scale;
         float mi = beta1 * m[i] + (1.0f - beta1) * gi;
         float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
         m[i] = mi;
@@ -817,8 +887,9 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, long 
     }
 }
 
-static void cuda_adamw(float *p, const float *g, float *m, float *v, long N, float lr,
-                       float beta1, float beta2, float eps, float wd, int t, float grad_scale) {
+template <typename V>
+static void cuda_adamw(float *p, const V *g, float *m, float *v, long N, float lr, float beta1, float beta2,
+                       float eps, float wd, int t, float grad_scale) {
     if (N <= 0) return;
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     adamw_kernel<<<elementwise_blocks(N), THREADS, 0, stream()>>>(
@@ -828,26 +899,50 @@ static void cuda_adamw(float *p, const float *g, float *m, float *v, long N, flo
 
 /* ---- the backward in two halves (kernels.h): the fused kernels with one half off */
 
-static void cuda_matmul_backward_input(float *dinp, const float *dout, const float *w, int N,
-                                       int IC, int OC) {
-    cuda_matmul_backward(dinp, NULL, NULL, dout, NULL, w, N, IC, OC);
+template <typename V>
+static void cuda_matmul_backward_input(V *dinp, const V *dout, const V *w, int N, int IC, int OC) {
+    cuda_matmul_backward<V>(dinp, NULL, NULL, dout, NULL, w, N, IC, OC);
 }
 
-static void cuda_matmul_backward_weight(float *dw, float *dbias, const float *dout,
-                                        const float *inp, int N, int IC, int OC) {
-    cuda_matmul_backward(NULL, dw, dbias, dout, inp, NULL, N, IC, OC);
+template <typename V>
+static void cuda_matmul_backward_weight(V *dw, V *dbias, const V *dout, const V *inp, int N, int IC, int OC) {
+    cuda_matmul_backward<V>(NULL, dw, dbias, dout, inp, NULL, N, IC, OC);
 }
 
-static void cuda_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
-                                          const float *w, const float *mean, const float *rstd,
-                                          int N, int C) {
-    cuda_layernorm_backward(dinp, NULL, NULL, dout, inp, w, mean, rstd, N, C);
+template <typename V>
+static void cuda_layernorm_backward_input(V *dinp, const V *dout, const V *inp, const V *w, const float *mean,
+                                          const float *rstd, int N, int C) {
+    cuda_layernorm_backward<V>(dinp, NULL, NULL, dout, inp, w, mean, rstd, N, C);
 }
 
-static void cuda_layernorm_backward_weight(float *dw, float *db, const float *dout,
-                                           const float *inp, const float *mean,
+template <typename V>
+static void cuda_layernorm_backward_weight(V *dw, V *db, const V *dout, const V *inp, const float *mean,
                                            const float *rstd, int N, int C) {
-    cuda_layernorm_backward(NULL, dw, db, dout, inp, NULL, mean, rstd, N, C);
+    cuda_layernorm_backward<V>(NULL, dw, db, dout, inp, NULL, mean, rstd, N, C);
+}
+
+/* ---- bf16 only: the rounding of the master weights, and back ------------------ */
+
+__global__ void to_bf16_kernel(bf16 *dst, const float *src, long N) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N; i += (long)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void to_float_kernel(float *dst, const bf16 *src, long N) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N; i += (long)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+static void cuda_to_bf16(void *dst, const float *src, long N) {
+    if (N <= 0) return;
+    to_bf16_kernel<<<elementwise_blocks(N), THREADS, 0, stream()>>>((bf16 *)dst, src, N);
+    LAUNCH_CHECK("to_bf16");
+}
+
+static void cuda_to_float(float *dst, const void *src, long N) {
+    if (N <= 0) return;
+    to_float_kernel<<<elementwise_blocks(N), THREADS, 0, stream()>>>(dst, (const bf16 *)src, N);
+    LAUNCH_CHECK("to_float");
 }
 
 /* ---- the table -------------------------------------------------------------- */
@@ -857,28 +952,122 @@ static void cuda_layernorm_backward_weight(float *dw, float *db, const float *do
  * the order of struct kernels, which the compiler checks. */
 extern "C" const kernels kernels_cuda = {
     .name = "cuda",
-    .encoder_forward = cuda_encoder_forward,
-    .encoder_backward = cuda_encoder_backward,
-    .layernorm_forward = cuda_layernorm_forward,
-    .layernorm_backward = cuda_layernorm_backward,
-    .matmul_forward = cuda_matmul_forward,
-    .matmul_backward = cuda_matmul_backward,
-    .attention_forward = cuda_attention_forward,
-    .attention_backward = cuda_attention_backward,
-    .gelu_forward = cuda_gelu_forward,
-    .gelu_backward = cuda_gelu_backward,
-    .add = cuda_add,
-    .accumulate = cuda_accumulate,
-    .scale = cuda_scale,
-    .crossentropy_forward = cuda_crossentropy_forward,
-    .crossentropy_backward = cuda_crossentropy_backward,
-    .sum_squares = cuda_sum_squares,
-    .adamw = cuda_adamw,
-    .sum_squares_add = cuda_sum_squares_add,
-    .matmul_backward_input = cuda_matmul_backward_input,
-    .matmul_backward_weight = cuda_matmul_backward_weight,
-    .layernorm_backward_input = cuda_layernorm_backward_input,
-    .layernorm_backward_weight = cuda_layernorm_backward_weight,
+    .encoder_forward = cuda_encoder_forward<float>,
+    .encoder_backward = cuda_encoder_backward<float>,
+    .layernorm_forward = cuda_layernorm_forward<float>,
+    .layernorm_backward = cuda_layernorm_backward<float>,
+    .matmul_forward = cuda_matmul_forward<float>,
+    .matmul_backward = cuda_matmul_backward<float>,
+    .attention_forward = cuda_attention_forward<float>,
+    .attention_backward = cuda_attention_backward<float>,
+    .gelu_forward = cuda_gelu_forward<float>,
+    .gelu_backward = cuda_gelu_backward<float>,
+    .add = cuda_add<float>,
+    .accumulate = cuda_accumulate<float>,
+    .scale = cuda_scale<float>,
+    .crossentropy_forward = cuda_crossentropy_forward<float>,
+    .crossentropy_backward = cuda_crossentropy_backward<float>,
+    .sum_squares = cuda_sum_squares<float>,
+    .adamw = cuda_adamw<float>,
+    .sum_squares_add = cuda_sum_squares_add<float>,
+    .matmul_backward_input = cuda_matmul_backward_input<float>,
+    .matmul_backward_weight = cuda_matmul_backward_weight<float>,
+    .layernorm_backward_input = cuda_layernorm_backward_input<float>,
+    .layernorm_backward_weight = cuda_layernorm_backward_weight<float>,
+};
+
+/* The bf16 table (kernels.h, value_kernels): the same templates on __nv_bfloat16,
+ * behind the table's void pointers. */
+#define VB(p) ((bf16 *)(p))
+#define CVB(p) ((const bf16 *)(p))
+static void b_encoder_forward(void *out, const int *tokens, const void *wte, const void *wpe, int B, int T, int C) {
+    cuda_encoder_forward<bf16>(VB(out), tokens, CVB(wte), CVB(wpe), B, T, C);
+}
+static void b_encoder_backward(void *dwte, void *dwpe, const void *dout, const int *tokens, int B, int T, int C) {
+    cuda_encoder_backward<bf16>(VB(dwte), VB(dwpe), CVB(dout), tokens, B, T, C);
+}
+static void b_layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const void *w, const void *b,
+                                int N, int C) {
+    cuda_layernorm_forward<bf16>(VB(out), mean, rstd, CVB(inp), CVB(w), CVB(b), N, C);
+}
+static void b_layernorm_backward(void *dinp, void *dw, void *db, const void *dout, const void *inp, const void *w,
+                                 const float *mean, const float *rstd, int N, int C) {
+    cuda_layernorm_backward<bf16>(VB(dinp), VB(dw), VB(db), CVB(dout), CVB(inp), CVB(w), mean, rstd, N, C);
+}
+static void b_matmul_forward(void *out, const void *inp, const void *w, const void *bias, int N, int IC, int OC) {
+    cuda_matmul_forward<bf16>(VB(out), CVB(inp), CVB(w), CVB(bias), N, IC, OC);
+}
+static void b_matmul_backward(void *dinp, void *dw, void *dbias, const void *dout, const void *inp, const void *w,
+                              int N, int IC, int OC) {
+    cuda_matmul_backward<bf16>(VB(dinp), VB(dw), VB(dbias), CVB(dout), CVB(inp), CVB(w), N, IC, OC);
+}
+static void b_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH, int HS) {
+    cuda_attention_forward<bf16>(VB(out), VB(att), CVB(qkv), B, T, NH, HS);
+}
+static void b_attention_backward(void *dqkv, void *datt, const void *dout, const void *qkv, const void *att, int B,
+                                 int T, int NH, int HS) {
+    cuda_attention_backward<bf16>(VB(dqkv), VB(datt), CVB(dout), CVB(qkv), CVB(att), B, T, NH, HS);
+}
+static void b_gelu_forward(void *out, const void *inp, long N) { cuda_gelu_forward<bf16>(VB(out), CVB(inp), N); }
+static void b_gelu_backward(void *dinp, const void *dout, const void *inp, long N) {
+    cuda_gelu_backward<bf16>(VB(dinp), CVB(dout), CVB(inp), N);
+}
+static void b_add(void *out, const void *a, const void *b, long N) { cuda_add<bf16>(VB(out), CVB(a), CVB(b), N); }
+static void b_accumulate(void *dst, const void *src, long N) { cuda_accumulate<bf16>(VB(dst), CVB(src), N); }
+static void b_scale(void *x, float s, long N) { cuda_scale<bf16>(VB(x), s, N); }
+static void b_crossentropy_forward(float *losses, void *probs, const void *logits, const int *targets, int N, int V) {
+    cuda_crossentropy_forward<bf16>(losses, VB(probs), CVB(logits), targets, N, V);
+}
+static void b_crossentropy_backward(void *dlogits, const void *probs, const int *targets, float dloss, int N, int V) {
+    cuda_crossentropy_backward<bf16>(VB(dlogits), CVB(probs), targets, dloss, N, V);
+}
+static double b_sum_squares(const void *x, long N) { return cuda_sum_squares<bf16>(CVB(x), N); }
+static void b_sum_squares_add(double *acc, const void *x, long N) { cuda_sum_squares_add<bf16>(acc, CVB(x), N); }
+static void b_adamw(float *p, const void *g, float *m, float *v, long N, float lr, float beta1, float beta2,
+                    float eps, float wd, int t, float grad_scale) {
+    cuda_adamw<bf16>(p, CVB(g), m, v, N, lr, beta1, beta2, eps, wd, t, grad_scale);
+}
+static void b_matmul_backward_input(void *dinp, const void *dout, const void *w, int N, int IC, int OC) {
+    cuda_matmul_backward_input<bf16>(VB(dinp), CVB(dout), CVB(w), N, IC, OC);
+}
+static void b_matmul_backward_weight(void *dw, void *dbias, const void *dout, const void *inp, int N, int IC, int OC) {
+    cuda_matmul_backward_weight<bf16>(VB(dw), VB(dbias), CVB(dout), CVB(inp), N, IC, OC);
+}
+static void b_layernorm_backward_input(void *dinp, const void *dout, const void *inp, const void *w,
+                                       const float *mean, const float *rstd, int N, int C) {
+    cuda_layernorm_backward_input<bf16>(VB(dinp), CVB(dout), CVB(inp), CVB(w), mean, rstd, N, C);
+}
+static void b_layernorm_backward_weight(void *dw, void *db, const void *dout, const void *inp, const float *mean,
+                                        const float *rstd, int N, int C) {
+    cuda_layernorm_backward_weight<bf16>(VB(dw), VB(db), CVB(dout), CVB(inp), mean, rstd, N, C);
+}
+
+extern "C" const value_kernels kernels_bf16_cuda = {
+    .name = "bf16 cuda",
+    .encoder_forward = b_encoder_forward,
+    .encoder_backward = b_encoder_backward,
+    .layernorm_forward = b_layernorm_forward,
+    .layernorm_backward = b_layernorm_backward,
+    .matmul_forward = b_matmul_forward,
+    .matmul_backward = b_matmul_backward,
+    .attention_forward = b_attention_forward,
+    .attention_backward = b_attention_backward,
+    .gelu_forward = b_gelu_forward,
+    .gelu_backward = b_gelu_backward,
+    .add = b_add,
+    .accumulate = b_accumulate,
+    .scale = b_scale,
+    .crossentropy_forward = b_crossentropy_forward,
+    .crossentropy_backward = b_crossentropy_backward,
+    .sum_squares = b_sum_squares,
+    .sum_squares_add = b_sum_squares_add,
+    .adamw = b_adamw,
+    .matmul_backward_input = b_matmul_backward_input,
+    .matmul_backward_weight = b_matmul_backward_weight,
+    .layernorm_backward_input = b_layernorm_backward_input,
+    .layernorm_backward_weight = b_layernorm_backward_weight,
+    .to_values = cuda_to_bf16,
+    .to_floats = cuda_to_float,
 };
 
 /* ---- fixed scratch ------------------------------------------------------------ */

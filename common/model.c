@@ -117,14 +117,34 @@ void gpt_init_params(const gpt_layout *g, uint64_t seed, long begin, long end, f
     free(host);
 }
 
+void gpt_init_values(const gpt_layout *g, uint64_t seed, long begin, long end, void *dst) {
+    if (g_precision == PREC_FP32) {
+        gpt_init_params(g, seed, begin, end, dst);
+        return;
+    }
+    float *host = malloc((size_t)(end - begin) * sizeof(float) + 1);
+    uint16_t *rounded = malloc((size_t)(end - begin) * sizeof(uint16_t) + 1);
+    if (!host || !rounded) die("out of host memory initialising parameters");
+    init_ctx c = {g, seed, begin, end, host};
+    gpt_for_each_tensor(g, begin, end, init_tensor, &c);
+    for (long i = 0; i < end - begin; i++) rounded[i] = bf16_from_float(host[i]);
+    mem_to_device(dst, rounded, (size_t)(end - begin) * sizeof(uint16_t));
+    free(host);
+    free(rounded);
+}
+
 /* ---- activations ----------------------------------------------------------- */
 
-/* Carve consecutive pieces out of one block; the first pass (block NULL) counts. */
-static float *carve(float *block, long *used, long n) {
+/* Carve consecutive pieces of n elements of `size` bytes out of one block; the
+ * first pass (block NULL) counts the bytes. Values are value_bytes() each
+ * (VALUES), LayerNorm statistics, losses and token ids 4 (FOUR). */
+static void *carve(void *block, long *used, long n, size_t size) {
     long at = *used;
-    *used += (n + 15) / 16 * 16; /* keep every piece 64-byte aligned */
-    return block ? block + at : NULL;
+    *used += ((long)size * n + 63) / 64 * 64; /* keep every piece 64-byte aligned */
+    return block ? (char *)block + at : NULL;
 }
+#define VALUES value_bytes()
+#define FOUR 4
 
 /* Widths inside a layer: all heads and 4C MLP units, or a tensor-parallel
  * rank's share of them (the residual stream stays C wide either way), and the
@@ -173,23 +193,23 @@ enum {
 
 /* Carve the pieces `which` of one layer: N = B x T positions inside the
  * tensor-parallel region, Ns = N / parts on the residual stream. */
-static void carve_layer(layer_acts *la, float *block, long *used, const gpt_layout *g, long B, layer_widths w,
+static void carve_layer(layer_acts *la, void *block, long *used, const gpt_layout *g, long B, layer_widths w,
                         unsigned which) {
     long T = g->cfg.seq, C = g->cfg.d_model, N = B * T, Ns = N / w.parts;
-#define PIECE(flag, field, n) la->field = (which & (flag)) ? carve(block, used, (n)) : NULL
-    PIECE(LA_LN1, ln1, N * C);
-    PIECE(LA_LN1, ln1_mean, Ns);
-    PIECE(LA_LN1, ln1_rstd, Ns);
-    PIECE(LA_QKV, qkv, N * 3 * w.attn);
-    PIECE(LA_ATTY, atty, N * w.attn);
-    PIECE(LA_ATT, att, B * w.heads * T * T);
-    PIECE(LA_RES2, res2, Ns * C);
-    PIECE(LA_LN2, ln2, N * C);
-    PIECE(LA_LN2, ln2_mean, Ns);
-    PIECE(LA_LN2, ln2_rstd, Ns);
-    PIECE(LA_FCH, fch, N * w.mlp);
-    PIECE(LA_GELU, fch_gelu, N * w.mlp);
-    PIECE(LA_RES3, res3, Ns * C);
+#define PIECE(flag, field, n, size) la->field = (which & (flag)) ? carve(block, used, (n), (size)) : NULL
+    PIECE(LA_LN1, ln1, N * C, VALUES);
+    PIECE(LA_LN1, ln1_mean, Ns, FOUR);
+    PIECE(LA_LN1, ln1_rstd, Ns, FOUR);
+    PIECE(LA_QKV, qkv, N * 3 * w.attn, VALUES);
+    PIECE(LA_ATTY, atty, N * w.attn, VALUES);
+    PIECE(LA_ATT, att, B * w.heads * T * T, VALUES);
+    PIECE(LA_RES2, res2, Ns * C, VALUES);
+    PIECE(LA_LN2, ln2, N * C, VALUES);
+    PIECE(LA_LN2, ln2_mean, Ns, FOUR);
+    PIECE(LA_LN2, ln2_rstd, Ns, FOUR);
+    PIECE(LA_FCH, fch, N * w.mlp, VALUES);
+    PIECE(LA_GELU, fch_gelu, N * w.mlp, VALUES);
+    PIECE(LA_RES3, res3, Ns * C, VALUES);
 #undef PIECE
 }
 
@@ -202,28 +222,28 @@ static unsigned kept_pieces(const gpt_layout *g) {
     }
 }
 
-static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, float *block) {
+static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, void *block) {
     long B = a->B, T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab;
     long Ns = B * T / w.parts, used = 0;
     int first = a->lo == 0, last = a->hi == g->cfg.layers;
     /* token ids live in the float block as int-sized slots */
-    a->tokens = first ? (int *)carve(block, &used, Ns) : NULL;
-    a->targets = last ? (int *)carve(block, &used, Ns) : NULL;
-    a->x_in = carve(block, &used, Ns * C);
+    a->tokens = first ? (int *)carve(block, &used, Ns, FOUR) : NULL;
+    a->targets = last ? (int *)carve(block, &used, Ns, FOUR) : NULL;
+    a->x_in = carve(block, &used, Ns * C, VALUES);
     long layers_start = used, att = 0;
     for (int l = 0; l < a->hi - a->lo; l++) {
         carve_layer(&a->layer[l], block, &used, g, B, w, kept_pieces(g));
-        if (a->layer[l].att) att += (B * w.heads * T * T + 15) / 16 * 16;
+        if (a->layer[l].att) att += ((long)VALUES * B * w.heads * T * T + 63) / 64 * 64;
     }
-    a->att_bytes = att * (long)sizeof(float);
-    a->layer_bytes = (used - layers_start - att) * (long)sizeof(float);
+    a->att_bytes = att;
+    a->layer_bytes = used - layers_start - att;
     if (last) {
-        a->lnf = carve(block, &used, Ns * C);
-        a->lnf_mean = carve(block, &used, Ns);
-        a->lnf_rstd = carve(block, &used, Ns);
-        a->logits = carve(block, &used, Ns * V);
-        a->probs = carve(block, &used, Ns * V);
-        a->losses = carve(block, &used, Ns);
+        a->lnf = carve(block, &used, Ns * C, VALUES);
+        a->lnf_mean = carve(block, &used, Ns, FOUR);
+        a->lnf_rstd = carve(block, &used, Ns, FOUR);
+        a->logits = carve(block, &used, Ns * V, VALUES);
+        a->probs = carve(block, &used, Ns * V, VALUES);
+        a->losses = carve(block, &used, Ns, FOUR);
     } else {
         a->lnf = a->lnf_mean = a->lnf_rstd = a->logits = a->probs = a->losses = NULL;
     }
@@ -237,8 +257,7 @@ static void acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, 
     a->seq_first = (int)w.part * a->seq;
     a->layer = calloc((size_t)(hi - lo) + 1, sizeof *a->layer);
     if (!a->layer) die("out of host memory");
-    long n = lay_out_acts(a, g, w, NULL);
-    a->bytes = n * (long)sizeof(float);
+    a->bytes = lay_out_acts(a, g, w, NULL);
     a->block = mem_alloc((size_t)a->bytes, MEM_ACTS);
     lay_out_acts(a, g, w, a->block);
 }
@@ -271,25 +290,25 @@ void gpt_acts_set_batch(gpt_acts *a, const int *tokens, const int *targets, int 
     }
 }
 
-float *gpt_acts_output(const gpt_acts *a) {
+void *gpt_acts_output(const gpt_acts *a) {
     return a->hi > a->lo ? a->layer[a->hi - a->lo - 1].res3 : a->x_in;
 }
 
-static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w, float *block) {
+static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w, void *block) {
     long T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, N = B * T, Ns = N / w.parts;
     long used = 0;
-    s->dres = carve(block, &used, Ns * C);
-    s->dln = carve(block, &used, N * C);
-    s->dqkv = carve(block, &used, N * 3 * w.attn);
-    s->datty = carve(block, &used, N * w.attn);
-    s->datt = carve(block, &used, (long)B * w.heads * T * T);
-    s->dfch = carve(block, &used, N * w.mlp);
-    s->dfch_gelu = carve(block, &used, N * w.mlp);
-    s->dlogits = carve(block, &used, Ns * V);
+    s->dres = carve(block, &used, Ns * C, VALUES);
+    s->dln = carve(block, &used, N * C, VALUES);
+    s->dqkv = carve(block, &used, N * 3 * w.attn, VALUES);
+    s->datty = carve(block, &used, N * w.attn, VALUES);
+    s->datt = carve(block, &used, (long)B * w.heads * T * T, VALUES);
+    s->dfch = carve(block, &used, N * w.mlp, VALUES);
+    s->dfch_gelu = carve(block, &used, N * w.mlp, VALUES);
+    s->dlogits = carve(block, &used, Ns * V, VALUES);
     int split = w.parts > 1;
-    s->seq_full = split ? carve(block, &used, N * C) : NULL;
-    s->seq_packed = split ? carve(block, &used, N * C) : NULL;
-    s->seq_shard = split ? carve(block, &used, Ns * C) : NULL;
+    s->seq_full = split ? carve(block, &used, N * C, VALUES) : NULL;
+    s->seq_packed = split ? carve(block, &used, N * C, VALUES) : NULL;
+    s->seq_shard = split ? carve(block, &used, Ns * C, VALUES) : NULL;
     /* the recomputation's one layer: what the layers do not keep (full: all
      * of it, the output too, which the recomputation must not write over the
      * kept one) */
@@ -300,7 +319,7 @@ static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, lay
 
 static void scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w) {
     long n = lay_out_scratch(s, g, B, w, NULL);
-    s->block = mem_alloc((size_t)n * sizeof(float), MEM_WORKSPACE);
+    s->block = mem_alloc((size_t)n, MEM_WORKSPACE);
     lay_out_scratch(s, g, B, w, s->block);
 }
 
@@ -321,19 +340,19 @@ void gpt_scratch_free(gpt_grad_scratch *s) {
 
 /* ---- forward ----------------------------------------------------------------- */
 
-#define P(block, which) ((block) + g->layer[which].offset)
+#define P(block, which) value_at(block, g->layer[which].offset)
 
 /* The block's positions: B rows of a->seq (all T, or a sequence-parallel slice). */
 static long block_tokens(const gpt_acts *a) { return (long)a->B * a->seq; }
 
-void gpt_embed_forward(const gpt_layout *g, const float *ep, gpt_acts *a) {
+void gpt_embed_forward(const gpt_layout *g, const void *ep, gpt_acts *a) {
     int C = g->cfg.d_model; /* a slice of the positions adds its own rows of wpe */
-    K->encoder_forward(a->x_in, a->tokens, ep + g->embed[EMBED_WTE].offset,
-                       ep + g->embed[EMBED_WPE].offset + (long)a->seq_first * C, a->B, a->seq, C);
+    KP->encoder_forward(a->x_in, a->tokens, value_at(ep, g->embed[EMBED_WTE].offset),
+                        value_at(ep, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), a->B, a->seq, C);
 }
 
 /* The input of `layer`: the previous layer's output, or x_in for the first. */
-static const float *layer_input(const gpt_acts *a, int layer) {
+static const void *layer_input(const gpt_acts *a, int layer) {
     return layer == a->lo ? a->x_in : a->layer[layer - a->lo - 1].res3;
 }
 
@@ -349,7 +368,7 @@ layer_acts gpt_layer_forward_target(const gpt_layout *g, const gpt_acts *a, int 
     if (g->cfg.recompute == GPT_RECOMPUTE_SELECTIVE) {
         la.att = bound_work(g, a)->att; /* computed, used by the attention output, not kept */
     } else if (g->cfg.recompute == GPT_RECOMPUTE_FULL) {
-        float *output = la.res3; /* the one piece kept: the next layer's input */
+        void *output = la.res3; /* the one piece kept: the next layer's input */
         la = *bound_work(g, a);
         la.res3 = output;
     }
@@ -364,7 +383,7 @@ layer_acts gpt_layer_backward_source(const gpt_layout *g, const gpt_acts *a, int
          * inputs: the same bits. Its output (att v) is not needed: s->datty
          * takes it and is overwritten before the backward reads it. */
         la.att = s->work.att;
-        K->attention_forward(s->datty, la.att, la.qkv, a->B, g->cfg.seq, heads, g->cfg.d_model / g->cfg.heads);
+        KP->attention_forward(s->datty, la.att, la.qkv, a->B, g->cfg.seq, heads, g->cfg.d_model / g->cfg.heads);
     } else if (g->cfg.recompute == GPT_RECOMPUTE_FULL) {
         la = s->work;
         if (keep) {
@@ -378,111 +397,112 @@ layer_acts gpt_layer_backward_source(const gpt_layout *g, const gpt_acts *a, int
 }
 
 /* One layer's forward from x into la (B rows of T positions). */
-static void layer_compute(const gpt_layout *g, const float *lp, const float *x, const layer_acts *la, int B) {
+static void layer_compute(const gpt_layout *g, const void *lp, const void *x, const layer_acts *la, int B) {
     int T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
-    K->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, P(lp, LAYER_LN1_W), P(lp, LAYER_LN1_B), N, C);
-    K->matmul_forward(la->qkv, la->ln1, P(lp, LAYER_QKV_W), P(lp, LAYER_QKV_B), N, C, 3 * C);
-    K->attention_forward(la->atty, la->att, la->qkv, B, T, NH, C / NH);
-    K->matmul_forward(la->res2, la->atty, P(lp, LAYER_ATTPROJ_W), P(lp, LAYER_ATTPROJ_B), N, C, C);
-    K->add(la->res2, la->res2, x, (long)N * C);
-    K->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, P(lp, LAYER_LN2_W), P(lp, LAYER_LN2_B), N, C);
-    K->matmul_forward(la->fch, la->ln2, P(lp, LAYER_FC_W), P(lp, LAYER_FC_B), N, C, 4 * C);
-    K->gelu_forward(la->fch_gelu, la->fch, (long)N * 4 * C);
-    K->matmul_forward(la->res3, la->fch_gelu, P(lp, LAYER_FCPROJ_W), P(lp, LAYER_FCPROJ_B), N, 4 * C, C);
-    K->add(la->res3, la->res3, la->res2, (long)N * C);
+    KP->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, P(lp, LAYER_LN1_W), P(lp, LAYER_LN1_B), N, C);
+    KP->matmul_forward(la->qkv, la->ln1, P(lp, LAYER_QKV_W), P(lp, LAYER_QKV_B), N, C, 3 * C);
+    KP->attention_forward(la->atty, la->att, la->qkv, B, T, NH, C / NH);
+    KP->matmul_forward(la->res2, la->atty, P(lp, LAYER_ATTPROJ_W), P(lp, LAYER_ATTPROJ_B), N, C, C);
+    KP->add(la->res2, la->res2, x, (long)N * C);
+    KP->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, P(lp, LAYER_LN2_W), P(lp, LAYER_LN2_B), N, C);
+    KP->matmul_forward(la->fch, la->ln2, P(lp, LAYER_FC_W), P(lp, LAYER_FC_B), N, C, 4 * C);
+    KP->gelu_forward(la->fch_gelu, la->fch, (long)N * 4 * C);
+    KP->matmul_forward(la->res3, la->fch_gelu, P(lp, LAYER_FCPROJ_W), P(lp, LAYER_FCPROJ_B), N, 4 * C, C);
+    KP->add(la->res3, la->res3, la->res2, (long)N * C);
 }
 
-void gpt_layer_forward(const gpt_layout *g, const float *lp, gpt_acts *a, int layer) {
+void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int layer) {
     layer_acts la = gpt_layer_forward_target(g, a, layer);
     layer_compute(g, lp, layer_input(a, layer), &la, a->B);
 }
 
-void gpt_head_forward(const gpt_layout *g, const float *hp, gpt_acts *a) {
+void gpt_head_forward(const gpt_layout *g, const void *hp, gpt_acts *a) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
-    K->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
-                         hp + g->head[HEAD_LNF_B].offset, N, C);
-    K->matmul_forward(a->logits, a->lnf, hp + g->head[HEAD_W].offset, NULL, N, C, V);
-    K->crossentropy_forward(a->losses, a->probs, a->logits, a->targets, N, V);
+    KP->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt_acts_output(a), value_at(hp, g->head[HEAD_LNF_W].offset),
+                          value_at(hp, g->head[HEAD_LNF_B].offset), N, C);
+    KP->matmul_forward(a->logits, a->lnf, value_at(hp, g->head[HEAD_W].offset), NULL, N, C, V);
+    KP->crossentropy_forward(a->losses, a->probs, a->logits, a->targets, N, V);
 }
 
-void gpt_forward(const gpt_layout *g, const float *params, gpt_acts *a) {
+void gpt_forward(const gpt_layout *g, const void *params, gpt_acts *a) {
     long begin, end;
     gpt_range(g, a->lo, a->hi, &begin, &end);
     if (a->lo == 0) gpt_embed_forward(g, params, a);
-    for (int l = a->lo; l < a->hi; l++) gpt_layer_forward(g, params + gpt_layer_offset(g, l) - begin, a, l);
-    if (a->hi == g->cfg.layers) gpt_head_forward(g, params + gpt_head_offset(g) - begin, a);
+    for (int l = a->lo; l < a->hi; l++) gpt_layer_forward(g, value_at(params, gpt_layer_offset(g, l) - begin), a, l);
+    if (a->hi == g->cfg.layers) gpt_head_forward(g, value_at(params, gpt_head_offset(g) - begin), a);
 }
 
 /* ---- backward ---------------------------------------------------------------- */
 
-void gpt_head_backward(const gpt_layout *g, const float *hp, float *hg, gpt_acts *a,
+void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *a,
                        gpt_grad_scratch *s, float dloss) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
-    size_t nc = (size_t)N * C * sizeof(float);
-    K->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
+    size_t nc = (size_t)N * C * value_bytes();
+    KP->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
     mem_zero(s->dln, nc);
-    K->matmul_backward(s->dln, hg + g->head[HEAD_W].offset, NULL, s->dlogits, a->lnf,
-                       hp + g->head[HEAD_W].offset, N, C, V);
+    KP->matmul_backward(s->dln, value_at(hg, g->head[HEAD_W].offset), NULL, s->dlogits, a->lnf,
+                        value_at(hp, g->head[HEAD_W].offset), N, C, V);
     mem_zero(s->dres, nc);
-    K->layernorm_backward(s->dres, hg + g->head[HEAD_LNF_W].offset, hg + g->head[HEAD_LNF_B].offset,
-                          s->dln, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
-                          a->lnf_mean, a->lnf_rstd, N, C);
+    KP->layernorm_backward(s->dres, value_at(hg, g->head[HEAD_LNF_W].offset), value_at(hg, g->head[HEAD_LNF_B].offset),
+                           s->dln, gpt_acts_output(a), value_at(hp, g->head[HEAD_LNF_W].offset),
+                           a->lnf_mean, a->lnf_rstd, N, C);
 }
 
-void gpt_layer_backward(const gpt_layout *g, const float *lp, float *gp, gpt_acts *a, int layer,
+void gpt_layer_backward(const gpt_layout *g, const void *lp, void *gp, gpt_acts *a, int layer,
                         gpt_grad_scratch *s) {
     int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
-    const float *x = layer_input(a, layer);
+    const void *x = layer_input(a, layer);
     layer_acts recomputed = gpt_layer_backward_source(g, a, layer, s, NULL, NH);
     if (g->cfg.recompute == GPT_RECOMPUTE_FULL) layer_compute(g, lp, x, &recomputed, B); /* the forward again */
     const layer_acts *la = &recomputed;
-    size_t nc = (size_t)N * C * sizeof(float), n4c = 4 * nc;
+    size_t nc = (size_t)N * C * value_bytes(), n4c = 4 * nc;
     /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
     mem_zero(s->dfch_gelu, n4c);
-    K->matmul_backward(s->dfch_gelu, P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), s->dres,
+    KP->matmul_backward(s->dfch_gelu, P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), s->dres,
                        la->fch_gelu, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
     mem_zero(s->dfch, n4c);
-    K->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
+    KP->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
     mem_zero(s->dln, nc);
-    K->matmul_backward(s->dln, P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), s->dfch, la->ln2,
+    KP->matmul_backward(s->dln, P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), s->dfch, la->ln2,
                        P(lp, LAYER_FC_W), N, C, 4 * C);
-    K->layernorm_backward(s->dres, P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), s->dln, la->res2,
+    KP->layernorm_backward(s->dres, P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), s->dln, la->res2,
                           P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
     /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
     mem_zero(s->datty, nc);
-    K->matmul_backward(s->datty, P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), s->dres,
+    KP->matmul_backward(s->datty, P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), s->dres,
                        la->atty, P(lp, LAYER_ATTPROJ_W), N, C, C);
     mem_zero(s->dqkv, 3 * nc);
-    K->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
+    KP->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
     mem_zero(s->dln, nc);
-    K->matmul_backward(s->dln, P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), s->dqkv, la->ln1,
+    KP->matmul_backward(s->dln, P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), s->dqkv, la->ln1,
                        P(lp, LAYER_QKV_W), N, C, 3 * C);
-    K->layernorm_backward(s->dres, P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), s->dln, x,
+    KP->layernorm_backward(s->dres, P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), s->dln, x,
                           P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
 }
 
-void gpt_embed_backward(const gpt_layout *g, float *eg, gpt_acts *a, gpt_grad_scratch *s) {
+void gpt_embed_backward(const gpt_layout *g, void *eg, gpt_acts *a, gpt_grad_scratch *s) {
     int C = g->cfg.d_model;
-    K->encoder_backward(eg + g->embed[EMBED_WTE].offset, eg + g->embed[EMBED_WPE].offset + (long)a->seq_first * C,
-                        s->dres, a->tokens, a->B, a->seq, C);
+    KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset),
+                         value_at(eg, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), s->dres, a->tokens, a->B,
+                         a->seq, C);
 }
 
-float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_acts *a,
-                    gpt_grad_scratch *s, const float *dout, float dloss,
-                    grads_ready_fn ready, void *ready_ctx) {
+void *gpt_backward(const gpt_layout *g, const void *params, void *grads, gpt_acts *a,
+                   gpt_grad_scratch *s, const void *dout, float dloss,
+                   grads_ready_fn ready, void *ready_ctx) {
     int L = g->cfg.layers;
     long begin, end;
     gpt_range(g, a->lo, a->hi, &begin, &end);
     if (a->hi == L) {
         long h = gpt_head_offset(g) - begin;
-        gpt_head_backward(g, params + h, grads + h, a, s, dloss);
+        gpt_head_backward(g, value_at(params, h), value_at(grads, h), a, s, dloss);
         if (ready) ready(ready_ctx, gpt_head_offset(g), g->total);
     } else {
-        mem_copy(s->dres, dout, (size_t)block_tokens(a) * g->cfg.d_model * sizeof(float));
+        mem_copy(s->dres, dout, (size_t)block_tokens(a) * g->cfg.d_model * value_bytes());
     }
     for (int l = a->hi - 1; l >= a->lo; l--) {
         long o = gpt_layer_offset(g, l) - begin;
-        gpt_layer_backward(g, params + o, grads + o, a, l, s);
+        gpt_layer_backward(g, value_at(params, o), value_at(grads, o), a, l, s);
         if (ready) ready(ready_ctx, gpt_layer_offset(g, l), gpt_layer_offset(g, l + 1));
     }
     if (a->lo != 0) return s->dres;
@@ -496,22 +516,22 @@ float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_
 /* N = B x T positions where the douts are whole along the sequence (the
  * matmuls'), Ns = N / parts where they are on the residual stream (the
  * LayerNorms', the head's, the embedding's). */
-static long lay_out_wgrads(gpt_wgrads *w, const gpt_layout *g, layer_widths wd, float *block) {
+static long lay_out_wgrads(gpt_wgrads *w, const gpt_layout *g, layer_widths wd, void *block) {
     long N = (long)w->B * g->cfg.seq, Ns = N / wd.parts, C = g->cfg.d_model, V = g->cfg.vocab, used = 0;
     for (int l = 0; l < w->hi - w->lo; l++) {
         layer_wgrads *lw = &w->layer[l];
-        lw->dres3 = carve(block, &used, N * C);
-        lw->dfch = carve(block, &used, N * wd.mlp);
-        lw->dln2 = carve(block, &used, Ns * C);
-        lw->dres2 = carve(block, &used, N * C);
-        lw->dqkv = carve(block, &used, N * 3 * wd.attn);
-        lw->dln1 = carve(block, &used, Ns * C);
+        lw->dres3 = carve(block, &used, N * C, VALUES);
+        lw->dfch = carve(block, &used, N * wd.mlp, VALUES);
+        lw->dln2 = carve(block, &used, Ns * C, VALUES);
+        lw->dres2 = carve(block, &used, N * C, VALUES);
+        lw->dqkv = carve(block, &used, N * 3 * wd.attn, VALUES);
+        lw->dln1 = carve(block, &used, Ns * C, VALUES);
         carve_layer(&lw->kept, block, &used, g, w->B, wd, g->cfg.recompute == GPT_RECOMPUTE_FULL ? LA_W_READS : 0);
     }
     int last = w->hi == g->cfg.layers;
-    w->dlogits = last ? carve(block, &used, Ns * V) : NULL;
-    w->dlnf = last ? carve(block, &used, Ns * C) : NULL;
-    w->dx = w->lo == 0 ? carve(block, &used, Ns * C) : NULL;
+    w->dlogits = last ? carve(block, &used, Ns * V, VALUES) : NULL;
+    w->dlnf = last ? carve(block, &used, Ns * C, VALUES) : NULL;
+    w->dx = w->lo == 0 ? carve(block, &used, Ns * C, VALUES) : NULL;
     return used;
 }
 
@@ -520,7 +540,7 @@ static void wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int
     w->B = B; w->lo = lo; w->hi = hi;
     w->layer = calloc((size_t)(hi - lo) + 1, sizeof *w->layer);
     if (!w->layer) die("out of host memory");
-    w->bytes = lay_out_wgrads(w, g, wd, NULL) * (long)sizeof(float);
+    w->bytes = lay_out_wgrads(w, g, wd, NULL);
     w->block = mem_alloc((size_t)w->bytes, MEM_ACTS);
     lay_out_wgrads(w, g, wd, w->block);
 }
@@ -547,97 +567,99 @@ void gpt_wgrads_free(gpt_wgrads *w) {
     memset(w, 0, sizeof *w);
 }
 
-void gpt_head_backward_input(const gpt_layout *g, const float *hp, gpt_acts *a, gpt_grad_scratch *s,
+void gpt_head_backward_input(const gpt_layout *g, const void *hp, gpt_acts *a, gpt_grad_scratch *s,
                              gpt_wgrads *w, float dloss) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
-    size_t nc = (size_t)N * C * sizeof(float);
-    K->crossentropy_backward(w->dlogits, a->probs, a->targets, dloss, N, V);
+    size_t nc = (size_t)N * C * value_bytes();
+    KP->crossentropy_backward(w->dlogits, a->probs, a->targets, dloss, N, V);
     mem_zero(w->dlnf, nc);
-    K->matmul_backward_input(w->dlnf, w->dlogits, hp + g->head[HEAD_W].offset, N, C, V);
+    KP->matmul_backward_input(w->dlnf, w->dlogits, value_at(hp, g->head[HEAD_W].offset), N, C, V);
     mem_zero(s->dres, nc);
-    K->layernorm_backward_input(s->dres, w->dlnf, gpt_acts_output(a), hp + g->head[HEAD_LNF_W].offset,
-                                a->lnf_mean, a->lnf_rstd, N, C);
+    KP->layernorm_backward_input(s->dres, w->dlnf, gpt_acts_output(a), value_at(hp, g->head[HEAD_LNF_W].offset),
+                                 a->lnf_mean, a->lnf_rstd, N, C);
 }
 
 /* gpt_layer_backward with every weight gradient left out, and the douts W
  * needs kept in w instead of in the shared scratch. */
-void gpt_layer_backward_input(const gpt_layout *g, const float *lp, const gpt_acts *a, int layer,
+void gpt_layer_backward_input(const gpt_layout *g, const void *lp, const gpt_acts *a, int layer,
                               gpt_grad_scratch *s, gpt_wgrads *w) {
     int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
     layer_wgrads *lw = &w->layer[layer - a->lo];
-    const float *x = layer_input(a, layer);
+    const void *x = layer_input(a, layer);
     /* full: B recomputes the forward, leaving what W reads in lw->kept */
     layer_acts recomputed = gpt_layer_backward_source(g, a, layer, s, &lw->kept, NH);
     if (g->cfg.recompute == GPT_RECOMPUTE_FULL) layer_compute(g, lp, x, &recomputed, B);
     const layer_acts *la = &recomputed;
-    size_t nc = (size_t)N * C * sizeof(float), n4c = 4 * nc;
+    size_t nc = (size_t)N * C * value_bytes(), n4c = 4 * nc;
     /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
     mem_copy(lw->dres3, s->dres, nc);
     mem_zero(s->dfch_gelu, n4c);
-    K->matmul_backward_input(s->dfch_gelu, s->dres, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
+    KP->matmul_backward_input(s->dfch_gelu, s->dres, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
     mem_zero(lw->dfch, n4c);
-    K->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
+    KP->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
     mem_zero(lw->dln2, nc);
-    K->matmul_backward_input(lw->dln2, lw->dfch, P(lp, LAYER_FC_W), N, C, 4 * C);
-    K->layernorm_backward_input(s->dres, lw->dln2, la->res2, P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
+    KP->matmul_backward_input(lw->dln2, lw->dfch, P(lp, LAYER_FC_W), N, C, 4 * C);
+    KP->layernorm_backward_input(s->dres, lw->dln2, la->res2, P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
     /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
     mem_copy(lw->dres2, s->dres, nc);
     mem_zero(s->datty, nc);
-    K->matmul_backward_input(s->datty, s->dres, P(lp, LAYER_ATTPROJ_W), N, C, C);
+    KP->matmul_backward_input(s->datty, s->dres, P(lp, LAYER_ATTPROJ_W), N, C, C);
     mem_zero(lw->dqkv, 3 * nc);
-    K->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
+    KP->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
     mem_zero(lw->dln1, nc);
-    K->matmul_backward_input(lw->dln1, lw->dqkv, P(lp, LAYER_QKV_W), N, C, 3 * C);
-    K->layernorm_backward_input(s->dres, lw->dln1, x, P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
+    KP->matmul_backward_input(lw->dln1, lw->dqkv, P(lp, LAYER_QKV_W), N, C, 3 * C);
+    KP->layernorm_backward_input(s->dres, lw->dln1, x, P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
 }
 
-void gpt_head_backward_weight(const gpt_layout *g, float *hg, const gpt_acts *a, const gpt_wgrads *w) {
+void gpt_head_backward_weight(const gpt_layout *g, void *hg, const gpt_acts *a, const gpt_wgrads *w) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
-    K->matmul_backward_weight(hg + g->head[HEAD_W].offset, NULL, w->dlogits, a->lnf, N, C, V);
-    K->layernorm_backward_weight(hg + g->head[HEAD_LNF_W].offset, hg + g->head[HEAD_LNF_B].offset, w->dlnf,
-                                 gpt_acts_output(a), a->lnf_mean, a->lnf_rstd, N, C);
+    KP->matmul_backward_weight(value_at(hg, g->head[HEAD_W].offset), NULL, w->dlogits, a->lnf, N, C, V);
+    KP->layernorm_backward_weight(value_at(hg, g->head[HEAD_LNF_W].offset), value_at(hg, g->head[HEAD_LNF_B].offset),
+                                  w->dlnf, gpt_acts_output(a), a->lnf_mean, a->lnf_rstd, N, C);
 }
 
 /* In gpt_layer_backward's order, so the gradients come out the same. */
-void gpt_layer_backward_weight(const gpt_layout *g, float *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
+void gpt_layer_backward_weight(const gpt_layout *g, void *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
     int C = g->cfg.d_model, N = a->B * g->cfg.seq;
     const layer_acts *la = gpt_layer_weight_source(g, a, layer, w);
     const layer_wgrads *lw = &w->layer[layer - a->lo];
-    K->matmul_backward_weight(P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N, 4 * C, C);
-    K->matmul_backward_weight(P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, 4 * C);
-    K->layernorm_backward_weight(P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
+    KP->matmul_backward_weight(P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N, 4 * C, C);
+    KP->matmul_backward_weight(P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, 4 * C);
+    KP->layernorm_backward_weight(P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
                                  la->ln2_rstd, N, C);
-    K->matmul_backward_weight(P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, C, C);
-    K->matmul_backward_weight(P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * C);
-    K->layernorm_backward_weight(P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
+    KP->matmul_backward_weight(P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, C, C);
+    KP->matmul_backward_weight(P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * C);
+    KP->layernorm_backward_weight(P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
                                  la->ln1_mean, la->ln1_rstd, N, C);
 }
 
-void gpt_embed_backward_weight(const gpt_layout *g, float *eg, const gpt_acts *a, const gpt_wgrads *w) {
+void gpt_embed_backward_weight(const gpt_layout *g, void *eg, const gpt_acts *a, const gpt_wgrads *w) {
     int C = g->cfg.d_model;
-    K->encoder_backward(eg + g->embed[EMBED_WTE].offset, eg + g->embed[EMBED_WPE].offset + (long)a->seq_first * C,
-                        w->dx, a->tokens, a->B, a->seq, C);
+    KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset),
+                         value_at(eg, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), w->dx, a->tokens, a->B,
+                         a->seq, C);
 }
 
-float *gpt_backward_input(const gpt_layout *g, const float *params, gpt_acts *a, gpt_grad_scratch *s,
-                          gpt_wgrads *w, const float *dout, float dloss) {
+void *gpt_backward_input(const gpt_layout *g, const void *params, gpt_acts *a, gpt_grad_scratch *s,
+                         gpt_wgrads *w, const void *dout, float dloss) {
     long begin, end;
-    size_t nc = (size_t)block_tokens(a) * g->cfg.d_model * sizeof(float);
+    size_t nc = (size_t)block_tokens(a) * g->cfg.d_model * value_bytes();
     gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, params + gpt_head_offset(g) - begin, a, s, w, dloss);
+    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, value_at(params, gpt_head_offset(g) - begin), a, s, w, dloss);
     else mem_copy(s->dres, dout, nc);
     for (int l = a->hi - 1; l >= a->lo; l--)
-        gpt_layer_backward_input(g, params + gpt_layer_offset(g, l) - begin, a, l, s, w);
+        gpt_layer_backward_input(g, value_at(params, gpt_layer_offset(g, l) - begin), a, l, s, w);
     if (a->lo != 0) return s->dres;
     mem_copy(w->dx, s->dres, nc); /* the embedding's W reads it */
     return NULL;
 }
 
-void gpt_backward_weight(const gpt_layout *g, float *grads, const gpt_acts *a, const gpt_wgrads *w) {
+void gpt_backward_weight(const gpt_layout *g, void *grads, const gpt_acts *a, const gpt_wgrads *w) {
     long begin, end;
     gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, grads + gpt_head_offset(g) - begin, a, w);
-    for (int l = a->hi - 1; l >= a->lo; l--) gpt_layer_backward_weight(g, grads + gpt_layer_offset(g, l) - begin, a, l, w);
+    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, value_at(grads, gpt_head_offset(g) - begin), a, w);
+    for (int l = a->hi - 1; l >= a->lo; l--)
+        gpt_layer_backward_weight(g, value_at(grads, gpt_layer_offset(g, l) - begin), a, l, w);
     if (a->lo == 0) gpt_embed_backward_weight(g, grads, a, w);
 }
 

@@ -8,9 +8,15 @@
  * so a pipeline stage, a ZeRO shard, a gradient bucket or one layer is a
  * contiguous range [begin, end) of offsets. Gradients and the two AdamW
  * moments use the same layout. Each layer block has the same inner layout,
- * so code that runs one layer only needs a pointer to that layer's block. */
+ * so code that runs one layer only needs a pointer to that layer's block.
+ *
+ * Parameters, gradients and activations are the model's values, in the run's
+ * precision (precision.h: fp32, or bf16 with --precision bf16): their buffers
+ * are void *, value_bytes() per element, and offsets into them go through
+ * value_at(). LayerNorm statistics and the losses are fp32 in both. */
 #ifndef PL_MODEL_H
 #define PL_MODEL_H
+#include "precision.h"
 #include <stdint.h>
 
 /* --recompute (every lab): what a layer keeps between its forward and its
@@ -82,6 +88,9 @@ void gpt_for_each_tensor(const gpt_layout *g, long begin, long end, tensor_visit
  * a pure function of (seed, tensor, element index), so any rank can create
  * exactly its slice and every layout starts from bit-identical weights. */
 void gpt_init_params(const gpt_layout *g, uint64_t seed, long begin, long end, float *dst);
+/* The same values in the run's precision (rounded to bf16 in a bf16 run):
+ * what forward and backward read. */
+void gpt_init_values(const gpt_layout *g, uint64_t seed, long begin, long end, void *dst);
 /* One initial value: element `index` (row-major inside the tensor) of tensor t
  * of `layer` (-1: embedding, L: head; t points into g->embed, g->layer or
  * g->head). A tensor-parallel rank uses it to create exactly its shard. */
@@ -93,8 +102,8 @@ float rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
  * allocation of the activations category (so in-flight micro-batches are
  * counted by the allocator). */
 typedef struct layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2;
-    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3; /* res3: the layer output */
+    void *ln1, *qkv, *atty, *att, *res2, *ln2, *fch, *fch_gelu, *res3; /* res3: the layer output */
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;                  /* fp32 in both precisions */
 } layer_acts;
 
 typedef struct gpt_acts {
@@ -102,10 +111,11 @@ typedef struct gpt_acts {
     int seq, seq_first;    /* positions of each row held outside the layers' insides: all T
                             * from 0, or a sequence-parallel rank's T/t from part x T/t */
     int *tokens, *targets; /* device, B*seq each: tokens on the first stage, targets on the last */
-    float *x_in;           /* [B,seq,C] input of layer lo: the embedding output or what was received */
+    void *x_in;            /* [B,seq,C] input of layer lo: the embedding output or what was received */
     layer_acts *layer;     /* hi - lo of them; under --recompute full only their res3 */
-    float *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses; /* last stage only, B*seq positions */
-    float *block;          /* the one allocation */
+    void *lnf, *logits, *probs;                /* last stage only, B*seq positions */
+    float *lnf_mean, *lnf_rstd, *losses;       /* last stage only; fp32 */
+    void *block;           /* the one allocation */
     long bytes;
     long att_bytes, layer_bytes; /* of which the layers' att pieces (the T^2 term), and their
                                   * other pieces; the rest (x_in, tokens, the head's) is not per layer */
@@ -115,7 +125,7 @@ typedef struct gpt_acts {
 void gpt_acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B);
 void gpt_acts_free(gpt_acts *a);
 /* The output of the range: the last layer's res3 ([B,T,C]), what a stage sends on. */
-float *gpt_acts_output(const gpt_acts *a);
+void *gpt_acts_output(const gpt_acts *a);
 
 /* Scratch for the backward of one stage, reused by every micro-batch
  * (workspace category), and the one-layer set where --recompute puts what the
@@ -124,10 +134,10 @@ float *gpt_acts_output(const gpt_acts *a);
  * parallelism (lab05) also the staging of its collectives: seq_full [B,T,C],
  * seq_packed [B,T,C] (the same rows, rank by rank) and seq_shard [B,T/t,C]. */
 typedef struct gpt_grad_scratch {
-    float *dres, *dln, *dqkv, *datty, *datt, *dfch, *dfch_gelu, *dlogits;
+    void *dres, *dln, *dqkv, *datty, *datt, *dfch, *dfch_gelu, *dlogits;
     layer_acts work;
-    float *seq_full, *seq_packed, *seq_shard;
-    float *block;
+    void *seq_full, *seq_packed, *seq_shard;
+    void *block;
 } gpt_grad_scratch;
 void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B);
 void gpt_scratch_free(gpt_grad_scratch *s);
@@ -161,7 +171,7 @@ void gpt_scratch_alloc_part(gpt_grad_scratch *s, const gpt_layout *g, int B, con
  * The first stage embeds a->tokens (x_in is ignored); others read a->x_in.
  * The last stage also computes a->losses[B*T] from a->targets.
  * Returns nothing; losses stay on the device. */
-void gpt_forward(const gpt_layout *g, const float *params, gpt_acts *a);
+void gpt_forward(const gpt_layout *g, const void *params, gpt_acts *a);
 
 /* Called by gpt_backward whenever the gradients of [begin, end) are final for
  * this micro-batch (blocks finish from the head down to the embedding), so a
@@ -173,9 +183,9 @@ typedef void (*grads_ready_fn)(void *ctx, long begin, long end);
  * over). The last stage starts from the loss; others from dout ([B,T,C], the
  * gradient of the range's output). Returns the gradient of x_in (inside s;
  * valid until the next backward), NULL on the first stage. */
-float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_acts *a,
-                    gpt_grad_scratch *s, const float *dout, float dloss,
-                    grads_ready_fn ready, void *ready_ctx);
+void *gpt_backward(const gpt_layout *g, const void *params, void *grads, gpt_acts *a,
+                   gpt_grad_scratch *s, const void *dout, float dloss,
+                   grads_ready_fn ready, void *ready_ctx);
 
 /* The pieces gpt_forward and gpt_backward are made of, for labs that hold
  * parameters or gradients per layer rather than per range (ZeRO-2/3 gathers a
@@ -184,14 +194,14 @@ float *gpt_backward(const gpt_layout *g, const float *params, float *grads, gpt_
  * Backward: the head's sets s->dres to the gradient of the last layer's output;
  * a layer's turns s->dres from the gradient of its output into that of its
  * input; the embedding's consumes s->dres. Gradients are accumulated. */
-void gpt_embed_forward(const gpt_layout *g, const float *embed_params, gpt_acts *a);
-void gpt_layer_forward(const gpt_layout *g, const float *layer_params, gpt_acts *a, int layer);
-void gpt_head_forward(const gpt_layout *g, const float *head_params, gpt_acts *a);
-void gpt_head_backward(const gpt_layout *g, const float *head_params, float *head_grads,
+void gpt_embed_forward(const gpt_layout *g, const void *embed_params, gpt_acts *a);
+void gpt_layer_forward(const gpt_layout *g, const void *layer_params, gpt_acts *a, int layer);
+void gpt_head_forward(const gpt_layout *g, const void *head_params, gpt_acts *a);
+void gpt_head_backward(const gpt_layout *g, const void *head_params, void *head_grads,
                        gpt_acts *a, gpt_grad_scratch *s, float dloss);
-void gpt_layer_backward(const gpt_layout *g, const float *layer_params, float *layer_grads,
+void gpt_layer_backward(const gpt_layout *g, const void *layer_params, void *layer_grads,
                         gpt_acts *a, int layer, gpt_grad_scratch *s);
-void gpt_embed_backward(const gpt_layout *g, float *embed_grads, gpt_acts *a, gpt_grad_scratch *s);
+void gpt_embed_backward(const gpt_layout *g, void *embed_grads, gpt_acts *a, gpt_grad_scratch *s);
 
 /* --recompute's two choices, for every layer code (this file's and lab05's):
  * where the forward of `layer` writes (its own layer_acts; selective: att in
@@ -221,12 +231,12 @@ layer_acts gpt_layer_backward_source(const gpt_layout *g, const gpt_acts *a, int
  * in the activations category, so a schedule's deferred W's show in its
  * activation peak. */
 typedef struct layer_wgrads {
-    float *dres3; /* [B,T,C] gradient of the layer's output: fc-proj's dout */
-    float *dfch;  /* [B,T,4C] fc's dout (through GELU) */
-    float *dln2;  /* [B,T,C] LN2's dout */
-    float *dres2; /* [B,T,C] gradient of res2: att-proj's dout */
-    float *dqkv;  /* [B,T,3C] qkv's dout */
-    float *dln1;  /* [B,T,C] LN1's dout */
+    void *dres3; /* [B,T,C] gradient of the layer's output: fc-proj's dout */
+    void *dfch;  /* [B,T,4C] fc's dout (through GELU) */
+    void *dln2;  /* [B,T,C] LN2's dout */
+    void *dres2; /* [B,T,C] gradient of res2: att-proj's dout */
+    void *dqkv;  /* [B,T,3C] qkv's dout */
+    void *dln1;  /* [B,T,C] LN1's dout */
     layer_acts kept; /* --recompute full: what W reads of the layer (ln1, atty, res2, ln2,
                       * fch_gelu, the LayerNorm statistics), written there by B's
                       * recomputation, since the layer itself keeps only its output */
@@ -235,9 +245,9 @@ typedef struct layer_wgrads {
 typedef struct gpt_wgrads {
     int B, lo, hi;
     layer_wgrads *layer;  /* hi - lo of them */
-    float *dlogits, *dlnf; /* last stage: the head's matmul and LN_f douts */
-    float *dx;            /* first stage: the gradient of the embedding's output */
-    float *block;         /* the one allocation (activations category) */
+    void *dlogits, *dlnf; /* last stage: the head's matmul and LN_f douts */
+    void *dx;             /* first stage: the gradient of the embedding's output */
+    void *block;          /* the one allocation (activations category) */
     long bytes;
 } gpt_wgrads;
 
@@ -253,20 +263,20 @@ const layer_acts *gpt_layer_weight_source(const gpt_layout *g, const gpt_acts *a
 /* B of the range: gpt_backward without any weight gradient, filling w; returns
  * the gradient of x_in (inside s, valid until the next backward), NULL on the
  * first stage. */
-float *gpt_backward_input(const gpt_layout *g, const float *params, gpt_acts *a, gpt_grad_scratch *s,
-                          gpt_wgrads *w, const float *dout, float dloss);
+void *gpt_backward_input(const gpt_layout *g, const void *params, gpt_acts *a, gpt_grad_scratch *s,
+                         gpt_wgrads *w, const void *dout, float dloss);
 /* W of the range: accumulates every weight gradient from a and w. */
-void gpt_backward_weight(const gpt_layout *g, float *grads, const gpt_acts *a, const gpt_wgrads *w);
+void gpt_backward_weight(const gpt_layout *g, void *grads, const gpt_acts *a, const gpt_wgrads *w);
 /* The pieces, per block as the fused ones above (s->dres carries the residual
  * gradient from the head down through the layers in B). */
-void gpt_head_backward_input(const gpt_layout *g, const float *head_params, gpt_acts *a, gpt_grad_scratch *s,
+void gpt_head_backward_input(const gpt_layout *g, const void *head_params, gpt_acts *a, gpt_grad_scratch *s,
                              gpt_wgrads *w, float dloss);
-void gpt_layer_backward_input(const gpt_layout *g, const float *layer_params, const gpt_acts *a, int layer,
+void gpt_layer_backward_input(const gpt_layout *g, const void *layer_params, const gpt_acts *a, int layer,
                               gpt_grad_scratch *s, gpt_wgrads *w);
-void gpt_head_backward_weight(const gpt_layout *g, float *head_grads, const gpt_acts *a, const gpt_wgrads *w);
-void gpt_layer_backward_weight(const gpt_layout *g, float *layer_grads, const gpt_acts *a, int layer,
+void gpt_head_backward_weight(const gpt_layout *g, void *head_grads, const gpt_acts *a, const gpt_wgrads *w);
+void gpt_layer_backward_weight(const gpt_layout *g, void *layer_grads, const gpt_acts *a, int layer,
                                const gpt_wgrads *w);
-void gpt_embed_backward_weight(const gpt_layout *g, float *embed_grads, const gpt_acts *a, const gpt_wgrads *w);
+void gpt_embed_backward_weight(const gpt_layout *g, void *embed_grads, const gpt_acts *a, const gpt_wgrads *w);
 
 /* The mean of a->losses (the block's B*seq positions), read back to the host. */
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a);

@@ -7,7 +7,7 @@ typedef struct {
     const adamw_config *cfg;
     long begin, end;
     float *params, *m, *v;
-    const float *grads;
+    const void *grads;
     int t;
     float grad_scale;
 } step_ctx;
@@ -19,12 +19,12 @@ static void step_tensor(void *vctx, const tensor_info *t, long offset, int layer
     long hi = offset + t->rows * t->cols;
     if (hi > c->end) hi = c->end;
     long i = lo - c->begin;
-    K->adamw(c->params + i, c->grads + i, c->m + i, c->v + i, hi - lo, c->cfg->lr, c->cfg->beta1,
-             c->cfg->beta2, c->cfg->eps, t->decay ? c->cfg->weight_decay : 0.0f, c->t, c->grad_scale);
+    KP->adamw(c->params + i, value_at(c->grads, i), c->m + i, c->v + i, hi - lo, c->cfg->lr, c->cfg->beta1,
+              c->cfg->beta2, c->cfg->eps, t->decay ? c->cfg->weight_decay : 0.0f, c->t, c->grad_scale);
 }
 
 void adamw_step(const gpt_layout *g, const adamw_config *cfg, long begin, long end,
-                float *params, const float *grads, float *m, float *v, int t, float grad_scale) {
+                float *params, const void *grads, float *m, float *v, int t, float grad_scale) {
     step_ctx c = {cfg, begin, end, params, m, v, grads, t, grad_scale};
     gpt_for_each_tensor(g, begin, end, step_tensor, &c);
 }
@@ -47,8 +47,8 @@ void grad_norm_free(grad_norm *n) {
 
 void grad_norm_begin(grad_norm *n) { mem_zero(n->sums, (size_t)n->parts * sizeof(double)); }
 
-void grad_norm_add(grad_norm *n, int part, const float *x, long count) {
-    K->sum_squares_add(n->sums + part, x, count);
+void grad_norm_add(grad_norm *n, int part, const void *x, long count) {
+    KP->sum_squares_add(n->sums + part, x, count);
 }
 
 void grad_norm_read(const grad_norm *n, double *host) {

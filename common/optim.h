@@ -11,10 +11,12 @@ typedef struct adamw_config {
     float lr, beta1, beta2, eps, weight_decay;
 } adamw_config;
 
-/* params, grads, m, v each hold end - begin floats, element 0 being `begin`.
- * t is the 1-based step count; grad_scale multiplies the gradients (clipping). */
+/* params, grads, m, v each hold end - begin elements, element 0 being `begin`:
+ * params, m and v fp32 (params: the weights the optimizer updates, the fp32
+ * master copy in a bf16 run, precision.h), grads the model's values. t is the
+ * 1-based step count; grad_scale multiplies the gradients (clipping). */
 void adamw_step(const gpt_layout *g, const adamw_config *cfg, long begin, long end,
-                float *params, const float *grads, float *m, float *v, int t, float grad_scale);
+                float *params, const void *grads, float *m, float *v, int t, float grad_scale);
 
 /* The factor that brings a gradient of norm sqrt(sum_squares) down to max_norm
  * (1 when it is already within, or when max_norm <= 0: no clipping). */
@@ -34,7 +36,7 @@ typedef struct grad_norm {
 void grad_norm_init(grad_norm *n, int parts); /* at set-up, not during a step */
 void grad_norm_free(grad_norm *n);
 void grad_norm_begin(grad_norm *n);           /* sums := 0 */
-void grad_norm_add(grad_norm *n, int part, const float *x, long count);
+void grad_norm_add(grad_norm *n, int part, const void *x, long count); /* x: values */
 void grad_norm_read(const grad_norm *n, double *host); /* parts doubles; waits for the device */
 
 #endif

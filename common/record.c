@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "run.h"
 #include "jsonval.h"
+#include "kernels.h"
 #include "mem.h"
 #include "trace.h"
 #include <errno.h>
@@ -135,6 +136,12 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     mine[MEM_NCAT] = (double)mem_peak_total();
     mine[ACTS_FORMULA] = r->acts_formula_bytes;
     MPI_Gather(mine, NM, MPI_DOUBLE, all, NM, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    /* model states per parameter this rank computes with, the largest over ranks */
+    const double held = (double)(r->params_held > 0 ? r->params_held : r->params);
+    double states_mine[3], states[3] = {0, 0, 0};
+    for (int c = 0; c < 3; c++) states_mine[c] = held > 0 ? (double)mem_peak((mem_category)(MEM_PARAMS + c)) / held : 0;
+    MPI_Reduce(states_mine, states, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    const int states_formula = r->states_formula[0] + r->states_formula[1] + r->states_formula[2] > 0;
 
     /* timeline: busy fractions over the measured steps, then the files */
     trace_summary ts = trace_summarize(ctx->steps_done > 1 ? 1 : 0);
@@ -187,6 +194,16 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     for (int m = 0; m < MEM_NCAT; m++) printf(" %s %sB |", mem_category_names[m], human(peak_max[m], a));
     printf(" total %sB\n", human(peak_max[MEM_NCAT], a));
     print_acts_formula(all, NM, ACTS_FORMULA, R, o->recompute);
+    if (g_precision == PREC_BF16 && states_formula) {
+        const double *f = r->states_formula;
+        printf("  model states    %.2f bytes per parameter held = params %.2f + grads %.2f + optim %.2f "
+               "(formula %s = %.2f: bf16 weights and gradients, fp32 master + AdamW moments)\n",
+               states[0] + states[1] + states[2], states[0], states[1], states[2], r->states_formula_text,
+               f[0] + f[1] + f[2]);
+        if (ctx->device == DEVICE_CPU)
+            printf("                  (+ %sB of fp32 host scratch in the CPU's bf16 kernels, outside the categories)\n",
+                   human((double)kernels_bf16_cpu_scratch_bytes(), a));
+    }
     size_t drv_free, drv_total;
     if (mem_driver_info(&drv_free, &drv_total)) { /* the whole GPU's figure, whoever else uses it */
         char whose[48] = "rank 0's GPU";
@@ -241,6 +258,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     jsonval_set(config, "data", jsonval_text(o->data ? o->data : "built-in"));
     jsonval_set(config, "preset", jsonval_text(o->preset));
     jsonval_set(config, "recompute", jsonval_text(o->recompute));
+    jsonval_set(config, "precision", jsonval_text(precision_name(g_precision)));
     jsonval_set(rec, "config", config);
     jsonval_set(rec, "params", json_integer(r->params));
     jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */
@@ -263,6 +281,16 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     /* beside mem_peak_bytes_per_rank.acts: the same peak by theory.h, rank by rank */
     for (int q = 0; q < R; q++) col[q] = all[q * NM + ACTS_FORMULA];
     jsonval_set(rec, "acts_peak_bytes_formula_per_rank", r->acts_formula_bytes > 0 ? jsonval_integers(col, R) : json_null());
+    if (states_formula) {
+        jsonval_set(rec, "model_state_bytes_per_param", x = json_object());
+        for (int c = 0; c < 3; c++) jsonval_set(x, mem_category_names[MEM_PARAMS + c], jsonval_number(states[c]));
+        jsonval_set(x, "formula", jsonval_numbers(r->states_formula, 3));
+        jsonval_set(x, "formula_text", jsonval_text(r->states_formula_text));
+    }
+    if (g_precision == PREC_BF16 && ctx->device == DEVICE_CPU) {
+        jsonval_set(rec, "bf16_gemm", jsonval_text(kernels_bf16_cpu_uses_onednn() ? "onednn" : "sgemm"));
+        jsonval_set(rec, "bf16_cpu_scratch_bytes", jsonval_integer((double)kernels_bf16_cpu_scratch_bytes()));
+    }
     jsonval_set(rec, "comm_bytes_per_step", x = json_object());
     for (int k = 0; k < COLL_NKINDS; k++)
         if (tmax.calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_integer(tmax.payload[k] * per_step));

@@ -45,6 +45,8 @@ static flag_spec shared_flags[] = {
     {"--recompute", FLAG_STRING, NULL, "activation recomputation: what a layer keeps for its backward (none: "
      "everything; selective: all but the T x T attention matrix, recomputed from q and k; full: only its output, "
      "its forward rerun before its backward)", 0, GPT_RECOMPUTE_CHOICES},
+    {"--precision", FLAG_STRING, NULL, "the model's values: fp32, or bf16 mixed precision (bf16 weights, "
+     "activations and gradients; fp32 master weights, AdamW moments and arithmetic)", 0, "fp32|bf16"},
     {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
      "and bytes per rank the run will need (theory/'s formulas), then exit 0: nothing trained, --out not created", 0,
      NULL},
@@ -55,7 +57,7 @@ static void bind_shared(run_options *o) {
     void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads, &o->preset,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
-                              &o->resume, &o->eval, &o->recompute, &o->dry_run};
+                              &o->resume, &o->eval, &o->recompute, &o->precision, &o->dry_run};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -208,7 +210,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     *o = (run_options){.steps = 50, .batch = tiny->batch, .seq = tiny->seq, .layers = tiny->layers,
                        .d_model = tiny->d_model, .heads = tiny->heads, .preset = tiny->name,
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
-                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none"};
+                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none",
+                       .precision = "fp32"};
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {
@@ -504,6 +507,11 @@ void run_setup(run_ctx *ctx) {
         ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
         ctx->losses = calloc((size_t)o->steps, sizeof(double));
     }
+    /* after device_use (the kernel table is the device's); --dry-run too, whose
+     * formulas count values of the precision's bytes */
+    precision p = PREC_FP32;
+    precision_parse(o->precision, &p); /* one of --precision's choices */
+    precision_use(p);
 
     if (ctx->rank == 0) {
         gpt_layout g;
@@ -518,6 +526,11 @@ void run_setup(run_ctx *ctx) {
                ctx->model.recompute ? " | --recompute " : "", ctx->model.recompute ? o->recompute : "");
         printf("data: %s (%ld bytes) | batch %d x %d = %ld tokens per step | %d steps, lr %g\n",
                ctx->data.source, ctx->data.n, o->batch, o->seq, ctx->tokens_per_step, o->steps, o->lr);
+        if (g_precision == PREC_BF16)
+            printf("precision: bf16 weights, activations and gradients; fp32 master weights, AdamW moments and "
+                   "arithmetic | %s\n", ctx->device == DEVICE_CUDA
+                                            ? "bf16 matmuls: cuBLAS on bf16, fp32 compute (tensor cores)"
+                                            : kernels_bf16_cpu_gemm_text());
         if (hosts_text) fputs(hosts_text, stdout);
         fflush(stdout);
     }

@@ -40,6 +40,7 @@ typedef struct run_options {
     const char *save, *resume; /* checkpoint files (checkpoint.h), NULL: none */
     int save_every, eval;
     const char *recompute;     /* --recompute none|selective|full (gpt_config.recompute) */
+    const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
 } run_options;
 
@@ -98,6 +99,14 @@ typedef struct run_report {
     const char *extra_json;     /* lab-specific record members ("\"k\":v,..."), or NULL */
     double acts_formula_bytes;  /* THIS rank's activation peak by theory.h's formula (0: none given),
                                  * printed and recorded beside the allocator's peak */
+    /* Model states per parameter this rank computes with (its replica, stage or
+     * TP shard: params_held, 0 meaning `params`), measured as the allocator's
+     * params, grads and optim peaks over params_held, beside the formula's bytes
+     * per parameter (theory.h: th_model_states(1, ...)), printed in bf16 runs and
+     * recorded in both. states_formula[] all 0: the lab prints its own (lab02). */
+    long params_held;
+    double states_formula[3];
+    const char *states_formula_text; /* "2 + 2 + 12" */
 } run_report;
 
 /* Collective: gathers memory, traffic and timeline from all ranks, prints the

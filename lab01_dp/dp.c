@@ -1,13 +1,14 @@
 #include "dp.h"
 #include "device.h"
 #include "mem.h"
+#include "precision.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-void dp_sync_init(dp_grad_sync *s, comm *dp, float *grads, long begin, long end, double bucket_mb) {
+void dp_sync_init(dp_grad_sync *s, comm *dp, void *grads, long begin, long end, double bucket_mb) {
     *s = (dp_grad_sync){.dp = dp, .grads = grads, .begin = begin, .end = end,
-                        .bucket_elems = (long)(bucket_mb * 1024 * 1024 / sizeof(float)),
+                        .bucket_elems = (long)(bucket_mb * 1024 * 1024 / value_bytes()),
                         .pending_lo = end, .pending_hi = end};
     if (s->bucket_elems > 0 && dp->backend == COMM_NCCL) {
         s->comm_stream = device_stream_create();
@@ -21,7 +22,7 @@ static void reduce_pending(dp_grad_sync *s) {
     /* the bucket's gradients are written by kernels queued on the compute
      * stream: the communication stream must not start before them */
     if (s->comm_stream) device_stream_wait(s->comm_stream, device_compute_stream());
-    comm_allreduce(s->dp, s->grads + (s->pending_lo - s->begin), n, 1);
+    comm_allreduce(s->dp, value_at(s->grads, s->pending_lo - s->begin), n, 1);
     s->pending_hi = s->pending_lo;
 }
 

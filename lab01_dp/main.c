@@ -40,7 +40,7 @@ static void write_weights(const char *path, const float *params, long n) {
 
 /* --eval: the mean loss over the held-out batches, each rank on its rows as in
  * training; forward only, on the training buffers. */
-static double evaluate(const run_ctx *ctx, comm *world, const gpt_layout *g, const float *params, gpt_acts *acts,
+static double evaluate(const run_ctx *ctx, comm *world, const gpt_layout *g, const void *params, gpt_acts *acts,
                        int rows, int *tokens, int *targets) {
     const int T = ctx->opt.seq;
     dataset heldout;
@@ -86,12 +86,12 @@ int main(int argc, char **argv) {
     char layout[32];
     /* the layout names the trace and timeline files: every flag that changes what runs is in it */
     snprintf(layout, sizeof layout, bucket_mb > 0 ? "dp=%d bucket=%gMiB" : "dp=%d", ctx.size, bucket_mb);
-    const double comm_formula = th_dp_traffic((double)P * sizeof(float), ctx.size, 1).ring;
+    const double comm_formula = th_dp_traffic((double)P * value_bytes(), ctx.size, 1).ring;
     const char *comm_formula_text = "ring all-reduce 2(N-1)/N x gradient bytes";
     if (ctx.opt.dry_run) { /* theory/predict.h: buckets decide the calls at run time, not the bytes */
         const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
-                             .batch = ctx.opt.batch, .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model,
-                                                                              ctx.opt.heads),
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
+                             .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
                              .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .units = bucket_mb > 0 ? 0 : 1,
                              .full_elems = (double)P, .largest_unit_elems = (double)P,
                              .recompute = ctx.model.recompute};
@@ -101,14 +101,18 @@ int main(int argc, char **argv) {
     }
     comm world;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
-    float *params = mem_alloc((size_t)P * sizeof(float), MEM_PARAMS);
-    float *grads = mem_alloc((size_t)P * sizeof(float), MEM_GRADS);
+    /* the values forward and backward use (fp32, or bf16: precision.h) and the
+     * fp32 weights AdamW updates: the same buffer in fp32, a master copy in bf16 */
+    void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS);
+    void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
+    float *master = master_alloc(params, P);
     float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
     float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
-    gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, params); /* the same on every rank */
+    gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, master); /* the same on every rank */
     ckpt_view view; /* a whole replica: local [0, P) is global [0, P) */
-    ckpt_view_range(&view, params, adam_m, adam_v, 0, P);
+    ckpt_view_range(&view, master, adam_m, adam_v, 0, P);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(params, master, P);
     gpt_acts acts;
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
@@ -125,7 +129,7 @@ int main(int argc, char **argv) {
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows, rows, T, tokens, targets);
         mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)rows * T);
         mem_to_device(acts.targets, targets, sizeof(int) * (size_t)rows * T);
-        mem_zero(grads, (size_t)P * sizeof(float));
+        mem_zero(grads, (size_t)P * value_bytes());
 
         int ev = trace_begin("forward", TRACE_COMPUTE, -1, NULL);
         gpt_forward(&g, params, &acts);
@@ -138,8 +142,9 @@ int main(int argc, char **argv) {
         dp_sync_finish(&sync);
 
         ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
-        float scale = clip_scale(K->sum_squares(grads, P), (float)ctx.opt.clip);
-        adamw_step(&g, &ctx.adamw, 0, P, params, grads, adam_m, adam_v, step + 1, scale);
+        float scale = clip_scale(KP->sum_squares(grads, P), (float)ctx.opt.clip);
+        adamw_step(&g, &ctx.adamw, 0, P, master, grads, adam_m, adam_v, step + 1, scale);
+        params_from_master(params, master, P);
         trace_end(ev);
 
         double loss = gpt_mean_loss(&g, &acts);
@@ -153,20 +158,23 @@ int main(int argc, char **argv) {
         ckpt_print_eval(&ctx, eval_loss);
     }
 
-    int in_sync = check_sync ? dp_replicas_identical(&world, params, P, 1) : 1;
-    if (dump_weights && world.rank == 0) write_weights(dump_weights, params, P);
+    int in_sync = check_sync ? dp_replicas_identical(&world, master, P, 1) : 1;
+    if (dump_weights && world.rank == 0) write_weights(dump_weights, master, P);
     char extra[256];
     /* the activations of B/N rows by theory.h's exact formula, beside the allocator's peak;
      * the FLOPs a token costs, and what --recompute adds to them */
     const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
-    const th_opts opts = th_opts_run(1, 0, ctx.model.recompute);
+    const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s,\"flops_per_token_formula\":%.0f,"
              "\"recompute_flops_per_token_formula\":%.0f", bucket_mb, check_sync ? (in_sync ? "true" : "false") : "null",
              th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
+    const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
-                         .bubble_theory = -1, .extra_json = record,
+                         .bubble_theory = -1, .extra_json = record, .params_held = P,
+                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
                          .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)};
     run_finish(&ctx, &report);
     free(record);
@@ -176,6 +184,11 @@ int main(int argc, char **argv) {
     free(targets);
     gpt_scratch_free(&scratch);
     gpt_acts_free(&acts);
+    master_free(master, params);
+    mem_free(params);
+    mem_free(grads);
+    mem_free(adam_m);
+    mem_free(adam_v);
     comm_free(&world);
     MPI_Finalize();
     return in_sync ? 0 : 1;

@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
         zero_figures fig;
         zero_figures_of_plan(&g, &plan, zero_stage, &fig);
         const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
-                             .batch = ctx.opt.batch, .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch, .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model,
                                                                               ctx.opt.heads),
                              .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .zero_stage = zero_stage,
                              .units = plan.n_units, .full_elems = (double)plan.full_elems,
@@ -108,6 +108,7 @@ int main(int argc, char **argv) {
     ckpt_view view;
     zero_checkpoint_view(&zero, &view);
     const int first = ckpt_resume(&ctx, &view);
+    zero_params_from_master(&zero); /* bf16: the resumed master weights rounded and gathered */
     gpt_acts acts;
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
@@ -146,10 +147,10 @@ int main(int argc, char **argv) {
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
-    const th_opts opts = th_opts_run(1, 0, ctx.model.recompute);
+    const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
-                         .bubble_theory = -1, .extra_json = record,
+                         .bubble_theory = -1, .extra_json = record, /* model states: its own table */
                          .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)};
     run_finish(&ctx, &report);
     free(record);

@@ -2,26 +2,33 @@
 #include "kernels.h"
 #include "mem.h"
 #include "trace.h"
+#include <string.h>
 
 /* ---- where a unit lives in each stage's buffers ---------------------------- */
 
 /* The unit's gradient as the backward writes it: its place in the full buffer
  * (stage 1), or the bucket every unit reuses (stages 2-3). */
-static float *unit_grads(zero_state *z, const shard_unit *u) {
-    return z->stage == 1 ? z->grads + u->full_offset : z->grads;
+static void *unit_grads(zero_state *z, const shard_unit *u) {
+    return z->stage == 1 ? value_at(z->grads, u->full_offset) : z->grads;
 }
 
 /* This rank's chunk of the unit's gradient after the reduce-scatter. Stage 1
  * reduces in place: the chunk is this rank's slice of the full buffer. */
-static float *unit_grad_shard(zero_state *z, const shard_unit *u) {
-    return z->stage == 1 ? z->grads + u->full_offset + (long)z->plan.rank * u->chunk
-                         : z->grad_shard + u->shard_offset;
+static void *unit_grad_shard(zero_state *z, const shard_unit *u) {
+    return z->stage == 1 ? value_at(z->grads, u->full_offset + (long)z->plan.rank * u->chunk)
+                         : value_at(z->grad_shard, u->shard_offset);
 }
 
 /* This rank's chunk of the unit's parameters, the ones its AdamW updates. */
-static float *unit_param_shard(zero_state *z, const shard_unit *u) {
-    return z->stage < 3 ? z->params + u->full_offset + (long)z->plan.rank * u->chunk
-                        : z->param_shard + u->shard_offset;
+static void *unit_param_shard(zero_state *z, const shard_unit *u) {
+    return z->stage < 3 ? value_at(z->params, u->full_offset + (long)z->plan.rank * u->chunk)
+                        : value_at(z->param_shard, u->shard_offset);
+}
+
+/* The fp32 weights AdamW updates for that chunk: the parameters themselves in
+ * fp32; in bf16 the master chunk, which is then rounded into the parameters. */
+static float *unit_master(zero_state *z, const shard_unit *u) {
+    return z->master ? z->master + u->shard_offset : unit_param_shard(z, u);
 }
 
 /* ---- stage 3: one unit's parameters whole at a time ---------------------------- */
@@ -29,7 +36,7 @@ static float *unit_param_shard(zero_state *z, const shard_unit *u) {
 static void gather_unit(zero_state *z, const shard_unit *u) {
     int index = (int)(u - z->plan.units);
     if (z->gathered_unit == index) return;
-    comm_allgather(z->dp, z->param_shard + u->shard_offset, z->params, u->end - u->begin);
+    comm_allgather(z->dp, value_at(z->param_shard, u->shard_offset), z->params, u->end - u->begin);
     z->gathered_unit = index;
 }
 
@@ -37,21 +44,21 @@ static void gather_unit(zero_state *z, const shard_unit *u) {
 static void release_unit(zero_state *z) { z->gathered_unit = -1; }
 
 /* The parameters of a block, ready to compute with. */
-static const float *block_params(zero_state *z, int block) {
+static const void *block_params(zero_state *z, int block) {
     const shard_unit *u = shard_unit_of_block(&z->plan, block);
     long begin, end;
     block_range(z->g, block, &begin, &end);
     if (z->stage == 3) {
         gather_unit(z, u);
-        return z->params + (begin - u->begin);
+        return value_at(z->params, begin - u->begin);
     }
-    return z->params + u->full_offset + (begin - u->begin);
+    return value_at(z->params, u->full_offset + (begin - u->begin));
 }
 
 /* ---- set-up ------------------------------------------------------------------ */
 
 long zero_unit_elems(int stage, double bucket_mb) {
-    long bucket_elems = (long)(bucket_mb * 1024 * 1024 / sizeof(float));
+    long bucket_elems = (long)(bucket_mb * 1024 * 1024 / value_bytes()); /* buckets are bytes of values */
     /* stage 1 with no buckets reduces everything at once; stage 2 cannot (the
      * full gradient must never exist), so its smallest bucket is one block;
      * stage 3 gathers one block at a time, so its units are blocks */
@@ -62,15 +69,16 @@ void zero_init(zero_state *z, const gpt_layout *g, comm *dp, int stage, double b
     *z = (zero_state){.stage = stage, .g = g, .dp = dp, .gathered_unit = -1};
     shard_plan_init(&z->plan, g, dp->size, dp->rank, zero_unit_elems(stage, bucket_mb));
     const shard_plan *p = &z->plan;
-    size_t full = (size_t)p->full_elems * sizeof(float), shard = (size_t)p->shard_elems * sizeof(float);
-    size_t one_unit = (size_t)p->largest_unit_elems * sizeof(float);
+    size_t vb = value_bytes(), full = (size_t)p->full_elems * vb, shard = (size_t)p->shard_elems * vb;
+    size_t one_unit = (size_t)p->largest_unit_elems * vb, shard32 = (size_t)p->shard_elems * sizeof(float);
 
     z->params = mem_alloc(stage < 3 ? full : one_unit, MEM_PARAMS);
     if (stage == 3) z->param_shard = mem_alloc(shard, MEM_PARAMS);
     z->grads = mem_alloc(stage == 1 ? full : one_unit, MEM_GRADS);
     if (stage >= 2) z->grad_shard = mem_alloc(shard, MEM_GRADS);
-    z->adam_m = mem_alloc(shard, MEM_OPTIM);
-    z->adam_v = mem_alloc(shard, MEM_OPTIM);
+    if (g_precision == PREC_BF16) z->master = mem_alloc(shard32, MEM_OPTIM);
+    z->adam_m = mem_alloc(shard32, MEM_OPTIM);
+    z->adam_v = mem_alloc(shard32, MEM_OPTIM);
     grad_norm_init(&z->norm, 1);
 
     /* Initial values are a pure function of (seed, tensor, index), so a rank
@@ -80,23 +88,52 @@ void zero_init(zero_state *z, const gpt_layout *g, comm *dp, int stage, double b
         const shard_unit *u = &p->units[i];
         long begin = u->begin, end = u->end;
         if (stage == 3) shard_owned_range(p, u, &begin, &end);
-        float *dst = stage == 3 ? unit_param_shard(z, u) : z->params + u->full_offset;
-        if (end > begin) gpt_init_params(g, seed, begin, end, dst);
+        void *dst = stage == 3 ? unit_param_shard(z, u) : value_at(z->params, u->full_offset);
+        if (end > begin) gpt_init_values(g, seed, begin, end, dst);
+        shard_owned_range(p, u, &begin, &end); /* bf16: the master chunk, in fp32 */
+        if (z->master && end > begin) gpt_init_params(g, seed, begin, end, unit_master(z, u));
     }
 }
 
 void zero_checkpoint_view(const zero_state *z, ckpt_view *v) {
     const shard_plan *p = &z->plan;
-    ckpt_view_init(v, z->stage < 3 ? z->params : z->param_shard, z->stage < 3 ? p->full_elems : p->shard_elems,
-                   z->adam_m, z->adam_v, p->shard_elems);
+    const int whole = z->stage < 3 && !z->master; /* fp32 stages 1-2 hold every unit's parameters */
+    ckpt_view_init(v, z->master ? z->master : whole ? z->params : z->param_shard,
+                   whole ? p->full_elems : p->shard_elems, z->adam_m, z->adam_v, p->shard_elems);
     for (int i = 0; i < p->n_units; i++) {
         const shard_unit *u = &p->units[i];
         long begin, end;
         shard_owned_range(p, u, &begin, &end);
-        if (z->stage < 3) ckpt_hold_params(v, u->full_offset, u->begin, u->end - u->begin);
+        if (whole) ckpt_hold_params(v, u->full_offset, u->begin, u->end - u->begin);
         else ckpt_hold_params(v, u->shard_offset, begin, end - begin);
         ckpt_hold_moments(v, u->shard_offset, begin, end - begin);
     }
+}
+
+/* Round every owned master chunk into its parameters; stages 1-2 then gather
+ * everyone's chunks into the full buffer (in place: this rank's chunk already
+ * sits at its slot). */
+static void params_from_masters(zero_state *z) {
+    const shard_plan *p = &z->plan;
+    for (int i = 0; i < p->n_units; i++) {
+        const shard_unit *u = &p->units[i];
+        long begin, end;
+        shard_owned_range(p, u, &begin, &end);
+        if (end > begin) params_from_master(unit_param_shard(z, u), unit_master(z, u), end - begin);
+    }
+    if (z->stage < 3)
+        for (int i = 0; i < p->n_units; i++) {
+            const shard_unit *u = &p->units[i];
+            comm_allgather(z->dp, unit_param_shard(z, u), value_at(z->params, u->full_offset), u->end - u->begin);
+        }
+}
+
+void zero_params_from_master(zero_state *z) {
+    if (!z->master) return;
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, z->dp->stats, sizeof training);
+    params_from_masters(z);
+    memcpy(z->dp->stats, training, sizeof training);
 }
 
 void zero_free(zero_state *z) {
@@ -104,6 +141,7 @@ void zero_free(zero_state *z) {
     mem_free(z->param_shard);
     mem_free(z->grads);
     mem_free(z->grad_shard);
+    mem_free(z->master);
     mem_free(z->adam_m);
     mem_free(z->adam_v);
     shard_plan_free(&z->plan);
@@ -116,7 +154,7 @@ void zero_forward(zero_state *z, gpt_acts *a) {
     const gpt_layout *g = z->g;
     int L = g->cfg.layers;
     for (int b = -1; b <= L; b++) {
-        const float *p = block_params(z, b); /* stage 3: the all-gather happens here */
+        const void *p = block_params(z, b); /* stage 3: the all-gather happens here */
         int ev = trace_begin("forward", TRACE_COMPUTE, -1, NULL);
         if (b < 0) gpt_embed_forward(g, p, a);
         else if (b < L) gpt_layer_forward(g, p, a, b);
@@ -129,7 +167,7 @@ void zero_forward(zero_state *z, gpt_acts *a) {
 void zero_backward(zero_state *z, gpt_acts *a, gpt_grad_scratch *s, float dloss) {
     const gpt_layout *g = z->g;
     int L = g->cfg.layers;
-    if (z->stage == 1) mem_zero(z->grads, (size_t)z->plan.full_elems * sizeof(float));
+    if (z->stage == 1) mem_zero(z->grads, (size_t)z->plan.full_elems * value_bytes());
     for (int b = L; b >= -1; b--) {
         const shard_unit *u = shard_unit_of_block(&z->plan, b);
         long begin, end;
@@ -138,11 +176,11 @@ void zero_backward(zero_state *z, gpt_acts *a, gpt_grad_scratch *s, float dloss)
          * again (its last contents were reduce-scattered) and must start at 0,
          * because the kernels accumulate */
         if (z->stage >= 2 && b == u->last_block)
-            mem_zero(z->grads, (size_t)(u->chunk * z->plan.ranks) * sizeof(float));
-        float *grads = unit_grads(z, u) + (begin - u->begin);
+            mem_zero(z->grads, (size_t)(u->chunk * z->plan.ranks) * value_bytes());
+        void *grads = value_at(unit_grads(z, u), begin - u->begin);
         /* the embedding's backward needs no weights (it adds the output
          * gradient into the rows of the tokens looked up): no gather for it */
-        const float *p = b >= 0 ? block_params(z, b) : NULL;
+        const void *p = b >= 0 ? block_params(z, b) : NULL;
         int ev = trace_begin("backward", TRACE_COMPUTE, -1, NULL);
         if (b == L) gpt_head_backward(g, p, grads, a, s, dloss);
         else if (b >= 0) gpt_layer_backward(g, p, grads, a, b, s);
@@ -181,15 +219,12 @@ void zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float ma
         long begin, end;
         shard_owned_range(p, u, &begin, &end);
         if (end > begin)
-            adamw_step(z->g, cfg, begin, end, unit_param_shard(z, u), unit_grad_shard(z, u),
+            adamw_step(z->g, cfg, begin, end, unit_master(z, u), unit_grad_shard(z, u),
                        z->adam_m + u->shard_offset, z->adam_v + u->shard_offset, t, scale);
     }
     trace_end(ev);
-    /* stages 1-2 keep whole parameters: everyone's updated chunks, gathered in
-     * place (this rank's chunk already sits at its slot of the full buffer) */
-    if (z->stage < 3)
-        for (int i = 0; i < p->n_units; i++) {
-            const shard_unit *u = &p->units[i];
-            comm_allgather(z->dp, unit_param_shard(z, u), z->params + u->full_offset, u->end - u->begin);
-        }
+    /* bf16: the updated master chunks rounded into the parameters; stages 1-2
+     * keep whole parameters: everyone's updated chunks, gathered in place
+     * (this rank's chunk already sits at its slot of the full buffer) */
+    params_from_masters(z);
 }

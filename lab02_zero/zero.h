@@ -35,10 +35,14 @@ typedef struct zero_state {
     const gpt_layout *g;
     comm *dp;             /* the data-parallel group: every rank */
     shard_plan plan;
-    float *params;        /* stages 1-2: a full buffer; stage 3: the one gathered unit */
-    float *param_shard;   /* stage 3 only (stages 1-2: this rank's chunks live inside params) */
-    float *grads;         /* stage 1: a full buffer; stages 2-3: the one bucket */
-    float *grad_shard;    /* stages 2-3 only (stage 1: inside grads) */
+    /* the model's values (precision.h: fp32, or bf16) */
+    void *params;         /* stages 1-2: a full buffer; stage 3: the one gathered unit */
+    void *param_shard;    /* stage 3 only (stages 1-2: this rank's chunks live inside params) */
+    void *grads;          /* stage 1: a full buffer; stages 2-3: the one bucket */
+    void *grad_shard;     /* stages 2-3 only (stage 1: inside grads) */
+    /* fp32 */
+    float *master;        /* bf16 only: this rank's chunks of the fp32 weights AdamW updates (a shard,
+                           * optimizer state); NULL in fp32, where AdamW updates the parameters */
     float *adam_m, *adam_v; /* shards, every stage */
     int gathered_unit;    /* stage 3: the unit whose parameters `params` holds, -1 none */
     grad_norm norm;       /* the owned chunks' squared norm, summed on the device */
@@ -65,7 +69,13 @@ void zero_backward(zero_state *z, gpt_acts *a, gpt_grad_scratch *s, float dloss)
 void zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float max_norm);
 
 /* What this rank holds, for checkpoints: the parameters of every unit (stages
- * 1-2) or only its chunks (stage 3), and its chunks of the AdamW moments. */
+ * 1-2) or only its chunks (stage 3), and its chunks of the AdamW moments. In
+ * bf16 the fp32 master weights are the parameters saved: its chunks in every
+ * stage. */
 void zero_checkpoint_view(const zero_state *z, ckpt_view *v);
+/* After a bf16 run resumed its master chunks: round them into the parameters
+ * and (stages 1-2) gather the whole model, as after an optimizer step; that
+ * gather is set-up, left out of the traffic counts. Nothing in fp32. */
+void zero_params_from_master(zero_state *z);
 
 #endif

@@ -21,28 +21,51 @@ void zero_figures_of_plan(const gpt_layout *g, const shard_plan *p, int s, zero_
     /* theory/'s table (theory.h: th_model_states), the buffers of whole units
      * on top, and the padding: the full buffers hold Psi + padding elements, a
      * shard (Psi + padding) / N */
-    const th_opts fp32 = th_opts_course(1);
-    const th_states formula = th_model_states(psi, &fp32, s, p->ranks);
-    const th_states padded = th_model_states(psi + pad, &fp32, s, p->ranks);
-    const th_states buffers = th_zero_buffers((double)p->largest_unit_elems, &fp32, s);
+    /* P, G, K bytes per parameter: fp32 4, 4, 8; bf16 2, 2, 12 (precision.h) */
+    const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
+    const th_states formula = th_model_states(psi, &opts, s, p->ranks);
+    const th_states padded = th_model_states(psi + pad, &opts, s, p->ranks);
+    const th_states buffers = th_zero_buffers((double)p->largest_unit_elems, &opts, s);
+    const th_states per = th_model_states(1, &opts, 0, 1);
     by_category(formula, f->mem_formula);
     by_category(buffers, f->mem_buffers);
     by_category(padded, f->mem_padding);
     for (int k = 0; k < ZERO_NCAT; k++) f->mem_padding[k] -= f->mem_formula[k];
-    f->mem_formula_text[ZERO_PARAMS] = s < 3 ? "4 Psi" : "4 Psi/N";
-    f->mem_formula_text[ZERO_GRADS] = s < 2 ? "4 Psi" : "4 Psi/N";
-    f->mem_formula_text[ZERO_OPTIM] = "8 Psi/N";
+    snprintf(f->mem_formula_text[ZERO_PARAMS], sizeof f->mem_formula_text[0], s < 3 ? "%g Psi" : "%g Psi/N", per.params);
+    snprintf(f->mem_formula_text[ZERO_GRADS], sizeof f->mem_formula_text[0], s < 2 ? "%g Psi" : "%g Psi/N", per.grads);
+    snprintf(f->mem_formula_text[ZERO_OPTIM], sizeof f->mem_formula_text[0], "%g Psi/N", per.optim);
+    if (s == 1) snprintf(f->total_text, sizeof f->total_text, "%g Psi + %g Psi/N", per.params + per.grads, per.optim);
+    else if (s == 2) snprintf(f->total_text, sizeof f->total_text, "%g Psi + %g Psi/N + bucket", per.params,
+                              per.grads + per.optim);
+    else snprintf(f->total_text, sizeof f->total_text, "%g Psi/N + buffers", per.params + per.grads + per.optim);
 
     /* one reduce-scatter and one all-gather of every unit; stage 3 gathers
      * each unit for the forward and again for the backward (th_zero_traffic) */
-    f->comm_formula = th_zero_traffic(4 * psi, p->ranks, s).ring;
-    f->comm_formula_text = s < 3 ? "reduce-scatter + all-gather 2(N-1)/N x 4 Psi (= DP's all-reduce)"
-                                 : "reduce-scatter + 2 all-gathers 3(N-1)/N x 4 Psi (1.5x DP)";
-    f->comm_padding = th_zero_traffic(4 * (psi + pad), p->ranks, s).ring - f->comm_formula;
+    const double vb = (double)value_bytes();
+    f->comm_formula = th_zero_traffic(vb * psi, p->ranks, s).ring;
+    snprintf(f->comm_formula_text, sizeof f->comm_formula_text,
+             s < 3 ? "reduce-scatter + all-gather 2(N-1)/N x %g Psi (= DP's all-reduce)"
+                   : "reduce-scatter + 2 all-gathers 3(N-1)/N x %g Psi (1.5x DP)", vb);
+    f->comm_padding = th_zero_traffic(vb * (psi + pad), p->ranks, s).ring - f->comm_formula;
     if (s == 3) {
         const shard_unit *embedding = shard_unit_of_block(p, -1);
-        f->comm_skipped = -th_ring_factor(TH_ALLGATHER, p->ranks) * 4.0 * (double)(embedding->chunk * p->ranks);
+        f->comm_skipped = -th_ring_factor(TH_ALLGATHER, p->ranks) * vb * (double)(embedding->chunk * p->ranks);
     }
+}
+
+/* The ZeRO paper's Table 1 row (Rajbhandari et al. 2020, section 3.1: Psi = 7.5B
+ * parameters, N = 64 ranks, mixed precision, K = 12) by th_model_states, the
+ * formula this lab's allocator matches: 120 GB, then 31.4, 16.6 and 1.9 GB. */
+static void print_paper_row(void) {
+    const th_opts bf16 = th_opts_precision(1, 1);
+    const double psi = 7.5e9;
+    printf("  ZeRO paper's table (Psi = 7.5B, N = 64, 2 + 2 + K with K = 12), by the same formula:");
+    for (int st = 0; st <= 3; st++) {
+        th_states x = th_model_states(psi, &bf16, st, 64);
+        printf("%s %.1f GB", st ? (st == 1 ? " -> stage 1" : st == 2 ? ", stage 2" : ", stage 3") : " DP",
+               (x.params + x.grads + x.optim) / 1e9);
+    }
+    printf("\n");
 }
 
 void zero_extra_json(const zero_state *z, const zero_figures *f, double bucket_mb, char *buf, size_t len) {
@@ -93,15 +116,18 @@ void zero_print_summary(const zero_state *z, const zero_figures *f, int steps) {
                bytes(f->mem_padding[k], c));
         total += measured[k];
     }
-    const char *total_text = z->stage == 1 ? "8 Psi + 8 Psi/N" : z->stage == 2 ? "4 Psi + 12 Psi/N + bucket"
-                                                                               : "16 Psi/N + buffers";
-    printf("  %-15s %12s   (%s): %.2f of lab01's 16 Psi = %s\n", "total", bytes(total, a), total_text,
+    printf("  %-15s %12s   (%s): %.2f of lab01's 16 Psi = %s\n", "total", bytes(total, a), f->total_text,
            total / (16 * psi), bytes(16 * psi, b));
+    if (g_precision == PREC_BF16) {
+        printf("  per parameter   %.4f bytes = %.4f + %.4f + %.4f (params + grads + optim, measured / Psi)\n",
+               total / psi, measured[ZERO_PARAMS] / psi, measured[ZERO_GRADS] / psi, measured[ZERO_OPTIM] / psi);
+        print_paper_row();
+    }
 
     double payload = 0;
     for (int k = COLL_REDUCE_SCATTER; k <= COLL_ALLGATHER; k++) payload += z->dp->stats[k].bytes;
     double ring = steps > 0 ? (N - 1) / N * payload / steps : 0;
-    double dp_ring = th_dp_traffic(4 * psi, p->ranks, 1).ring;
+    double dp_ring = th_dp_traffic((double)value_bytes() * psi, p->ranks, 1).ring;
     printf("  ring bytes/step %12s = %s (%s)\n", bytes(ring, a), bytes(f->comm_formula, b),
            f->comm_formula_text);
     printf("  %-15s %12s   + %s (padding)", "", "", bytes(f->comm_padding, a));

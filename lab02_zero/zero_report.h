@@ -1,7 +1,9 @@
 /* The lesson's formulas beside what the allocator and the communicator measured.
  *
  * Psi parameters, N ranks, fp32 AdamW (4 bytes of weight, 4 of gradient, 8 of
- * moments per parameter), bytes per rank:
+ * moments per parameter; with --precision bf16 2, 2 and 12: bf16 weights and
+ * gradients, fp32 master weights and moments, the ZeRO paper's 2 + 2 + K with
+ * K = 12, and the traffic moves 2 Psi), bytes per rank:
  *
  *             parameters               gradients            optimizer
  *   lab01     4 Psi                    4 Psi                8 Psi
@@ -28,11 +30,12 @@ typedef struct zero_figures {
     double psi;                        /* parameters of the model */
     int ranks;
     double mem_formula[ZERO_NCAT];     /* bytes per rank, the table above without buffers */
-    const char *mem_formula_text[ZERO_NCAT];
+    char mem_formula_text[ZERO_NCAT][24];
     double mem_buffers[ZERO_NCAT];     /* the gathered unit (params), the bucket (grads) */
     double mem_padding[ZERO_NCAT];     /* what padding units to chunk x N adds */
     double comm_formula;               /* ring bytes per step */
-    const char *comm_formula_text;
+    char comm_formula_text[96];
+    char total_text[48];               /* the total's formula, "8 Psi + 8 Psi/N" */
     double comm_padding;               /* ring bytes the padding adds */
     double comm_skipped;               /* ring bytes not moved (< 0): stage 3 does not
                                         * gather the embedding for its backward */

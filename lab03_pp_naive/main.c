@@ -43,13 +43,16 @@ int main(int argc, char **argv) {
     char layout[32];
     snprintf(layout, sizeof layout, "pp=%d", p);
     /* Across each boundary go one activation (forward) and one gradient (back),
-     * B x T x C floats each; the busiest stage (a middle one) has two boundaries. */
+     * B x T x C values each; the busiest stage (a middle one) has two boundaries. */
     int boundaries = p == 1 ? 0 : p == 2 ? 1 : 2;
-    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
+    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * value_bytes();
     const double comm_formula = th_pp_traffic(boundaries, 1, 1, boundary_bytes).ring;
-    const char *comm_formula_text = "busiest stage: boundaries x (activation + gradient) x B x T x C x 4 bytes";
+    char comm_formula_text[96];
+    snprintf(comm_formula_text, sizeof comm_formula_text,
+             "busiest stage: boundaries x (activation + gradient) x B x T x C x %zu bytes", value_bytes());
     if (ctx.opt.dry_run) { /* theory/predict.h: the naive schedule is GPipe with one micro-batch */
-        const th_run need = {.lab = lab.name, .ranks = p, .cuda = ctx.device == DEVICE_CUDA, .batch = ctx.opt.batch,
+        const th_run need = {.lab = lab.name, .ranks = p, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
                              .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
                              .tp = 1, .pp = p, .dp = 1, .micro_batches = 1, .schedule = "gpipe",
                              .stage_layers = stage_layers, .recompute = ctx.model.recompute};
@@ -65,8 +68,9 @@ int main(int argc, char **argv) {
     pipeline_stage st;
     stage_init(&st, &pipe, &g, &ctx.data, (uint64_t)ctx.opt.seed, ctx.opt.batch, 1);
     ckpt_view view; /* this stage's layers: local [0, n) is global [begin, end) */
-    ckpt_view_range(&view, st.params, st.adam_m, st.adam_v, st.begin, st.end);
+    ckpt_view_range(&view, st.master, st.adam_m, st.adam_v, st.begin, st.end);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(st.params, st.master, st.end - st.begin); /* bf16: round what was resumed */
     if (ctx.rank == 0)
         printf("pipeline: %d stage%s, the whole batch at once | bubble theory (p-1)/p = %.3f\n", p,
                p == 1 ? "" : "s", theory);
@@ -95,9 +99,12 @@ int main(int argc, char **argv) {
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
     const th_model tm = th_course_model(g.cfg.vocab, g.cfg.seq, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
     const th_opts opts = stage_opts(&st);
+    const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                          .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
-                         .bubble_theory = theory, .extra_json = record,
+                         .bubble_theory = theory, .extra_json = record, .params_held = st.end - st.begin,
+                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
                          /* one batch in flight: this stage's block by theory.h */
                          .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, st.lo, st.hi, st.rows)};
     run_finish(&ctx, &report);

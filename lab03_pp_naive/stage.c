@@ -32,7 +32,7 @@ void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const datase
 void stage_init_model(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
                       const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches) {
     int r = pipe->rank, p = pipe->size;
-    stage_place place = {r, p, r > 0 ? r - 1 : -1, r < p - 1 ? r + 1 : -1, NULL, NULL, NULL, NULL};
+    stage_place place = {r, p, r > 0 ? r - 1 : -1, r < p - 1 ? r + 1 : -1, NULL, NULL, NULL, NULL, NULL};
     stage_init_placed(s, pipe, g, model, data, seed, first_row, batch, micro_batches, &place);
 }
 
@@ -50,16 +50,19 @@ void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const
     stage_layers(g->cfg.layers, s->count, s->index, &s->lo, &s->hi);
     if (model) model->range(model->ctx, s->lo, s->hi, &s->begin, &s->end);
     else gpt_range(g, s->lo, s->hi, &s->begin, &s->end);
-    size_t n = (size_t)(s->end - s->begin) * sizeof(float);
+    const long len = s->end - s->begin;
+    size_t n = (size_t)len * sizeof(float), values = (size_t)len * value_bytes();
     s->owns_buffers = !place->params;
-    s->params = s->owns_buffers ? mem_alloc(n, MEM_PARAMS) : place->params;
-    s->grads = s->owns_buffers ? mem_alloc(n, MEM_GRADS) : place->grads;
+    s->params = s->owns_buffers ? mem_alloc(values, MEM_PARAMS) : place->params;
+    s->grads = s->owns_buffers ? mem_alloc(values, MEM_GRADS) : place->grads;
+    s->master = s->owns_buffers ? master_alloc(s->params, len) : place->master;
     s->adam_m = s->owns_buffers ? mem_alloc(n, MEM_OPTIM) : place->adam_m;
     s->adam_v = s->owns_buffers ? mem_alloc(n, MEM_OPTIM) : place->adam_v;
     /* the same values lab01 has at these offsets: initial weights are a pure
      * function of (seed, tensor, element), not of who creates them */
-    if (model) model->init_params(model->ctx, seed, s->lo, s->hi, s->params);
-    else gpt_init_params(g, seed, s->begin, s->end, s->params);
+    if (model) model->init_params(model->ctx, seed, s->lo, s->hi, s->master);
+    else gpt_init_params(g, seed, s->begin, s->end, s->master);
+    params_from_master(s->params, s->master, len);
 
     s->micro_batches = micro_batches;
     s->rows = batch / micro_batches;
@@ -70,7 +73,7 @@ void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const
     s->boundary_floats = (long)s->rows * (g->cfg.seq / seq_parts) * g->cfg.d_model;
     if (model) model->scratch_alloc(model->ctx, &s->scratch, s->rows);
     else gpt_scratch_alloc(&s->scratch, g, s->rows);
-    if (s->next >= 0) s->dout = mem_alloc((size_t)s->boundary_floats * sizeof(float), MEM_COMM);
+    if (s->next >= 0) s->dout = mem_alloc((size_t)s->boundary_floats * value_bytes(), MEM_COMM);
     s->data = data;
     s->seed = seed;
     s->tokens = malloc(sizeof(int) * (size_t)s->rows * g->cfg.seq);
@@ -82,6 +85,7 @@ void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const
 
 void stage_free(pipeline_stage *s) {
     if (s->owns_buffers) {
+        master_free(s->master, s->params);
         mem_free(s->params);
         mem_free(s->grads);
         mem_free(s->adam_m);
@@ -104,7 +108,7 @@ void stage_step_begin(pipeline_stage *s, int step) {
     /* the stage's own work, so traced as compute: not idle time */
     int ev = trace_begin("zero_grads", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
-    mem_zero(s->grads, (size_t)(s->end - s->begin) * sizeof(float));
+    mem_zero(s->grads, (size_t)(s->end - s->begin) * value_bytes());
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
 }
@@ -156,11 +160,11 @@ void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
     trace_end(ev);
 }
 
-const float *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
+const void *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
     int ev = trace_begin("backward", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    const float *dout = s->next >= 0 ? s->dout : NULL;
-    const float *dx = s->model ? s->model->backward(s->model->ctx, s->params, s->grads, a, &s->scratch, dout, s->dloss)
+    const void *dout = s->next >= 0 ? s->dout : NULL;
+    const void *dx = s->model ? s->model->backward(s->model->ctx, s->params, s->grads, a, &s->scratch, dout, s->dloss)
                                : gpt_backward(s->g, s->params, s->grads, a, &s->scratch, dout, s->dloss, NULL, NULL);
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
@@ -171,8 +175,8 @@ const float *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
 
 /* One paired send and receive (either may be absent: peer -1). The stage's own
  * events name what moves and which micro-batch it belongs to. */
-static void exchange(pipeline_stage *s, const float *send, int dst, const char *send_op, int send_mb,
-                     float *recv, int src, const char *recv_op, int recv_mb) {
+static void exchange(pipeline_stage *s, const void *send, int dst, const char *send_op, int send_mb,
+                     void *recv, int src, const char *recv_op, int recv_mb) {
     if (dst < 0 && src < 0) return;
     int send_ev = dst >= 0 ? trace_begin(send_op, TRACE_COMM, send_mb, NULL) : -1;
     int recv_ev = src >= 0 ? trace_begin(recv_op, TRACE_COMM, recv_mb, NULL) : -1;
@@ -194,7 +198,7 @@ void stage_recv_backward(pipeline_stage *s, int mb) {
     exchange(s, NULL, -1, NULL, -1, s->dout, s->next, "recv_grad", mb);
 }
 
-void stage_send_backward(pipeline_stage *s, const float *dx, int mb) {
+void stage_send_backward(pipeline_stage *s, const void *dx, int mb) {
     exchange(s, dx, s->prev, "send_grad", mb, NULL, -1, NULL, -1);
 }
 
@@ -206,7 +210,7 @@ void stage_forward(pipeline_stage *s, gpt_acts *a, int mb) {
 
 void stage_backward(pipeline_stage *s, gpt_acts *a, int mb) {
     stage_recv_backward(s, mb);
-    const float *dx = stage_backward_compute(s, a, mb);
+    const void *dx = stage_backward_compute(s, a, mb);
     stage_send_backward(s, dx, mb);
 }
 
@@ -219,7 +223,7 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
     /* Clipping must see the norm of the WHOLE model's gradient, as lab01 does:
      * a stage clipping by its own norm would scale each stage differently.
      * One host all-reduce carries the norm's pieces and the loss together. */
-    double sums[2] = {K->sum_squares(s->grads, n), s->loss_sum};
+    double sums[2] = {KP->sum_squares(s->grads, n), s->loss_sum};
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
     /* traced as communication: a stage that finished its backward early waits here */
@@ -230,7 +234,8 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     t0 = now_seconds();
     float scale = clip_scale(sums[0], (float)clip);
-    adamw_step(s->g, cfg, s->begin, s->end, s->params, s->grads, s->adam_m, s->adam_v, s->step + 1, scale);
+    adamw_step(s->g, cfg, s->begin, s->end, s->master, s->grads, s->adam_m, s->adam_v, s->step + 1, scale);
+    params_from_master(s->params, s->master, n);
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
     return sums[1] / s->micro_batches;
@@ -239,7 +244,8 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
 /* ---- the record ---------------------------------------------------------------- */
 
 th_opts stage_opts(const pipeline_stage *s) {
-    return th_opts_run(s->model ? s->model->tp : 1, s->model ? s->model->sequence_parallel : 0, s->g->cfg.recompute);
+    return th_opts_run(s->model ? s->model->tp : 1, s->model ? s->model->sequence_parallel : 0, s->g->cfg.recompute,
+                       g_precision == PREC_BF16);
 }
 
 static void append_array(textbuf *b, const char *key, const double *all, int field, int fields, int p) {

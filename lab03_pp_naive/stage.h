@@ -43,18 +43,18 @@ void stage_layers(int layers, int stages, int stage, int *lo, int *hi);
 typedef struct stage_model {
     void *ctx;
     void (*range)(void *ctx, int lo, int hi, long *begin, long *end);
-    void (*init_params)(void *ctx, uint64_t seed, int lo, int hi, float *dst);
+    void (*init_params)(void *ctx, uint64_t seed, int lo, int hi, float *dst); /* fp32 */
     void (*acts_alloc)(void *ctx, gpt_acts *a, int lo, int hi, int rows);
     void (*scratch_alloc)(void *ctx, gpt_grad_scratch *s, int rows);
-    void (*forward)(void *ctx, const float *params, gpt_acts *a);
-    float *(*backward)(void *ctx, const float *params, float *grads, gpt_acts *a,
-                       gpt_grad_scratch *s, const float *dout, float dloss);
+    void (*forward)(void *ctx, const void *params, gpt_acts *a);
+    void *(*backward)(void *ctx, const void *params, void *grads, gpt_acts *a,
+                      gpt_grad_scratch *s, const void *dout, float dloss);
     /* The backward in two halves (lab04's zero-bubble schedules): gpt_wgrads_alloc,
      * gpt_backward_input, gpt_backward_weight. NULL: the model has no split backward. */
     void (*wgrads_alloc)(void *ctx, gpt_wgrads *w, int lo, int hi, int rows);
-    float *(*backward_input)(void *ctx, const float *params, gpt_acts *a, gpt_grad_scratch *s,
-                             gpt_wgrads *w, const float *dout, float dloss);
-    void (*backward_weight)(void *ctx, float *grads, const gpt_acts *a, const gpt_wgrads *w);
+    void *(*backward_input)(void *ctx, const void *params, gpt_acts *a, gpt_grad_scratch *s,
+                            gpt_wgrads *w, const void *dout, float dloss);
+    void (*backward_weight)(void *ctx, void *grads, const gpt_acts *a, const gpt_wgrads *w);
     /* How the hooks split a layer, for theory.h's formulas and for what crosses a
      * boundary: the TP degree and sequence parallelism (lab06: each TP rank then
      * sends and receives its T/t positions of every sequence). */
@@ -70,7 +70,8 @@ typedef struct stage_model {
 typedef struct stage_place {
     int index, count;  /* this virtual stage, of how many */
     int prev, next;    /* ranks of the neighbouring stages; -1 at the ends */
-    float *params, *grads, *adam_m, *adam_v; /* NULL: allocate its own */
+    void *params, *grads;            /* the model's values; NULL: allocate its own */
+    float *adam_m, *adam_v, *master; /* master: the fp32 weights (= params in fp32) */
 } stage_place;
 
 typedef struct pipeline_stage {
@@ -82,10 +83,12 @@ typedef struct pipeline_stage {
     const gpt_layout *g;
     const stage_model *model; /* NULL: common/'s full-width model */
     long begin, end;        /* its parameter range gpt_range(lo, hi) (model->range) */
-    float *params, *grads, *adam_m, *adam_v; /* end - begin floats each */
+    void *params, *grads;   /* end - begin values each (precision.h) */
+    float *master;          /* the fp32 weights AdamW updates: params itself in fp32 */
+    float *adam_m, *adam_v; /* end - begin floats each */
     gpt_grad_scratch scratch;
-    float *dout;            /* the gradient of the output, received from the next stage */
-    long boundary_floats;   /* rows x T x C: what crosses a stage boundary */
+    void *dout;             /* the gradient of the output, received from the next stage */
+    long boundary_floats;   /* rows x T x C values (floats in fp32): what crosses a stage boundary */
     int rows;               /* rows of one micro-batch */
     int first_row;          /* this pipeline's first row of the global batch (0 without DP) */
     float dloss;            /* 1 / (batch x T): every micro-batch's loss weight, so the
@@ -138,14 +141,14 @@ void stage_acts_free(pipeline_stage *s, gpt_acts *a);
  * the gradient of the stage's input (valid until the next backward; NULL on the
  * first stage). */
 void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb);
-const float *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb);
+const void *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb);
 
 /* Exchanges with the neighbours (each a no-op at the end of the pipe where
  * there is no neighbour in that direction). */
 void stage_recv_forward(pipeline_stage *s, gpt_acts *a, int mb);         /* a->x_in <- prev */
 void stage_send_forward(pipeline_stage *s, const gpt_acts *a, int mb);   /* output -> next */
 void stage_recv_backward(pipeline_stage *s, int mb);                     /* s->dout <- next */
-void stage_send_backward(pipeline_stage *s, const float *dx, int mb);    /* dx -> prev */
+void stage_send_backward(pipeline_stage *s, const void *dx, int mb);     /* dx -> prev */
 
 /* A whole forward / backward of one micro-batch: receive, compute, send. */
 void stage_forward(pipeline_stage *s, gpt_acts *a, int mb);

@@ -82,7 +82,7 @@ struct pipeline_plan {
     int *release_after;
     int wait_sends;
     /* the step's state per message id */
-    float **buf;       /* the message's buffer while it exists, else NULL */
+    void **buf;        /* the message's buffer while it exists, else NULL */
     comm_request *req; /* its send or receive between ranks */
     int n_messages;
 };
@@ -177,7 +177,7 @@ static void plan_free(pipeline_plan *pl) {
 
 /* Message buffers come from one pool per rank (both plans), allocated only
  * when every kept one is in use, as the activation blocks are. */
-static float *message_buffer(pipeline_rank *pr) {
+static void *message_buffer(pipeline_rank *pr) {
     if (pr->n_spare_messages > 0) return pr->spare_messages[--pr->n_spare_messages];
     if (pr->n_messages_allocated == pr->cap_messages) {
         pr->cap_messages = pr->cap_messages ? 2 * pr->cap_messages : 16;
@@ -185,7 +185,7 @@ static float *message_buffer(pipeline_rank *pr) {
         if (!pr->spare_messages) die("out of host memory");
     }
     pr->n_messages_allocated++;
-    return mem_alloc((size_t)pr->chunk[0].boundary_floats * sizeof(float), MEM_COMM);
+    return mem_alloc((size_t)pr->chunk[0].boundary_floats * value_bytes(), MEM_COMM);
 }
 
 static void message_done(pipeline_rank *pr, pipeline_plan *pl, int id) {
@@ -245,9 +245,10 @@ void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const sta
         len[c] = end - begin;
         pr->n += len[c];
     }
-    size_t bytes = (size_t)pr->n * sizeof(float);
-    pr->params = mem_alloc(bytes, MEM_PARAMS);
-    pr->grads = mem_alloc(bytes, MEM_GRADS);
+    size_t bytes = (size_t)pr->n * sizeof(float), values = (size_t)pr->n * value_bytes();
+    pr->params = mem_alloc(values, MEM_PARAMS);
+    pr->grads = mem_alloc(values, MEM_GRADS);
+    pr->master = master_alloc(pr->params, pr->n);
     pr->adam_m = mem_alloc(bytes, MEM_OPTIM);
     pr->adam_v = mem_alloc(bytes, MEM_OPTIM);
     pr->chunk = xcalloc((size_t)pr->v, sizeof *pr->chunk);
@@ -256,7 +257,8 @@ void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const sta
         if (st > 0) schedule_place(s, st - 1, &prev, &chunk);
         if (st < S - 1) schedule_place(s, st + 1, &next, &chunk);
         long o = pr->offset[c];
-        stage_place place = {st, S, prev, next, pr->params + o, pr->grads + o, pr->adam_m + o, pr->adam_v + o};
+        stage_place place = {st, S, prev, next, value_at(pr->params, o), value_at(pr->grads, o), pr->adam_m + o,
+                             pr->adam_v + o, pr->master + o};
         stage_init_placed(&pr->chunk[c], pipe, g, model, data, seed, first_row, batch, m, &place);
         if (pr->chunk[c].end - pr->chunk[c].begin != len[c]) die("pipeline_init: chunk %d changed its range", c);
     }
@@ -294,6 +296,7 @@ void pipeline_free(pipeline_rank *pr) {
     free(pr->wgrads);
     free(pr->chunk);
     free(pr->offset);
+    master_free(pr->master, pr->params);
     mem_free(pr->params);
     mem_free(pr->grads);
     mem_free(pr->adam_m);
@@ -320,10 +323,10 @@ static gpt_wgrads wgrads_alloc(pipeline_rank *pr, int c, int mb) {
     return w;
 }
 
-static const float *backward_input(pipeline_stage *s, gpt_acts *a, gpt_wgrads *w, const float *dout, int mb) {
+static const void *backward_input(pipeline_stage *s, gpt_acts *a, gpt_wgrads *w, const void *dout, int mb) {
     int ev = trace_begin("backward", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    const float *dx = s->model ? s->model->backward_input(s->model->ctx, s->params, a, &s->scratch, w, dout, s->dloss)
+    const void *dx = s->model ? s->model->backward_input(s->model->ctx, s->params, a, &s->scratch, w, dout, s->dloss)
                                : gpt_backward_input(s->g, s->params, a, &s->scratch, w, dout, s->dloss);
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
@@ -343,7 +346,7 @@ static void backward_weight(pipeline_stage *s, const gpt_acts *a, const gpt_wgra
 
 /* The message an action needs, there to read: waited for (a "recv_act" or
  * "recv_grad" event) when it comes from another rank. */
-static float *take(pipeline_plan *pl, int id, int mb) {
+static void *take(pipeline_plan *pl, int id, int mb) {
     if (!pl->buf[id]) die("pipeline: message %d is needed before it was posted", id);
     if (!pl->req[id].active) return pl->buf[id]; /* from a chunk of this rank, or already there */
     int ev = trace_begin(id < pl->n_messages / 2 ? "recv_act" : "recv_grad", TRACE_COMM, mb, NULL);
@@ -354,9 +357,9 @@ static float *take(pipeline_plan *pl, int id, int mb) {
 
 /* An action's output becomes message id: copied into a buffer of its own
  * (the output's storage is reused before a send could be waited for). */
-static void give(pipeline_rank *pr, pipeline_plan *pl, int id, const float *data) {
+static void give(pipeline_rank *pr, pipeline_plan *pl, int id, const void *data) {
     pl->buf[id] = message_buffer(pr);
-    mem_copy(pl->buf[id], data, (size_t)pr->chunk[0].boundary_floats * sizeof(float));
+    mem_copy(pl->buf[id], data, (size_t)pr->chunk[0].boundary_floats * value_bytes());
 }
 
 static void run_action(pipeline_rank *pr, pipeline_plan *pl, schedule_action a) {
@@ -364,7 +367,7 @@ static void run_action(pipeline_rank *pr, pipeline_plan *pl, schedule_action a) 
     pipeline_stage *st = &pr->chunk[a.chunk];
     gpt_acts *acts = &pr->acts[a.chunk][a.mb];
     gpt_wgrads *wg = &pr->wgrads[a.chunk][a.mb];
-    const size_t boundary_bytes = (size_t)st->boundary_floats * sizeof(float);
+    const size_t boundary_bytes = (size_t)st->boundary_floats * value_bytes();
     int in = consumed(s, pr->rank, a), out = produced(s, pr->rank, a);
     if (a.op == OP_F) {
         stage_acts_alloc(st, acts, a.mb);
@@ -376,7 +379,7 @@ static void run_action(pipeline_rank *pr, pipeline_plan *pl, schedule_action a) 
         if (out >= 0) give(pr, pl, out, gpt_acts_output(acts));
         if (s->forward_only) stage_acts_free(st, acts);
     } else if (a.op == OP_B) {
-        const float *dout = in >= 0 ? take(pl, in, a.mb) : NULL, *dx;
+        const void *dout = in >= 0 ? take(pl, in, a.mb) : NULL, *dx;
         if (s->split) {
             *wg = wgrads_alloc(pr, a.chunk, a.mb);
             dx = backward_input(st, acts, wg, dout, a.mb);
@@ -483,7 +486,7 @@ double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, doubl
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* the GLOBAL norm, as lab01's: every chunk of every rank, one all-reduce */
-    double sums[2] = {K->sum_squares(pr->grads, pr->n), pipeline_loss_sum(pr)};
+    double sums[2] = {KP->sum_squares(pr->grads, pr->n), pipeline_loss_sum(pr)};
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     comm_allreduce_host(pr->pipe, sums, 2);
@@ -493,15 +496,16 @@ double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, doubl
     float scale = clip_scale(sums[0], (float)clip);
     for (int c = 0; c < pr->v; c++) {
         pipeline_stage *s = &pr->chunk[c];
-        adamw_step(pr->g, cfg, s->begin, s->end, s->params, s->grads, s->adam_m, s->adam_v, s->step + 1, scale);
+        adamw_step(pr->g, cfg, s->begin, s->end, s->master, s->grads, s->adam_m, s->adam_v, s->step + 1, scale);
     }
+    params_from_master(pr->params, pr->master, pr->n);
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     return sums[1] / pr->m;
 }
 
 void pipeline_checkpoint_view(pipeline_rank *pr, ckpt_view *v) {
-    ckpt_view_init(v, pr->params, pr->n, pr->adam_m, pr->adam_v, pr->n);
+    ckpt_view_init(v, pr->master, pr->n, pr->adam_m, pr->adam_v, pr->n);
     for (int c = 0; c < pr->v; c++)
         ckpt_hold(v, pr->offset[c], pr->chunk[c].begin, pr->chunk[c].end - pr->chunk[c].begin);
 }

@@ -49,7 +49,9 @@ typedef struct pipeline_rank {
     pipeline_stage *chunk;   /* v of them; chunk[c] is virtual stage schedule_stage_of(rank, c) */
     long n;                  /* elements of all chunks: the flat buffers' length */
     long *offset;            /* chunk c's range starts at offset[c] of the flat buffers */
-    float *params, *grads, *adam_m, *adam_v;
+    void *params, *grads;     /* the model's values (precision.h) */
+    float *master;            /* the fp32 weights AdamW updates (= params in fp32) */
+    float *adam_m, *adam_v;
     /* per chunk and micro-batch: its activations and weight-gradient inputs while in flight */
     gpt_acts **acts;
     gpt_wgrads **wgrads;
@@ -57,7 +59,7 @@ typedef struct pipeline_rank {
     int *n_spare_wgrads;
     long *wgrads_bytes;      /* per chunk, one micro-batch's */
     pipeline_plan *train, *eval;
-    float **spare_messages;  /* message buffers not in use, for both plans */
+    void **spare_messages;   /* message buffers not in use, for both plans */
     int n_spare_messages, n_messages_allocated, cap_messages;
     double step_started, other_busy; /* the step's start; compute outside the chunks (optimizer) */
 } pipeline_rank;

@@ -33,6 +33,7 @@
 #include "run.h"
 #include "schedule.h"
 #include "textbuf.h"
+#include "theory.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +80,7 @@ int main(int argc, char **argv) {
     if (kind == SCHEDULE_INTERLEAVED) snprintf(layout, sizeof layout, "pp=%d m=%d %s v=%d", p, m, schedule_name(kind), v);
     else snprintf(layout, sizeof layout, "pp=%d m=%d %s", p, m, schedule_name(kind));
     /* Across each of the busiest rank's boundaries to another rank go m
-     * activations one way and m gradients the other, B/m x T x C floats each
+     * activations one way and m gradients the other, B/m x T x C values each
      * (the links counted on the lists, which are the same on every rank). */
     int links = 0;
     schedule lists;
@@ -89,11 +90,14 @@ int main(int argc, char **argv) {
         if (l > links) links = l;
     }
     schedule_free(&lists);
-    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * sizeof(float);
+    double boundary_bytes = (double)ctx.opt.batch * ctx.opt.seq * ctx.opt.d_model * value_bytes();
     const double comm_formula = links * 2 * boundary_bytes;
-    const char *comm_formula_text = "busiest rank: boundaries to other ranks x (activations + gradients) x B x T x C x 4 bytes";
+    char comm_formula_text[112];
+    snprintf(comm_formula_text, sizeof comm_formula_text, "busiest rank: boundaries to other ranks x (activations + "
+             "gradients) x B x T x C x %zu bytes", value_bytes());
     if (ctx.opt.dry_run) { /* theory/predict.h; the executor's message buffers are decided by its lists */
-        const th_run need = {.lab = lab.name, .ranks = p, .cuda = ctx.device == DEVICE_CUDA, .batch = ctx.opt.batch,
+        const th_run need = {.lab = lab.name, .ranks = p, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
                              .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
                              .tp = 1, .pp = p, .dp = 1, .micro_batches = m, .schedule = schedule_name(kind),
                              .chunks = v,
@@ -113,6 +117,7 @@ int main(int argc, char **argv) {
     ckpt_view view; /* this rank's chunks: one run of the model's layout each */
     pipeline_checkpoint_view(&pr, &view);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(pr.params, pr.master, pr.n); /* bf16: round what was resumed */
     if (ctx.rank == 0)
         printf("pipeline: %d rank%s x %d chunk%s, %d micro-batch%s of %d rows, schedule %s | bubble theory "
                "(unit times) %s = %.3f\n", p, p == 1 ? "" : "s", v, v == 1 ? "" : "s", m, m == 1 ? "" : "es",
@@ -157,9 +162,13 @@ int main(int argc, char **argv) {
                    "\"t_weight_s\":%.6g,\"bubble_formula\":%.6g,\"bubble_formula_text\":\"%s\",%s", m,
                    schedule_name(kind), t[0], t[1], t[2], formula, schedule_bubble_formula_text(kind), stages_json);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra.s);
+    const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
+    const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                          .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
                          .bubble_theory = theory, .extra_json = record,
+                         .params_held = pr.n, .states_formula = {per_param.params, per_param.grads, per_param.optim},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
                          /* the schedule's blocks in flight x their bytes by theory.h */
                          .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
     run_finish(&ctx, &report);

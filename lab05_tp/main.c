@@ -88,7 +88,7 @@ static double mean_loss(const tp_layout *tl, comm *tp, const gpt_acts *acts) {
 /* --eval: the mean loss over the held-out batches, forward only, every rank on
  * the whole batch as in training. Its all-reduces stay out of the traffic
  * counts, so the record's per-step figures are the training's. */
-static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const float *params, gpt_acts *acts,
+static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const void *params, gpt_acts *acts,
                        int *tokens, int *targets) {
     const int B = ctx->opt.batch, T = ctx->opt.seq;
     dataset heldout;
@@ -131,11 +131,12 @@ int main(int argc, char **argv) {
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
-    /* The figures the lesson predicts (bytes are 4 per float), by theory/'s
-     * formulas (theory.h), the ones plan3d predicts with. */
+    /* The figures the lesson predicts (bytes are vb per value: 4 in fp32, 2 in
+     * bf16), by theory/'s formulas (theory.h), the ones plan3d predicts with. */
     const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
-    const th_opts opts = th_opts_run(ctx.size, sequence_parallel, ctx.model.recompute); /* as it runs */
-    const double act_bytes = 4.0 * B * T * C;                 /* one all-reduce's payload */
+    const th_opts opts = th_opts_run(ctx.size, sequence_parallel, ctx.model.recompute, g_precision == PREC_BF16); /* as it runs */
+    const double vb = (double)value_bytes();
+    const double act_bytes = vb * B * T * C;                  /* one all-reduce's payload */
     /* 2L g's + 2L f's (full recomputation: the g's again); SP: each an all-gather + a reduce-scatter */
     const th_traffic tp_traffic = th_tp_traffic_run(L, 1, act_bytes, &opts);
     const int collectives = (int)tp_traffic.calls;            /* all-reduces, or all-gathers + reduce-scatters */
@@ -143,17 +144,19 @@ int main(int argc, char **argv) {
     const int per_layer = ctx.model.recompute == GPT_RECOMPUTE_FULL ? 6 : 4;
     /* SP: one all-reduce of the replicated tensors' partial gradients */
     const th_traffic partial_traffic =
-        th_dp_traffic(4.0 * th_sp_partial_params(&tm, 0, L), sequence_parallel ? ctx.size : 1, 1);
+        th_dp_traffic(vb * th_sp_partial_params(&tm, 0, L), sequence_parallel ? ctx.size : 1, 1);
     char layout[48], formula[200];
+    const char *values = g_precision == PREC_BF16 ? "bf16 values" : "floats";
     /* the layout names the trace and timeline files: every flag that changes what runs is in it */
     snprintf(layout, sizeof layout, "tp=%d%s", ctx.size, sequence_parallel ? " sp" : "");
     if (sequence_parallel)
-        snprintf(formula, sizeof formula, "%dL all-gathers + %dL reduce-scatters of B*T*C floats, ring (t-1)/t each "
-                 "(= TP's all-reduces), + 1 all-reduce of the partial gradients", per_layer, per_layer);
-    else snprintf(formula, sizeof formula, "%dL all-reduces of B*T*C floats, ring 2(t-1)/t x %d L B T C", per_layer,
-                  4 * per_layer);
+        snprintf(formula, sizeof formula, "%dL all-gathers + %dL reduce-scatters of B*T*C %s, ring (t-1)/t each "
+                 "(= TP's all-reduces), + 1 all-reduce of the partial gradients", per_layer, per_layer, values);
+    else snprintf(formula, sizeof formula, "%dL all-reduces of B*T*C %s, ring 2(t-1)/t x %d L B T C", per_layer,
+                  values, (int)vb * per_layer);
     if (ctx.opt.dry_run) { /* theory/predict.h: every rank the whole batch, 1/t of every layer */
-        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA, .batch = B,
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = B,
                              .model = tm, .tp = ctx.size, .pp = 1, .dp = 1, .micro_batches = 1,
                              .sequence_parallel = sequence_parallel, .recompute = ctx.model.recompute};
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
@@ -167,15 +170,17 @@ int main(int argc, char **argv) {
     tp_layout_init(&tl, &ctx.model, tp.size, tp.rank);
     tp_layout_sequence_parallel(&tl, sequence_parallel);
     const long P = tl.total; /* this rank's parameters: replicated + its shards */
-    float *params = mem_alloc((size_t)P * sizeof(float), MEM_PARAMS);
-    float *grads = mem_alloc((size_t)P * sizeof(float), MEM_GRADS);
+    void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS); /* the model's values (precision.h) */
+    void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
+    float *master = master_alloc(params, P); /* the fp32 weights AdamW updates: params itself in fp32 */
     float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
     float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
-    tp_init_params(&tl, (uint64_t)ctx.opt.seed, 0, L, params);
+    tp_init_params(&tl, (uint64_t)ctx.opt.seed, 0, L, master);
     ckpt_view view; /* replicated tensors whole, this rank's shards piece by piece */
-    ckpt_view_init(&view, params, P, adam_m, adam_v, P);
+    ckpt_view_init(&view, master, P, adam_m, adam_v, P);
     tp_checkpoint_hold(&tl, 0, L, &view);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(params, master, P);
     gpt_acts acts;
     tp_acts_alloc(&acts, &tl, 0, L, B); /* the whole batch: TP does not split it */
     gpt_grad_scratch scratch;
@@ -183,22 +188,21 @@ int main(int argc, char **argv) {
     gpt_acts_bind(&acts, &scratch); /* --recompute and SP put what they do not keep there */
     /* SP: the partial gradients of the replicated tensors, packed for one all-reduce */
     const long partial = tl.seq_parts > 1 ? sp_partial_elems(&tl, 0, L) : 0;
-    float *partial_staging = partial ? mem_alloc((size_t)partial * sizeof(float), MEM_COMM) : NULL;
+    void *partial_staging = partial ? mem_alloc((size_t)partial * value_bytes(), MEM_COMM) : NULL;
     grad_norm norm; /* tp_grad_squares' two sums, on the device */
     grad_norm_init(&norm, 2);
     int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
 
-    const th_opts fp32 = th_opts_course(tp.size);
     const th_params counts = th_param_counts(&tm);
-    const double block_full = 4.0 * L * counts.layer;         /* all block weights, serial model */
-    const double sharded_full = 4.0 * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
-    const double replicated = 4.0 * (counts.total - L * counts.layer_sharded);
-    const double block_per_rank = 4.0 * L * (counts.layer - counts.layer_sharded + counts.layer_sharded / tp.size);
+    const double block_full = vb * L * counts.layer;          /* all block weights, serial model */
+    const double sharded_full = vb * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
+    const double replicated = vb * (counts.total - L * counts.layer_sharded);
+    const double block_per_rank = vb * L * (counts.layer - counts.layer_sharded + counts.layer_sharded / tp.size);
     const double acts_formula = th_course_acts_bytes(&tm, &opts, 0, L, B); /* this rank's, exact */
     const th_acts_parts acts_parts = th_course_acts_parts(&tm, &opts, 0, L, B);
     /* activations split per layer: q,k,v (3NC), attention output (NC), the MLP's
      * two 4C-wide tensors (8NC) and the attention matrix (B*H*T*T) */
-    const double acts_split_full = 4.0 * L * (12.0 * B * T * C + (double)B * ctx.opt.heads * T * T);
+    const double acts_split_full = vb * L * (12.0 * B * T * C + (double)B * ctx.opt.heads * T * T);
     if (tp.rank == 0) {
         char a[16], b[16], c[16];
         printf("tensor parallel: t=%d | per rank %d of %d heads, %d of %d MLP units | block weights %sB "
@@ -213,7 +217,7 @@ int main(int argc, char **argv) {
         /* every rank the same, whole global batch */
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, 0, B, T, tokens, targets);
         gpt_acts_set_batch(&acts, tokens, targets, T); /* SP: the T/t positions of every row this rank holds */
-        mem_zero(grads, (size_t)P * sizeof(float));
+        mem_zero(grads, (size_t)P * value_bytes());
 
         tp_forward(&tl, &tp, params, &acts);
         tp_backward(&tl, &tp, params, grads, &acts, &scratch, NULL, 1.0f / ((float)B * T));
@@ -230,7 +234,8 @@ int main(int argc, char **argv) {
         tp_grad_squares(&tl, &norm, 0, L, grads, &sharded_sq, &replicated_sq);
         comm_allreduce_host(&tp, &sharded_sq, 1);
         float scale = clip_scale(sharded_sq + replicated_sq, (float)ctx.opt.clip);
-        tp_adamw_step(&tl, &ctx.adamw, 0, L, params, grads, adam_m, adam_v, step + 1, scale);
+        tp_adamw_step(&tl, &ctx.adamw, 0, L, master, grads, adam_m, adam_v, step + 1, scale);
+        params_from_master(params, master, P);
         trace_end(ev);
 
         run_step_end(&ctx, i, mean_loss(&tl, &tp, &acts), NULL);
@@ -242,7 +247,7 @@ int main(int argc, char **argv) {
         ckpt_print_eval(&ctx, eval_loss);
     }
 
-    int in_sync = check_sync ? check_replicas_identical(&tp, &tl, params) : 1;
+    int in_sync = check_sync ? check_replicas_identical(&tp, &tl, master) : 1; /* bf16: params are their rounding */
     const double steps = ctx.steps_done;
     double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / steps;
     double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / steps;
@@ -266,14 +271,17 @@ int main(int argc, char **argv) {
              allreduces ? allreduces * act_bytes : partial_traffic.payload,
              tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tp_traffic.ring,
              partial_traffic.payload, act_bytes,
-             4.0 * th_stage_params(&tm, &fp32, 0, L), replicated, block_full, block_per_rank, sharded_full, 4.0 * tp_sharded_elems(&tl),
+             vb * th_stage_params(&tm, &opts, 0, L), replicated, block_full, block_per_rank, sharded_full, vb * tp_sharded_elems(&tl),
              acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null",
              acts.att_bytes, acts.layer_bytes, acts.bytes - acts.att_bytes - acts.layer_bytes, acts_parts.quadratic,
              acts_parts.linear, acts_parts.other, th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
+    const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
                          .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring, .comm_formula = formula,
-                         .bubble_theory = -1, .extra_json = record, .acts_formula_bytes = acts_formula};
+                         .bubble_theory = -1, .extra_json = record, .acts_formula_bytes = acts_formula, .params_held = P,
+                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);
@@ -281,24 +289,24 @@ int main(int argc, char **argv) {
         char a[16], b[16], c[16], d[16], e[16];
         if (tl.seq_parts == 1) {
             printf("  tensor parallel all-reduces per step: %.0f measured, %dL = %d by the formula | "
-                   "%sB payload measured, %dL x B*T*C x 4 = %sB\n",
-                   measured_calls, per_layer, allreduces, human(measured_bytes, a), per_layer,
+                   "%sB payload measured, %dL x B*T*C x %.0f = %sB\n",
+                   measured_calls, per_layer, allreduces, human(measured_bytes, a), per_layer, vb,
                    human(allreduces * act_bytes, b));
         } else {
             const comm_stat *ag = &tp.stats[COLL_ALLGATHER], *rs = &tp.stats[COLL_REDUCE_SCATTER];
             const double ring = th_ring_factor(TH_ALLGATHER, tp.size) * (ag->bytes + rs->bytes) / steps;
-            const th_opts tp_alone = th_opts_run(tp.size, 0, ctx.model.recompute);
+            const th_opts tp_alone = th_opts_run(tp.size, 0, ctx.model.recompute, g_precision == PREC_BF16);
             printf("  sequence parallel per step: %.0f all-gathers + %.0f reduce-scatters measured, %dL + %dL = "
                    "%d + %d by the formula | ring %sB measured = %sB, TP's %dL all-reduces (2(t-1)/t x %dL x "
-                   "B*T*C x 4)\n", ag->calls / steps, rs->calls / steps, per_layer, per_layer, collectives / 2,
+                   "B*T*C x %.0f)\n", ag->calls / steps, rs->calls / steps, per_layer, per_layer, collectives / 2,
                    collectives / 2, human(ring, a), human(th_tp_traffic_run(L, 1, act_bytes, &tp_alone).ring, b),
-                   per_layer, per_layer);
-            printf("  partial gradients (LayerNorms, embedding, head: %ld floats): %.0f all-reduce of %sB per step "
-                   "measured, formula %sB\n", partial, measured_calls, human(measured_bytes, a),
+                   per_layer, per_layer, vb);
+            printf("  partial gradients (LayerNorms, embedding, head: %ld %s): %.0f all-reduce of %sB per step "
+                   "measured, formula %sB\n", partial, values, measured_calls, human(measured_bytes, a),
                    human(partial_traffic.payload, b));
         }
         printf("  block weights per rank: %sB = 6C x L replicated (%sB) + 1/%d of the %sB split (matrices, QKV/fc biases); "
-               "serial %sB\n", human(block_per_rank, a), human(4.0 * L * 6 * C, b), tp.size,
+               "serial %sB\n", human(block_per_rank, a), human(vb * L * 6 * C, b), tp.size,
                human(sharded_full, c), human(block_full, d));
         if (tl.seq_parts == 1 && ctx.model.recompute == GPT_RECOMPUTE_NONE)
             printf("  activations per rank: %sB measured, %sB by the formula (theory.h); the split ones (q,k,v, heads, "
@@ -317,6 +325,7 @@ int main(int argc, char **argv) {
     gpt_acts_free(&acts);
     mem_free(partial_staging);
     grad_norm_free(&norm);
+    master_free(master, params);
     mem_free(params);
     mem_free(grads);
     mem_free(adam_m);

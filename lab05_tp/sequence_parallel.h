@@ -57,27 +57,27 @@
 #include "tp.h"
 
 /* whole [B,T,C] <- every rank's slice [B,T/t,C]; staged through s->seq_packed */
-void sp_allgather(const tp_layout *tl, comm *tp, const float *slice, float *whole, gpt_grad_scratch *s, int B);
+void sp_allgather(const tp_layout *tl, comm *tp, const void *slice, void *whole, gpt_grad_scratch *s, int B);
 /* this rank's slice [B,T/t,C] <- the sum over the ranks of their whole [B,T,C] */
-void sp_reduce_scatter(const tp_layout *tl, comm *tp, const float *whole, float *slice, gpt_grad_scratch *s, int B);
+void sp_reduce_scatter(const tp_layout *tl, comm *tp, const void *whole, void *slice, gpt_grad_scratch *s, int B);
 
 /* tp_layer_compute, tp_layer_backward and tp_layer_backward_input under
  * sequence parallelism: the same layer, the same kernels, with x, res2, res3,
  * the LayerNorm statistics and the residual gradient s->dres on this rank's
  * slice. The weight half is tp_layer_backward_weight's (its LayerNorm douts
  * are slices, its matmul douts whole). */
-void sp_layer_compute(const tp_layout *tl, comm *tp, const float *lp, const float *x, const layer_acts *la, int B,
+void sp_layer_compute(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la, int B,
                       gpt_grad_scratch *s);
-void sp_layer_backward(const tp_layout *tl, comm *tp, const float *lp, float *gp, const float *x,
+void sp_layer_backward(const tp_layout *tl, comm *tp, const void *lp, void *gp, const void *x,
                        const layer_acts *la, int B, gpt_grad_scratch *s);
-void sp_layer_backward_input(const tp_layout *tl, comm *tp, const float *lp, const float *x, const layer_acts *la,
+void sp_layer_backward_input(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la,
                              int B, gpt_grad_scratch *s, layer_wgrads *lw);
 
 /* The elements of layers [lo, hi) (+ embedding, head as tp_range) whose
  * gradients are partial (theory.h's th_sp_partial_params), and their sum over
- * the TP group: packed into `staging` (that many floats, communication
+ * the TP group: packed into `staging` (that many values, communication
  * category), one all-reduce, unpacked. grads as tp_range(lo, hi). */
 long sp_partial_elems(const tp_layout *tl, int lo, int hi);
-void sp_sum_partial_grads(const tp_layout *tl, comm *tp, int lo, int hi, float *grads, float *staging);
+void sp_sum_partial_grads(const tp_layout *tl, comm *tp, int lo, int hi, void *grads, void *staging);
 
 #endif

@@ -177,13 +177,13 @@ void tp_scratch_alloc(gpt_grad_scratch *s, const tp_layout *tl, int B) {
 /* The forward of f and the backward of g do nothing: the replicated input is
  * already on every rank, and so is the gradient of a g output. They exist so the
  * code reads like the diagram. */
-void tp_f_forward(comm *tp, const float *x, long n) { (void)tp; (void)x; (void)n; }
-void tp_g_backward(comm *tp, const float *dy, long n) { (void)tp; (void)dy; (void)n; }
+void tp_f_forward(comm *tp, const void *x, long n) { (void)tp; (void)x; (void)n; }
+void tp_g_backward(comm *tp, const void *dy, long n) { (void)tp; (void)dy; (void)n; }
 
-void tp_f_backward(comm *tp, float *dx, long n) {
+void tp_f_backward(comm *tp, void *dx, long n) {
     if (tp->size > 1) comm_allreduce(tp, dx, n, 0);
 }
-void tp_g_forward(comm *tp, float *y, long n) {
+void tp_g_forward(comm *tp, void *y, long n) {
     if (tp->size > 1) comm_allreduce(tp, y, n, 0);
 }
 
@@ -193,47 +193,47 @@ void tp_g_forward(comm *tp, float *y, long n) {
  * the timeline shows compute and all-reduce side by side, never one inside the
  * other (which would count the all-reduce's time as compute). */
 
-void tp_column_parallel_forward(comm *tp, float *out_local, const float *inp, const float *w_local,
-                                const float *b_local, int N, int IC, int OC_local) {
+void tp_column_parallel_forward(comm *tp, void *out_local, const void *inp, const void *w_local,
+                                const void *b_local, int N, int IC, int OC_local) {
     tp_f_forward(tp, inp, (long)N * IC);
-    K->matmul_forward(out_local, inp, w_local, b_local, N, IC, OC_local);
+    KP->matmul_forward(out_local, inp, w_local, b_local, N, IC, OC_local);
 }
 
-void tp_column_parallel_backward(comm *tp, float *dinp, float *dw_local, float *db_local,
-                                 const float *dout_local, const float *inp, const float *w_local,
+void tp_column_parallel_backward(comm *tp, void *dinp, void *dw_local, void *db_local,
+                                 const void *dout_local, const void *inp, const void *w_local,
                                  int N, int IC, int OC_local) {
     int ev = trace_begin("tp_column_gemm_bwd", TRACE_COMPUTE, -1, NULL);
-    mem_zero(dinp, (size_t)N * IC * sizeof(float));
-    K->matmul_backward(dinp, dw_local, db_local, dout_local, inp, w_local, N, IC, OC_local);
+    mem_zero(dinp, (size_t)N * IC * value_bytes());
+    KP->matmul_backward(dinp, dw_local, db_local, dout_local, inp, w_local, N, IC, OC_local);
     trace_end(ev);
     /* this rank's output columns gave a partial dX; the true dX sums all of them */
     tp_f_backward(tp, dinp, (long)N * IC);
 }
 
-void tp_row_parallel_forward(comm *tp, float *out, const float *inp_local, const float *w_local,
-                             const float *bias, int N, int IC_local, int OC) {
+void tp_row_parallel_forward(comm *tp, void *out, const void *inp_local, const void *w_local,
+                             const void *bias, int N, int IC_local, int OC) {
     int ev = trace_begin("tp_row_gemm", TRACE_COMPUTE, -1, NULL);
-    K->matmul_forward(out, inp_local, w_local, tp->rank == 0 ? bias : NULL, N, IC_local, OC);
+    KP->matmul_forward(out, inp_local, w_local, tp->rank == 0 ? bias : NULL, N, IC_local, OC);
     trace_end(ev);
     tp_g_forward(tp, out, (long)N * OC);
 }
 
-void tp_row_parallel_backward(comm *tp, float *dinp_local, float *dw_local, float *dbias,
-                              const float *dout, const float *inp_local, const float *w_local,
+void tp_row_parallel_backward(comm *tp, void *dinp_local, void *dw_local, void *dbias,
+                              const void *dout, const void *inp_local, const void *w_local,
                               int N, int IC_local, int OC) {
     tp_g_backward(tp, dout, (long)N * OC);
-    K->matmul_backward(dinp_local, dw_local, dbias, dout, inp_local, w_local, N, IC_local, OC);
+    KP->matmul_backward(dinp_local, dw_local, dbias, dout, inp_local, w_local, N, IC_local, OC);
 }
 
 /* ---- a layer ------------------------------------------------------------------------ */
 
-#define LP(block, which) ((block) + tl->layer[which].offset)
+#define LP(block, which) value_at(block, tl->layer[which].offset)
 
-static const float *layer_input(const gpt_acts *a, int layer) {
+static const void *layer_input(const gpt_acts *a, int layer) {
     return layer == a->lo ? a->x_in : a->layer[layer - a->lo - 1].res3;
 }
 
-void tp_layer_compute(const tp_layout *tl, comm *tp, const float *lp, const float *x, const layer_acts *la, int B,
+void tp_layer_compute(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la, int B,
                       gpt_grad_scratch *s) {
     if (tl->seq_parts > 1) {
         sp_layer_compute(tl, tp, lp, x, la, B, s);
@@ -246,9 +246,9 @@ void tp_layer_compute(const tp_layout *tl, comm *tp, const float *lp, const floa
     /* attention: LN1 replicated; f; QKV column-parallel: q, k, v of this rank's
      * H/t heads, attention over them; out-proj row-parallel; g */
     int ev = trace_begin("tp_attention_fwd", TRACE_COMPUTE, -1, NULL);
-    K->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, LP(lp, LAYER_LN1_W), LP(lp, LAYER_LN1_B), N, C);
+    KP->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, LP(lp, LAYER_LN1_W), LP(lp, LAYER_LN1_B), N, C);
     tp_column_parallel_forward(tp, la->qkv, la->ln1, LP(lp, LAYER_QKV_W), LP(lp, LAYER_QKV_B), N, C, 3 * tl->width);
-    K->attention_forward(la->atty, la->att, la->qkv, B, T, tl->heads, HS);
+    KP->attention_forward(la->atty, la->att, la->qkv, B, T, tl->heads, HS);
     trace_end(ev);
     tp_row_parallel_forward(tp, la->res2, la->atty, LP(lp, LAYER_ATTPROJ_W), LP(lp, LAYER_ATTPROJ_B),
                             N, tl->width, C); /* all-reduce 1 of 2 */
@@ -256,19 +256,19 @@ void tp_layer_compute(const tp_layout *tl, comm *tp, const float *lp, const floa
     /* MLP: residual and LN2 replicated; f; fc column-parallel (4C/t units), GELU;
      * fc-proj row-parallel; g */
     ev = trace_begin("tp_mlp_fwd", TRACE_COMPUTE, -1, NULL);
-    K->add(la->res2, la->res2, x, NC);
-    K->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, LP(lp, LAYER_LN2_W), LP(lp, LAYER_LN2_B), N, C);
+    KP->add(la->res2, la->res2, x, NC);
+    KP->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, LP(lp, LAYER_LN2_W), LP(lp, LAYER_LN2_B), N, C);
     tp_column_parallel_forward(tp, la->fch, la->ln2, LP(lp, LAYER_FC_W), LP(lp, LAYER_FC_B), N, C, tl->hidden);
-    K->gelu_forward(la->fch_gelu, la->fch, (long)N * tl->hidden);
+    KP->gelu_forward(la->fch_gelu, la->fch, (long)N * tl->hidden);
     trace_end(ev);
     tp_row_parallel_forward(tp, la->res3, la->fch_gelu, LP(lp, LAYER_FCPROJ_W), LP(lp, LAYER_FCPROJ_B),
                             N, tl->hidden, C); /* all-reduce 2 of 2 */
     ev = trace_begin("tp_residual_fwd", TRACE_COMPUTE, -1, NULL);
-    K->add(la->res3, la->res3, la->res2, NC);
+    KP->add(la->res3, la->res3, la->res2, NC);
     trace_end(ev);
 }
 
-void tp_layer_forward(const tp_layout *tl, comm *tp, const float *lp, gpt_acts *a, int layer) {
+void tp_layer_forward(const tp_layout *tl, comm *tp, const void *lp, gpt_acts *a, int layer) {
     if (tl->seq_parts > 1 && !a->scratch) die("sequence parallelism: the activations are not bound to a scratch (gpt_acts_bind)");
     layer_acts la = gpt_layer_forward_target(&tl->g, a, layer); /* --recompute decides where */
     tp_layer_compute(tl, tp, lp, layer_input(a, layer), &la, a->B, a->scratch);
@@ -276,7 +276,7 @@ void tp_layer_forward(const tp_layout *tl, comm *tp, const float *lp, gpt_acts *
 
 /* What the layer's backward reads (common/model's rule, gpt_layer_backward_source):
  * selective recomputes att, full the whole forward, collectives included. */
-static layer_acts backward_source(const tp_layout *tl, comm *tp, const float *lp, const gpt_acts *a, int layer,
+static layer_acts backward_source(const tp_layout *tl, comm *tp, const void *lp, const gpt_acts *a, int layer,
                                   gpt_grad_scratch *s, const layer_acts *keep) {
     if (tl->g.cfg.recompute == GPT_RECOMPUTE_NONE) return a->layer[layer - a->lo];
     int ev = trace_begin("recompute", TRACE_COMPUTE, -1, NULL);
@@ -286,12 +286,12 @@ static layer_acts backward_source(const tp_layout *tl, comm *tp, const float *lp
     return la;
 }
 
-void tp_layer_backward(const tp_layout *tl, comm *tp, const float *lp, float *gp, gpt_acts *a,
+void tp_layer_backward(const tp_layout *tl, comm *tp, const void *lp, void *gp, gpt_acts *a,
                        int layer, gpt_grad_scratch *s) {
     const gpt_config *cfg = &tl->g.cfg;
     int B = a->B, T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
     const layer_acts source = backward_source(tl, tp, lp, a, layer, s, NULL), *la = &source;
-    const float *x = layer_input(a, layer);
+    const void *x = layer_input(a, layer);
     if (tl->seq_parts > 1) {
         sp_layer_backward(tl, tp, lp, gp, x, la, B, s);
         return;
@@ -300,11 +300,11 @@ void tp_layer_backward(const tp_layout *tl, comm *tp, const float *lp, float *gp
     /* MLP. s->dres, the gradient of res3, is full width and the same on every
      * rank: that is why g's backward is the identity. */
     int ev = trace_begin("tp_mlp_bwd", TRACE_COMPUTE, -1, NULL);
-    mem_zero(s->dfch_gelu, (size_t)N * tl->hidden * sizeof(float));
+    mem_zero(s->dfch_gelu, (size_t)N * tl->hidden * value_bytes());
     tp_row_parallel_backward(tp, s->dfch_gelu, LP(gp, LAYER_FCPROJ_W), LP(gp, LAYER_FCPROJ_B), s->dres,
                              la->fch_gelu, LP(lp, LAYER_FCPROJ_W), N, tl->hidden, C);
-    mem_zero(s->dfch, (size_t)N * tl->hidden * sizeof(float));
-    K->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * tl->hidden);
+    mem_zero(s->dfch, (size_t)N * tl->hidden * value_bytes());
+    KP->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * tl->hidden);
     trace_end(ev);
     tp_column_parallel_backward(tp, s->dln, LP(gp, LAYER_FC_W), LP(gp, LAYER_FC_B), s->dfch, la->ln2,
                                 LP(lp, LAYER_FC_W), N, C, tl->hidden); /* all-reduce 1 of 2 */
@@ -312,25 +312,25 @@ void tp_layer_backward(const tp_layout *tl, comm *tp, const float *lp, float *gp
     /* From here every rank holds the same full-width gradient again, so the
      * replicated LN2 gains and the out-proj bias get identical gradients. */
     ev = trace_begin("tp_attention_bwd", TRACE_COMPUTE, -1, NULL);
-    K->layernorm_backward(s->dres, LP(gp, LAYER_LN2_W), LP(gp, LAYER_LN2_B), s->dln, la->res2,
+    KP->layernorm_backward(s->dres, LP(gp, LAYER_LN2_W), LP(gp, LAYER_LN2_B), s->dln, la->res2,
                           LP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
-    mem_zero(s->datty, (size_t)N * tl->width * sizeof(float));
+    mem_zero(s->datty, (size_t)N * tl->width * value_bytes());
     tp_row_parallel_backward(tp, s->datty, LP(gp, LAYER_ATTPROJ_W), LP(gp, LAYER_ATTPROJ_B), s->dres,
                              la->atty, LP(lp, LAYER_ATTPROJ_W), N, tl->width, C);
-    mem_zero(s->dqkv, (size_t)N * 3 * tl->width * sizeof(float));
-    K->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, tl->heads, HS);
+    mem_zero(s->dqkv, (size_t)N * 3 * tl->width * value_bytes());
+    KP->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, tl->heads, HS);
     trace_end(ev);
     tp_column_parallel_backward(tp, s->dln, LP(gp, LAYER_QKV_W), LP(gp, LAYER_QKV_B), s->dqkv, la->ln1,
                                 LP(lp, LAYER_QKV_W), N, C, 3 * tl->width); /* all-reduce 2 of 2 */
     ev = trace_begin("tp_ln1_bwd", TRACE_COMPUTE, -1, NULL);
-    K->layernorm_backward(s->dres, LP(gp, LAYER_LN1_W), LP(gp, LAYER_LN1_B), s->dln, x,
+    KP->layernorm_backward(s->dres, LP(gp, LAYER_LN1_W), LP(gp, LAYER_LN1_B), s->dln, x,
                           LP(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
     trace_end(ev);
 }
 
 /* ---- a range of layers -------------------------------------------------------------- */
 
-void tp_forward(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a) {
+void tp_forward(const tp_layout *tl, comm *tp, const void *params, gpt_acts *a) {
     const gpt_layout *g = &tl->g;
     long begin, end;
     tp_range(tl, a->lo, a->hi, &begin, &end);
@@ -339,31 +339,31 @@ void tp_forward(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a)
         gpt_embed_forward(g, params, a); /* replicated: the same x on every rank */
         trace_end(ev);
     }
-    for (int l = a->lo; l < a->hi; l++) tp_layer_forward(tl, tp, params + tp_layer_offset(tl, l) - begin, a, l);
+    for (int l = a->lo; l < a->hi; l++) tp_layer_forward(tl, tp, value_at(params, tp_layer_offset(tl, l) - begin), a, l);
     if (a->hi == g->cfg.layers) {
         /* replicated: every rank computes the full logits and the same losses */
         int ev = trace_begin("head_fwd", TRACE_COMPUTE, -1, NULL);
-        gpt_head_forward(g, params + tp_head_offset(tl) - begin, a);
+        gpt_head_forward(g, value_at(params, tp_head_offset(tl) - begin), a);
         trace_end(ev);
     }
 }
 
-float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *grads, gpt_acts *a,
-                   gpt_grad_scratch *s, const float *dout, float dloss) {
+void *tp_backward(const tp_layout *tl, comm *tp, const void *params, void *grads, gpt_acts *a,
+                   gpt_grad_scratch *s, const void *dout, float dloss) {
     const gpt_layout *g = &tl->g;
     long begin, end;
     tp_range(tl, a->lo, a->hi, &begin, &end);
     if (a->hi == g->cfg.layers) {
         int ev = trace_begin("head_bwd", TRACE_COMPUTE, -1, NULL);
         long h = tp_head_offset(tl) - begin;
-        gpt_head_backward(g, params + h, grads + h, a, s, dloss);
+        gpt_head_backward(g, value_at(params, h), value_at(grads, h), a, s, dloss);
         trace_end(ev);
     } else {
-        mem_copy(s->dres, dout, (size_t)a->B * a->seq * g->cfg.d_model * sizeof(float));
+        mem_copy(s->dres, dout, (size_t)a->B * a->seq * g->cfg.d_model * value_bytes());
     }
     for (int l = a->hi - 1; l >= a->lo; l--) {
         long o = tp_layer_offset(tl, l) - begin;
-        tp_layer_backward(tl, tp, params + o, grads + o, a, l, s);
+        tp_layer_backward(tl, tp, value_at(params, o), value_at(grads, o), a, l, s);
     }
     if (a->lo != 0) return s->dres;
     int ev = trace_begin("embed_bwd", TRACE_COMPUTE, -1, NULL);
@@ -381,88 +381,88 @@ void tp_wgrads_alloc(gpt_wgrads *w, const tp_layout *tl, int lo, int hi, int B) 
 
 /* tp_layer_backward without the weight gradients: the same input-gradient
  * GEMMs and the same two all-reduces, the douts kept in w. */
-void tp_layer_backward_input(const tp_layout *tl, comm *tp, const float *lp, const gpt_acts *a, int layer,
+void tp_layer_backward_input(const tp_layout *tl, comm *tp, const void *lp, const gpt_acts *a, int layer,
                              gpt_grad_scratch *s, gpt_wgrads *w) {
     const gpt_config *cfg = &tl->g.cfg;
     int B = a->B, T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
     layer_wgrads *lw = &w->layer[layer - a->lo];
     const layer_acts source = backward_source(tl, tp, lp, a, layer, s, &lw->kept), *la = &source;
-    const float *x = layer_input(a, layer);
+    const void *x = layer_input(a, layer);
     if (tl->seq_parts > 1) {
         sp_layer_backward_input(tl, tp, lp, x, la, B, s, lw);
         return;
     }
-    size_t nc = (size_t)N * C * sizeof(float), nh = (size_t)N * tl->hidden * sizeof(float);
+    size_t nc = (size_t)N * C * value_bytes(), nh = (size_t)N * tl->hidden * value_bytes();
 
     /* MLP: row-parallel fc-proj's input gradient, GELU, column-parallel fc's, then f */
     mem_copy(lw->dres3, s->dres, nc);
     mem_zero(s->dfch_gelu, nh);
-    K->matmul_backward_input(s->dfch_gelu, s->dres, LP(lp, LAYER_FCPROJ_W), N, tl->hidden, C);
+    KP->matmul_backward_input(s->dfch_gelu, s->dres, LP(lp, LAYER_FCPROJ_W), N, tl->hidden, C);
     mem_zero(lw->dfch, nh);
-    K->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * tl->hidden);
+    KP->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * tl->hidden);
     mem_zero(lw->dln2, nc);
-    K->matmul_backward_input(lw->dln2, lw->dfch, LP(lp, LAYER_FC_W), N, C, tl->hidden);
+    KP->matmul_backward_input(lw->dln2, lw->dfch, LP(lp, LAYER_FC_W), N, C, tl->hidden);
     tp_f_backward(tp, lw->dln2, (long)N * C); /* all-reduce 1 of 2 */
-    K->layernorm_backward_input(s->dres, lw->dln2, la->res2, LP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
+    KP->layernorm_backward_input(s->dres, lw->dln2, la->res2, LP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
 
     /* attention: row-parallel out-proj, attention over this rank's heads, column-parallel qkv, then f */
     mem_copy(lw->dres2, s->dres, nc);
-    mem_zero(s->datty, (size_t)N * tl->width * sizeof(float));
-    K->matmul_backward_input(s->datty, s->dres, LP(lp, LAYER_ATTPROJ_W), N, tl->width, C);
-    mem_zero(lw->dqkv, (size_t)N * 3 * tl->width * sizeof(float));
-    K->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, tl->heads, HS);
+    mem_zero(s->datty, (size_t)N * tl->width * value_bytes());
+    KP->matmul_backward_input(s->datty, s->dres, LP(lp, LAYER_ATTPROJ_W), N, tl->width, C);
+    mem_zero(lw->dqkv, (size_t)N * 3 * tl->width * value_bytes());
+    KP->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, tl->heads, HS);
     mem_zero(lw->dln1, nc);
-    K->matmul_backward_input(lw->dln1, lw->dqkv, LP(lp, LAYER_QKV_W), N, C, 3 * tl->width);
+    KP->matmul_backward_input(lw->dln1, lw->dqkv, LP(lp, LAYER_QKV_W), N, C, 3 * tl->width);
     tp_f_backward(tp, lw->dln1, (long)N * C); /* all-reduce 2 of 2 */
-    K->layernorm_backward_input(s->dres, lw->dln1, x, LP(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
+    KP->layernorm_backward_input(s->dres, lw->dln1, x, LP(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
 }
 
 /* In tp_layer_backward's order; the replicated tensors (LayerNorms, row-parallel
  * biases) get the same gradient on every TP rank, from the same full douts. */
-void tp_layer_backward_weight(const tp_layout *tl, float *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
+void tp_layer_backward_weight(const tp_layout *tl, void *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
     const gpt_config *cfg = &tl->g.cfg;
     int C = cfg->d_model, N = a->B * cfg->seq, Ns = a->B * a->seq; /* LayerNorms: this rank's positions */
     const layer_acts *la = gpt_layer_weight_source(&tl->g, a, layer, w);
     const layer_wgrads *lw = &w->layer[layer - a->lo];
-    K->matmul_backward_weight(LP(gp, LAYER_FCPROJ_W), LP(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N,
+    KP->matmul_backward_weight(LP(gp, LAYER_FCPROJ_W), LP(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N,
                               tl->hidden, C);
-    K->matmul_backward_weight(LP(gp, LAYER_FC_W), LP(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, tl->hidden);
-    K->layernorm_backward_weight(LP(gp, LAYER_LN2_W), LP(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
-                                 la->ln2_rstd, Ns, C);
-    K->matmul_backward_weight(LP(gp, LAYER_ATTPROJ_W), LP(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, tl->width, C);
-    K->matmul_backward_weight(LP(gp, LAYER_QKV_W), LP(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * tl->width);
-    K->layernorm_backward_weight(LP(gp, LAYER_LN1_W), LP(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
-                                 la->ln1_mean, la->ln1_rstd, Ns, C);
+    KP->matmul_backward_weight(LP(gp, LAYER_FC_W), LP(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, tl->hidden);
+    KP->layernorm_backward_weight(LP(gp, LAYER_LN2_W), LP(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
+                                  la->ln2_rstd, Ns, C);
+    KP->matmul_backward_weight(LP(gp, LAYER_ATTPROJ_W), LP(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, tl->width, C);
+    KP->matmul_backward_weight(LP(gp, LAYER_QKV_W), LP(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * tl->width);
+    KP->layernorm_backward_weight(LP(gp, LAYER_LN1_W), LP(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
+                                  la->ln1_mean, la->ln1_rstd, Ns, C);
 }
 
-float *tp_backward_input(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a, gpt_grad_scratch *s,
-                         gpt_wgrads *w, const float *dout, float dloss) {
+void *tp_backward_input(const tp_layout *tl, comm *tp, const void *params, gpt_acts *a, gpt_grad_scratch *s,
+                         gpt_wgrads *w, const void *dout, float dloss) {
     const gpt_layout *g = &tl->g;
     long begin, end;
-    size_t nc = (size_t)a->B * a->seq * g->cfg.d_model * sizeof(float);
+    size_t nc = (size_t)a->B * a->seq * g->cfg.d_model * value_bytes();
     tp_range(tl, a->lo, a->hi, &begin, &end);
-    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, params + tp_head_offset(tl) - begin, a, s, w, dloss);
+    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, value_at(params, tp_head_offset(tl) - begin), a, s, w, dloss);
     else mem_copy(s->dres, dout, nc);
     for (int l = a->hi - 1; l >= a->lo; l--)
-        tp_layer_backward_input(tl, tp, params + tp_layer_offset(tl, l) - begin, a, l, s, w);
+        tp_layer_backward_input(tl, tp, value_at(params, tp_layer_offset(tl, l) - begin), a, l, s, w);
     if (a->lo != 0) return s->dres;
     mem_copy(w->dx, s->dres, nc); /* full and identical on every rank after layer 0's f */
     return NULL;
 }
 
-void tp_backward_weight(const tp_layout *tl, float *grads, const gpt_acts *a, const gpt_wgrads *w) {
+void tp_backward_weight(const tp_layout *tl, void *grads, const gpt_acts *a, const gpt_wgrads *w) {
     const gpt_layout *g = &tl->g;
     long begin, end;
     tp_range(tl, a->lo, a->hi, &begin, &end);
-    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, grads + tp_head_offset(tl) - begin, a, w);
+    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, value_at(grads, tp_head_offset(tl) - begin), a, w);
     for (int l = a->hi - 1; l >= a->lo; l--)
-        tp_layer_backward_weight(tl, grads + tp_layer_offset(tl, l) - begin, a, l, w);
+        tp_layer_backward_weight(tl, value_at(grads, tp_layer_offset(tl, l) - begin), a, l, w);
     if (a->lo == 0) gpt_embed_backward_weight(g, grads, a, w);
 }
 
 /* ---- optimizer and clipping --------------------------------------------------------- */
 
-void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const float *grads,
+void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const void *grads,
                      double *sharded, double *replicated) {
     const gpt_layout *g = &tl->g;
     long begin, end;
@@ -471,12 +471,12 @@ void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const
     grad_norm_begin(norm);
     if (lo == 0) grad_norm_add(norm, REPLICATED, grads, g->embed_size);
     for (int l = lo; l < hi; l++) {
-        const float *gp = grads + tp_layer_offset(tl, l) - begin;
+        const void *gp = value_at(grads, tp_layer_offset(tl, l) - begin);
         for (int i = 0; i < LAYER_NTENSORS; i++)
-            grad_norm_add(norm, tl->sharded[i] ? SHARDED : REPLICATED, gp + tl->layer[i].offset,
+            grad_norm_add(norm, tl->sharded[i] ? SHARDED : REPLICATED, value_at(gp, tl->layer[i].offset),
                           tl->layer[i].rows * tl->layer[i].cols);
     }
-    if (hi == g->cfg.layers) grad_norm_add(norm, REPLICATED, grads + tp_head_offset(tl) - begin, g->head_size);
+    if (hi == g->cfg.layers) grad_norm_add(norm, REPLICATED, value_at(grads, tp_head_offset(tl) - begin), g->head_size);
     double sums[2];
     grad_norm_read(norm, sums);
     *sharded = sums[SHARDED];
@@ -484,7 +484,7 @@ void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const
 }
 
 void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, float *params,
-                   const float *grads, float *m, float *v, int t, float grad_scale) {
+                   const void *grads, float *m, float *v, int t, float grad_scale) {
     const gpt_layout *g = &tl->g;
     long begin, end;
     tp_range(tl, lo, hi, &begin, &end);
@@ -495,12 +495,12 @@ void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi,
         for (int i = 0; i < LAYER_NTENSORS; i++) {
             const tensor_info *ti = &tl->layer[i];
             long k = o + ti->offset;
-            K->adamw(params + k, grads + k, m + k, v + k, ti->rows * ti->cols, cfg->lr, cfg->beta1, cfg->beta2,
-                     cfg->eps, ti->decay ? cfg->weight_decay : 0.0f, t, grad_scale);
+            KP->adamw(params + k, value_at(grads, k), m + k, v + k, ti->rows * ti->cols, cfg->lr, cfg->beta1,
+                      cfg->beta2, cfg->eps, ti->decay ? cfg->weight_decay : 0.0f, t, grad_scale);
         }
     }
     if (hi == g->cfg.layers) {
         long h = tp_head_offset(tl) - begin;
-        adamw_step(g, cfg, gpt_head_offset(g), g->total, params + h, grads + h, m + h, v + h, t, grad_scale);
+        adamw_step(g, cfg, gpt_head_offset(g), g->total, params + h, value_at(grads, h), m + h, v + h, t, grad_scale);
     }
 }

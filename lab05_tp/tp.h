@@ -34,7 +34,9 @@
  *   [ embedding ][ local layer 0 ] ... [ local layer L-1 ][ head ]
  *
  * so a pipeline stage of a 3D grid is again a contiguous range (tp_range).
- * Gradients and AdamW moments use the same layout.
+ * Gradients and AdamW moments use the same layout. Parameters, gradients and
+ * activations are the model's values (precision.h: void *, fp32 or bf16), and
+ * so are the all-reduces of f and g: bf16 activations on the wire in bf16.
  *
  * --sequence-parallel splits what TP leaves whole along the sequence:
  * sequence_parallel.h. --recompute works here as in common/model: the layer
@@ -111,34 +113,34 @@ void tp_acts_alloc(gpt_acts *a, const tp_layout *tl, int lo, int hi, int B);
 void tp_scratch_alloc(gpt_grad_scratch *s, const tp_layout *tl, int B);
 
 /* ---- the f and g operators (a group of one moves nothing) ------------------------- */
-void tp_f_forward(comm *tp, const float *x, long n); /* identity */
-void tp_f_backward(comm *tp, float *dx, long n);     /* all-reduce (sum) in place */
-void tp_g_forward(comm *tp, float *y, long n);       /* all-reduce (sum) in place */
-void tp_g_backward(comm *tp, const float *dy, long n); /* identity */
+void tp_f_forward(comm *tp, const void *x, long n); /* identity */
+void tp_f_backward(comm *tp, void *dx, long n);     /* all-reduce (sum) in place */
+void tp_g_forward(comm *tp, void *y, long n);       /* all-reduce (sum) in place */
+void tp_g_backward(comm *tp, const void *dy, long n); /* identity */
 
 /* ---- the two parallel linears ------------------------------------------------------- */
 /* The two that communicate (row forward, column backward) trace their GEMM as a
  * compute event of its own; the other two do not trace, so the caller's compute
  * event can hold them. */
 /* f, then out_local[N,OC_local] = inp[N,IC] @ w_local^T + b_local */
-void tp_column_parallel_forward(comm *tp, float *out_local, const float *inp, const float *w_local,
-                                const float *b_local, int N, int IC, int OC_local);
+void tp_column_parallel_forward(comm *tp, void *out_local, const void *inp, const void *w_local,
+                                const void *b_local, int N, int IC, int OC_local);
 /* dw_local, db_local accumulate (the kernel rule); dinp[N,IC] is OVERWRITTEN with
  * the full input gradient: this rank's partial, then f's all-reduce. (Accumulating
  * into dinp before the all-reduce would multiply what it held by t.) */
-void tp_column_parallel_backward(comm *tp, float *dinp, float *dw_local, float *db_local,
-                                 const float *dout_local, const float *inp, const float *w_local,
+void tp_column_parallel_backward(comm *tp, void *dinp, void *dw_local, void *db_local,
+                                 const void *dout_local, const void *inp, const void *w_local,
                                  int N, int IC, int OC_local);
 /* out[N,OC] = sum over ranks of inp_local @ w_local^T, then g; + bias once. The
  * bias is added by TP rank 0 only, inside its GEMM (the kernel's bias epilogue,
  * no extra pass): added on every rank it would be counted t times. */
-void tp_row_parallel_forward(comm *tp, float *out, const float *inp_local, const float *w_local,
-                             const float *bias, int N, int IC_local, int OC);
+void tp_row_parallel_forward(comm *tp, void *out, const void *inp_local, const void *w_local,
+                             const void *bias, int N, int IC_local, int OC);
 /* g backward (identity), then the local GEMM backward; all accumulate. dbias is
  * accumulated on EVERY rank: dout is the same on all of them, so the replicated
  * bias gets the same gradient everywhere, although only rank 0 adds it forward. */
-void tp_row_parallel_backward(comm *tp, float *dinp_local, float *dw_local, float *dbias,
-                              const float *dout, const float *inp_local, const float *w_local,
+void tp_row_parallel_backward(comm *tp, void *dinp_local, void *dw_local, void *dbias,
+                              const void *dout, const void *inp_local, const void *w_local,
                               int N, int IC_local, int OC);
 
 /* ---- a layer, and a range of layers ------------------------------------------------- */
@@ -148,24 +150,24 @@ void tp_row_parallel_backward(comm *tp, float *dinp_local, float *dw_local, floa
  * output is its res3. Compute pieces are traced as compute events and the
  * all-reduces as comm events, so do not wrap these calls in a compute event of
  * your own if the compute/comm split should stay honest. */
-void tp_layer_forward(const tp_layout *tl, comm *tp, const float *lp, gpt_acts *a, int layer);
+void tp_layer_forward(const tp_layout *tl, comm *tp, const void *lp, gpt_acts *a, int layer);
 /* The same from x into la (B rows; s: the stage's scratch, for sequence
  * parallelism's staging): what tp_layer_forward runs, and what the backward
  * runs again under --recompute full. */
-void tp_layer_compute(const tp_layout *tl, comm *tp, const float *lp, const float *x, const layer_acts *la, int B,
+void tp_layer_compute(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la, int B,
                       gpt_grad_scratch *s);
 /* Turns s->dres from the gradient of the layer's output into that of its input
  * (two all-reduces); gradients of the local block `gp` accumulate. */
-void tp_layer_backward(const tp_layout *tl, comm *tp, const float *lp, float *gp, gpt_acts *a,
+void tp_layer_backward(const tp_layout *tl, comm *tp, const void *lp, void *gp, gpt_acts *a,
                        int layer, gpt_grad_scratch *s);
 
 /* gpt_forward / gpt_backward for the local buffer of range [a->lo, a->hi)
  * (params[0] is local element tp_range(lo, hi).begin). Same contract: the first
  * stage embeds a->tokens, the last computes a->losses; backward returns the
  * gradient of x_in, NULL on the first stage. */
-void tp_forward(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a);
-float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *grads, gpt_acts *a,
-                   gpt_grad_scratch *s, const float *dout, float dloss);
+void tp_forward(const tp_layout *tl, comm *tp, const void *params, gpt_acts *a);
+void *tp_backward(const tp_layout *tl, comm *tp, const void *params, void *grads, gpt_acts *a,
+                   gpt_grad_scratch *s, const void *dout, float dloss);
 
 /* The same backward in two halves, as gpt_backward_input and
  * gpt_backward_weight (lab04's zero-bubble schedules, in lab06): the input
@@ -173,12 +175,12 @@ float *tp_backward(const tp_layout *tl, comm *tp, const float *params, float *gr
  * gradient's path) and keeps in w what the weight half needs; the weight
  * half is local GEMMs only. w at this rank's widths: tp_wgrads_alloc. */
 void tp_wgrads_alloc(gpt_wgrads *w, const tp_layout *tl, int lo, int hi, int B);
-void tp_layer_backward_input(const tp_layout *tl, comm *tp, const float *lp, const gpt_acts *a, int layer,
+void tp_layer_backward_input(const tp_layout *tl, comm *tp, const void *lp, const gpt_acts *a, int layer,
                              gpt_grad_scratch *s, gpt_wgrads *w);
-void tp_layer_backward_weight(const tp_layout *tl, float *gp, const gpt_acts *a, int layer, const gpt_wgrads *w);
-float *tp_backward_input(const tp_layout *tl, comm *tp, const float *params, gpt_acts *a, gpt_grad_scratch *s,
-                         gpt_wgrads *w, const float *dout, float dloss);
-void tp_backward_weight(const tp_layout *tl, float *grads, const gpt_acts *a, const gpt_wgrads *w);
+void tp_layer_backward_weight(const tp_layout *tl, void *gp, const gpt_acts *a, int layer, const gpt_wgrads *w);
+void *tp_backward_input(const tp_layout *tl, comm *tp, const void *params, gpt_acts *a, gpt_grad_scratch *s,
+                         gpt_wgrads *w, const void *dout, float dloss);
+void tp_backward_weight(const tp_layout *tl, void *grads, const gpt_acts *a, const gpt_wgrads *w);
 
 /* ---- optimizer and clipping --------------------------------------------------------- */
 /* Squares of the range's gradients, split in two: the sharded matrices' (sum
@@ -186,11 +188,12 @@ void tp_backward_weight(const tp_layout *tl, float *grads, const gpt_acts *a, co
  * replicated tensors' (identical on every rank: count them ONCE, do not sum
  * over the group). The global norm^2 is  sum_over_group(sharded) + replicated.
  * Summed on the device in norm's first two parts, then one copy to the host. */
-void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const float *grads,
+void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const void *grads,
                      double *sharded, double *replicated);
 /* AdamW over the range, weight decay on matrices only (as adamw_step), each
- * tensor in its shard shape. Buffers as in tp_forward. */
+ * tensor in its shard shape. Buffers as in tp_forward; params, m and v fp32
+ * (params: the master weights in a bf16 run), grads the model's values. */
 void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, float *params,
-                   const float *grads, float *m, float *v, int t, float grad_scale);
+                   const void *grads, float *m, float *v, int t, float grad_scale);
 
 #endif

@@ -37,6 +37,7 @@
 #include "schedule.h"
 #include "stage.h"
 #include "stage3d.h"
+#include "theory.h"
 #include "tp.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,7 +122,7 @@ int main(int argc, char **argv) {
         free(grid_describe(&grid, ctx.opt.layers, &ctx));
         grid_free(&grid);
         const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
-                             .batch = ctx.opt.batch, .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers,
+                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch, .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers,
                                                                               ctx.opt.d_model, ctx.opt.heads),
                              .tp = t, .pp = p, .dp = d, .micro_batches = m, .schedule = schedule_name(kind),
                              .chunks = v,
@@ -168,6 +169,7 @@ int main(int argc, char **argv) {
     ckpt_view view;
     stage3d_checkpoint_view(&pr, &tl, &view);
     const int first = ckpt_resume(&ctx, &view);
+    params_from_master(pr.params, pr.master, pr.n); /* bf16: round what was resumed */
     const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
     if (ctx.rank == 0) {
         printf("3D: TP t=%d (%d of %d heads, %d of %d MLP units per rank) | PP p=%d stages x %d chunk%s, m=%d "
@@ -195,7 +197,7 @@ int main(int argc, char **argv) {
     }
 
     /* lab01's check over each DP group (the replicas of one (tp, pp) position), all groups agreeing */
-    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.params, pr.n, 0) : 1;
+    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.master, pr.n, 0) : 1;
     if (check_sync) {
         MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (ctx.rank == 0)
@@ -214,10 +216,13 @@ int main(int argc, char **argv) {
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
+    const th_precision prec = g_precision == PREC_BF16 ? TH_BF16 : TH_FP32;
     run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
                          .comm_formula = comm_formula_text,
-                         .bubble_theory = theory, .extra_json = record,
+                         .bubble_theory = theory, .extra_json = record, .params_held = pr.n,
+                         .states_formula = {th_param_bytes(prec), th_grad_bytes(prec), th_optim_bytes(prec)},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
                          .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
     run_finish(&ctx, &report);
     report3d_print(&rep, &grid);

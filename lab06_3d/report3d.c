@@ -68,12 +68,14 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     schedule_in_flight(&pr->sched, pr->rank, 0, &in_flight, &wgrads);
     const grid_dims d = g->dims;
     double row[F_FIELDS] = {0};
-    /* one activation (or its gradient): what one TP collective carries, whole, and
-     * what one pipeline message carries (under SP a TP rank's T/t positions) */
-    const double act_bytes = 4.0 * st->rows * ctx->model.seq * ctx->model.d_model, msg_bytes = 4.0 * st->boundary_floats;
+    /* one activation (or its gradient), of value_bytes() per value: what one TP
+     * collective carries, whole, and what one pipeline message carries (under SP
+     * a TP rank's T/t positions) */
+    const double vb = (double)value_bytes();
+    const double act_bytes = vb * st->rows * ctx->model.seq * ctx->model.d_model, msg_bytes = vb * st->boundary_floats;
     const gpt_config *cfg = &ctx->model;
     const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
-    const th_opts opts = stage_opts(st); /* t, SP, --recompute as the stages run */
+    const th_opts opts = stage_opts(st); /* precision, t, SP, --recompute as the stages run */
     const int sp = opts.sequence_parallel && d.tp > 1;
     comm *groups[GROUP_KINDS] = {&g->tp, &g->pipe, &g->dp};
     for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
@@ -83,7 +85,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
      * reduce-scatter, and one all-reduce of each chunk's partial gradients */
     th_traffic tp_f = th_tp_traffic_run(layers, m, act_bytes, &opts), partial_f = {0, 0, 0};
     for (int c = 0; sp && c < pr->v; c++) {
-        th_traffic one = th_dp_traffic(4.0 * th_sp_partial_params(&tm, pr->chunk[c].lo, pr->chunk[c].hi), d.tp, 1);
+        th_traffic one = th_dp_traffic(vb * th_sp_partial_params(&tm, pr->chunk[c].lo, pr->chunk[c].hi), d.tp, 1);
         partial_f.calls += one.calls;
         partial_f.payload += one.payload;
         partial_f.ring += one.ring;
@@ -95,7 +97,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
      * (schedule_remote_links counts the links of every chunk of this rank) */
     formula(row + GROUP_PP * G_FIELDS, th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, msg_bytes));
     /* DP: one all-reduce of the rank's whole gradient after the flush (none for d = 1) */
-    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(4.0 * pr->n, d.dp, 1));
+    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(vb * pr->n, d.dp, 1));
     row[F_ALLREDUCE_RING_F] = (sp ? partial_f.ring : tp_f.ring) + row[GROUP_DP * G_FIELDS + G_RING_F];
     row[F_GATHER_RING_F] = sp ? tp_f.ring : 0;
     row[F_LO] = st->lo;
@@ -108,9 +110,9 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     row[F_OPTIM] = (double)mem_peak(MEM_OPTIM);
     row[F_ACTS] = (double)mem_peak(MEM_ACTS);
     row[F_TOTAL] = (double)mem_peak_total();
-    const th_opts fp32 = th_opts_course(d.tp);
     row[F_PARAMS_F] = 0;
-    for (int c = 0; c < pr->v; c++) row[F_PARAMS_F] += 4.0 * th_stage_params(&tm, &fp32, pr->chunk[c].lo, pr->chunk[c].hi);
+    for (int c = 0; c < pr->v; c++)
+        row[F_PARAMS_F] += th_param_bytes(opts.precision) * th_stage_params(&tm, &opts, pr->chunk[c].lo, pr->chunk[c].hi);
     row[F_ACTS_PER_MB] = (double)st->acts_bytes; /* chunk 0's: the whole formula is F_ACTS_F */
     row[F_ACTS_PER_MB_F] = th_course_acts_bytes(&tm, &opts, st->lo, st->hi, st->rows);
     row[F_IN_FLIGHT] = in_flight;

@@ -26,13 +26,13 @@ static void scratch_alloc(void *ctx, gpt_grad_scratch *sc, int rows) {
     tp_scratch_alloc(sc, s->tl, rows);
 }
 
-static void forward(void *ctx, const float *params, gpt_acts *a) {
+static void forward(void *ctx, const void *params, gpt_acts *a) {
     const stage3d *s = ctx;
     tp_forward(s->tl, s->tp, params, a);
 }
 
-static float *backward(void *ctx, const float *params, float *grads, gpt_acts *a, gpt_grad_scratch *sc,
-                       const float *dout, float dloss) {
+static void *backward(void *ctx, const void *params, void *grads, gpt_acts *a, gpt_grad_scratch *sc,
+                      const void *dout, float dloss) {
     const stage3d *s = ctx;
     return tp_backward(s->tl, s->tp, params, grads, a, sc, dout, dloss);
 }
@@ -42,13 +42,13 @@ static void wgrads_alloc(void *ctx, gpt_wgrads *w, int lo, int hi, int rows) {
     tp_wgrads_alloc(w, s->tl, lo, hi, rows);
 }
 
-static float *backward_input(void *ctx, const float *params, gpt_acts *a, gpt_grad_scratch *sc, gpt_wgrads *w,
-                             const float *dout, float dloss) {
+static void *backward_input(void *ctx, const void *params, gpt_acts *a, gpt_grad_scratch *sc, gpt_wgrads *w,
+                            const void *dout, float dloss) {
     const stage3d *s = ctx;
     return tp_backward_input(s->tl, s->tp, params, a, sc, w, dout, dloss);
 }
 
-static void backward_weight(void *ctx, float *grads, const gpt_acts *a, const gpt_wgrads *w) {
+static void backward_weight(void *ctx, void *grads, const gpt_acts *a, const gpt_wgrads *w) {
     const stage3d *s = ctx;
     tp_backward_weight(s->tl, grads, a, w);
 }
@@ -72,7 +72,7 @@ void stage3d_alloc_partials(stage3d *s, const pipeline_rank *pr) {
         long n = sp_partial_elems(s->tl, pr->chunk[c].lo, pr->chunk[c].hi);
         if (n > most) most = n;
     }
-    s->partial_staging = mem_alloc((size_t)most * sizeof(float), MEM_COMM);
+    s->partial_staging = mem_alloc((size_t)most * value_bytes(), MEM_COMM);
 }
 
 void stage3d_free(stage3d *s) {
@@ -81,11 +81,11 @@ void stage3d_free(stage3d *s) {
 }
 
 void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v) {
-    ckpt_view_init(v, pr->params, pr->n, pr->adam_m, pr->adam_v, pr->n);
+    ckpt_view_init(v, pr->master, pr->n, pr->adam_m, pr->adam_v, pr->n);
     for (int c = 0; c < pr->v; c++) {
         ckpt_view chunk; /* the chunk alone, its local offsets from its own start */
         const pipeline_stage *st = &pr->chunk[c];
-        ckpt_view_init(&chunk, st->params, st->end - st->begin, st->adam_m, st->adam_v, st->end - st->begin);
+        ckpt_view_init(&chunk, st->master, st->end - st->begin, st->adam_m, st->adam_v, st->end - st->begin);
         tp_checkpoint_hold(tl, pr->chunk[c].lo, pr->chunk[c].hi, &chunk);
         for (int i = 0; i < chunk.params_at.n; i++) {
             const ckpt_run *run = &chunk.params_at.runs[i];
@@ -143,8 +143,9 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     float scale = clip_scale(over_pp[0] + over_pp[1], (float)clip);
     for (int c = 0; c < pr->v; c++) {
         pipeline_stage *st = &pr->chunk[c];
-        tp_adamw_step(tl, cfg, st->lo, st->hi, st->params, st->grads, st->adam_m, st->adam_v, st->step + 1, scale);
+        tp_adamw_step(tl, cfg, st->lo, st->hi, st->master, st->grads, st->adam_m, st->adam_v, st->step + 1, scale);
     }
+    params_from_master(pr->params, pr->master, pr->n);
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     return over_pp[2] / g->dp.size;

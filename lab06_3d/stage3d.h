@@ -25,7 +25,7 @@ typedef struct stage3d {
     comm *tp;            /* its TP group */
     stage_model model;   /* the hooks pipeline_stage calls: lab05's tp_* functions */
     grad_norm norm;      /* tp_grad_squares' two sums, on the device */
-    float *partial_staging; /* --sequence-parallel: the partial gradients of a chunk, packed */
+    void *partial_staging;  /* --sequence-parallel: the partial gradients of a chunk, packed */
 } stage3d;
 
 /* Fill s->model so that the stages run tp_range, tp_init_params,

@@ -35,6 +35,8 @@ typedef struct run {
     int ranks, cuda, steps, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
     int recompute, sp;       /* --recompute (gpt_recompute), --sequence-parallel */
     double bucket_mb;
+    int bf16;           /* config.precision "bf16": 2-byte values, 2 + 2 + 12 model states */
+    double vb;          /* bytes of one of the model's values: 4, or 2 in bf16 */
     th_model model;
 } run;
 
@@ -81,7 +83,7 @@ static void shard_figures(const run *r, th_run *t) {
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
     const int N = r->ranks, zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0;
-    long bucket = (long)(r->bucket_mb * 1024 * 1024 / sizeof(float));
+    long bucket = (long)(r->bucket_mb * 1024 * 1024 / r->vb);
     long unit = zero == 3 ? 1 : bucket > 0 ? bucket : zero == 2 ? 1 : 0;
     shard_plan plan;
     shard_plan_init(&plan, &g, zero ? N : 1, 0, unit);
@@ -96,7 +98,7 @@ static th_run prediction_input(const run *r) {
     th_run t = {.lab = r->lab, .ranks = r->ranks, .cuda = r->cuda, .batch = r->B, .model = r->model, .tp = r->tp,
                 .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->schedule, .chunks = r->chunks,
                 .zero_stage = r->zero, .stage_layers = stage_layers, .sequence_parallel = r->sp,
-                .recompute = r->recompute};
+                .recompute = r->recompute, .bf16 = r->bf16};
     if (!strcmp(r->lab, "lab01_dp") || !strcmp(r->lab, "lab02_zero")) {
         t.dp = r->ranks;
         shard_figures(r, &t);
@@ -109,8 +111,8 @@ static double time_data_parallel(const run *r, const th_run *in, const timing *t
     const int N = r->ranks, zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0, units = in->units;
     const double psi = th_param_counts(&r->model).total, full = in->full_elems;
     double step = fwd_bwd_seconds(tm, r, 0, r->L, r->B / N, 1);
-    if (zero) step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, 4 * full / units, N) + adamw_seconds(tm, full / N);
-    else step += units * allreduce_seconds(tm, 4 * psi / units, N) + adamw_seconds(tm, psi);
+    if (zero) step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, r->vb * full / units, N) + adamw_seconds(tm, full / N);
+    else step += units * allreduce_seconds(tm, r->vb * psi / units, N) + adamw_seconds(tm, psi);
     for (int q = 0; q < N; q++) busy[q] = 0; /* no bubble to predict */
     return step;
 }
@@ -120,7 +122,7 @@ static double time_grid(const run *r, const timing *tm, const th_rank_need *need
     const int t = r->tp, p = r->pp, d = r->dp, m = r->m;
     const long rows = r->B / ((long)d * m);
     const th_schedule s = th_schedule_parse(r->schedule);
-    const double act = 4.0 * rows * r->T * r->C;
+    const double act = r->vb * rows * r->T * r->C;
     double worst_f = 0, worst_b = 0, dp_time = 0, adam_time = 0;
     for (int q = 0; q < r->ranks; q++) {
         const int lo = need[q].lo, hi = need[q].hi;
@@ -131,7 +133,7 @@ static double time_grid(const run *r, const timing *tm, const th_rank_need *need
         double msg_s = p > 1 ? message_seconds(tm, msg) : 0;
         worst_f = fmax(worst_f, fb / 3 + msg_s);
         worst_b = fmax(worst_b, 2 * fb / 3 + msg_s);
-        dp_time = fmax(dp_time, allreduce_seconds(tm, 4 * params, d));
+        dp_time = fmax(dp_time, allreduce_seconds(tm, r->vb * params, d));
         adam_time = fmax(adam_time, adamw_seconds(tm, params));
         busy[q] = m * fb + adamw_seconds(tm, params);
     }
@@ -199,6 +201,8 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     r.recompute = gpt_recompute_parse(str_or(json_object_get(cfg, "recompute"), "none"));
     if (r.recompute < 0) return 0;
     r.sp = json_is_true(json_object_get(rec, "sequence_parallel"));
+    r.bf16 = !strcmp(str_or(json_object_get(cfg, "precision"), "fp32"), "bf16");
+    r.vb = r.bf16 ? 2 : 4;
     r.tp = 1; r.pp = 1; r.dp = 1;
     if (!strcmp(r.lab, "lab03_pp_naive") || !strcmp(r.lab, "lab04_1f1b")) r.pp = r.ranks;
     else if (!strcmp(r.lab, "lab05_tp")) r.tp = r.ranks;

@@ -6,11 +6,13 @@
 #   python3 plots/records_to_tsv.py runs/records.jsonl --out mycharts
 #   cd mycharts && gnuplot -e "src='loss.tsv'; out='loss'; fmt='png'" ../plots/loss.gp
 # Variables (all optional): src [loss.tsv], out [loss], fmt [png] (png or svg),
-# tol [1e-5] (the bound the tests hold every lab to).
+# tol [1e-5] (the bound the tests hold every lab to), heading [the title's words].
 if (!exists("src")) src = "loss.tsv"
 if (!exists("out")) out = "loss"
 if (!exists("fmt")) fmt = "png"
 if (!exists("tol")) tol = 1e-5
+tol = tol + 0                # a number, also when given as a string (make_charts.py quotes its variables)
+if (!exists("heading")) heading = "Loss of every lab and layout over the one-rank baseline"
 meta(k) = system(sprintf("sed -n 's/^# %s: //p' '%s' | head -n 1", k, src))
 if (fmt eq "svg") {
     set terminal svg size 1300,820 dynamic font "DejaVu Sans,13" background "#ffffff"
@@ -35,7 +37,7 @@ floor = 1e-10                # an exact match is drawn here on the log axis
 stats src using 1 nooutput
 steps = STATS_max
 
-set multiplot title "Loss of every lab and layout over the one-rank baseline (".meta("baseline").")\n".meta("subtitle") font ",13"
+set multiplot title heading." (".meta("baseline").")\n".meta("subtitle") font ",13"
 set lmargin at screen 0.08
 set rmargin at screen 0.74
 set xrange [0.5 : steps + 0.5]

@@ -16,6 +16,8 @@ the like), then a header line, then one tab-separated row per run:
   throughput.tsv  every run: tokens/s and median step time
   loss.tsv        every run: the loss of each step, one column per run, baseline first
   comm.tsv        every run on more than one rank: ring bytes per step, measured and formula
+  precision.tsv   lab01 -n 1 in fp32 and in bf16 (--precision), when both are there: the loss
+                  of each step, fp32 first
 
 When a file holds several runs of the same lab and layout (and batch), the last wins.
 --note adds a line under the bubble chart's subtitle (the driver says there
@@ -35,7 +37,7 @@ def read_records(paths):
     # the last run of a lab, layout and batch wins
     latest = {}
     for r in recs:
-        latest[(r["lab"], r["layout"], r["config"]["batch"])] = r
+        latest[(r["lab"], r["layout"], r["config"]["batch"], precision(r))] = r
     return list(latest.values())
 
 
@@ -43,9 +45,13 @@ def lab_no(r):
     return int(r["lab"][3:5])
 
 
+def precision(r):
+    return r["config"].get("precision", "fp32")
+
+
 def label(r):
-    """A short name for a run: `lab04 pp=4 m=8 1f1b`."""
-    return f"{r['lab'][:5]} {r['layout']}"
+    """A short name for a run: `lab04 pp=4 m=8 1f1b` (and ` bf16` for --precision bf16)."""
+    return f"{r['lab'][:5]} {r['layout']}" + ("" if precision(r) == "fp32" else f" {precision(r)}")
 
 
 def model(r):
@@ -155,7 +161,7 @@ def throughput(recs):
 
 
 def loss(recs):
-    runs = sorted(recs, key=lambda r: (lab_no(r), r["ranks"], r["layout"]))
+    runs = sorted(recs, key=lambda r: (lab_no(r), r["ranks"], r["layout"], precision(r) != "fp32"))
     base = [r for r in runs if r["lab"] == "lab01_dp" and r["ranks"] == 1]
     runs = base[:1] + [r for r in runs if r not in base[:1]]
     steps = max((len(r["losses"]) for r in runs), default=0)
@@ -166,6 +172,14 @@ def loss(recs):
             "series": len(runs), "labs": " ".join(str(lab_no(r)) for r in runs)}
     # losses keep 17 digits: the differences from the baseline are ~1e-7
     return runs, meta, ["step"] + [label(r) for r in runs], [[row[0]] + [repr(x) if x == x else "NaN" for x in row[1:]] for row in rows]
+
+
+def precision_loss(recs):
+    """loss() of lab01 -n 1's fp32 and bf16 runs; nothing unless both are there."""
+    one = [r for r in recs if r["lab"] == "lab01_dp" and r["ranks"] == 1]
+    if {precision(r) for r in one} != {"fp32", "bf16"}:
+        return [], {}, [], []
+    return loss(one)
 
 
 def comm(recs):
@@ -205,7 +219,8 @@ def convert(paths, out, note="", only=None):
     os.makedirs(out, exist_ok=True)
     made = {}
     for name, make in (("bubble", lambda r: bubble(r, note)), ("memory", memory), ("acts", acts),
-                       ("throughput", throughput), ("loss", loss), ("comm", comm), ("spacts", spacts)):
+                       ("throughput", throughput), ("loss", loss), ("comm", comm), ("spacts", spacts),
+                       ("precision", precision_loss)):
         if only and name not in only:
             continue
         runs, meta, header, rows = make(recs)

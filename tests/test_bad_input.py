@@ -71,6 +71,8 @@ SHARED = [
     (2, ["--preset", "gpt2-small", "--heads", "5"], "--heads"),  # 5 does not divide 768
     (2, ["--recompute", "partial"], "--recompute"),  # an unknown mode
     (2, ["--recompute"], "--recompute"),
+    (2, ["--precision", "fp16"], "--precision"),
+    (2, ["--precision"], "--precision"),
     # --dry-run checks what the run would: the same errors, the same status
     (2, ["--dry-run=yes"], "--dry-run"),
     (2, ["--dry-run", "--steps", "0"], "--steps"),

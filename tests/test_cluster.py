@@ -42,6 +42,10 @@ LAYOUTS = [
     ("lab04_1f1b", 2, ["--micro-batches", "2"]),
     ("lab05_tp", 2, []),
     ("lab06_3d", 4, ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "2"]),
+    # --precision bf16: 2-byte values, 2 + 2 + 12 model states (theory/predict.h's th_run.bf16)
+    ("lab02_zero", 2, ["--zero-stage", "3", "--precision", "bf16"]),
+    ("lab04_1f1b", 2, ["--micro-batches", "2", "--precision", "bf16"]),
+    ("lab06_3d", 4, ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "2", "--precision", "bf16"]),
 ]
 CATEGORIES = ["params", "grads", "optim", "acts", "comm", "workspace"]
 DRY_RUN_SECONDS = 5

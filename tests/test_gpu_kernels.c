@@ -14,6 +14,16 @@
  * nonzero gradient values; outputs that a kernel overwrites start as garbage on
  * the GPU side, which catches a kernel that adds where it should write.
  *
+ * The bf16 tables (--precision bf16) the same way: kernels_bf16_cuda against
+ * kernels_bf16_cpu on the same bf16 inputs. Both compute in fp32 and round
+ * each output to bf16 once, so they differ by the order of their fp32 sums
+ * and by which way a value near a rounding tie goes: one bf16 step, 2^-8 of
+ * the value (TOL_BF16 = 1e-2 of the buffer's scale). The CUDA attention also
+ * rounds its scores and its datt to bf16 between the products (cuBLAS writes
+ * bf16) where the CPU keeps them fp32: a second rounding, TOL_BF16_ATT.
+ * Conversions and the fp32 outputs computed from bf16 inputs (LayerNorm's
+ * statistics, the losses, AdamW on the fp32 master) keep the fp32 tolerances.
+ *
  * `test_gpu_kernels --small` leaves out the shapes of a million elements or more
  * (for compute-sanitizer, which checks every access).
  *
@@ -28,6 +38,7 @@
 #ifdef PL_HAVE_CUDA
 #include "kernels.h"
 #include "mem.h"
+#include "precision.h"
 #include <math.h>
 #include <stdint.h>
 
@@ -113,10 +124,8 @@ static void report(const char *what, double err, double tol) {
 
 /* Compares cpu - base with dev - base (base NULL: zero). A base shows the
  * change a kernel made, where that change is small beside the values (AdamW). */
-static void check_change(const char *what, const float *cpu, const float *base, const float *dev,
-                         long n, double tol) {
-    float *gpu = xmalloc((size_t)n * sizeof *gpu);
-    if (n > 0) mem_to_host(gpu, dev, (size_t)n * sizeof *gpu);
+static void compare(const char *what, const float *cpu, const float *base, const float *gpu, long n,
+                    double tol) {
     double worst = 0.0, scale = 0.0;
     for (long i = 0; i < n; i++) {
         double b = base ? (double)base[i] : 0.0;
@@ -124,9 +133,16 @@ static void check_change(const char *what, const float *cpu, const float *base, 
         if (isnan(d) || d > worst) worst = d; /* a NaN stays and fails the check */
         if (fabs(ref) > scale) scale = fabs(ref);
     }
-    free(gpu);
     /* an all-zero reference (a loss of exactly 0) is compared absolutely */
     report(what, worst / (scale > 0.0 ? scale : 1.0), tol);
+}
+
+static void check_change(const char *what, const float *cpu, const float *base, const float *dev,
+                         long n, double tol) {
+    float *gpu = xmalloc((size_t)n * sizeof *gpu);
+    if (n > 0) mem_to_host(gpu, dev, (size_t)n * sizeof *gpu);
+    compare(what, cpu, base, gpu, n, tol);
+    free(gpu);
 }
 
 static void check(const char *what, const float *cpu, const float *dev, long n, double tol) {
@@ -445,6 +461,181 @@ static void test_adamw(long N, int t) {
     mem_free(d_p); mem_free(d_g); mem_free(d_m); mem_free(d_v);
 }
 
+/* ---- the bf16 tables: kernels_bf16_cuda against kernels_bf16_cpu ------------ */
+
+#define TOL_BF16 1e-2
+#define TOL_BF16_ATT 3e-2
+
+/* One bf16 tensor on both sides: the CPU's host copy and the GPU's. */
+typedef struct {
+    long n;
+    uint16_t *host;
+    void *dev;
+} bf16_pair;
+
+static bf16_pair bf16_new(long n, float scale, int garbage_on_gpu) {
+    bf16_pair t = {n, xmalloc((size_t)n * sizeof(uint16_t)), dev_alloc((size_t)n * sizeof(uint16_t))};
+    for (long i = 0; i < n; i++) t.host[i] = bf16_from_float(scale * uniform());
+    uint16_t *start = garbage_on_gpu ? xmalloc((size_t)n * sizeof(uint16_t)) : t.host;
+    for (long i = 0; garbage_on_gpu && i < n; i++) start[i] = bf16_from_float(GARBAGE);
+    if (n > 0) mem_to_device(t.dev, start, (size_t)n * sizeof(uint16_t));
+    if (start != t.host) free(start);
+    return t;
+}
+
+static float *bf16_widened(const uint16_t *x, long n) {
+    float *f = xmalloc((size_t)n * sizeof *f);
+    for (long i = 0; i < n; i++) f[i] = float_from_bf16(x[i]);
+    return f;
+}
+
+static void check_bf16(const char *what, bf16_pair t, double tol) {
+    uint16_t *got = xmalloc((size_t)t.n * sizeof(uint16_t));
+    if (t.n > 0) mem_to_host(got, t.dev, (size_t)t.n * sizeof(uint16_t));
+    float *cpu = bf16_widened(t.host, t.n), *gpu = bf16_widened(got, t.n);
+    compare(what, cpu, NULL, gpu, t.n, tol);
+    free(got); free(cpu); free(gpu);
+}
+
+static void bf16_free(bf16_pair t) {
+    free(t.host);
+    mem_free(t.dev);
+}
+
+#define CPU16 kernels_bf16_cpu
+#define GPU16 kernels_bf16_cuda
+
+static void test_bf16_matmul(int N, int IC, int OC) {
+    snprintf(shape, sizeof shape, "bf16 N=%d IC=%d OC=%d", N, IC, OC);
+    long NI = (long)N * IC, NO = (long)N * OC, OI = (long)OC * IC;
+    bf16_pair inp = bf16_new(NI, 1.0f, 0), w = bf16_new(OI, 0.5f, 0), bias = bf16_new(OC, 1.0f, 0);
+    bf16_pair out = bf16_new(NO, 1.0f, 1), dout = bf16_new(NO, 1.0f, 0), dinp = bf16_new(NI, 1.0f, 0);
+    bf16_pair dw = bf16_new(OI, 1.0f, 0), dbias = bf16_new(OC, 1.0f, 0);
+    CPU16.matmul_forward(out.host, inp.host, w.host, bias.host, N, IC, OC);
+    GPU16.matmul_forward(out.dev, inp.dev, w.dev, bias.dev, N, IC, OC);
+    check_bf16("bf16 matmul_forward out", out, TOL_BF16);
+    CPU16.matmul_backward(dinp.host, dw.host, dbias.host, dout.host, inp.host, w.host, N, IC, OC);
+    GPU16.matmul_backward(dinp.dev, dw.dev, dbias.dev, dout.dev, inp.dev, w.dev, N, IC, OC);
+    check_bf16("bf16 matmul_backward dinp", dinp, TOL_BF16);
+    check_bf16("bf16 matmul_backward dw", dw, TOL_BF16);
+    check_bf16("bf16 matmul_backward dbias", dbias, TOL_BF16);
+    bf16_free(inp); bf16_free(w); bf16_free(bias); bf16_free(out); bf16_free(dout);
+    bf16_free(dinp); bf16_free(dw); bf16_free(dbias);
+}
+
+static void test_bf16_layernorm(int N, int C) {
+    snprintf(shape, sizeof shape, "bf16 N=%d C=%d", N, C);
+    long NC = (long)N * C;
+    bf16_pair inp = bf16_new(NC, 2.0f, 0), w = bf16_new(C, 1.0f, 0), b = bf16_new(C, 1.0f, 0);
+    bf16_pair out = bf16_new(NC, 1.0f, 1), dout = bf16_new(NC, 1.0f, 0), dinp = bf16_new(NC, 1.0f, 0);
+    bf16_pair dw = bf16_new(C, 1.0f, 0), db = bf16_new(C, 1.0f, 0);
+    float *mean = host_random(N, 1.0f), *rstd = host_random(N, 1.0f);
+    float *d_mean = dev_garbage(N), *d_rstd = dev_garbage(N);
+    CPU16.layernorm_forward(out.host, mean, rstd, inp.host, w.host, b.host, N, C);
+    GPU16.layernorm_forward(out.dev, d_mean, d_rstd, inp.dev, w.dev, b.dev, N, C);
+    check_bf16("bf16 layernorm_forward out", out, TOL_BF16);
+    check("bf16 layernorm_forward mean", mean, d_mean, N, TOL_ELEMENTWISE);
+    check("bf16 layernorm_forward rstd", rstd, d_rstd, N, TOL_ELEMENTWISE);
+    mem_to_device(d_mean, mean, (size_t)N * sizeof *mean); /* the backward on the CPU's statistics */
+    mem_to_device(d_rstd, rstd, (size_t)N * sizeof *rstd);
+    CPU16.layernorm_backward(dinp.host, dw.host, db.host, dout.host, inp.host, w.host, mean, rstd, N, C);
+    GPU16.layernorm_backward(dinp.dev, dw.dev, db.dev, dout.dev, inp.dev, w.dev, d_mean, d_rstd, N, C);
+    check_bf16("bf16 layernorm_backward dinp", dinp, TOL_BF16);
+    check_bf16("bf16 layernorm_backward dw", dw, TOL_BF16);
+    check_bf16("bf16 layernorm_backward db", db, TOL_BF16);
+    bf16_free(inp); bf16_free(w); bf16_free(b); bf16_free(out); bf16_free(dout);
+    bf16_free(dinp); bf16_free(dw); bf16_free(db);
+    free(mean); free(rstd); mem_free(d_mean); mem_free(d_rstd);
+}
+
+static void test_bf16_attention(int B, int T, int NH, int HS) {
+    snprintf(shape, sizeof shape, "bf16 B=%d T=%d NH=%d HS=%d", B, T, NH, HS);
+    int C = NH * HS;
+    long nqkv = (long)B * T * 3 * C, nout = (long)B * T * C, natt = (long)B * NH * T * T;
+    bf16_pair qkv = bf16_new(nqkv, 1.0f, 0), out = bf16_new(nout, 1.0f, 1), att = bf16_new(natt, 1.0f, 1);
+    bf16_pair datt = bf16_new(natt, 1.0f, 1), dout = bf16_new(nout, 1.0f, 0), dqkv = bf16_new(nqkv, 1.0f, 0);
+    CPU16.attention_forward(out.host, att.host, qkv.host, B, T, NH, HS);
+    GPU16.attention_forward(out.dev, att.dev, qkv.dev, B, T, NH, HS);
+    check_bf16("bf16 attention_forward out", out, TOL_BF16_ATT);
+    check_bf16("bf16 attention_forward att", att, TOL_BF16_ATT);
+    mem_to_device(att.dev, att.host, (size_t)natt * sizeof(uint16_t)); /* the backward on the CPU's att */
+    CPU16.attention_backward(dqkv.host, datt.host, dout.host, qkv.host, att.host, B, T, NH, HS);
+    GPU16.attention_backward(dqkv.dev, datt.dev, dout.dev, qkv.dev, att.dev, B, T, NH, HS);
+    check_bf16("bf16 attention_backward dqkv", dqkv, TOL_BF16_ATT);
+    bf16_free(qkv); bf16_free(out); bf16_free(att); bf16_free(datt); bf16_free(dout); bf16_free(dqkv);
+}
+
+/* encoder, gelu, add, accumulate, scale and the two conversions */
+static void test_bf16_elementwise(int B, int T, int C, int Vocab) {
+    long N = (long)B * T * C;
+    snprintf(shape, sizeof shape, "bf16 B=%d T=%d C=%d V=%d", B, T, C, Vocab);
+    int *tokens = host_tokens((long)B * T, Vocab), *d_tokens = dev_ints(tokens, (long)B * T);
+    bf16_pair wte = bf16_new((long)Vocab * C, 1.0f, 0), wpe = bf16_new((long)T * C, 1.0f, 0);
+    bf16_pair x = bf16_new(N, 1.0f, 1), dx = bf16_new(N, 1.0f, 0), y = bf16_new(N, 1.0f, 1);
+    bf16_pair dy = bf16_new(N, 1.0f, 0);
+    CPU16.encoder_forward(x.host, tokens, wte.host, wpe.host, B, T, C);
+    GPU16.encoder_forward(x.dev, d_tokens, wte.dev, wpe.dev, B, T, C);
+    check_bf16("bf16 encoder_forward out (exact)", x, 0.0); /* one fp32 add, one rounding */
+    CPU16.encoder_backward(wte.host, wpe.host, dx.host, tokens, B, T, C);
+    GPU16.encoder_backward(wte.dev, wpe.dev, dx.dev, d_tokens, B, T, C);
+    check_bf16("bf16 encoder_backward dwte", wte, TOL_BF16);
+    check_bf16("bf16 encoder_backward dwpe", wpe, TOL_BF16);
+    CPU16.gelu_forward(y.host, x.host, N);
+    GPU16.gelu_forward(y.dev, x.dev, N);
+    check_bf16("bf16 gelu_forward out", y, TOL_BF16);
+    CPU16.gelu_backward(dx.host, dy.host, x.host, N);
+    GPU16.gelu_backward(dx.dev, dy.dev, x.dev, N);
+    check_bf16("bf16 gelu_backward dinp", dx, TOL_BF16);
+    CPU16.add(x.host, x.host, dy.host, N);
+    GPU16.add(x.dev, x.dev, dy.dev, N);
+    check_bf16("bf16 add out=a", x, TOL_BF16);
+    CPU16.accumulate(dy.host, dx.host, N);
+    GPU16.accumulate(dy.dev, dx.dev, N);
+    check_bf16("bf16 accumulate dst", dy, TOL_BF16);
+    CPU16.scale(dy.host, -0.37f, N);
+    GPU16.scale(dy.dev, -0.37f, N);
+    check_bf16("bf16 scale x", dy, TOL_BF16);
+    float *f = host_random(N, 3.0f), *d_f = dev_floats(f, N), *back = host_random(N, 1.0f), *d_back = dev_garbage(N);
+    CPU16.to_values(y.host, f, N); /* the same rounding rule on both sides: the same bits */
+    GPU16.to_values(y.dev, d_f, N);
+    check_bf16("bf16 to_values (exact)", y, 0.0);
+    CPU16.to_floats(back, y.host, N);
+    GPU16.to_floats(d_back, y.dev, N);
+    check("bf16 to_floats (exact)", back, d_back, N, 0.0);
+    bf16_free(wte); bf16_free(wpe); bf16_free(x); bf16_free(dx); bf16_free(y); bf16_free(dy);
+    free(tokens); free(f); free(back); mem_free(d_tokens); mem_free(d_f); mem_free(d_back);
+}
+
+/* crossentropy, the squares of the gradient norm, AdamW on the fp32 master */
+static void test_bf16_loss_and_step(int N, int V) {
+    snprintf(shape, sizeof shape, "bf16 N=%d V=%d", N, V);
+    long NV = (long)N * V;
+    int *targets = host_tokens(N, V), *d_targets = dev_ints(targets, N);
+    bf16_pair logits = bf16_new(NV, 4.0f, 0), probs = bf16_new(NV, 1.0f, 1), dlogits = bf16_new(NV, 1.0f, 1);
+    float *losses = host_random(N, 1.0f), *d_losses = dev_garbage(N);
+    CPU16.crossentropy_forward(losses, probs.host, logits.host, targets, N, V);
+    GPU16.crossentropy_forward(d_losses, probs.dev, logits.dev, d_targets, N, V);
+    check("bf16 crossentropy_forward loss", losses, d_losses, N, TOL_ELEMENTWISE);
+    check_bf16("bf16 crossentropy_forward prob", probs, TOL_BF16);
+    mem_to_device(probs.dev, probs.host, (size_t)NV * sizeof(uint16_t));
+    CPU16.crossentropy_backward(dlogits.host, probs.host, targets, 1.0f / (float)N, N, V);
+    GPU16.crossentropy_backward(dlogits.dev, probs.dev, d_targets, 1.0f / (float)N, N, V);
+    check_bf16("bf16 crossentropy_backward dlogit", dlogits, TOL_BF16);
+    double cpu = CPU16.sum_squares(logits.host, NV), gpu = GPU16.sum_squares(logits.dev, NV);
+    report("bf16 sum_squares", isnan(gpu) ? gpu : fabs(gpu - cpu) / (cpu > 0.0 ? cpu : 1.0), 1e-9);
+    float *p = host_random(NV, 1.0f), *m = host_random(NV, 0.1f), *v = host_random(NV, 0.01f);
+    for (long i = 0; i < NV; i++) v[i] = fabsf(v[i]);
+    float *p0 = host_copy(p, NV), *d_p = dev_floats(p, NV), *d_m = dev_floats(m, NV), *d_v = dev_floats(v, NV);
+    CPU16.adamw(p, dlogits.host, m, v, NV, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.7f);
+    GPU16.adamw(d_p, dlogits.dev, d_m, d_v, NV, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.7f);
+    check_change("bf16 adamw p - p0", p, p0, d_p, NV, TOL_SUMS);
+    check("bf16 adamw m", m, d_m, NV, TOL_ELEMENTWISE);
+    check("bf16 adamw v", v, d_v, NV, TOL_ELEMENTWISE);
+    bf16_free(logits); bf16_free(probs); bf16_free(dlogits);
+    free(targets); free(losses); free(p); free(m); free(v); free(p0);
+    mem_free(d_targets); mem_free(d_losses); mem_free(d_p); mem_free(d_m); mem_free(d_v);
+}
+
 /* --small: no shape over a million elements, for compute-sanitizer's tools
  * (tests/gpu/device-check.sh), under which every access is checked. */
 static int small;
@@ -506,6 +697,19 @@ static int run_all(void) {
 
     test_adamw(7, 1);
     if (!small) test_adamw(1000003, 10);
+
+    printf("kernels_bf16_cuda vs kernels_bf16_cpu (the same bf16 inputs)\n");
+    test_bf16_matmul(10, 7, 13);
+    test_bf16_matmul(256, 128, 384);
+    test_bf16_matmul(4096, 64, 96); /* dbias in row chunks */
+    test_bf16_layernorm(37, 33);
+    test_bf16_layernorm(1000, 768);
+    test_bf16_attention(2, 33, 2, 7);
+    test_bf16_attention(2, 100, 2, 8);
+    test_bf16_elementwise(2, 5, 7, 13);
+    test_bf16_elementwise(4, 64, 128, 256);
+    test_bf16_loss_and_step(10, 13);
+    test_bf16_loss_and_step(256, 256);
 
     device_synchronize(); /* surfaces an asynchronous CUDA error, if any */
     printf("%d of %d checks passed\n", checks - failures, checks);

@@ -17,18 +17,20 @@
 static int failures, checks;
 #define CHECK(cond, ...) do { checks++; if (!(cond)) { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } } while (0)
 
+/* in the run's precision (g_precision): the exact forms of fp32 and of bf16 */
 static void check_course_shape(long V, long T, long L, long C, long H) {
     gpt_config cfg = {.vocab = (int)V, .seq = (int)T, .layers = (int)L, .d_model = (int)C, .heads = (int)H};
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
     th_model m = th_course_model(V, T, L, C, H);
-    th_opts one = th_opts_course(1);
+    const int bf16 = g_precision == PREC_BF16;
+    th_opts one = th_opts_precision(1, bf16);
     CHECK(th_param_counts(&m).total == (double)g.total, "params %ld: theory %.0f", g.total, th_param_counts(&m).total);
     CHECK(fabs(th_flops_per_token(&m) - gpt_flops_per_token(&g)) <= 1e-9 * gpt_flops_per_token(&g),
           "flops/token C=%ld: %g vs %g", C, th_flops_per_token(&m), gpt_flops_per_token(&g));
     for (int t = 1; t <= H; t++) {
         if (H % t) continue;
-        th_opts o = th_opts_course(t);
+        th_opts o = th_opts_precision(t, bf16);
         tp_layout tl;
         tp_layout_init(&tl, &cfg, t, 0);
         for (int lo = 0; lo < L; lo++)
@@ -47,8 +49,8 @@ static void check_course_shape(long V, long T, long L, long C, long H) {
                     else tp_acts_alloc(&a, &tl, lo, hi, (int)rows);
                     double want = (double)a.bytes, got = th_course_acts_bytes(&m, &o, lo, hi, rows);
                     CHECK(got == want && (double)mem_current(MEM_ACTS) == want,
-                          "acts V=%ld T=%ld C=%ld H=%ld t=%d [%d,%d) rows %ld: allocator %.0f, theory %.0f",
-                          V, T, C, H, t, lo, hi, rows, want, got);
+                          "acts %s V=%ld T=%ld C=%ld H=%ld t=%d [%d,%d) rows %ld: allocator %.0f, theory %.0f",
+                          precision_name(g_precision), V, T, C, H, t, lo, hi, rows, want, got);
                     gpt_acts_free(&a);
                     gpt_wgrads w;
                     if (t == 1) gpt_wgrads_alloc(&w, &g, lo, hi, (int)rows);
@@ -66,7 +68,8 @@ static void check_course_shape(long V, long T, long L, long C, long H) {
             if (t == 1) gpt_scratch_alloc(&s, &g, (int)rows);
             else tp_scratch_alloc(&s, &tl, (int)rows);
             double want = (double)mem_current(MEM_WORKSPACE), got = th_course_scratch_bytes(&m, &o, rows);
-            CHECK(got == want, "scratch C=%ld t=%d rows %ld: allocator %.0f, theory %.0f", C, t, rows, want, got);
+            CHECK(got == want, "scratch %s C=%ld t=%d rows %ld: allocator %.0f, theory %.0f", precision_name(g_precision),
+                  C, t, rows, want, got);
             gpt_scratch_free(&s);
         }
     }
@@ -84,7 +87,7 @@ static void check_course_options(long V, long T, long L, long C, long H) {
                 if (H % t || (sp && T % t)) continue;
                 gpt_config cfg = {.vocab = (int)V, .seq = (int)T, .layers = (int)L, .d_model = (int)C, .heads = (int)H,
                                   .recompute = mode};
-                th_opts o = th_opts_run(t, sp, mode);
+                th_opts o = th_opts_run(t, sp, mode, 0);
                 for (int rank = 0; rank < t; rank++) {
                     tp_layout tl;
                     tp_layout_init(&tl, &cfg, t, rank);
@@ -124,7 +127,7 @@ static void check_course_options(long V, long T, long L, long C, long H) {
                 }
             }
     /* the T^2 term goes with selective and full, and full keeps one [Ns,C] per layer */
-    th_opts none = th_opts_run(2, 1, 0), sel = th_opts_run(2, 1, 1), full = th_opts_run(2, 1, 2);
+    th_opts none = th_opts_run(2, 1, 0, 0), sel = th_opts_run(2, 1, 1, 0), full = th_opts_run(2, 1, 2, 0);
     th_acts_parts pn = th_course_acts_parts(&m, &none, 0, (int)L, 2), ps = th_course_acts_parts(&m, &sel, 0, (int)L, 2),
                   pf = th_course_acts_parts(&m, &full, 0, (int)L, 2);
     CHECK(pn.quadratic > 0 && ps.quadratic == 0 && ps.linear == pn.linear && pf.quadratic == 0 && pf.other == pn.other,
@@ -156,6 +159,13 @@ static void check_published(void) {
     CHECK(fabs(z.params + z.grads + z.optim - 16e9 / 64) < 1, "bf16 stage 3: 16 Psi / N");
     z = th_model_states(1e9, &o, 1, 64);
     CHECK(fabs(z.params + z.grads + z.optim - (4e9 + 12e9 / 64)) < 1, "bf16 stage 1: 4 Psi + 12 Psi / N");
+    /* ... and its Table 1 row (Psi = 7.5B, N = 64, K = 12): 120 GB, 31.4, 16.6, 1.9 */
+    const double paper[4] = {120, 31.4, 16.6, 1.9};
+    for (int st = 0; st <= 3; st++) {
+        z = th_model_states(7.5e9, &o, st, 64);
+        double gb = (z.params + z.grads + z.optim) / 1e9;
+        CHECK(fabs(gb - paper[st]) < 0.05, "ZeRO paper stage %d: %.3f GB, the paper %.1f", st, gb, paper[st]);
+    }
     /* Llama-3-70B's published shape counts 70.6B parameters */
     th_model l = {.vocab = 128256, .seq = 8192, .layers = 80, .d_model = 8192, .heads = 64, .kv_heads = 8,
                   .ffn = 28672, .gated_mlp = 1};
@@ -257,7 +267,7 @@ static void check_schedules(void) {
     th_traffic tp = th_tp_traffic(3, 2, 2, 100, 0);
     CHECK(tp.calls == 24 && tp.payload == 2400 && tp.ring == 2400, "tp: 4 L m all-reduces");
     CHECK(th_tp_traffic(3, 2, 2, 100, 1).ring == tp.ring, "sequence parallel moves the same ring bytes");
-    th_opts full = th_opts_run(2, 1, TH_RECOMPUTE_FULL);
+    th_opts full = th_opts_run(2, 1, TH_RECOMPUTE_FULL, 0);
     CHECK(th_tp_traffic_run(3, 2, 100, &full).calls == 72 && th_tp_traffic_run(3, 2, 100, &full).ring == 1.5 * tp.ring,
           "--recompute full: the forward's collectives again, 6 per layer");
     CHECK(th_pp_traffic(2, 4, 1, 10).payload == 160, "pp: 2 boundaries x m x 2");
@@ -266,7 +276,11 @@ static void check_schedules(void) {
 int main(void) {
     device_use(DEVICE_CPU, 0);
     const long shapes[][5] = {{17, 5, 2, 8, 2}, {256, 16, 3, 32, 4}, {256, 7, 4, 24, 6}, {31, 9, 2, 12, 3}};
-    for (int i = 0; i < 4; i++) check_course_shape(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
+    for (int p = PREC_FP32; p <= PREC_BF16; p++) {
+        precision_use((precision)p);
+        for (int i = 0; i < 4; i++) check_course_shape(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
+    }
+    precision_use(PREC_FP32);
     check_course_options(17, 12, 3, 24, 4);
     check_course_options(256, 8, 2, 16, 2);
     check_published();

@@ -2,44 +2,51 @@
  * 16-bit forms. */
 #include "theory.h"
 
-/* common/model.c's carve(): every piece starts 64-byte aligned */
-static double pad16(double floats) { return (double)(((long long)floats + 15) / 16 * 16); }
+/* common/model.c's carve(): every piece starts 64-byte aligned. Pieces of the
+ * model's values take the precision's bytes (4 or 2: th_param_bytes); the
+ * LayerNorm statistics, the losses and the token ids 4 in both. */
+static double pad64(double bytes) { return (double)(((long long)bytes + 63) / 64 * 64); }
 
-/* The options and shape the course's model runs: fp32, GPT-2's architecture,
- * whole heads and MLP units per TP rank, and with sequence parallelism whole
- * slices of every sequence (T divisible by t). */
+/* The options and shape the course's model runs: fp32 or bf16, GPT-2's
+ * architecture, whole heads and MLP units per TP rank, and with sequence
+ * parallelism whole slices of every sequence (T divisible by t). */
 static int course_runs(const th_model *m, const th_opts *o) {
     long t = o->tp > 0 ? o->tp : 1;
-    return o->precision == TH_FP32 && !o->vocab_parallel && m->kv_heads == m->heads && m->ffn == 4 * m->d_model &&
-           !m->gated_mlp && m->biases && m->learned_positions && !m->tied_head && m->heads % t == 0 &&
-           m->d_model % m->heads == 0 && (!o->sequence_parallel || m->seq % t == 0) &&
+    return (o->precision == TH_FP32 || o->precision == TH_BF16) && !o->vocab_parallel && m->kv_heads == m->heads &&
+           m->ffn == 4 * m->d_model && !m->gated_mlp && m->biases && m->learned_positions && !m->tied_head &&
+           m->heads % t == 0 && m->d_model % m->heads == 0 && (!o->sequence_parallel || m->seq % t == 0) &&
            (o->recompute == TH_RECOMPUTE_NONE || o->recompute == TH_RECOMPUTE_SELECTIVE ||
             o->recompute == TH_RECOMPUTE_FULL);
 }
 
-/* A TP rank's widths inside a layer (heads, attention columns, MLP units) and
- * the positions it holds: N = rows x T inside the tensor-parallel regions, Ns
- * on the residual stream (N / t under sequence parallelism, else N). */
-typedef struct { double heads, attn, mlp, B, T, C, V, N, Ns; } widths;
+/* A TP rank's widths inside a layer (heads, attention columns, MLP units), the
+ * positions it holds (N = rows x T inside the tensor-parallel regions, Ns on
+ * the residual stream: N / t under sequence parallelism, else N) and the bytes
+ * of one of the model's values (v: 4 or 2). */
+typedef struct { double heads, attn, mlp, B, T, C, V, N, Ns, v; } widths;
 
 static widths local_widths(const th_model *m, const th_opts *o, long rows) {
     long t = o->tp > 0 ? o->tp : 1, heads = m->heads / t;
     double N = (double)rows * m->seq;
     return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), (double)(m->ffn / t), (double)rows,
                     (double)m->seq, (double)m->d_model, (double)m->vocab, N,
-                    o->sequence_parallel ? N / (double)t : N};
+                    o->sequence_parallel ? N / (double)t : N, th_param_bytes(o->precision)};
 }
 
-/* One layer's pieces (common/model.c's carve_layer), in floats, split into
+/* n of the model's values, and n fp32 statistics / losses / token ids, as carved */
+static double vals(const widths *w, double n) { return pad64(w->v * n); }
+static double fours(double n) { return pad64(4 * n); }
+
+/* One layer's pieces (common/model.c's carve_layer), in bytes, split into
  * the attention matrix and the rest. */
 typedef struct { double ln1, qkv, atty, att, res2, ln2, fch, gelu, res3; } layer_pieces;
 
 static layer_pieces pieces_of(const widths *w) {
-    return (layer_pieces){.ln1 = pad16(w->N * w->C) + 2 * pad16(w->Ns), /* + mean, rstd */
-                          .qkv = pad16(w->N * 3 * w->attn), .atty = pad16(w->N * w->attn),
-                          .att = pad16(w->B * w->heads * w->T * w->T), .res2 = pad16(w->Ns * w->C),
-                          .ln2 = pad16(w->N * w->C) + 2 * pad16(w->Ns), .fch = pad16(w->N * w->mlp),
-                          .gelu = pad16(w->N * w->mlp), .res3 = pad16(w->Ns * w->C)};
+    return (layer_pieces){.ln1 = vals(w, w->N * w->C) + 2 * fours(w->Ns), /* + mean, rstd */
+                          .qkv = vals(w, w->N * 3 * w->attn), .atty = vals(w, w->N * w->attn),
+                          .att = vals(w, w->B * w->heads * w->T * w->T), .res2 = vals(w, w->Ns * w->C),
+                          .ln2 = vals(w, w->N * w->C) + 2 * fours(w->Ns), .fch = vals(w, w->N * w->mlp),
+                          .gelu = vals(w, w->N * w->mlp), .res3 = vals(w, w->Ns * w->C)};
 }
 
 static double all_but_att(const layer_pieces *p) {
@@ -56,13 +63,13 @@ th_acts_parts th_course_acts_parts(const th_model *m, const th_opts *o, int lo, 
     double quadratic = p.att, linear = all_but_att(&p);
     if (o->recompute == TH_RECOMPUTE_SELECTIVE) quadratic = 0;
     if (o->recompute == TH_RECOMPUTE_FULL) { quadratic = 0; linear = p.res3; /* its output only */ }
-    double other = pad16(w.Ns * w.C);      /* x_in */
-    if (lo == 0) other += pad16(w.Ns);     /* tokens */
+    double other = vals(&w, w.Ns * w.C);   /* x_in */
+    if (lo == 0) other += fours(w.Ns);     /* tokens */
     if (hi == m->layers)                   /* targets, lnf + mean, rstd, logits, probs, losses */
-        other += pad16(w.Ns) + pad16(w.Ns * w.C) + 2 * pad16(w.Ns) + 2 * pad16(w.Ns * w.V) + pad16(w.Ns);
-    r.quadratic = 4 * layers * quadratic;
-    r.linear = 4 * layers * linear;
-    r.other = 4 * other;
+        other += fours(w.Ns) + vals(&w, w.Ns * w.C) + 2 * fours(w.Ns) + 2 * vals(&w, w.Ns * w.V) + fours(w.Ns);
+    r.quadratic = layers * quadratic;
+    r.linear = layers * linear;
+    r.other = other;
     return r;
 }
 
@@ -75,27 +82,27 @@ double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
     if (!course_runs(m, o)) return -1;
     const widths w = local_widths(m, o, rows);
     const layer_pieces p = pieces_of(&w);
-    double floats = pad16(w.Ns * w.C) /* dres */ + pad16(w.N * w.C) /* dln */ + pad16(w.N * 3 * w.attn) +
-                    pad16(w.N * w.attn) + pad16(w.B * w.heads * w.T * w.T) + 2 * pad16(w.N * w.mlp) +
-                    pad16(w.Ns * w.V) /* dlogits */;
-    if (o->sequence_parallel && o->tp > 1) floats += 2 * pad16(w.N * w.C) + pad16(w.Ns * w.C); /* staging */
-    if (o->recompute == TH_RECOMPUTE_SELECTIVE) floats += p.att;                   /* the recomputed att */
-    if (o->recompute == TH_RECOMPUTE_FULL) floats += p.att + all_but_att(&p);      /* one whole layer */
-    return 4 * floats;
+    double bytes = vals(&w, w.Ns * w.C) /* dres */ + vals(&w, w.N * w.C) /* dln */ + vals(&w, w.N * 3 * w.attn) +
+                   vals(&w, w.N * w.attn) + vals(&w, w.B * w.heads * w.T * w.T) + 2 * vals(&w, w.N * w.mlp) +
+                   vals(&w, w.Ns * w.V) /* dlogits */;
+    if (o->sequence_parallel && o->tp > 1) bytes += 2 * vals(&w, w.N * w.C) + vals(&w, w.Ns * w.C); /* staging */
+    if (o->recompute == TH_RECOMPUTE_SELECTIVE) bytes += p.att;                  /* the recomputed att */
+    if (o->recompute == TH_RECOMPUTE_FULL) bytes += p.att + all_but_att(&p);     /* one whole layer */
+    return bytes;
 }
 
 double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
     if (!course_runs(m, o)) return -1;
     const widths w = local_widths(m, o, rows);
     const layer_pieces p = pieces_of(&w);
-    double layer = 2 * pad16(w.N * w.C)                 /* dres3, dres2: the row-parallel douts, whole */
-                 + 2 * pad16(w.Ns * w.C)                /* dln1, dln2: the LayerNorms' */
-                 + pad16(w.N * w.mlp) + pad16(w.N * 3 * w.attn); /* dfch, dqkv */
+    double layer = 2 * vals(&w, w.N * w.C)                 /* dres3, dres2: the row-parallel douts, whole */
+                 + 2 * vals(&w, w.Ns * w.C)                /* dln1, dln2: the LayerNorms' */
+                 + vals(&w, w.N * w.mlp) + vals(&w, w.N * 3 * w.attn); /* dfch, dqkv */
     if (o->recompute == TH_RECOMPUTE_FULL) layer += p.ln1 + p.atty + p.res2 + p.ln2 + p.gelu; /* what W reads */
-    double floats = (double)(hi - lo) * layer;
-    if (hi == m->layers) floats += pad16(w.Ns * w.V) + pad16(w.Ns * w.C); /* dlogits, dlnf */
-    if (lo == 0) floats += pad16(w.Ns * w.C);                            /* dx */
-    return 4 * floats;
+    double bytes = (double)(hi - lo) * layer;
+    if (hi == m->layers) bytes += vals(&w, w.Ns * w.V) + vals(&w, w.Ns * w.C); /* dlogits, dlnf */
+    if (lo == 0) bytes += vals(&w, w.Ns * w.C);                               /* dx */
+    return bytes;
 }
 
 double th_sp_partial_params(const th_model *m, int lo, int hi) {

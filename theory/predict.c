@@ -20,24 +20,27 @@ static void add_traffic(th_rank_need *x, th_coll k, th_traffic t, int group) {
 
 static int is(const th_run *r, const char *lab) { return !strcmp(r->lab, lab); }
 
+/* Bytes of one of the model's values (activations, gradients, messages): 4, or 2 in bf16. */
+static double value_bytes_of(const th_run *r) { return r->bf16 ? 2.0 : 4.0; }
+
 /* Model states, activations (in flight x one micro-batch), the received
  * gradient and the scratch of one rank holding `params` parameters of layers
  * [lo, hi) at TP degree t. */
 static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_grad) {
-    const th_opts o = th_opts_run(t, r->sequence_parallel && t > 1, r->recompute);
+    const th_opts o = th_opts_run(t, r->sequence_parallel && t > 1, r->recompute, r->bf16);
     const th_states s = th_model_states(x->params, &o, 0, 1);
     x->mem[TH_MEM_PARAMS] = s.params;
     x->mem[TH_MEM_GRADS] = s.grads;
     x->mem[TH_MEM_OPTIM] = s.optim;
     x->mem[TH_MEM_ACTS] = x->acts_in_flight * th_course_acts_bytes(&r->model, &o, x->lo, x->hi, x->rows);
     /* lab03's stage keeps the gradient it receives from the next stage */
-    x->mem[TH_MEM_COMM] = receives_grad ? 4.0 * x->rows * r->model.seq * r->model.d_model : 0;
+    x->mem[TH_MEM_COMM] = receives_grad ? value_bytes_of(r) * x->rows * r->model.seq * r->model.d_model : 0;
     /* lab04's executor (and lab06 through it) keeps a pool of message buffers
      * whose size its lists decide */
     if (is(r, "lab04_1f1b") || is(r, "lab06_3d")) x->mem[TH_MEM_COMM] = -1;
     /* lab05 under sequence parallelism: the staging of the partial gradients' all-reduce */
     if (is(r, "lab05_tp") && o.sequence_parallel)
-        x->mem[TH_MEM_COMM] = 4.0 * th_sp_partial_params(&r->model, 0, (int)r->model.layers);
+        x->mem[TH_MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(&r->model, 0, (int)r->model.layers);
     /* the gradient-norm sums: lab02 one part on the device, lab05 and lab06 two */
     const int norm_parts = is(r, "lab02_zero") ? 1 : is(r, "lab05_tp") || is(r, "lab06_3d") ? 2 : 0;
     x->mem[TH_MEM_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, x->rows) + th_grad_norm_bytes(norm_parts);
@@ -50,7 +53,8 @@ static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_gr
  * model states over the N ranks. */
 static void predict_data_parallel(const th_run *r, th_rank_need *need) {
     const int N = r->ranks, zero = is(r, "lab02_zero") ? r->zero_stage : 0;
-    const th_opts fp32 = th_opts_course(1);
+    const th_opts opts = th_opts_precision(1, r->bf16);
+    const double vb = value_bytes_of(r);
     const th_params counts = th_param_counts(&r->model);
     const double psi = counts.total, full = r->full_elems, largest = r->largest_unit_elems;
     const int units = r->units;
@@ -60,20 +64,20 @@ static void predict_data_parallel(const th_run *r, th_rank_need *need) {
                             .acts_in_flight = 1};
         rank_memory(x, r, 1, 0);
         if (zero) { /* the padded buffers, sharded as the stage shards them, and the unit buffers */
-            const th_states s = th_model_states(full, &fp32, zero, N), b = th_zero_buffers(largest, &fp32, zero);
+            const th_states s = th_model_states(full, &opts, zero, N), b = th_zero_buffers(largest, &opts, zero);
             x->mem[TH_MEM_PARAMS] = s.params + b.params;
             x->mem[TH_MEM_GRADS] = s.grads + b.grads;
             x->mem[TH_MEM_OPTIM] = s.optim;
             if (N == 1) continue; /* a group of one counts no traffic */
-            count(x, TH_REDUCE_SCATTER, units, 4 * full / units, N);
-            if (zero < 3) count(x, TH_ALLGATHER, units, 4 * full / units, N);
+            count(x, TH_REDUCE_SCATTER, units, vb * full / units, N);
+            if (zero < 3) count(x, TH_ALLGATHER, units, vb * full / units, N);
             else { /* each unit gathered for the forward, again for the backward but the embedding's */
                 x->calls[TH_ALLGATHER] += 2 * units - 1;
-                x->payload[TH_ALLGATHER] += 4 * (2 * full - r->embed_unit_elems);
-                x->ring[TH_ALLGATHER] += 4 * (2 * full - r->embed_unit_elems) * th_ring_factor(TH_ALLGATHER, N);
+                x->payload[TH_ALLGATHER] += vb * (2 * full - r->embed_unit_elems);
+                x->ring[TH_ALLGATHER] += vb * (2 * full - r->embed_unit_elems) * th_ring_factor(TH_ALLGATHER, N);
             }
         } else if (N > 1) { /* a group of one counts no traffic */
-            add_traffic(x, TH_ALLREDUCE, th_dp_traffic(4 * psi, N, units > 0 ? units : 1), N);
+            add_traffic(x, TH_ALLREDUCE, th_dp_traffic(vb * psi, N, units > 0 ? units : 1), N);
             if (units <= 0) x->calls[TH_ALLREDUCE] = -1; /* buckets: as many calls as the backward fills */
         }
     }
@@ -102,8 +106,8 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
     const int v = s == TH_SCHED_ZB_V ? 2 : s == TH_SCHED_INTERLEAVED ? (r->chunks > 0 ? r->chunks : 2) : 1;
     const int S = p * v, L = (int)r->model.layers, sp = r->sequence_parallel && t > 1;
     const long rows = r->batch / ((long)d * m);
-    const double act = 4.0 * rows * r->model.seq * r->model.d_model; /* one activation, or its gradient */
-    const th_opts o = th_opts_run(t, sp, r->recompute);
+    const double act = value_bytes_of(r) * rows * r->model.seq * r->model.d_model; /* one activation, or its gradient */
+    const th_opts o = th_opts_run(t, sp, r->recompute, r->bf16);
     const double msg = sp ? act / t : act; /* SP: a stage message carries a TP rank's T/t positions */
     for (int q = 0; q < r->ranks; q++) {
         th_rank_need *x = &need[q];
@@ -143,12 +147,12 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
             for (int c = 0; c < v; c++) {
                 int clo = 0, chi = L;
                 if (S > 1) r->stage_layers(L, S, stage_of(s, p, pp, c), &clo, &chi);
-                count(x, TH_ALLREDUCE, 1, 4 * th_sp_partial_params(&r->model, clo, chi), t);
+                count(x, TH_ALLREDUCE, 1, value_bytes_of(r) * th_sp_partial_params(&r->model, clo, chi), t);
             }
         } else if (t > 1) {
             count(x, TH_ALLREDUCE, tp_calls, act, t);
         }
-        add_traffic(x, TH_ALLREDUCE, th_dp_traffic(4 * x->params, d, 1), d);
+        add_traffic(x, TH_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
     }
 }
 

@@ -34,6 +34,7 @@ typedef struct th_run {
     const char *lab;        /* the program: "lab01_dp" ... "lab06_3d" (the record's "lab") */
     int ranks;
     int cuda;               /* kernels on CUDA: their scratch is not predicted */
+    int bf16;               /* --precision bf16: 2-byte values, 2 + 2 + 12 model states */
     long batch;             /* the global batch, in sequences */
     th_model model;
     int tp, pp, dp;         /* the grid: lab01/02 dp = ranks, lab03/04 pp = ranks, lab05 tp = ranks */

@@ -17,16 +17,18 @@
  * every lab and by plan3d.
  *
  * Two kinds of formula live here, kept apart:
- *   exact     the course's own fp32 model (common/model.c), to the byte: what
- *             the tests compare with the allocator and the communicator;
+ *   exact     the course's own model (common/model.c) in fp32 or bf16 mixed
+ *             precision (--precision), to the byte: what the tests compare
+ *             with the allocator and the communicator;
  *   published the forms of the literature for what the labs do not run yet
  *             (16-bit activations with sequence parallelism and selective or
- *             full recomputation, Korthikanti et al. 2022, Table 2; mixed
- *             precision's 2 + 2 + 12 bytes per parameter, Rajbhandari et al.
- *             2020, the ZeRO paper), which plan3d uses for real models.
+ *             full recomputation, Korthikanti et al. 2022, Table 2), which
+ *             plan3d uses for real models. Mixed precision's 2 + 2 + 12 bytes
+ *             per parameter (Rajbhandari et al. 2020, the ZeRO paper) is both:
+ *             the labs' bf16 allocates exactly that.
  * The options struct th_opts carries what selects between them and can grow:
  * sequence parallelism and recomputation run in the labs, so their exact
- * forms are among the exact functions (bf16 is still published only). */
+ * forms are among the exact functions too. */
 #ifndef PL_THEORY_H
 #define PL_THEORY_H
 
@@ -55,7 +57,7 @@ typedef enum { TH_FP32, TH_BF16 } th_precision;
 typedef enum { TH_RECOMPUTE_NONE, TH_RECOMPUTE_SELECTIVE, TH_RECOMPUTE_FULL } th_recompute;
 
 typedef struct th_opts {
-    th_precision precision;  /* fp32: the labs; bf16: mixed precision (published forms) */
+    th_precision precision;  /* fp32, or bf16 mixed precision (the labs' --precision) */
     int tp;                  /* tensor-parallel degree t (1: none) */
     int vocab_parallel;      /* embedding and head split over t, as Megatron does;
                               * 0: replicated on every TP rank, as lab05 does */
@@ -65,9 +67,11 @@ typedef struct th_opts {
 
 /* fp32, t = 1, no SP, no recomputation: a one-rank lab. */
 th_opts th_opts_course(int tp);
-/* What a lab runs: fp32, t, SP on or off, --recompute (common/model's
+/* The same in a lab's precision: bf16 = 1 for --precision bf16. */
+th_opts th_opts_precision(int tp, int bf16);
+/* What a lab runs: its precision, t, SP on or off, --recompute (common/model's
  * gpt_recompute: none 0, selective 1, full 2, th_recompute's values). */
-th_opts th_opts_run(int tp, int sequence_parallel, int recompute);
+th_opts th_opts_run(int tp, int sequence_parallel, int recompute, int bf16);
 
 /* Bytes per parameter and per activation element for a precision. */
 double th_param_bytes(th_precision p);   /* the weights the forward reads: 4 or 2 */
@@ -127,12 +131,14 @@ th_states th_zero_buffers(double unit_elems, const th_opts *o, int zero_stage);
 
 /* ---- activations ---------------------------------------------------------------------- */
 
-/* EXACT, the course's fp32 model: the bytes common/model.c's gpt_acts_alloc
- * (gpt_acts_alloc_part at t = opts->tp: H/t heads, 4C/t MLP units; the
- * residual stream stays C wide) allocates for layers [lo, hi) of one
- * micro-batch of `rows` sequences, every piece padded to 16 floats. With
- * N = rows x T positions inside the tensor-parallel regions and Ns on the
- * residual stream (N/t under sequence parallelism, else N):
+/* EXACT, the course's model in fp32 or bf16: the bytes common/model.c's
+ * gpt_acts_alloc (gpt_acts_alloc_part at t = opts->tp: H/t heads, 4C/t MLP
+ * units; the residual stream stays C wide) allocates for layers [lo, hi) of
+ * one micro-batch of `rows` sequences, every piece padded to 64 bytes; the
+ * model's values 4 or 2 bytes each (th_param_bytes), the means, rstds,
+ * losses and token ids 4 in both. With N = rows x T positions inside the
+ * tensor-parallel regions and Ns on the residual stream (N/t under sequence
+ * parallelism, else N):
  *
  *   each layer   --recompute none:
  *                  ln1, ln2 [N,C] (under SP the all-gathered inputs of the
@@ -146,8 +152,8 @@ th_states th_zero_buffers(double unit_elems, const th_opts *o, int zero_stage);
  *   first stage  tokens [Ns]; last stage: targets, losses [Ns], lnf [Ns,C],
  *                its mean and rstd [Ns], logits, probs [Ns,V]
  *
- * Returns -1 for options the course's model does not run (bf16, a model that
- * is not the course's shape, SP with T not divisible by t). */
+ * Returns -1 for options the course's model does not run (a model that is
+ * not the course's shape, SP with T not divisible by t). */
 double th_course_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows);
 /* The same bytes by kind (they add up to th_course_acts_bytes): the layers'
  * T^2 term (att), the layers' other pieces (linear in T), and the rest, which
@@ -161,7 +167,7 @@ th_acts_parts th_course_acts_parts(const th_model *m, const th_opts *o, int lo, 
  * [Ns,C]; and the recomputation's one layer: selective att, full every piece
  * of a layer under none (the forward's intermediates and the backward's
  * recomputation go there, so they are counted once per stage, here, and not
- * per micro-batch in the activations). */
+ * per micro-batch in the activations); all values of the precision. */
 double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows);
 /* EXACT: a split backward's weight-gradient block (gpt_wgrads_alloc_part,
  * activations category, per micro-batch from B to W): per layer dres3, dres2

@@ -1,0 +1,632 @@
+/* The CPU's bf16 kernels (kernels.h, value_kernels): bf16 in, fp32
+ * arithmetic, bf16 out.
+ *
+ * Each kernel widens a few rows of its bf16 operands at a time into fp32
+ * scratch, runs the fp32 kernel of kernels_cpu.c on them, and rounds the
+ * outputs back to bf16 (an accumulating output is widened too, so the add
+ * happens in fp32 and is rounded once). So the arithmetic is exactly the
+ * fp32 kernel's, on the bf16 values, and every bf16 kernel is tested against
+ * its fp32 twin by that definition (tests/test_kernels.c). Sums that run over
+ * rows (LayerNorm's dw and db, the bias gradient, dW = dout^T inp, the
+ * embedding's) keep an fp32 accumulator across the chunks and round once at
+ * the end.
+ *
+ * The matrix products go through oneDNN's bf16 matmul, which multiplies bf16
+ * and accumulates in fp32 (with AVX512-BF16, twice the multiply-adds per
+ * instruction of fp32), when the build found libdnnl and the CPU has
+ * avx512_bf16 or amx_bf16; otherwise through OpenBLAS's sgemm on the widened
+ * operands (Debian's OpenBLAS has no bf16 GEMM). PL_BF16_GEMM=onednn|sgemm
+ * chooses either; the start-up line says which runs (run.c). The two paths
+ * differ in the order of their fp32 sums, so their results agree to bf16's
+ * precision, not bit for bit; within one path a run is deterministic.
+ *
+ * The scratch (host memory, outside mem.h's categories like OpenBLAS's own
+ * buffers) is a few hundred KB for most shapes: the widest piece is one
+ * weight matrix on the sgemm path, or T x T of one attention head. */
+#define _GNU_SOURCE
+#include "kernels.h"
+#include "device.h"
+#include "precision.h"
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef PL_HAVE_ONEDNN
+#include <dnnl.h>
+#endif
+
+typedef uint16_t bf16;
+
+/* ---- widening and rounding ------------------------------------------------------------ */
+
+static void widen(float *restrict dst, const bf16 *restrict src, long n) {
+    for (long i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+/* Round to nearest even; a NaN stays a (quiet) NaN. The same rule as
+ * bf16_from_float and CUDA's __float2bfloat16_rn. */
+static void narrow(bf16 *restrict dst, const float *restrict src, long n) {
+    for (long i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+        uint32_t nan = (u >> 16) | 0x40u;
+        dst[i] = (bf16)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+    }
+}
+
+/* Widen rows [0, rows) of a matrix with leading dimension ld (cols used), packed. */
+static void widen_rows(float *dst, const bf16 *src, long rows, long cols, long ld) {
+    for (long r = 0; r < rows; r++) widen(dst + r * cols, src + r * ld, cols);
+}
+static void narrow_rows(bf16 *dst, const float *src, long rows, long cols, long ld) {
+    for (long r = 0; r < rows; r++) narrow(dst + r * ld, src + r * cols, cols);
+}
+
+/* ---- scratch: a few buffers, grown as needed and kept -------------------------------- */
+
+enum { SCRATCH_SLOTS = 6 };
+static struct { float *p; size_t cap; } slot[SCRATCH_SLOTS];
+static size_t held_bytes, peak_bytes;
+
+static float *scratch(int which, long floats) {
+    size_t want = (size_t)(floats > 0 ? floats : 1);
+    if (slot[which].cap >= want) return slot[which].p;
+    free(slot[which].p);
+    held_bytes -= slot[which].cap * sizeof(float);
+    slot[which].p = malloc(want * sizeof(float));
+    if (!slot[which].p) die("out of host memory for %zu floats of bf16 kernel scratch", want);
+    slot[which].cap = want;
+    held_bytes += want * sizeof(float);
+    if (held_bytes > peak_bytes) peak_bytes = held_bytes;
+    return slot[which].p;
+}
+
+size_t kernels_bf16_cpu_scratch_bytes(void) { return peak_bytes; }
+
+enum { ELEMS = 16384 };       /* elementwise chunks: 64 KB per operand, in L2 */
+enum { ROW_FLOATS = 16384 };  /* row kernels: as many rows as fit in this */
+enum { GEMM_FLOATS = 1 << 18 }; /* matrix products: rows per chunk x width, 1 MB per operand */
+
+static long min_long(long a, long b) { return a < b ? a : b; }
+
+static long rows_per_chunk(long budget, long width) {
+    long r = width > 0 ? budget / width : budget;
+    return r > 0 ? r : 1;
+}
+
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+static void gelu_forward_bf16(void *out, const void *inp, long N) {
+    float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
+    for (long i = 0; i < N; i += ELEMS) {
+        long n = min_long(ELEMS, N - i);
+        widen(x, (const bf16 *)inp + i, n);
+        kernels_cpu.gelu_forward(y, x, n);
+        narrow((bf16 *)out + i, y, n);
+    }
+}
+
+static void gelu_backward_bf16(void *dinp, const void *dout, const void *inp, long N) {
+    float *dx = scratch(0, min_long(ELEMS, N)), *dy = scratch(1, min_long(ELEMS, N)), *x = scratch(2, min_long(ELEMS, N));
+    for (long i = 0; i < N; i += ELEMS) {
+        long n = min_long(ELEMS, N - i);
+        widen(dx, (const bf16 *)dinp + i, n);
+        widen(dy, (const bf16 *)dout + i, n);
+        widen(x, (const bf16 *)inp + i, n);
+        kernels_cpu.gelu_backward(dx, dy, x, n);
+        narrow((bf16 *)dinp + i, dx, n);
+    }
+}
+
+/* out may alias a or b: each chunk is read whole before it is written */
+static void add_bf16(void *out, const void *a, const void *b, long N) {
+    float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
+    for (long i = 0; i < N; i += ELEMS) {
+        long n = min_long(ELEMS, N - i);
+        widen(x, (const bf16 *)a + i, n);
+        widen(y, (const bf16 *)b + i, n);
+        kernels_cpu.accumulate(x, y, n);
+        narrow((bf16 *)out + i, x, n);
+    }
+}
+
+static void accumulate_bf16(void *dst, const void *src, long N) { add_bf16(dst, dst, src, N); }
+
+static void scale_bf16(void *x, float s, long N) {
+    float *f = scratch(0, min_long(ELEMS, N));
+    for (long i = 0; i < N; i += ELEMS) {
+        long n = min_long(ELEMS, N - i);
+        widen(f, (const bf16 *)x + i, n);
+        kernels_cpu.scale(f, s, n);
+        narrow((bf16 *)x + i, f, n);
+    }
+}
+
+static void to_values_bf16(void *dst, const float *src, long N) { narrow(dst, src, N); }
+static void to_floats_bf16(float *dst, const void *src, long N) { widen(dst, src, N); }
+
+/* ---- encoder ------------------------------------------------------------------------------ */
+
+static void encoder_forward_bf16(void *out, const int *tokens, const void *wte, const void *wpe, int B, int T,
+                                 int C) {
+    float *e = scratch(0, C), *p = scratch(1, C);
+    for (long n = 0; n < (long)B * T; n++) {
+        widen(e, (const bf16 *)wte + (long)tokens[n] * C, C);
+        widen(p, (const bf16 *)wpe + (n % T) * C, C);
+        kernels_cpu.accumulate(e, p, C);
+        narrow((bf16 *)out + n * C, e, C);
+    }
+}
+
+/* The fp32 kernel's order (positions in turn, each added to its token's row
+ * and its position's row), on fp32 copies of the two tables, rounded once.
+ * dout is widened a few sequences at a time; the rows of dwte widened are
+ * those up to the largest token id present. */
+static void encoder_backward_bf16(void *dwte, void *dwpe, const void *dout, const int *tokens, int B, int T, int C) {
+    long rows = 0;
+    for (long n = 0; n < (long)B * T; n++)
+        if (tokens[n] + 1L > rows) rows = tokens[n] + 1L;
+    long S = min_long(rows_per_chunk(GEMM_FLOATS, (long)T * C), B); /* sequences per chunk */
+    float *te = scratch(0, rows * C), *pe = scratch(1, (long)T * C), *d = scratch(2, S * T * C);
+    widen(te, dwte, rows * C);
+    widen(pe, dwpe, (long)T * C);
+    for (long b0 = 0; b0 < B; b0 += S) {
+        long nb = min_long(S, B - b0);
+        widen(d, (const bf16 *)dout + b0 * T * C, nb * T * C);
+        kernels_cpu.encoder_backward(te, pe, d, tokens + b0 * T, (int)nb, T, C);
+    }
+    narrow(dwte, te, rows * C);
+    narrow(dwpe, pe, (long)T * C);
+}
+
+/* ---- layernorm ------------------------------------------------------------------------------ */
+
+static void layernorm_forward_bf16(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                                   const void *b, int N, int C) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
+    float *wf = scratch(0, C), *bfl = scratch(1, C), *x = scratch(2, R * C), *y = scratch(3, R * C);
+    widen(wf, w, C);
+    widen(bfl, b, C);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(x, (const bf16 *)inp + n0 * C, r * C);
+        kernels_cpu.layernorm_forward(y, mean + n0, rstd + n0, x, wf, bfl, (int)r, C);
+        narrow((bf16 *)out + n0 * C, y, r * C);
+    }
+}
+
+static void layernorm_backward_input_bf16(void *dinp, const void *dout, const void *inp, const void *w,
+                                          const float *mean, const float *rstd, int N, int C) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
+    float *wf = scratch(0, C), *dx = scratch(1, R * C), *dy = scratch(2, R * C), *x = scratch(3, R * C);
+    widen(wf, w, C);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(dx, (const bf16 *)dinp + n0 * C, r * C);
+        widen(dy, (const bf16 *)dout + n0 * C, r * C);
+        widen(x, (const bf16 *)inp + n0 * C, r * C);
+        kernels_cpu.layernorm_backward_input(dx, dy, x, wf, mean + n0, rstd + n0, (int)r, C);
+        narrow((bf16 *)dinp + n0 * C, dx, r * C);
+    }
+}
+
+static void layernorm_backward_weight_bf16(void *dw, void *db, const void *dout, const void *inp, const float *mean,
+                                           const float *rstd, int N, int C) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
+    float *dwf = scratch(0, C), *dbf = scratch(1, C), *dy = scratch(2, R * C), *x = scratch(3, R * C);
+    widen(dwf, dw, C);
+    widen(dbf, db, C);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(dy, (const bf16 *)dout + n0 * C, r * C);
+        widen(x, (const bf16 *)inp + n0 * C, r * C);
+        kernels_cpu.layernorm_backward_weight(dwf, dbf, dy, x, mean + n0, rstd + n0, (int)r, C);
+    }
+    narrow(dw, dwf, C);
+    narrow(db, dbf, C);
+}
+
+static void layernorm_backward_bf16(void *dinp, void *dw, void *db, const void *dout, const void *inp, const void *w,
+                                    const float *mean, const float *rstd, int N, int C) {
+    if (dinp) layernorm_backward_input_bf16(dinp, dout, inp, w, mean, rstd, N, C);
+    if (dw) layernorm_backward_weight_bf16(dw, db, dout, inp, mean, rstd, N, C);
+}
+
+/* ---- matrix products: oneDNN or sgemm ------------------------------------------------------- */
+
+/* The bias gradient, fp32 column sums of dout over all N rows, rounded once. */
+static void bias_backward_bf16(void *dbias, const void *dout, int N, int OC) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, OC), N);
+    float *acc = scratch(4, OC), *d = scratch(5, R * OC);
+    widen(acc, dbias, OC);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(d, (const bf16 *)dout + n0 * OC, r * OC);
+        for (long i = 0; i < r; i++) kernels_cpu.accumulate(acc, d + i * OC, OC);
+    }
+    narrow(dbias, acc, OC);
+}
+
+/* out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias, on the widened operands, chunk by chunk of rows */
+static void sgemm_forward(void *out, const void *inp, const void *w, const void *bias, int N, int IC, int OC) {
+    long R = min_long(rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC), N);
+    float *wf = scratch(0, (long)OC * IC), *bf = bias ? scratch(1, OC) : NULL;
+    float *x = scratch(2, R * IC), *y = scratch(3, R * OC);
+    widen(wf, w, (long)OC * IC);
+    if (bias) widen(bf, bias, OC);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(x, (const bf16 *)inp + n0 * IC, r * IC);
+        kernels_cpu.matmul_forward(y, x, wf, bf, (int)r, IC, OC);
+        narrow((bf16 *)out + n0 * OC, y, r * OC);
+    }
+}
+
+/* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
+static void sgemm_backward_input(void *dinp, const void *dout, const void *w, int N, int IC, int OC) {
+    long R = min_long(rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC), N);
+    float *wf = scratch(0, (long)OC * IC), *dy = scratch(2, R * OC), *dx = scratch(3, R * IC);
+    widen(wf, w, (long)OC * IC);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(dy, (const bf16 *)dout + n0 * OC, r * OC);
+        widen(dx, (const bf16 *)dinp + n0 * IC, r * IC);
+        kernels_cpu.matmul_backward_input(dx, dy, wf, (int)r, IC, OC);
+        narrow((bf16 *)dinp + n0 * IC, dx, r * IC);
+    }
+}
+
+/* dw[OC,IC] += dout^T @ inp: the sum over all N rows in an fp32 dw, rounded once */
+static void sgemm_backward_weight(void *dw, const void *dout, const void *inp, int N, int IC, int OC) {
+    long R = min_long(rows_per_chunk(GEMM_FLOATS, IC > OC ? IC : OC), N);
+    float *dwf = scratch(0, (long)OC * IC), *dy = scratch(2, R * OC), *x = scratch(3, R * IC);
+    widen(dwf, dw, (long)OC * IC);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(dy, (const bf16 *)dout + n0 * OC, r * OC);
+        widen(x, (const bf16 *)inp + n0 * IC, r * IC);
+        kernels_cpu.matmul_backward_weight(dwf, NULL, dy, x, (int)r, IC, OC);
+    }
+    narrow(dw, dwf, (long)OC * IC);
+}
+
+#ifdef PL_HAVE_ONEDNN
+/* One oneDNN matmul dst[M,N] (+)= src[M,K] @ wei[K,N] (+ bias[N]) on bf16
+ * matrices given by their strides, fp32 accumulation. Primitives are made once
+ * per shape (making one costs far more than running it) and kept. */
+typedef struct {
+    long M, K, N, src_s[2], wei_s[2], dst_s[2];
+    int bias, accumulate;
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, wei, dst, b;
+} cached_matmul;
+
+static dnnl_engine_t dnnl_cpu_engine;
+static dnnl_stream_t dnnl_cpu_stream;
+static cached_matmul *dnnl_cache;
+static int dnnl_cached, dnnl_cache_cap;
+
+#define DNNL_OK(call) do { dnnl_status_t s_ = (call); if (s_ != dnnl_success) die("%s: oneDNN status %d", #call, (int)s_); } while (0)
+
+static void md_init(dnnl_memory_desc_t *md, long rows, long cols, const long strides[2]) {
+    dnnl_dims_t dims = {rows, cols}, st = {strides[0], strides[1]};
+    DNNL_OK(dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_bf16, st));
+}
+
+static cached_matmul *dnnl_find(long M, long K, long N, const long ss[2], const long ws[2], const long ds[2], int bias,
+                              int accumulate) {
+    for (int i = 0; i < dnnl_cached; i++) {
+        cached_matmul *c = &dnnl_cache[i];
+        if (c->M == M && c->K == K && c->N == N && !memcmp(c->src_s, ss, sizeof c->src_s) &&
+            !memcmp(c->wei_s, ws, sizeof c->wei_s) && !memcmp(c->dst_s, ds, sizeof c->dst_s) && c->bias == bias &&
+            c->accumulate == accumulate)
+            return c;
+    }
+    if (!dnnl_cpu_engine) {
+        DNNL_OK(dnnl_engine_create(&dnnl_cpu_engine, dnnl_cpu, 0));
+        DNNL_OK(dnnl_stream_create(&dnnl_cpu_stream, dnnl_cpu_engine, dnnl_stream_default_flags));
+    }
+    if (dnnl_cached == dnnl_cache_cap) {
+        dnnl_cache_cap = dnnl_cache_cap ? 2 * dnnl_cache_cap : 32;
+        dnnl_cache = realloc(dnnl_cache, (size_t)dnnl_cache_cap * sizeof *dnnl_cache);
+        if (!dnnl_cache) die("out of host memory");
+    }
+    cached_matmul *c = &dnnl_cache[dnnl_cached++];
+    memset(c, 0, sizeof *c);
+    c->M = M; c->K = K; c->N = N; c->bias = bias; c->accumulate = accumulate;
+    memcpy(c->src_s, ss, sizeof c->src_s);
+    memcpy(c->wei_s, ws, sizeof c->wei_s);
+    memcpy(c->dst_s, ds, sizeof c->dst_s);
+    dnnl_memory_desc_t smd, wmd, dmd, bmd;
+    const long bs[2] = {N, 1};
+    md_init(&smd, M, K, ss);
+    md_init(&wmd, K, N, ws);
+    md_init(&dmd, M, N, ds);
+    if (bias) md_init(&bmd, 1, N, bs);
+    dnnl_matmul_desc_t desc;
+    DNNL_OK(dnnl_matmul_desc_init(&desc, &smd, &wmd, bias ? &bmd : NULL, &dmd));
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    if (accumulate) { /* dst = dst + product, added in fp32, rounded once */
+        DNNL_OK(dnnl_post_ops_create(&ops));
+        DNNL_OK(dnnl_post_ops_append_sum(ops, 1.0f));
+        DNNL_OK(dnnl_primitive_attr_create(&attr));
+        DNNL_OK(dnnl_primitive_attr_set_post_ops(attr, ops));
+    }
+    dnnl_primitive_desc_t pd;
+    DNNL_OK(dnnl_primitive_desc_create(&pd, &desc, attr, dnnl_cpu_engine, NULL));
+    DNNL_OK(dnnl_primitive_create(&c->prim, pd));
+    DNNL_OK(dnnl_memory_create(&c->src, &smd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
+    DNNL_OK(dnnl_memory_create(&c->wei, &wmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
+    DNNL_OK(dnnl_memory_create(&c->dst, &dmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
+    if (bias) DNNL_OK(dnnl_memory_create(&c->b, &bmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
+    DNNL_OK(dnnl_primitive_desc_destroy(pd));
+    if (attr) DNNL_OK(dnnl_primitive_attr_destroy(attr));
+    if (ops) DNNL_OK(dnnl_post_ops_destroy(ops));
+    return c;
+}
+
+static void dnnl_run(long M, long K, long N, const void *src, const long ss[2], const void *wei, const long ws[2],
+                     void *dst, const long ds[2], const void *bias, int accumulate) {
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    cached_matmul *c = dnnl_find(M, K, N, ss, ws, ds, bias != NULL, accumulate);
+    DNNL_OK(dnnl_memory_set_data_handle(c->src, (void *)(uintptr_t)src));
+    DNNL_OK(dnnl_memory_set_data_handle(c->wei, (void *)(uintptr_t)wei));
+    DNNL_OK(dnnl_memory_set_data_handle(c->dst, dst));
+    dnnl_exec_arg_t args[4];
+    args[0] = (dnnl_exec_arg_t){DNNL_ARG_SRC, c->src};
+    args[1] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, c->wei};
+    args[2] = (dnnl_exec_arg_t){DNNL_ARG_DST, c->dst};
+    int nargs = 3;
+    if (bias) {
+        DNNL_OK(dnnl_memory_set_data_handle(c->b, (void *)(uintptr_t)bias));
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, c->b};
+    }
+    DNNL_OK(dnnl_primitive_execute(c->prim, dnnl_cpu_stream, nargs, args));
+    DNNL_OK(dnnl_stream_wait(dnnl_cpu_stream));
+}
+#endif
+
+/* ---- which path: decided once ---------------------------------------------------------------- */
+
+static int cpu_has_bf16_dot(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0;
+    while (!found && getline(&line, &cap, f) > 0)
+        if (!strncmp(line, "flags", 5)) found = strstr(line, " avx512_bf16") || strstr(line, " amx_bf16");
+    free(line);
+    fclose(f);
+    return found;
+}
+
+void omp_set_num_threads(int); /* libgomp, oneDNN's threading runtime */
+
+static int gemm_path = -1; /* 1 oneDNN, 0 sgemm */
+static char gemm_text[256];
+
+static void choose_gemm_path(void) {
+    if (gemm_path >= 0) return;
+    const char *force = getenv("PL_BF16_GEMM");
+    int has_dot = cpu_has_bf16_dot();
+#ifdef PL_HAVE_ONEDNN
+    const dnnl_version_t *v = dnnl_version();
+    if (force && !strcmp(force, "onednn")) gemm_path = 1;
+    else if (force && !strcmp(force, "sgemm")) gemm_path = 0;
+    else gemm_path = has_dot;
+    if (gemm_path) {
+        /* one thread per rank, as OpenBLAS: the ranks are the parallelism */
+        if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
+        snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: oneDNN %d.%d.%d bf16 matmul, fp32 accumulation (%s%s)",
+                 v->major, v->minor, v->patch, force ? "PL_BF16_GEMM=onednn; " : "",
+                 has_dot ? "this CPU has AVX512-BF16" : "this CPU has no AVX512-BF16: oneDNN converts in its kernels");
+    } else {
+        snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: widened to fp32 for OpenBLAS sgemm (%s)",
+                 force ? "PL_BF16_GEMM=sgemm" : "this CPU has no AVX512-BF16; PL_BF16_GEMM=onednn tries oneDNN's");
+    }
+#else
+    (void)force;
+    gemm_path = 0;
+    snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: widened to fp32 for OpenBLAS sgemm (built without "
+             "oneDNN: libdnnl-dev was not found%s)", has_dot ? "; this CPU has AVX512-BF16, which it would use" : "");
+#endif
+}
+
+int kernels_bf16_cpu_uses_onednn(void) {
+    choose_gemm_path();
+    return gemm_path;
+}
+
+const char *kernels_bf16_cpu_gemm_text(void) {
+    choose_gemm_path();
+    return gemm_text;
+}
+
+static void matmul_forward_bf16(void *out, const void *inp, const void *w, const void *bias, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    if (IC <= 0) { /* an empty sum: the bias, or zero */
+        float *b = scratch(1, OC);
+        if (bias) widen(b, bias, OC);
+        else memset(b, 0, (size_t)OC * sizeof *b);
+        for (long n = 0; n < N; n++) narrow((bf16 *)out + n * OC, b, OC);
+        return;
+    }
+#ifdef PL_HAVE_ONEDNN
+    if (kernels_bf16_cpu_uses_onednn()) {
+        /* out[N,OC] = inp[N,IC] @ w^T: weights [IC,OC] are w read with strides (1, IC) */
+        const long ss[2] = {IC, 1}, ws[2] = {1, IC}, ds[2] = {OC, 1};
+        dnnl_run(N, IC, OC, inp, ss, w, ws, out, ds, bias, 0);
+        return;
+    }
+#endif
+    sgemm_forward(out, inp, w, bias, N, IC, OC);
+}
+
+static void matmul_backward_input_bf16(void *dinp, const void *dout, const void *w, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0 || IC <= 0) return;
+#ifdef PL_HAVE_ONEDNN
+    if (kernels_bf16_cpu_uses_onednn()) { /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
+        const long ss[2] = {OC, 1}, ws[2] = {IC, 1}, ds[2] = {IC, 1};
+        dnnl_run(N, OC, IC, dout, ss, w, ws, dinp, ds, NULL, 1);
+        return;
+    }
+#endif
+    sgemm_backward_input(dinp, dout, w, N, IC, OC);
+}
+
+static void matmul_backward_weight_bf16(void *dw, void *dbias, const void *dout, const void *inp, int N, int IC,
+                                        int OC) {
+    if (N <= 0 || OC <= 0) return;
+    if (IC > 0) {
+#ifdef PL_HAVE_ONEDNN
+        if (kernels_bf16_cpu_uses_onednn()) { /* dw[OC,IC] += dout^T [OC,N] @ inp[N,IC] */
+            const long ss[2] = {1, OC}, ws[2] = {IC, 1}, ds[2] = {IC, 1};
+            dnnl_run(OC, N, IC, dout, ss, inp, ws, dw, ds, NULL, 1);
+        } else
+#endif
+            sgemm_backward_weight(dw, dout, inp, N, IC, OC);
+    }
+    if (dbias) bias_backward_bf16(dbias, dout, N, OC);
+}
+
+static void matmul_backward_bf16(void *dinp, void *dw, void *dbias, const void *dout, const void *inp, const void *w,
+                                 int N, int IC, int OC) {
+    if (dinp) matmul_backward_input_bf16(dinp, dout, w, N, IC, OC);
+    matmul_backward_weight_bf16(dw, dbias, dout, inp, N, IC, OC);
+}
+
+/* ---- attention: one (batch row, head) at a time ------------------------------------------------ */
+
+/* Head h of batch row b: q, k, v (each [T,HS] inside qkv's rows of 3C) widened
+ * into one [T, 3 HS] block, the layout of a one-head qkv, so the fp32 kernel
+ * runs on it with NH = 1. */
+static void widen_head_qkv(float *qkv1, const bf16 *qkv, int b, int h, int T, int NH, int HS) {
+    const long C = (long)NH * HS, C3 = 3 * C;
+    for (int part = 0; part < 3; part++)
+        for (long t = 0; t < T; t++)
+            widen(qkv1 + t * 3 * HS + part * HS, qkv + ((long)b * T + t) * C3 + part * C + (long)h * HS, HS);
+}
+
+static void narrow_head_qkv(bf16 *qkv, const float *qkv1, int b, int h, int T, int NH, int HS) {
+    const long C = (long)NH * HS, C3 = 3 * C;
+    for (int part = 0; part < 3; part++)
+        for (long t = 0; t < T; t++)
+            narrow(qkv + ((long)b * T + t) * C3 + part * C + (long)h * HS, qkv1 + t * 3 * HS + part * HS, HS);
+}
+
+static void attention_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int NH, int HS) {
+    if (T <= 0 || HS <= 0) return;
+    const long C = (long)NH * HS, TT = (long)T * T;
+    float *q1 = scratch(0, (long)T * 3 * HS), *a1 = scratch(1, TT), *o1 = scratch(2, (long)T * HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            widen_head_qkv(q1, qkv, b, h, T, NH, HS);
+            kernels_cpu.attention_forward(o1, a1, q1, 1, T, 1, HS);
+            narrow((bf16 *)att + ((long)b * NH + h) * TT, a1, TT);
+            narrow_rows((bf16 *)out + (long)b * T * C + (long)h * HS, o1, T, HS, C);
+        }
+}
+
+/* datt is not needed: the fp32 kernel's scratch is the widened head's own */
+static void attention_backward_bf16(void *dqkv, void *datt, const void *dout, const void *qkv, const void *att, int B,
+                                    int T, int NH, int HS) {
+    (void)datt;
+    if (T <= 0 || HS <= 0) return;
+    const long C = (long)NH * HS, TT = (long)T * T;
+    float *q1 = scratch(0, (long)T * 3 * HS), *a1 = scratch(1, TT), *dy = scratch(2, (long)T * HS);
+    float *dq1 = scratch(3, (long)T * 3 * HS), *da1 = scratch(4, TT);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            widen_head_qkv(q1, qkv, b, h, T, NH, HS);
+            widen_head_qkv(dq1, dqkv, b, h, T, NH, HS);
+            widen(a1, (const bf16 *)att + ((long)b * NH + h) * TT, TT);
+            widen_rows(dy, (const bf16 *)dout + (long)b * T * C + (long)h * HS, T, HS, C);
+            kernels_cpu.attention_backward(dq1, da1, dy, q1, a1, 1, T, 1, HS);
+            narrow_head_qkv(dqkv, dq1, b, h, T, NH, HS);
+        }
+}
+
+/* ---- loss ---------------------------------------------------------------------------------------- */
+
+static void crossentropy_forward_bf16(float *losses, void *probs, const void *logits, const int *targets, int N, int V) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, V), N);
+    float *x = scratch(0, R * V), *p = scratch(1, R * V);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(x, (const bf16 *)logits + n0 * V, r * V);
+        kernels_cpu.crossentropy_forward(losses + n0, p, x, targets + n0, (int)r, V);
+        narrow((bf16 *)probs + n0 * V, p, r * V);
+    }
+}
+
+static void crossentropy_backward_bf16(void *dlogits, const void *probs, const int *targets, float dloss, int N, int V) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, V), N);
+    float *p = scratch(0, R * V), *d = scratch(1, R * V);
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(p, (const bf16 *)probs + n0 * V, r * V);
+        kernels_cpu.crossentropy_backward(d, p, targets + n0, dloss, (int)r, V);
+        narrow((bf16 *)dlogits + n0 * V, d, r * V);
+    }
+}
+
+/* ---- optimizer --------------------------------------------------------------------------------------- */
+
+static double sum_squares_bf16(const void *x, long N) {
+    float *f = scratch(0, min_long(ELEMS, N));
+    double s = 0;
+    for (long i = 0; i < N; i += ELEMS) {
+        long n = min_long(ELEMS, N - i);
+        widen(f, (const bf16 *)x + i, n);
+        s += kernels_cpu.sum_squares(f, n);
+    }
+    return s;
+}
+
+static void sum_squares_add_bf16(double *acc, const void *x, long N) { *acc += sum_squares_bf16(x, N); }
+
+/* The fp32 step on the master weights, from the bf16 gradient. */
+static void adamw_bf16(float *p, const void *g, float *m, float *v, long N, float lr, float beta1, float beta2,
+                       float eps, float wd, int t, float grad_scale) {
+    float *gf = scratch(0, min_long(ELEMS, N));
+    for (long i = 0; i < N; i += ELEMS) {
+        long n = min_long(ELEMS, N - i);
+        widen(gf, (const bf16 *)g + i, n);
+        kernels_cpu.adamw(p + i, gf, m + i, v + i, n, lr, beta1, beta2, eps, wd, t, grad_scale);
+    }
+}
+
+const value_kernels kernels_bf16_cpu = {
+    .name = "bf16 cpu",
+    .encoder_forward = encoder_forward_bf16,
+    .encoder_backward = encoder_backward_bf16,
+    .layernorm_forward = layernorm_forward_bf16,
+    .layernorm_backward = layernorm_backward_bf16,
+    .matmul_forward = matmul_forward_bf16,
+    .matmul_backward = matmul_backward_bf16,
+    .attention_forward = attention_forward_bf16,
+    .attention_backward = attention_backward_bf16,
+    .gelu_forward = gelu_forward_bf16,
+    .gelu_backward = gelu_backward_bf16,
+    .add = add_bf16,
+    .accumulate = accumulate_bf16,
+    .scale = scale_bf16,
+    .crossentropy_forward = crossentropy_forward_bf16,
+    .crossentropy_backward = crossentropy_backward_bf16,
+    .sum_squares = sum_squares_bf16,
+    .sum_squares_add = sum_squares_add_bf16,
+    .adamw = adamw_bf16,
+    .matmul_backward_input = matmul_backward_input_bf16,
+    .matmul_backward_weight = matmul_backward_weight_bf16,
+    .layernorm_backward_input = layernorm_backward_input_bf16,
+    .layernorm_backward_weight = layernorm_backward_weight_bf16,
+    .to_values = to_values_bf16,
+    .to_floats = to_floats_bf16,
+};

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# --precision bf16 against fp32, measured in one run so the ratios are fair:
+#  1. memory per rank (rank 0, bytes by the allocator) of lab01 -n 1, lab02
+#     stages 1-3 at -n 4 and lab05 at t = 2, fp32 and bf16 (one step measures
+#     memory exactly), with plan3d --check holding every record to theory/'s
+#     formula for its precision, category by category;
+#  2. the GEMM rate of each CPU path at the default model's shapes: fp32 sgemm
+#     against bf16 through oneDNN and through convert + sgemm (bench_bf16_gemm);
+#  3. lab01 -n 1, the default model: tok/s of fp32 and of bf16 on each GEMM
+#     path, REPEATS rounds alternating the three, medians and ratios.
+# usage: plots/bench_bf16.sh [BUILD_DIR]   (default: build; REPEATS=3 STEPS=6)
+set -euo pipefail
+BUILD=${1:-build}
+REPEATS=${REPEATS:-3}
+STEPS=${STEPS:-6}
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+
+echo "== 1. memory per rank (rank 0), fp32 against bf16; formula: plan3d --check"
+for prec in fp32 bf16; do
+    mpirun -n 1 "$BUILD/lab01_dp" --steps 1 --precision $prec --out "$OUT/mem-$prec" >/dev/null
+    for s in 1 2 3; do
+        mpirun -n 4 "$BUILD/lab02_zero" --steps 1 --zero-stage $s --precision $prec --out "$OUT/mem-$prec" >/dev/null
+    done
+    mpirun -n 2 "$BUILD/lab05_tp" --steps 1 --precision $prec --out "$OUT/mem-$prec" >/dev/null
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+rows = {}
+for prec in ("fp32", "bf16"):
+    for line in open(f"{sys.argv[1]}/mem-{prec}/records.jsonl"):
+        r = json.loads(line)
+        m = {k: v[0] for k, v in r["mem_peak_bytes_per_rank"].items()}
+        rows.setdefault(f"{r['lab']} {r['layout']}", {})[prec] = m
+print(f"{'run':24s} {'prec':4s} {'params':>10s} {'grads':>10s} {'optim':>10s} {'states':>10s} {'acts':>11s}  states bf16/fp32  acts bf16/fp32")
+for name, p in rows.items():
+    for prec in ("fp32", "bf16"):
+        m = p[prec]
+        st = m["params"] + m["grads"] + m["optim"]
+        ratio = ""
+        if prec == "bf16":
+            f = p["fp32"]
+            ratio = f"  {st / (f['params'] + f['grads'] + f['optim']):.3f}            {m['acts'] / f['acts']:.3f}"
+        print(f"{name:24s} {prec:4s} {m['params']:10d} {m['grads']:10d} {m['optim']:10d} {st:10d} {m['acts']:11d}{ratio}")
+PY
+for prec in fp32 bf16; do "$BUILD/plan3d" --check "$OUT/mem-$prec" | grep -E "^lab|checked"; done
+
+echo "== 2. GEMM rates, one thread (bf16/fp32 in the same process)"
+for path in onednn sgemm; do PL_BF16_GEMM=$path "$BUILD/bench_bf16_gemm"; done
+
+echo "== 3. lab01 -n 1, default model, $STEPS steps: tok/s (median step), $REPEATS rounds"
+for r in $(seq "$REPEATS"); do
+    mpirun -n 1 "$BUILD/lab01_dp" --steps "$STEPS" --out "$OUT/fp32" >/dev/null
+    for path in onednn sgemm; do
+        PL_BF16_GEMM=$path mpirun -n 1 "$BUILD/lab01_dp" --steps "$STEPS" --precision bf16 --out "$OUT/bf16-$path" >/dev/null
+    done
+done
+python3 - "$OUT" <<'PY'
+import json, statistics, sys
+def tps(name):
+    return [json.loads(l)["tokens_per_s"] for l in open(f"{sys.argv[1]}/{name}/records.jsonl")]
+f = tps("fp32")
+print(f"fp32        tok/s {' '.join(f'{x:.0f}' for x in f)} | median {statistics.median(f):.0f}")
+for path in ("onednn", "sgemm"):
+    b = tps(f"bf16-{path}")
+    ratios = [x / y for x, y in zip(b, f)]
+    print(f"bf16 {path:6s} tok/s {' '.join(f'{x:.0f}' for x in b)} | median {statistics.median(b):.0f} | "
+          f"bf16/fp32 per round {' '.join(f'{x:.2f}' for x in ratios)}, median {statistics.median(ratios):.2f}")
+PY
+grep -m1 -o "avx512_bf16\|amx_bf16" /proc/cpuinfo || echo "(this CPU has no avx512_bf16 / amx_bf16)"
