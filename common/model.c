@@ -147,44 +147,103 @@ static void *carve(void *block, long *used, long n, size_t size) {
 #define FOUR 4
 
 /* Widths inside a layer: all heads and 4C MLP units, or a tensor-parallel
- * rank's share of them (the residual stream stays C wide either way). */
-typedef struct { long heads, attn, mlp; } layer_widths;
+ * rank's share of them (the residual stream stays C wide either way), and the
+ * parts the residual stream's positions are split into (sequence parallelism:
+ * gpt_part; 1 otherwise). */
+typedef struct { long heads, attn, mlp, parts, part; } layer_widths;
 
 static layer_widths full_widths(const gpt_layout *g) {
-    return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model};
+    return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model, 1, 0};
+}
+
+static layer_widths part_widths(const gpt_layout *g, const gpt_part *p) {
+    int parts = p->seq_parts > 1 ? p->seq_parts : 1;
+    if (g->cfg.seq % parts) die("gpt_part: %d sequence parts do not divide seq %d", parts, g->cfg.seq);
+    return (layer_widths){p->heads, (long)p->heads * (g->cfg.d_model / g->cfg.heads), p->mlp_width, parts,
+                          parts > 1 ? p->seq_part : 0};
+}
+
+static layer_widths local_widths(const gpt_layout *g, int heads, int mlp_width) {
+    gpt_part p = {heads, mlp_width, 1, 0};
+    return part_widths(g, &p);
+}
+
+const char *const gpt_recompute_names[GPT_RECOMPUTE_MODES] = {"none", "selective", "full"};
+
+int gpt_recompute_parse(const char *name) {
+    for (int m = 0; m < GPT_RECOMPUTE_MODES; m++)
+        if (!strcmp(name, gpt_recompute_names[m])) return m;
+    return -1;
+}
+
+/* The pieces of one layer's activations, in the order they are laid out. */
+enum {
+    LA_LN1 = 1 << 0,   /* ln1 [N,C] and its mean, rstd [Ns] */
+    LA_QKV = 1 << 1,   /* qkv [N,3 attn] */
+    LA_ATTY = 1 << 2,  /* atty [N,attn] */
+    LA_ATT = 1 << 3,   /* att [B,heads,T,T] */
+    LA_RES2 = 1 << 4,  /* res2 [Ns,C] */
+    LA_LN2 = 1 << 5,   /* ln2 [N,C] and its mean, rstd [Ns] */
+    LA_FCH = 1 << 6,   /* fch [N,mlp] */
+    LA_GELU = 1 << 7,  /* fch_gelu [N,mlp] */
+    LA_RES3 = 1 << 8,  /* res3 [Ns,C], the layer's output */
+    LA_ALL = (1 << 9) - 1,
+    LA_W_READS = LA_LN1 | LA_ATTY | LA_RES2 | LA_LN2 | LA_GELU /* what the weight half reads */
+};
+
+/* Carve the pieces `which` of one layer: N = B x T positions inside the
+ * tensor-parallel region, Ns = N / parts on the residual stream. */
+static void carve_layer(layer_acts *la, void *block, long *used, const gpt_layout *g, long B, layer_widths w,
+                        unsigned which) {
+    long T = g->cfg.seq, C = g->cfg.d_model, N = B * T, Ns = N / w.parts;
+#define PIECE(flag, field, n, size) la->field = (which & (flag)) ? carve(block, used, (n), (size)) : NULL
+    PIECE(LA_LN1, ln1, N * C, VALUES);
+    PIECE(LA_LN1, ln1_mean, Ns, FOUR);
+    PIECE(LA_LN1, ln1_rstd, Ns, FOUR);
+    PIECE(LA_QKV, qkv, N * 3 * w.attn, VALUES);
+    PIECE(LA_ATTY, atty, N * w.attn, VALUES);
+    PIECE(LA_ATT, att, B * w.heads * T * T, VALUES);
+    PIECE(LA_RES2, res2, Ns * C, VALUES);
+    PIECE(LA_LN2, ln2, N * C, VALUES);
+    PIECE(LA_LN2, ln2_mean, Ns, FOUR);
+    PIECE(LA_LN2, ln2_rstd, Ns, FOUR);
+    PIECE(LA_FCH, fch, N * w.mlp, VALUES);
+    PIECE(LA_GELU, fch_gelu, N * w.mlp, VALUES);
+    PIECE(LA_RES3, res3, Ns * C, VALUES);
+#undef PIECE
+}
+
+/* What a layer keeps for its backward under each --recompute mode. */
+static unsigned kept_pieces(const gpt_layout *g) {
+    switch (g->cfg.recompute) {
+    case GPT_RECOMPUTE_SELECTIVE: return LA_ALL & ~LA_ATT;
+    case GPT_RECOMPUTE_FULL: return LA_RES3;
+    default: return LA_ALL;
+    }
 }
 
 static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, void *block) {
     long B = a->B, T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab;
-    long N = B * T, used = 0;
+    long Ns = B * T / w.parts, used = 0;
     int first = a->lo == 0, last = a->hi == g->cfg.layers;
     /* token ids live in the float block as int-sized slots */
-    a->tokens = first ? (int *)carve(block, &used, N, FOUR) : NULL;
-    a->targets = last ? (int *)carve(block, &used, N, FOUR) : NULL;
-    a->x_in = carve(block, &used, N * C, VALUES);
+    a->tokens = first ? (int *)carve(block, &used, Ns, FOUR) : NULL;
+    a->targets = last ? (int *)carve(block, &used, Ns, FOUR) : NULL;
+    a->x_in = carve(block, &used, Ns * C, VALUES);
+    long layers_start = used, att = 0;
     for (int l = 0; l < a->hi - a->lo; l++) {
-        layer_acts *la = &a->layer[l];
-        la->ln1 = carve(block, &used, N * C, VALUES);
-        la->ln1_mean = carve(block, &used, N, FOUR);
-        la->ln1_rstd = carve(block, &used, N, FOUR);
-        la->qkv = carve(block, &used, N * 3 * w.attn, VALUES);
-        la->atty = carve(block, &used, N * w.attn, VALUES);
-        la->att = carve(block, &used, B * w.heads * T * T, VALUES);
-        la->res2 = carve(block, &used, N * C, VALUES);
-        la->ln2 = carve(block, &used, N * C, VALUES);
-        la->ln2_mean = carve(block, &used, N, FOUR);
-        la->ln2_rstd = carve(block, &used, N, FOUR);
-        la->fch = carve(block, &used, N * w.mlp, VALUES);
-        la->fch_gelu = carve(block, &used, N * w.mlp, VALUES);
-        la->res3 = carve(block, &used, N * C, VALUES);
+        carve_layer(&a->layer[l], block, &used, g, B, w, kept_pieces(g));
+        if (a->layer[l].att) att += ((long)VALUES * B * w.heads * T * T + 63) / 64 * 64;
     }
+    a->att_bytes = att;
+    a->layer_bytes = used - layers_start - att;
     if (last) {
-        a->lnf = carve(block, &used, N * C, VALUES);
-        a->lnf_mean = carve(block, &used, N, FOUR);
-        a->lnf_rstd = carve(block, &used, N, FOUR);
-        a->logits = carve(block, &used, N * V, VALUES);
-        a->probs = carve(block, &used, N * V, VALUES);
-        a->losses = carve(block, &used, N, FOUR);
+        a->lnf = carve(block, &used, Ns * C, VALUES);
+        a->lnf_mean = carve(block, &used, Ns, FOUR);
+        a->lnf_rstd = carve(block, &used, Ns, FOUR);
+        a->logits = carve(block, &used, Ns * V, VALUES);
+        a->probs = carve(block, &used, Ns * V, VALUES);
+        a->losses = carve(block, &used, Ns, FOUR);
     } else {
         a->lnf = a->lnf_mean = a->lnf_rstd = a->logits = a->probs = a->losses = NULL;
     }
@@ -194,6 +253,8 @@ static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, void 
 static void acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, layer_widths w) {
     memset(a, 0, sizeof *a);
     a->B = B; a->lo = lo; a->hi = hi;
+    a->seq = (int)(g->cfg.seq / w.parts);
+    a->seq_first = (int)w.part * a->seq;
     a->layer = calloc((size_t)(hi - lo) + 1, sizeof *a->layer);
     if (!a->layer) die("out of host memory");
     a->bytes = lay_out_acts(a, g, w, NULL);
@@ -206,7 +267,11 @@ void gpt_acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B) {
 }
 
 void gpt_acts_alloc_local(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width) {
-    acts_alloc(a, g, lo, hi, B, (layer_widths){heads, (long)heads * (g->cfg.d_model / g->cfg.heads), mlp_width});
+    acts_alloc(a, g, lo, hi, B, local_widths(g, heads, mlp_width));
+}
+
+void gpt_acts_alloc_part(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, const gpt_part *p) {
+    acts_alloc(a, g, lo, hi, B, part_widths(g, p));
 }
 
 void gpt_acts_free(gpt_acts *a) {
@@ -215,21 +280,40 @@ void gpt_acts_free(gpt_acts *a) {
     memset(a, 0, sizeof *a);
 }
 
+void gpt_acts_bind(gpt_acts *a, gpt_grad_scratch *s) { a->scratch = s; }
+
+void gpt_acts_set_batch(gpt_acts *a, const int *tokens, const int *targets, int T) {
+    for (int b = 0; b < a->B; b++) {
+        size_t at = (size_t)b * T + (size_t)a->seq_first, n = (size_t)a->seq * sizeof(int);
+        if (a->tokens && tokens) mem_to_device(a->tokens + (size_t)b * a->seq, tokens + at, n);
+        if (a->targets && targets) mem_to_device(a->targets + (size_t)b * a->seq, targets + at, n);
+    }
+}
+
 void *gpt_acts_output(const gpt_acts *a) {
     return a->hi > a->lo ? a->layer[a->hi - a->lo - 1].res3 : a->x_in;
 }
 
 static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, layer_widths w, void *block) {
-    long T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, N = B * T;
+    long T = g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, N = B * T, Ns = N / w.parts;
     long used = 0;
-    s->dres = carve(block, &used, N * C, VALUES);
+    s->dres = carve(block, &used, Ns * C, VALUES);
     s->dln = carve(block, &used, N * C, VALUES);
     s->dqkv = carve(block, &used, N * 3 * w.attn, VALUES);
     s->datty = carve(block, &used, N * w.attn, VALUES);
     s->datt = carve(block, &used, (long)B * w.heads * T * T, VALUES);
     s->dfch = carve(block, &used, N * w.mlp, VALUES);
     s->dfch_gelu = carve(block, &used, N * w.mlp, VALUES);
-    s->dlogits = carve(block, &used, N * V, VALUES);
+    s->dlogits = carve(block, &used, Ns * V, VALUES);
+    int split = w.parts > 1;
+    s->seq_full = split ? carve(block, &used, N * C, VALUES) : NULL;
+    s->seq_packed = split ? carve(block, &used, N * C, VALUES) : NULL;
+    s->seq_shard = split ? carve(block, &used, Ns * C, VALUES) : NULL;
+    /* the recomputation's one layer: what the layers do not keep (full: all
+     * of it, the output too, which the recomputation must not write over the
+     * kept one) */
+    unsigned work = g->cfg.recompute == GPT_RECOMPUTE_FULL ? LA_ALL : LA_ALL & ~kept_pieces(g);
+    carve_layer(&s->work, block, &used, g, B, w, work);
     return used;
 }
 
@@ -242,7 +326,11 @@ static void scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B, layer
 void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B) { scratch_alloc(s, g, B, full_widths(g)); }
 
 void gpt_scratch_alloc_local(gpt_grad_scratch *s, const gpt_layout *g, int B, int heads, int mlp_width) {
-    scratch_alloc(s, g, B, (layer_widths){heads, (long)heads * (g->cfg.d_model / g->cfg.heads), mlp_width});
+    scratch_alloc(s, g, B, local_widths(g, heads, mlp_width));
+}
+
+void gpt_scratch_alloc_part(gpt_grad_scratch *s, const gpt_layout *g, int B, const gpt_part *p) {
+    scratch_alloc(s, g, B, part_widths(g, p));
 }
 
 void gpt_scratch_free(gpt_grad_scratch *s) {
@@ -254,9 +342,13 @@ void gpt_scratch_free(gpt_grad_scratch *s) {
 
 #define P(block, which) value_at(block, g->layer[which].offset)
 
+/* The block's positions: B rows of a->seq (all T, or a sequence-parallel slice). */
+static long block_tokens(const gpt_acts *a) { return (long)a->B * a->seq; }
+
 void gpt_embed_forward(const gpt_layout *g, const void *ep, gpt_acts *a) {
+    int C = g->cfg.d_model; /* a slice of the positions adds its own rows of wpe */
     KP->encoder_forward(a->x_in, a->tokens, value_at(ep, g->embed[EMBED_WTE].offset),
-                        value_at(ep, g->embed[EMBED_WPE].offset), a->B, g->cfg.seq, g->cfg.d_model);
+                        value_at(ep, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), a->B, a->seq, C);
 }
 
 /* The input of `layer`: the previous layer's output, or x_in for the first. */
@@ -264,10 +356,49 @@ static const void *layer_input(const gpt_acts *a, int layer) {
     return layer == a->lo ? a->x_in : a->layer[layer - a->lo - 1].res3;
 }
 
-void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int layer) {
-    int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
-    layer_acts *la = &a->layer[layer - a->lo];
-    const void *x = layer_input(a, layer);
+static const layer_acts *bound_work(const gpt_layout *g, const gpt_acts *a) {
+    if (!a->scratch)
+        die("--recompute %s: the forward puts what a layer does not keep in the stage's scratch, and this "
+            "block has none (gpt_acts_bind)", gpt_recompute_names[g->cfg.recompute]);
+    return &a->scratch->work;
+}
+
+layer_acts gpt_layer_forward_target(const gpt_layout *g, const gpt_acts *a, int layer) {
+    layer_acts la = a->layer[layer - a->lo];
+    if (g->cfg.recompute == GPT_RECOMPUTE_SELECTIVE) {
+        la.att = bound_work(g, a)->att; /* computed, used by the attention output, not kept */
+    } else if (g->cfg.recompute == GPT_RECOMPUTE_FULL) {
+        void *output = la.res3; /* the one piece kept: the next layer's input */
+        la = *bound_work(g, a);
+        la.res3 = output;
+    }
+    return la;
+}
+
+layer_acts gpt_layer_backward_source(const gpt_layout *g, const gpt_acts *a, int layer, gpt_grad_scratch *s,
+                                     const layer_acts *keep, int heads) {
+    layer_acts la = a->layer[layer - a->lo];
+    if (g->cfg.recompute == GPT_RECOMPUTE_SELECTIVE) {
+        /* att from the kept q and k, the forward's kernel on the forward's
+         * inputs: the same bits. Its output (att v) is not needed: s->datty
+         * takes it and is overwritten before the backward reads it. */
+        la.att = s->work.att;
+        KP->attention_forward(s->datty, la.att, la.qkv, a->B, g->cfg.seq, heads, g->cfg.d_model / g->cfg.heads);
+    } else if (g->cfg.recompute == GPT_RECOMPUTE_FULL) {
+        la = s->work;
+        if (keep) {
+            la.ln1 = keep->ln1; la.ln1_mean = keep->ln1_mean; la.ln1_rstd = keep->ln1_rstd;
+            la.atty = keep->atty; la.res2 = keep->res2;
+            la.ln2 = keep->ln2; la.ln2_mean = keep->ln2_mean; la.ln2_rstd = keep->ln2_rstd;
+            la.fch_gelu = keep->fch_gelu;
+        }
+    }
+    return la;
+}
+
+/* One layer's forward from x into la (B rows of T positions). */
+static void layer_compute(const gpt_layout *g, const void *lp, const void *x, const layer_acts *la, int B) {
+    int T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
     KP->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, P(lp, LAYER_LN1_W), P(lp, LAYER_LN1_B), N, C);
     KP->matmul_forward(la->qkv, la->ln1, P(lp, LAYER_QKV_W), P(lp, LAYER_QKV_B), N, C, 3 * C);
     KP->attention_forward(la->atty, la->att, la->qkv, B, T, NH, C / NH);
@@ -280,8 +411,13 @@ void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int lay
     KP->add(la->res3, la->res3, la->res2, (long)N * C);
 }
 
+void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int layer) {
+    layer_acts la = gpt_layer_forward_target(g, a, layer);
+    layer_compute(g, lp, layer_input(a, layer), &la, a->B);
+}
+
 void gpt_head_forward(const gpt_layout *g, const void *hp, gpt_acts *a) {
-    int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
+    int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     KP->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt_acts_output(a), value_at(hp, g->head[HEAD_LNF_W].offset),
                           value_at(hp, g->head[HEAD_LNF_B].offset), N, C);
     KP->matmul_forward(a->logits, a->lnf, value_at(hp, g->head[HEAD_W].offset), NULL, N, C, V);
@@ -300,7 +436,7 @@ void gpt_forward(const gpt_layout *g, const void *params, gpt_acts *a) {
 
 void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *a,
                        gpt_grad_scratch *s, float dloss) {
-    int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
+    int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     size_t nc = (size_t)N * C * value_bytes();
     KP->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
     mem_zero(s->dln, nc);
@@ -315,8 +451,10 @@ void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *
 void gpt_layer_backward(const gpt_layout *g, const void *lp, void *gp, gpt_acts *a, int layer,
                         gpt_grad_scratch *s) {
     int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
-    const layer_acts *la = &a->layer[layer - a->lo];
     const void *x = layer_input(a, layer);
+    layer_acts recomputed = gpt_layer_backward_source(g, a, layer, s, NULL, NH);
+    if (g->cfg.recompute == GPT_RECOMPUTE_FULL) layer_compute(g, lp, x, &recomputed, B); /* the forward again */
+    const layer_acts *la = &recomputed;
     size_t nc = (size_t)N * C * value_bytes(), n4c = 4 * nc;
     /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
     mem_zero(s->dfch_gelu, n4c);
@@ -343,8 +481,10 @@ void gpt_layer_backward(const gpt_layout *g, const void *lp, void *gp, gpt_acts 
 }
 
 void gpt_embed_backward(const gpt_layout *g, void *eg, gpt_acts *a, gpt_grad_scratch *s) {
-    KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset), value_at(eg, g->embed[EMBED_WPE].offset),
-                         s->dres, a->tokens, a->B, g->cfg.seq, g->cfg.d_model);
+    int C = g->cfg.d_model;
+    KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset),
+                         value_at(eg, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), s->dres, a->tokens, a->B,
+                         a->seq, C);
 }
 
 void *gpt_backward(const gpt_layout *g, const void *params, void *grads, gpt_acts *a,
@@ -358,7 +498,7 @@ void *gpt_backward(const gpt_layout *g, const void *params, void *grads, gpt_act
         gpt_head_backward(g, value_at(params, h), value_at(grads, h), a, s, dloss);
         if (ready) ready(ready_ctx, gpt_head_offset(g), g->total);
     } else {
-        mem_copy(s->dres, dout, (size_t)a->B * g->cfg.seq * g->cfg.d_model * value_bytes());
+        mem_copy(s->dres, dout, (size_t)block_tokens(a) * g->cfg.d_model * value_bytes());
     }
     for (int l = a->hi - 1; l >= a->lo; l--) {
         long o = gpt_layer_offset(g, l) - begin;
@@ -373,21 +513,25 @@ void *gpt_backward(const gpt_layout *g, const void *params, void *grads, gpt_act
 
 /* ---- the backward in two halves ----------------------------------------------------- */
 
+/* N = B x T positions where the douts are whole along the sequence (the
+ * matmuls'), Ns = N / parts where they are on the residual stream (the
+ * LayerNorms', the head's, the embedding's). */
 static long lay_out_wgrads(gpt_wgrads *w, const gpt_layout *g, layer_widths wd, void *block) {
-    long N = (long)w->B * g->cfg.seq, C = g->cfg.d_model, V = g->cfg.vocab, used = 0;
+    long N = (long)w->B * g->cfg.seq, Ns = N / wd.parts, C = g->cfg.d_model, V = g->cfg.vocab, used = 0;
     for (int l = 0; l < w->hi - w->lo; l++) {
         layer_wgrads *lw = &w->layer[l];
         lw->dres3 = carve(block, &used, N * C, VALUES);
         lw->dfch = carve(block, &used, N * wd.mlp, VALUES);
-        lw->dln2 = carve(block, &used, N * C, VALUES);
+        lw->dln2 = carve(block, &used, Ns * C, VALUES);
         lw->dres2 = carve(block, &used, N * C, VALUES);
         lw->dqkv = carve(block, &used, N * 3 * wd.attn, VALUES);
-        lw->dln1 = carve(block, &used, N * C, VALUES);
+        lw->dln1 = carve(block, &used, Ns * C, VALUES);
+        carve_layer(&lw->kept, block, &used, g, w->B, wd, g->cfg.recompute == GPT_RECOMPUTE_FULL ? LA_W_READS : 0);
     }
     int last = w->hi == g->cfg.layers;
-    w->dlogits = last ? carve(block, &used, N * V, VALUES) : NULL;
-    w->dlnf = last ? carve(block, &used, N * C, VALUES) : NULL;
-    w->dx = w->lo == 0 ? carve(block, &used, N * C, VALUES) : NULL;
+    w->dlogits = last ? carve(block, &used, Ns * V, VALUES) : NULL;
+    w->dlnf = last ? carve(block, &used, Ns * C, VALUES) : NULL;
+    w->dx = w->lo == 0 ? carve(block, &used, Ns * C, VALUES) : NULL;
     return used;
 }
 
@@ -406,7 +550,15 @@ void gpt_wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B)
 }
 
 void gpt_wgrads_alloc_local(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width) {
-    wgrads_alloc(w, g, lo, hi, B, (layer_widths){heads, (long)heads * (g->cfg.d_model / g->cfg.heads), mlp_width});
+    wgrads_alloc(w, g, lo, hi, B, local_widths(g, heads, mlp_width));
+}
+
+void gpt_wgrads_alloc_part(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, const gpt_part *p) {
+    wgrads_alloc(w, g, lo, hi, B, part_widths(g, p));
+}
+
+const layer_acts *gpt_layer_weight_source(const gpt_layout *g, const gpt_acts *a, int layer, const gpt_wgrads *w) {
+    return g->cfg.recompute == GPT_RECOMPUTE_FULL ? &w->layer[layer - a->lo].kept : &a->layer[layer - a->lo];
 }
 
 void gpt_wgrads_free(gpt_wgrads *w) {
@@ -417,7 +569,7 @@ void gpt_wgrads_free(gpt_wgrads *w) {
 
 void gpt_head_backward_input(const gpt_layout *g, const void *hp, gpt_acts *a, gpt_grad_scratch *s,
                              gpt_wgrads *w, float dloss) {
-    int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
+    int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     size_t nc = (size_t)N * C * value_bytes();
     KP->crossentropy_backward(w->dlogits, a->probs, a->targets, dloss, N, V);
     mem_zero(w->dlnf, nc);
@@ -432,9 +584,12 @@ void gpt_head_backward_input(const gpt_layout *g, const void *hp, gpt_acts *a, g
 void gpt_layer_backward_input(const gpt_layout *g, const void *lp, const gpt_acts *a, int layer,
                               gpt_grad_scratch *s, gpt_wgrads *w) {
     int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
-    const layer_acts *la = &a->layer[layer - a->lo];
     layer_wgrads *lw = &w->layer[layer - a->lo];
     const void *x = layer_input(a, layer);
+    /* full: B recomputes the forward, leaving what W reads in lw->kept */
+    layer_acts recomputed = gpt_layer_backward_source(g, a, layer, s, &lw->kept, NH);
+    if (g->cfg.recompute == GPT_RECOMPUTE_FULL) layer_compute(g, lp, x, &recomputed, B);
+    const layer_acts *la = &recomputed;
     size_t nc = (size_t)N * C * value_bytes(), n4c = 4 * nc;
     /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
     mem_copy(lw->dres3, s->dres, nc);
@@ -457,7 +612,7 @@ void gpt_layer_backward_input(const gpt_layout *g, const void *lp, const gpt_act
 }
 
 void gpt_head_backward_weight(const gpt_layout *g, void *hg, const gpt_acts *a, const gpt_wgrads *w) {
-    int C = g->cfg.d_model, V = g->cfg.vocab, N = a->B * g->cfg.seq;
+    int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     KP->matmul_backward_weight(value_at(hg, g->head[HEAD_W].offset), NULL, w->dlogits, a->lnf, N, C, V);
     KP->layernorm_backward_weight(value_at(hg, g->head[HEAD_LNF_W].offset), value_at(hg, g->head[HEAD_LNF_B].offset),
                                   w->dlnf, gpt_acts_output(a), a->lnf_mean, a->lnf_rstd, N, C);
@@ -466,7 +621,7 @@ void gpt_head_backward_weight(const gpt_layout *g, void *hg, const gpt_acts *a, 
 /* In gpt_layer_backward's order, so the gradients come out the same. */
 void gpt_layer_backward_weight(const gpt_layout *g, void *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
     int C = g->cfg.d_model, N = a->B * g->cfg.seq;
-    const layer_acts *la = &a->layer[layer - a->lo];
+    const layer_acts *la = gpt_layer_weight_source(g, a, layer, w);
     const layer_wgrads *lw = &w->layer[layer - a->lo];
     KP->matmul_backward_weight(P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N, 4 * C, C);
     KP->matmul_backward_weight(P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, 4 * C);
@@ -479,14 +634,16 @@ void gpt_layer_backward_weight(const gpt_layout *g, void *gp, const gpt_acts *a,
 }
 
 void gpt_embed_backward_weight(const gpt_layout *g, void *eg, const gpt_acts *a, const gpt_wgrads *w) {
-    KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset), value_at(eg, g->embed[EMBED_WPE].offset), w->dx,
-                         a->tokens, a->B, g->cfg.seq, g->cfg.d_model);
+    int C = g->cfg.d_model;
+    KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset),
+                         value_at(eg, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), w->dx, a->tokens, a->B,
+                         a->seq, C);
 }
 
 void *gpt_backward_input(const gpt_layout *g, const void *params, gpt_acts *a, gpt_grad_scratch *s,
                          gpt_wgrads *w, const void *dout, float dloss) {
     long begin, end;
-    size_t nc = (size_t)a->B * g->cfg.seq * g->cfg.d_model * value_bytes();
+    size_t nc = (size_t)block_tokens(a) * g->cfg.d_model * value_bytes();
     gpt_range(g, a->lo, a->hi, &begin, &end);
     if (a->hi == g->cfg.layers) gpt_head_backward_input(g, value_at(params, gpt_head_offset(g) - begin), a, s, w, dloss);
     else mem_copy(s->dres, dout, nc);
@@ -507,7 +664,8 @@ void gpt_backward_weight(const gpt_layout *g, void *grads, const gpt_acts *a, co
 }
 
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a) {
-    long n = (long)a->B * g->cfg.seq;
+    (void)g;
+    long n = block_tokens(a);
     float *host = malloc((size_t)n * sizeof(float));
     if (!host) die("out of host memory");
     mem_to_host(host, a->losses, (size_t)n * sizeof(float));

@@ -19,12 +19,30 @@
 #include "precision.h"
 #include <stdint.h>
 
+/* --recompute (every lab): what a layer keeps between its forward and its
+ * backward. A memory technique, not a parallel strategy, so it lives here and
+ * every lab's layers (lab05's tensor-parallel ones too) follow it.
+ *   none       every activation its backward reads (layer_acts below)
+ *   selective  all but the attention matrix att [B,NH,T,T], the one term that
+ *              grows with T^2: the backward runs attention's forward again from
+ *              the kept q, k, v (into the scratch) just before it needs att
+ *   full       only its output, the next layer's input: its forward runs again,
+ *              into the scratch's one-layer set, just before its backward
+ * The recomputed values are the first forward's bit for bit (the same kernels
+ * on the same inputs), so every mode trains exactly as none does, at the price
+ * of the recomputation: selective the attention core again, full the forward. */
+typedef enum { GPT_RECOMPUTE_NONE, GPT_RECOMPUTE_SELECTIVE, GPT_RECOMPUTE_FULL, GPT_RECOMPUTE_MODES } gpt_recompute;
+#define GPT_RECOMPUTE_CHOICES "none|selective|full"
+extern const char *const gpt_recompute_names[GPT_RECOMPUTE_MODES]; /* "none", "selective", "full" */
+int gpt_recompute_parse(const char *name); /* -1 for an unknown name */
+
 typedef struct gpt_config {
     int vocab;    /* 256: byte-level tokens */
     int seq;      /* T, the context length (and the rows of wpe) */
     int layers;   /* L */
     int d_model;  /* C */
     int heads;    /* NH; head size C / NH */
+    int recompute; /* gpt_recompute: how the layers run, not what they are */
 } gpt_config;
 
 /* The tensors inside one layer block, in order. */
@@ -90,13 +108,18 @@ typedef struct layer_acts {
 
 typedef struct gpt_acts {
     int B, lo, hi;
-    int *tokens, *targets; /* device, B*T each: tokens on the first stage, targets on the last */
-    void *x_in;            /* [B,T,C] input of layer lo: the embedding output or what was received */
-    layer_acts *layer;     /* hi - lo of them */
-    void *lnf, *logits, *probs;                /* last stage only */
+    int seq, seq_first;    /* positions of each row held outside the layers' insides: all T
+                            * from 0, or a sequence-parallel rank's T/t from part x T/t */
+    int *tokens, *targets; /* device, B*seq each: tokens on the first stage, targets on the last */
+    void *x_in;            /* [B,seq,C] input of layer lo: the embedding output or what was received */
+    layer_acts *layer;     /* hi - lo of them; under --recompute full only their res3 */
+    void *lnf, *logits, *probs;                /* last stage only, B*seq positions */
     float *lnf_mean, *lnf_rstd, *losses;       /* last stage only; fp32 */
     void *block;           /* the one allocation */
     long bytes;
+    long att_bytes, layer_bytes; /* of which the layers' att pieces (the T^2 term), and their
+                                  * other pieces; the rest (x_in, tokens, the head's) is not per layer */
+    struct gpt_grad_scratch *scratch; /* gpt_acts_bind: where the forward puts what it does not keep */
 } gpt_acts;
 
 void gpt_acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B);
@@ -105,18 +128,43 @@ void gpt_acts_free(gpt_acts *a);
 void *gpt_acts_output(const gpt_acts *a);
 
 /* Scratch for the backward of one stage, reused by every micro-batch
- * (workspace category). */
+ * (workspace category), and the one-layer set where --recompute puts what the
+ * layers do not keep: selective, work.att; full, every piece of work (the
+ * forward computes there, and the backward recomputes there). With sequence
+ * parallelism (lab05) also the staging of its collectives: seq_full [B,T,C],
+ * seq_packed [B,T,C] (the same rows, rank by rank) and seq_shard [B,T/t,C]. */
 typedef struct gpt_grad_scratch {
     void *dres, *dln, *dqkv, *datty, *datt, *dfch, *dfch_gelu, *dlogits;
+    layer_acts work;
+    void *seq_full, *seq_packed, *seq_shard;
     void *block;
 } gpt_grad_scratch;
 void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B);
 void gpt_scratch_free(gpt_grad_scratch *s);
+/* The forward of a block needs its stage's scratch under --recompute
+ * selective and full (and sequence parallelism): bind them once, after both
+ * are allocated. A forward that needs it and finds none ends the job. */
+void gpt_acts_bind(gpt_acts *a, gpt_grad_scratch *s);
+/* Copy one batch's tokens and targets ([B,T] each, host) into the block: the
+ * first stage's tokens, the last stage's targets, only the positions it holds. */
+void gpt_acts_set_batch(gpt_acts *a, const int *tokens, const int *targets, int T);
 
 /* Both at a tensor-parallel rank's local widths: `heads` of the attention heads
  * and `mlp_width` of the 4C MLP units; the residual stream stays C wide. */
 void gpt_acts_alloc_local(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width);
 void gpt_scratch_alloc_local(gpt_grad_scratch *s, const gpt_layout *g, int B, int heads, int mlp_width);
+
+/* The part of every layer a block computes (lab05's tensor parallelism): its
+ * heads and MLP units, and, with sequence parallelism, which of seq_parts
+ * equal slices of every sequence's positions it holds outside the
+ * tensor-parallel regions (the residual stream, the LayerNorms, the embedding
+ * and the loss): positions [seq_part x T/seq_parts, (seq_part + 1) x T/seq_parts).
+ * The inputs of the column-parallel matmuls (ln1, ln2) and everything between
+ * them and the row-parallel ones stay whole along the sequence. common/'s own
+ * layers run whole blocks only (seq_parts 1); lab05 runs the rest. */
+typedef struct gpt_part { int heads, mlp_width, seq_parts, seq_part; } gpt_part;
+void gpt_acts_alloc_part(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, const gpt_part *p);
+void gpt_scratch_alloc_part(gpt_grad_scratch *s, const gpt_layout *g, int B, const gpt_part *p);
 
 /* Forward of layers [a->lo, a->hi) on `params`, the flat buffer holding the
  * range gpt_range(lo, hi) (params[0] is element `begin` of the model).
@@ -155,6 +203,19 @@ void gpt_layer_backward(const gpt_layout *g, const void *layer_params, void *lay
                         gpt_acts *a, int layer, gpt_grad_scratch *s);
 void gpt_embed_backward(const gpt_layout *g, void *embed_grads, gpt_acts *a, gpt_grad_scratch *s);
 
+/* --recompute's two choices, for every layer code (this file's and lab05's):
+ * where the forward of `layer` writes (its own layer_acts; selective: att in
+ * the bound scratch's work set; full: the work set, but the output in the
+ * layer's own res3), and what its backward reads (none: the kept pieces;
+ * selective: the kept ones with att recomputed into s->work.att by attention's
+ * forward at `heads` heads, its output into s->datty, which the backward
+ * overwrites; full: s->work, where the caller runs the layer's forward again
+ * first). keep: a split backward's W block (gpt_wgrads) under full: the pieces
+ * W reads then go there instead of into s->work, so they live until W. */
+layer_acts gpt_layer_forward_target(const gpt_layout *g, const gpt_acts *a, int layer);
+layer_acts gpt_layer_backward_source(const gpt_layout *g, const gpt_acts *a, int layer, gpt_grad_scratch *s,
+                                     const layer_acts *keep, int heads);
+
 /* ---- the backward in two halves (lab04's zero-bubble schedules) -----------------
  * B, the input half: the gradient of the range's input, which the previous
  * pipeline stage waits for. W, the weight half: the gradients of the weights,
@@ -176,6 +237,9 @@ typedef struct layer_wgrads {
     void *dres2; /* [B,T,C] gradient of res2: att-proj's dout */
     void *dqkv;  /* [B,T,3C] qkv's dout */
     void *dln1;  /* [B,T,C] LN1's dout */
+    layer_acts kept; /* --recompute full: what W reads of the layer (ln1, atty, res2, ln2,
+                      * fch_gelu, the LayerNorm statistics), written there by B's
+                      * recomputation, since the layer itself keeps only its output */
 } layer_wgrads;
 
 typedef struct gpt_wgrads {
@@ -190,7 +254,11 @@ typedef struct gpt_wgrads {
 void gpt_wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B);
 /* At a tensor-parallel rank's local widths, as gpt_acts_alloc_local. */
 void gpt_wgrads_alloc_local(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width);
+void gpt_wgrads_alloc_part(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, const gpt_part *p);
 void gpt_wgrads_free(gpt_wgrads *w);
+/* What W of `layer` reads: the layer's kept activations, or under --recompute
+ * full those B left in w. */
+const layer_acts *gpt_layer_weight_source(const gpt_layout *g, const gpt_acts *a, int layer, const gpt_wgrads *w);
 
 /* B of the range: gpt_backward without any weight gradient, filling w; returns
  * the gradient of x_in (inside s, valid until the next backward), NULL on the
@@ -210,7 +278,7 @@ void gpt_layer_backward_weight(const gpt_layout *g, void *layer_grads, const gpt
                                const gpt_wgrads *w);
 void gpt_embed_backward_weight(const gpt_layout *g, void *embed_grads, const gpt_acts *a, const gpt_wgrads *w);
 
-/* The mean of a->losses, read back to the host. */
+/* The mean of a->losses (the block's B*seq positions), read back to the host. */
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a);
 
 /* FLOPs of one training step (forward + backward) per token, 6 x parameters as

@@ -82,6 +82,31 @@ static void sanitize(char *dst, size_t len, const char *src) {
     dst[i] = 0;
 }
 
+/* The activation peak of every rank beside its formula, on one line:
+ * `all` holds each rank's row of `fields` doubles, the measured peak at
+ * MEM_ACTS and the formula at `formula` (0: the lab gave none). */
+static void print_acts_formula(const double *all, int fields, int formula, int R, const char *recompute) {
+    int equal = 1, same = 1;
+    for (int q = 0; q < R; q++) {
+        const double *x = all + (size_t)q * fields;
+        if (x[formula] <= 0) return;
+        equal &= x[MEM_ACTS] == x[formula];
+        same &= x[MEM_ACTS] == all[MEM_ACTS];
+    }
+    char a[16], b[16];
+    /* no "formula" in this line: the lessons' transcripts `grep formula` for the traffic line */
+    printf("  activations     peak per rank, allocator %s theory.h (--recompute %s):", equal ? "=" : "vs", recompute);
+    if (equal && same) printf(" %sB on every rank\n", human(all[MEM_ACTS], a));
+    else {
+        for (int q = 0; q < R && q < 8; q++) {
+            const double *x = all + (size_t)q * fields;
+            if (x[MEM_ACTS] == x[formula]) printf(" %sB", human(x[MEM_ACTS], a));
+            else printf(" rank %d %sB vs %sB MISMATCH", q, human(x[MEM_ACTS], a), human(x[formula], b));
+        }
+        printf("%s\n", R > 8 ? " ... (every rank in the record)" : "");
+    }
+}
+
 /* What run_setup allocated for the run. */
 static void run_release(run_ctx *ctx) {
     free(ctx->step_seconds);
@@ -100,12 +125,16 @@ static void run_release(run_ctx *ctx) {
 void run_finish(run_ctx *ctx, const run_report *r) {
     const run_options *o = &ctx->opt;
     int R = ctx->size, rank = ctx->rank;
+    /* the layout names the run (summary, record, trace and timeline files): --recompute is in it when not none */
+    char *run_layout = ctx->model.recompute ? text_printf("%s recompute=%s", r->layout, o->recompute)
+                                            : text_printf("%s", r->layout);
 
     /* memory: every category's peak on every rank */
-    enum { NM = MEM_NCAT + 1 };
+    enum { NM = MEM_NCAT + 2, ACTS_FORMULA = MEM_NCAT + 1 }; /* the categories, the total, the formula */
     double mine[NM], *all = rank == 0 ? malloc(sizeof(double) * NM * (size_t)R) : NULL;
     for (int c = 0; c < MEM_NCAT; c++) mine[c] = (double)mem_peak((mem_category)c);
     mine[MEM_NCAT] = (double)mem_peak_total();
+    mine[ACTS_FORMULA] = r->acts_formula_bytes;
     MPI_Gather(mine, NM, MPI_DOUBLE, all, NM, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     /* model states per parameter this rank computes with, the largest over ranks */
     const double held = (double)(r->params_held > 0 ? r->params_held : r->params);
@@ -125,13 +154,14 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     MPI_Reduce(&t, &tmax, sizeof t / sizeof(double), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
     char layout[64];
-    sanitize(layout, sizeof layout, r->layout);
+    sanitize(layout, sizeof layout, run_layout);
     char *json_path = text_printf("%s/%s_%s_trace.json", o->out, ctx->lab.name, layout);
     char *csv_path = text_printf("%s/%s_%s_timeline.csv", o->out, ctx->lab.name, layout);
     trace_write(MPI_COMM_WORLD, json_path, csv_path);
     if (rank != 0) {
         free(json_path);
         free(csv_path);
+        free(run_layout);
         run_release(ctx);
         return;
     }
@@ -153,7 +183,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
 
     /* ---- the summary ---- */
     char a[16], b[16];
-    printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, r->layout, R, R == 1 ? "" : "s",
+    printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, run_layout, R, R == 1 ? "" : "s",
            ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
     if (ctx->diverged_at)
@@ -163,6 +193,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("  peak memory     (bytes per rank, max over ranks)\n                 ");
     for (int m = 0; m < MEM_NCAT; m++) printf(" %s %sB |", mem_category_names[m], human(peak_max[m], a));
     printf(" total %sB\n", human(peak_max[MEM_NCAT], a));
+    print_acts_formula(all, NM, ACTS_FORMULA, R, o->recompute);
     if (g_precision == PREC_BF16 && states_formula) {
         const double *f = r->states_formula;
         printf("  model states    %.2f bytes per parameter held = params %.2f + grads %.2f + optim %.2f "
@@ -214,7 +245,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     if (!rec || !config) die("out of host memory");
     jsonval_set(rec, "lab", jsonval_text(ctx->lab.name));
     jsonval_set(rec, "ranks", json_integer(R));
-    jsonval_set(rec, "layout", jsonval_text(r->layout));
+    jsonval_set(rec, "layout", jsonval_text(run_layout));
     jsonval_set(rec, "device", jsonval_text(dev));
     jsonval_set(rec, "comm", jsonval_text(backend));
     const struct { const char *key; int value; } ints[] = {{"steps", o->steps}, {"batch", o->batch}, {"seq", o->seq},
@@ -226,6 +257,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     jsonval_set(config, "seed", json_integer(o->seed));
     jsonval_set(config, "data", jsonval_text(o->data ? o->data : "built-in"));
     jsonval_set(config, "preset", jsonval_text(o->preset));
+    jsonval_set(config, "recompute", jsonval_text(o->recompute));
     jsonval_set(config, "precision", jsonval_text(precision_name(g_precision)));
     jsonval_set(rec, "config", config);
     jsonval_set(rec, "params", json_integer(r->params));
@@ -246,6 +278,9 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         for (int q = 0; q < R; q++) col[q] = all[q * NM + m];
         jsonval_set(x, m < MEM_NCAT ? mem_category_names[m] : "total", jsonval_integers(col, R));
     }
+    /* beside mem_peak_bytes_per_rank.acts: the same peak by theory.h, rank by rank */
+    for (int q = 0; q < R; q++) col[q] = all[q * NM + ACTS_FORMULA];
+    jsonval_set(rec, "acts_peak_bytes_formula_per_rank", r->acts_formula_bytes > 0 ? jsonval_integers(col, R) : json_null());
     if (states_formula) {
         jsonval_set(rec, "model_state_bytes_per_param", x = json_object());
         for (int c = 0; c < 3; c++) jsonval_set(x, mem_category_names[MEM_PARAMS + c], jsonval_number(states[c]));
@@ -313,5 +348,6 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     free(fracs);
     free(json_path);
     free(csv_path);
+    free(run_layout);
     run_release(ctx);
 }

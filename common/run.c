@@ -42,6 +42,9 @@ static flag_spec shared_flags[] = {
     {"--save-every", FLAG_INT, NULL, "also save after every N-th step (0: only at the end)", 0, NULL},
     {"--resume", FLAG_STRING, NULL, "continue from this checkpoint: weights, AdamW moments and step", 0, NULL},
     {"--eval", FLAG_BOOL, NULL, "at the end, the loss on the held-out last 10% of the data", 0, NULL},
+    {"--recompute", FLAG_STRING, NULL, "activation recomputation: what a layer keeps for its backward (none: "
+     "everything; selective: all but the T x T attention matrix, recomputed from q and k; full: only its output, "
+     "its forward rerun before its backward)", 0, GPT_RECOMPUTE_CHOICES},
     {"--precision", FLAG_STRING, NULL, "the model's values: fp32, or bf16 mixed precision (bf16 weights, "
      "activations and gradients; fp32 master weights, AdamW moments and arithmetic)", 0, "fp32|bf16"},
     {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
@@ -54,7 +57,7 @@ static void bind_shared(run_options *o) {
     void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads, &o->preset,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
-                              &o->resume, &o->eval, &o->precision, &o->dry_run};
+                              &o->resume, &o->eval, &o->recompute, &o->precision, &o->dry_run};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -207,7 +210,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     *o = (run_options){.steps = 50, .batch = tiny->batch, .seq = tiny->seq, .layers = tiny->layers,
                        .d_model = tiny->d_model, .heads = tiny->heads, .preset = tiny->name,
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
-                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .precision = "fp32"};
+                       .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none",
+                       .precision = "fp32"};
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {
@@ -255,7 +259,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     run_check(ctx, !(o->resume && !o->resume[0]), "--resume needs a file name");
     run_check(ctx, o->save_every == 0 || o->save, "--save-every %d needs --save PATH", o->save_every);
     ctx->model = (gpt_config){.vocab = 256, .seq = o->seq, .layers = o->layers,
-                              .d_model = o->d_model, .heads = o->heads};
+                              .d_model = o->d_model, .heads = o->heads,
+                              .recompute = gpt_recompute_parse(o->recompute)}; /* a choice: never -1 */
     ctx->adamw = (adamw_config){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                 .weight_decay = (float)o->weight_decay};
     ctx->tokens_per_step = (long)o->batch * o->seq;
@@ -516,8 +521,9 @@ void run_setup(run_ctx *ctx) {
                ctx->size == 1 ? "" : "s", ctx->device == DEVICE_CUDA ? "cuda" : "cpu",
                ctx->backend == COMM_NCCL ? "nccl" : "mpi",
                ctx->device == DEVICE_CUDA && ctx->backend == COMM_MPI ? " (staged through host memory)" : "");
-        printf("model: %s: %d layers, d_model %d, %d heads, seq %d, vocab 256 | %s parameters\n",
-               o->preset, o->layers, o->d_model, o->heads, o->seq, human((double)g.total, p));
+        printf("model: %s: %d layers, d_model %d, %d heads, seq %d, vocab 256 | %s parameters%s%s\n",
+               o->preset, o->layers, o->d_model, o->heads, o->seq, human((double)g.total, p),
+               ctx->model.recompute ? " | --recompute " : "", ctx->model.recompute ? o->recompute : "");
         printf("data: %s (%ld bytes) | batch %d x %d = %ld tokens per step | %d steps, lr %g\n",
                ctx->data.source, ctx->data.n, o->batch, o->seq, ctx->tokens_per_step, o->steps, o->lr);
         if (g_precision == PREC_BF16)

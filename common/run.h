@@ -39,6 +39,7 @@ typedef struct run_options {
     const char *preset;        /* --preset: the shape's name ("tiny", "gpt2-small") */
     const char *save, *resume; /* checkpoint files (checkpoint.h), NULL: none */
     int save_every, eval;
+    const char *recompute;     /* --recompute none|selective|full (gpt_config.recompute) */
     const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
 } run_options;
@@ -96,6 +97,8 @@ typedef struct run_report {
     const char *comm_formula;   /* how it is computed, e.g. "2(N-1)/N x gradient bytes" */
     double bubble_theory;       /* < 0: not a pipeline */
     const char *extra_json;     /* lab-specific record members ("\"k\":v,..."), or NULL */
+    double acts_formula_bytes;  /* THIS rank's activation peak by theory.h's formula (0: none given),
+                                 * printed and recorded beside the allocator's peak */
     /* Model states per parameter this rank computes with (its replica, stage or
      * TP shard: params_held, 0 meaning `params`), measured as the allocator's
      * params, grads and optim peaks over params_held, beside the formula's bytes

@@ -93,7 +93,8 @@ int main(int argc, char **argv) {
                              .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
                              .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
                              .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .units = bucket_mb > 0 ? 0 : 1,
-                             .full_elems = (double)P, .largest_unit_elems = (double)P};
+                             .full_elems = (double)P, .largest_unit_elems = (double)P,
+                             .recompute = ctx.model.recompute};
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
         run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                              .comm_formula = comm_formula_text, .bubble_theory = -1});
@@ -116,6 +117,7 @@ int main(int argc, char **argv) {
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
     gpt_scratch_alloc(&scratch, &g, rows);
+    gpt_acts_bind(&acts, &scratch); /* --recompute: what the layers do not keep goes there */
     int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
     dp_grad_sync sync;
     dp_sync_init(&sync, &world, grads, 0, P, bucket_mb);
@@ -158,17 +160,22 @@ int main(int argc, char **argv) {
 
     int in_sync = check_sync ? dp_replicas_identical(&world, master, P, 1) : 1;
     if (dump_weights && world.rank == 0) write_weights(dump_weights, master, P);
-    char extra[64];
-    snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s", bucket_mb,
-             check_sync ? (in_sync ? "true" : "false") : "null");
+    char extra[256];
+    /* the activations of B/N rows by theory.h's exact formula, beside the allocator's peak;
+     * the FLOPs a token costs, and what --recompute adds to them */
+    const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
+    snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s,\"flops_per_token_formula\":%.0f,"
+             "\"recompute_flops_per_token_formula\":%.0f", bucket_mb, check_sync ? (in_sync ? "true" : "false") : "null",
+             th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
-    const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
     const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
                          .bubble_theory = -1, .extra_json = record, .params_held = P,
                          .states_formula = {per_param.params, per_param.grads, per_param.optim},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
+                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

@@ -22,6 +22,7 @@
 #include "model.h"
 #include "predict.h"
 #include "run.h"
+#include "theory.h"
 #include "zero.h"
 #include "zero_report.h"
 #include <stdint.h>
@@ -93,7 +94,8 @@ int main(int argc, char **argv) {
                              .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .zero_stage = zero_stage,
                              .units = plan.n_units, .full_elems = (double)plan.full_elems,
                              .largest_unit_elems = (double)plan.largest_unit_elems,
-                             .embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * ctx.size)};
+                             .embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * ctx.size),
+                             .recompute = ctx.model.recompute};
         shard_plan_free(&plan);
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
         run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = fig.comm_formula,
@@ -111,6 +113,7 @@ int main(int argc, char **argv) {
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
     gpt_grad_scratch scratch;
     gpt_scratch_alloc(&scratch, &g, rows);
+    gpt_acts_bind(&acts, &scratch); /* --recompute: what the layers do not keep goes there */
     int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
 
     for (int i = 0; i < ctx.opt.steps; i++) {
@@ -143,9 +146,12 @@ int main(int argc, char **argv) {
     char extra[1024];
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
+    const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
-                         .bubble_theory = -1, .extra_json = record}; /* model states: its own table */
+                         .bubble_theory = -1, .extra_json = record, /* model states: its own table */
+                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

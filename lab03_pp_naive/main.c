@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
                              .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
                              .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
                              .tp = 1, .pp = p, .dp = 1, .micro_batches = 1, .schedule = "gpipe",
-                             .stage_layers = stage_layers};
+                             .stage_layers = stage_layers, .recompute = ctx.model.recompute};
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
         run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                              .comm_formula = comm_formula_text, .bubble_theory = theory});
@@ -97,13 +97,16 @@ int main(int argc, char **argv) {
 
     char *extra_json = stage_report_json(&st, 1, "1 batch (naive: the whole batch at once)");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
-    const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
+    const th_model tm = th_course_model(g.cfg.vocab, g.cfg.seq, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    const th_opts opts = stage_opts(&st);
     const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                          .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
                          .bubble_theory = theory, .extra_json = record, .params_held = st.end - st.begin,
                          .states_formula = {per_param.params, per_param.grads, per_param.optim},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
+                         /* one batch in flight: this stage's block by theory.h */
+                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, st.lo, st.hi, st.rows)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

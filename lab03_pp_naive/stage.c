@@ -68,7 +68,9 @@ void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const
     s->rows = batch / micro_batches;
     s->first_row = first_row;
     s->dloss = 1.0f / ((float)batch * (float)g->cfg.seq);
-    s->boundary_floats = (long)s->rows * g->cfg.seq * g->cfg.d_model;
+    /* under sequence parallelism each TP rank holds T/t positions of every sequence */
+    const int seq_parts = model && model->sequence_parallel && model->tp > 1 ? model->tp : 1;
+    s->boundary_floats = (long)s->rows * (g->cfg.seq / seq_parts) * g->cfg.d_model;
     if (model) model->scratch_alloc(model->ctx, &s->scratch, s->rows);
     else gpt_scratch_alloc(&s->scratch, g, s->rows);
     if (s->next >= 0) s->dout = mem_alloc((size_t)s->boundary_floats * value_bytes(), MEM_COMM);
@@ -127,6 +129,7 @@ void stage_acts_alloc(pipeline_stage *s, gpt_acts *a, int mb) {
     double t0 = now_seconds();
     if (s->model) s->model->acts_alloc(s->model->ctx, a, s->lo, s->hi, s->rows);
     else gpt_acts_alloc(a, s->g, s->lo, s->hi, s->rows);
+    gpt_acts_bind(a, &s->scratch); /* --recompute: what the layers do not keep goes there */
     s->acts_bytes = a->bytes;
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
@@ -147,9 +150,7 @@ void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
     if (first || last) {
         /* micro-batch mb is rows [mb x rows, (mb+1) x rows) of this pipeline's share */
         data_batch(s->data, s->seed, s->step, s->first_row + mb * s->rows, s->rows, T, s->tokens, s->targets);
-        size_t bytes = sizeof(int) * (size_t)s->rows * T;
-        if (first) mem_to_device(a->tokens, s->tokens, bytes);
-        if (last) mem_to_device(a->targets, s->targets, bytes);
+        gpt_acts_set_batch(a, first ? s->tokens : NULL, last ? s->targets : NULL, T); /* the positions it holds */
     }
     if (s->model) s->model->forward(s->model->ctx, s->params, a);
     else gpt_forward(s->g, s->params, a);
@@ -242,6 +243,11 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
 
 /* ---- the record ---------------------------------------------------------------- */
 
+th_opts stage_opts(const pipeline_stage *s) {
+    return th_opts_run(s->model ? s->model->tp : 1, s->model ? s->model->sequence_parallel : 0, s->g->cfg.recompute,
+                       g_precision == PREC_BF16);
+}
+
 static void append_array(textbuf *b, const char *key, const double *all, int field, int fields, int p) {
     textbuf_printf(b, ",\"%s\":[", key);
     for (int r = 0; r < p; r++) textbuf_printf(b, "%s%.0f", r ? "," : "", all[r * fields + field]);
@@ -257,12 +263,12 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
     mine[LO] = s->lo;
     mine[HI] = s->hi;
     mine[BYTES] = (double)s->acts_bytes;
-    /* theory/'s exact formula of the same block (full widths; a stage with
-     * other model code, lab06's, reports its own: -1 here) */
+    /* theory/'s exact formula of the same block (at the model's TP widths, SP
+     * and --recompute) */
     const gpt_config *cfg = &s->g->cfg;
     const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
-    const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
-    mine[BYTES_F] = s->model ? -1 : th_course_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows);
+    const th_opts opts = stage_opts(s);
+    mine[BYTES_F] = th_course_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows);
     mine[IN_FLIGHT] = in_flight_formula;
     mine[PEAK] = (double)mem_peak(MEM_ACTS);
     comm_allreduce_host(s->pipe, all, p * FIELDS); /* every other slot is 0: a gather */

@@ -20,6 +20,7 @@
 #include "data.h"
 #include "model.h"
 #include "optim.h"
+#include "theory.h"
 #include <stdint.h>
 
 /* How L layers are cut into p stages: contiguous runs, as equal as possible.
@@ -54,6 +55,10 @@ typedef struct stage_model {
     void *(*backward_input)(void *ctx, const void *params, gpt_acts *a, gpt_grad_scratch *s,
                             gpt_wgrads *w, const void *dout, float dloss);
     void (*backward_weight)(void *ctx, void *grads, const gpt_acts *a, const gpt_wgrads *w);
+    /* How the hooks split a layer, for theory.h's formulas and for what crosses a
+     * boundary: the TP degree and sequence parallelism (lab06: each TP rank then
+     * sends and receives its T/t positions of every sequence). */
+    int tp, sequence_parallel;
 } stage_model;
 
 /* Where a stage sits in the pipeline. lab03's stage r of p is virtual stage r
@@ -155,6 +160,10 @@ void stage_backward(pipeline_stage *s, gpt_acts *a, int mb);
  * the stages), steps AdamW on this stage's range, and returns the step's mean
  * loss (computed on the last stage, shared with all). */
 double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double clip);
+
+/* The options theory.h's formulas take for this stage's blocks: fp32, the
+ * model's TP degree and SP (t = 1 for common/'s), --recompute. */
+th_opts stage_opts(const pipeline_stage *s);
 
 /* Collective over pipe. The stages' layers, activation bytes per micro-batch,
  * the schedule's activation count per stage (in_flight_formula, this stage's)

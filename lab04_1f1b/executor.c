@@ -547,11 +547,16 @@ void pipeline_measured_times(const pipeline_rank *pr, int first_measured, double
 }
 
 double pipeline_acts_formula_bytes(const pipeline_rank *pr) {
+    const gpt_config *cfg = &pr->g->cfg;
+    const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
     double bytes = 0;
     for (int c = 0; c < pr->v; c++) {
+        const pipeline_stage *s = &pr->chunk[c];
+        const th_opts opts = stage_opts(s); /* the blocks by theory.h, at the chunk's widths and --recompute */
         int acts, wgrads;
         schedule_in_flight(&pr->sched, pr->rank, c, &acts, &wgrads);
-        bytes += (double)acts * pr->chunk[c].acts_bytes + (double)wgrads * pr->wgrads_bytes[c];
+        bytes += (double)acts * th_course_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows) +
+                 (double)wgrads * th_course_wgrads_bytes(&tm, &opts, s->lo, s->hi, s->rows);
     }
     return bytes;
 }

@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
                              .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
                              .tp = 1, .pp = p, .dp = 1, .micro_batches = m, .schedule = schedule_name(kind),
                              .chunks = v,
-                             .stage_layers = stage_layers};
+                             .stage_layers = stage_layers, .recompute = ctx.model.recompute};
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
         run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                              .comm_formula = comm_formula_text, .bubble_theory = theory});
@@ -168,7 +168,9 @@ int main(int argc, char **argv) {
                          .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
                          .bubble_theory = theory, .extra_json = record,
                          .params_held = pr.n, .states_formula = {per_param.params, per_param.grads, per_param.optim},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
+                         /* the schedule's blocks in flight x their bytes by theory.h */
+                         .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

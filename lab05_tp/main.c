@@ -16,7 +16,14 @@
  * "block weights per rank" line (1/t of the block matrices). Then compare the
  * bytes with lab01's: TP's traffic grows with the tokens, DP's with the weights,
  * and TP's sits between layers where nothing can hide it: why TP stays inside a
- * host. */
+ * host.
+ *
+ * --sequence-parallel (sequence_parallel.h): the LayerNorm and residual
+ * regions, the embedding and the loss on T/t positions of every sequence per
+ * rank; each all-reduce becomes a reduce-scatter and an all-gather of the same
+ * bytes, and the replicated tensors' gradients, now partial, are summed over
+ * the group after the backward. Look at the summary's traffic lines (the ring
+ * bytes equal TP's) and the activations line (the formula beside the peak). */
 #include "checkpoint.h"
 #include "comm.h"
 #include "kernels.h"
@@ -25,6 +32,7 @@
 #include "predict.h"
 #include "run.h"
 #include "theory.h"
+#include "sequence_parallel.h"
 #include "tp.h"
 #include "trace.h"
 #include <stdint.h>
@@ -67,6 +75,16 @@ static int check_replicas_identical(comm *tp, const tp_layout *tl, const float *
     return same;
 }
 
+/* The step's mean loss: the head is replicated, so every rank has the same
+ * losses; under sequence parallelism each rank has those of its positions,
+ * and the mean over the ranks is the mean over the batch. */
+static double mean_loss(const tp_layout *tl, comm *tp, const gpt_acts *acts) {
+    double loss = gpt_mean_loss(&tl->g, acts);
+    if (tl->seq_parts == 1) return loss;
+    comm_allreduce_host(tp, &loss, 1);
+    return loss / tp->size;
+}
+
 /* --eval: the mean loss over the held-out batches, forward only, every rank on
  * the whole batch as in training. Its all-reduces stay out of the traffic
  * counts, so the record's per-step figures are the training's. */
@@ -80,10 +98,9 @@ static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const 
     double sum = 0;
     for (int b = 0; b < batches; b++) {
         data_batch(&heldout, 0, b, 0, B, T, tokens, targets);
-        mem_to_device(acts->tokens, tokens, sizeof(int) * (size_t)B * T);
-        mem_to_device(acts->targets, targets, sizeof(int) * (size_t)B * T);
+        gpt_acts_set_batch(acts, tokens, targets, T); /* SP: this rank's positions */
         tp_forward(tl, tp, params, acts);
-        sum += gpt_mean_loss(&tl->g, acts); /* the head is replicated: the same on every rank */
+        sum += mean_loss(tl, tp, acts);
     }
     memcpy(tp->stats, training, sizeof training);
     return sum / batches;
@@ -91,42 +108,67 @@ static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const 
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
-    int check_sync = 0;
+    int check_sync = 0, sequence_parallel = 0;
     flag_spec flags[] = {
         {"--check-sync", FLAG_BOOL, &check_sync,
          "verify at the end that the replicated tensors are bit-identical on all ranks (exit 1 if not)", 0, NULL},
+        {"--sequence-parallel", FLAG_BOOL, &sequence_parallel,
+         "sequence parallelism: outside the TP regions (LayerNorms, residuals, embedding, loss) each rank holds "
+         "T/t positions of every sequence; all-gather and reduce-scatter instead of TP's all-reduces (t >= 2)", 0,
+         NULL},
     };
     lab_info lab = {"lab05_tp", "tensor parallelism: every layer's matrices split over the ranks "
                     "(the TP degree is the rank count), activations all-reduced twice per layer each way",
-                    flags, 1};
+                    flags, 2};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     tp_check_degree(&ctx, ctx.size, "-n");
+    if (sequence_parallel) {
+        run_check(&ctx, ctx.size >= 2, "--sequence-parallel needs a tensor-parallel degree of at least 2 (-n %d: "
+                  "one rank holds the whole sequence anyway)", ctx.size);
+        tp_check_sequence_parallel(&ctx, ctx.size, "-n");
+    }
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     /* The figures the lesson predicts (bytes are vb per value: 4 in fp32, 2 in
      * bf16), by theory/'s formulas (theory.h), the ones plan3d predicts with. */
     const th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
+    const th_opts opts = th_opts_run(ctx.size, sequence_parallel, ctx.model.recompute, g_precision == PREC_BF16); /* as it runs */
     const double vb = (double)value_bytes();
     const double act_bytes = vb * B * T * C;                  /* one all-reduce's payload */
-    const th_traffic tp_traffic = th_tp_traffic(L, 1, ctx.size, act_bytes, 0); /* 2L g's + 2L f's */
-    char layout[32];
-    snprintf(layout, sizeof layout, "tp=%d", ctx.size);
-    const char *formula = g_precision == PREC_BF16 ? "4L all-reduces of B*T*C bf16 values, ring 2(t-1)/t x 8 L B T C"
-                                                   : "4L all-reduces of B*T*C floats, ring 2(t-1)/t x 16 L B T C";
+    /* 2L g's + 2L f's (full recomputation: the g's again); SP: each an all-gather + a reduce-scatter */
+    const th_traffic tp_traffic = th_tp_traffic_run(L, 1, act_bytes, &opts);
+    const int collectives = (int)tp_traffic.calls;            /* all-reduces, or all-gathers + reduce-scatters */
+    const int allreduces = sequence_parallel ? 0 : collectives;
+    const int per_layer = ctx.model.recompute == GPT_RECOMPUTE_FULL ? 6 : 4;
+    /* SP: one all-reduce of the replicated tensors' partial gradients */
+    const th_traffic partial_traffic =
+        th_dp_traffic(vb * th_sp_partial_params(&tm, 0, L), sequence_parallel ? ctx.size : 1, 1);
+    char layout[48], formula[200];
+    const char *values = g_precision == PREC_BF16 ? "bf16 values" : "floats";
+    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
+    snprintf(layout, sizeof layout, "tp=%d%s", ctx.size, sequence_parallel ? " sp" : "");
+    if (sequence_parallel)
+        snprintf(formula, sizeof formula, "%dL all-gathers + %dL reduce-scatters of B*T*C %s, ring (t-1)/t each "
+                 "(= TP's all-reduces), + 1 all-reduce of the partial gradients", per_layer, per_layer, values);
+    else snprintf(formula, sizeof formula, "%dL all-reduces of B*T*C %s, ring 2(t-1)/t x %d L B T C", per_layer,
+                  values, (int)vb * per_layer);
     if (ctx.opt.dry_run) { /* theory/predict.h: every rank the whole batch, 1/t of every layer */
         const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
                              .bf16 = g_precision == PREC_BF16, .batch = B,
-                             .model = tm, .tp = ctx.size, .pp = 1, .dp = 1, .micro_batches = 1};
+                             .model = tm, .tp = ctx.size, .pp = 1, .dp = 1, .micro_batches = 1,
+                             .sequence_parallel = sequence_parallel, .recompute = ctx.model.recompute};
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
-        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = tp_traffic.ring,
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout,
+                                             .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring,
                                              .comm_formula = formula, .bubble_theory = -1});
     }
     comm tp;
     comm_init(&tp, MPI_COMM_WORLD, ctx.backend);
     tp_layout tl;
     tp_layout_init(&tl, &ctx.model, tp.size, tp.rank);
+    tp_layout_sequence_parallel(&tl, sequence_parallel);
     const long P = tl.total; /* this rank's parameters: replicated + its shards */
     void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS); /* the model's values (precision.h) */
     void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
@@ -143,18 +185,21 @@ int main(int argc, char **argv) {
     tp_acts_alloc(&acts, &tl, 0, L, B); /* the whole batch: TP does not split it */
     gpt_grad_scratch scratch;
     tp_scratch_alloc(&scratch, &tl, B);
+    gpt_acts_bind(&acts, &scratch); /* --recompute and SP put what they do not keep there */
+    /* SP: the partial gradients of the replicated tensors, packed for one all-reduce */
+    const long partial = tl.seq_parts > 1 ? sp_partial_elems(&tl, 0, L) : 0;
+    void *partial_staging = partial ? mem_alloc((size_t)partial * value_bytes(), MEM_COMM) : NULL;
     grad_norm norm; /* tp_grad_squares' two sums, on the device */
     grad_norm_init(&norm, 2);
     int *tokens = malloc(sizeof(int) * (size_t)B * T), *targets = malloc(sizeof(int) * (size_t)B * T);
 
-    const th_opts opts = th_opts_precision(tp.size, g_precision == PREC_BF16);
     const th_params counts = th_param_counts(&tm);
-    const int allreduces = (int)tp_traffic.calls;
     const double block_full = vb * L * counts.layer;          /* all block weights, serial model */
     const double sharded_full = vb * L * counts.layer_sharded; /* the 4 matrices + QKV, fc biases */
     const double replicated = vb * (counts.total - L * counts.layer_sharded);
     const double block_per_rank = vb * L * (counts.layer - counts.layer_sharded + counts.layer_sharded / tp.size);
     const double acts_formula = th_course_acts_bytes(&tm, &opts, 0, L, B); /* this rank's, exact */
+    const th_acts_parts acts_parts = th_course_acts_parts(&tm, &opts, 0, L, B);
     /* activations split per layer: q,k,v (3NC), attention output (NC), the MLP's
      * two 4C-wide tensors (8NC) and the attention matrix (B*H*T*T) */
     const double acts_split_full = vb * L * (12.0 * B * T * C + (double)B * ctx.opt.heads * T * T);
@@ -171,12 +216,14 @@ int main(int argc, char **argv) {
         run_step_begin(&ctx, i);
         /* every rank the same, whole global batch */
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, 0, B, T, tokens, targets);
-        mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)B * T);
-        mem_to_device(acts.targets, targets, sizeof(int) * (size_t)B * T);
+        gpt_acts_set_batch(&acts, tokens, targets, T); /* SP: the T/t positions of every row this rank holds */
         mem_zero(grads, (size_t)P * value_bytes());
 
         tp_forward(&tl, &tp, params, &acts);
         tp_backward(&tl, &tp, params, grads, &acts, &scratch, NULL, 1.0f / ((float)B * T));
+        /* SP: the LayerNorms, embedding and head saw this rank's positions only:
+         * their gradients are partial until summed over the group */
+        if (partial) sp_sum_partial_grads(&tl, &tp, 0, L, grads, partial_staging);
 
         /* Clip by the norm of the WHOLE model's gradient, each element counted
          * once: the shards' squares are summed over the ranks, the replicated
@@ -191,8 +238,7 @@ int main(int argc, char **argv) {
         params_from_master(params, master, P);
         trace_end(ev);
 
-        /* the head is replicated: every rank has the same losses, no reduction needed */
-        run_step_end(&ctx, i, gpt_mean_loss(&tl.g, &acts), NULL);
+        run_step_end(&ctx, i, mean_loss(&tl, &tp, &acts), NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
     double eval_loss = -1;
@@ -202,48 +248,82 @@ int main(int argc, char **argv) {
     }
 
     int in_sync = check_sync ? check_replicas_identical(&tp, &tl, master) : 1; /* bf16: params are their rounding */
-    double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / ctx.steps_done;
-    double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / ctx.steps_done;
-    char extra[1024];
+    const double steps = ctx.steps_done;
+    double measured_calls = (double)tp.stats[COLL_ALLREDUCE].calls / steps;
+    double measured_bytes = tp.stats[COLL_ALLREDUCE].bytes / steps;
+    char extra[2048];
     snprintf(extra, sizeof extra,
-             "\"tp\":%d,\"heads_per_rank\":%d,\"mlp_units_per_rank\":%d,"
-             "\"allreduce_calls_per_step_formula\":%d,\"allreduce_bytes_per_step_formula\":%.0f,"
+             "\"tp\":%d,\"heads_per_rank\":%d,\"mlp_units_per_rank\":%d,\"sequence_parallel\":%s,"
+             "\"allreduce_calls_per_step_formula\":%.0f,\"allreduce_bytes_per_step_formula\":%.0f,"
+             "\"allgather_calls_per_step_formula\":%.0f,\"reduce_scatter_calls_per_step_formula\":%.0f,"
+             "\"tp_ring_bytes_per_step_formula\":%.0f,\"partial_grad_bytes_formula\":%.0f,"
              "\"allreduce_bytes_each\":%.0f,"
              "\"param_bytes_per_rank_formula\":%.0f,\"replicated_param_bytes\":%.0f,"
              "\"block_param_bytes_full\":%.0f,\"block_param_bytes_per_rank\":%.0f,"
              "\"block_sharded_bytes_full\":%.0f,\"block_sharded_bytes_per_rank\":%.0f,"
              "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
-             "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s",
-             tp.size, tl.heads, tl.hidden, allreduces, allreduces * act_bytes, act_bytes,
+             "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s,"
+             "\"acts_block_bytes_by_kind\":{\"quadratic\":%ld,\"linear\":%ld,\"other\":%ld},"
+             "\"acts_bytes_by_kind_formula\":{\"quadratic\":%.0f,\"linear\":%.0f,\"other\":%.0f},"
+             "\"flops_per_token_formula\":%.0f,\"recompute_flops_per_token_formula\":%.0f",
+             tp.size, tl.heads, tl.hidden, tl.seq_parts > 1 ? "true" : "false",
+             allreduces ? (double)allreduces : partial_traffic.calls,
+             allreduces ? allreduces * act_bytes : partial_traffic.payload,
+             tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tp_traffic.ring,
+             partial_traffic.payload, act_bytes,
              vb * th_stage_params(&tm, &opts, 0, L), replicated, block_full, block_per_rank, sharded_full, vb * tp_sharded_elems(&tl),
-             acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null");
+             acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null",
+             acts.att_bytes, acts.layer_bytes, acts.bytes - acts.att_bytes - acts.layer_bytes, acts_parts.quadratic,
+             acts_parts.linear, acts_parts.other, th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     const th_states per_param = th_model_states(1, &opts, 0, 1);
     run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
-                         .comm_formula_bytes = tp_traffic.ring, .comm_formula = formula,
-                         .bubble_theory = -1, .extra_json = record, .params_held = P,
+                         .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring, .comm_formula = formula,
+                         .bubble_theory = -1, .extra_json = record, .acts_formula_bytes = acts_formula, .params_held = P,
                          .states_formula = {per_param.params, per_param.grads, per_param.optim},
                          .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);
     if (tp.rank == 0) {
-        char a[16], b[16], c[16], d[16];
-        printf("  tensor parallel all-reduces per step: %.0f measured, 4L = %d by the formula | "
-               "%sB payload measured, 4L x B*T*C x %.0f = %sB\n",
-               measured_calls, allreduces, human(measured_bytes, a), vb, human(allreduces * act_bytes, b));
+        char a[16], b[16], c[16], d[16], e[16];
+        if (tl.seq_parts == 1) {
+            printf("  tensor parallel all-reduces per step: %.0f measured, %dL = %d by the formula | "
+                   "%sB payload measured, %dL x B*T*C x %.0f = %sB\n",
+                   measured_calls, per_layer, allreduces, human(measured_bytes, a), per_layer, vb,
+                   human(allreduces * act_bytes, b));
+        } else {
+            const comm_stat *ag = &tp.stats[COLL_ALLGATHER], *rs = &tp.stats[COLL_REDUCE_SCATTER];
+            const double ring = th_ring_factor(TH_ALLGATHER, tp.size) * (ag->bytes + rs->bytes) / steps;
+            const th_opts tp_alone = th_opts_run(tp.size, 0, ctx.model.recompute, g_precision == PREC_BF16);
+            printf("  sequence parallel per step: %.0f all-gathers + %.0f reduce-scatters measured, %dL + %dL = "
+                   "%d + %d by the formula | ring %sB measured = %sB, TP's %dL all-reduces (2(t-1)/t x %dL x "
+                   "B*T*C x %.0f)\n", ag->calls / steps, rs->calls / steps, per_layer, per_layer, collectives / 2,
+                   collectives / 2, human(ring, a), human(th_tp_traffic_run(L, 1, act_bytes, &tp_alone).ring, b),
+                   per_layer, per_layer, vb);
+            printf("  partial gradients (LayerNorms, embedding, head: %ld %s): %.0f all-reduce of %sB per step "
+                   "measured, formula %sB\n", partial, values, measured_calls, human(measured_bytes, a),
+                   human(partial_traffic.payload, b));
+        }
         printf("  block weights per rank: %sB = 6C x L replicated (%sB) + 1/%d of the %sB split (matrices, QKV/fc biases); "
                "serial %sB\n", human(block_per_rank, a), human(vb * L * 6 * C, b), tp.size,
                human(sharded_full, c), human(block_full, d));
-        printf("  activations per rank: %sB measured, %sB by the formula (theory.h); the split ones (q,k,v, heads, "
-               "MLP units) are 1/%d of %sB\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, c), tp.size,
-               human(acts_split_full, b));
+        if (tl.seq_parts == 1 && ctx.model.recompute == GPT_RECOMPUTE_NONE)
+            printf("  activations per rank: %sB measured, %sB by the formula (theory.h); the split ones (q,k,v, heads, "
+                   "MLP units) are 1/%d of %sB\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, c),
+                   tp.size, human(acts_split_full, b));
+        else /* SP or recomputation: what is split and what is kept differs, so by kind */
+            printf("  activations per rank: %sB measured, %sB by the formula (theory.h): the layers' T^2 term %sB + "
+                   "their other pieces %sB + not per layer (x_in, tokens, the head's) %sB\n",
+                   human((double)mem_peak(MEM_ACTS), a), human(acts_formula, c), human(acts_parts.quadratic, b),
+                   human(acts_parts.linear, d), human(acts_parts.other, e));
     }
 
     free(tokens);
     free(targets);
     gpt_scratch_free(&scratch);
     gpt_acts_free(&acts);
+    mem_free(partial_staging);
     grad_norm_free(&norm);
     master_free(master, params);
     mem_free(params);

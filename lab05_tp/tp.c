@@ -1,4 +1,5 @@
 #include "tp.h"
+#include "sequence_parallel.h"
 #include "device.h"
 #include "kernels.h"
 #include "mem.h"
@@ -60,6 +61,23 @@ void tp_layout_init(tp_layout *tl, const gpt_config *cfg, int degree, int rank) 
     }
     tl->layer_size = off;
     tl->total = tl->g.embed_size + (long)cfg->layers * tl->layer_size + tl->g.head_size;
+    tl->seq_parts = 1;
+}
+
+void tp_layout_sequence_parallel(tp_layout *tl, int on) {
+    if (on && tl->g.cfg.seq % tl->degree) die("sequence parallelism: t = %d does not divide seq %d", tl->degree, tl->g.cfg.seq);
+    tl->seq_parts = on ? tl->degree : 1;
+}
+
+void tp_check_sequence_parallel(run_ctx *ctx, int t, const char *degree_flag) {
+    /* every rank holds the same number of positions of every sequence */
+    run_check(ctx, t < 1 || ctx->opt.seq % t == 0,
+              "--sequence-parallel: --seq %d is not divisible by the tensor-parallel degree %s %d (each rank "
+              "holds T/t positions of every sequence)", ctx->opt.seq, degree_flag, t);
+}
+
+gpt_part tp_part(const tp_layout *tl) {
+    return (gpt_part){tl->heads, tl->hidden, tl->seq_parts, tl->seq_parts > 1 ? tl->rank : 0};
 }
 
 long tp_layer_offset(const tp_layout *tl, int layer) {
@@ -145,11 +163,13 @@ void tp_init_params(const tp_layout *tl, uint64_t seed, int lo, int hi, float *d
 /* ---- activations and scratch at local widths --------------------------------------- */
 
 void tp_acts_alloc(gpt_acts *a, const tp_layout *tl, int lo, int hi, int B) {
-    gpt_acts_alloc_local(a, &tl->g, lo, hi, B, tl->heads, tl->hidden);
+    gpt_part part = tp_part(tl);
+    gpt_acts_alloc_part(a, &tl->g, lo, hi, B, &part);
 }
 
 void tp_scratch_alloc(gpt_grad_scratch *s, const tp_layout *tl, int B) {
-    gpt_scratch_alloc_local(s, &tl->g, B, tl->heads, tl->hidden);
+    gpt_part part = tp_part(tl);
+    gpt_scratch_alloc_part(s, &tl->g, B, &part);
 }
 
 /* ---- f and g ------------------------------------------------------------------------ */
@@ -213,12 +233,15 @@ static const void *layer_input(const gpt_acts *a, int layer) {
     return layer == a->lo ? a->x_in : a->layer[layer - a->lo - 1].res3;
 }
 
-void tp_layer_forward(const tp_layout *tl, comm *tp, const void *lp, gpt_acts *a, int layer) {
+void tp_layer_compute(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la, int B,
+                      gpt_grad_scratch *s) {
+    if (tl->seq_parts > 1) {
+        sp_layer_compute(tl, tp, lp, x, la, B, s);
+        return;
+    }
     const gpt_config *cfg = &tl->g.cfg;
-    int B = a->B, T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
+    int T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
     long NC = (long)N * C;
-    layer_acts *la = &a->layer[layer - a->lo];
-    const void *x = layer_input(a, layer);
 
     /* attention: LN1 replicated; f; QKV column-parallel: q, k, v of this rank's
      * H/t heads, attention over them; out-proj row-parallel; g */
@@ -245,12 +268,34 @@ void tp_layer_forward(const tp_layout *tl, comm *tp, const void *lp, gpt_acts *a
     trace_end(ev);
 }
 
+void tp_layer_forward(const tp_layout *tl, comm *tp, const void *lp, gpt_acts *a, int layer) {
+    if (tl->seq_parts > 1 && !a->scratch) die("sequence parallelism: the activations are not bound to a scratch (gpt_acts_bind)");
+    layer_acts la = gpt_layer_forward_target(&tl->g, a, layer); /* --recompute decides where */
+    tp_layer_compute(tl, tp, lp, layer_input(a, layer), &la, a->B, a->scratch);
+}
+
+/* What the layer's backward reads (common/model's rule, gpt_layer_backward_source):
+ * selective recomputes att, full the whole forward, collectives included. */
+static layer_acts backward_source(const tp_layout *tl, comm *tp, const void *lp, const gpt_acts *a, int layer,
+                                  gpt_grad_scratch *s, const layer_acts *keep) {
+    if (tl->g.cfg.recompute == GPT_RECOMPUTE_NONE) return a->layer[layer - a->lo];
+    int ev = trace_begin("recompute", TRACE_COMPUTE, -1, NULL);
+    layer_acts la = gpt_layer_backward_source(&tl->g, a, layer, s, keep, tl->heads);
+    trace_end(ev);
+    if (tl->g.cfg.recompute == GPT_RECOMPUTE_FULL) tp_layer_compute(tl, tp, lp, layer_input(a, layer), &la, a->B, s);
+    return la;
+}
+
 void tp_layer_backward(const tp_layout *tl, comm *tp, const void *lp, void *gp, gpt_acts *a,
                        int layer, gpt_grad_scratch *s) {
     const gpt_config *cfg = &tl->g.cfg;
     int B = a->B, T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
-    const layer_acts *la = &a->layer[layer - a->lo];
+    const layer_acts source = backward_source(tl, tp, lp, a, layer, s, NULL), *la = &source;
     const void *x = layer_input(a, layer);
+    if (tl->seq_parts > 1) {
+        sp_layer_backward(tl, tp, lp, gp, x, la, B, s);
+        return;
+    }
 
     /* MLP. s->dres, the gradient of res3, is full width and the same on every
      * rank: that is why g's backward is the identity. */
@@ -314,7 +359,7 @@ void *tp_backward(const tp_layout *tl, comm *tp, const void *params, void *grads
         gpt_head_backward(g, value_at(params, h), value_at(grads, h), a, s, dloss);
         trace_end(ev);
     } else {
-        mem_copy(s->dres, dout, (size_t)a->B * g->cfg.seq * g->cfg.d_model * value_bytes());
+        mem_copy(s->dres, dout, (size_t)a->B * a->seq * g->cfg.d_model * value_bytes());
     }
     for (int l = a->hi - 1; l >= a->lo; l--) {
         long o = tp_layer_offset(tl, l) - begin;
@@ -322,7 +367,7 @@ void *tp_backward(const tp_layout *tl, comm *tp, const void *params, void *grads
     }
     if (a->lo != 0) return s->dres;
     int ev = trace_begin("embed_bwd", TRACE_COMPUTE, -1, NULL);
-    gpt_embed_backward(g, grads, a, s); /* s->dres is full and identical after layer 0's f */
+    gpt_embed_backward(g, grads, a, s); /* s->dres is full and identical after layer 0's f (SP: this rank's positions) */
     trace_end(ev);
     return NULL;
 }
@@ -330,7 +375,8 @@ void *tp_backward(const tp_layout *tl, comm *tp, const void *params, void *grads
 /* ---- the backward in two halves ------------------------------------------------------ */
 
 void tp_wgrads_alloc(gpt_wgrads *w, const tp_layout *tl, int lo, int hi, int B) {
-    gpt_wgrads_alloc_local(w, &tl->g, lo, hi, B, tl->heads, tl->hidden);
+    gpt_part part = tp_part(tl);
+    gpt_wgrads_alloc_part(w, &tl->g, lo, hi, B, &part);
 }
 
 /* tp_layer_backward without the weight gradients: the same input-gradient
@@ -339,9 +385,13 @@ void tp_layer_backward_input(const tp_layout *tl, comm *tp, const void *lp, cons
                              gpt_grad_scratch *s, gpt_wgrads *w) {
     const gpt_config *cfg = &tl->g.cfg;
     int B = a->B, T = cfg->seq, C = cfg->d_model, N = B * T, HS = C / cfg->heads;
-    const layer_acts *la = &a->layer[layer - a->lo];
     layer_wgrads *lw = &w->layer[layer - a->lo];
+    const layer_acts source = backward_source(tl, tp, lp, a, layer, s, &lw->kept), *la = &source;
     const void *x = layer_input(a, layer);
+    if (tl->seq_parts > 1) {
+        sp_layer_backward_input(tl, tp, lp, x, la, B, s, lw);
+        return;
+    }
     size_t nc = (size_t)N * C * value_bytes(), nh = (size_t)N * tl->hidden * value_bytes();
 
     /* MLP: row-parallel fc-proj's input gradient, GELU, column-parallel fc's, then f */
@@ -371,25 +421,25 @@ void tp_layer_backward_input(const tp_layout *tl, comm *tp, const void *lp, cons
  * biases) get the same gradient on every TP rank, from the same full douts. */
 void tp_layer_backward_weight(const tp_layout *tl, void *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
     const gpt_config *cfg = &tl->g.cfg;
-    int C = cfg->d_model, N = a->B * cfg->seq;
-    const layer_acts *la = &a->layer[layer - a->lo];
+    int C = cfg->d_model, N = a->B * cfg->seq, Ns = a->B * a->seq; /* LayerNorms: this rank's positions */
+    const layer_acts *la = gpt_layer_weight_source(&tl->g, a, layer, w);
     const layer_wgrads *lw = &w->layer[layer - a->lo];
     KP->matmul_backward_weight(LP(gp, LAYER_FCPROJ_W), LP(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N,
                               tl->hidden, C);
     KP->matmul_backward_weight(LP(gp, LAYER_FC_W), LP(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, tl->hidden);
     KP->layernorm_backward_weight(LP(gp, LAYER_LN2_W), LP(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
-                                 la->ln2_rstd, N, C);
+                                  la->ln2_rstd, Ns, C);
     KP->matmul_backward_weight(LP(gp, LAYER_ATTPROJ_W), LP(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, tl->width, C);
     KP->matmul_backward_weight(LP(gp, LAYER_QKV_W), LP(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * tl->width);
     KP->layernorm_backward_weight(LP(gp, LAYER_LN1_W), LP(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
-                                 la->ln1_mean, la->ln1_rstd, N, C);
+                                  la->ln1_mean, la->ln1_rstd, Ns, C);
 }
 
 void *tp_backward_input(const tp_layout *tl, comm *tp, const void *params, gpt_acts *a, gpt_grad_scratch *s,
                          gpt_wgrads *w, const void *dout, float dloss) {
     const gpt_layout *g = &tl->g;
     long begin, end;
-    size_t nc = (size_t)a->B * g->cfg.seq * g->cfg.d_model * value_bytes();
+    size_t nc = (size_t)a->B * a->seq * g->cfg.d_model * value_bytes();
     tp_range(tl, a->lo, a->hi, &begin, &end);
     if (a->hi == g->cfg.layers) gpt_head_backward_input(g, value_at(params, tp_head_offset(tl) - begin), a, s, w, dloss);
     else mem_copy(s->dres, dout, nc);

@@ -36,7 +36,12 @@
  * so a pipeline stage of a 3D grid is again a contiguous range (tp_range).
  * Gradients and AdamW moments use the same layout. Parameters, gradients and
  * activations are the model's values (precision.h: void *, fp32 or bf16), and
- * so are the all-reduces of f and g: bf16 activations on the wire in bf16. */
+ * so are the all-reduces of f and g: bf16 activations on the wire in bf16.
+ *
+ * --sequence-parallel splits what TP leaves whole along the sequence:
+ * sequence_parallel.h. --recompute works here as in common/model: the layer
+ * functions below follow gpt_layer_forward_target / gpt_layer_backward_source,
+ * and a recomputed forward runs its collectives again. */
 #ifndef LAB05_TP_H
 #define LAB05_TP_H
 #include "checkpoint.h"
@@ -55,6 +60,8 @@ typedef struct tp_layout {
     int sharded[LAYER_NTENSORS];       /* 1: split over the group; 0: replicated */
     long layer_size;       /* elements of one local layer block */
     long total;            /* elements of the local buffer: embedding + L local blocks + head */
+    int seq_parts;         /* sequence parallelism: the residual stream in t slices of the
+                            * sequence (tp_layout_sequence_parallel); 1: whole (TP alone, or t = 1) */
 } tp_layout;
 
 /* The rule for splitting: t must divide the heads (whole heads per rank), the
@@ -63,6 +70,14 @@ typedef struct tp_layout {
 void tp_check_degree(run_ctx *ctx, int t, const char *degree_flag);
 
 void tp_layout_init(tp_layout *tl, const gpt_config *cfg, int degree, int rank);
+/* Turn sequence parallelism on (after tp_layout_init): the T/t positions of
+ * every sequence this rank holds outside the TP regions. At t = 1 it changes
+ * nothing. The sequence must divide by t (tp_check_sequence_parallel). */
+void tp_layout_sequence_parallel(tp_layout *tl, int on);
+/* The rule for --sequence-parallel: --seq divisible by the degree. */
+void tp_check_sequence_parallel(run_ctx *ctx, int t, const char *degree_flag);
+/* The part of every layer this rank computes, for common/model's allocators. */
+gpt_part tp_part(const tp_layout *tl);
 long tp_layer_offset(const tp_layout *tl, int layer); /* layer == L gives the head's */
 long tp_head_offset(const tp_layout *tl);
 /* Local range of layers [lo, hi), with the embedding when lo == 0 and the head
@@ -129,12 +144,18 @@ void tp_row_parallel_backward(comm *tp, void *dinp_local, void *dw_local, void *
                               int N, int IC_local, int OC);
 
 /* ---- a layer, and a range of layers ------------------------------------------------- */
-/* One transformer layer on its local block `lp` (two all-reduces). The input is
+/* One transformer layer on its local block `lp` (two all-reduces; under
+ * sequence parallelism two all-gathers and two reduce-scatters). The input is
  * a->x_in for the range's first layer, else the previous layer's res3; the
  * output is its res3. Compute pieces are traced as compute events and the
  * all-reduces as comm events, so do not wrap these calls in a compute event of
  * your own if the compute/comm split should stay honest. */
 void tp_layer_forward(const tp_layout *tl, comm *tp, const void *lp, gpt_acts *a, int layer);
+/* The same from x into la (B rows; s: the stage's scratch, for sequence
+ * parallelism's staging): what tp_layer_forward runs, and what the backward
+ * runs again under --recompute full. */
+void tp_layer_compute(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la, int B,
+                      gpt_grad_scratch *s);
 /* Turns s->dres from the gradient of the layer's output into that of its input
  * (two all-reduces); gradients of the local block `gp` accumulate. */
 void tp_layer_backward(const tp_layout *tl, comm *tp, const void *lp, void *gp, gpt_acts *a,

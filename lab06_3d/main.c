@@ -49,12 +49,16 @@
  * that is the mean over the whole batch, lab01's. The forward's TP all-reduces
  * stay out of the traffic counts, so the record's per-step figures are the
  * training's. */
-static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g) {
+static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel) {
     comm_stat tp_training[COLL_NKINDS];
     memcpy(tp_training, g->tp.stats, sizeof tp_training);
     double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
     memcpy(g->tp.stats, tp_training, sizeof tp_training);
     comm_allreduce_host(&g->dp, &loss, 1);
+    if (sequence_parallel) { /* each TP rank's loss is that of its positions */
+        comm_allreduce_host(&g->tp, &loss, 1);
+        loss /= g->tp.size;
+    }
     return loss / g->dp.size;
 }
 
@@ -64,6 +68,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     const grid_dims defaults = grid_defaults(ranks); /* what --help shows for this rank count */
     int tp = defaults.tp, pp = defaults.pp, dp = defaults.dp, micro_batches = 4, virtual_stages = 2, check_sync = 0;
+    int sequence_parallel = 0;
     const char *schedule_arg = "1f1b";
     flag_spec flags[] = {
         {"--tp", FLAG_INT, &tp, "tensor-parallel degree t, ranks per TP group (omitted: 2 if the ranks allow)", 1, NULL},
@@ -78,13 +83,21 @@ int main(int argc, char **argv) {
          "model chunks per rank for --schedule interleaved (--layers must divide by --pp x chunks)", 1, NULL},
         {"--check-sync", FLAG_BOOL, &check_sync,
          "verify at the end that the data-parallel replicas hold bit-identical weights (exit 1 if not)", 0, NULL},
+        {"--sequence-parallel", FLAG_BOOL, &sequence_parallel,
+         "lab05's sequence parallelism in every TP group (needs --tp >= 2; --seq divisible by --tp); pipeline "
+         "messages then carry each TP rank's T/t positions", 0, NULL},
     };
     lab_info lab = {"lab06_3d", "3D parallelism: tensor-parallel layers (lab05) in pipeline stages (lab04), "
-                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 7};
+                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 8};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     const grid_dims dims = grid_choose(&ctx, argc, argv, tp, pp, dp);
     tp_check_degree(&ctx, dims.tp, "--tp");
+    if (sequence_parallel) {
+        run_check(&ctx, dims.tp >= 2, "--sequence-parallel needs --tp of at least 2 (--tp %d: no TP group to split "
+                  "the sequence over)", dims.tp);
+        tp_check_sequence_parallel(&ctx, dims.tp, "--tp");
+    }
     run_check(&ctx, stage_split_possible(ctx.opt.layers, dims.pp),
               "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", dims.pp,
               ctx.opt.layers);
@@ -96,10 +109,12 @@ int main(int argc, char **argv) {
 
     const int t = dims.tp, p = dims.pp, d = dims.dp, m = micro_batches;
     const int v = schedule_chunks(kind, virtual_stages);
-    char layout[64];
+    char layout[72];
     if (kind == SCHEDULE_INTERLEAVED)
-        snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d", t, p, d, m, schedule_name(kind), v);
-    else snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s", t, p, d, m, schedule_name(kind));
+        snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d%s", t, p, d, m, schedule_name(kind), v,
+                 sequence_parallel ? " sp" : "");
+    else snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s%s", t, p, d, m, schedule_name(kind),
+                  sequence_parallel ? " sp" : "");
     const char *comm_formula_text = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives, the formulas below";
     if (ctx.opt.dry_run) { /* the grid map and its warnings (MPI groups only: no NCCL), then theory/predict.h */
         process_grid grid;
@@ -111,7 +126,8 @@ int main(int argc, char **argv) {
                                                                               ctx.opt.d_model, ctx.opt.heads),
                              .tp = t, .pp = p, .dp = d, .micro_batches = m, .schedule = schedule_name(kind),
                              .chunks = v,
-                             .stage_layers = stage_layers};
+                             .stage_layers = stage_layers, .sequence_parallel = sequence_parallel,
+                             .recompute = ctx.model.recompute};
         double ring = -1;
         if (ctx.rank == 0) {
             th_rank_need *needs = calloc((size_t)ctx.size, sizeof *needs);
@@ -134,12 +150,14 @@ int main(int argc, char **argv) {
      * trains on rows [dp x B/d, (dp+1) x B/d) of every global batch. */
     tp_layout tl;
     tp_layout_init(&tl, &ctx.model, t, grid.me.tp);
+    tp_layout_sequence_parallel(&tl, sequence_parallel);
     stage3d s3;
     stage3d_init(&s3, &tl, &grid.tp);
     const int share = ctx.opt.batch / d;
     pipeline_rank pr; /* lab04: this rank's chunks of the pipeline, TP layers inside */
     pipeline_init(&pr, &grid.pipe, &tl.g, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, grid.me.dp * share, share,
                   kind, m, virtual_stages);
+    stage3d_alloc_partials(&s3, &pr);
     /* Each micro-batch's loss weight is 1/(B/d x T) (st.dloss): a replica's
      * gradient is that of its own rows' mean, and the DP all-reduce AVERAGES the
      * replicas, as lab01 does: the mean over the whole global batch. */
@@ -174,7 +192,7 @@ int main(int argc, char **argv) {
     }
     double eval_loss = -1;
     if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &pr, &grid);
+        eval_loss = evaluate(&ctx, &pr, &grid, sequence_parallel);
         ckpt_print_eval(&ctx, eval_loss);
     }
 
@@ -193,7 +211,8 @@ int main(int argc, char **argv) {
     char *extra_json = malloc(json_len);
     if (!extra_json) die("out of host memory");
     snprintf(extra_json, json_len, "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\","
-             "\"chunks_per_rank\":%d,\"replicas_identical\":%s,%s%s%s", t, p, d, m, schedule_name(kind), pr.v,
+             "\"chunks_per_rank\":%d,\"sequence_parallel\":%s,\"replicas_identical\":%s,%s%s%s", t, p, d, m,
+             schedule_name(kind), pr.v, sequence_parallel ? "true" : "false",
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
@@ -203,7 +222,8 @@ int main(int argc, char **argv) {
                          .comm_formula = comm_formula_text,
                          .bubble_theory = theory, .extra_json = record, .params_held = pr.n,
                          .states_formula = {th_param_bytes(prec), th_grad_bytes(prec), th_optim_bytes(prec)},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
+                         .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
     run_finish(&ctx, &report);
     report3d_print(&rep, &grid);
     free(record);
@@ -213,7 +233,7 @@ int main(int argc, char **argv) {
     free(extra_json);
     free(grid_json);
     pipeline_free(&pr);
-    grad_norm_free(&s3.norm);
+    stage3d_free(&s3);
     grid_free(&grid);
     MPI_Finalize();
     return in_sync ? 0 : 1;

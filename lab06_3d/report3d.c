@@ -16,6 +16,7 @@ enum {
     G_CALLS = 0, G_PAYLOAD, G_RING, G_SECONDS, G_CALLS_F, G_PAYLOAD_F, G_RING_F, G_FIELDS,
     F_LO = GROUP_KINDS * G_FIELDS, F_HI, F_TP, F_PP, F_DP,
     F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_ACTS_PER_MB_F, F_IN_FLIGHT, F_ACTS_F,
+    F_ALLREDUCE_RING_F, F_GATHER_RING_F, /* the formulas' ring bytes by kind: all-reduces, all-gathers + reduce-scatters */
     F_FIELDS
 };
 
@@ -67,19 +68,38 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     schedule_in_flight(&pr->sched, pr->rank, 0, &in_flight, &wgrads);
     const grid_dims d = g->dims;
     double row[F_FIELDS] = {0};
-    /* one activation (or its gradient): what one TP all-reduce and one pipeline message carry */
-    const double act_bytes = (double)value_bytes() * st->boundary_floats;
+    /* one activation (or its gradient), of value_bytes() per value: what one TP
+     * collective carries, whole, and what one pipeline message carries (under SP
+     * a TP rank's T/t positions) */
+    const double vb = (double)value_bytes();
+    const double act_bytes = vb * st->rows * ctx->model.seq * ctx->model.d_model, msg_bytes = vb * st->boundary_floats;
+    const gpt_config *cfg = &ctx->model;
+    const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
+    const th_opts opts = stage_opts(st); /* precision, t, SP, --recompute as the stages run */
+    const int sp = opts.sequence_parallel && d.tp > 1;
     comm *groups[GROUP_KINDS] = {&g->tp, &g->pipe, &g->dp};
     for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
     /* theory/'s formulas (theory.h), the ones plan3d predicts with.
-     * TP: two g's forward, two f's backward per layer and micro-batch (none for t = 1) */
-    formula(row + GROUP_TP * G_FIELDS, th_tp_traffic(layers, m, d.tp, act_bytes, 0));
+     * TP: two g's forward, two f's backward per layer and micro-batch (none for
+     * t = 1; --recompute full: the g's again); SP: each an all-gather and a
+     * reduce-scatter, and one all-reduce of each chunk's partial gradients */
+    th_traffic tp_f = th_tp_traffic_run(layers, m, act_bytes, &opts), partial_f = {0, 0, 0};
+    for (int c = 0; sp && c < pr->v; c++) {
+        th_traffic one = th_dp_traffic(vb * th_sp_partial_params(&tm, pr->chunk[c].lo, pr->chunk[c].hi), d.tp, 1);
+        partial_f.calls += one.calls;
+        partial_f.payload += one.payload;
+        partial_f.ring += one.ring;
+    }
+    formula(row + GROUP_TP * G_FIELDS,
+            (th_traffic){tp_f.calls + partial_f.calls, tp_f.payload + partial_f.payload, tp_f.ring + partial_f.ring});
     /* PP: per boundary to another rank and micro-batch, one activation out and
      * one gradient back, each counted once as a send and once as a receive
      * (schedule_remote_links counts the links of every chunk of this rank) */
-    formula(row + GROUP_PP * G_FIELDS, th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, act_bytes));
+    formula(row + GROUP_PP * G_FIELDS, th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, msg_bytes));
     /* DP: one all-reduce of the rank's whole gradient after the flush (none for d = 1) */
-    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic((double)value_bytes() * pr->n, d.dp, 1));
+    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(vb * pr->n, d.dp, 1));
+    row[F_ALLREDUCE_RING_F] = (sp ? partial_f.ring : tp_f.ring) + row[GROUP_DP * G_FIELDS + G_RING_F];
+    row[F_GATHER_RING_F] = sp ? tp_f.ring : 0;
     row[F_LO] = st->lo;
     row[F_HI] = st->hi;
     row[F_TP] = g->me.tp;
@@ -90,9 +110,6 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     row[F_OPTIM] = (double)mem_peak(MEM_OPTIM);
     row[F_ACTS] = (double)mem_peak(MEM_ACTS);
     row[F_TOTAL] = (double)mem_peak_total();
-    const gpt_config *cfg = &ctx->model;
-    const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
-    const th_opts opts = th_opts_precision(d.tp, g_precision == PREC_BF16);
     row[F_PARAMS_F] = 0;
     for (int c = 0; c < pr->v; c++)
         row[F_PARAMS_F] += th_param_bytes(opts.precision) * th_stage_params(&tm, &opts, pr->chunk[c].lo, pr->chunk[c].hi);
@@ -109,14 +126,18 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     if (g->world.rank != 0) return;
 
     /* run_finish adds, per kind, the busiest rank's ring bytes: all-reduces (TP
-     * and DP on one rank together), sends, receives. The formula, the same way. */
-    double allreduce_f = 0, p2p_f = 0;
+     * and DP on one rank together), all-gathers and reduce-scatters (SP),
+     * sends, receives. The formula, the same way. */
+    double allreduce_f = 0, gather_f = 0, p2p_f = 0;
     for (int q = 0; q < r->ranks; q++) {
         const double *x = r->rows + (size_t)q * F_FIELDS;
-        allreduce_f = fmax(allreduce_f, x[GROUP_TP * G_FIELDS + G_RING_F] + x[GROUP_DP * G_FIELDS + G_RING_F]);
+        allreduce_f = fmax(allreduce_f, x[F_ALLREDUCE_RING_F]);
+        gather_f = fmax(gather_f, x[F_GATHER_RING_F]); /* as many all-gathers as reduce-scatters, alike */
         p2p_f = fmax(p2p_f, x[GROUP_PP * G_FIELDS + G_RING_F]);
     }
-    r->formula_ring_bytes = allreduce_f + p2p_f; /* a rank sends as much as it receives */
+    r->formula_ring_bytes = allreduce_f + gather_f + p2p_f; /* a rank sends as much as it receives */
+    r->sequence_parallel = sp;
+    r->recompute_full = opts.recompute == TH_RECOMPUTE_FULL;
 
     textbuf b = {0};
     textbuf_printf(&b, "\"traffic_per_group\":{");
@@ -161,11 +182,22 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
 void report3d_print(const report3d *r, const process_grid *g) {
     if (g->world.rank != 0) return;
     const grid_dims d = g->dims;
-    static const char *const titles[GROUP_KINDS] = {"TP all-reduce", "PP send+recv ", "DP all-reduce"};
-    static const char *const formulas[GROUP_KINDS] = {
+    const char *titles[GROUP_KINDS] = {"TP all-reduce", "PP send+recv ", "DP all-reduce"};
+    const char *formulas[GROUP_KINDS] = {
         "4 x stage layers x m all-reduces of (B/(d m)) x T x C floats; ring 2(t-1)/t",
         "2 x boundaries x m messages of (B/(d m)) x T x C floats (activation out, gradient back)",
         "1 all-reduce of the rank's gradient (its shard of its stage); ring 2(d-1)/d"};
+    if (r->recompute_full) formulas[GROUP_TP] = "6 x stage layers x m all-reduces of (B/(d m)) x T x C floats (the "
+                                                "forward's 2 again: --recompute full); ring 2(t-1)/t";
+    if (r->sequence_parallel) {
+        titles[GROUP_TP] = "TP AG+RS+AR  ";
+        formulas[GROUP_TP] = r->recompute_full
+            ? "6 + 6 x stage layers x m all-gathers + reduce-scatters of (B/(d m)) x T x C floats, ring (t-1)/t "
+              "each (TP's all-reduces' bytes), + 1 all-reduce of each chunk's partial gradients"
+            : "4 + 4 x stage layers x m all-gathers + reduce-scatters of (B/(d m)) x T x C floats, ring (t-1)/t "
+              "each (TP's all-reduces' bytes), + 1 all-reduce of each chunk's partial gradients";
+        formulas[GROUP_PP] = "2 x boundaries x m messages of (B/(d m)) x T/t x C floats (each TP rank its positions)";
+    }
     const int sizes[GROUP_KINDS] = {d.tp, d.pp, d.dp};
     char a[16], b[16], c[16], e[16], f[16], t[16];
     printf("\n3D traffic per rank per step, busiest rank, measured | formula:\n");

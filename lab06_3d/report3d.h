@@ -21,6 +21,7 @@ typedef struct report3d {
     char *json;        /* the run record's members, for run_report.extra_json */
     double formula_ring_bytes; /* the busiest rank's ring traffic by the formulas, as
                                 * run_finish sums the measured one (per kind, max over ranks) */
+    int sequence_parallel, recompute_full; /* how the TP groups ran: the lines' formulas */
 } report3d;
 
 /* Collective over the grid, after the last step: measures and computes every

@@ -1,5 +1,7 @@
 #include "stage3d.h"
 #include "device.h"
+#include "mem.h"
+#include "sequence_parallel.h"
 #include "trace.h"
 
 /* ---- the stage's model hooks: lab05's functions over the stage's range ---------------- */
@@ -57,8 +59,25 @@ void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp) {
     s->model = (stage_model){.ctx = s, .range = range, .init_params = init_params, .acts_alloc = acts_alloc,
                              .scratch_alloc = scratch_alloc, .forward = forward, .backward = backward,
                              .wgrads_alloc = wgrads_alloc, .backward_input = backward_input,
-                             .backward_weight = backward_weight};
+                             .backward_weight = backward_weight, .tp = tl->degree,
+                             .sequence_parallel = tl->seq_parts > 1};
     grad_norm_init(&s->norm, 2);
+    s->partial_staging = NULL;
+}
+
+void stage3d_alloc_partials(stage3d *s, const pipeline_rank *pr) {
+    if (s->tl->seq_parts == 1) return;
+    long most = 0;
+    for (int c = 0; c < pr->v; c++) {
+        long n = sp_partial_elems(s->tl, pr->chunk[c].lo, pr->chunk[c].hi);
+        if (n > most) most = n;
+    }
+    s->partial_staging = mem_alloc((size_t)most * value_bytes(), MEM_COMM);
+}
+
+void stage3d_free(stage3d *s) {
+    mem_free(s->partial_staging);
+    grad_norm_free(&s->norm);
 }
 
 void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v) {
@@ -85,6 +104,11 @@ void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *
 double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip) {
     const tp_layout *tl = s->tl;
+    /* SP: the LayerNorms (and embedding, head) of each chunk saw this TP rank's
+     * positions only: sum their partial gradients over the TP group first */
+    if (tl->seq_parts > 1)
+        for (int c = 0; c < pr->v; c++)
+            sp_sum_partial_grads(tl, s->tp, pr->chunk[c].lo, pr->chunk[c].hi, pr->chunk[c].grads, s->partial_staging);
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* The serial norm counts every element of the model once. A rank holds
@@ -109,6 +133,10 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     comm_allreduce_host(&g->pipe, over_pp, 3);
     comm_allreduce_host(&g->tp, &over_pp[0], 1);
     comm_allreduce_host(&g->dp, &over_pp[2], 1);
+    if (tl->seq_parts > 1) { /* each TP rank's loss is that of its positions: the mean over the group */
+        comm_allreduce_host(&g->tp, &over_pp[2], 1);
+        over_pp[2] /= g->tp.size;
+    }
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     t0 = now_seconds();

@@ -25,6 +25,7 @@ typedef struct stage3d {
     comm *tp;            /* its TP group */
     stage_model model;   /* the hooks pipeline_stage calls: lab05's tp_* functions */
     grad_norm norm;      /* tp_grad_squares' two sums, on the device */
+    void *partial_staging;  /* --sequence-parallel: the partial gradients of a chunk, packed */
 } stage3d;
 
 /* Fill s->model so that the stages run tp_range, tp_init_params,
@@ -32,10 +33,16 @@ typedef struct stage3d {
  * split schedules tp_wgrads_alloc, tp_backward_input and tp_backward_weight
  * (after run_setup: it allocates the norm's sums on the device). */
 void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp);
+/* After pipeline_init, with sequence parallelism: the staging of the largest
+ * chunk's partial gradients (communication category). */
+void stage3d_alloc_partials(stage3d *s, const pipeline_rank *pr);
+void stage3d_free(stage3d *s);
 
-/* After the DP all-reduce: clip by the norm of the whole model's gradient, every
- * element counted once, and step AdamW on this rank's chunks. Collective over the
- * grid. Returns the step's mean loss over the global batch. */
+/* After the DP all-reduce: with sequence parallelism first sum the partial
+ * gradients over the TP group (sp_sum_partial_grads, chunk by chunk); clip by
+ * the norm of the whole model's gradient, every element counted once, and step
+ * AdamW on this rank's chunks. Collective over the grid. Returns the step's
+ * mean loss over the global batch. */
 double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip);
 

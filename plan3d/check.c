@@ -33,6 +33,7 @@ enum { KINDS = TH_NKINDS };
 typedef struct run {
     const char *lab, *schedule;
     int ranks, cuda, steps, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
+    int recompute, sp;       /* --recompute (gpt_recompute), --sequence-parallel */
     double bucket_mb;
     int bf16;           /* config.precision "bf16": 2-byte values, 2 + 2 + 12 model states */
     double vb;          /* bytes of one of the model's values: 4, or 2 in bf16 */
@@ -78,7 +79,7 @@ static double adamw_seconds(const timing *tm, double params) {
 
 /* The shard plan of lab01's buckets and lab02's units (one rule, lab02_zero/shards.h). */
 static void shard_figures(const run *r, th_run *t) {
-    gpt_config cfg = {256, r->T, r->L, r->C, r->H};
+    gpt_config cfg = {256, r->T, r->L, r->C, r->H, r->recompute};
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
     const int N = r->ranks, zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0;
@@ -95,8 +96,9 @@ static void shard_figures(const run *r, th_run *t) {
 
 static th_run prediction_input(const run *r) {
     th_run t = {.lab = r->lab, .ranks = r->ranks, .cuda = r->cuda, .batch = r->B, .model = r->model, .tp = r->tp,
-                .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->schedule, .chunks = r->chunks, .zero_stage = r->zero,
-                .stage_layers = stage_layers, .bf16 = r->bf16};
+                .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->schedule, .chunks = r->chunks,
+                .zero_stage = r->zero, .stage_layers = stage_layers, .sequence_parallel = r->sp,
+                .recompute = r->recompute, .bf16 = r->bf16};
     if (!strcmp(r->lab, "lab01_dp") || !strcmp(r->lab, "lab02_zero")) {
         t.dp = r->ranks;
         shard_figures(r, &t);
@@ -127,9 +129,10 @@ static double time_grid(const run *r, const timing *tm, const th_rank_need *need
         const double params = need[q].params;
         /* time: the stage's compute, with its TP all-reduces inside (traced as compute) */
         double fb = fwd_bwd_seconds(tm, r, lo, hi, rows, t) + 4.0 * (hi - lo) * allreduce_seconds(tm, act, t);
-        double msg = p > 1 ? message_seconds(tm, act) : 0;
-        worst_f = fmax(worst_f, fb / 3 + msg);
-        worst_b = fmax(worst_b, 2 * fb / 3 + msg);
+        const double msg = r->sp && t > 1 ? act / t : act; /* SP: a TP rank's T/t positions */
+        double msg_s = p > 1 ? message_seconds(tm, msg) : 0;
+        worst_f = fmax(worst_f, fb / 3 + msg_s);
+        worst_b = fmax(worst_b, 2 * fb / 3 + msg_s);
         dp_time = fmax(dp_time, allreduce_seconds(tm, r->vb * params, d));
         adam_time = fmax(adam_time, adamw_seconds(tm, params));
         busy[q] = m * fb + adamw_seconds(tm, params);
@@ -195,6 +198,9 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     json_t *bmb = json_object_get(rec, "bucket_mb");
     r.bucket_mb = json_is_number(bmb) ? json_number_value(bmb) : 0;
     r.zero = get_int(rec, "zero_stage", 0);
+    r.recompute = gpt_recompute_parse(str_or(json_object_get(cfg, "recompute"), "none"));
+    if (r.recompute < 0) return 0;
+    r.sp = json_is_true(json_object_get(rec, "sequence_parallel"));
     r.bf16 = !strcmp(str_or(json_object_get(cfg, "precision"), "fp32"), "bf16");
     r.vb = r.bf16 ? 2 : 4;
     r.tp = 1; r.pp = 1; r.dp = 1;

@@ -36,10 +36,12 @@ CORES = os.cpu_count() or 1
 SIZES = {
     "full": dict(pipe="--layers 8 --d-model 256 --heads 8 --seq 64", pipe_steps=3, micro=(1, 2, 4, 8, 16),
                  std="--layers 8 --d-model 128 --heads 4 --seq 64", std_steps=10, batch=32,
-                 acts_micro=(1, 2, 4, 8), acts_rows=4),
+                 acts_micro=(1, 2, 4, 8), acts_rows=4,
+                 sp="--layers 8 --d-model 128 --heads 4 --seq 256 --batch 8 --steps 1"),
     "quick": dict(pipe="--layers 8 --d-model 32 --heads 4 --seq 16", pipe_steps=2, micro=(1, 8),
                   std="--layers 4 --d-model 32 --heads 4 --seq 16", std_steps=3, batch=16,
-                  acts_micro=(1, 8), acts_rows=2),
+                  acts_micro=(1, 8), acts_rows=2,
+                  sp="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --steps 1"),
 }
 
 
@@ -94,6 +96,11 @@ def sweep(z):
                 if flags not in seen:
                     seen.add(flags)
                     runs.append(("acts", "lab04_1f1b", 4, flags))
+    # chart 3c: lab05's activations per rank by kind, TP x SP x --recompute (one step measures memory)
+    for t in (1, 2, 4):
+        for sp in ((False,) if t == 1 else (False, True)):
+            for mode in ("none", "selective", "full"):
+                runs.append(("sp", "lab05_tp", t, f"{z['sp']} --recompute {mode}" + (" --sequence-parallel" if sp else "")))
     return runs
 
 
@@ -256,6 +263,16 @@ def chart_list(pipe_recs, note):
          "(lines: GPipe m micro-batches, 1F1B min(m, p-r)). Left: the global batch fixed, so GPipe always holds the "
          "whole batch while 1F1B's peak falls; right: the micro-batch size fixed, so GPipe grows with m and 1F1B "
          "stops at p micro-batches."),
+        ("spacts", "Activation memory per rank: TP, SP and recomputation", "spacts.gp", {"src": "spacts.tsv"},
+         "spacts.tsv", "sp",
+         "lab05's peak activation bytes per rank (one step, one micro-batch), stacked by kind as the allocator lays "
+         "the block out: the layers' attention matrices att [B,H/t,T,T] (the term that grows with T^2), the layers' "
+         "other pieces (linear in T) and what is not per layer (the layer input x_in, the tokens, the head's logits "
+         "and probabilities); the black points are theory.h's formula, which the bars meet exactly. TP divides the "
+         "T^2 term and the heads' and MLP's pieces by t; SP also the residual stream, LayerNorm statistics and the "
+         "head's (the all-gathered LayerNorm outputs stay whole); selective drops att; full keeps one [B,T/t,C] per "
+         "layer. The recomputation's one-layer set is the workspace's, not in these bars. Korthikanti et al. 2022's "
+         "Table 2, measured on this model (lab05_tp/README.md, Part 2)."),
         ("throughput", "Throughput of every lab and layout", "throughput.gp", {"src": "throughput.tsv"},
          "throughput.tsv", "std",
          "Tokens per second (median step after the first), every lab and layout at the same model and global batch; "
@@ -372,7 +389,7 @@ def main():
     note = f"p = 4 ran 4 ranks on {CORES} cores (oversubscribed): its measured bubble can sit above the theory" \
         if on_cpu and CORES < 4 else ""
     for group, only in (("pipe", ("bubble",)), ("std", ("memory", "throughput", "loss", "comm")), ("acts", ("acts",)),
-                        ("prec", ("precision",))):
+                        ("sp", ("spacts",)), ("prec", ("precision",))):
         path = os.path.join("runs", group, "records.jsonl")
         if os.path.exists(path):
             records_to_tsv.convert([path], ".", note if group == "pipe" else "", only)

@@ -193,13 +193,34 @@ def comm(recs):
         ["run", "lab_no", "ranks", "ring_bytes", "formula_bytes", "payload_bytes"], rows
 
 
+def spacts(recs):
+    """lab05's activation peak per rank by kind, as the allocator lays the block
+    out (the layers' T^2 att pieces, their other pieces, the rest), beside the
+    formula's total, for every t, --sequence-parallel and --recompute run."""
+    runs = [r for r in recs if r["lab"] == "lab05_tp" and "acts_block_bytes_by_kind" in r]
+    order = {"none": 0, "selective": 1, "full": 2}
+    runs.sort(key=lambda r: (r["tp"], r["sequence_parallel"], order[r["config"]["recompute"]]))
+    rows = []
+    for r in runs:
+        k, f = r["acts_block_bytes_by_kind"], r["acts_bytes_by_kind_formula"]
+        mode = r["config"]["recompute"]
+        name = ("SP" if r["sequence_parallel"] else "TP" if r["tp"] > 1 else "serial") + \
+            ("" if mode == "none" else " + " + mode)
+        rows.append((name, r["tp"], int(r["sequence_parallel"]), mode, k["quadratic"], k["linear"], k["other"],
+                     r["mem_peak_bytes_per_rank"]["acts"][0], r["acts_peak_bytes_formula_per_rank"][0],
+                     f["quadratic"] / max(1, sum(f.values()))))
+    return runs, {"subtitle": subtitle(runs, False) + ", lab05_tp, per rank"}, \
+        ["run", "t", "sp", "recompute", "quadratic", "linear", "other", "measured", "formula", "quadratic_share"], rows
+
+
 def convert(paths, out, note="", only=None):
     """Write the TSVs; returns {name: (path, runs)} for those written."""
     recs = read_records(paths)
     os.makedirs(out, exist_ok=True)
     made = {}
     for name, make in (("bubble", lambda r: bubble(r, note)), ("memory", memory), ("acts", acts),
-                       ("throughput", throughput), ("loss", loss), ("comm", comm), ("precision", precision_loss)):
+                       ("throughput", throughput), ("loss", loss), ("comm", comm), ("spacts", spacts),
+                       ("precision", precision_loss)):
         if only and name not in only:
             continue
         runs, meta, header, rows = make(recs)

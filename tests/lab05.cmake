@@ -1,4 +1,4 @@
-foreach(case equivalence)
+foreach(case equivalence sequence_parallel)
   add_lab_test(lab05_${case} test_lab05.py ${case})
 endforeach()
 add_lab_test(gpu_lab05_cuda test_lab05.py cuda)

@@ -137,3 +137,46 @@ def skip_without_gpu(lab):
         fail(f"PL_REQUIRE_GPU=1: {lab} --device cuda exited with {p.returncode}")
     print("no GPU: skipped")
     sys.exit(77)
+
+
+# ---- activation bytes, derived here from the model's shapes (not read from the labs) ----
+
+def _pad(floats):
+    """common/model.c carves every piece 64-byte aligned: whole 16-float units."""
+    return (floats + 15) // 16 * 16
+
+
+def layer_acts_bytes(B, T, C, H, t=1, sp=False, recompute="none"):
+    """One layer of one micro-batch of B rows, as a TP rank of t keeps it for the
+    backward. Inside the TP regions N = B T positions at H/t heads and 4C/t MLP
+    units; on the residual stream N/t under sequence parallelism. Kept: ln1, ln2
+    [N,C] (under SP the all-gathered inputs of the column-parallel matmuls) and
+    their mean, rstd [Ns]; qkv, atty; att [B,H/t,T,T]; res2, res3 [Ns,C]; fch,
+    fch_gelu. selective drops att, full keeps res3 alone."""
+    N = B * T
+    Ns = N // t if sp else N
+    attn, mlp = C // t, 4 * C // t
+    att = _pad(B * (H // t) * T * T)
+    rest = (2 * (_pad(N * C) + 2 * _pad(Ns)) + _pad(N * 3 * attn) + _pad(N * attn) + 2 * _pad(Ns * C)
+            + 2 * _pad(N * mlp))
+    return 4 * {"none": rest + att, "selective": rest, "full": _pad(Ns * C)}[recompute]
+
+
+def acts_bytes(B, T, C, H, L, V=256, lo=0, hi=None, t=1, sp=False, recompute="none"):
+    """Layers [lo, hi) of one micro-batch, with what is not per layer: x_in
+    [Ns,C]; the first stage's tokens [Ns]; the last stage's targets, losses
+    [Ns], lnf [Ns,C] + its mean, rstd, logits and probs [Ns,V]."""
+    hi = L if hi is None else hi
+    Ns = B * T // t if sp else B * T
+    other = _pad(Ns * C) + (_pad(Ns) if lo == 0 else 0)
+    if hi == L:
+        other += 4 * _pad(Ns) + _pad(Ns * C) + 2 * _pad(Ns * V)
+    return (hi - lo) * layer_acts_bytes(B, T, C, H, t, sp, recompute) + 4 * other
+
+
+def check_acts(rec, want, what):
+    """The allocator's activation peak per rank == the lab's formula (theory.h)
+    == want (a list per rank, derived by the test)."""
+    measured, formula = rec["mem_peak_bytes_per_rank"]["acts"], rec["acts_peak_bytes_formula_per_rank"]
+    check(measured == formula == want, f"{what}: activation peaks measured {measured}, theory.h {formula}, "
+                                       f"test's formula {want}")

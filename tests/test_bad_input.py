@@ -69,6 +69,8 @@ SHARED = [
     (2, ["--preset", "huge"], "--preset"),
     (2, ["--preset"], "--preset"),
     (2, ["--preset", "gpt2-small", "--heads", "5"], "--heads"),  # 5 does not divide 768
+    (2, ["--recompute", "partial"], "--recompute"),  # an unknown mode
+    (2, ["--recompute"], "--recompute"),
     (2, ["--precision", "fp16"], "--precision"),
     (2, ["--precision"], "--precision"),
     # --dry-run checks what the run would: the same errors, the same status
@@ -78,6 +80,8 @@ SHARED = [
     (2, ["--dry-run", "--out", EMPTY], "--out"),
     (2, ["--dry-run", "--save", "/proc/ck.safetensors"], "--save"),
 ]
+# sequence parallelism splits what tensor parallelism leaves whole: a lab without TP has no such flag
+NO_TP = [(2, ["--sequence-parallel"], "--sequence-parallel")]
 
 PER_LAB = {
     "lab01_dp": [
@@ -89,7 +93,7 @@ PER_LAB = {
         (2, ["--dump-weights", EMPTY + "/weights"], "--dump-weights"),
         (2, ["--dump-weights", "/dev/null"], "--dump-weights"),
         (4, ["--dry-run", "--batch", "30"], "--batch"),
-    ],
+    ] + NO_TP,
     "lab02_zero": [
         (2, ["--zero-stage", "0"], "--zero-stage"),
         (2, ["--zero-stage", "4"], "--zero-stage"),
@@ -98,13 +102,13 @@ PER_LAB = {
         (2, ["--zero-stage", "3", "--bucket-mb", "1"], "--bucket-mb"),
         (3, ["--batch", "32", "--zero-stage", "2"], "--batch"),
         (2, ["--dry-run", "--zero-stage", "3", "--bucket-mb", "1"], "--bucket-mb"),
-    ],
+    ] + NO_TP,
     "lab03_pp_naive": [
         (4, ["--layers", "3"], "--layers"),  # more stages than layers
         (2, ["--layers", "1"], "--layers"),  # every stage needs a layer
         (2, ["--micro-batches", "4"], "--micro-batches"),  # lab04's flag, not this lab's
         (4, ["--dry-run", "--layers", "3"], "--layers"),
-    ],
+    ] + NO_TP,
     "lab04_1f1b": [
         (4, ["--layers", "3"], "--layers"),
         (2, ["--micro-batches", "0"], "--micro-batches"),
@@ -130,7 +134,7 @@ PER_LAB = {
         (2, ["--print-schedule", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
         (2, ["--print-schedule=yes"], "--print-schedule"),
         (2, ["--dry-run", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
-    ],
+    ] + NO_TP,
     "lab05_tp": [
         (3, [], "--heads"),  # 3 does not divide 4 heads
         (2, ["--heads", "1", "--d-model", "64"], "--heads"),
@@ -138,6 +142,10 @@ PER_LAB = {
         # "t divides the MLP width 4C" and "t divides C" cannot fail on their
         # own: t | heads and heads | C (checked first) imply both.
         (2, ["--check-sync=yes"], "--check-sync"),
+        (2, ["--sequence-parallel", "--seq", "63"], "--seq"),  # T/t positions of every sequence per rank
+        (4, ["--sequence-parallel", "--seq", "66"], "--seq"),
+        (1, ["--sequence-parallel"], "--sequence-parallel"),  # t = 1: nothing to split
+        (2, ["--sequence-parallel=yes"], "--sequence-parallel"),
         (3, ["--dry-run"], "--heads"),
     ],
     "lab06_3d": [
@@ -155,6 +163,8 @@ PER_LAB = {
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--resume", EMPTY], EMPTY),
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--save", A_FOLDER], "--save"),
         (2, ["--check-sync=yes"], "--check-sync"),
+        (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--sequence-parallel", "--seq", "63"], "--seq"),
+        (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--sequence-parallel"], "--sequence-parallel"),  # no TP group
         (4, ["--tp", "2", "--pp", "2", "--dp", "2", "--dry-run"], "--dp"),
     ],
 }

@@ -6,14 +6,19 @@ printed order (read from the timeline it wrote, not from its own plan); each
 rank's activation peak, measured by the allocator, is the schedule's formula.
 Bad input is tests/test_bad_input.py's.
 
-usage: test_lab04.py equivalence|schedules|order|cuda"""
+--recompute: every mode under 1F1B (and the split backward of ZB-H1, where
+full recomputation hands W what it reads) gives the --recompute none losses
+bit for bit, and each rank's peak is its blocks in flight x the formula.
+
+usage: test_lab04.py equivalence|schedules|order|recompute|cuda"""
 import os
 import re
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import MPIRUN, check, compare_losses, program, run, skip_without_gpu  # noqa: E402
+from labtest import (MPIRUN, acts_bytes, check, check_acts, compare_losses, program, run,  # noqa: E402
+                     skip_without_gpu)
 from test_lab03 import BASE, check_pipeline_record, read_timeline  # noqa: E402  (the same model as lab03's tests)
 
 LAB = "lab04_1f1b"
@@ -264,6 +269,34 @@ def equivalence():
             check_lab04_record(rec, n, m, schedule, v, model)
 
 
+def recompute():
+    """1F1B at p = 2, m = 4 under each --recompute mode, ZB-H1 with full, and an
+    odd model at p = 3: the losses of --recompute none bit for bit, lab01's
+    within 1e-5; each rank's peak = min(m, p-r) x the stage's block by the formula."""
+    for model, n, m, L, C, H, T, B in ((SMALL[:2] + ["--layers", "4"] + SMALL[4:], 2, 4, 4, 32, 2, 16, 16),
+                                       (ODD, 3, 4, 6, 24, 3, 13, 12)):
+        ref, _, _ = run("lab01_dp", 1, model)
+        modes = ("none", "selective", "full") if n == 2 else ("selective",)
+        cases = [("1f1b", mode) for mode in modes] + ([("zb-h1", "none"), ("zb-h1", "full")] if n == 2 else [])
+        first = {}
+        for schedule, mode in cases:
+            rec, _, _ = run(LAB, n, model + ["--micro-batches", str(m), "--schedule", schedule, "--recompute", mode])
+            name = f"lab04 -n {n} m={m} {schedule} --recompute {mode}"
+            compare_losses(f"{name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            if schedule in first:
+                check(rec["losses"] == first[schedule], f"{name}: losses differ from --recompute none's")
+            first.setdefault(schedule, rec["losses"])
+            check_lab04_record(rec, n, m, schedule, 1, model)
+            if schedule == "1f1b":
+                split = [[lo, hi] for lo, hi in rec["stage_layers"]]
+                want = [min(m, n - r) * acts_bytes(B // m, T, C, H, L, lo=lo, hi=hi, recompute=mode)
+                        for r, (lo, hi) in enumerate(split)]
+                check_acts(rec, want, name)
+            else:  # blocks and weight-gradient blocks in flight x theory.h's bytes of each
+                check_acts(rec, rec["acts_peak_formula_bytes"], name)
+            print(f"  {name}: activation peaks {rec['mem_peak_bytes_per_rank']['acts']} = formula")
+
+
 def order():
     """Every schedule at p = 4, m = 8: each rank's forwards, backwards and weight
     halves in the timeline are its printed list, and the clock respects every
@@ -318,5 +351,6 @@ def cuda():
 
 
 if __name__ == "__main__":
-    {"equivalence": equivalence, "schedules": schedules, "order": order, "cuda": cuda}[sys.argv[1]]()
+    {"equivalence": equivalence, "schedules": schedules, "order": order, "recompute": recompute,
+     "cuda": cuda}[sys.argv[1]]()
     print("passed")

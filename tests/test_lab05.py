@@ -3,12 +3,18 @@ the all-reduces per step are exactly the 4L of B*T*C floats the lesson derives,
 each rank holds 1/t of the block matrices plus the replicated tensors, and bad
 input fails fast and clearly.
 
-usage: test_lab05.py equivalence|cuda"""
+--sequence-parallel and --recompute: every combination reproduces lab01 (the
+recompute modes exactly reproduce their lab's --recompute none), moves exactly
+TP's ring bytes (all-gathers and reduce-scatters instead of all-reduces) plus
+one all-reduce of the partial gradients, and keeps the activations the formula
+derived here says, on every rank.
+
+usage: test_lab05.py equivalence|sequence_parallel|cuda"""
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
+from labtest import acts_bytes, check, check_acts, compare_losses, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab05_tp"
 # A smaller model than the default keeps -n 4 on a 2-core machine to a few
@@ -95,6 +101,70 @@ def equivalence():
     check(loss[-1] < loss[0] - 1.0, f"the loss should fall clearly in 20 steps: {loss[0]:.3f} -> {loss[-1]:.3f}")
 
 
+def partial_floats(V, T, C, L):
+    """The replicated tensors whose gradients SP leaves partial on each rank: the
+    embedding (wte, wpe), both LayerNorms of every layer, ln_f and the head."""
+    return V * C + T * C + L * 4 * C + 2 * C + V * C
+
+
+def check_sp_record(rec, t, L, C, H, B, T, mode, sp):
+    """Traffic and memory of one lab05 run, from the shapes alone."""
+    V, each = 256, 4 * B * T * C
+    per_layer = 6 if mode == "full" else 4  # full recomputation runs the forward's 2 again
+    calls, kinds = rec["comm_calls_per_step"], rec["comm_bytes_per_step"]
+    tp_ring = 2 * (t - 1) / t * per_layer * L * each  # TP's all-reduces, ring
+    if sp:
+        partial = 4 * partial_floats(V, T, C, L)
+        check(calls == {"allgather": per_layer * L, "reduce_scatter": per_layer * L, "allreduce": 1},
+              f"t={t} sp {mode}: calls {calls}, expected {per_layer}L all-gathers and reduce-scatters + 1 all-reduce")
+        check(kinds["allgather"] == kinds["reduce_scatter"] == per_layer * L * each and kinds["allreduce"] == partial,
+              f"t={t} sp {mode}: payload {kinds}, expected {per_layer}L x B*T*C x 4 each and {partial} B of partials")
+        ring = (t - 1) / t * 2 * per_layer * L * each + 2 * (t - 1) / t * partial
+        check((t - 1) / t * (kinds["allgather"] + kinds["reduce_scatter"]) == tp_ring,
+              f"t={t} sp {mode}: the all-gathers and reduce-scatters do not move TP's all-reduce bytes")
+    else:
+        check(calls == {"allreduce": per_layer * L}, f"t={t} {mode}: calls {calls}, expected {per_layer}L all-reduces")
+        ring = tp_ring
+    check(abs(rec["comm_ring_bytes_per_step"] - ring) <= 1 and abs(rec["comm_formula_bytes_per_step"] - ring) <= 1,
+          f"t={t} sp={sp} {mode}: ring traffic {rec['comm_ring_bytes_per_step']} / formula "
+          f"{rec['comm_formula_bytes_per_step']} != {ring:.0f}")
+    check(rec["tp_ring_bytes_per_step_formula"] == tp_ring and rec["sequence_parallel"] is sp,
+          f"t={t}: the record's TP ring formula {rec['tp_ring_bytes_per_step_formula']} != {tp_ring}")
+    check(rec["replicated_identical"] is True, f"t={t} sp={sp} {mode}: the replicated tensors differ between ranks")
+    check_acts(rec, [acts_bytes(B, T, C, H, L, t=t, sp=sp, recompute=mode)] * t, f"t={t} sp={sp} {mode}")
+    # by kind, as the allocator laid the block out and as theory.h splits it: the T^2 term is L att pieces
+    kinds = rec["acts_block_bytes_by_kind"]
+    att = 0 if mode != "none" else L * 4 * ((B * (H // t) * T * T + 15) // 16 * 16)
+    check(kinds == rec["acts_bytes_by_kind_formula"] and kinds["quadratic"] == att and sum(kinds.values()) ==
+          rec["mem_peak_bytes_per_rank"]["acts"][0], f"t={t} sp={sp} {mode}: activations by kind {kinds}, formula "
+          f"{rec['acts_bytes_by_kind_formula']}, T^2 term {att}")
+
+
+def sequence_parallel():
+    for shape, cases in (
+            # (t, sequence parallel, recompute modes); the first mode of each row is the reference of the others
+            ((2, 32, 4, 8, 16), [(2, False, ("none", "selective", "full")), (2, True, ("none", "selective", "full")),
+                                 (4, True, ("none",))]),
+            # odd: T = 12 in slices of 3 at t = 4, 5 rows, C = 24
+            ((3, 24, 4, 5, 12), [(4, True, ("full",)), (2, True, ("selective",))])):
+        L, C, H, B, T = shape
+        args = ["--steps", "20", "--layers", str(L), "--d-model", str(C), "--heads", str(H), "--batch", str(B),
+                "--seq", str(T)]
+        ref, _, _ = run("lab01_dp", 1, args)
+        for t, sp, modes in cases:
+            first = None
+            for mode in modes:
+                extra = ["--recompute", mode, "--check-sync"] + (["--sequence-parallel"] if sp else [])
+                rec, _, _ = run(LAB, t, args + extra)
+                name = f"lab05 -n {t}{' --sequence-parallel' if sp else ''} --recompute {mode}"
+                compare_losses(f"{name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+                if first:  # recomputation changes no value: the same lab's losses, bit for bit
+                    check(rec["losses"] == first["losses"], f"{name}: losses differ from --recompute {modes[0]}'s")
+                first = first or rec
+                check_sp_record(rec, t, L, C, H, B, T, mode, sp)
+                print(f"  {name}: traffic and activations per rank = the formulas")
+
+
 def cuda():
     """GPU-labelled: lab05 on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
     skip_without_gpu(LAB)
@@ -106,8 +176,14 @@ def cuda():
         check(gpu["replicated_identical"] is True, f"cuda -n {t}: replicated tensors differ between ranks")
         check(gpu["comm_calls_per_step"].get("allreduce", 0) == (4 * L if t > 1 else 0),
               f"cuda -n {t}: all-reduces per step {gpu['comm_calls_per_step']}")
+    # sequence parallelism with each recomputation mode, on CUDA
+    for mode in ("none", "selective", "full"):
+        gpu, _, _ = run(LAB, 2, ARGS + ["--device", "cuda", "--check-sync", "--sequence-parallel", "--recompute", mode])
+        compare_losses(f"cuda lab05 -n 2 --sequence-parallel --recompute {mode} vs cpu lab01 -n 1", gpu["losses"],
+                       cpu["losses"], 1e-3)
+        check_sp_record(gpu, 2, L, C, H, B, T, mode, True)
 
 
 if __name__ == "__main__":
-    {"equivalence": equivalence, "cuda": cuda}[sys.argv[1]]()
+    {"equivalence": equivalence, "sequence_parallel": sequence_parallel, "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -6,7 +6,12 @@ omitted grid flags default as documented; on (pretended) hosts the map shows
 them and a TP group that spans two is warned about; bad input fails fast and
 clearly (the shared bad-input cases run in bad_input_lab06, test_bad_input.py).
 
-usage: test_lab06.py equivalence|schedules|grid|bad_input|cuda"""
+--sequence-parallel and --recompute in the TP groups: lab01's losses, every
+group's traffic by the formula (SP: TP's bytes as all-gathers and
+reduce-scatters, a TP rank's T/t positions in each pipeline message, one
+all-reduce of each chunk's partial gradients), activation peaks = the formula.
+
+usage: test_lab06.py equivalence|schedules|sequence_parallel|grid|bad_input|cuda"""
 import json
 import os
 import subprocess
@@ -14,8 +19,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import (MPIRUN, check, check_rejected, compare_losses, on_cpu_unless_named, program,  # noqa: E402
-                     run, skip_without_gpu)
+from labtest import (MPIRUN, acts_bytes, check, check_acts, check_rejected, compare_losses,  # noqa: E402
+                     on_cpu_unless_named, program, run, skip_without_gpu)
 from test_lab03 import documented_split  # noqa: E402  (the layer split stage.h documents)
 
 LAB = "lab06_3d"
@@ -185,6 +190,49 @@ def schedules():
             check_schedule_record(rec, t, p, d, m, schedule, v)
 
 
+def sequence_parallel():
+    """SP in every TP group at 2x2x1 (1F1B), 2x1x2 with full recomputation and
+    2x2x1 under ZB-H1 with selective: lab01's losses; per rank the TP group's
+    all-gathers, reduce-scatters and the partial gradients' all-reduce, the PP
+    messages of T/t positions, and the activation peak, all by the formulas."""
+    Cs, Ts = 32, 16
+    ref, _, _ = run("lab01_dp", 1, SMALL)
+    for (t, p, d), schedule, m, mode in (((2, 2, 1), "1f1b", 2, "none"), ((2, 1, 2), "1f1b", 2, "full"),
+                                          ((2, 2, 1), "zb-h1", 2, "selective")):
+        n = t * p * d
+        rec, _, _ = run(LAB, n, SMALL + grid_args(t, p, d, m, schedule) +
+                        ["--sequence-parallel", "--recompute", mode] + (["--check-sync"] if d > 1 else []))
+        name = f"lab06 {t}x{p}x{d} {schedule} m={m} --sequence-parallel --recompute {mode}"
+        compare_losses(f"{name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+        check(rec["sequence_parallel"] is True and rec["replicas_identical"] is (True if d > 1 else None),
+              f"{name}: sequence_parallel {rec['sequence_parallel']}, replicas {rec['replicas_identical']}")
+        rows = B // (d * m)
+        act = rows * Ts * Cs * 4  # one TP collective's buffer, whole along the sequence
+        per_layer = 6 if mode == "full" else 4
+        traffic = rec["traffic_per_group"]
+        want_acts = []
+        for r in range(n):
+            _, pp, _ = coord(r, t, p, d)
+            lo, hi = documented_split(L, p)[pp]
+            partial = (hi - lo) * 4 * Cs + (V * Cs + Ts * Cs if lo == 0 else 0) + (2 * Cs + V * Cs if hi == L else 0)
+            boundaries = (pp > 0) + (pp < p - 1)
+            want = {"tp": (2 * per_layer * (hi - lo) * m + 1, 2 * per_layer * (hi - lo) * m * act + 4 * partial),
+                    "pp": (2 * boundaries * m, 2 * boundaries * m * act // t)}
+            for kind, (calls, payload) in want.items():
+                g = traffic[kind]
+                check(g["calls"][r] == g["calls_formula"][r] == calls and
+                      abs(g["payload_bytes"][r] - payload) < 0.5 and abs(g["payload_bytes_formula"][r] - payload) < 0.5,
+                      f"{name} rank {r} {kind}: calls {g['calls'][r]} (formula {g['calls_formula'][r]}, expected "
+                      f"{calls}), payload {g['payload_bytes'][r]} (expected {payload})")
+            want_acts.append(min(m, p - pp) * acts_bytes(rows, Ts, Cs, H, L, lo=lo, hi=hi, t=t, sp=True,
+                                                         recompute=mode))
+        check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
+              f"{name}: ring traffic {rec['comm_ring_bytes_per_step']} != formula {rec['comm_formula_bytes_per_step']}")
+        # 1F1B: min(m, p - r) blocks by the formula derived here; ZB-H1's weight-gradient blocks by theory.h's
+        check_acts(rec, want_acts if schedule == "1f1b" else rec["acts_peak_formula_bytes"], name)
+        print(f"  {name}: traffic per group and activation peaks {rec['mem_peak_bytes_per_rank']['acts']} = formulas")
+
+
 def run_on_fake_hosts(ranks_per_host, args):
     """lab06 on 8 ranks that MPI_Get_processor_name places on hosts of
     ranks_per_host consecutive ranks (lab06_3d/fake_hosts.c, preloaded)."""
@@ -283,6 +331,6 @@ def cuda():
 
 
 if __name__ == "__main__":
-    {"equivalence": equivalence, "schedules": schedules, "grid": grid, "bad_input": bad_input,
-     "cuda": cuda}[sys.argv[1]]()
+    {"equivalence": equivalence, "schedules": schedules, "sequence_parallel": sequence_parallel, "grid": grid,
+     "bad_input": bad_input, "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -134,9 +134,66 @@ int main(void) {
     printf("backward in two halves vs fused: max gradient difference %.3g (activations %ld + "
            "weight-gradient inputs %ld bytes per stage-0 micro-batch)\n", split_diff, a0.bytes, w0.bytes);
     CHECK(split_diff == 0, "B then W must give the fused gradients bit for bit");
+    const long w0_bytes = w0.bytes;
     gpt_wgrads_free(&w0);
     gpt_wgrads_free(&w1);
     mem_free(grads3);
+
+    /* --recompute: every mode gives --recompute none's gradients bit for bit (the
+     * same kernels recompute the same values), fused and split in B and W, on
+     * one range and on two stages, and keeps less */
+    for (int mode = GPT_RECOMPUTE_SELECTIVE; mode <= GPT_RECOMPUTE_FULL; mode++) {
+        gpt_config rc = cfg;
+        rc.recompute = mode;
+        gpt_layout gr;
+        gpt_layout_init(&gr, &rc);
+        gpt_acts ar, ar0, ar1;
+        gpt_grad_scratch sr;
+        gpt_acts_alloc(&ar, &gr, 0, cfg.layers, B);
+        gpt_acts_alloc(&ar0, &gr, 0, 1, B);
+        gpt_acts_alloc(&ar1, &gr, 1, cfg.layers, B);
+        gpt_scratch_alloc(&sr, &gr, B);
+        gpt_acts_bind(&ar, &sr);
+        gpt_acts_bind(&ar0, &sr);
+        gpt_acts_bind(&ar1, &sr);
+        memcpy(ar.tokens, a.tokens, N * sizeof(int));
+        memcpy(ar.targets, a.targets, N * sizeof(int));
+        memcpy(ar0.tokens, a.tokens, N * sizeof(int));
+        memcpy(ar1.targets, a.targets, N * sizeof(int));
+        float *gm = mem_alloc(P * sizeof(float), MEM_GRADS);
+        mem_zero(gm, P * sizeof(float));
+        gpt_forward(&gr, params, &ar);
+        double lm = gpt_mean_loss(&gr, &ar);
+        gpt_backward(&gr, params, gm, &ar, &sr, NULL, 1.0f / (float)N, NULL, NULL);
+        CHECK(lm == loss0 && memcmp(gm, grads, P * sizeof(float)) == 0,
+              "--recompute %s: loss or gradients differ from none's", gpt_recompute_names[mode]);
+        /* two stages, the backward split: both B's, then both W's */
+        gpt_wgrads wr0, wr1;
+        gpt_wgrads_alloc(&wr0, &gr, 0, 1, B);
+        gpt_wgrads_alloc(&wr1, &gr, 1, cfg.layers, B);
+        mem_zero(gm, P * sizeof(float));
+        gpt_forward(&gr, params + b0, &ar0);
+        memcpy(ar1.x_in, gpt_acts_output(&ar0), N * cfg.d_model * sizeof(float));
+        gpt_forward(&gr, params + b1, &ar1);
+        memcpy(dx_copy, gpt_backward_input(&gr, params + b1, &ar1, &sr, &wr1, NULL, 1.0f / (float)N),
+               N * cfg.d_model * sizeof(float));
+        gpt_backward_input(&gr, params + b0, &ar0, &sr, &wr0, dx_copy, 0);
+        gpt_backward_weight(&gr, gm + b1, &ar1, &wr1);
+        gpt_backward_weight(&gr, gm + b0, &ar0, &wr0);
+        CHECK(memcmp(gm, grads, P * sizeof(float)) == 0, "--recompute %s: B then W differ from none's fused gradients",
+              gpt_recompute_names[mode]);
+        printf("--recompute %s: loss and gradients bit-identical to none's (fused, and B then W on two stages); "
+               "activations %ld of %ld bytes, weight-gradient block %ld of %ld\n", gpt_recompute_names[mode],
+               ar0.bytes + ar1.bytes, a0.bytes + a1.bytes, wr0.bytes, w0_bytes);
+        CHECK(ar0.bytes < a0.bytes && ar1.bytes < a1.bytes, "--recompute %s keeps no less", gpt_recompute_names[mode]);
+        gpt_wgrads_free(&wr0);
+        gpt_wgrads_free(&wr1);
+        mem_free(gm);
+        gpt_acts_free(&ar);
+        gpt_acts_free(&ar0);
+        gpt_acts_free(&ar1);
+        gpt_scratch_free(&sr);
+    }
 
     /* init: the slice [lo, hi) of the parameters equals the whole init's slice */
     float *whole = mem_alloc(P * sizeof(float), MEM_PARAMS), *part = mem_alloc(P * sizeof(float), MEM_PARAMS);

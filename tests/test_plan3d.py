@@ -77,6 +77,10 @@ def case_check():
         ("lab04_1f1b", 2, TINY + ["--micro-batches", "4"]), ("lab05_tp", 2, TINY),
         ("lab06_3d", 4, TINY + ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "2"]),
         ("lab06_3d", 4, TINY + ["--tp", "1", "--pp", "2", "--dp", "2", "--micro-batches", "2", "--schedule", "gpipe"]),
+        # --recompute and --sequence-parallel: theory/'s exact forms for them
+        ("lab01_dp", 2, TINY + ["--recompute", "selective"]),
+        ("lab05_tp", 2, TINY + ["--sequence-parallel", "--recompute", "full"]),
+        ("lab06_3d", 4, TINY + ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "2", "--sequence-parallel"]),
         # several chunks per rank (placed as lab04's schedule_stage_of places them), the split backward
         ("lab04_1f1b", 2, TINY + ["--micro-batches", "4", "--schedule", "interleaved", "--layers", "4"]),
         ("lab04_1f1b", 3, TINY + ["--micro-batches", "6", "--schedule", "interleaved", "--layers", "6", "--batch", "12"]),
@@ -90,7 +94,7 @@ def case_check():
     print(p.stdout)
     check(p.returncode == 0, f"plan3d --check: status {p.returncode}: {p.stdout[-2000:]} {p.stderr}")
     runs = json.load(open(js))["runs"]
-    check(len(runs) == 16, f"16 runs checked, got {len(runs)}")
+    check(len(runs) == 19, f"19 runs checked, got {len(runs)}")
     labs = {r["lab"] for r in runs}
     check(len(labs) == 6, f"every lab checked: {sorted(labs)}")
     for r in runs:

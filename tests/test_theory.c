@@ -7,6 +7,7 @@
 #include "device.h"
 #include "mem.h"
 #include "model.h"
+#include "sequence_parallel.h"
 #include "theory.h"
 #include "schedule.h"
 #include "tp.h"
@@ -72,6 +73,65 @@ static void check_course_shape(long V, long T, long L, long C, long H) {
             gpt_scratch_free(&s);
         }
     }
+}
+
+/* Sequence parallelism and --recompute: every combination's activations,
+ * scratch and weight-gradient blocks against the allocator, on every range
+ * and rank; the parts add up; the partial gradients SP sums are
+ * th_sp_partial_params. */
+static void check_course_options(long V, long T, long L, long C, long H) {
+    th_model m = th_course_model(V, T, L, C, H);
+    for (int mode = 0; mode < GPT_RECOMPUTE_MODES; mode++)
+        for (int t = 1; t <= H; t++)
+            for (int sp = 0; sp <= 1; sp++) {
+                if (H % t || (sp && T % t)) continue;
+                gpt_config cfg = {.vocab = (int)V, .seq = (int)T, .layers = (int)L, .d_model = (int)C, .heads = (int)H,
+                                  .recompute = mode};
+                th_opts o = th_opts_run(t, sp, mode, 0);
+                for (int rank = 0; rank < t; rank++) {
+                    tp_layout tl;
+                    tp_layout_init(&tl, &cfg, t, rank);
+                    tp_layout_sequence_parallel(&tl, sp);
+                    for (int lo = 0; lo < L; lo++)
+                        for (int hi = lo + 1; hi <= L; hi++)
+                            for (long rows = 1; rows <= 2; rows++) {
+                                gpt_acts a;
+                                gpt_wgrads w;
+                                tp_acts_alloc(&a, &tl, lo, hi, (int)rows);
+                                tp_wgrads_alloc(&w, &tl, lo, hi, (int)rows);
+                                th_acts_parts parts = th_course_acts_parts(&m, &o, lo, hi, (long)rows);
+                                double got = th_course_acts_bytes(&m, &o, lo, hi, rows);
+                                CHECK(got == (double)a.bytes && parts.quadratic + parts.linear + parts.other == got,
+                                      "acts %s t=%d sp=%d rank %d T=%ld [%d,%d) rows %ld: allocator %ld, theory %.0f",
+                                      gpt_recompute_names[mode], t, sp, rank, T, lo, hi, rows, a.bytes, got);
+                                CHECK(th_course_wgrads_bytes(&m, &o, lo, hi, rows) == (double)w.bytes,
+                                      "wgrads %s t=%d sp=%d [%d,%d) rows %ld: allocator %ld, theory %.0f",
+                                      gpt_recompute_names[mode], t, sp, lo, hi, rows, w.bytes,
+                                      th_course_wgrads_bytes(&m, &o, lo, hi, rows));
+                                CHECK(!sp || t == 1 || sp_partial_elems(&tl, lo, hi) == th_sp_partial_params(&m, lo, hi),
+                                      "partial gradients [%d,%d): %ld, theory %.0f", lo, hi,
+                                      sp_partial_elems(&tl, lo, hi), th_sp_partial_params(&m, lo, hi));
+                                CHECK(a.seq * (sp ? t : 1) == T && a.seq_first == (sp && t > 1 ? rank : 0) * a.seq,
+                                      "t=%d sp=%d rank %d holds positions [%d, +%d)", t, sp, rank, a.seq_first, a.seq);
+                                gpt_wgrads_free(&w);
+                                gpt_acts_free(&a);
+                            }
+                    for (long rows = 1; rows <= 2; rows++) {
+                        gpt_grad_scratch sc;
+                        tp_scratch_alloc(&sc, &tl, (int)rows);
+                        double want = (double)mem_current(MEM_WORKSPACE), got = th_course_scratch_bytes(&m, &o, rows);
+                        CHECK(got == want, "scratch %s t=%d sp=%d rows %ld: allocator %.0f, theory %.0f",
+                              gpt_recompute_names[mode], t, sp, rows, want, got);
+                        gpt_scratch_free(&sc);
+                    }
+                }
+            }
+    /* the T^2 term goes with selective and full, and full keeps one [Ns,C] per layer */
+    th_opts none = th_opts_run(2, 1, 0, 0), sel = th_opts_run(2, 1, 1, 0), full = th_opts_run(2, 1, 2, 0);
+    th_acts_parts pn = th_course_acts_parts(&m, &none, 0, (int)L, 2), ps = th_course_acts_parts(&m, &sel, 0, (int)L, 2),
+                  pf = th_course_acts_parts(&m, &full, 0, (int)L, 2);
+    CHECK(pn.quadratic > 0 && ps.quadratic == 0 && ps.linear == pn.linear && pf.quadratic == 0 && pf.other == pn.other,
+          "parts: selective drops exactly att, full keeps the rest of the range");
 }
 
 static void check_published(void) {
@@ -207,6 +267,9 @@ static void check_schedules(void) {
     th_traffic tp = th_tp_traffic(3, 2, 2, 100, 0);
     CHECK(tp.calls == 24 && tp.payload == 2400 && tp.ring == 2400, "tp: 4 L m all-reduces");
     CHECK(th_tp_traffic(3, 2, 2, 100, 1).ring == tp.ring, "sequence parallel moves the same ring bytes");
+    th_opts full = th_opts_run(2, 1, TH_RECOMPUTE_FULL, 0);
+    CHECK(th_tp_traffic_run(3, 2, 100, &full).calls == 72 && th_tp_traffic_run(3, 2, 100, &full).ring == 1.5 * tp.ring,
+          "--recompute full: the forward's collectives again, 6 per layer");
     CHECK(th_pp_traffic(2, 4, 1, 10).payload == 160, "pp: 2 boundaries x m x 2");
 }
 
@@ -218,6 +281,8 @@ int main(void) {
         for (int i = 0; i < 4; i++) check_course_shape(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
     }
     precision_use(PREC_FP32);
+    check_course_options(17, 12, 3, 24, 4);
+    check_course_options(256, 8, 2, 16, 2);
     check_published();
     check_schedules();
     check_against_lists();

@@ -7,48 +7,110 @@
  * LayerNorm statistics, the losses and the token ids 4 in both. */
 static double pad64(double bytes) { return (double)(((long long)bytes + 63) / 64 * 64); }
 
-/* The options and shape the course's model runs: fp32, no SP, no recomputation,
- * GPT-2's architecture, and whole heads and MLP units per TP rank. */
+/* The options and shape the course's model runs: fp32 or bf16, GPT-2's
+ * architecture, whole heads and MLP units per TP rank, and with sequence
+ * parallelism whole slices of every sequence (T divisible by t). */
 static int course_runs(const th_model *m, const th_opts *o) {
     long t = o->tp > 0 ? o->tp : 1;
-    return (o->precision == TH_FP32 || o->precision == TH_BF16) && !o->sequence_parallel && o->recompute == TH_RECOMPUTE_NONE &&
-           !o->vocab_parallel && m->kv_heads == m->heads && m->ffn == 4 * m->d_model && !m->gated_mlp &&
-           m->biases && m->learned_positions && !m->tied_head && m->heads % t == 0 && m->d_model % m->heads == 0;
+    return (o->precision == TH_FP32 || o->precision == TH_BF16) && !o->vocab_parallel && m->kv_heads == m->heads &&
+           m->ffn == 4 * m->d_model && !m->gated_mlp && m->biases && m->learned_positions && !m->tied_head &&
+           m->heads % t == 0 && m->d_model % m->heads == 0 && (!o->sequence_parallel || m->seq % t == 0) &&
+           (o->recompute == TH_RECOMPUTE_NONE || o->recompute == TH_RECOMPUTE_SELECTIVE ||
+            o->recompute == TH_RECOMPUTE_FULL);
 }
 
-/* A TP rank's widths inside a layer: heads, attention columns, MLP units. */
-typedef struct { double heads, attn, mlp; } widths;
+/* A TP rank's widths inside a layer (heads, attention columns, MLP units), the
+ * positions it holds (N = rows x T inside the tensor-parallel regions, Ns on
+ * the residual stream: N / t under sequence parallelism, else N) and the bytes
+ * of one of the model's values (v: 4 or 2). */
+typedef struct { double heads, attn, mlp, B, T, C, V, N, Ns, v; } widths;
 
-static widths local_widths(const th_model *m, const th_opts *o) {
+static widths local_widths(const th_model *m, const th_opts *o, long rows) {
     long t = o->tp > 0 ? o->tp : 1, heads = m->heads / t;
-    return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), (double)(m->ffn / t)};
+    double N = (double)rows * m->seq;
+    return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), (double)(m->ffn / t), (double)rows,
+                    (double)m->seq, (double)m->d_model, (double)m->vocab, N,
+                    o->sequence_parallel ? N / (double)t : N, th_param_bytes(o->precision)};
+}
+
+/* n of the model's values, and n fp32 statistics / losses / token ids, as carved */
+static double vals(const widths *w, double n) { return pad64(w->v * n); }
+static double fours(double n) { return pad64(4 * n); }
+
+/* One layer's pieces (common/model.c's carve_layer), in bytes, split into
+ * the attention matrix and the rest. */
+typedef struct { double ln1, qkv, atty, att, res2, ln2, fch, gelu, res3; } layer_pieces;
+
+static layer_pieces pieces_of(const widths *w) {
+    return (layer_pieces){.ln1 = vals(w, w->N * w->C) + 2 * fours(w->Ns), /* + mean, rstd */
+                          .qkv = vals(w, w->N * 3 * w->attn), .atty = vals(w, w->N * w->attn),
+                          .att = vals(w, w->B * w->heads * w->T * w->T), .res2 = vals(w, w->Ns * w->C),
+                          .ln2 = vals(w, w->N * w->C) + 2 * fours(w->Ns), .fch = vals(w, w->N * w->mlp),
+                          .gelu = vals(w, w->N * w->mlp), .res3 = vals(w, w->Ns * w->C)};
+}
+
+static double all_but_att(const layer_pieces *p) {
+    return p->ln1 + p->qkv + p->atty + p->res2 + p->ln2 + p->fch + p->gelu + p->res3;
+}
+
+th_acts_parts th_course_acts_parts(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
+    th_acts_parts r = {-1, -1, -1};
+    if (!course_runs(m, o)) return r;
+    const widths w = local_widths(m, o, rows);
+    const layer_pieces p = pieces_of(&w);
+    const double layers = hi - lo;
+    /* what a layer keeps for its backward under each --recompute mode */
+    double quadratic = p.att, linear = all_but_att(&p);
+    if (o->recompute == TH_RECOMPUTE_SELECTIVE) quadratic = 0;
+    if (o->recompute == TH_RECOMPUTE_FULL) { quadratic = 0; linear = p.res3; /* its output only */ }
+    double other = vals(&w, w.Ns * w.C);   /* x_in */
+    if (lo == 0) other += fours(w.Ns);     /* tokens */
+    if (hi == m->layers)                   /* targets, lnf + mean, rstd, logits, probs, losses */
+        other += fours(w.Ns) + vals(&w, w.Ns * w.C) + 2 * fours(w.Ns) + 2 * vals(&w, w.Ns * w.V) + fours(w.Ns);
+    r.quadratic = layers * quadratic;
+    r.linear = layers * linear;
+    r.other = other;
+    return r;
 }
 
 double th_course_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
-    if (!course_runs(m, o)) return -1;
-    const widths w = local_widths(m, o);
-    const double B = (double)rows, T = (double)m->seq, C = (double)m->d_model, V = (double)m->vocab, N = B * T;
-    const int first = lo == 0, last = hi == m->layers;
-    const double v = th_param_bytes(o->precision);
-    double layer = 4 * pad64(v * N * C)                          /* ln1, res2, ln2, res3 */
-                 + 4 * pad64(4 * N)                              /* ln1 and ln2 mean and rstd */
-                 + pad64(v * N * 3 * w.attn) + pad64(v * N * w.attn) /* qkv, atty */
-                 + pad64(v * B * w.heads * T * T)                /* att */
-                 + 2 * pad64(v * N * w.mlp);                     /* fch, fch_gelu */
-    double bytes = pad64(v * N * C) /* x_in */ + (double)(hi - lo) * layer;
-    if (first) bytes += pad64(4 * N); /* tokens */
-    if (last) bytes += pad64(4 * N) /* targets */ + pad64(v * N * C) + 2 * pad64(4 * N) /* lnf, mean, rstd */
-                       + 2 * pad64(v * N * V) /* logits, probs */ + pad64(4 * N) /* losses */;
-    return bytes;
+    th_acts_parts p = th_course_acts_parts(m, o, lo, hi, rows);
+    return p.other < 0 ? -1 : p.quadratic + p.linear + p.other;
 }
 
 double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
     if (!course_runs(m, o)) return -1;
-    const widths w = local_widths(m, o);
-    const double B = (double)rows, T = (double)m->seq, C = (double)m->d_model, V = (double)m->vocab, N = B * T;
-    const double v = th_param_bytes(o->precision);
-    return 2 * pad64(v * N * C) + pad64(v * N * 3 * w.attn) + pad64(v * N * w.attn) + pad64(v * B * w.heads * T * T) +
-           2 * pad64(v * N * w.mlp) + pad64(v * N * V);
+    const widths w = local_widths(m, o, rows);
+    const layer_pieces p = pieces_of(&w);
+    double bytes = vals(&w, w.Ns * w.C) /* dres */ + vals(&w, w.N * w.C) /* dln */ + vals(&w, w.N * 3 * w.attn) +
+                   vals(&w, w.N * w.attn) + vals(&w, w.B * w.heads * w.T * w.T) + 2 * vals(&w, w.N * w.mlp) +
+                   vals(&w, w.Ns * w.V) /* dlogits */;
+    if (o->sequence_parallel && o->tp > 1) bytes += 2 * vals(&w, w.N * w.C) + vals(&w, w.Ns * w.C); /* staging */
+    if (o->recompute == TH_RECOMPUTE_SELECTIVE) bytes += p.att;                  /* the recomputed att */
+    if (o->recompute == TH_RECOMPUTE_FULL) bytes += p.att + all_but_att(&p);     /* one whole layer */
+    return bytes;
+}
+
+double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
+    if (!course_runs(m, o)) return -1;
+    const widths w = local_widths(m, o, rows);
+    const layer_pieces p = pieces_of(&w);
+    double layer = 2 * vals(&w, w.N * w.C)                 /* dres3, dres2: the row-parallel douts, whole */
+                 + 2 * vals(&w, w.Ns * w.C)                /* dln1, dln2: the LayerNorms' */
+                 + vals(&w, w.N * w.mlp) + vals(&w, w.N * 3 * w.attn); /* dfch, dqkv */
+    if (o->recompute == TH_RECOMPUTE_FULL) layer += p.ln1 + p.atty + p.res2 + p.ln2 + p.gelu; /* what W reads */
+    double bytes = (double)(hi - lo) * layer;
+    if (hi == m->layers) bytes += vals(&w, w.Ns * w.V) + vals(&w, w.Ns * w.C); /* dlogits, dlnf */
+    if (lo == 0) bytes += vals(&w, w.Ns * w.C);                               /* dx */
+    return bytes;
+}
+
+double th_sp_partial_params(const th_model *m, int lo, int hi) {
+    const double V = (double)m->vocab, T = (double)m->seq, C = (double)m->d_model;
+    double n = (double)(hi - lo) * 4 * C;      /* LN1 and LN2, weight and bias */
+    if (lo == 0) n += V * C + T * C;           /* wte, wpe */
+    if (hi == m->layers) n += 2 * C + V * C;   /* ln_f, the head */
+    return n;
 }
 
 double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b) {
@@ -78,15 +140,3 @@ double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int 
 }
 
 double th_grad_norm_bytes(int parts) { return 8.0 * parts; }
-
-double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
-    if (!course_runs(m, o)) return -1;
-    const widths w = local_widths(m, o);
-    const double N = (double)rows * m->seq, C = (double)m->d_model, V = (double)m->vocab;
-    const double v = th_param_bytes(o->precision); /* values: 4, or 2 in bf16 */
-    double layer = 4 * pad64(v * N * C) + pad64(v * N * w.mlp) + pad64(v * N * 3 * w.attn); /* dres3 dln2 dres2 dln1, dfch, dqkv */
-    double bytes = (double)(hi - lo) * layer;
-    if (hi == m->layers) bytes += pad64(v * N * V) + pad64(v * N * C); /* dlogits, dlnf */
-    if (lo == 0) bytes += pad64(v * N * C);                           /* dx */
-    return bytes;
-}

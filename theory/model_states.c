@@ -12,6 +12,13 @@ th_opts th_opts_course(int tp) {
                      .recompute = TH_RECOMPUTE_NONE};
 }
 
+th_opts th_opts_run(int tp, int sequence_parallel, int recompute, int bf16) {
+    th_opts o = th_opts_precision(tp, bf16);
+    o.sequence_parallel = sequence_parallel;
+    o.recompute = (th_recompute)recompute;
+    return o;
+}
+
 th_opts th_opts_precision(int tp, int bf16) {
     th_opts o = th_opts_course(tp);
     o.precision = bf16 ? TH_BF16 : TH_FP32;

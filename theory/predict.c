@@ -27,7 +27,7 @@ static double value_bytes_of(const th_run *r) { return r->bf16 ? 2.0 : 4.0; }
  * gradient and the scratch of one rank holding `params` parameters of layers
  * [lo, hi) at TP degree t. */
 static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_grad) {
-    const th_opts o = th_opts_precision(t, r->bf16);
+    const th_opts o = th_opts_run(t, r->sequence_parallel && t > 1, r->recompute, r->bf16);
     const th_states s = th_model_states(x->params, &o, 0, 1);
     x->mem[TH_MEM_PARAMS] = s.params;
     x->mem[TH_MEM_GRADS] = s.grads;
@@ -38,6 +38,9 @@ static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_gr
     /* lab04's executor (and lab06 through it) keeps a pool of message buffers
      * whose size its lists decide */
     if (is(r, "lab04_1f1b") || is(r, "lab06_3d")) x->mem[TH_MEM_COMM] = -1;
+    /* lab05 under sequence parallelism: the staging of the partial gradients' all-reduce */
+    if (is(r, "lab05_tp") && o.sequence_parallel)
+        x->mem[TH_MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(&r->model, 0, (int)r->model.layers);
     /* the gradient-norm sums: lab02 one part on the device, lab05 and lab06 two */
     const int norm_parts = is(r, "lab02_zero") ? 1 : is(r, "lab05_tp") || is(r, "lab06_3d") ? 2 : 0;
     x->mem[TH_MEM_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, x->rows) + th_grad_norm_bytes(norm_parts);
@@ -101,10 +104,11 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
     const int t = r->tp, p = r->pp, d = r->dp, m = r->micro_batches > 0 ? r->micro_batches : 1;
     const th_schedule s = (th_schedule)th_schedule_parse(r->schedule ? r->schedule : "gpipe");
     const int v = s == TH_SCHED_ZB_V ? 2 : s == TH_SCHED_INTERLEAVED ? (r->chunks > 0 ? r->chunks : 2) : 1;
-    const int S = p * v, L = (int)r->model.layers;
+    const int S = p * v, L = (int)r->model.layers, sp = r->sequence_parallel && t > 1;
     const long rows = r->batch / ((long)d * m);
     const double act = value_bytes_of(r) * rows * r->model.seq * r->model.d_model; /* one activation, or its gradient */
-    const th_opts o = th_opts_precision(t, r->bf16);
+    const th_opts o = th_opts_run(t, sp, r->recompute, r->bf16);
+    const double msg = sp ? act / t : act; /* SP: a stage message carries a TP rank's T/t positions */
     for (int q = 0; q < r->ranks; q++) {
         th_rank_need *x = &need[q];
         const int pp = q / (t * d); /* rank = tp + t (dp + d pp): lab06's grid.h */
@@ -131,10 +135,23 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         /* each chunk is a lab03 stage with its own scratch */
         if (x->mem[TH_MEM_WORKSPACE] >= 0) x->mem[TH_MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
         if (v > 1) x->lo = x->hi = -1; /* not one run of layers */
-        const th_traffic pipe = th_pp_traffic(links, m, 1, act); /* sends and receives together */
-        count(x, TH_SEND, pipe.calls / 2, act, 2);
-        count(x, TH_RECV, pipe.calls / 2, act, 2);
-        add_traffic(x, TH_ALLREDUCE, th_tp_traffic(layers, m, t, act, 0), t);
+        const th_traffic pipe = th_pp_traffic(links, m, 1, msg); /* sends and receives together */
+        count(x, TH_SEND, pipe.calls / 2, msg, 2);
+        count(x, TH_RECV, pipe.calls / 2, msg, 2);
+        /* 4 per layer and micro-batch, 6 under --recompute full; SP: each an all-gather and a reduce-scatter,
+         * and one all-reduce per chunk of the partial gradients */
+        const double tp_calls = th_tp_traffic_run(layers, m, act, &o).calls;
+        if (sp) {
+            count(x, TH_ALLGATHER, tp_calls / 2, act, t);
+            count(x, TH_REDUCE_SCATTER, tp_calls / 2, act, t);
+            for (int c = 0; c < v; c++) {
+                int clo = 0, chi = L;
+                if (S > 1) r->stage_layers(L, S, stage_of(s, p, pp, c), &clo, &chi);
+                count(x, TH_ALLREDUCE, 1, value_bytes_of(r) * th_sp_partial_params(&r->model, clo, chi), t);
+            }
+        } else if (t > 1) {
+            count(x, TH_ALLREDUCE, tp_calls, act, t);
+        }
         add_traffic(x, TH_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
     }
 }

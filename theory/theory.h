@@ -26,9 +26,9 @@
  *             plan3d uses for real models. Mixed precision's 2 + 2 + 12 bytes
  *             per parameter (Rajbhandari et al. 2020, the ZeRO paper) is both:
  *             the labs' bf16 allocates exactly that.
- * The options struct th_opts carries what selects between them and can grow
- * (issue 14 adds sequence parallelism and recomputation to the labs: their
- * exact forms then join the exact functions). */
+ * The options struct th_opts carries what selects between them and can grow:
+ * sequence parallelism and recomputation run in the labs, so their exact
+ * forms are among the exact functions too. */
 #ifndef PL_THEORY_H
 #define PL_THEORY_H
 
@@ -61,14 +61,17 @@ typedef struct th_opts {
     int tp;                  /* tensor-parallel degree t (1: none) */
     int vocab_parallel;      /* embedding and head split over t, as Megatron does;
                               * 0: replicated on every TP rank, as lab05 does */
-    int sequence_parallel;   /* Megatron's SP (published forms only, for now) */
-    th_recompute recompute;  /* (published forms only, for now) */
+    int sequence_parallel;   /* Megatron's SP: exact for the course (lab05, lab06 --sequence-parallel) */
+    th_recompute recompute;  /* --recompute: exact for the course (every lab) */
 } th_opts;
 
 /* fp32, t = 1, no SP, no recomputation: a one-rank lab. */
 th_opts th_opts_course(int tp);
 /* The same in a lab's precision: bf16 = 1 for --precision bf16. */
 th_opts th_opts_precision(int tp, int bf16);
+/* What a lab runs: its precision, t, SP on or off, --recompute (common/model's
+ * gpt_recompute: none 0, selective 1, full 2, th_recompute's values). */
+th_opts th_opts_run(int tp, int sequence_parallel, int recompute, int bf16);
 
 /* Bytes per parameter and per activation element for a precision. */
 double th_param_bytes(th_precision p);   /* the weights the forward reads: 4 or 2 */
@@ -129,27 +132,58 @@ th_states th_zero_buffers(double unit_elems, const th_opts *o, int zero_stage);
 /* ---- activations ---------------------------------------------------------------------- */
 
 /* EXACT, the course's model in fp32 or bf16: the bytes common/model.c's
- * gpt_acts_alloc (gpt_acts_alloc_local at t = opts->tp: H/t heads, 4C/t MLP
+ * gpt_acts_alloc (gpt_acts_alloc_part at t = opts->tp: H/t heads, 4C/t MLP
  * units; the residual stream stays C wide) allocates for layers [lo, hi) of
  * one micro-batch of `rows` sequences, every piece padded to 64 bytes; the
  * model's values 4 or 2 bytes each (th_param_bytes), the means, rstds,
- * losses and token ids 4 in both:
+ * losses and token ids 4 in both. With N = rows x T positions inside the
+ * tensor-parallel regions and Ns on the residual stream (N/t under sequence
+ * parallelism, else N):
  *
- *   every stage  x_in [N,C]
- *   each layer   ln1, res2, ln2, res3 [N,C]; 4 means/rstds [N]; qkv [N,3C/t];
- *                atty [N,C/t]; att [rows,H/t,T,T]; fch, fch_gelu [N,4C/t]
- *   first stage  tokens [N];  last stage: targets, losses [N], lnf [N,C],
- *                its mean and rstd [N], logits, probs [N,V]
+ *   each layer   --recompute none:
+ *                  ln1, ln2 [N,C] (under SP the all-gathered inputs of the
+ *                  column-parallel matmuls, kept whole: no second all-gather
+ *                  in the backward); res2, res3 [Ns,C]; 4 means/rstds [Ns];
+ *                  qkv [N,3C/t]; atty [N,C/t]; fch, fch_gelu [N,4C/t]
+ *                  att [rows,H/t,T,T]              (the T^2 term)
+ *                selective: all but att; full: res3 [Ns,C] only (its output,
+ *                  the next layer's input)
+ *   every stage  x_in [Ns,C]                       (not per layer)
+ *   first stage  tokens [Ns]; last stage: targets, losses [Ns], lnf [Ns,C],
+ *                its mean and rstd [Ns], logits, probs [Ns,V]
  *
- * with N = rows x T. Returns -1 for options the course's model does not run
- * (sequence parallelism, recomputation, or a model that is not the course's
- * shape). */
+ * Returns -1 for options the course's model does not run (a model that is
+ * not the course's shape, SP with T not divisible by t). */
 double th_course_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows);
-/* EXACT: the backward scratch (gpt_scratch_alloc[_local], workspace category),
- * one per stage, reused by every micro-batch: dres, dln [N,C]; dqkv [N,3C/t];
- * datty [N,C/t]; datt [rows,H/t,T,T]; dfch, dfch_gelu [N,4C/t]; dlogits [N,V];
- * all values of the precision. */
+/* The same bytes by kind (they add up to th_course_acts_bytes): the layers'
+ * T^2 term (att), the layers' other pieces (linear in T), and the rest, which
+ * is not per layer (x_in, tokens, the head's). All -1 where that returns -1. */
+typedef struct th_acts_parts { double quadratic, linear, other; } th_acts_parts;
+th_acts_parts th_course_acts_parts(const th_model *m, const th_opts *o, int lo, int hi, long rows);
+/* EXACT: the backward scratch (gpt_scratch_alloc_part, workspace category),
+ * one per stage, reused by every micro-batch: dres [Ns,C], dln [N,C]; dqkv
+ * [N,3C/t]; datty [N,C/t]; datt [rows,H/t,T,T]; dfch, dfch_gelu [N,4C/t];
+ * dlogits [Ns,V]; under SP (t > 1) the collectives' staging, 2 x [N,C] +
+ * [Ns,C]; and the recomputation's one layer: selective att, full every piece
+ * of a layer under none (the forward's intermediates and the backward's
+ * recomputation go there, so they are counted once per stage, here, and not
+ * per micro-batch in the activations); all values of the precision. */
 double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows);
+/* EXACT: a split backward's weight-gradient block (gpt_wgrads_alloc_part,
+ * activations category, per micro-batch from B to W): per layer dres3, dres2
+ * [N,C], dln1, dln2 [Ns,C], dfch [N,4C/t], dqkv [N,3C/t], and under
+ * --recompute full what W reads of the layer (ln1, ln2 [N,C] + their
+ * statistics [Ns], atty [N,C/t], res2 [Ns,C], fch_gelu [N,4C/t]), which B's
+ * recomputation leaves there; last stage dlogits [Ns,V], dlnf [Ns,C]; first
+ * stage dx [Ns,C]. */
+double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows);
+/* Elements whose gradients are partial on each TP rank under sequence
+ * parallelism, because they act on its T/t positions only, summed over the TP
+ * group by one all-reduce (lab05): the LayerNorms of layers [lo, hi) (4C
+ * each), and where the range has them the embedding (V C + T C) and the head
+ * (2C + V C). The row-parallel biases are not among them: their gradient comes
+ * from the all-gathered output gradient, whole on every rank. */
+double th_sp_partial_params(const th_model *m, int lo, int hi);
 /* EXACT: the gradient-norm sums (common/optim.h grad_norm, workspace category):
  * one double per part, kept on the device for the whole run. lab02 keeps one
  * part, lab05 and lab06 two (the sharded and the replicated tensors' squares);
@@ -200,6 +234,11 @@ th_traffic th_zero_traffic(double psi_bytes, int dp, int zero_stage);
  * none for t = 1. With sequence parallelism each becomes an all-gather and a
  * reduce-scatter of the same buffer: twice the calls, the same ring bytes. */
 th_traffic th_tp_traffic(int layers, int micro_batches, int tp, double act_bytes, int sequence_parallel);
+/* lab05 and lab06 as they run, o->tp ranks: th_tp_traffic, and under
+ * --recompute full the forward's collectives once more (the layer's forward
+ * runs again before its backward, all-reduces or all-gathers and
+ * reduce-scatters included): 6 per layer instead of 4. */
+th_traffic th_tp_traffic_run(int layers, int micro_batches, double act_bytes, const th_opts *o);
 /* lab03/04: per stage boundary and micro-batch, one activation forward and
  * one gradient back, each counted as a send on one side and a receive on the
  * other: 2 x boundaries x m messages of act_bytes per rank (sends plus
@@ -260,7 +299,7 @@ const char *th_bubble_time_text(th_schedule s);
  *           where the schedule splits it) has not: one block of the chunk's
  *           activations each (th_course_acts_bytes)
  *   wgrads  micro-batches whose B has run and whose W has not: one block of
- *           the weight half's inputs each (th_course_wgrads_bytes); 0 unless split
+ *           the weight half's inputs each (th_course_wgrads_bytes, above); 0 unless split
  * gpipe m; 1f1b min(m, p-r); zb-h1 p and r+1 (m >= p); zb-v chunk 0
  * min(m, 2p-r) and r+1, chunk 1 r+1 and max(1, r) (m >= 2p-1); interleaved
  * (m a multiple of p): counted on Megatron's order (theory/bubble.c). */
@@ -269,13 +308,5 @@ void th_chunk_in_flight(th_schedule s, int p, int m, int v, int rank, int chunk,
  * of its layers: the sum over its chunks of th_chunk_in_flight's acts / chunks
  * (chunks of equal layers; plan3d's layouts). */
 double th_acts_in_flight(th_schedule s, int p, int stage, int m, int v);
-/* EXACT, the course's fp32 model: one micro-batch's weight-gradient inputs
- * for layers [lo, hi) (common/model.c's gpt_wgrads_alloc[_local]), what the
- * zero-bubble schedules keep from a B to its W: per layer the gradients at
- * the outputs of fc-proj, LN2, att-proj and LN1 [N,C], of fc [N,4C/t] and
- * of qkv [N,3C/t]; the last stage dlogits [N,V] and dlnf [N,C]; the first
- * stage dx [N,C]; every piece padded to 16 floats. -1 where
- * th_course_acts_bytes is. */
-double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows);
 
 #endif

@@ -33,6 +33,12 @@ th_traffic th_tp_traffic(int layers, int micro_batches, int tp, double act_bytes
     return (th_traffic){allreduces, allreduces * act_bytes, allreduces * th_ring_factor(TH_ALLREDUCE, tp) * act_bytes};
 }
 
+th_traffic th_tp_traffic_run(int layers, int micro_batches, double act_bytes, const th_opts *o) {
+    th_traffic t = th_tp_traffic(layers, micro_batches, o->tp, act_bytes, o->sequence_parallel);
+    const double again = o->recompute == TH_RECOMPUTE_FULL ? 1.5 : 1; /* the 2 forward ones of 4, again */
+    return (th_traffic){again * t.calls, again * t.payload, again * t.ring};
+}
+
 th_traffic th_pp_traffic(int boundaries, int micro_batches, int chunks, double act_bytes) {
     const double messages = 2.0 * boundaries * micro_batches * (chunks > 0 ? chunks : 1);
     return (th_traffic){messages, messages * act_bytes, messages * act_bytes};
