@@ -5,18 +5,12 @@
  * for OpenBLAS), at the default model's shapes (B x T = 2048 rows, C = 128):
  * the QKV, MLP-up and MLP-down products. Repeats alternate between the two so
  * that a change in the machine's load hits both; medians of REPEATS. */
+#include "device.h"
 #include "kernels.h"
 #include "precision.h"
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -40,12 +34,12 @@ int main(void) {
         KP->to_values(w16, w, nw);
         double f32[REPEATS], b16[REPEATS], flop = 2.0 * N * IC * OC * CALLS;
         for (int r = 0; r < REPEATS; r++) {
-            double t0 = now();
+            double t0 = now_seconds();
             for (int k = 0; k < CALLS; k++) kernels_cpu.matmul_forward(out, inp, w, NULL, N, IC, OC);
-            f32[r] = flop / (now() - t0) / 1e9;
-            t0 = now();
+            f32[r] = flop / (now_seconds() - t0) / 1e9;
+            t0 = now_seconds();
             for (int k = 0; k < CALLS; k++) KP->matmul_forward(out16, inp16, w16, NULL, N, IC, OC);
-            b16[r] = flop / (now() - t0) / 1e9;
+            b16[r] = flop / (now_seconds() - t0) / 1e9;
         }
         qsort(f32, REPEATS, sizeof(double), cmp);
         qsort(b16, REPEATS, sizeof(double), cmp);
