@@ -119,7 +119,7 @@ typedef struct kernels {
      * lse[B,NH,Tq] fp32 in both precisions.
      * Causal mask by global positions (so zig-zag chunks work): key j is
      * visible to query i when k_pos[j] <= q_pos[i] (device int arrays of Tq and
-     * Tk, the same for every batch row); q_pos NULL: no mask. A row that sees
+     * Tk, the same for every batch row); both NULL: no mask. A row that sees
      * no key of the block gets out 0 and lse -inf.
      *   out = softmax(q k^T / sqrt(HS), masked) v;  lse = log sum_j exp(s_ij) */
     void (*attention_block_forward)(float *out, float *lse, const float *q, const float *k, const float *v,

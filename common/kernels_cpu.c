@@ -436,7 +436,6 @@ long attention_unmasked_scores(const int *q_pos, int Tq, const int *k_pos, int T
 
 /* Whether every key of the tile is masked from every query of the rows. */
 static int tile_masked(const int *q_pos, int nr, const int *k_pos, int nc) {
-    if (!q_pos) return 0;
     int qmax = q_pos[0], kmin = k_pos[0];
     for (int i = 1; i < nr; i++) qmax = q_pos[i] > qmax ? q_pos[i] : qmax;
     for (int j = 1; j < nc; j++) kmin = k_pos[j] < kmin ? k_pos[j] : kmin;
@@ -472,7 +471,7 @@ static void attention_block_forward_cpu(float *restrict out, float *restrict lse
                 }
                 for (int c0 = 0; c0 < Tk; c0 += KEY_TILE) {
                     const int nc = c0 + KEY_TILE < Tk ? KEY_TILE : Tk - c0;
-                    if (tile_masked(q_pos ? q_pos + r0 : NULL, nr, k_pos + c0, nc)) continue;
+                    if (q_pos && tile_masked(q_pos + r0, nr, k_pos + c0, nc)) continue;
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, HS, scale, qh + (size_t)r0 * ldq,
                                 ldq, kh + (size_t)c0 * ldkv, ldkv, 0.0f, s, nc);
                     for (int i = 0; i < nr; i++) {
@@ -540,7 +539,7 @@ static void attention_block_backward_cpu(float *restrict dq, float *restrict dk,
                 }
                 for (int c0 = 0; c0 < Tk; c0 += KEY_TILE) {
                     const int nc = c0 + KEY_TILE < Tk ? KEY_TILE : Tk - c0;
-                    if (tile_masked(q_pos ? q_pos + r0 : NULL, nr, k_pos + c0, nc)) continue;
+                    if (q_pos && tile_masked(q_pos + r0, nr, k_pos + c0, nc)) continue;
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, HS, scale,
                                 q + qoff + (size_t)r0 * ldq, ldq, k + koff + (size_t)c0 * ldkv, ldkv, 0.0f, p, nc);
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, HS, 1.0f,
