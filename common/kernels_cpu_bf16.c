@@ -25,6 +25,7 @@
  * weight matrix on the sgemm path, or T x T of one attention head. */
 #define _GNU_SOURCE
 #include "kernels.h"
+#include "kernels_cpu_math.h"
 #include "device.h"
 #include "precision.h"
 #include <cblas.h>
@@ -39,23 +40,23 @@ typedef uint16_t bf16;
 
 /* ---- widening and rounding ------------------------------------------------------------ */
 
-static void widen(float *restrict dst, const bf16 *restrict src, long n) {
-    for (long i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(&dst[i], &u, sizeof u);
-    }
-}
-
+/* One value, for loops that convert in registers (gcc vectorises both). */
+static inline float wide(bf16 b) { return float_of((uint32_t)b << 16); }
 /* Round to nearest even; a NaN stays a (quiet) NaN. The same rule as
  * bf16_from_float and CUDA's __float2bfloat16_rn. */
+static inline bf16 round_bf16(float f) {
+    uint32_t u = bits_of(f);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u;
+    return (bf16)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+static void widen(float *restrict dst, const bf16 *restrict src, long n) {
+    for (long i = 0; i < n; i++) dst[i] = wide(src[i]);
+}
+
 static void narrow(bf16 *restrict dst, const float *restrict src, long n) {
-    for (long i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], sizeof u);
-        uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-        uint32_t nan = (u >> 16) | 0x40u;
-        dst[i] = (bf16)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
-    }
+    for (long i = 0; i < n; i++) dst[i] = round_bf16(src[i]);
 }
 
 /* Widen rows [0, rows) of a matrix with leading dimension ld (cols used), packed. */
@@ -87,8 +88,11 @@ static float *scratch(int which, long floats) {
 
 size_t kernels_bf16_cpu_scratch_bytes(void) { return peak_bytes; }
 
-enum { ELEMS = 16384 };       /* elementwise chunks: 64 KB per operand, in L2 */
-enum { ROW_FLOATS = 16384 };  /* row kernels: as many rows as fit in this */
+/* Chunks small enough that the widened operands stay in L1 (32-48 KB): the
+ * extra passes of widening and rounding then cost L1 accesses only, and the
+ * bf16 tensors are read and written once, at half the bytes of fp32. */
+enum { ELEMS = 2048 };        /* elementwise chunks: 8 KB per operand */
+enum { ROW_FLOATS = 2048 };   /* row kernels: as many rows as fit in this */
 enum { GEMM_FLOATS = 1 << 18 }; /* matrix products: rows per chunk x width, 1 MB per operand */
 
 static long min_long(long a, long b) { return a < b ? a : b; }
@@ -101,50 +105,44 @@ static long rows_per_chunk(long budget, long width) {
 
 /* ---- elementwise ------------------------------------------------------------------------ */
 
+/* The elementwise kernels convert in registers: the fp32 kernel's
+ * arithmetic (kernels_cpu_math.h) on each widened value, rounded once. */
 static void gelu_forward_bf16(void *out, const void *inp, long N) {
-    float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
-    for (long i = 0; i < N; i += ELEMS) {
-        long n = min_long(ELEMS, N - i);
-        widen(x, (const bf16 *)inp + i, n);
-        kernels_cpu.gelu_forward(y, x, n);
-        narrow((bf16 *)out + i, y, n);
-    }
+    bf16 *restrict o = out;
+    const bf16 *restrict x = inp;
+    for (long i = 0; i < N; i++) o[i] = round_bf16(gelu_of(wide(x[i])));
 }
 
 static void gelu_backward_bf16(void *dinp, const void *dout, const void *inp, long N) {
-    float *dx = scratch(0, min_long(ELEMS, N)), *dy = scratch(1, min_long(ELEMS, N)), *x = scratch(2, min_long(ELEMS, N));
-    for (long i = 0; i < N; i += ELEMS) {
-        long n = min_long(ELEMS, N - i);
-        widen(dx, (const bf16 *)dinp + i, n);
-        widen(dy, (const bf16 *)dout + i, n);
-        widen(x, (const bf16 *)inp + i, n);
-        kernels_cpu.gelu_backward(dx, dy, x, n);
-        narrow((bf16 *)dinp + i, dx, n);
-    }
+    bf16 *restrict dx = dinp;
+    const bf16 *restrict dy = dout, *restrict x = inp;
+    for (long i = 0; i < N; i++) dx[i] = round_bf16(wide(dx[i]) + gelu_slope(wide(x[i])) * wide(dy[i]));
 }
 
-/* out may alias a or b: each chunk is read whole before it is written */
+static void accumulate_bf16(void *dst, const void *src, long N) {
+    bf16 *restrict d = dst;
+    const bf16 *restrict s = src;
+    for (long i = 0; i < N; i++) d[i] = round_bf16(wide(d[i]) + wide(s[i]));
+}
+
+/* out may alias a or b: those cases are an accumulate (a + b = b + a) */
 static void add_bf16(void *out, const void *a, const void *b, long N) {
-    float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
-    for (long i = 0; i < N; i += ELEMS) {
-        long n = min_long(ELEMS, N - i);
-        widen(x, (const bf16 *)a + i, n);
-        widen(y, (const bf16 *)b + i, n);
-        kernels_cpu.accumulate(x, y, n);
-        narrow((bf16 *)out + i, x, n);
+    if (out == a) {
+        accumulate_bf16(out, b, N);
+        return;
     }
+    if (out == b) {
+        accumulate_bf16(out, a, N);
+        return;
+    }
+    bf16 *restrict o = out;
+    const bf16 *restrict x = a, *restrict y = b;
+    for (long i = 0; i < N; i++) o[i] = round_bf16(wide(x[i]) + wide(y[i]));
 }
-
-static void accumulate_bf16(void *dst, const void *src, long N) { add_bf16(dst, dst, src, N); }
 
 static void scale_bf16(void *x, float s, long N) {
-    float *f = scratch(0, min_long(ELEMS, N));
-    for (long i = 0; i < N; i += ELEMS) {
-        long n = min_long(ELEMS, N - i);
-        widen(f, (const bf16 *)x + i, n);
-        kernels_cpu.scale(f, s, n);
-        narrow((bf16 *)x + i, f, n);
-    }
+    bf16 *restrict v = x;
+    for (long i = 0; i < N; i++) v[i] = round_bf16(wide(v[i]) * s);
 }
 
 static void to_values_bf16(void *dst, const float *src, long N) { narrow(dst, src, N); }
@@ -241,13 +239,11 @@ static void layernorm_backward_bf16(void *dinp, void *dw, void *db, const void *
 
 /* The bias gradient, fp32 column sums of dout over all N rows, rounded once. */
 static void bias_backward_bf16(void *dbias, const void *dout, int N, int OC) {
-    long R = min_long(rows_per_chunk(ROW_FLOATS, OC), N);
-    float *acc = scratch(4, OC), *d = scratch(5, R * OC);
+    float *restrict acc = scratch(4, OC);
     widen(acc, dbias, OC);
-    for (long n0 = 0; n0 < N; n0 += R) {
-        long r = min_long(R, N - n0);
-        widen(d, (const bf16 *)dout + n0 * OC, r * OC);
-        for (long i = 0; i < r; i++) kernels_cpu.accumulate(acc, d + i * OC, OC);
+    for (long n = 0; n < N; n++) {
+        const bf16 *restrict d = (const bf16 *)dout + n * OC;
+        for (long o = 0; o < OC; o++) acc[o] += wide(d[o]);
     }
     narrow(dbias, acc, OC);
 }
@@ -502,54 +498,66 @@ static void matmul_backward_bf16(void *dinp, void *dw, void *dbias, const void *
     matmul_backward_weight_bf16(dw, dbias, dout, inp, N, IC, OC);
 }
 
-/* ---- attention: one (batch row, head) at a time ------------------------------------------------ */
+/* ---- attention: a few heads of one batch row at a time ------------------------------------------ */
 
-/* Head h of batch row b: q, k, v (each [T,HS] inside qkv's rows of 3C) widened
- * into one [T, 3 HS] block, the layout of a one-head qkv, so the fp32 kernel
- * runs on it with NH = 1. */
-static void widen_head_qkv(float *qkv1, const bf16 *qkv, int b, int h, int T, int NH, int HS) {
-    const long C = (long)NH * HS, C3 = 3 * C;
-    for (int part = 0; part < 3; part++)
-        for (long t = 0; t < T; t++)
-            widen(qkv1 + t * 3 * HS + part * HS, qkv + ((long)b * T + t) * C3 + part * C + (long)h * HS, HS);
+enum { ATT_FLOATS = 1 << 16 }; /* widened scores and q, k, v of the heads in one group: 256 KB, in L2 */
+
+/* Heads h0 .. h0+G-1 of batch row b: their q, k and v (inside qkv's rows of
+ * 3C) widened into one [T, 3 G HS] block, the layout of a qkv with G heads,
+ * so the fp32 kernel runs on it with NH = G. With all heads in the group,
+ * each row is one contiguous run. */
+static void widen_heads_qkv(float *qkv1, const bf16 *qkv, int b, int h0, int G, int T, int NH, int HS) {
+    const long C = (long)NH * HS, C3 = 3 * C, W = (long)G * HS;
+    for (long t = 0; t < T; t++)
+        for (int part = 0; part < 3; part++)
+            widen(qkv1 + t * 3 * W + part * W, qkv + ((long)b * T + t) * C3 + part * C + (long)h0 * HS, W);
 }
 
-static void narrow_head_qkv(bf16 *qkv, const float *qkv1, int b, int h, int T, int NH, int HS) {
-    const long C = (long)NH * HS, C3 = 3 * C;
-    for (int part = 0; part < 3; part++)
-        for (long t = 0; t < T; t++)
-            narrow(qkv + ((long)b * T + t) * C3 + part * C + (long)h * HS, qkv1 + t * 3 * HS + part * HS, HS);
+static void narrow_heads_qkv(bf16 *qkv, const float *qkv1, int b, int h0, int G, int T, int NH, int HS) {
+    const long C = (long)NH * HS, C3 = 3 * C, W = (long)G * HS;
+    for (long t = 0; t < T; t++)
+        for (int part = 0; part < 3; part++)
+            narrow(qkv + ((long)b * T + t) * C3 + part * C + (long)h0 * HS, qkv1 + t * 3 * W + part * W, W);
+}
+
+static int heads_per_group(int T, int NH, int HS) {
+    long g = ATT_FLOATS / (2L * T * T + 4L * T * HS); /* scores, their gradient, q k v and the output's */
+    return (int)(g < 1 ? 1 : g > NH ? NH : g);
 }
 
 static void attention_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int NH, int HS) {
     if (T <= 0 || HS <= 0) return;
     const long C = (long)NH * HS, TT = (long)T * T;
-    float *q1 = scratch(0, (long)T * 3 * HS), *a1 = scratch(1, TT), *o1 = scratch(2, (long)T * HS);
+    const int G = heads_per_group(T, NH, HS);
+    float *q1 = scratch(0, (long)T * 3 * G * HS), *a1 = scratch(1, G * TT), *o1 = scratch(2, (long)T * G * HS);
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            widen_head_qkv(q1, qkv, b, h, T, NH, HS);
-            kernels_cpu.attention_forward(o1, a1, q1, 1, T, 1, HS);
-            narrow((bf16 *)att + ((long)b * NH + h) * TT, a1, TT);
-            narrow_rows((bf16 *)out + (long)b * T * C + (long)h * HS, o1, T, HS, C);
+        for (int h0 = 0; h0 < NH; h0 += G) {
+            const int g = G < NH - h0 ? G : NH - h0;
+            widen_heads_qkv(q1, qkv, b, h0, g, T, NH, HS);
+            kernels_cpu.attention_forward(o1, a1, q1, 1, T, g, HS);
+            narrow((bf16 *)att + ((long)b * NH + h0) * TT, a1, g * TT);
+            narrow_rows((bf16 *)out + (long)b * T * C + (long)h0 * HS, o1, T, (long)g * HS, C);
         }
 }
 
-/* datt is not needed: the fp32 kernel's scratch is the widened head's own */
+/* datt is not needed: the fp32 kernel's scratch is the widened group's own */
 static void attention_backward_bf16(void *dqkv, void *datt, const void *dout, const void *qkv, const void *att, int B,
                                     int T, int NH, int HS) {
     (void)datt;
     if (T <= 0 || HS <= 0) return;
     const long C = (long)NH * HS, TT = (long)T * T;
-    float *q1 = scratch(0, (long)T * 3 * HS), *a1 = scratch(1, TT), *dy = scratch(2, (long)T * HS);
-    float *dq1 = scratch(3, (long)T * 3 * HS), *da1 = scratch(4, TT);
+    const int G = heads_per_group(T, NH, HS);
+    float *q1 = scratch(0, (long)T * 3 * G * HS), *a1 = scratch(1, G * TT), *dy = scratch(2, (long)T * G * HS);
+    float *dq1 = scratch(3, (long)T * 3 * G * HS), *da1 = scratch(4, G * TT);
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            widen_head_qkv(q1, qkv, b, h, T, NH, HS);
-            widen_head_qkv(dq1, dqkv, b, h, T, NH, HS);
-            widen(a1, (const bf16 *)att + ((long)b * NH + h) * TT, TT);
-            widen_rows(dy, (const bf16 *)dout + (long)b * T * C + (long)h * HS, T, HS, C);
-            kernels_cpu.attention_backward(dq1, da1, dy, q1, a1, 1, T, 1, HS);
-            narrow_head_qkv(dqkv, dq1, b, h, T, NH, HS);
+        for (int h0 = 0; h0 < NH; h0 += G) {
+            const int g = G < NH - h0 ? G : NH - h0;
+            widen_heads_qkv(q1, qkv, b, h0, g, T, NH, HS);
+            widen_heads_qkv(dq1, dqkv, b, h0, g, T, NH, HS);
+            widen(a1, (const bf16 *)att + ((long)b * NH + h0) * TT, g * TT);
+            widen_rows(dy, (const bf16 *)dout + (long)b * T * C + (long)h0 * HS, T, (long)g * HS, C);
+            kernels_cpu.attention_backward(dq1, da1, dy, q1, a1, 1, T, g, HS);
+            narrow_heads_qkv(dqkv, dq1, b, h0, g, T, NH, HS);
         }
 }
 
