@@ -69,7 +69,7 @@ static void narrow_rows(bf16 *dst, const float *src, long rows, long cols, long 
 
 /* ---- scratch: a few buffers, grown as needed and kept -------------------------------- */
 
-enum { SCRATCH_SLOTS = 6 };
+enum { SCRATCH_SLOTS = 10 };
 static struct { float *p; size_t cap; } slot[SCRATCH_SLOTS];
 static size_t held_bytes, peak_bytes;
 
@@ -292,12 +292,14 @@ static void sgemm_backward_weight(void *dw, const void *dout, const void *inp, i
 }
 
 #ifdef PL_HAVE_ONEDNN
-/* One oneDNN matmul dst[M,N] (+)= src[M,K] @ wei[K,N] (+ bias[N]) on bf16
- * matrices given by their strides, fp32 accumulation. Primitives are made once
- * per shape (making one costs far more than running it) and kept. */
+/* One oneDNN matmul, or a batch of them: dst[M,N] (+)= src[M,K] @ wei[K,N]
+ * (+ bias[N]) for each of `batch` matrices, on bf16 operands given by their
+ * strides (batch, row, column), fp32 accumulation; dst bf16 or fp32.
+ * Primitives are made once per shape (making one costs far more than running
+ * it) and kept. */
 typedef struct {
-    long M, K, N, src_s[2], wei_s[2], dst_s[2];
-    int bias, accumulate;
+    long batch, M, K, N, src_s[3], wei_s[3], dst_s[3];
+    int dst_f32, bias, accumulate;
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst, b;
 } cached_matmul;
@@ -309,18 +311,24 @@ static int dnnl_cached, dnnl_cache_cap;
 
 #define DNNL_OK(call) do { dnnl_status_t s_ = (call); if (s_ != dnnl_success) die("%s: oneDNN status %d", #call, (int)s_); } while (0)
 
-static void md_init(dnnl_memory_desc_t *md, long rows, long cols, const long strides[2]) {
-    dnnl_dims_t dims = {rows, cols}, st = {strides[0], strides[1]};
-    DNNL_OK(dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_bf16, st));
+/* a [batch,] rows x cols matrix: 2 dimensions for one matrix, 3 for a batch */
+static void md_init(dnnl_memory_desc_t *md, long batch, long rows, long cols, const long strides[3],
+                    dnnl_data_type_t type) {
+    dnnl_dims_t dims = {batch, rows, cols}, st = {strides[0], strides[1], strides[2]};
+    if (batch <= 1) { /* two dimensions */
+        dnnl_dims_t d2 = {rows, cols}, s2 = {strides[1], strides[2]};
+        DNNL_OK(dnnl_memory_desc_init_by_strides(md, 2, d2, type, s2));
+    } else
+        DNNL_OK(dnnl_memory_desc_init_by_strides(md, 3, dims, type, st));
 }
 
-static cached_matmul *dnnl_find(long M, long K, long N, const long ss[2], const long ws[2], const long ds[2], int bias,
-                              int accumulate) {
+static cached_matmul *dnnl_find(const cached_matmul *key) {
     for (int i = 0; i < dnnl_cached; i++) {
         cached_matmul *c = &dnnl_cache[i];
-        if (c->M == M && c->K == K && c->N == N && !memcmp(c->src_s, ss, sizeof c->src_s) &&
-            !memcmp(c->wei_s, ws, sizeof c->wei_s) && !memcmp(c->dst_s, ds, sizeof c->dst_s) && c->bias == bias &&
-            c->accumulate == accumulate)
+        if (c->batch == key->batch && c->M == key->M && c->K == key->K && c->N == key->N &&
+            !memcmp(c->src_s, key->src_s, sizeof c->src_s) && !memcmp(c->wei_s, key->wei_s, sizeof c->wei_s) &&
+            !memcmp(c->dst_s, key->dst_s, sizeof c->dst_s) && c->dst_f32 == key->dst_f32 && c->bias == key->bias &&
+            c->accumulate == key->accumulate)
             return c;
     }
     if (!dnnl_cpu_engine) {
@@ -333,22 +341,18 @@ static cached_matmul *dnnl_find(long M, long K, long N, const long ss[2], const 
         if (!dnnl_cache) die("out of host memory");
     }
     cached_matmul *c = &dnnl_cache[dnnl_cached++];
-    memset(c, 0, sizeof *c);
-    c->M = M; c->K = K; c->N = N; c->bias = bias; c->accumulate = accumulate;
-    memcpy(c->src_s, ss, sizeof c->src_s);
-    memcpy(c->wei_s, ws, sizeof c->wei_s);
-    memcpy(c->dst_s, ds, sizeof c->dst_s);
+    *c = *key;
     dnnl_memory_desc_t smd, wmd, dmd, bmd;
-    const long bs[2] = {N, 1};
-    md_init(&smd, M, K, ss);
-    md_init(&wmd, K, N, ws);
-    md_init(&dmd, M, N, ds);
-    if (bias) md_init(&bmd, 1, N, bs);
+    const long bs[3] = {0, key->N, 1};
+    md_init(&smd, c->batch, c->M, c->K, c->src_s, dnnl_bf16);
+    md_init(&wmd, c->batch, c->K, c->N, c->wei_s, dnnl_bf16);
+    md_init(&dmd, c->batch, c->M, c->N, c->dst_s, c->dst_f32 ? dnnl_f32 : dnnl_bf16);
+    if (c->bias) md_init(&bmd, 1, 1, c->N, bs, dnnl_bf16);
     dnnl_matmul_desc_t desc;
-    DNNL_OK(dnnl_matmul_desc_init(&desc, &smd, &wmd, bias ? &bmd : NULL, &dmd));
+    DNNL_OK(dnnl_matmul_desc_init(&desc, &smd, &wmd, c->bias ? &bmd : NULL, &dmd));
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
-    if (accumulate) { /* dst = dst + product, added in fp32, rounded once */
+    if (c->accumulate) { /* dst = dst + product, added in fp32, rounded once */
         DNNL_OK(dnnl_post_ops_create(&ops));
         DNNL_OK(dnnl_post_ops_append_sum(ops, 1.0f));
         DNNL_OK(dnnl_primitive_attr_create(&attr));
@@ -360,17 +364,16 @@ static cached_matmul *dnnl_find(long M, long K, long N, const long ss[2], const 
     DNNL_OK(dnnl_memory_create(&c->src, &smd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
     DNNL_OK(dnnl_memory_create(&c->wei, &wmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
     DNNL_OK(dnnl_memory_create(&c->dst, &dmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
-    if (bias) DNNL_OK(dnnl_memory_create(&c->b, &bmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
+    if (c->bias) DNNL_OK(dnnl_memory_create(&c->b, &bmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
     DNNL_OK(dnnl_primitive_desc_destroy(pd));
     if (attr) DNNL_OK(dnnl_primitive_attr_destroy(attr));
     if (ops) DNNL_OK(dnnl_post_ops_destroy(ops));
     return c;
 }
 
-static void dnnl_run(long M, long K, long N, const void *src, const long ss[2], const void *wei, const long ws[2],
-                     void *dst, const long ds[2], const void *bias, int accumulate) {
-    if (M <= 0 || N <= 0 || K <= 0) return;
-    cached_matmul *c = dnnl_find(M, K, N, ss, ws, ds, bias != NULL, accumulate);
+static void dnnl_exec(const cached_matmul *key, const void *src, const void *wei, void *dst, const void *bias) {
+    if (key->batch <= 0 || key->M <= 0 || key->N <= 0 || key->K <= 0) return;
+    cached_matmul *c = dnnl_find(key);
     DNNL_OK(dnnl_memory_set_data_handle(c->src, (void *)(uintptr_t)src));
     DNNL_OK(dnnl_memory_set_data_handle(c->wei, (void *)(uintptr_t)wei));
     DNNL_OK(dnnl_memory_set_data_handle(c->dst, dst));
@@ -385,6 +388,27 @@ static void dnnl_run(long M, long K, long N, const void *src, const long ss[2], 
     }
     DNNL_OK(dnnl_primitive_execute(c->prim, dnnl_cpu_stream, nargs, args));
     DNNL_OK(dnnl_stream_wait(dnnl_cpu_stream));
+}
+
+/* One matrix, bf16 out: the linear layers' products */
+static void dnnl_run(long M, long K, long N, const void *src, const long ss[2], const void *wei, const long ws[2],
+                     void *dst, const long ds[2], const void *bias, int accumulate) {
+    const cached_matmul key = {.batch = 1, .M = M, .K = K, .N = N, .src_s = {0, ss[0], ss[1]},
+                               .wei_s = {0, ws[0], ws[1]}, .dst_s = {0, ds[0], ds[1]}, .bias = bias != NULL,
+                               .accumulate = accumulate};
+    dnnl_exec(&key, src, wei, dst, bias);
+}
+
+/* `batch` dense row-major matrices, fp32 out: dst[b] (+)= src[b] @ wei[b], where
+ * src[b] is [M,K] (or its transpose stored [K,M] when src_t), wei[b] is [K,N]
+ * (or the transpose, stored [N,K], when wei_t). Attention's products. */
+static void dnnl_batched(long batch, long M, long K, long N, const bf16 *src, int src_t, const bf16 *wei, int wei_t,
+                         float *dst, int accumulate) {
+    const cached_matmul key = {.batch = batch, .M = M, .K = K, .N = N,
+                               .src_s = {M * K, src_t ? 1 : K, src_t ? M : 1},
+                               .wei_s = {K * N, wei_t ? 1 : N, wei_t ? K : 1},
+                               .dst_s = {M * N, N, 1}, .dst_f32 = 1, .accumulate = accumulate};
+    dnnl_exec(&key, src, wei, dst, NULL);
 }
 #endif
 
@@ -525,8 +549,126 @@ static int heads_per_group(int T, int NH, int HS) {
     return (int)(g < 1 ? 1 : g > NH ? NH : g);
 }
 
+#ifdef PL_HAVE_ONEDNN
+/* Attention's products through oneDNN's bf16 matmul, a group of heads per
+ * call (a batch of dense matrices: q, k, v and dout are first copied out of
+ * their rows into one [T, HS] block per head). The scores and their gradients
+ * are fp32 (the products' fp32 sums, then the softmax in fp32, as in the fp32
+ * kernel). The probabilities P and the score gradients dS are fp32 numbers
+ * that a bf16 product must not round: each is split into two bf16 parts,
+ * hi = bf16(x) and lo = bf16(x - hi), and multiplied as hi @ v + lo @ v, which
+ * carries x to 2^-16 of itself (fp32's own rounding is 2^-24; the outputs
+ * are then rounded to bf16's 2^-8). The kept softmax (att) is P's hi part. */
+
+/* q, k, v (parts 0-2 of qkv's rows) or dout (one part) of heads h0.. h0+g-1,
+ * batch row b, into dense [g, T, HS] blocks: dst + part * g T HS */
+static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long row, int parts, int b, int h0, int g,
+                       int T, int HS) {
+    const long blk = (long)g * T * HS;
+    for (long t = 0; t < T; t++)
+        for (int part = 0; part < parts; part++)
+            for (int j = 0; j < g; j++) {
+                const bf16 *restrict from = src + ((long)b * T + t) * row + part * (row / parts) + (long)(h0 + j) * HS;
+                bf16 *restrict to = dst + part * blk + ((long)j * T + t) * HS;
+                for (int d = 0; d < HS; d++) to[d] = from[d];
+            }
+}
+
+/* x[0..n) -> hi = bf16(x), lo = bf16(x - hi); zero from n to T */
+static void split_row(bf16 *restrict hi, bf16 *restrict lo, const float *restrict x, int n, int T) {
+    for (int i = 0; i < n; i++) {
+        hi[i] = round_bf16(x[i]);
+        lo[i] = round_bf16(x[i] - wide(hi[i]));
+    }
+    for (int i = n; i < T; i++) hi[i] = lo[i] = 0;
+}
+
+static void attention_forward_onednn(bf16 *out, bf16 *att, const bf16 *qkv, int B, int T, int NH, int HS) {
+    const long C = (long)NH * HS, TT = (long)T * T;
+    const int G = heads_per_group(T, NH, HS);
+    const float scale = 1.0f / sqrtf((float)HS);
+    bf16 *heads = (bf16 *)scratch(0, (3L * G * T * HS + 1) / 2), *lo = (bf16 *)scratch(2, (G * TT + 1) / 2);
+    float *S = scratch(1, G * TT), *O = scratch(4, (long)G * T * HS);
+    for (int b = 0; b < B; b++)
+        for (int h0 = 0; h0 < NH; h0 += G) {
+            const int g = G < NH - h0 ? G : NH - h0;
+            const long blk = (long)g * T * HS;
+            bf16 *P = att + ((long)b * NH + h0) * TT;
+            copy_heads(heads, qkv, 3 * C, 3, b, h0, g, T, HS);
+            dnnl_batched(g, T, HS, T, heads, 0, heads + blk, 1, S, 0); /* S = q k^T */
+            for (long r = 0; r < g * (long)T; r++) { /* row t of head r / T: the causal softmax */
+                float *x = S + r * T;
+                const int n = (int)(r % T) + 1;
+                for (int i = 0; i < n; i++) x[i] *= scale;
+                const float m = row_max(x, n);
+                for (int i = 0; i < n; i++) x[i] = exp_fast(x[i] - m);
+                const float inv = 1.0f / row_sum(x, n);
+                for (int i = 0; i < n; i++) x[i] *= inv;
+                split_row(P + r * T, lo + r * T, x, n, T);
+            }
+            dnnl_batched(g, T, T, HS, P, 0, heads + 2 * blk, 0, O, 0); /* O = P v */
+            dnnl_batched(g, T, T, HS, lo, 0, heads + 2 * blk, 0, O, 1);
+            for (int j = 0; j < g; j++)
+                for (long t = 0; t < T; t++)
+                    narrow(out + ((long)b * T + t) * C + (long)(h0 + j) * HS, O + ((long)j * T + t) * HS, HS);
+        }
+}
+
+static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *att, int B, int T,
+                                      int NH, int HS) {
+    const long C = (long)NH * HS, TT = (long)T * T;
+    const int G = heads_per_group(T, NH, HS);
+    const float scale = 1.0f / sqrtf((float)HS);
+    bf16 *heads = (bf16 *)scratch(0, (4L * G * T * HS + 1) / 2);
+    bf16 *hi = (bf16 *)scratch(2, (G * TT + 1) / 2), *lo = (bf16 *)scratch(3, (G * TT + 1) / 2);
+    float *dP = scratch(1, G * TT), *D = scratch(4, 3L * G * T * HS);
+    for (int b = 0; b < B; b++)
+        for (int h0 = 0; h0 < NH; h0 += G) {
+            const int g = G < NH - h0 ? G : NH - h0;
+            const long blk = (long)g * T * HS;
+            const bf16 *P = att + ((long)b * NH + h0) * TT, *q = heads, *k = heads + blk, *v = heads + 2 * blk;
+            const bf16 *dO = heads + 3 * blk;
+            float *dq = D, *dk = D + blk, *dv = D + 2 * blk;
+            copy_heads(heads, qkv, 3 * C, 3, b, h0, g, T, HS);
+            copy_heads(heads + 3 * blk, dout, C, 1, b, h0, g, T, HS);
+            dnnl_batched(g, T, HS, T, dO, 0, v, 1, dP, 0); /* dP = dout v^T */
+            for (long r = 0; r < g * (long)T; r++) { /* back through the softmax: dS = P (dP - sum P dP), scaled */
+                const bf16 *p = P + r * T;
+                float *x = dP + r * T;
+                const int n = (int)(r % T) + 1;
+                float acc[LANES] = {0};
+                int i = 0;
+                for (; i + LANES <= n; i += LANES)
+                    for (int l = 0; l < LANES; l++) acc[l] += wide(p[i + l]) * x[i + l];
+                float sum = hsum(acc);
+                for (; i < n; i++) sum += wide(p[i]) * x[i];
+                for (i = 0; i < n; i++) x[i] = wide(p[i]) * (x[i] - sum) * scale;
+                split_row(hi + r * T, lo + r * T, x, n, T);
+            }
+            dnnl_batched(g, T, T, HS, hi, 0, k, 0, dq, 0); /* dq = dS k */
+            dnnl_batched(g, T, T, HS, lo, 0, k, 0, dq, 1);
+            dnnl_batched(g, T, T, HS, hi, 1, q, 0, dk, 0); /* dk = dS^T q */
+            dnnl_batched(g, T, T, HS, lo, 1, q, 0, dk, 1);
+            dnnl_batched(g, T, T, HS, P, 1, dO, 0, dv, 0); /* dv = P^T dout */
+            for (long t = 0; t < T; t++) /* dqkv += dq | dk | dv, added in fp32, rounded once */
+                for (int part = 0; part < 3; part++)
+                    for (int j = 0; j < g; j++) {
+                        bf16 *restrict to = dqkv + ((long)b * T + t) * 3 * C + part * C + (long)(h0 + j) * HS;
+                        const float *restrict from = D + part * blk + ((long)j * T + t) * HS;
+                        for (int d = 0; d < HS; d++) to[d] = round_bf16(wide(to[d]) + from[d]);
+                    }
+        }
+}
+#endif
+
 static void attention_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int NH, int HS) {
     if (T <= 0 || HS <= 0) return;
+#ifdef PL_HAVE_ONEDNN
+    if (kernels_bf16_cpu_uses_onednn()) {
+        attention_forward_onednn(out, att, qkv, B, T, NH, HS);
+        return;
+    }
+#endif
     const long C = (long)NH * HS, TT = (long)T * T;
     const int G = heads_per_group(T, NH, HS);
     float *q1 = scratch(0, (long)T * 3 * G * HS), *a1 = scratch(1, G * TT), *o1 = scratch(2, (long)T * G * HS);
@@ -545,6 +687,12 @@ static void attention_backward_bf16(void *dqkv, void *datt, const void *dout, co
                                     int T, int NH, int HS) {
     (void)datt;
     if (T <= 0 || HS <= 0) return;
+#ifdef PL_HAVE_ONEDNN
+    if (kernels_bf16_cpu_uses_onednn()) {
+        attention_backward_onednn(dqkv, dout, qkv, att, B, T, NH, HS);
+        return;
+    }
+#endif
     const long C = (long)NH * HS, TT = (long)T * T;
     const int G = heads_per_group(T, NH, HS);
     float *q1 = scratch(0, (long)T * 3 * G * HS), *a1 = scratch(1, G * TT), *dy = scratch(2, (long)T * G * HS);
