@@ -429,6 +429,25 @@ static int cpu_has_bf16_dot(void) {
 
 void omp_set_num_threads(int); /* libgomp, oneDNN's threading runtime */
 
+#ifdef PL_HAVE_ONEDNN
+/* Whether oneDNN makes a bf16 matmul on this CPU at all: it needs AVX-512
+ * (AVX512-BF16 for the fast one), and refuses on an AVX2-only CPU. */
+static int onednn_has_bf16_matmul(void) {
+    dnnl_engine_t e;
+    if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success) return 0;
+    dnnl_memory_desc_t md;
+    dnnl_dims_t dims = {2, 2};
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_desc_t pd;
+    int ok = dnnl_memory_desc_init_by_tag(&md, 2, dims, dnnl_bf16, dnnl_ab) == dnnl_success &&
+             dnnl_matmul_desc_init(&desc, &md, &md, NULL, &md) == dnnl_success &&
+             dnnl_primitive_desc_create(&pd, &desc, NULL, e, NULL) == dnnl_success;
+    if (ok) dnnl_primitive_desc_destroy(pd);
+    dnnl_engine_destroy(e);
+    return ok;
+}
+#endif
+
 static int gemm_path = -1; /* 1 oneDNN, 0 sgemm */
 static char gemm_text[256];
 
@@ -441,13 +460,17 @@ static void choose_gemm_path(void) {
     if (force && !strcmp(force, "onednn")) gemm_path = 1;
     else if (force && !strcmp(force, "sgemm")) gemm_path = 0;
     else gemm_path = has_dot;
-    if (gemm_path) {
+    if (gemm_path && !onednn_has_bf16_matmul()) {
+        gemm_path = 0;
+        snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: widened to fp32 for OpenBLAS sgemm (oneDNN %d.%d.%d has "
+                 "no bf16 matmul for this CPU: it needs AVX-512)", v->major, v->minor, v->patch);
+    } else if (gemm_path) {
         /* one thread per rank, as OpenBLAS: the ranks are the parallelism */
         if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
         snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: oneDNN %d.%d.%d bf16 matmul, fp32 accumulation (%s%s)",
                  v->major, v->minor, v->patch, force ? "PL_BF16_GEMM=onednn; " : "",
                  has_dot ? "this CPU has AVX512-BF16" : "this CPU has no AVX512-BF16: oneDNN converts in its kernels");
-    } else {
+    } else if (!gemm_text[0]) {
         snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: widened to fp32 for OpenBLAS sgemm (%s)",
                  force ? "PL_BF16_GEMM=sgemm" : "this CPU has no AVX512-BF16; PL_BF16_GEMM=onednn tries oneDNN's");
     }
