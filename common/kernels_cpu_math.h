@@ -138,12 +138,6 @@ static inline float sqrt_fast(float v) {
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
 
-static inline float gelu_of(float x) {
-    float u2 = -2.0f * GELU_K * (x + GELU_A * x * x * x);
-    u2 = min_positive_bound(u2, 80.0f);
-    return x / (1.0f + exp_fast(u2));
-}
-
 /* d/dx [x s(2u)] = s + 2 x s (1 - s) u'(x), with s = sigmoid(2u) */
 static inline float gelu_slope(float x) {
     float x2 = x * x;
