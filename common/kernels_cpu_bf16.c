@@ -1,15 +1,22 @@
 /* The CPU's bf16 kernels (kernels.h, value_kernels): bf16 in, fp32
  * arithmetic, bf16 out.
  *
- * Each kernel widens a few rows of its bf16 operands at a time into fp32
- * scratch, runs the fp32 kernel of kernels_cpu.c on them, and rounds the
- * outputs back to bf16 (an accumulating output is widened too, so the add
- * happens in fp32 and is rounded once). So the arithmetic is exactly the
- * fp32 kernel's, on the bf16 values, and every bf16 kernel is tested against
- * its fp32 twin by that definition (tests/test_kernels.c). Sums that run over
- * rows (LayerNorm's dw and db, the bias gradient, dW = dout^T inp, the
- * embedding's) keep an fp32 accumulator across the chunks and round once at
- * the end.
+ * Each kernel computes what the fp32 kernel of kernels_cpu.c computes on the
+ * bf16 values, and rounds each output once (an accumulating output is
+ * widened too, so the add happens in fp32 and is rounded once); every bf16
+ * kernel is tested against its fp32 twin by that definition
+ * (tests/test_bf16_kernels.c). How each gets its fp32 operands depends on
+ * what bounds it (plots/bench_bf16.sh part 4 measures it kind by kind):
+ *  - memory-bound ones (the residual adds, the bias gradient) convert in
+ *    registers, so each bf16 tensor is read and written once;
+ *  - arithmetic-bound and row ones (GELU, LayerNorm, the loss, AdamW) widen
+ *    L1-sized chunks and run the fp32 kernel on them; the conversions then
+ *    add work (with AVX2, about a third of GELU's) but no memory traffic;
+ *  - matrix products, attention's included, run as bf16 products with fp32
+ *    sums (oneDNN), or on widened operands (sgemm), below.
+ * Sums that run over rows (LayerNorm's dw and db, the bias gradient, dW =
+ * dout^T inp, the embedding's) keep an fp32 accumulator across the chunks
+ * and round once at the end.
  *
  * The matrix products go through oneDNN's bf16 matmul, which multiplies bf16
  * and accumulates in fp32 (with AVX512-BF16, twice the multiply-adds per
@@ -22,7 +29,8 @@
  *
  * The scratch (host memory, outside mem.h's categories like OpenBLAS's own
  * buffers) is a few hundred KB for most shapes: the widest piece is one
- * weight matrix on the sgemm path, or T x T of one attention head. */
+ * weight matrix on the sgemm path, or the T x T scores of a group of
+ * attention heads (ATT_FLOATS). */
 #define _GNU_SOURCE
 #include "kernels.h"
 #include "kernels_cpu_math.h"

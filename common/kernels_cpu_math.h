@@ -1,8 +1,8 @@
 /* The CPU kernels' small inline helpers, shared by the fp32 kernels
  * (kernels_cpu.c) and the bf16 ones (kernels_cpu_bf16.c), so that a bf16
- * kernel can run the fp32 kernel's arithmetic on values it widens in
- * registers, with the same results. Written for gcc's auto-vectoriser
- * (kernels_cpu.c says how). */
+ * kernel that converts its values in registers (GELU's backward, attention's
+ * softmax) does the fp32 kernel's arithmetic on them. Written for gcc's
+ * auto-vectoriser (kernels_cpu.c says how). */
 #ifndef PL_KERNELS_CPU_MATH_H
 #define PL_KERNELS_CPU_MATH_H
 #include <math.h>
