@@ -603,18 +603,31 @@ static int heads_per_group(int T, int NH, int HS) {
  * carries x to 2^-16 of itself (fp32's own rounding is 2^-24; the outputs
  * are then rounded to bf16's 2^-8). The kept softmax (att) is P's hi part. */
 
-/* q, k, v (parts 0-2 of qkv's rows) or dout (one part) of heads h0.. h0+g-1,
- * batch row b, into dense [g, T, HS] blocks: dst + part * g T HS */
-static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long row, int parts, int b, int h0, int g,
-                       int T, int HS) {
-    const long blk = (long)g * T * HS;
-    for (long t = 0; t < T; t++)
-        for (int part = 0; part < parts; part++)
-            for (int j = 0; j < g; j++) {
-                const bf16 *restrict from = src + ((long)b * T + t) * row + part * (row / parts) + (long)(h0 + j) * HS;
-                bf16 *restrict to = dst + part * blk + ((long)j * T + t) * HS;
+/* The heads a oneDNN call takes: whole batch rows' worth when they fit (one
+ * call per product for several (batch row, head) pairs: the calls cost a
+ * few microseconds each, as much as one head's product at T = 64). */
+enum { ATT_DNNL_FLOATS = 1 << 18 }; /* 1 MB: scores, hi/lo parts, copies, products of a group */
+
+static long heads_per_call(int T, int HS, long heads) {
+    long g = ATT_DNNL_FLOATS / (2L * T * T + 5L * T * HS);
+    return g < 1 ? 1 : g > heads ? heads : g;
+}
+
+/* q, k, v (parts 0-2 of qkv's rows) or dout (one part) of heads gh0 ..
+ * gh0+g-1, numbered b NH + h over the batch, into dense [g, T, HS] blocks:
+ * dst + part * g T HS */
+static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long row, int parts, long gh0, long g, int T,
+                       int NH, int HS) {
+    const long blk = g * T * HS;
+    for (long j = 0; j < g; j++) {
+        const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
+        for (long t = 0; t < T; t++)
+            for (int part = 0; part < parts; part++) {
+                const bf16 *restrict from = src + (b * T + t) * row + part * (row / parts) + h * HS;
+                bf16 *restrict to = dst + part * blk + (j * T + t) * HS;
                 for (int d = 0; d < HS; d++) to[d] = from[d];
             }
+    }
 }
 
 /* x[0..n) -> hi = bf16(x), lo = bf16(x - hi); zero from n to T */
@@ -627,80 +640,78 @@ static void split_row(bf16 *restrict hi, bf16 *restrict lo, const float *restric
 }
 
 static void attention_forward_onednn(bf16 *out, bf16 *att, const bf16 *qkv, int B, int T, int NH, int HS) {
-    const long C = (long)NH * HS, TT = (long)T * T;
-    const int G = heads_per_group(T, NH, HS);
+    const long C = (long)NH * HS, TT = (long)T * T, heads = (long)B * NH;
+    const long G = heads_per_call(T, HS, heads);
     const float scale = 1.0f / sqrtf((float)HS);
-    bf16 *heads = (bf16 *)scratch(0, (3L * G * T * HS + 1) / 2), *lo = (bf16 *)scratch(2, (G * TT + 1) / 2);
-    float *S = scratch(1, G * TT), *O = scratch(4, (long)G * T * HS);
-    for (int b = 0; b < B; b++)
-        for (int h0 = 0; h0 < NH; h0 += G) {
-            const int g = G < NH - h0 ? G : NH - h0;
-            const long blk = (long)g * T * HS;
-            bf16 *P = att + ((long)b * NH + h0) * TT;
-            copy_heads(heads, qkv, 3 * C, 3, b, h0, g, T, HS);
-            dnnl_batched(g, T, HS, T, heads, 0, heads + blk, 1, S, 0); /* S = q k^T */
-            for (long r = 0; r < g * (long)T; r++) { /* row t of head r / T: the causal softmax */
-                float *x = S + r * T;
-                const int n = (int)(r % T) + 1;
-                for (int i = 0; i < n; i++) x[i] *= scale;
-                const float m = row_max(x, n);
-                for (int i = 0; i < n; i++) x[i] = exp_fast(x[i] - m);
-                const float inv = 1.0f / row_sum(x, n);
-                for (int i = 0; i < n; i++) x[i] *= inv;
-                split_row(P + r * T, lo + r * T, x, n, T);
-            }
-            dnnl_batched(g, T, T, HS, P, 0, heads + 2 * blk, 0, O, 0); /* O = P v */
-            dnnl_batched(g, T, T, HS, lo, 0, heads + 2 * blk, 0, O, 1);
-            for (int j = 0; j < g; j++)
-                for (long t = 0; t < T; t++)
-                    narrow(out + ((long)b * T + t) * C + (long)(h0 + j) * HS, O + ((long)j * T + t) * HS, HS);
+    bf16 *hd = (bf16 *)scratch(0, (3 * G * T * HS + 1) / 2), *lo = (bf16 *)scratch(2, (G * TT + 1) / 2);
+    float *S = scratch(1, G * TT), *O = scratch(4, G * T * HS);
+    for (long gh0 = 0; gh0 < heads; gh0 += G) {
+        const long g = G < heads - gh0 ? G : heads - gh0, blk = g * T * HS;
+        bf16 *P = att + gh0 * TT;
+        copy_heads(hd, qkv, 3 * C, 3, gh0, g, T, NH, HS);
+        dnnl_batched(g, T, HS, T, hd, 0, hd + blk, 1, S, 0); /* S = q k^T */
+        for (long r = 0; r < g * T; r++) { /* row t = r % T of a head: the causal softmax */
+            float *x = S + r * T;
+            const int n = (int)(r % T) + 1;
+            for (int i = 0; i < n; i++) x[i] *= scale;
+            const float m = row_max(x, n);
+            for (int i = 0; i < n; i++) x[i] = exp_fast(x[i] - m);
+            const float inv = 1.0f / row_sum(x, n);
+            for (int i = 0; i < n; i++) x[i] *= inv;
+            split_row(P + r * T, lo + r * T, x, n, T);
         }
+        dnnl_batched(g, T, T, HS, P, 0, hd + 2 * blk, 0, O, 0); /* O = P v */
+        dnnl_batched(g, T, T, HS, lo, 0, hd + 2 * blk, 0, O, 1);
+        for (long j = 0; j < g; j++) {
+            const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
+            for (long t = 0; t < T; t++) narrow(out + (b * T + t) * C + h * HS, O + (j * T + t) * HS, HS);
+        }
+    }
 }
 
 static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *att, int B, int T,
                                       int NH, int HS) {
-    const long C = (long)NH * HS, TT = (long)T * T;
-    const int G = heads_per_group(T, NH, HS);
+    const long C = (long)NH * HS, TT = (long)T * T, heads = (long)B * NH;
+    const long G = heads_per_call(T, HS, heads);
     const float scale = 1.0f / sqrtf((float)HS);
-    bf16 *heads = (bf16 *)scratch(0, (4L * G * T * HS + 1) / 2);
+    bf16 *hd = (bf16 *)scratch(0, (4 * G * T * HS + 1) / 2);
     bf16 *hi = (bf16 *)scratch(2, (G * TT + 1) / 2), *lo = (bf16 *)scratch(3, (G * TT + 1) / 2);
-    float *dP = scratch(1, G * TT), *D = scratch(4, 3L * G * T * HS);
-    for (int b = 0; b < B; b++)
-        for (int h0 = 0; h0 < NH; h0 += G) {
-            const int g = G < NH - h0 ? G : NH - h0;
-            const long blk = (long)g * T * HS;
-            const bf16 *P = att + ((long)b * NH + h0) * TT, *q = heads, *k = heads + blk, *v = heads + 2 * blk;
-            const bf16 *dO = heads + 3 * blk;
-            float *dq = D, *dk = D + blk, *dv = D + 2 * blk;
-            copy_heads(heads, qkv, 3 * C, 3, b, h0, g, T, HS);
-            copy_heads(heads + 3 * blk, dout, C, 1, b, h0, g, T, HS);
-            dnnl_batched(g, T, HS, T, dO, 0, v, 1, dP, 0); /* dP = dout v^T */
-            for (long r = 0; r < g * (long)T; r++) { /* back through the softmax: dS = P (dP - sum P dP), scaled */
-                const bf16 *p = P + r * T;
-                float *x = dP + r * T;
-                const int n = (int)(r % T) + 1;
-                float acc[LANES] = {0};
-                int i = 0;
-                for (; i + LANES <= n; i += LANES)
-                    for (int l = 0; l < LANES; l++) acc[l] += wide(p[i + l]) * x[i + l];
-                float sum = hsum(acc);
-                for (; i < n; i++) sum += wide(p[i]) * x[i];
-                for (i = 0; i < n; i++) x[i] = wide(p[i]) * (x[i] - sum) * scale;
-                split_row(hi + r * T, lo + r * T, x, n, T);
-            }
-            dnnl_batched(g, T, T, HS, hi, 0, k, 0, dq, 0); /* dq = dS k */
-            dnnl_batched(g, T, T, HS, lo, 0, k, 0, dq, 1);
-            dnnl_batched(g, T, T, HS, hi, 1, q, 0, dk, 0); /* dk = dS^T q */
-            dnnl_batched(g, T, T, HS, lo, 1, q, 0, dk, 1);
-            dnnl_batched(g, T, T, HS, P, 1, dO, 0, dv, 0); /* dv = P^T dout */
-            for (long t = 0; t < T; t++) /* dqkv += dq | dk | dv, added in fp32, rounded once */
-                for (int part = 0; part < 3; part++)
-                    for (int j = 0; j < g; j++) {
-                        bf16 *restrict to = dqkv + ((long)b * T + t) * 3 * C + part * C + (long)(h0 + j) * HS;
-                        const float *restrict from = D + part * blk + ((long)j * T + t) * HS;
-                        for (int d = 0; d < HS; d++) to[d] = round_bf16(wide(to[d]) + from[d]);
-                    }
+    float *dP = scratch(1, G * TT), *D = scratch(4, 3 * G * T * HS);
+    for (long gh0 = 0; gh0 < heads; gh0 += G) {
+        const long g = G < heads - gh0 ? G : heads - gh0, blk = g * T * HS;
+        const bf16 *P = att + gh0 * TT, *q = hd, *k = hd + blk, *v = hd + 2 * blk, *dO = hd + 3 * blk;
+        float *dq = D, *dk = D + blk, *dv = D + 2 * blk;
+        copy_heads(hd, qkv, 3 * C, 3, gh0, g, T, NH, HS);
+        copy_heads(hd + 3 * blk, dout, C, 1, gh0, g, T, NH, HS);
+        dnnl_batched(g, T, HS, T, dO, 0, v, 1, dP, 0); /* dP = dout v^T */
+        for (long r = 0; r < g * T; r++) { /* back through the softmax: dS = P (dP - sum P dP), scaled */
+            const bf16 *p = P + r * T;
+            float *x = dP + r * T;
+            const int n = (int)(r % T) + 1;
+            float acc[LANES] = {0};
+            int i = 0;
+            for (; i + LANES <= n; i += LANES)
+                for (int l = 0; l < LANES; l++) acc[l] += wide(p[i + l]) * x[i + l];
+            float sum = hsum(acc);
+            for (; i < n; i++) sum += wide(p[i]) * x[i];
+            for (i = 0; i < n; i++) x[i] = wide(p[i]) * (x[i] - sum) * scale;
+            split_row(hi + r * T, lo + r * T, x, n, T);
         }
+        dnnl_batched(g, T, T, HS, hi, 0, k, 0, dq, 0); /* dq = dS k */
+        dnnl_batched(g, T, T, HS, lo, 0, k, 0, dq, 1);
+        dnnl_batched(g, T, T, HS, hi, 1, q, 0, dk, 0); /* dk = dS^T q */
+        dnnl_batched(g, T, T, HS, lo, 1, q, 0, dk, 1);
+        dnnl_batched(g, T, T, HS, P, 1, dO, 0, dv, 0); /* dv = P^T dout */
+        for (long j = 0; j < g; j++) { /* dqkv += dq | dk | dv, added in fp32, rounded once */
+            const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
+            for (long t = 0; t < T; t++)
+                for (int part = 0; part < 3; part++) {
+                    bf16 *restrict to = dqkv + (b * T + t) * 3 * C + part * C + h * HS;
+                    const float *restrict from = D + part * blk + (j * T + t) * HS;
+                    for (int d = 0; d < HS; d++) to[d] = round_bf16(wide(to[d]) + from[d]);
+                }
+        }
+    }
 }
 #endif
 

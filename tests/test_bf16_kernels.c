@@ -473,6 +473,7 @@ int main(void) {
     test_attention(1, 5, 1, 4);
     test_attention(2, 37, 3, 16);
     test_attention(1, 100, 3, 16); /* heads in groups of 2 and 1 (kernels_cpu_bf16.c, heads_per_group) */
+    test_attention(3, 200, 2, 8);  /* oneDNN: 2 heads per call, calls spanning batch rows (heads_per_call) */
     test_elementwise(1000);
     test_elementwise(40000); /* several chunks */
     test_crossentropy(9, 17);
