@@ -1,15 +1,22 @@
 /* The CPU's bf16 kernels (kernels.h, value_kernels): bf16 in, fp32
  * arithmetic, bf16 out.
  *
- * Each kernel widens a few rows of its bf16 operands at a time into fp32
- * scratch, runs the fp32 kernel of kernels_cpu.c on them, and rounds the
- * outputs back to bf16 (an accumulating output is widened too, so the add
- * happens in fp32 and is rounded once). So the arithmetic is exactly the
- * fp32 kernel's, on the bf16 values, and every bf16 kernel is tested against
- * its fp32 twin by that definition (tests/test_kernels.c). Sums that run over
- * rows (LayerNorm's dw and db, the bias gradient, dW = dout^T inp, the
- * embedding's) keep an fp32 accumulator across the chunks and round once at
- * the end.
+ * Each kernel computes what the fp32 kernel of kernels_cpu.c computes on the
+ * bf16 values, and rounds each output once (an accumulating output is
+ * widened too, so the add happens in fp32 and is rounded once); every bf16
+ * kernel is tested against its fp32 twin by that definition
+ * (tests/test_bf16_kernels.c). How each gets its fp32 operands depends on
+ * what bounds it (plots/bench_bf16.sh part 4 measures it kind by kind):
+ *  - memory-bound ones (the residual adds, the bias gradient) convert in
+ *    registers, so each bf16 tensor is read and written once;
+ *  - arithmetic-bound and row ones (GELU, LayerNorm, the loss, AdamW) widen
+ *    L1-sized chunks and run the fp32 kernel on them; the conversions then
+ *    add work (with AVX2, about a third of GELU's) but no memory traffic;
+ *  - matrix products, attention's included, run as bf16 products with fp32
+ *    sums (oneDNN), or on widened operands (sgemm), below.
+ * Sums that run over rows (LayerNorm's dw and db, the bias gradient, dW =
+ * dout^T inp, the embedding's) keep an fp32 accumulator across the chunks
+ * and round once at the end.
  *
  * The matrix products go through oneDNN's bf16 matmul, which multiplies bf16
  * and accumulates in fp32 (with AVX512-BF16, twice the multiply-adds per
@@ -22,9 +29,11 @@
  *
  * The scratch (host memory, outside mem.h's categories like OpenBLAS's own
  * buffers) is a few hundred KB for most shapes: the widest piece is one
- * weight matrix on the sgemm path, or T x T of one attention head. */
+ * weight matrix on the sgemm path, or the T x T scores of a group of
+ * attention heads (ATT_FLOATS). */
 #define _GNU_SOURCE
 #include "kernels.h"
+#include "kernels_cpu_math.h"
 #include "device.h"
 #include "precision.h"
 #include <cblas.h>
@@ -39,23 +48,23 @@ typedef uint16_t bf16;
 
 /* ---- widening and rounding ------------------------------------------------------------ */
 
-static void widen(float *restrict dst, const bf16 *restrict src, long n) {
-    for (long i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(&dst[i], &u, sizeof u);
-    }
-}
-
+/* One value, for loops that convert in registers (gcc vectorises both). */
+static inline float wide(bf16 b) { return float_of((uint32_t)b << 16); }
 /* Round to nearest even; a NaN stays a (quiet) NaN. The same rule as
  * bf16_from_float and CUDA's __float2bfloat16_rn. */
+static inline bf16 round_bf16(float f) {
+    uint32_t u = bits_of(f);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u;
+    return (bf16)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+static void widen(float *restrict dst, const bf16 *restrict src, long n) {
+    for (long i = 0; i < n; i++) dst[i] = wide(src[i]);
+}
+
 static void narrow(bf16 *restrict dst, const float *restrict src, long n) {
-    for (long i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], sizeof u);
-        uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-        uint32_t nan = (u >> 16) | 0x40u;
-        dst[i] = (bf16)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
-    }
+    for (long i = 0; i < n; i++) dst[i] = round_bf16(src[i]);
 }
 
 /* Widen rows [0, rows) of a matrix with leading dimension ld (cols used), packed. */
@@ -68,7 +77,7 @@ static void narrow_rows(bf16 *dst, const float *src, long rows, long cols, long 
 
 /* ---- scratch: a few buffers, grown as needed and kept -------------------------------- */
 
-enum { SCRATCH_SLOTS = 6 };
+enum { SCRATCH_SLOTS = 10 };
 static struct { float *p; size_t cap; } slot[SCRATCH_SLOTS];
 static size_t held_bytes, peak_bytes;
 
@@ -87,8 +96,11 @@ static float *scratch(int which, long floats) {
 
 size_t kernels_bf16_cpu_scratch_bytes(void) { return peak_bytes; }
 
-enum { ELEMS = 16384 };       /* elementwise chunks: 64 KB per operand, in L2 */
-enum { ROW_FLOATS = 16384 };  /* row kernels: as many rows as fit in this */
+/* Chunks small enough that the widened operands stay in L1 (32-48 KB): the
+ * extra passes of widening and rounding then cost L1 accesses only, and the
+ * bf16 tensors are read and written once, at half the bytes of fp32. */
+enum { ELEMS = 2048 };        /* elementwise chunks: 8 KB per operand */
+enum { ROW_FLOATS = 2048 };   /* row kernels: as many rows as fit in this */
 enum { GEMM_FLOATS = 1 << 18 }; /* matrix products: rows per chunk x width, 1 MB per operand */
 
 static long min_long(long a, long b) { return a < b ? a : b; }
@@ -101,6 +113,11 @@ static long rows_per_chunk(long budget, long width) {
 
 /* ---- elementwise ------------------------------------------------------------------------ */
 
+/* GELU is bound by its arithmetic (an exp per element), and the conversions
+ * add to it: with AVX2, bf16 GELU cannot beat fp32's. The forward runs the
+ * fp32 kernel on L1-sized chunks, widened before and rounded after, which gcc
+ * vectorises better than one loop doing all three (measured on a million
+ * elements: 0.78 against 0.98 ms; the fp32 kernel alone 0.59). */
 static void gelu_forward_bf16(void *out, const void *inp, long N) {
     float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
     for (long i = 0; i < N; i += ELEMS) {
@@ -111,40 +128,41 @@ static void gelu_forward_bf16(void *out, const void *inp, long N) {
     }
 }
 
+/* The backward reads three tensors: there one loop that converts in
+ * registers is the faster (1.19 against 1.47 ms; fp32 0.79), with the fp32
+ * kernel's arithmetic (gelu_slope, kernels_cpu_math.h). */
 static void gelu_backward_bf16(void *dinp, const void *dout, const void *inp, long N) {
-    float *dx = scratch(0, min_long(ELEMS, N)), *dy = scratch(1, min_long(ELEMS, N)), *x = scratch(2, min_long(ELEMS, N));
-    for (long i = 0; i < N; i += ELEMS) {
-        long n = min_long(ELEMS, N - i);
-        widen(dx, (const bf16 *)dinp + i, n);
-        widen(dy, (const bf16 *)dout + i, n);
-        widen(x, (const bf16 *)inp + i, n);
-        kernels_cpu.gelu_backward(dx, dy, x, n);
-        narrow((bf16 *)dinp + i, dx, n);
-    }
+    bf16 *restrict dx = dinp;
+    const bf16 *restrict dy = dout, *restrict x = inp;
+    for (long i = 0; i < N; i++) dx[i] = round_bf16(wide(dx[i]) + gelu_slope(wide(x[i])) * wide(dy[i]));
 }
 
-/* out may alias a or b: each chunk is read whole before it is written */
+/* The residual adds and the scale are bound by memory: they convert in
+ * registers, reading and writing each bf16 tensor once. */
+static void accumulate_bf16(void *dst, const void *src, long N) {
+    bf16 *restrict d = dst;
+    const bf16 *restrict s = src;
+    for (long i = 0; i < N; i++) d[i] = round_bf16(wide(d[i]) + wide(s[i]));
+}
+
+/* out may alias a or b: those cases are an accumulate (a + b = b + a) */
 static void add_bf16(void *out, const void *a, const void *b, long N) {
-    float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
-    for (long i = 0; i < N; i += ELEMS) {
-        long n = min_long(ELEMS, N - i);
-        widen(x, (const bf16 *)a + i, n);
-        widen(y, (const bf16 *)b + i, n);
-        kernels_cpu.accumulate(x, y, n);
-        narrow((bf16 *)out + i, x, n);
+    if (out == a) {
+        accumulate_bf16(out, b, N);
+        return;
     }
+    if (out == b) {
+        accumulate_bf16(out, a, N);
+        return;
+    }
+    bf16 *restrict o = out;
+    const bf16 *restrict x = a, *restrict y = b;
+    for (long i = 0; i < N; i++) o[i] = round_bf16(wide(x[i]) + wide(y[i]));
 }
-
-static void accumulate_bf16(void *dst, const void *src, long N) { add_bf16(dst, dst, src, N); }
 
 static void scale_bf16(void *x, float s, long N) {
-    float *f = scratch(0, min_long(ELEMS, N));
-    for (long i = 0; i < N; i += ELEMS) {
-        long n = min_long(ELEMS, N - i);
-        widen(f, (const bf16 *)x + i, n);
-        kernels_cpu.scale(f, s, n);
-        narrow((bf16 *)x + i, f, n);
-    }
+    bf16 *restrict v = x;
+    for (long i = 0; i < N; i++) v[i] = round_bf16(wide(v[i]) * s);
 }
 
 static void to_values_bf16(void *dst, const float *src, long N) { narrow(dst, src, N); }
@@ -241,13 +259,11 @@ static void layernorm_backward_bf16(void *dinp, void *dw, void *db, const void *
 
 /* The bias gradient, fp32 column sums of dout over all N rows, rounded once. */
 static void bias_backward_bf16(void *dbias, const void *dout, int N, int OC) {
-    long R = min_long(rows_per_chunk(ROW_FLOATS, OC), N);
-    float *acc = scratch(4, OC), *d = scratch(5, R * OC);
+    float *restrict acc = scratch(4, OC);
     widen(acc, dbias, OC);
-    for (long n0 = 0; n0 < N; n0 += R) {
-        long r = min_long(R, N - n0);
-        widen(d, (const bf16 *)dout + n0 * OC, r * OC);
-        for (long i = 0; i < r; i++) kernels_cpu.accumulate(acc, d + i * OC, OC);
+    for (long n = 0; n < N; n++) {
+        const bf16 *restrict d = (const bf16 *)dout + n * OC;
+        for (long o = 0; o < OC; o++) acc[o] += wide(d[o]);
     }
     narrow(dbias, acc, OC);
 }
@@ -296,12 +312,14 @@ static void sgemm_backward_weight(void *dw, const void *dout, const void *inp, i
 }
 
 #ifdef PL_HAVE_ONEDNN
-/* One oneDNN matmul dst[M,N] (+)= src[M,K] @ wei[K,N] (+ bias[N]) on bf16
- * matrices given by their strides, fp32 accumulation. Primitives are made once
- * per shape (making one costs far more than running it) and kept. */
+/* One oneDNN matmul, or a batch of them: dst[M,N] (+)= src[M,K] @ wei[K,N]
+ * (+ bias[N]) for each of `batch` matrices, on bf16 operands given by their
+ * strides (batch, row, column), fp32 accumulation; dst bf16 or fp32.
+ * Primitives are made once per shape (making one costs far more than running
+ * it) and kept. */
 typedef struct {
-    long M, K, N, src_s[2], wei_s[2], dst_s[2];
-    int bias, accumulate;
+    long batch, M, K, N, src_s[3], wei_s[3], dst_s[3];
+    int dst_f32, bias, accumulate;
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst, b;
 } cached_matmul;
@@ -313,18 +331,24 @@ static int dnnl_cached, dnnl_cache_cap;
 
 #define DNNL_OK(call) do { dnnl_status_t s_ = (call); if (s_ != dnnl_success) die("%s: oneDNN status %d", #call, (int)s_); } while (0)
 
-static void md_init(dnnl_memory_desc_t *md, long rows, long cols, const long strides[2]) {
-    dnnl_dims_t dims = {rows, cols}, st = {strides[0], strides[1]};
-    DNNL_OK(dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_bf16, st));
+/* a [batch,] rows x cols matrix: 2 dimensions for one matrix, 3 for a batch */
+static void md_init(dnnl_memory_desc_t *md, long batch, long rows, long cols, const long strides[3],
+                    dnnl_data_type_t type) {
+    dnnl_dims_t dims = {batch, rows, cols}, st = {strides[0], strides[1], strides[2]};
+    if (batch <= 1) { /* two dimensions */
+        dnnl_dims_t d2 = {rows, cols}, s2 = {strides[1], strides[2]};
+        DNNL_OK(dnnl_memory_desc_init_by_strides(md, 2, d2, type, s2));
+    } else
+        DNNL_OK(dnnl_memory_desc_init_by_strides(md, 3, dims, type, st));
 }
 
-static cached_matmul *dnnl_find(long M, long K, long N, const long ss[2], const long ws[2], const long ds[2], int bias,
-                              int accumulate) {
+static cached_matmul *dnnl_find(const cached_matmul *key) {
     for (int i = 0; i < dnnl_cached; i++) {
         cached_matmul *c = &dnnl_cache[i];
-        if (c->M == M && c->K == K && c->N == N && !memcmp(c->src_s, ss, sizeof c->src_s) &&
-            !memcmp(c->wei_s, ws, sizeof c->wei_s) && !memcmp(c->dst_s, ds, sizeof c->dst_s) && c->bias == bias &&
-            c->accumulate == accumulate)
+        if (c->batch == key->batch && c->M == key->M && c->K == key->K && c->N == key->N &&
+            !memcmp(c->src_s, key->src_s, sizeof c->src_s) && !memcmp(c->wei_s, key->wei_s, sizeof c->wei_s) &&
+            !memcmp(c->dst_s, key->dst_s, sizeof c->dst_s) && c->dst_f32 == key->dst_f32 && c->bias == key->bias &&
+            c->accumulate == key->accumulate)
             return c;
     }
     if (!dnnl_cpu_engine) {
@@ -337,22 +361,18 @@ static cached_matmul *dnnl_find(long M, long K, long N, const long ss[2], const 
         if (!dnnl_cache) die("out of host memory");
     }
     cached_matmul *c = &dnnl_cache[dnnl_cached++];
-    memset(c, 0, sizeof *c);
-    c->M = M; c->K = K; c->N = N; c->bias = bias; c->accumulate = accumulate;
-    memcpy(c->src_s, ss, sizeof c->src_s);
-    memcpy(c->wei_s, ws, sizeof c->wei_s);
-    memcpy(c->dst_s, ds, sizeof c->dst_s);
+    *c = *key;
     dnnl_memory_desc_t smd, wmd, dmd, bmd;
-    const long bs[2] = {N, 1};
-    md_init(&smd, M, K, ss);
-    md_init(&wmd, K, N, ws);
-    md_init(&dmd, M, N, ds);
-    if (bias) md_init(&bmd, 1, N, bs);
+    const long bs[3] = {0, key->N, 1};
+    md_init(&smd, c->batch, c->M, c->K, c->src_s, dnnl_bf16);
+    md_init(&wmd, c->batch, c->K, c->N, c->wei_s, dnnl_bf16);
+    md_init(&dmd, c->batch, c->M, c->N, c->dst_s, c->dst_f32 ? dnnl_f32 : dnnl_bf16);
+    if (c->bias) md_init(&bmd, 1, 1, c->N, bs, dnnl_bf16);
     dnnl_matmul_desc_t desc;
-    DNNL_OK(dnnl_matmul_desc_init(&desc, &smd, &wmd, bias ? &bmd : NULL, &dmd));
+    DNNL_OK(dnnl_matmul_desc_init(&desc, &smd, &wmd, c->bias ? &bmd : NULL, &dmd));
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
-    if (accumulate) { /* dst = dst + product, added in fp32, rounded once */
+    if (c->accumulate) { /* dst = dst + product, added in fp32, rounded once */
         DNNL_OK(dnnl_post_ops_create(&ops));
         DNNL_OK(dnnl_post_ops_append_sum(ops, 1.0f));
         DNNL_OK(dnnl_primitive_attr_create(&attr));
@@ -364,17 +384,16 @@ static cached_matmul *dnnl_find(long M, long K, long N, const long ss[2], const 
     DNNL_OK(dnnl_memory_create(&c->src, &smd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
     DNNL_OK(dnnl_memory_create(&c->wei, &wmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
     DNNL_OK(dnnl_memory_create(&c->dst, &dmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
-    if (bias) DNNL_OK(dnnl_memory_create(&c->b, &bmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
+    if (c->bias) DNNL_OK(dnnl_memory_create(&c->b, &bmd, dnnl_cpu_engine, DNNL_MEMORY_NONE));
     DNNL_OK(dnnl_primitive_desc_destroy(pd));
     if (attr) DNNL_OK(dnnl_primitive_attr_destroy(attr));
     if (ops) DNNL_OK(dnnl_post_ops_destroy(ops));
     return c;
 }
 
-static void dnnl_run(long M, long K, long N, const void *src, const long ss[2], const void *wei, const long ws[2],
-                     void *dst, const long ds[2], const void *bias, int accumulate) {
-    if (M <= 0 || N <= 0 || K <= 0) return;
-    cached_matmul *c = dnnl_find(M, K, N, ss, ws, ds, bias != NULL, accumulate);
+static void dnnl_exec(const cached_matmul *key, const void *src, const void *wei, void *dst, const void *bias) {
+    if (key->batch <= 0 || key->M <= 0 || key->N <= 0 || key->K <= 0) return;
+    cached_matmul *c = dnnl_find(key);
     DNNL_OK(dnnl_memory_set_data_handle(c->src, (void *)(uintptr_t)src));
     DNNL_OK(dnnl_memory_set_data_handle(c->wei, (void *)(uintptr_t)wei));
     DNNL_OK(dnnl_memory_set_data_handle(c->dst, dst));
@@ -389,6 +408,27 @@ static void dnnl_run(long M, long K, long N, const void *src, const long ss[2], 
     }
     DNNL_OK(dnnl_primitive_execute(c->prim, dnnl_cpu_stream, nargs, args));
     DNNL_OK(dnnl_stream_wait(dnnl_cpu_stream));
+}
+
+/* One matrix, bf16 out: the linear layers' products */
+static void dnnl_run(long M, long K, long N, const void *src, const long ss[2], const void *wei, const long ws[2],
+                     void *dst, const long ds[2], const void *bias, int accumulate) {
+    const cached_matmul key = {.batch = 1, .M = M, .K = K, .N = N, .src_s = {0, ss[0], ss[1]},
+                               .wei_s = {0, ws[0], ws[1]}, .dst_s = {0, ds[0], ds[1]}, .bias = bias != NULL,
+                               .accumulate = accumulate};
+    dnnl_exec(&key, src, wei, dst, bias);
+}
+
+/* `batch` dense row-major matrices, fp32 out: dst[b] (+)= src[b] @ wei[b], where
+ * src[b] is [M,K] (or its transpose stored [K,M] when src_t), wei[b] is [K,N]
+ * (or the transpose, stored [N,K], when wei_t). Attention's products. */
+static void dnnl_batched(long batch, long M, long K, long N, const bf16 *src, int src_t, const bf16 *wei, int wei_t,
+                         float *dst, int accumulate) {
+    const cached_matmul key = {.batch = batch, .M = M, .K = K, .N = N,
+                               .src_s = {M * K, src_t ? 1 : K, src_t ? M : 1},
+                               .wei_s = {K * N, wei_t ? 1 : N, wei_t ? K : 1},
+                               .dst_s = {M * N, N, 1}, .dst_f32 = 1, .accumulate = accumulate};
+    dnnl_exec(&key, src, wei, dst, NULL);
 }
 #endif
 
@@ -409,6 +449,25 @@ static int cpu_has_bf16_dot(void) {
 
 void omp_set_num_threads(int); /* libgomp, oneDNN's threading runtime */
 
+#ifdef PL_HAVE_ONEDNN
+/* Whether oneDNN makes a bf16 matmul on this CPU at all: it needs AVX-512
+ * (AVX512-BF16 for the fast one), and refuses on an AVX2-only CPU. */
+static int onednn_has_bf16_matmul(void) {
+    dnnl_engine_t e;
+    if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success) return 0;
+    dnnl_memory_desc_t md;
+    dnnl_dims_t dims = {2, 2};
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_desc_t pd;
+    int ok = dnnl_memory_desc_init_by_tag(&md, 2, dims, dnnl_bf16, dnnl_ab) == dnnl_success &&
+             dnnl_matmul_desc_init(&desc, &md, &md, NULL, &md) == dnnl_success &&
+             dnnl_primitive_desc_create(&pd, &desc, NULL, e, NULL) == dnnl_success;
+    if (ok) dnnl_primitive_desc_destroy(pd);
+    dnnl_engine_destroy(e);
+    return ok;
+}
+#endif
+
 static int gemm_path = -1; /* 1 oneDNN, 0 sgemm */
 static char gemm_text[256];
 
@@ -421,13 +480,17 @@ static void choose_gemm_path(void) {
     if (force && !strcmp(force, "onednn")) gemm_path = 1;
     else if (force && !strcmp(force, "sgemm")) gemm_path = 0;
     else gemm_path = has_dot;
-    if (gemm_path) {
+    if (gemm_path && !onednn_has_bf16_matmul()) {
+        gemm_path = 0;
+        snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: widened to fp32 for OpenBLAS sgemm (oneDNN %d.%d.%d has "
+                 "no bf16 matmul for this CPU: it needs AVX-512)", v->major, v->minor, v->patch);
+    } else if (gemm_path) {
         /* one thread per rank, as OpenBLAS: the ranks are the parallelism */
         if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
         snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: oneDNN %d.%d.%d bf16 matmul, fp32 accumulation (%s%s)",
                  v->major, v->minor, v->patch, force ? "PL_BF16_GEMM=onednn; " : "",
                  has_dot ? "this CPU has AVX512-BF16" : "this CPU has no AVX512-BF16: oneDNN converts in its kernels");
-    } else {
+    } else if (!gemm_text[0]) {
         snprintf(gemm_text, sizeof gemm_text, "bf16 matmuls: widened to fp32 for OpenBLAS sgemm (%s)",
                  force ? "PL_BF16_GEMM=sgemm" : "this CPU has no AVX512-BF16; PL_BF16_GEMM=onednn tries oneDNN's");
     }
@@ -502,54 +565,201 @@ static void matmul_backward_bf16(void *dinp, void *dw, void *dbias, const void *
     matmul_backward_weight_bf16(dw, dbias, dout, inp, N, IC, OC);
 }
 
-/* ---- attention: one (batch row, head) at a time ------------------------------------------------ */
+/* ---- attention: a few heads of one batch row at a time ------------------------------------------ */
 
-/* Head h of batch row b: q, k, v (each [T,HS] inside qkv's rows of 3C) widened
- * into one [T, 3 HS] block, the layout of a one-head qkv, so the fp32 kernel
- * runs on it with NH = 1. */
-static void widen_head_qkv(float *qkv1, const bf16 *qkv, int b, int h, int T, int NH, int HS) {
-    const long C = (long)NH * HS, C3 = 3 * C;
-    for (int part = 0; part < 3; part++)
-        for (long t = 0; t < T; t++)
-            widen(qkv1 + t * 3 * HS + part * HS, qkv + ((long)b * T + t) * C3 + part * C + (long)h * HS, HS);
+enum { ATT_FLOATS = 1 << 16 }; /* widened scores and q, k, v of the heads in one group: 256 KB, in L2 */
+
+/* Heads h0 .. h0+G-1 of batch row b: their q, k and v (inside qkv's rows of
+ * 3C) widened into one [T, 3 G HS] block, the layout of a qkv with G heads,
+ * so the fp32 kernel runs on it with NH = G. With all heads in the group,
+ * each row is one contiguous run. */
+static void widen_heads_qkv(float *qkv1, const bf16 *qkv, int b, int h0, int G, int T, int NH, int HS) {
+    const long C = (long)NH * HS, C3 = 3 * C, W = (long)G * HS;
+    for (long t = 0; t < T; t++)
+        for (int part = 0; part < 3; part++)
+            widen(qkv1 + t * 3 * W + part * W, qkv + ((long)b * T + t) * C3 + part * C + (long)h0 * HS, W);
 }
 
-static void narrow_head_qkv(bf16 *qkv, const float *qkv1, int b, int h, int T, int NH, int HS) {
-    const long C = (long)NH * HS, C3 = 3 * C;
-    for (int part = 0; part < 3; part++)
-        for (long t = 0; t < T; t++)
-            narrow(qkv + ((long)b * T + t) * C3 + part * C + (long)h * HS, qkv1 + t * 3 * HS + part * HS, HS);
+static void narrow_heads_qkv(bf16 *qkv, const float *qkv1, int b, int h0, int G, int T, int NH, int HS) {
+    const long C = (long)NH * HS, C3 = 3 * C, W = (long)G * HS;
+    for (long t = 0; t < T; t++)
+        for (int part = 0; part < 3; part++)
+            narrow(qkv + ((long)b * T + t) * C3 + part * C + (long)h0 * HS, qkv1 + t * 3 * W + part * W, W);
 }
+
+static int heads_per_group(int T, int NH, int HS) {
+    long g = ATT_FLOATS / (2L * T * T + 4L * T * HS); /* scores, their gradient, q k v and the output's */
+    return (int)(g < 1 ? 1 : g > NH ? NH : g);
+}
+
+#ifdef PL_HAVE_ONEDNN
+/* Attention's products through oneDNN's bf16 matmul, a group of heads per
+ * call (a batch of dense matrices: q, k, v and dout are first copied out of
+ * their rows into one [T, HS] block per head). The scores and their gradients
+ * are fp32 (the products' fp32 sums, then the softmax in fp32, as in the fp32
+ * kernel). The probabilities P and the score gradients dS are fp32 numbers
+ * that a bf16 product must not round: each is split into two bf16 parts,
+ * hi = bf16(x) and lo = bf16(x - hi), and multiplied as hi @ v + lo @ v, which
+ * carries x to 2^-16 of itself (fp32's own rounding is 2^-24; the outputs
+ * are then rounded to bf16's 2^-8). The kept softmax (att) is P's hi part. */
+
+/* The heads a oneDNN call takes: whole batch rows' worth when they fit (one
+ * call per product for several (batch row, head) pairs: the calls cost a
+ * few microseconds each, as much as one head's product at T = 64). */
+enum { ATT_DNNL_FLOATS = 1 << 18 }; /* 1 MB: scores, hi/lo parts, copies, products of a group */
+
+static long heads_per_call(int T, int HS, long heads) {
+    long g = ATT_DNNL_FLOATS / (2L * T * T + 5L * T * HS);
+    return g < 1 ? 1 : g > heads ? heads : g;
+}
+
+/* q, k, v (parts 0-2 of qkv's rows) or dout (one part) of heads gh0 ..
+ * gh0+g-1, numbered b NH + h over the batch, into dense [g, T, HS] blocks:
+ * dst + part * g T HS */
+static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long row, int parts, long gh0, long g, int T,
+                       int NH, int HS) {
+    const long blk = g * T * HS;
+    for (long j = 0; j < g; j++) {
+        const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
+        for (long t = 0; t < T; t++)
+            for (int part = 0; part < parts; part++) {
+                const bf16 *restrict from = src + (b * T + t) * row + part * (row / parts) + h * HS;
+                bf16 *restrict to = dst + part * blk + (j * T + t) * HS;
+                for (int d = 0; d < HS; d++) to[d] = from[d];
+            }
+    }
+}
+
+/* x[0..n) -> hi = bf16(x), lo = bf16(x - hi); zero from n to T */
+static void split_row(bf16 *restrict hi, bf16 *restrict lo, const float *restrict x, int n, int T) {
+    for (int i = 0; i < n; i++) {
+        hi[i] = round_bf16(x[i]);
+        lo[i] = round_bf16(x[i] - wide(hi[i]));
+    }
+    for (int i = n; i < T; i++) hi[i] = lo[i] = 0;
+}
+
+static void attention_forward_onednn(bf16 *out, bf16 *att, const bf16 *qkv, int B, int T, int NH, int HS) {
+    const long C = (long)NH * HS, TT = (long)T * T, heads = (long)B * NH;
+    const long G = heads_per_call(T, HS, heads);
+    const float scale = 1.0f / sqrtf((float)HS);
+    bf16 *hd = (bf16 *)scratch(0, (3 * G * T * HS + 1) / 2), *lo = (bf16 *)scratch(2, (G * TT + 1) / 2);
+    float *S = scratch(1, G * TT), *O = scratch(4, G * T * HS);
+    for (long gh0 = 0; gh0 < heads; gh0 += G) {
+        const long g = G < heads - gh0 ? G : heads - gh0, blk = g * T * HS;
+        bf16 *P = att + gh0 * TT;
+        copy_heads(hd, qkv, 3 * C, 3, gh0, g, T, NH, HS);
+        dnnl_batched(g, T, HS, T, hd, 0, hd + blk, 1, S, 0); /* S = q k^T */
+        for (long r = 0; r < g * T; r++) { /* row t = r % T of a head: the causal softmax */
+            float *x = S + r * T;
+            const int n = (int)(r % T) + 1;
+            for (int i = 0; i < n; i++) x[i] *= scale;
+            const float m = row_max(x, n);
+            for (int i = 0; i < n; i++) x[i] = exp_fast(x[i] - m);
+            const float inv = 1.0f / row_sum(x, n);
+            for (int i = 0; i < n; i++) x[i] *= inv;
+            split_row(P + r * T, lo + r * T, x, n, T);
+        }
+        dnnl_batched(g, T, T, HS, P, 0, hd + 2 * blk, 0, O, 0); /* O = P v */
+        dnnl_batched(g, T, T, HS, lo, 0, hd + 2 * blk, 0, O, 1);
+        for (long j = 0; j < g; j++) {
+            const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
+            for (long t = 0; t < T; t++) narrow(out + (b * T + t) * C + h * HS, O + (j * T + t) * HS, HS);
+        }
+    }
+}
+
+static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *att, int B, int T,
+                                      int NH, int HS) {
+    const long C = (long)NH * HS, TT = (long)T * T, heads = (long)B * NH;
+    const long G = heads_per_call(T, HS, heads);
+    const float scale = 1.0f / sqrtf((float)HS);
+    bf16 *hd = (bf16 *)scratch(0, (4 * G * T * HS + 1) / 2);
+    bf16 *hi = (bf16 *)scratch(2, (G * TT + 1) / 2), *lo = (bf16 *)scratch(3, (G * TT + 1) / 2);
+    float *dP = scratch(1, G * TT), *D = scratch(4, 3 * G * T * HS);
+    for (long gh0 = 0; gh0 < heads; gh0 += G) {
+        const long g = G < heads - gh0 ? G : heads - gh0, blk = g * T * HS;
+        const bf16 *P = att + gh0 * TT, *q = hd, *k = hd + blk, *v = hd + 2 * blk, *dO = hd + 3 * blk;
+        float *dq = D, *dk = D + blk, *dv = D + 2 * blk;
+        copy_heads(hd, qkv, 3 * C, 3, gh0, g, T, NH, HS);
+        copy_heads(hd + 3 * blk, dout, C, 1, gh0, g, T, NH, HS);
+        dnnl_batched(g, T, HS, T, dO, 0, v, 1, dP, 0); /* dP = dout v^T */
+        for (long r = 0; r < g * T; r++) { /* back through the softmax: dS = P (dP - sum P dP), scaled */
+            const bf16 *p = P + r * T;
+            float *x = dP + r * T;
+            const int n = (int)(r % T) + 1;
+            float acc[LANES] = {0};
+            int i = 0;
+            for (; i + LANES <= n; i += LANES)
+                for (int l = 0; l < LANES; l++) acc[l] += wide(p[i + l]) * x[i + l];
+            float sum = hsum(acc);
+            for (; i < n; i++) sum += wide(p[i]) * x[i];
+            for (i = 0; i < n; i++) x[i] = wide(p[i]) * (x[i] - sum) * scale;
+            split_row(hi + r * T, lo + r * T, x, n, T);
+        }
+        dnnl_batched(g, T, T, HS, hi, 0, k, 0, dq, 0); /* dq = dS k */
+        dnnl_batched(g, T, T, HS, lo, 0, k, 0, dq, 1);
+        dnnl_batched(g, T, T, HS, hi, 1, q, 0, dk, 0); /* dk = dS^T q */
+        dnnl_batched(g, T, T, HS, lo, 1, q, 0, dk, 1);
+        dnnl_batched(g, T, T, HS, P, 1, dO, 0, dv, 0); /* dv = P^T dout */
+        for (long j = 0; j < g; j++) { /* dqkv += dq | dk | dv, added in fp32, rounded once */
+            const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
+            for (long t = 0; t < T; t++)
+                for (int part = 0; part < 3; part++) {
+                    bf16 *restrict to = dqkv + (b * T + t) * 3 * C + part * C + h * HS;
+                    const float *restrict from = D + part * blk + (j * T + t) * HS;
+                    for (int d = 0; d < HS; d++) to[d] = round_bf16(wide(to[d]) + from[d]);
+                }
+        }
+    }
+}
+#endif
 
 static void attention_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int NH, int HS) {
     if (T <= 0 || HS <= 0) return;
+#ifdef PL_HAVE_ONEDNN
+    if (kernels_bf16_cpu_uses_onednn()) {
+        attention_forward_onednn(out, att, qkv, B, T, NH, HS);
+        return;
+    }
+#endif
     const long C = (long)NH * HS, TT = (long)T * T;
-    float *q1 = scratch(0, (long)T * 3 * HS), *a1 = scratch(1, TT), *o1 = scratch(2, (long)T * HS);
+    const int G = heads_per_group(T, NH, HS);
+    float *q1 = scratch(0, (long)T * 3 * G * HS), *a1 = scratch(1, G * TT), *o1 = scratch(2, (long)T * G * HS);
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            widen_head_qkv(q1, qkv, b, h, T, NH, HS);
-            kernels_cpu.attention_forward(o1, a1, q1, 1, T, 1, HS);
-            narrow((bf16 *)att + ((long)b * NH + h) * TT, a1, TT);
-            narrow_rows((bf16 *)out + (long)b * T * C + (long)h * HS, o1, T, HS, C);
+        for (int h0 = 0; h0 < NH; h0 += G) {
+            const int g = G < NH - h0 ? G : NH - h0;
+            widen_heads_qkv(q1, qkv, b, h0, g, T, NH, HS);
+            kernels_cpu.attention_forward(o1, a1, q1, 1, T, g, HS);
+            narrow((bf16 *)att + ((long)b * NH + h0) * TT, a1, g * TT);
+            narrow_rows((bf16 *)out + (long)b * T * C + (long)h0 * HS, o1, T, (long)g * HS, C);
         }
 }
 
-/* datt is not needed: the fp32 kernel's scratch is the widened head's own */
+/* datt is not needed: the fp32 kernel's scratch is the widened group's own */
 static void attention_backward_bf16(void *dqkv, void *datt, const void *dout, const void *qkv, const void *att, int B,
                                     int T, int NH, int HS) {
     (void)datt;
     if (T <= 0 || HS <= 0) return;
+#ifdef PL_HAVE_ONEDNN
+    if (kernels_bf16_cpu_uses_onednn()) {
+        attention_backward_onednn(dqkv, dout, qkv, att, B, T, NH, HS);
+        return;
+    }
+#endif
     const long C = (long)NH * HS, TT = (long)T * T;
-    float *q1 = scratch(0, (long)T * 3 * HS), *a1 = scratch(1, TT), *dy = scratch(2, (long)T * HS);
-    float *dq1 = scratch(3, (long)T * 3 * HS), *da1 = scratch(4, TT);
+    const int G = heads_per_group(T, NH, HS);
+    float *q1 = scratch(0, (long)T * 3 * G * HS), *a1 = scratch(1, G * TT), *dy = scratch(2, (long)T * G * HS);
+    float *dq1 = scratch(3, (long)T * 3 * G * HS), *da1 = scratch(4, G * TT);
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            widen_head_qkv(q1, qkv, b, h, T, NH, HS);
-            widen_head_qkv(dq1, dqkv, b, h, T, NH, HS);
-            widen(a1, (const bf16 *)att + ((long)b * NH + h) * TT, TT);
-            widen_rows(dy, (const bf16 *)dout + (long)b * T * C + (long)h * HS, T, HS, C);
-            kernels_cpu.attention_backward(dq1, da1, dy, q1, a1, 1, T, 1, HS);
-            narrow_head_qkv(dqkv, dq1, b, h, T, NH, HS);
+        for (int h0 = 0; h0 < NH; h0 += G) {
+            const int g = G < NH - h0 ? G : NH - h0;
+            widen_heads_qkv(q1, qkv, b, h0, g, T, NH, HS);
+            widen_heads_qkv(dq1, dqkv, b, h0, g, T, NH, HS);
+            widen(a1, (const bf16 *)att + ((long)b * NH + h0) * TT, g * TT);
+            widen_rows(dy, (const bf16 *)dout + (long)b * T * C + (long)h0 * HS, T, (long)g * HS, C);
+            kernels_cpu.attention_backward(dq1, da1, dy, q1, a1, 1, T, g, HS);
+            narrow_heads_qkv(dqkv, dq1, b, h0, g, T, NH, HS);
         }
 }
 

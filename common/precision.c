@@ -2,6 +2,7 @@
 #include "precision.h"
 #include "device.h"
 #include "kernels.h"
+#include "kernel_times.h"
 #include "mem.h"
 #include <string.h>
 
@@ -10,11 +11,12 @@ const value_kernels *KP = &kernels_values_fp32;
 
 void precision_use(precision p) {
     g_precision = p;
-    if (p == PREC_FP32) KP = &kernels_values_fp32;
+    const value_kernels *table = &kernels_bf16_cpu;
+    if (p == PREC_FP32) table = &kernels_values_fp32;
 #ifdef PL_HAVE_CUDA
-    else if (g_device == DEVICE_CUDA) KP = &kernels_bf16_cuda;
+    else if (g_device == DEVICE_CUDA) table = &kernels_bf16_cuda;
 #endif
-    else KP = &kernels_bf16_cpu;
+    KP = kernel_times_wrap(table); /* table itself unless PL_KERNEL_TIMES is set */
 }
 
 const char *precision_name(precision p) { return p == PREC_BF16 ? "bf16" : "fp32"; }

@@ -4,6 +4,7 @@
 #include "run.h"
 #include "jsonval.h"
 #include "kernels.h"
+#include "kernel_times.h"
 #include "mem.h"
 #include "trace.h"
 #include <errno.h>
@@ -237,6 +238,23 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         printf("\n");
         if (q == 7 && R > 9) { printf("                  ... (%d more ranks in the record)\n", R - 8); break; }
     }
+    /* PL_KERNEL_TIMES=1: the step by kernel kind (kernel_times.h), rank 0's */
+    double kernel_ms[KERNEL_NKINDS + 1] = {0}; /* the kinds, then the rest of the step */
+    const int kernel_times = kernel_times_enabled() && ts.steps > 0;
+    if (kernel_times) {
+        kernel_times_seconds(ctx->steps_done > 1 ? 1 : 0, kernel_ms);
+        const double step_ms = ts.wall / ts.steps * 1e3;
+        kernel_ms[KERNEL_NKINDS] = step_ms;
+        for (int k = 0; k < KERNEL_NKINDS; k++) {
+            kernel_ms[k] *= 1e3 / ts.steps;
+            kernel_ms[KERNEL_NKINDS] -= kernel_ms[k];
+        }
+        printf("  kernel time     ms per step by kernel kind (rank 0, mean of the measured steps: %.1f ms)\n", step_ms);
+        for (int k = 0; k <= KERNEL_NKINDS; k++)
+            printf("%s%s %.1f (%.0f%%)%s", k % 5 == 0 ? "                  " : "",
+                   k < KERNEL_NKINDS ? kernel_kind_names[k] : "other", kernel_ms[k],
+                   step_ms > 0 ? 100 * kernel_ms[k] / step_ms : 0, k == KERNEL_NKINDS || k % 5 == 4 ? "\n" : " | ");
+    }
     printf("  record          %s (and records.csv)\n", ctx->records_jsonl);
     printf("  trace           %s (open in https://ui.perfetto.dev)\n", json_path);
     printf("  timeline        %s\n", csv_path);
@@ -292,6 +310,11 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     if (g_precision == PREC_BF16 && ctx->device == DEVICE_CPU) {
         jsonval_set(rec, "bf16_gemm", jsonval_text(kernels_bf16_cpu_uses_onednn() ? "onednn" : "sgemm"));
         jsonval_set(rec, "bf16_cpu_scratch_bytes", jsonval_integer((double)kernels_bf16_cpu_scratch_bytes()));
+    }
+    if (kernel_times) {
+        jsonval_set(rec, "kernel_ms_per_step", x = json_object());
+        for (int k = 0; k <= KERNEL_NKINDS; k++)
+            jsonval_set(x, k < KERNEL_NKINDS ? kernel_kind_names[k] : "other", jsonval_number(kernel_ms[k]));
     }
     jsonval_set(rec, "comm_bytes_per_step", x = json_object());
     for (int k = 0; k < COLL_NKINDS; k++)

@@ -13,6 +13,10 @@
                -n 2): the state read is the state written (resumed with --lr 0 and no
                weight decay for one step and saved again, the weights come back bit
                for bit: a bf16 run's fp32 master copy is what the file holds).
+  kernel_times PL_KERNEL_TIMES=1 (common/kernel_times.h), lab01 -n 1 in fp32 and in
+               bf16: the same losses bit for bit as without it (off by default: no
+               kernel_ms_per_step in a plain record); every kernel kind a step runs
+               has time; the kinds and the rest add up to the mean measured step.
 
 BOUND, bf16 layouts against bf16 lab01 -n 1: every layout adds the same
 products, in another order of rounding. lab01 -n 1 rounds each weight gradient
@@ -138,6 +142,39 @@ def resume():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+KINDS = ["gemm", "attention", "layernorm", "gelu", "softmax/loss", "optimizer", "conversions", "residual",
+         "embedding", "other"]
+
+
+def total_of(k):
+    return sum(k.values())
+
+
+def kernel_times():
+    for prec in ([], BF16):
+        flags = MODEL + ["--steps", "4"] + prec
+        plain, _, _ = run("lab01_dp", 1, flags)
+        check("kernel_ms_per_step" not in plain, "timing by kernel kind must be off without PL_KERNEL_TIMES")
+        os.environ["PL_KERNEL_TIMES"] = "1"
+        timed, p, _ = run("lab01_dp", 1, flags)
+        del os.environ["PL_KERNEL_TIMES"]
+        name = plain["config"]["precision"]
+        check(timed["losses"] == plain["losses"], f"{name}: timing the kernels must not change a bit of the run")
+        k = timed["kernel_ms_per_step"]
+        print(name, " | ".join(f"{x} {k[x]:.3f}" for x in k), "ms per step")
+        check(list(k) == KINDS, f"{name}: kinds {list(k)}, want {KINDS}")
+        ran = [x for x in KINDS if x not in ("conversions", "other")]  # fp32 converts nothing
+        check(all(k[x] > 0 for x in ran), f"{name}: every kernel kind a step runs must have time")
+        # the master weights rounded to bf16 after each step; in fp32 they are the weights (a no-op call)
+        check(k["conversions"] > 0 if name == "bf16" else k["conversions"] < 0.01 * total_of(k),
+              f"{name}: conversions {k['conversions']:.4f} ms: work in bf16 only")
+        check(k["other"] >= 0, f"{name}: the kernels cannot take more than the step")
+        mean = sum(timed["step_ms"][1:]) / len(timed["step_ms"][1:])
+        total = total_of(k)
+        check(abs(total - mean) <= 0.05 * mean, f"{name}: kinds + other = {total:.3f} ms, the steps' mean {mean:.3f} ms")
+        check("kernel time" in p.stdout and "gemm" in p.stdout, f"{name}: the summary must print the breakdown")
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "resume": resume}[sys.argv[1]]()
+    {"equivalence": equivalence, "resume": resume, "kernel_times": kernel_times}[sys.argv[1]]()
     print("passed")

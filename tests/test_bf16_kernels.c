@@ -19,7 +19,8 @@
  * max(|numeric|, |analytic|, 1e-2 x the largest).
  *
  * Run twice by CTest, with PL_BF16_GEMM=sgemm and =onednn (when built with
- * oneDNN), so both matrix-product paths are held to this. */
+ * oneDNN; skipped where oneDNN has no bf16 matmul for the CPU), so both
+ * matrix-product paths, and both attention paths, are held to this. */
 #include "kernels.h"
 #include "precision.h"
 #include <math.h>
@@ -515,6 +516,11 @@ static void test_attention_block(int B, int s, int NH, int HS) {
 int main(void) {
     precision_use(PREC_BF16);
     printf("%s: %s\n", KP->name, kernels_bf16_cpu_gemm_text());
+    const char *want = getenv("PL_BF16_GEMM");
+    if (want && !strcmp(want, "onednn") && !kernels_bf16_cpu_uses_onednn()) {
+        printf("skipped: PL_BF16_GEMM=onednn, but this build or CPU has no oneDNN bf16 matmul\n");
+        return 77; /* CTest's SKIP_RETURN_CODE (tests/CMakeLists.txt) */
+    }
     test_rounding();
     test_matmul(7, 5, 3);
     test_matmul(64, 32, 96);
@@ -523,6 +529,8 @@ int main(void) {
     test_layernorm(300, 128); /* several row chunks */
     test_attention(1, 5, 1, 4);
     test_attention(2, 37, 3, 16);
+    test_attention(1, 100, 3, 16); /* heads in groups of 2 and 1 (kernels_cpu_bf16.c, heads_per_group) */
+    test_attention(3, 200, 2, 8);  /* oneDNN: 2 heads per call, calls spanning batch rows (heads_per_call) */
     test_attention_block(1, 3, 1, 4);
     test_attention_block(2, 20, 3, 16);
     test_elementwise(1000);
