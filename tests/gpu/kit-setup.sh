@@ -53,10 +53,13 @@ _plkit_unpack() { # KIT PREFIX: unpack and make the links, once per kit file
 _plkit_nccl() { # prints the folder holding lib/libnccl.so* and include/nccl.h, or nothing
     local cuda=$1 d
     if [ -n "${PL_NCCL_ROOT:-}" ]; then echo "$PL_NCCL_ROOT"; return; fi
+    local so
     for d in "$cuda" "$cuda/targets/x86_64-linux"; do
-        if ls "$d"/lib*/libnccl.so* >/dev/null 2>&1 && [ -f "$d/include/nccl.h" ]; then
-            echo "$d"; return
-        fi
+        for so in "$d"/lib*/libnccl.so*; do  # a file with something in it
+            if [ -s "$(readlink -f "$so")" ] && [ -s "$d/include/nccl.h" ]; then
+                echo "$d"; return
+            fi
+        done
     done
     # the pip package (nvidia-nccl-cu12 / -cu13): site-packages/nvidia/.../lib/libnccl.so.2
     python3 - 2>/dev/null <<'EOF'
