@@ -20,7 +20,7 @@
 # configure.log, build.log). Working files go to WORK [BUILD/device-check-work].
 # Knobs (environment): BUILD [build-gpu], JOBS [nproc], STEPS [10], HARD_END [480]
 # seconds from the start by which everything has ended, CUDA_ARCH [the GPU's; a
-# rehearsal: 90]. Exit 0 only if all passed.
+# rehearsal: 90], PL_CMAKE_ARGS (more -D options for the configure). Exit 0 only if all passed.
 set -uo pipefail
 
 REHEARSE=0
@@ -34,6 +34,8 @@ HARD_END_AT=$(($(date +%s) + HARD_END))
 RESULTS=${OUT:-$BUILD/device-check}
 WORK=${WORK:-$BUILD/device-check-work}
 mkdir -p "$RESULTS" "$WORK"
+RESULTS=$(cd "$RESULTS" && pwd)
+WORK=$(cd "$WORK" && pwd)
 exec > >(tee "$RESULTS/device-check.log") 2>&1
 
 section() { printf '\n==================== %s (%ds) ====================\n' "$*" "$SECONDS"; }
@@ -42,7 +44,10 @@ give_up() { # WHAT: a step without which nothing else can be checked
     printf 'FAILED: %s\n' "$*"
     printf '# Device check\n\nFAILED before any run: %s (device-check.log says more; logs.tar.gz holds configure.log and build.log)\n' \
         "$*" >"$RESULTS/summary.md"
-    tar -C "$WORK" -czf "$RESULTS/logs.tar.gz" --transform 's|^|device-check/|' $(cd "$WORK" && ls ./*.log 2>/dev/null)
+    printf '{"runs": [], "notes": ["FAILED before any run: %s"]}\n' "$*" >"$RESULTS/results.json"
+    local logs
+    logs=$(cd "$WORK" && ls -- *.log 2>/dev/null)
+    [ -z "$logs" ] || tar -C "$WORK" -czf "$RESULTS/logs.tar.gz" --transform 's|^|device-check/|' $logs
     exit 1
 }
 
@@ -62,6 +67,8 @@ else
     [ "$MODE" = "Default" ] || echo "WARNING: compute mode '$MODE': runs of 2 ranks on one GPU need 'Default'"
 fi
 echo "/dev/shm (MPI's shared memory between ranks): $(df -h /dev/shm | tail -n 1)"
+SHM_MB=$(df -m --output=size /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')
+[ "${SHM_MB:-0}" -ge 1024 ] || echo "WARNING: /dev/shm is ${SHM_MB:-?} MiB (a container's default is 64): runs of 2 ranks may fail in MPI's shared memory"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 CUDA_ON=ON
 if [ -x "$NVCC" ]; then
@@ -83,7 +90,7 @@ echo "architecture built: sm_$CAP | steps per run: $STEPS | hard end at ${HARD_E
 
 section "configure ($BUILD, CUDA $CUDA_ON, sm_$CAP only)"
 timeout "$(left)" cmake -B "$BUILD" -DPL_CUDA=$CUDA_ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CAP" \
-    -DCMAKE_CUDA_COMPILER="$NVCC" >"$WORK/configure.log" 2>&1 || { tail -n 30 "$WORK/configure.log"; give_up "cmake configure"; }
+    -DCMAKE_CUDA_COMPILER="$NVCC" ${PL_CMAKE_ARGS:-} >"$WORK/configure.log" 2>&1 || { tail -n 30 "$WORK/configure.log"; give_up "cmake configure"; }
 grep -E 'parallel-labs|MPI_C|Found' "$WORK/configure.log" | head -n 12
 
 section "build"
