@@ -23,7 +23,11 @@ _plkit_unpack() { # KIT PREFIX: unpack and make the links, once per kit file
         return 0
     fi
     rm -rf "$prefix" && mkdir -p "$prefix" || return 1
-    tar -C "$prefix" -xJf "$kit" || { _plkit_say "cannot unpack $kit"; return 1; }
+    if command -v xz >/dev/null; then
+        tar -C "$prefix" -xJf "$kit"
+    else  # no xz-utils: Python's tarfile reads xz itself
+        python3 -c 'import sys, tarfile; t = tarfile.open(sys.argv[1]); t.extractall(sys.argv[2], **({"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}))' "$kit" "$prefix"
+    fi || { _plkit_say "cannot unpack $kit"; return 1; }
     local bin=$prefix/usr/bin lib=$prefix/usr/lib/x86_64-linux-gnu
     # the links of Debian's alternatives and maintainer scripts
     ln -sf mpiexec.hydra "$bin/mpiexec"
