@@ -23,8 +23,8 @@
 # rehearsal: 90], PL_CMAKE_ARGS (more -D options for the configure). Exit 0 only if all passed.
 set -uo pipefail
 
-REHEARSE=0
-[ "${1:-}" = "--rehearse" ] && REHEARSE=1
+REHEARSE=0 REHEARSE_FLAG=()
+[ "${1:-}" = "--rehearse" ] && REHEARSE=1 REHEARSE_FLAG=(--rehearse)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
@@ -115,7 +115,7 @@ print(v.value)" "$NCCL_SO" 2>/dev/null || echo '?')"
 section "runs: phases A, B, C (one line per finished run; hard end in $(left) s)"
 # the runs end by the hard end on their own; this is the backstop
 timeout -k 5 "$(($(left) + 30))" python3 "$HERE/device_check.py" --build "$BUILD" --out "$RESULTS" --work "$WORK" \
-    --steps "$STEPS" --jobs "$JOBS" --hard-end "$HARD_END_AT" --gpu "$GPU_NAME" $([ $REHEARSE = 1 ] && echo --rehearse)
+    --steps "$STEPS" --jobs "$JOBS" --hard-end "$HARD_END_AT" --gpu "$GPU_NAME" "${REHEARSE_FLAG[@]}"
 rc=$?
 section "done: exit $rc; $(ls "$RESULTS" | tr '\n' ' ')in $RESULTS"
 exit $rc

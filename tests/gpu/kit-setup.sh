@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Source this on the GPU machine, from the repository root, before the device check:
 #
 #   source tests/gpu/kit-setup.sh && bash tests/gpu/device-check.sh
@@ -45,10 +46,13 @@ _plkit_unpack() { # KIT PREFIX: unpack and make the links, once per kit file
     local ldc name path
     ldc=$(command -v ldconfig || echo /sbin/ldconfig)
     mkdir -p "$lib/machine-has-these"
-    for name in $(cd "$lib" && ls | grep -E '\.so\.[0-9]+$'); do
-        path=$("$ldc" -p 2>/dev/null | awk -v n="$name" '$1 == n && $NF !~ /pl-kit/ { print $NF; exit }')
+    local so
+    for so in "$lib"/*.so.*; do
+        name=${so##*/}
+        [[ $name =~ \.so\.[0-9]+$ ]] || continue  # the sonames, not the files they point to
+        path=$("$ldc" -p 2>/dev/null | awk -v n="$name" '$1 == n { print $NF; exit }')
         if [ -n "$path" ] && [ -s "$(readlink -f "$path")" ]; then
-            mv "$lib/$name" "$lib/machine-has-these/"
+            mv "$so" "$lib/machine-has-these/"
         fi
     done
     echo "$id" >"$prefix/.kit-id"

@@ -46,14 +46,14 @@ echo "make-kit: $(ls "$work/debs" | wc -l) .debs, $(du -sh "$work/debs" | cut -f
 for deb in "$work"/debs/*.deb; do dpkg -x "$deb" "$work/root"; done
 
 # usrmerge: some packages still ship /lib; one tree under usr/ is what kit-setup expects
-r=$work/root
-if [ -d "$r/lib" ]; then cp -a "$r/lib/." "$r/usr/lib/" && rm -rf "$r/lib"; fi
+r=${work:?}/root
+if [ -d "$r/lib" ]; then cp -a "$r/lib/." "$r/usr/lib/" && rm -rf "${r:?}/lib"; fi
 # Pruned: static archives (the build links shared), documentation, Fortran and C++
 # bindings, the reference BLAS/LAPACK front ends (libopenblas carries LAPACK itself),
 # rsocket's preload library, man pages.
 a=$r/usr/lib/x86_64-linux-gnu
 find "$r" -name '*.a' -delete
-rm -rf "$r/usr/share" "$r/etc" "$a/rsocket" "$a/openblas-pthread/libblas"* "$a/openblas-pthread/liblapack"*
+rm -rf "${r:?}/usr/share" "${r:?}/etc" "$a/rsocket" "$a/openblas-pthread/libblas"* "$a/openblas-pthread/liblapack"*
 rm -f "$a"/libmpichfort* "$a"/libmpichcxx* "$r"/usr/bin/mpif* "$r"/usr/bin/mpicxx* "$r"/usr/bin/mpifort*
 find "$r/usr/include" -name '*.mod' -delete 2>/dev/null || true
 # the dangling links the pruning left

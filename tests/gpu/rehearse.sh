@@ -19,7 +19,7 @@
 # temporary folder: the kit's prefix, the build, OUT], KEEP=1 keeps it, STEPS [3],
 # HARD_END [780: the build on 2 shared cores is slower than on the GPU machine's 16].
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 REPO=$(pwd)
 KIT_DIR=${KIT_DIR:-gpu-kit}
 # what is hidden: the kit's packages and what the GPU machine lacks besides, as installed here
@@ -73,9 +73,9 @@ if ls "$CUDA"/lib*/libnccl.so.2 >/dev/null 2>&1; then
     : >"$pip_nccl/lib/libnccl.so.2" && mount --bind "$real" "$pip_nccl/lib/libnccl.so.2"
     cp -r "$CUDA"/include/nccl*.h "$pip_nccl/include/"
     [ -d "$CUDA/include/nccl_device" ] && cp -r "$CUDA/include/nccl_device" "$pip_nccl/include/"
-    for f in $(find -L "$CUDA"/ "$CUDA"/targets/*/ -maxdepth 3 \( -name 'libnccl*' -o -name 'nccl.h' \) 2>/dev/null); do
+    while IFS= read -r f; do
         f=$(readlink -f "$f"); [ -f "$f" ] && [ -s "$f" ] && hide "$f"
-    done
+    done < <(find -L "$CUDA"/ "$CUDA"/targets/*/ -maxdepth 3 \( -name 'libnccl*' -o -name 'nccl.h' \) 2>/dev/null)
     echo "rehearse: the toolkit's NCCL hidden; a lone libnccl.so.2 in $pip_nccl (as pip's nvidia-nccl-cu13)"
     export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
