@@ -48,7 +48,8 @@ fi
 
 # ---- inside the namespace ------------------------------------------------------
 DIR=${REHEARSE_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/pl-rehearse.XXXXXX")}
-[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$DIR"' EXIT
+# (the bind-mounted NCCL first: rm cannot remove a mount point)
+[ "${KEEP:-0}" = 1 ] || trap 'umount "$DIR/site/nvidia/nccl/lib/libnccl.so.2" 2>/dev/null; rm -rf "$DIR"' EXIT
 mkdir -p "$DIR"
 hidden=$DIR/hidden
 : >"$hidden" && chmod 000 "$hidden"
