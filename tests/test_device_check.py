@@ -1,23 +1,32 @@
 """The device check can fail, shown without a GPU.
 
   checker      tests/gpu/check_results.py on fake result sets: a complete, good set
-               passes; losses beyond the bound at one middle step (the final losses
-               equal), a run skipped for budget, a test that reported "skipped", a
-               record on the wrong comm, a non-finite loss, and a comparison with a
-               failed run each make it exit 1 and name the cause. And
-               device_check.py's runner marks a ctest that printed "***Skipped",
-               and a run the deadline left out, as skipped.
+               passes, with gpt2-small's MFU computed from its records (model FLOP/s
+               over the H200's dense peak of each precision) beside plan3d's
+               prediction; losses beyond the bound at one middle step (the final
+               losses equal), a run skipped for budget, a test that reported
+               "skipped", a record on the wrong comm, a non-finite loss, a
+               comparison with a failed run, a phase-A run missing from the set
+               each make it exit 1 and name the cause. And device_check.py's
+               runner marks a ctest that printed "***Skipped", and a run the hard
+               end left out, as skipped.
+  phases       device_check.py on a fake plan (--plan-file) whose phase B hangs:
+               phase A's summary.md and results.json are in the results folder
+               before the hard end, the whole check ends by the hard end (the
+               hanging run cut there, phase C not started), and the folder never
+               holds more than 8 files.
   require_gpu  PL_REQUIRE_GPU=1 turns the GPU tests' "no GPU" (exit 77, CTest's
                skip) into a failure: test_gpu_kernels and test_lab01.py cuda, with
                every GPU hidden (CUDA_VISIBLE_DEVICES=""), so it holds on a GPU
                machine too.
 
-usage: test_device_check.py checker|require_gpu"""
+usage: test_device_check.py checker|phases|require_gpu"""
 import copy
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -30,9 +39,10 @@ from labtest import check  # noqa: E402
 CHECKER = os.path.join(HERE, "gpu", "check_results.py")
 
 
-def record(device, comm, losses):
+def record(device, comm, losses, flops=1e12, precision="fp32"):
     return {"lab": "lab01_dp", "device": device, "comm": comm, "losses": list(losses), "tokens_per_s": 1e5,
-            "model_flops_per_s": 1e12, "replicas_identical": True, "config": {"layers": 8}}
+            "model_flops_per_s": flops, "replicas_identical": True,
+            "config": {"layers": 8, "precision": precision}}
 
 
 def lab_run(name, device, comm, losses, **more):
@@ -45,19 +55,43 @@ def lab_run(name, device, comm, losses, **more):
 
 CPU = [5.5, 5.0, 4.6, 4.3, 4.1]
 CUDA = [x * (1 + 2e-5) for x in CPU]  # within 1e-3 of the CPU
+# gpt2-small's model FLOP/s in the fake records: half the H200's dense peak of each
+# precision (989.4 TFLOP/s bf16, 66.9 fp32), so MFU 50.0 %
+G2_FLOPS = {"fp32": 0.5 * 66.9e12, "bf16": 0.5 * 989.4e12}
+
+
+def plan3d_run(precision):
+    return {"name": f"plan3d gpt2-small {precision}", "kind": "plan3d", "phase": "A", "cmd": "plan3d ...",
+            "status": "done", "exit": 0, "expect_exit": 0, "seconds": 0.1,
+            "record": {"tokens_per_s": 2e5, "mfu": 0.54, "precision": precision}}
 
 
 def good_set():
-    return {"runs": [lab_run("lab01 cuda n1", "cuda", "nccl", CUDA),
-                     lab_run("lab01 cpu n1", "cpu", "mpi", CPU),
-                     {"name": "ctest gpu_lab01_cuda", "kind": "ctest", "cmd": "ctest", "status": "done",
-                      "exit": 0, "expect_exit": 0, "seconds": 3.0},
-                     dict(lab_run("lab01 cuda n2 comm nccl", "cuda", "mpi", CPU), exit=2, expect_exit=2,
-                          record=None, output="error: --comm nccl needs one GPU per rank",
-                          expect_output="--comm nccl needs one GPU per rank")],
+    runs = [lab_run("lab01 cuda n1", "cuda", "nccl", CUDA),
+            lab_run("lab01 cpu n1", "cpu", "mpi", CPU),
+            {"name": "ctest gpu_lab01_cuda", "kind": "ctest", "cmd": "ctest", "status": "done",
+             "exit": 0, "expect_exit": 0, "seconds": 3.0, "phase": "C"},
+            dict(lab_run("lab01 cuda n2 comm nccl", "cuda", "mpi", CPU), exit=2, expect_exit=2, phase="B",
+                 record=None, output="error: --comm nccl needs one GPU per rank",
+                 expect_output="--comm nccl needs one GPU per rank"),
+            {"name": "ctest gpu_kernels_vs_cpu", "kind": "ctest", "cmd": "ctest", "status": "done",
+             "exit": 0, "expect_exit": 0, "seconds": 3.0, "phase": "A"}]
+    for precision, flops in G2_FLOPS.items():
+        g2 = lab_run(f"gpt2-small cuda {precision}", "cuda", "nccl", CUDA, phase="A")
+        g2["record"] = record("cuda", "nccl", CUDA, flops, precision)
+        runs += [g2, plan3d_run(precision)]
+    return {"gpu": "NVIDIA H200", "runs": runs,
             "compare": [{"a": "lab01 cuda n1", "b": "lab01 cpu n1", "rtol": 1e-3, "why": "CUDA vs CPU",
                          "a_steps": None, "b_steps": None}],
             "notes": []}
+
+
+def gpt2_row(summary, precision):
+    """The cells of the summary's gpt2-small row of that precision."""
+    for line in summary.splitlines():
+        if line.startswith(f"| {precision} |"):
+            return [c.strip() for c in line.strip("|").split("|")]
+    raise AssertionError(f"no gpt2-small row for {precision} in the summary:\n{summary}")
 
 
 def verdict(results, case):
@@ -83,6 +117,23 @@ def checker():
     rc, out = verdict(good_set(), "complete and good")
     check(rc == 0 and "all device checks passed" in out, f"a good set must pass:\n{out}")
     check("What one GPU cannot show" in out, "the summary must say what one GPU cannot show")
+    # MFU from the records: the columns precision, steps, tok/s, model TFLOP/s, peak, MFU, plan3d tok/s, plan3d MFU
+    for precision, peak in (("fp32", "66.9"), ("bf16", "989.4")):
+        row = gpt2_row(out, precision)
+        print(f"gpt2-small {precision} row: {row}")
+        check(row[3] == f"{G2_FLOPS[precision] / 1e12:.1f}" and row[4] == peak and row[5] == "50.0 %",
+              f"{precision}: model TFLOP/s, peak {peak} and MFU 50.0 % expected: {row}")
+        check(row[6] == "2e+05" and row[7] == "54.0 %" and row[8] == "0.50",
+              f"{precision}: plan3d's prediction beside it (tok/s 2e+05, MFU 54 %, measured/predicted 0.50): {row}")
+    other = good_set()
+    other["gpu"] = "Some GPU 9000"
+    rc, out = verdict(other, "a GPU without a known peak")
+    check(rc == 0 and gpt2_row(out, "bf16")[5] == "-" and "No peak is known" in out,
+          f"an unknown GPU: no MFU, and the summary says why:\n{out}")
+
+    bad = good_set()
+    bad["runs"] = [r for r in bad["runs"] if r["name"] != "gpt2-small cuda bf16"]
+    must_fail(bad, "a phase-A run missing", "phase A: the run 'gpt2-small cuda bf16' is missing")
 
     bad = good_set()  # one middle step off by 2e-3 relative; first and last losses equal
     bad["runs"][0]["record"]["losses"] = list(CPU)
@@ -118,10 +169,10 @@ def checker():
     bad["runs"] = []
     must_fail(bad, "nothing ran", "no runs in the result set")
 
-    # the runner: a ctest that printed ***Skipped (and exited 0), and a run past the deadline
+    # the runner: a ctest that printed ***Skipped (and exited 0), and a run past the hard end
     import device_check
     tmp = tempfile.mkdtemp(prefix="pl-runner-")
-    plan = type("P", (), {"logs_dir": tmp})()
+    plan = type("P", (), {"logs_dir": tmp, "a": type("A", (), {"work": tmp})})()
     lock = threading.Lock()
     skipped = device_check.Run("ctest gpu_fake", "ctest",
                                ["sh", "-c", "echo '1/1 Test #1: gpu_fake .....***Skipped   0.01 sec'"], 1, 30)
@@ -129,8 +180,102 @@ def checker():
     late = device_check.Run("lab01 late", "lab", ["true"], 1, 30)
     device_check.execute(late, plan, time.time() - 1, lock, [])
     check(skipped.result["status"] == "skipped", f"a ctest that printed ***Skipped: {skipped.result['status']}")
-    check(late.result["status"] == "skipped", f"a run past the deadline: {late.result['status']}")
+    check(late.result["status"] == "skipped", f"a run past the hard end: {late.result['status']}")
     must_fail({"runs": [skipped.result, late.result], "compare": []}, "the runner's skips", "not run")
+
+
+def fake_lab():
+    """A stand-in for a lab in the phases test: OUT/records.jsonl with a record."""
+    out, device, comm, precision, flops = sys.argv[2:7]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "records.jsonl"), "w") as f:
+        f.write(json.dumps(record(device, comm, CUDA if device == "cuda" else CPU, float(flops), precision)) + "\n")
+
+
+def fake_plan3d():
+    """A stand-in for plan3d --json FILE in the phases test."""
+    path, precision = sys.argv[2:4]
+    with open(path, "w") as f:
+        json.dump({"model": {"params": 86235648}, "cluster": {"name": "h200", "efficiency": 0.57},
+                   "training": {"precision": precision},
+                   "layouts": [{"winner": True, "label": "tp=1 pp=1 dp=1", "tokens_per_s": 2e5, "mfu": 0.54,
+                                "step_s": 0.04, "mem_total_bytes": 6e9}]}, f)
+
+
+def phases():
+    """A fake plan whose phase B hangs: phase A's verdict comes back before the hard end."""
+    tmp = tempfile.mkdtemp(prefix="pl-phases-")
+    out, work = os.path.join(tmp, "out"), os.path.join(tmp, "work")
+    me = [sys.executable, os.path.abspath(__file__)]
+
+    def lab(name, device, comm, precision="fp32", flops=1e12, alone=False):
+        d = os.path.join(work, "runs", name.replace(" ", "_"))
+        return {"name": name, "argv": me + ["fake_lab", d, device, comm, precision, str(flops)], "out": d,
+                "alone": alone, "expect": {"device": device, "comm": comm, "steps": len(CPU)}}
+
+    def plan3d(precision):
+        path = os.path.join(tmp, f"plan3d-{precision}.json")
+        return {"name": f"plan3d gpt2-small {precision}", "kind": "plan3d", "out": path,
+                "argv": me + ["fake_plan3d", path, precision]}
+
+    plan = {"phases": {
+        "A": [lab(f"gpt2-small cuda {p}", "cuda", "nccl", p, G2_FLOPS[p], alone=True) for p in G2_FLOPS]
+             + [{"name": "ctest gpu_kernels_vs_cpu", "kind": "ctest", "argv": ["true"]},
+                lab("lab01 cuda n1", "cuda", "nccl"), lab("lab01 cpu n1", "cpu", "mpi"),
+                plan3d("fp32"), plan3d("bf16")],
+        "B": [lab("lab02 s3 cpu n2", "cpu", "mpi"),
+              {"name": "lab01 cuda n2 hangs", "argv": ["sleep", "600"], "timeout": 300}],
+        "C": [{"name": "ctest gpu_lab01_cuda", "kind": "ctest", "argv": ["true"]}]},
+        "compare": [{"a": "lab01 cuda n1", "b": "lab01 cpu n1", "rtol": 1e-3, "why": "CUDA vs CPU"}]}
+    plan_file = os.path.join(tmp, "plan.json")
+    with open(plan_file, "w") as f:
+        json.dump(plan, f)
+    hard_end = 20  # seconds; phase A takes about 1 s
+    start = time.time()
+    with open(os.path.join(tmp, "device_check.log"), "w") as log:
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "gpu", "device_check.py"), "--build", tmp,
+                              "--out", out, "--work", work, "--plan-file", plan_file, "--jobs", "2",
+                              "--hard-end", str(start + hard_end), "--gpu", "NVIDIA H200"],
+                             stdout=log, stderr=subprocess.STDOUT)
+        summary, seen_a, most = os.path.join(out, "summary.md"), None, 0
+        while p.poll() is None:
+            if time.time() - start > hard_end + 30:
+                p.kill()
+                check(False, "device_check.py still running 30 s after the hard end")
+            if os.path.isdir(out):
+                most = max(most, sum(len(files) for _, _, files in os.walk(out)))
+            if seen_a is None and os.path.exists(summary):
+                with open(summary) as f:
+                    if "phase A: passed" in f.read():
+                        seen_a = time.time() - start
+            time.sleep(0.2)
+    took = time.time() - start
+    with open(summary) as f:
+        text = f.read()
+    with open(os.path.join(out, "results.json")) as f:
+        results = {r["name"]: r for r in json.load(f)["runs"]}
+    files = sorted(os.listdir(out))
+    print(f"phase A's verdict in the results folder after {seen_a} s; the check ended after {took:.1f} s "
+          f"(hard end {hard_end} s), exit {p.returncode}; at most {most} files there, at the end: {files}")
+    check(seen_a is not None and seen_a < hard_end, f"phase A's summary must be there before the hard end: {seen_a}")
+    check(took < hard_end + 10, f"the check must end by the hard end (+10 s to write): {took:.1f} s")
+    check(p.returncode == 1, f"a phase that hung is a failed check: exit {p.returncode}")
+    check(most <= 8 and len(files) <= 8, f"at most 8 files come back: {most} seen, {files}")
+    check(set(files) == {"summary.md", "results.json", "logs.tar.gz"}, f"the results folder: {files}")
+    for name in plan["phases"]["A"]:
+        r = results[name["name"]]
+        check(r["status"] == "done" and r.get("exit") == 0, f"phase A's {name['name']}: {r['status']}")
+    hung = results["lab01 cuda n2 hangs"]
+    check(hung["status"] == "timeout" and "cut at the hard end" in hung["reason"],
+          f"the hanging run must be cut at the hard end: {hung['status']} {hung.get('reason')}")
+    check(results["ctest gpu_lab01_cuda"]["reason"] == "the hard end came before it started",
+          f"phase C must not start after the hard end: {results['ctest gpu_lab01_cuda']}")
+    check("- phase A: passed" in text and "- phase B: FAILED" in text and gpt2_row(text, "bf16")[5] == "50.0 %",
+          f"the final summary: phase A passed with its MFU, phase B failed:\n{text}")
+    with tarfile.open(os.path.join(out, "logs.tar.gz")) as tar:
+        names = tar.getnames()
+    check("device-check/logs/lab01_cuda_n1.log" in names and "device-check/logs/lab01_cuda_n2_hangs.log" in names,
+          f"logs.tar.gz holds every run's log: {names}")
 
 
 def require_gpu():
@@ -147,5 +292,6 @@ def require_gpu():
 
 
 if __name__ == "__main__":
-    {"checker": checker, "require_gpu": require_gpu}[sys.argv[1]]()
+    {"checker": checker, "phases": phases, "require_gpu": require_gpu, "fake_lab": fake_lab,
+     "fake_plan3d": fake_plan3d}[sys.argv[1]]()
     print("passed")
