@@ -272,7 +272,7 @@ def chart_list(pipe_recs, note):
          "T^2 term and the heads' and MLP's pieces by t; SP also the residual stream, LayerNorm statistics and the "
          "head's (the all-gathered LayerNorm outputs stay whole); selective drops att; full keeps one [B,T/t,C] per "
          "layer. The recomputation's one-layer set is the workspace's, not in these bars. Korthikanti et al. 2022's "
-         "Table 2, measured on this model (lab05_tp/README.md, Part 2)."),
+         "Table 2, measured on this model (lab05_tp/part2-sequence-parallel.md)."),
         ("throughput", "Throughput of every lab and layout", "throughput.gp", {"src": "throughput.tsv"},
          "throughput.tsv", "std",
          "Tokens per second (median step after the first), every lab and layout at the same model and global batch; "
@@ -288,7 +288,7 @@ def chart_list(pipe_recs, note):
          "last. bf16 keeps about 3 significant digits, so the curves part by about 1e-3, not the 1e-7 of a layout."),
         ("plan", "plan3d: step time and memory per GPU of Llama-3-70B's layouts on 64 H100s", "plan.gp",
          {"src": "plan.tsv"}, "plan.tsv", "plan",
-         "plan3d's estimates (lab06_3d/README.md, \"planning a real run\"), no run: for each TP x PP (DP the rest) "
+         "plan3d's estimates (lab06_3d/part3-planning.md), no run: for each TP x PP (DP the rest) "
          "the best micro-batch, schedule, SP and recomputation. Top: the step time by part (compute at the preset's "
          "efficiency, exposed TP, PP and DP traffic, the bubble, the optimizer); layouts that do not fit have no bar. "
          "Bottom: memory per GPU by category (the fullest stage) against the usable memory; the winner is marked. "

@@ -75,7 +75,7 @@ def quick():
         check_image(os.path.join(docs, f"{name}.png"))
         check(f"]({name}.png)" in readme, f"docs README.md does not show {name}.png")
     source = os.path.dirname(PLOTS)
-    for lesson in sorted(glob.glob(os.path.join(source, "lab0*", "README.md"))):
+    for lesson in sorted(glob.glob(os.path.join(source, "lab0*", "*.md"))):
         for name in re.findall(r"\]\(\.\./docs/charts/([\w-]+)\.png\)", open(lesson).read()):
             check(name in CHARTS, f"{os.path.relpath(lesson, source)} embeds docs/charts/{name}.png, "
                                   f"which make_charts.py does not draw")
