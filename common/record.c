@@ -122,6 +122,11 @@ static void run_release(run_ctx *ctx) {
     ctx->host_labels = NULL;
 }
 
+/* The bubble as the papers count it (GPipe, Megatron-LM, zero bubble): idle time over the
+ * ideal step (the work alone), b / (1 - b) for a bubble b of the whole step: (p-1)/m for
+ * 1F1B's (p-1)/(m+p-1), (p-1)/(v m) interleaved, 0 for ZB-V. */
+static double bubble_per_ideal(double idle_per_step) { return idle_per_step / (1 - idle_per_step); }
+
 void run_finish(run_ctx *ctx, const run_report *r) {
     const run_options *o = &ctx->opt;
     int R = ctx->size, rank = ctx->rank;
@@ -241,6 +246,9 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         printf("\n");
         if (q == 7 && R > 9) { printf("                  ... (%d more ranks in the record)\n", R - 8); break; }
     }
+    if (r->bubble_theory >= 0 && r->bubble_theory < 1) /* the two conventions a student meets */
+        printf("                  bubble theory %.3f of the step (idle / step, this course) = %.3f of the ideal step "
+               "(idle / ideal: the papers' and Megatron's (p-1)/m)\n", r->bubble_theory, bubble_per_ideal(r->bubble_theory));
     printf("  record          %s (and records.csv)\n", ctx->records_jsonl);
     printf("  trace           %s (open in https://ui.perfetto.dev)\n", json_path);
     printf("  timeline        %s\n", csv_path);
@@ -314,6 +322,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         jsonval_set(rec, "bubble", x = json_object());
         jsonval_set(x, "measured", jsonval_numbers(col, R));
         jsonval_set(x, "theory", jsonval_number(r->bubble_theory));
+        jsonval_set(x, "theory_per_ideal", jsonval_number(bubble_per_ideal(r->bubble_theory)));
     }
     jsonval_set(rec, "trace", jsonval_text(json_path));
     jsonval_set(rec, "timeline", jsonval_text(csv_path));
