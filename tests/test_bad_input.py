@@ -93,6 +93,9 @@ PER_LAB = {
         (2, ["--dump-weights", EMPTY + "/weights"], "--dump-weights"),
         (2, ["--dump-weights", "/dev/null"], "--dump-weights"),
         (4, ["--dry-run", "--batch", "30"], "--batch"),
+        (2, ["--grad-accum", "3"], "--grad-accum"),  # 16 rows per rank: K must divide them
+        (2, ["--grad-accum", "0"], "--grad-accum"),
+        (2, ["--dry-run", "--grad-accum", "2"], "--grad-accum"),
     ] + NO_TP,
     "lab02_zero": [
         (2, ["--zero-stage", "0"], "--zero-stage"),

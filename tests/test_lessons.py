@@ -137,6 +137,10 @@ def static():
                 problems.append(f"{path}: link to {target}, which does not exist")
             elif "#" in target and target.split("#")[1] not in anchors(file):
                 problems.append(f"{path}: link to {target}: no such heading there")
+        for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", prose):  # every picture opens as what it claims
+            file = os.path.normpath(os.path.join(SOURCE, here, image))
+            if os.path.exists(file) and not picture_ok(file):
+                problems.append(f"{path}: picture {image} is empty or not a PNG/SVG")
         if path.startswith("lab0") and path != "lab00_concepts/README.md":
             heads = [re.sub(r"^Part \d+: ", "", h) for h in re.findall(r"^## (.+)$", text, re.M)]
             at = 0
@@ -159,6 +163,17 @@ def static():
         print("FAIL:", p)
     check(not problems, f"{len(problems)} problems in the lessons")
     print(f"{len(LESSONS)} lessons and {len(docs)} docs: shape, links, answers and the first command as promised")
+
+
+def picture_ok(file):
+    """A PNG with its signature and a size, or an SVG whose text holds an <svg> element with something drawn."""
+    data = open(file, "rb").read()
+    if file.endswith(".png"):
+        return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    if file.endswith(".svg"):
+        text = data.decode("utf-8", "replace")
+        return "<svg" in text and "</svg>" in text and len(re.findall(r"<(rect|path|text|line|polygon)\b", text)) > 3
+    return len(data) > 0
 
 
 def anchors(file):
