@@ -73,6 +73,10 @@ SHARED = [
     (2, ["--recompute"], "--recompute"),
     (2, ["--precision", "fp16"], "--precision"),
     (2, ["--precision"], "--precision"),
+    (2, ["--sample", "-1"], "--sample"),
+    (2, ["--sample", "100001"], "--sample"),
+    (2, ["--prompt", ""], "--prompt"),
+    (2, ["--temperature", "-0.5"], "--temperature"),
     # --dry-run checks what the run would: the same errors, the same status
     (2, ["--dry-run=yes"], "--dry-run"),
     (2, ["--dry-run", "--steps", "0"], "--steps"),
