@@ -487,8 +487,9 @@ static void test_trace(comm *c) {
     trace_end(bwd);
     trace_step_end(0);
     trace_summary n = trace_summarize(0);
-    CHECK(n.comm >= 0.019 && n.compute >= 0.019 && n.compute < 0.03,
-          "nested comm: compute %g, comm %g (expected about 0.02 each)", n.compute, n.comm);
+    /* each part slept 20 ms at least (a loaded machine adds to either, never takes away) */
+    CHECK(n.comm >= 0.019 && n.compute >= 0.019, "nested comm: compute %g, comm %g (expected 0.02 or more each)",
+          n.compute, n.comm);
     CHECK(n.compute + n.comm <= n.wall + 1e-6, "nested comm: compute %g + comm %g > wall %g", n.compute, n.comm, n.wall);
     CHECK(fabs(n.busy - (n.compute + n.comm)) < 1e-9, "nested comm: busy %g != compute %g + comm %g", n.busy,
           n.compute, n.comm);
