@@ -323,13 +323,14 @@ def chart_list(pipe_recs, note):
          "--print-schedule prints (plots/schedule_gantt.py checks it), and its idle share is the bubble both ways: of "
          "the step, (p-1)/(m+p-1) for GPipe and 1F1B, and of the ideal step, the papers' (p-1)/m. Beside it the "
          "measured timeline chart shows the same lists on real kernels."),
-        ("comm", "Bytes communicated per step, measured against the formula", "comm.gp", {"src": "comm.tsv"},
+        ("comm", "Bytes a rank sends per step, and the link each technique needs", "comm.gp", {"src": "comm.tsv"},
          "comm.tsv", "std",
-         "Ring traffic per rank per step (bytes a rank sends under the ring algorithm: 2(N-1)/N of the payload for "
-         "an all-reduce, (N-1)/N for a reduce-scatter or all-gather, the payload for a send), the maximum over "
-         "ranks, beside the lab's formula (DP 2(N-1)/N x 4Ψ; ZeRO-3 1.5x that; pipelines: B x T x C floats per "
-         "boundary each way; TP: four all-reduces of B x T x C floats per layer; 3D: the sum over its TP, PP and DP "
-         "groups). The label is measured/formula. Runs on one rank move nothing and are left out."),
+         "What a rank sends per step (the ring traffic of its collectives, the payload of its sends; it receives as "
+         "much), the maximum over ranks, coloured by the link the technique needs: DP and ZeRO any link (one step's "
+         "gradient, overlapping the backward), pipelines the network between hosts (point to point, travelling while "
+         "other micro-batches compute), TP the fastest, inside a host (blocking, in every layer), 3D each group on "
+         "its own. The label is the collective calls per step, each a wait. Every bar equals the lab's formula "
+         "(the tests check it; the table keeps both). Runs on one rank move nothing and are left out."),
     ]
 
 
