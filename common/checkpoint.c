@@ -4,6 +4,7 @@
 #include "jsonval.h"
 #include "mem.h"
 #include "paths.h"
+#include "sample.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -368,7 +369,10 @@ static void load_slice(float *dev, long len, const ckpt_map *m, const float *glo
 
 int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
     v->first_step = 0;
-    if (!ctx->opt.resume) return 0;
+    if (!ctx->opt.resume) {
+        if (ctx->opt.sample > 0) sample_print(ctx, v, 0); /* what the initial weights write */
+        return 0;
+    }
     ckpt_file f;
     char err[sizeof ctx->error];
     if (read_checkpoint(ctx->opt.resume, &ctx->model, &f, err, sizeof err) != 0) die("%s", err);
@@ -384,6 +388,7 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
                f.step + ctx->opt.steps);
         fflush(stdout);
     }
+    if (ctx->opt.sample > 0) sample_print(ctx, v, f.step);
     return f.step;
 }
 
@@ -649,8 +654,48 @@ void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step) {
     all_runs_free(&ma);
 }
 
+float *ckpt_gather_params(ckpt_view *v, long P) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    all_runs pa;
+    allgather_runs(&v->params_at, size, &pa);
+    long *sel, n = select_mine(&pa, rank, P, &sel);
+    float *held = host_copy(v->params, v->params_len), *send = malloc(sizeof(float) * (size_t)(n + 1));
+    if (!send) die("out of host memory");
+    for (long k = 0; k < n; k++) send[k] = held[sel[k]];
+    free(held);
+    free(sel);
+    long *counts = rank == 0 ? malloc(sizeof(long) * (size_t)size) : NULL;
+    MPI_Gather(&n, 1, MPI_LONG, counts, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    int *recv_counts = NULL, *displs = NULL;
+    float *recv = NULL, *full = NULL;
+    if (rank == 0) {
+        recv_counts = malloc(sizeof(int) * (size_t)size);
+        displs = malloc(sizeof(int) * (size_t)size);
+        full = malloc(sizeof(float) * (size_t)(P + 1));
+        recv = malloc(sizeof(float) * (size_t)(P + 1));
+        if (!recv_counts || !displs || !full || !recv) die("out of host memory");
+        long total = 0;
+        for (int q = 0; q < size; q++) {
+            recv_counts[q] = (int)counts[q];
+            displs[q] = (int)total;
+            total += counts[q];
+        }
+    }
+    MPI_Gatherv(send, (int)n, MPI_FLOAT, recv, recv_counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+        float *params_full[1] = {full};
+        unpack(&pa, size, P, recv, displs, counts, 1, params_full, "parameter");
+    }
+    free(send); free(counts); free(recv_counts); free(displs); free(recv);
+    all_runs_free(&pa);
+    return full;
+}
+
 void ckpt_step_done(run_ctx *ctx, ckpt_view *v, int steps_done) {
     const run_options *o = &ctx->opt;
+    if (o->sample > 0 && steps_done == v->first_step + o->steps) sample_print(ctx, v, steps_done);
     if (!o->save) return;
     int last = steps_done == v->first_step + o->steps;
     if (last || (o->save_every > 0 && steps_done % o->save_every == 0)) ckpt_save(ctx, v, o->save, steps_done);
@@ -676,6 +721,7 @@ char *ckpt_record_json(const run_ctx *ctx, const ckpt_view *v, double eval_loss,
     jsonval_set(r, "resumed_from", jsonval_text(o->resume));
     jsonval_set(r, "saved_to", jsonval_text(o->save));
     jsonval_set(r, "eval_loss", eval_loss >= 0 ? jsonval_number(eval_loss) : json_null());
+    if (o->sample > 0) jsonval_set(r, "sample", sample_record());
     char *s = jsonval_members_text(r);
     json_decref(r);
     return s;

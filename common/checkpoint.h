@@ -85,6 +85,9 @@ void ckpt_step_done(run_ctx *ctx, ckpt_view *v, int steps_done);
  * ckpt_step_done calls). */
 void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step);
 
+/* Collective: the whole model's parameters (fp32 master weights, the flat layout)
+ * gathered to rank 0, as ckpt_save gathers them: malloc'd on rank 0, NULL elsewhere. */
+float *ckpt_gather_params(ckpt_view *v, long P);
 /* Called by run_setup on every rank, before anything is created: checks that the
  * --resume file is a complete, uncorrupted checkpoint of the model the flags
  * describe (--save, like every output, is proven writable by run_setup on rank

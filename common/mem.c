@@ -74,6 +74,14 @@ void mem_free(void *p) {
 size_t mem_current(mem_category cat) { return current[cat]; }
 size_t mem_peak(mem_category cat) { return peak[cat]; }
 size_t mem_peak_total(void) { return total_peak; }
+void mem_peaks_get(size_t peaks[MEM_NCAT + 1]) {
+    for (int c = 0; c < MEM_NCAT; c++) peaks[c] = peak[c];
+    peaks[MEM_NCAT] = total_peak;
+}
+void mem_peaks_set(const size_t peaks[MEM_NCAT + 1]) {
+    for (int c = 0; c < MEM_NCAT; c++) peak[c] = peaks[c];
+    total_peak = peaks[MEM_NCAT];
+}
 void mem_reset_peaks(void) {
     for (int c = 0; c < MEM_NCAT; c++) peak[c] = current[c];
     total_peak = total_now;

@@ -21,6 +21,11 @@ size_t mem_current(mem_category cat);
 size_t mem_peak(mem_category cat);
 size_t mem_peak_total(void); /* peak of the sum over categories */
 void mem_reset_peaks(void);  /* peaks := current (tests) */
+/* The peaks of every category and of the total (MEM_NCAT + 1 values), and putting
+ * them back: what runs between the two (--sample's one-rank model) is left out
+ * of the training's figures. */
+void mem_peaks_get(size_t peaks[MEM_NCAT + 1]);
+void mem_peaks_set(const size_t peaks[MEM_NCAT + 1]);
 
 /* Copies and fills on the current device (host <-> device where it is a GPU). */
 void mem_zero(void *dev, size_t bytes);

@@ -125,6 +125,11 @@ static void run_release(run_ctx *ctx) {
     ctx->host_labels = NULL;
 }
 
+/* The bubble as the papers count it (GPipe, Megatron-LM, zero bubble): idle time over the
+ * ideal step (the work alone), b / (1 - b) for a bubble b of the whole step: (p-1)/m for
+ * 1F1B's (p-1)/(m+p-1), (p-1)/(v m) interleaved, 0 for ZB-V. */
+static double bubble_per_ideal(double idle_per_step) { return idle_per_step / (1 - idle_per_step); }
+
 void run_finish(run_ctx *ctx, const run_report *r) {
     const run_options *o = &ctx->opt;
     int R = ctx->size, rank = ctx->rank;
@@ -148,9 +153,10 @@ void run_finish(run_ctx *ctx, const run_report *r) {
 
     /* timeline: busy fractions over the measured steps, then the files */
     trace_summary ts = trace_summarize(ctx->steps_done > 1 ? 1 : 0);
-    double fr[2] = {ts.wall > 0 ? ts.compute / ts.wall : 0, ts.wall > 0 ? ts.comm / ts.wall : 0};
-    double *fracs = rank == 0 ? malloc(sizeof(double) * 2 * (size_t)R) : NULL;
-    MPI_Gather(fr, 2, MPI_DOUBLE, fracs, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    double fr[3] = {ts.wall > 0 ? ts.compute / ts.wall : 0, ts.wall > 0 ? ts.comm / ts.wall : 0,
+                    ts.wall > 0 ? 1 - ts.busy / ts.wall : 0}; /* compute, comm, bubble (idle outside compute events) */
+    double *fracs = rank == 0 ? malloc(sizeof(double) * 3 * (size_t)R) : NULL;
+    MPI_Gather(fr, 3, MPI_DOUBLE, fracs, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
 
     /* traffic: the maximum over ranks of each figure (ranks differ in pipelines) */
     traffic t = count_traffic(r), tmax;
@@ -191,8 +197,13 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
     if (ctx->diverged_at)
         printf("  diverged        the loss was first not finite at step %d (null in the record)\n", ctx->diverged_at);
-    printf("  throughput      %s tok/s, median step %.1f ms (steps 2-%d), %s FLOP/s model compute\n",
-           human(tok_s, a), med * 1e3, steps, human(gflops * 1e9, b));
+    /* what was measured: the steps after the first (start-up), or step 1 alone in a one-step run */
+    char measured[48];
+    if (steps > 2) snprintf(measured, sizeof measured, "steps 2-%d", steps);
+    else if (steps == 2) snprintf(measured, sizeof measured, "step 2");
+    else snprintf(measured, sizeof measured, "step 1 alone, start-up included");
+    printf("  throughput      %s tok/s, %sstep %.1f ms (%s), %s FLOP/s model compute\n",
+           human(tok_s, a), steps > 2 ? "median " : "", med * 1e3, measured, human(gflops * 1e9, b));
     printf("  peak memory     (bytes per rank, max over ranks)\n                 ");
     for (int m = 0; m < MEM_NCAT; m++) printf(" %s %sB |", mem_category_names[m], human(peak_max[m], a));
     printf(" total %sB\n", human(peak_max[MEM_NCAT], a));
@@ -231,13 +242,16 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         printf("                  formula %s = %sB; measured ring traffic %sB (ratio %.3f)\n",
                r->comm_formula, human(r->comm_formula_bytes, a), human(wire_total, b),
                r->comm_formula_bytes > 0 ? wire_total / r->comm_formula_bytes : (wire_total == 0 ? 1.0 : 0.0));
-    printf("  time split      (fraction of step time, measured steps)\n");
+    printf("  time split      (fraction of step time, %s; each second counted once)\n", measured);
     for (int q = 0; q < R; q++) {
-        printf("                  rank %d: compute %.2f | comm %.2f", q, fracs[2 * q], fracs[2 * q + 1]);
-        if (r->bubble_theory >= 0) printf(" | bubble %.3f (theory %.3f)", 1 - fracs[2 * q], r->bubble_theory);
+        printf("                  rank %d: compute %.2f | comm %.2f", q, fracs[3 * q], fracs[3 * q + 1]);
+        if (r->bubble_theory >= 0) printf(" | bubble %.3f (theory %.3f)", fracs[3 * q + 2], r->bubble_theory);
         printf("\n");
         if (q == 7 && R > 9) { printf("                  ... (%d more ranks in the record)\n", R - 8); break; }
     }
+    if (r->bubble_theory >= 0 && r->bubble_theory < 1) /* the two conventions a student meets */
+        printf("                  bubble theory %.3f of the step (idle / step, this course) = %.3f of the ideal step "
+               "(idle / ideal: the papers' and Megatron's (p-1)/m)\n", r->bubble_theory, bubble_per_ideal(r->bubble_theory));
     /* PL_KERNEL_TIMES=1: the step by kernel kind (kernel_times.h), rank 0's */
     double kernel_ms[KERNEL_NKINDS + 1] = {0}; /* the kinds, then the rest of the step */
     const int kernel_times = kernel_times_enabled() && ts.steps > 0;
@@ -324,15 +338,16 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         if (tmax.calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_number(tmax.calls[k] * per_step));
     jsonval_set(rec, "comm_ring_bytes_per_step", jsonval_integer(wire_total));
     jsonval_set(rec, "comm_formula_bytes_per_step", jsonval_integer(r->comm_formula_bytes));
-    for (int q = 0; q < R; q++) col[q] = fracs[2 * q];
+    for (int q = 0; q < R; q++) col[q] = fracs[3 * q];
     jsonval_set(rec, "compute_fraction", jsonval_numbers(col, R));
-    for (int q = 0; q < R; q++) col[q] = fracs[2 * q + 1];
+    for (int q = 0; q < R; q++) col[q] = fracs[3 * q + 1];
     jsonval_set(rec, "comm_fraction", jsonval_numbers(col, R));
     if (r->bubble_theory >= 0) {
-        for (int q = 0; q < R; q++) col[q] = 1 - fracs[2 * q];
+        for (int q = 0; q < R; q++) col[q] = fracs[3 * q + 2];
         jsonval_set(rec, "bubble", x = json_object());
         jsonval_set(x, "measured", jsonval_numbers(col, R));
         jsonval_set(x, "theory", jsonval_number(r->bubble_theory));
+        jsonval_set(x, "theory_per_ideal", jsonval_number(bubble_per_ideal(r->bubble_theory)));
     }
     jsonval_set(rec, "trace", jsonval_text(json_path));
     jsonval_set(rec, "timeline", jsonval_text(csv_path));
@@ -358,7 +373,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     double bubble_max = -1;
     if (r->bubble_theory >= 0)
         for (int q = 0; q < R; q++)
-            if (1 - fracs[2 * q] > bubble_max) bubble_max = 1 - fracs[2 * q];
+            if (fracs[3 * q + 2] > bubble_max) bubble_max = fracs[3 * q + 2];
     char *row = text_printf("%s%s,%d,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.9g,%.9g,%.6g,%.6g,%.0f,%.0f,%.0f,%.0f,%.4f,%.4f\n",
             fresh ? "lab,ranks,layout,device,comm,steps,batch,seq,layers,d_model,heads,first_loss,final_loss,"
                     "tokens_per_s,step_ms_median,mem_peak_total,comm_payload_bytes_per_step,"

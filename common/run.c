@@ -50,6 +50,11 @@ static flag_spec shared_flags[] = {
     {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
      "and bytes per rank the run will need (theory/'s formulas), then exit 0: nothing trained, --out not created", 0,
      NULL},
+    {"--sample", FLAG_INT, NULL, "the model writes this many bytes after the prompt, before and after training "
+     "(the same text at every layout as lab01 -n 1; 0: none)", 0, NULL},
+    {"--prompt", FLAG_STRING, NULL, "what --sample continues (default: the first line of the training data)", 0, NULL},
+    {"--temperature", FLAG_FLOAT, NULL, "--sample's choice: 0 the likeliest byte, else drawn from "
+     "softmax(logits / temperature) with --seed", 0, NULL},
 };
 #define N_SHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
 
@@ -57,7 +62,8 @@ static void bind_shared(run_options *o) {
     void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads, &o->preset,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
-                              &o->resume, &o->eval, &o->recompute, &o->precision, &o->dry_run};
+                              &o->resume, &o->eval, &o->recompute, &o->precision, &o->dry_run,
+                              &o->sample, &o->prompt, &o->temperature};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -258,6 +264,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     run_check(ctx, !(o->save && !o->save[0]), "--save needs a file name");
     run_check(ctx, !(o->resume && !o->resume[0]), "--resume needs a file name");
     run_check(ctx, o->save_every == 0 || o->save, "--save-every %d needs --save PATH", o->save_every);
+    run_check(ctx, o->sample <= 100000, "--sample %d: at most 100000 bytes (one forward each)", o->sample);
+    run_check(ctx, !(o->prompt && !o->prompt[0]), "--prompt needs some text");
     ctx->model = (gpt_config){.vocab = 256, .seq = o->seq, .layers = o->layers,
                               .d_model = o->d_model, .heads = o->heads,
                               .recompute = gpt_recompute_parse(o->recompute)}; /* a choice: never -1 */

@@ -42,6 +42,9 @@ typedef struct run_options {
     const char *recompute;     /* --recompute none|selective|full (gpt_config.recompute) */
     const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
+    int sample;                /* --sample N: bytes the model writes before and after training (sample.h) */
+    const char *prompt;        /* --prompt: what it continues (NULL: the data's first line) */
+    double temperature;        /* --temperature: 0 greedy, else softmax(logits / temperature) */
 } run_options;
 
 typedef struct lab_info {

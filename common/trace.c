@@ -253,7 +253,7 @@ static double union_length(interval *v, size_t n) {
 }
 
 trace_summary trace_summarize(int first_measured) {
-    trace_summary sum = {0, 0, 0, 0};
+    trace_summary sum = {0, 0, 0, 0, 0};
     resolve();
     for (size_t i = 0; i < n_steps; i++) {
         const step_span *s = &steps[i];
@@ -263,18 +263,21 @@ trace_summary trace_summarize(int first_measured) {
     }
     interval *v = malloc((n_events ? n_events : 1) * sizeof *v);
     if (!v) die("out of host memory for the trace summary");
-    for (int kind = TRACE_COMPUTE; kind <= TRACE_COMM; kind++) {
+    double covered[3]; /* seconds inside compute events, inside comm events, inside either */
+    for (int which = 0; which < 3; which++) {
         size_t n = 0;
         for (size_t i = 0; i < n_events; i++) {
             const event *ev = &events[i];
-            if (!ev->resolved || (int)ev->kind != kind) continue;
+            if (!ev->resolved || (which < 2 && (int)ev->kind != (which ? TRACE_COMM : TRACE_COMPUTE))) continue;
             if (ev->step < 0 || ev->step < first_measured) continue;
             v[n++] = (interval){ev->t0, ev->t1};
         }
-        double t = union_length(v, n);
-        if (kind == TRACE_COMPUTE) sum.compute = t; else sum.comm = t;
+        covered[which] = union_length(v, n);
     }
     free(v);
+    sum.busy = covered[0];
+    sum.comm = covered[1];
+    sum.compute = covered[2] - covered[1]; /* a second inside both (a nested all-reduce) is comm's */
     return sum;
 }
 

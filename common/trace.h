@@ -24,10 +24,13 @@ void trace_end(int handle);
 void trace_step_begin(int step);
 void trace_step_end(int step);
 
-/* Over the measured steps of this rank: seconds of wall time, and seconds inside
- * compute events and inside communication events (overlapping events of one
- * kind are merged, so overlapped work is not counted twice). */
-typedef struct { double wall, compute, comm; int steps; } trace_summary;
+/* Over the measured steps of this rank: seconds of wall time; `busy`, seconds
+ * inside compute events (a blocking collective nested in one included: the
+ * pipeline's bubble is 1 - busy/wall); and each second counted once: `comm`,
+ * inside communication events, `compute`, inside compute events but outside
+ * every communication event, so compute + comm <= wall (overlapping events of
+ * one kind are merged). */
+typedef struct { double wall, compute, comm; int steps; double busy; } trace_summary;
 trace_summary trace_summarize(int first_measured);
 
 /* Seconds inside this rank's events named `op` over the measured steps, and

@@ -39,20 +39,21 @@ static void write_weights(const char *path, const float *params, long n) {
 }
 
 /* --eval: the mean loss over the held-out batches, each rank on its rows as in
- * training; forward only, on the training buffers. */
+ * training (micro rows at a time under --grad-accum); forward only, on the training buffers. */
 static double evaluate(const run_ctx *ctx, comm *world, const gpt_layout *g, const void *params, gpt_acts *acts,
-                       int rows, int *tokens, int *targets) {
+                       int rows, int micro, int *tokens, int *targets) {
     const int T = ctx->opt.seq;
     dataset heldout;
     int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
     double sum = 0;
-    for (int b = 0; b < batches; b++) {
-        data_batch(&heldout, 0, b, world->rank * rows, rows, T, tokens, targets);
-        mem_to_device(acts->tokens, tokens, sizeof(int) * (size_t)rows * T);
-        mem_to_device(acts->targets, targets, sizeof(int) * (size_t)rows * T);
-        gpt_forward(g, params, acts);
-        sum += gpt_mean_loss(g, acts);
-    }
+    for (int b = 0; b < batches; b++)
+        for (int k = 0; k < rows / micro; k++) {
+            data_batch(&heldout, 0, b, world->rank * rows + k * micro, micro, T, tokens, targets);
+            mem_to_device(acts->tokens, tokens, sizeof(int) * (size_t)micro * T);
+            mem_to_device(acts->targets, targets, sizeof(int) * (size_t)micro * T);
+            gpt_forward(g, params, acts);
+            sum += gpt_mean_loss(g, acts) * micro / rows;
+        }
     comm_allreduce_host(world, &sum, 1);
     return sum / ((double)batches * world->size);
 }
@@ -60,7 +61,7 @@ static double evaluate(const run_ctx *ctx, comm *world, const gpt_layout *g, con
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     double bucket_mb = 0;
-    int check_sync = 0;
+    int check_sync = 0, grad_accum = 1;
     const char *dump_weights = NULL;
     flag_spec flags[] = {
         {"--bucket-mb", FLAG_FLOAT, &bucket_mb,
@@ -70,22 +71,32 @@ int main(int argc, char **argv) {
          "verify at the end that all ranks hold bit-identical weights (exit 1 if not)", 0, NULL},
         {"--dump-weights", FLAG_OUTPUT_FILE, &dump_weights,
          "write the final weights (raw little-endian fp32, layout order) to this file", 0, NULL},
+        {"--grad-accum", FLAG_INT, &grad_accum,
+         "gradient accumulation: each rank runs its rows in K micro-batches, adding up their gradients "
+         "before the one all-reduce and AdamW step (the same loss curve, 1/K of the activations)", 1, NULL},
     };
     lab_info lab = {"lab01_dp", "data parallelism: the same model on every rank, gradients "
-                    "all-reduced and averaged", flags, 3};
+                    "all-reduced and averaged", flags, 4};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks",
               ctx.opt.batch, ctx.size);
+    run_check(&ctx, ctx.opt.batch % ctx.size != 0 || (ctx.opt.batch / ctx.size) % grad_accum == 0,
+              "--grad-accum %d does not divide the %d rows per rank (--batch %d / %d ranks)", grad_accum,
+              ctx.opt.batch / (ctx.size > 0 ? ctx.size : 1), ctx.opt.batch, ctx.size);
+    run_check(&ctx, grad_accum == 1 || !ctx.opt.dry_run,
+              "--grad-accum %d with --dry-run: the dry run predicts without accumulation (leave one out)", grad_accum);
     run_setup(&ctx);
 
-    const int T = ctx.opt.seq, rows = ctx.opt.batch / ctx.size;
+    /* rows: this rank's share of the global batch; micro: the rows of one accumulation step */
+    const int T = ctx.opt.seq, rows = ctx.opt.batch / ctx.size, micro = rows / grad_accum;
     gpt_layout g;
     gpt_layout_init(&g, &ctx.model);
     const long P = g.total;
     char layout[32];
     /* the layout names the trace and timeline files: every flag that changes what runs is in it */
-    snprintf(layout, sizeof layout, bucket_mb > 0 ? "dp=%d bucket=%gMiB" : "dp=%d", ctx.size, bucket_mb);
+    int at = snprintf(layout, sizeof layout, bucket_mb > 0 ? "dp=%d bucket=%gMiB" : "dp=%d", ctx.size, bucket_mb);
+    if (grad_accum > 1) snprintf(layout + at, sizeof layout - (size_t)at, " accum=%d", grad_accum);
     const double comm_formula = th_dp_traffic((double)P * value_bytes(), ctx.size, 1).ring;
     const char *comm_formula_text = "ring all-reduce 2(N-1)/N x gradient bytes";
     if (ctx.opt.dry_run) { /* theory/predict.h: buckets decide the calls at run time, not the bytes */
@@ -114,47 +125,52 @@ int main(int argc, char **argv) {
     const int first = ckpt_resume(&ctx, &view);
     params_from_master(params, master, P);
     gpt_acts acts;
-    gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, rows);
+    gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, micro);
     gpt_grad_scratch scratch;
-    gpt_scratch_alloc(&scratch, &g, rows);
+    gpt_scratch_alloc(&scratch, &g, micro);
     gpt_acts_bind(&acts, &scratch); /* --recompute: what the layers do not keep goes there */
-    int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
+    int *tokens = malloc(sizeof(int) * (size_t)micro * T), *targets = malloc(sizeof(int) * (size_t)micro * T);
     dp_grad_sync sync;
     dp_sync_init(&sync, &world, grads, 0, P, bucket_mb);
 
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
-        /* this rank's rows of the global batch */
-        data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows, rows, T, tokens, targets);
-        mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)rows * T);
-        mem_to_device(acts.targets, targets, sizeof(int) * (size_t)rows * T);
         mem_zero(grads, (size_t)P * value_bytes());
-
-        int ev = trace_begin("forward", TRACE_COMPUTE, -1, NULL);
-        gpt_forward(&g, params, &acts);
-        trace_end(ev);
-        ev = trace_begin("backward", TRACE_COMPUTE, -1, NULL);
-        /* the mean over this rank's rows; the all-reduce then averages the ranks */
-        gpt_backward(&g, params, grads, &acts, &scratch, NULL, 1.0f / ((float)rows * T),
-                     bucket_mb > 0 ? dp_grads_ready : NULL, &sync);
-        trace_end(ev);
+        double loss = 0;
+        for (int k = 0; k < grad_accum; k++) { /* this rank's rows of the global batch, micro at a time */
+            data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows + k * micro, micro, T, tokens,
+                       targets);
+            mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)micro * T);
+            mem_to_device(acts.targets, targets, sizeof(int) * (size_t)micro * T);
+            int ev = trace_begin("forward", TRACE_COMPUTE, grad_accum > 1 ? k : -1, NULL);
+            gpt_forward(&g, params, &acts);
+            trace_end(ev);
+            ev = trace_begin("backward", TRACE_COMPUTE, grad_accum > 1 ? k : -1, NULL);
+            /* each token weighs 1/(rows T) whatever micro-batch it is in: the K backwards add up to the
+             * mean over this rank's rows; the all-reduce then averages the ranks. Buckets go out only
+             * after the last micro-batch, when the gradients are whole. */
+            const int last = k == grad_accum - 1;
+            gpt_backward(&g, params, grads, &acts, &scratch, NULL, 1.0f / ((float)rows * T),
+                         bucket_mb > 0 && last ? dp_grads_ready : NULL, &sync);
+            trace_end(ev);
+            loss += gpt_mean_loss(&g, &acts) / grad_accum;
+        }
         dp_sync_finish(&sync);
 
-        ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
+        int ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
         float scale = clip_scale(KP->sum_squares(grads, P), (float)ctx.opt.clip);
         adamw_step(&g, &ctx.adamw, 0, P, master, grads, adam_m, adam_v, step + 1, scale);
         params_from_master(params, master, P);
         trace_end(ev);
 
-        double loss = gpt_mean_loss(&g, &acts);
         comm_allreduce_host(&world, &loss, 1);
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
     double eval_loss = -1;
     if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &world, &g, params, &acts, rows, tokens, targets);
+        eval_loss = evaluate(&ctx, &world, &g, params, &acts, rows, micro, tokens, targets);
         ckpt_print_eval(&ctx, eval_loss);
     }
 
@@ -165,8 +181,8 @@ int main(int argc, char **argv) {
      * the FLOPs a token costs, and what --recompute adds to them */
     const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
-    snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"replicas_identical\":%s,\"flops_per_token_formula\":%.0f,"
-             "\"recompute_flops_per_token_formula\":%.0f", bucket_mb, check_sync ? (in_sync ? "true" : "false") : "null",
+    snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"grad_accum\":%d,\"replicas_identical\":%s,\"flops_per_token_formula\":%.0f,"
+             "\"recompute_flops_per_token_formula\":%.0f", bucket_mb, grad_accum, check_sync ? (in_sync ? "true" : "false") : "null",
              th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     const th_states per_param = th_model_states(1, &opts, 0, 1);
@@ -175,7 +191,7 @@ int main(int argc, char **argv) {
                          .bubble_theory = -1, .extra_json = record, .params_held = P,
                          .states_formula = {per_param.params, per_param.grads, per_param.optim},
                          .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
-                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)};
+                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, micro)};
     run_finish(&ctx, &report);
     free(record);
     ckpt_view_free(&view);

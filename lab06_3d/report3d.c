@@ -192,9 +192,9 @@ void report3d_print(const report3d *r, const process_grid *g) {
     if (r->sequence_parallel) {
         titles[GROUP_TP] = "TP AG+RS+AR  ";
         formulas[GROUP_TP] = r->recompute_full
-            ? "6 + 6 x stage layers x m all-gathers + reduce-scatters of (B/(d m)) x T x C floats, ring (t-1)/t "
+            ? "(6 all-gathers + 6 reduce-scatters) x stage layers x m, of (B/(d m)) x T x C floats, ring (t-1)/t "
               "each (TP's all-reduces' bytes), + 1 all-reduce of each chunk's partial gradients"
-            : "4 + 4 x stage layers x m all-gathers + reduce-scatters of (B/(d m)) x T x C floats, ring (t-1)/t "
+            : "(4 all-gathers + 4 reduce-scatters) x stage layers x m, of (B/(d m)) x T x C floats, ring (t-1)/t "
               "each (TP's all-reduces' bytes), + 1 all-reduce of each chunk's partial gradients";
         formulas[GROUP_PP] = "2 x boundaries x m messages of (B/(d m)) x T/t x C floats (each TP rank its positions)";
     }

@@ -1,5 +1,6 @@
-# Chart 6: bytes communicated per rank per step by every lab and layout,
-# measured (ring traffic, from the calls the lab made) against the lab's formula.
+# Chart 6: the bytes a rank sends per step (ring traffic; point to point: what it sends) by every
+# lab and layout, coloured by the link the technique needs, labelled with the calls per step
+# (the tests hold every bar to the lab's formula).
 #
 # Reads comm.tsv, written by records_to_tsv.py from any records.jsonl:
 #   python3 plots/records_to_tsv.py runs/records.jsonl --out mycharts
@@ -28,20 +29,23 @@ set linetype 6 lc rgb "#937860"
 stats src using 4 nooutput
 nrun = STATS_records
 
-set title "Bytes communicated per rank per step: measured against the formula\n".meta("subtitle") font ",13"
-set ylabel "ring traffic per rank per step (MB, log scale)"
-set xlabel "lab and layout (label: measured / formula)"
+set title "Bytes a rank sends per step, and the link each technique needs\n".meta("subtitle") font ",13"
+set ylabel "bytes a rank sends per step (MB, log scale)"
+set xlabel "lab and layout (label: calls per step, each a wait; every bar equals the lab's formula, tested)"
 set logscale y
 set format y "%g"
 set yrange [* : *]
-set offsets 0, 0, graph 0.12, 0
+set offsets 0, 0, graph 0.15, 0
 set xrange [-0.6 : nrun - 0.4]
 set xtics rotate by 35 right nomirror
 set grid y
-set key outside right top Left reverse samplen 2 spacing 1.3
+set key outside right top Left reverse samplen 2 spacing 1.3 width 2
 set style fill solid 0.85 border rgb "#333333"
-set boxwidth 0.36
-# measured: a bar in the lab's colour; formula: a hatched bar beside it
-plot src using ($0 - 0.19):($4 / 1e6):(0.36):2:xtic(1) with boxes lc variable title "measured (colour of the lab)", \
-     src using ($0 + 0.19):($5 / 1e6):(0.36) with boxes fs pattern 4 border rgb "#333333" lc rgb "#333333" title "formula", \
-     src using 0:(($4 > $5 ? $4 : $5) / 1e6):($5 > 0 ? sprintf("%.3f", $4 / $5) : "") with labels offset 0, 0.9 font ",10" notitle
+set boxwidth 0.6
+colour(k) = k == 1 ? 0x4c72b0 : k == 2 ? 0x55a868 : k == 3 ? 0xc44e52 : 0x8172b3
+plot src using 0:($9 / 1e6):(colour($8)):xtic(1) with boxes lc rgb variable notitle, \
+     keyentry with boxes lc rgb "#4c72b0" title "DP, ZeRO: any link (once a step, overlaps the backward)", \
+     keyentry with boxes lc rgb "#55a868" title "pipelines: the network between hosts is enough", \
+     keyentry with boxes lc rgb "#c44e52" title "TP: the fastest, inside a host (blocks every layer)", \
+     keyentry with boxes lc rgb "#8172b3" title "3D: each group on its own link", \
+     src using 0:($9 / 1e6):(sprintf("%d calls", $7)) with labels offset 0, 0.9 font ",10" notitle

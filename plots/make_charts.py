@@ -225,6 +225,27 @@ def plan_table(build, path, args=PLAN_ARGS):
 
 # ---- the charts ----
 
+def schedules_table(build, mpirun, path, p=4, m=8):
+    """lab04's own lists (--print-schedule) of every schedule at p, m, run at unit times by
+    schedule_gantt.py: the ideal Gantt charts. Returns the command, as a user would type it."""
+    text = ""
+    for s in PIPE_SCHEDULES:
+        cmd = [mpirun, "-n", str(p), os.path.join(build, "lab04_1f1b"), "--print-schedule", "--micro-batches", str(m),
+               "--schedule", s]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        if r.returncode != 0:
+            sys.exit(f"error: {' '.join(cmd)} exited {r.returncode}:\n{r.stderr}")
+        text += r.stdout
+    r = subprocess.run([sys.executable, os.path.join(HERE, "schedule_gantt.py")], input=text, capture_output=True,
+                       text=True, timeout=120)
+    if r.returncode != 0:
+        sys.exit(f"error: schedule_gantt.py: {r.stderr}")
+    with open(path, "w") as f:
+        f.write(r.stdout)
+    return (f"(for s in {' '.join(PIPE_SCHEDULES)}; do mpirun -n {p} ./lab04_1f1b --print-schedule --micro-batches {m} "
+            f"--schedule $s; done) | python3 ../plots/schedule_gantt.py > {path}    # from build/")
+
+
 def chart_list(pipe_recs, note):
     """(name, title, script, gnuplot variables, table file, group, what to look at)"""
     p4m8 = {}
@@ -272,7 +293,7 @@ def chart_list(pipe_recs, note):
          "T^2 term and the heads' and MLP's pieces by t; SP also the residual stream, LayerNorm statistics and the "
          "head's (the all-gathered LayerNorm outputs stay whole); selective drops att; full keeps one [B,T/t,C] per "
          "layer. The recomputation's one-layer set is the workspace's, not in these bars. Korthikanti et al. 2022's "
-         "Table 2, measured on this model (lab05_tp/README.md, Part 2)."),
+         "Table 2, measured on this model (lab05_tp/part2-sequence-parallel.md)."),
         ("throughput", "Throughput of every lab and layout", "throughput.gp", {"src": "throughput.tsv"},
          "throughput.tsv", "std",
          "Tokens per second (median step after the first), every lab and layout at the same model and global batch; "
@@ -288,18 +309,28 @@ def chart_list(pipe_recs, note):
          "last. bf16 keeps about 3 significant digits, so the curves part by about 1e-3, not the 1e-7 of a layout."),
         ("plan", "plan3d: step time and memory per GPU of Llama-3-70B's layouts on 64 H100s", "plan.gp",
          {"src": "plan.tsv"}, "plan.tsv", "plan",
-         "plan3d's estimates (lab06_3d/README.md, \"planning a real run\"), no run: for each TP x PP (DP the rest) "
+         "plan3d's estimates (lab06_3d/part3-planning.md), no run: for each TP x PP (DP the rest) "
          "the best micro-batch, schedule, SP and recomputation. Top: the step time by part (compute at the preset's "
          "efficiency, exposed TP, PP and DP traffic, the bubble, the optimizer); layouts that do not fit have no bar. "
          "Bottom: memory per GPU by category (the fullest stage) against the usable memory; the winner is marked. "
          "The memory formulas are theory/'s, the ones --check holds to the byte against the labs."),
-        ("comm", "Bytes communicated per step, measured against the formula", "comm.gp", {"src": "comm.tsv"},
+        ("schedules", "Every pipeline schedule at unit times, from lab04's own lists", "schedules.gp",
+         {"src": "schedules.tsv"}, "schedules.tsv", "sched",
+         "The ideal timeline (Gantt) of each lab04 schedule at p = 4, m = 8: each rank runs the list "
+         "`lab04_1f1b --print-schedule` prints, in order, a forward taking 1 unit, a backward 2 (or an input half 1 "
+         "and a weight half 1 where split), a chunk's action 1/v of that, sends free; an action waits only for what "
+         "it needs (the previous stage's forward, the next stage's backward). The makespan of each panel is the one "
+         "--print-schedule prints (plots/schedule_gantt.py checks it), and its idle share is the bubble both ways: of "
+         "the step, (p-1)/(m+p-1) for GPipe and 1F1B, and of the ideal step, the papers' (p-1)/m. Beside it the "
+         "measured timeline chart shows the same lists on real kernels."),
+        ("comm", "Bytes a rank sends per step, and the link each technique needs", "comm.gp", {"src": "comm.tsv"},
          "comm.tsv", "std",
-         "Ring traffic per rank per step (bytes a rank sends under the ring algorithm: 2(N-1)/N of the payload for "
-         "an all-reduce, (N-1)/N for a reduce-scatter or all-gather, the payload for a send), the maximum over "
-         "ranks, beside the lab's formula (DP 2(N-1)/N x 4Ψ; ZeRO-3 1.5x that; pipelines: B x T x C floats per "
-         "boundary each way; TP: four all-reduces of B x T x C floats per layer; 3D: the sum over its TP, PP and DP "
-         "groups). The label is measured/formula. Runs on one rank move nothing and are left out."),
+         "What a rank sends per step (the ring traffic of its collectives, the payload of its sends; it receives as "
+         "much), the maximum over ranks, coloured by the link the technique needs: DP and ZeRO any link (one step's "
+         "gradient, overlapping the backward), pipelines the network between hosts (point to point, travelling while "
+         "other micro-batches compute), TP the fastest, inside a host (blocking, in every layer), 3D each group on "
+         "its own. The label is the collective calls per step, each a wait. Every bar equals the lab's formula "
+         "(the tests check it; the table keeps both). Runs on one rank move nothing and are left out."),
     ]
 
 
@@ -396,6 +427,7 @@ def main():
     plan_cmd = plan_table(build, "plan.tsv")
     if plan_cmd:
         commands["plan"] = [plan_cmd]
+    commands["sched"] = [schedules_table(build, a.mpirun, "schedules.tsv")]
     charts = [c for c in chart_list(pipe_recs, note) if c[0] != "plan" or plan_cmd]
     tl = charts[1][3]
     timeline_table(tl["src"].split(), [w.strip("'") for w in shlex.split(tl["names"])], "timeline.tsv")
@@ -417,6 +449,7 @@ def main():
                         f"[{name}.svg]({name}.svg) · data: [`{table}`]({table})\n\n{what}\n\n"
                         f"{md_table(table)}\n\nDrawn (in this folder) by\n\n```\n{shown}\n```\n\n"
                         + ("from the estimates of\n\n```\n" if group == "plan" else
+                           "from lab04's lists, by\n\n```\n" if group == "sched" else
                            "from the runs (from this folder, with `OPENBLAS_NUM_THREADS=1`)\n\n```\n")
                         + "\n".join(commands.get(group, [])) + "\n```\n")
     with open("gnuplot.log", "w") as f:

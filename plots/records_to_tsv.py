@@ -188,9 +188,18 @@ def comm(recs):
     for r in runs:
         f = r.get("comm_formula_bytes_per_step", -1)
         rows.append((label(r), lab_no(r), r["ranks"], r["comm_ring_bytes_per_step"],
-                     float(f) if f is not None and f >= 0 else float("nan"), sum(r["comm_bytes_per_step"].values())))
+                     float(f) if f is not None and f >= 0 else float("nan"), sum(r["comm_bytes_per_step"].values()),
+                     round(sum(r["comm_calls_per_step"].values())), LINK_OF_LAB.get(lab_no(r), 4),
+                     # what a rank sends: the ring traffic without what point to point receives
+                     r["comm_ring_bytes_per_step"] - r["comm_bytes_per_step"].get("recv", 0)))
     return runs, {"subtitle": subtitle(runs, False) + ", max over ranks"}, \
-        ["run", "lab_no", "ranks", "ring_bytes", "formula_bytes", "payload_bytes"], rows
+        ["run", "lab_no", "ranks", "ring_bytes", "formula_bytes", "payload_bytes", "calls", "link", "sent_bytes"], rows
+
+
+# the link each technique needs (comm.gp's colours): 1 any (DP, ZeRO: one step's gradient, overlappable),
+# 2 the network between hosts is enough (pipelines: point to point, travels while others compute),
+# 3 the fastest, inside a host (TP: blocking, inside every layer), 4 each group on its own (3D)
+LINK_OF_LAB = {1: 1, 2: 1, 3: 2, 4: 2, 5: 3, 6: 4}
 
 
 def spacts(recs):

@@ -6,7 +6,7 @@ set_tests_properties(lessons_static PROPERTIES LABELS lessons)
 foreach(lesson lab00_concepts lab01_dp lab02_zero lab03_pp_naive lab04_1f1b lab05_tp lab06_3d)
   string(SUBSTRING ${lesson} 0 5 short)
   add_test(NAME lessons_${short} COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/test_lessons.py run
-           ${CMAKE_SOURCE_DIR}/${lesson}/README.md)
+           ${CMAKE_SOURCE_DIR}/${lesson})  # README.md and its part files
   set_tests_properties(lessons_${short} PROPERTIES TIMEOUT 300 LABELS lessons
     ENVIRONMENT "BUILD_DIR=${CMAKE_BINARY_DIR};MPIRUN=${MPIEXEC_EXECUTABLE};OPENBLAS_NUM_THREADS=1")
 endforeach()

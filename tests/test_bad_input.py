@@ -73,6 +73,10 @@ SHARED = [
     (2, ["--recompute"], "--recompute"),
     (2, ["--precision", "fp16"], "--precision"),
     (2, ["--precision"], "--precision"),
+    (2, ["--sample", "-1"], "--sample"),
+    (2, ["--sample", "100001"], "--sample"),
+    (2, ["--prompt", ""], "--prompt"),
+    (2, ["--temperature", "-0.5"], "--temperature"),
     # --dry-run checks what the run would: the same errors, the same status
     (2, ["--dry-run=yes"], "--dry-run"),
     (2, ["--dry-run", "--steps", "0"], "--steps"),
@@ -93,6 +97,9 @@ PER_LAB = {
         (2, ["--dump-weights", EMPTY + "/weights"], "--dump-weights"),
         (2, ["--dump-weights", "/dev/null"], "--dump-weights"),
         (4, ["--dry-run", "--batch", "30"], "--batch"),
+        (2, ["--grad-accum", "3"], "--grad-accum"),  # 16 rows per rank: K must divide them
+        (2, ["--grad-accum", "0"], "--grad-accum"),
+        (2, ["--dry-run", "--grad-accum", "2"], "--grad-accum"),
     ] + NO_TP,
     "lab02_zero": [
         (2, ["--zero-stage", "0"], "--zero-stage"),

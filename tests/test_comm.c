@@ -572,6 +572,25 @@ static void test_trace(comm *c) {
         printf("trace: %ld events, measured steps 1-2: wall %.1f ms, compute %.1f ms, comm %.2f ms\n",
                lines, 1e3 * s1.wall, 1e3 * s1.compute, 1e3 * s1.comm);
     }
+
+    /* each second counted once: a blocking wait nested in a compute event (lab01's buckets on
+     * the CPU) is comm, not compute too; `busy` (the pipeline's 1 - bubble) still holds it */
+    trace_reset();
+    trace_step_begin(0);
+    int bwd = trace_begin("backward", TRACE_COMPUTE, -1, NULL);
+    sleep_s(0.02);
+    int wait = trace_begin("allreduce", TRACE_COMM, -1, NULL);
+    sleep_s(0.02);
+    trace_end(wait);
+    trace_end(bwd);
+    trace_step_end(0);
+    trace_summary n = trace_summarize(0);
+    /* each part slept 20 ms at least (a loaded machine adds to either, never takes away) */
+    CHECK(n.comm >= 0.019 && n.compute >= 0.019, "nested comm: compute %g, comm %g (expected 0.02 or more each)",
+          n.compute, n.comm);
+    CHECK(n.compute + n.comm <= n.wall + 1e-6, "nested comm: compute %g + comm %g > wall %g", n.compute, n.comm, n.wall);
+    CHECK(fabs(n.busy - (n.compute + n.comm)) < 1e-9, "nested comm: busy %g != compute %g + comm %g", n.busy,
+          n.compute, n.comm);
 }
 
 int main(int argc, char **argv) {

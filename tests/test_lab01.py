@@ -2,7 +2,7 @@
 runs repeat bit for bit, buckets change nothing but the traffic pattern, the
 traffic equals the ring formula, and bad input fails fast and clearly.
 
-usage: test_lab01.py equivalence|determinism|buckets|recompute|preset|gpt2_small|cuda"""
+usage: test_lab01.py equivalence|determinism|buckets|grad_accum|recompute|preset|gpt2_small|cuda"""
 import math
 import array
 import os
@@ -73,7 +73,33 @@ def buckets():
         check(rec["comm_bytes_per_step"]["allreduce"] == whole["comm_bytes_per_step"]["allreduce"],
               "buckets must move exactly the gradient bytes, once")
         check(rec["replicas_identical"] is True, "replicas differ with buckets")
-        print(f"-n {n}: {calls:.0f} all-reduces per step with buckets, same payload as one")
+        # each second counted once: the all-reduces nested in the backward (blocking on the CPU)
+        # are comm, not compute as well
+        for q, (cf, mf) in enumerate(zip(rec["compute_fraction"], rec["comm_fraction"])):
+            check(cf + mf <= 1 + 1e-9 and mf > 0, f"-n {n} rank {q}: compute {cf:.3f} + comm {mf:.3f} > 1")
+        print(f"-n {n}: {calls:.0f} all-reduces per step with buckets, same payload as one; "
+              f"compute + comm <= 1 on every rank")
+
+
+def grad_accum():
+    """--grad-accum K: each rank runs its rows in K micro-batches and adds up their gradients
+    before the one all-reduce: the loss curve of K = 1 (the sums change order: within 1e-5),
+    the same bytes and calls, and 1/K of the activations (each a micro-batch of B/(N K) rows)."""
+    shape = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8"]
+    ref, _, _ = run(LAB, 1, STEPS + shape)
+    for n, k, extra in ((1, 4, []), (1, 8, []), (2, 2, []), (2, 4, ["--bucket-mb", "0.01"])):
+        rec, _, _ = run(LAB, n, STEPS + shape + ["--grad-accum", str(k)] + extra)
+        check(rec["grad_accum"] == k, f"the record says grad_accum {rec['grad_accum']}")
+        compare_losses(f"-n {n} --grad-accum {k} {' '.join(extra)} vs -n 1", rec["losses"], ref["losses"], 1e-5)
+        check_acts(rec, [acts_bytes(8 // (n * k), 16, 32, 2, 2)] * n, f"-n {n} --grad-accum {k}")
+        if n > 1:
+            whole, _, _ = run(LAB, n, STEPS + shape + extra)
+            check(rec["comm_bytes_per_step"] == whole["comm_bytes_per_step"]
+                  and rec["comm_calls_per_step"] == whole["comm_calls_per_step"],
+                  f"-n {n} --grad-accum {k}: the all-reduces changed: {rec['comm_calls_per_step']} vs "
+                  f"{whole['comm_calls_per_step']}")
+        print(f"-n {n} --grad-accum {k} {' '.join(extra)}: lab01 -n 1's losses within 1e-5, activations "
+              f"{rec['mem_peak_bytes']['acts']} B (1/{k} of the rows)")
 
 
 def recompute():
@@ -149,6 +175,6 @@ def cuda():
 
 
 if __name__ == "__main__":
-    {"equivalence": equivalence, "determinism": determinism, "buckets": buckets, "preset": preset,
+    {"equivalence": equivalence, "determinism": determinism, "buckets": buckets, "grad_accum": grad_accum, "preset": preset,
      "gpt2_small": gpt2_small, "recompute": recompute, "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -197,6 +197,11 @@ def check_lab04_record(rec, n, m, schedule, v=1, model=BASE):
     check(rec["micro_batches"] == m and rec["schedule"] == schedule and rec["chunks_per_rank"] == v,
           f"record says {rec['micro_batches']} {rec['schedule']} {rec['chunks_per_rank']}")
     check(abs(rec["bubble"]["theory"] - TEXTBOOK[schedule](n, m, v)) < 1e-5, f"theory {rec['bubble']['theory']}")
+    # the papers' convention, idle / ideal step: (p-1)/m for GPipe and 1F1B, (p-1)/(v m) interleaved
+    papers = {"gpipe": (n - 1) / m, "1f1b": (n - 1) / m, "interleaved": (n - 1) / (v * m),
+              "zb-h1": (n - 1) / (3 * m), "zb-v": (n - 1) / (6 * m)}[schedule]
+    check(abs(rec["bubble"]["theory_per_ideal"] - papers) < 1e-5,
+          f"{schedule}: idle/ideal {rec['bubble']['theory_per_ideal']}, expected {papers}")
     layers = int(model[model.index("--layers") + 1])
     S = n * v
     q, extra = divmod(layers, S)  # stage.h: the last L % S stages one layer more

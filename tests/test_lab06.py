@@ -200,8 +200,9 @@ def sequence_parallel():
     for (t, p, d), schedule, m, mode in (((2, 2, 1), "1f1b", 2, "none"), ((2, 1, 2), "1f1b", 2, "full"),
                                           ((2, 2, 1), "zb-h1", 2, "selective")):
         n = t * p * d
-        rec, _, _ = run(LAB, n, SMALL + grid_args(t, p, d, m, schedule) +
-                        ["--sequence-parallel", "--recompute", mode] + (["--check-sync"] if d > 1 else []))
+        rec, proc, _ = run(LAB, n, SMALL + grid_args(t, p, d, m, schedule) +
+                           ["--sequence-parallel", "--recompute", mode] + (["--check-sync"] if d > 1 else []))
+        check(f"3D: TP t={t} + SP [" in proc.stdout, f"the 3D: line does not say SP is on:\n{proc.stdout[:800]}")
         name = f"lab06 {t}x{p}x{d} {schedule} m={m} --sequence-parallel --recompute {mode}"
         compare_losses(f"{name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
         check(rec["sequence_parallel"] is True and rec["replicas_identical"] is (True if d > 1 else None),

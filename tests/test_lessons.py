@@ -12,7 +12,7 @@ run LESSON...: in a scratch copy of the build folder (the folder every lesson's
   line `...` stands for any number of lines, a `…` inside a line for any text.
   A block opened with ```console this-machine only has to run.
 
-usage: test_lessons.py static | run LESSON.md..."""
+usage: test_lessons.py static | run LESSON.md|LAB_FOLDER...  (a folder: its README.md and part files)"""
 import os
 import re
 import shlex
@@ -26,9 +26,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from labtest import BUILD, MPIRUN, check, fail  # noqa: E402
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LESSONS = ["README.md", "lab00_concepts/README.md"] + sorted(
-    f"{d}/README.md" for d in os.listdir(SOURCE) if re.fullmatch(r"lab0[1-9]_\w+", d)
-    and os.path.exists(os.path.join(SOURCE, d, "README.md")))
+LAB_DIRS = sorted(d for d in os.listdir(SOURCE) if re.fullmatch(r"lab0\d_\w+", d)
+                  and os.path.exists(os.path.join(SOURCE, d, "README.md")))
+
+
+def lab_files(lab):
+    """A lab's lesson files in reading order: README.md (part 1), then partN-*.md."""
+    parts = [f for f in os.listdir(os.path.join(SOURCE, lab)) if re.fullmatch(r"part\d+-[\w-]+\.md", f)]
+    return [f"{lab}/README.md"] + [f"{lab}/{f}" for f in sorted(parts, key=lambda f: int(re.match(r"part(\d+)", f)[1]))]
+
+
+LESSONS = ["README.md"] + [f for lab in LAB_DIRS for f in lab_files(lab)]
+MAX_WORDS = 4000  # one sitting: a lesson file over this is split into part files
+README_MAX_WORDS = 2000  # the top README: what the course is, the commands, the map, links
 # the shape of a lab's lesson: these sections, in this order (others may come between)
 SECTIONS = ["The idea", "What the code adds", "What to run", "What to look at", "Exercises", "Answers",
             "Further reading"]
@@ -48,7 +58,7 @@ def blocks(path):
                 fence, indent, info, start = m.group(2), len(m.group(1)), m.group(3).strip(), no
                 body = []
             elif line.startswith("## "):
-                heading = line[3:].strip()
+                heading = re.sub(r"^Part \d+: ", "", line[3:].strip())
         elif m and m.group(2) == fence and not m.group(3).strip():
             out.append((heading, info, body, start))
             fence = None
@@ -97,6 +107,20 @@ def static():
         problems.append(f"README.md: the first command must end with the course's promise "
                         f"`cd build && make lab04 && mpirun -n 4 ./lab04_1f1b`, not: {first}")
     docs = [f"docs/{f}" for f in os.listdir(os.path.join(SOURCE, "docs")) if f.endswith(".md")]
+    for path in LESSONS:  # one sitting per file: prose and transcripts, words as `wc -w` counts them
+        words = len(open(os.path.join(SOURCE, path)).read().split())
+        limit = README_MAX_WORDS if path == "README.md" else MAX_WORDS
+        print(f"{words:6d} words  {path}")
+        if words > limit:
+            problems.append(f"{path}: {words} words, over the {limit} of one sitting (split it into part files)")
+    for lab in LAB_DIRS:
+        files = lab_files(lab)
+        if not lab.startswith("lab00") and not any(
+                "](../docs/charts/" in open(os.path.join(SOURCE, f)).read() for f in files):
+            problems.append(f"{lab}: shows no chart from docs/charts/ (make plots draws them)")
+        for here, there in zip(files, files[1:]):  # the parts are linked in order
+            if f"]({os.path.basename(there)})" not in open(os.path.join(SOURCE, here)).read():
+                problems.append(f"{here}: does not link to the next part, {os.path.basename(there)}")
     for path in LESSONS + docs + ["plots/README.md"]:
         text = open(os.path.join(SOURCE, path)).read()
         here = os.path.dirname(path)
@@ -113,8 +137,12 @@ def static():
                 problems.append(f"{path}: link to {target}, which does not exist")
             elif "#" in target and target.split("#")[1] not in anchors(file):
                 problems.append(f"{path}: link to {target}: no such heading there")
-        if path.startswith("lab0") and not path.startswith("lab00"):
-            heads = re.findall(r"^## (.+)$", text, re.M)
+        for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", prose):  # every picture opens as what it claims
+            file = os.path.normpath(os.path.join(SOURCE, here, image))
+            if os.path.exists(file) and not picture_ok(file):
+                problems.append(f"{path}: picture {image} is empty or not a PNG/SVG")
+        if path.startswith("lab0") and path != "lab00_concepts/README.md":
+            heads = [re.sub(r"^Part \d+: ", "", h) for h in re.findall(r"^## (.+)$", text, re.M)]
             at = 0
             for want in SECTIONS:
                 hit = [i for i, h in enumerate(heads) if h.startswith(want) and i >= at]
@@ -122,8 +150,6 @@ def static():
                     problems.append(f"{path}: no section `## {want}` (in the order {SECTIONS})")
                 else:
                     at = hit[0]
-            if "](../docs/charts/" not in text:
-                problems.append(f"{path}: shows no chart from docs/charts/ (make plots draws them)")
         if path.startswith("lab0"):
             ex = section(text, "Exercises")
             ans = section(text, "Answers")
@@ -139,6 +165,17 @@ def static():
     print(f"{len(LESSONS)} lessons and {len(docs)} docs: shape, links, answers and the first command as promised")
 
 
+def picture_ok(file):
+    """A PNG with its signature and a size, or an SVG whose text holds an <svg> element with something drawn."""
+    data = open(file, "rb").read()
+    if file.endswith(".png"):
+        return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    if file.endswith(".svg"):
+        text = data.decode("utf-8", "replace")
+        return "<svg" in text and "</svg>" in text and len(re.findall(r"<(rect|path|text|line|polygon)\b", text)) > 3
+    return len(data) > 0
+
+
 def anchors(file):
     """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped, spaces to -)."""
     if not file.endswith(".md"):
@@ -150,7 +187,7 @@ def anchors(file):
 
 def section(text, name):
     """The text of every `## name...` section (up to the next `## `)."""
-    parts = re.split(r"^## ", text, flags=re.M)
+    parts = [re.sub(r"^Part \d+: ", "", p) for p in re.split(r"^## ", text, flags=re.M)]
     return "\n".join(p for p in parts if p.startswith(name))
 
 
@@ -268,6 +305,7 @@ def without_steps(cmd):
 
 def run(paths):
     paths = [os.path.relpath(os.path.abspath(p), SOURCE) for p in paths]
+    paths = [f for p in paths for f in (lab_files(p) if os.path.isdir(os.path.join(SOURCE, p)) else [p])]
     scratch = Scratch()
     problems, n_cmds, n_lines, t_all = [], 0, 0, time.time()
     for path in paths:

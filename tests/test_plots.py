@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from labtest import BUILD, MPIRUN, check, fail  # noqa: E402
 
 PLOTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plots")
-CHARTS = ["bubble", "timeline", "memory", "acts", "spacts", "throughput", "loss", "precision", "plan", "comm"]
+CHARTS = ["bubble", "timeline", "memory", "acts", "spacts", "throughput", "loss", "precision", "plan", "schedules",
+          "comm"]
 
 
 def check_image(path):
@@ -75,7 +76,7 @@ def quick():
         check_image(os.path.join(docs, f"{name}.png"))
         check(f"]({name}.png)" in readme, f"docs README.md does not show {name}.png")
     source = os.path.dirname(PLOTS)
-    for lesson in sorted(glob.glob(os.path.join(source, "lab0*", "README.md"))):
+    for lesson in sorted(glob.glob(os.path.join(source, "lab0*", "*.md"))):
         for name in re.findall(r"\]\(\.\./docs/charts/([\w-]+)\.png\)", open(lesson).read()):
             check(name in CHARTS, f"{os.path.relpath(lesson, source)} embeds docs/charts/{name}.png, "
                                   f"which make_charts.py does not draw")
@@ -99,6 +100,11 @@ def quick():
             sys.dont_write_bytecode = True  # no __pycache__ in plots/
             import make_charts
             check(make_charts.plan_table(BUILD, os.path.join(mine, "plan.tsv")) is not None, "plan3d is not built")
+        if name == "schedules":  # lab04's lists, not records: make_charts.schedules_table writes its table
+            sys.path.insert(0, PLOTS)
+            sys.dont_write_bytecode = True
+            import make_charts
+            make_charts.schedules_table(BUILD, MPIRUN, os.path.join(mine, "schedules.tsv"))
         if name == "timeline":
             csv = sorted(glob.glob(os.path.join(out, "runs", "pipe", "*pp_4*1f1b_timeline.csv")))[-1]
             gnuplot("timeline.gp", f"src='{csv}'; out='mine_timeline'", mine)
