@@ -69,7 +69,7 @@ static int cell_number(const char *path, int lineno, row *w, int col, double lo,
     char *end, rule[96];
     double x = strtod(v, &end);
     if (end != v && !*end && isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi) { *out = x; return 1; }
-    snprintf(rule, sizeof rule, "must be a number %s %g and at most %g", lo_open ? "above" : "from", lo, hi);
+    snprintf(rule, sizeof rule, lo_open ? "must be a number above %g, at most %g" : "must be a number from %g to %g", lo, hi);
     return bad_cell(path, lineno, col, v, rule);
 }
 
