@@ -67,6 +67,8 @@ SHARED = [
     (2, ["--save", "/dev/null"], "--save"),  # not a regular file: never replaced
     (2, ["--save", FIFO], "--save"),
     (2, ["--save", LONG_NAME], "--save"),
+    (2, ["--save", ""], "--save needs a file name"),
+    (2, ["--out", ""], "--out needs a folder name"),
     (2, ["--preset", "huge"], "--preset"),
     (2, ["--preset"], "--preset"),
     (2, ["--preset", "gpt2-small", "--heads", "5"], "--heads"),  # 5 does not divide 768
@@ -97,6 +99,8 @@ PER_LAB = {
         (2, ["--dump-weights", "/proc/weights"], "--dump-weights"),
         (2, ["--dump-weights", EMPTY + "/weights"], "--dump-weights"),
         (2, ["--dump-weights", "/dev/null"], "--dump-weights"),
+        (2, ["--dump-weights", ""], "--dump-weights needs a file name"),  # was refused only after training
+        (2, ["--dry-run", "--dump-weights", ""], "--dump-weights needs a file name"),
         (4, ["--dry-run", "--batch", "30"], "--batch"),
     ] + NO_TP,
     "lab02_zero": [
