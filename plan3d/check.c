@@ -198,6 +198,7 @@ static int read_count(json_t *obj, const char *prefix, const char *key, long lo,
 static int read_choice(json_t *obj, const char *prefix, const char *key, const char *choices, const char *fallback,
                        int *out, char *why, size_t len) {
     json_t *v = json_object_get(obj, key);
+    if (!v && !fallback) return problem(why, len, "%s%s is missing", prefix, key);
     const char *name = v && json_is_string(v) ? json_string_value(v) : v ? NULL : fallback;
     int k = 0;
     for (const char *c = choices; name && *c; k++) {

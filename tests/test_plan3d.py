@@ -327,6 +327,7 @@ def case_bad_files():
         (changed(lambda r: r.__setitem__("schedule", "zb-h2")), 'schedule "zb-h2"'),
         (changed(lambda r: r.__setitem__("lab", "lab09_moe")), 'lab "lab09_moe": not a lab plan3d checks'),
         (changed(drop("lab")), "lab is missing"),
+        (changed(drop("schedule")), "schedule is missing"),  # lab04 records it always
         (changed(drop("layers", "config")), "config.layers is missing"),
         (changed(cfg("heads", 0)), "config.heads 0"),
         (changed(cfg("batch", 7)), "config.batch 7 is not divisible"),
