@@ -481,16 +481,25 @@ static void unpack(const all_runs *a, int size, long P, const float *recv, const
 }
 
 /* Temporary file, fsync, rename: a crash leaves the old file or the new one,
- * never half of one. The temporary is named after the target and this process
- * (path_temp_name), removed on every error and on SIGINT/SIGTERM, and a save
- * removes the temporaries of earlier saves that were killed. */
+ * never half of one. The data goes to a file without a name, which the
+ * kernel frees when the process dies in any way (path_create_for_rename: a
+ * SIGTERM or Ctrl-C to mpirun ends a rank mid-write with SIGKILL); only when it
+ * is on disk does it get the temporary name (path_temp_name), for the rename.
+ * A named temporary is removed on every error and on SIGINT/SIGTERM, and a
+ * save removes the temporaries of earlier saves that were killed. */
 static void write_file(const char *path, const char *header, size_t header_len, const float *data,
                        size_t data_bytes) {
     path_remove_stale_temps(path);
     char *tmp = path_temp_name(path);
     path_remove_on_signal(tmp);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) die("fopen(%s) for the checkpoint: %s", tmp, strerror(errno));
+    int named, fd = path_create_for_rename(path, tmp, &named);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        if (named) unlink(tmp);
+        die("open(%s%s) for the checkpoint: %s", named ? tmp : path, named ? "" : "'s folder, O_TMPFILE", strerror(e));
+    }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)header_len >> (8 * i));
     if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, header_len, f) != header_len ||
@@ -501,16 +510,21 @@ static void write_file(const char *path, const char *header, size_t header_len, 
         die("fwrite(%s) of the checkpoint: %s", tmp, strerror(e));
     }
     if (fsync(fileno(f)) != 0) { int e = errno; fclose(f); unlink(tmp); die("fsync(%s): %s", tmp, strerror(e)); }
+    if (path_name_for_rename(fileno(f), tmp, named) != 0) {
+        int e = errno;
+        fclose(f);
+        die("linkat(%s) of the checkpoint: %s", tmp, strerror(e));
+    }
     if (fclose(f) != 0) { int e = errno; unlink(tmp); die("fclose(%s): %s", tmp, strerror(e)); }
     if (rename(tmp, path) != 0) { int e = errno; unlink(tmp); die("rename(%s, %s): %s", tmp, path, strerror(e)); }
     path_remove_on_signal(NULL);
     free(tmp);
     /* and the rename itself on disk */
     char *dir = path_folder(path);
-    int fd = open(dir, O_RDONLY);
-    if (fd >= 0) {
-        fsync(fd); /* best effort: some file systems refuse fsync on a folder */
-        close(fd);
+    int dir_fd = open(dir, O_RDONLY);
+    if (dir_fd >= 0) {
+        fsync(dir_fd); /* best effort: some file systems refuse fsync on a folder */
+        close(dir_fd);
     }
     free(dir);
 }

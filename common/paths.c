@@ -1,4 +1,4 @@
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* O_TMPFILE, linkat */
 #include "paths.h"
 #include "device.h" /* die */
 #include <dirent.h>
@@ -227,4 +227,29 @@ void path_remove_on_signal(const char *tmp) {
     /* a signal the process ignored (a job started in the background) stays ignored */
     if (old_int.sa_handler == SIG_IGN) sigaction(SIGINT, &old_int, NULL);
     if (old_term.sa_handler == SIG_IGN) sigaction(SIGTERM, &old_term, NULL);
+}
+
+int path_create_for_rename(const char *path, const char *tmp, int *named) {
+#ifdef O_TMPFILE
+    /* linkat through /proc/self/fd names it later without a privilege */
+    if (access("/proc/self/fd", X_OK) == 0) {
+        char *folder = path_folder(path);
+        int fd = open(folder, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+        free(folder);
+        *named = 0;
+        if (fd >= 0) return fd;
+        /* file systems without it (EOPNOTSUPP, EISDIR on old kernels): the named temporary */
+        if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) return -1;
+    }
+#endif
+    *named = 1;
+    return open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+}
+
+int path_name_for_rename(int fd, const char *tmp, int named) {
+    if (named) return 0;
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    unlink(tmp); /* one left by a process of this pid before: linkat does not replace */
+    return linkat(AT_FDCWD, self, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW);
 }

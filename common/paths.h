@@ -51,4 +51,17 @@ void path_remove_stale_temps(const char *path);
  * process as they would have. NULL: back to what the signals did before. */
 void path_remove_on_signal(const char *tmp);
 
+/* The file an atomic write of path fills: where the system allows, a file
+ * without a name in path's folder (O_TMPFILE), which the kernel frees if the
+ * process dies, by any signal; else path's temporary name, tmp. A handler
+ * cannot be relied on for that: mpirun, given SIGTERM or Ctrl-C, forwards it
+ * to every rank and SIGKILLs the others milliseconds after the first one ends,
+ * while a rank inside a long write() or fsync() runs no handler until the call
+ * returns. Returns the descriptor (-1, errno set, on failure) and whether the
+ * file has a name yet in *named. */
+int path_create_for_rename(const char *path, const char *tmp, int *named);
+/* Gives the complete file of path_create_for_rename (fd still open) the name
+ * tmp, for the rename onto path; nothing if it has it already. 0, or -1. */
+int path_name_for_rename(int fd, const char *tmp, int named);
+
 #endif

@@ -196,6 +196,19 @@ static void parse_value(run_ctx *ctx, const flag_spec *f, const char *v) {
     }
 }
 
+/* The flags naming a file the run writes (FLAG_OUTPUT_FILE), shared then the
+ * lab's: call with *i = 0 until it returns NULL. */
+static const flag_spec *next_output_flag(const lab_info *lab, int *i) {
+    for (; *i < N_SHARED + lab->n_flags; ++*i) {
+        const flag_spec *f = *i < N_SHARED ? &shared_flags[*i] : &lab->flags[*i - N_SHARED];
+        if (f->type == FLAG_OUTPUT_FILE) {
+            ++*i;
+            return f;
+        }
+    }
+    return NULL;
+}
+
 static const flag_spec *find_flag(const lab_info *lab, const char *name, size_t len) {
     for (int i = 0; i < N_SHARED; i++)
         if (strlen(shared_flags[i].name) == len && !strncmp(shared_flags[i].name, name, len))
@@ -261,8 +274,12 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     if (!o->heads) o->heads = preset->heads;
     run_check(ctx, o->d_model % o->heads == 0, "--heads %d does not divide --d-model %d", o->heads, o->d_model);
     run_check(ctx, !(o->data && !o->data[0]), "--data needs a file name");
-    run_check(ctx, !(o->save && !o->save[0]), "--save needs a file name");
     run_check(ctx, !(o->resume && !o->resume[0]), "--resume needs a file name");
+    run_check(ctx, o->out[0] != 0, "--out needs a folder name");
+    /* every file a run writes (--save, lab01's --dump-weights): "" would fail only after training */
+    const flag_spec *f;
+    for (int i = 0; (f = next_output_flag(lab, &i));)
+        run_check(ctx, !(*(const char **)f->value && !**(const char **)f->value), "%s needs a file name", f->name);
     run_check(ctx, o->save_every == 0 || o->save, "--save-every %d needs --save PATH", o->save_every);
     run_check(ctx, o->sample <= 100000, "--sample %d: at most 100000 bytes (one forward each)", o->sample);
     run_check(ctx, !(o->prompt && !o->prompt[0]), "--prompt needs some text");
@@ -317,14 +334,11 @@ static void agree_on_data(const run_ctx *ctx, char *err, size_t len) {
 /* Rank 0 writes every output: prove now, before any work, that it can. */
 static void check_outputs(const run_ctx *ctx, char *err, size_t len) {
     if (path_check_output_folder("--out", ctx->opt.out, err, len)) return;
-    const flag_spec *lists[2] = {shared_flags, ctx->lab.flags};
-    int counts[2] = {N_SHARED, ctx->lab.n_flags};
-    for (int l = 0; l < 2; l++)
-        for (int i = 0; i < counts[l]; i++) {
-            const flag_spec *f = &lists[l][i];
-            const char *path = f->type == FLAG_OUTPUT_FILE ? *(const char **)f->value : NULL;
-            if (path && path_check_output_file(f->name, path, err, len)) return;
-        }
+    const flag_spec *f;
+    for (int i = 0; (f = next_output_flag(&ctx->lab, &i));) {
+        const char *path = *(const char **)f->value;
+        if (path && path_check_output_file(f->name, path, err, len)) return;
+    }
 }
 
 /* How many ranks of this host use the same GPU as this rank (1: its own; 0: no

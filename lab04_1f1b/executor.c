@@ -231,7 +231,8 @@ void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const sta
     const schedule *s = &pr->sched;
     const int S = schedule_stages(s);
     pr->v = s->v;
-    if (2 * S * m >= 32767) die("%d virtual stages x %d micro-batches: too many messages for MPI's tags", S, m);
+    if (schedule_messages(pr->p, m, pr->sched.v) > SCHEDULE_MAX_MESSAGES) /* schedule_check refused it already */
+        die("%d virtual stages x %d micro-batches: too many messages for MPI's tags", S, m);
     /* the chunks' ranges, then one flat buffer per kind holding them all */
     pr->offset = xcalloc((size_t)pr->v, sizeof *pr->offset);
     long *len = xcalloc((size_t)pr->v, sizeof *len);

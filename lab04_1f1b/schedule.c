@@ -40,6 +40,8 @@ int schedule_chunks(schedule_kind kind, int v) {
     return kind == SCHEDULE_INTERLEAVED ? v : kind == SCHEDULE_ZB_V ? 2 : 1;
 }
 
+long long schedule_messages(int p, int m, int chunks) { return 2LL * p * chunks * m; }
+
 int schedule_splits_backward(schedule_kind kind) { return kind == SCHEDULE_ZB_H1 || kind == SCHEDULE_ZB_V; }
 
 int schedule_check(schedule_kind kind, int p, int m, int v, int v_given, int layers, char *msg, int len) {
@@ -56,9 +58,11 @@ int schedule_check(schedule_kind kind, int p, int m, int v, int v_given, int lay
                  "(one chunk is --schedule 1f1b)", v);
         return 0;
     }
-    int chunks = schedule_chunks(kind, v), stages = p * chunks;
+    /* products in 64 bits: p x v and 2 p v m of flags up to 10^9 overflow an int */
+    const int chunks = schedule_chunks(kind, v);
+    const long long stages = (long long)p * chunks;
     if (chunks > 1 && layers % stages != 0) {
-        snprintf(msg, (size_t)len, "--layers %d is not divisible by %d virtual stages (%d ranks x %d chunks "
+        snprintf(msg, (size_t)len, "--layers %d is not divisible by %lld virtual stages (%d ranks x %d chunks "
                  "of --schedule %s): every chunk holds the same number of layers", layers, stages, p, chunks, name);
         return 0;
     }
@@ -80,6 +84,12 @@ int schedule_check(schedule_kind kind, int p, int m, int v, int v_given, int lay
     if (kind == SCHEDULE_ZB_V && m < 2 * p - 1) {
         snprintf(msg, (size_t)len, "--micro-batches %d: zb-v needs at least 2p-1 = %d micro-batches on %d ranks",
                  m, 2 * p - 1, p);
+        return 0;
+    }
+    if (schedule_messages(p, m, chunks) > SCHEDULE_MAX_MESSAGES) {
+        snprintf(msg, (size_t)len, "--micro-batches %d x %lld virtual stages (%d ranks x %d chunks): %lld messages "
+                 "per step, more than MPI's guaranteed tags allow (one tag per message, at most %d)", m, stages, p, chunks,
+                 schedule_messages(p, m, chunks), SCHEDULE_MAX_MESSAGES);
         return 0;
     }
     return 1;

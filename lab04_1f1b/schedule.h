@@ -69,6 +69,12 @@ const char *schedule_name(schedule_kind kind);
 int schedule_chunks(schedule_kind kind, int v);
 int schedule_splits_backward(schedule_kind kind);
 
+/* The messages of one step, an activation and a gradient per micro-batch and
+ * virtual stage (2 p v m, in 64 bits): each has its own MPI tag, id + 1
+ * (executor.c), and MPI promises tags up to 32767 (MPI_TAG_UB's least value). */
+#define SCHEDULE_MAX_MESSAGES 32766
+long long schedule_messages(int p, int m, int chunks);
+
 /* Whether (kind, p, m, v, layers) can be run; if not, writes one line naming
  * the flag and the rule into msg and returns 0. v_given: --virtual-stages was
  * on the command line (only interleaved takes it; zb-v accepts only 2). */

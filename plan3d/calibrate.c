@@ -16,13 +16,18 @@
 #include "mem.h"
 #include "model.h"
 #include "optim.h"
+#include "paths.h"
 #include <cblas.h>
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#define CALIBRATION_MAX_BYTES (1LL << 20) /* what --calibrate writes is ~2 KB */
 
 static const double grid_c[CAL_C] = {32, 64, 128, 256}, grid_tokens[CAL_N] = {128, 512, 2048};
 
@@ -130,6 +135,15 @@ int calibrate_machine(const char *path, int argc, char **argv) {
         MPI_Finalize();
         return 2;
     }
+    /* the file it will write, proven writable before minutes of measuring */
+    char err[PATH_MAX + 200] = "";
+    int bad = rank == 0 && path_check_output_file("--calibration", path, err, sizeof err) != 0;
+    MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (bad) {
+        if (rank == 0) fprintf(stderr, "error: %s\n", err);
+        MPI_Finalize();
+        return 2;
+    }
     if (!getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
     device_use(DEVICE_CPU, 0);
     comm world;
@@ -206,10 +220,19 @@ int calibrate_machine(const char *path, int argc, char **argv) {
     return status;
 }
 
-int calibration_load(const char *path, calibration *cal) {
+int calibration_load(const char *path, calibration *cal, char *err, size_t errlen) {
     memset(cal, 0, sizeof *cal);
-    json_t *root = json_load_file(path, 0, NULL);
-    if (!root) return 0;
+    long long size;
+    json_error_t jerr;
+    int fd = path_open_input("--calibration", path, CALIBRATION_MAX_BYTES, &size, err, errlen);
+    if (fd < 0) return access(path, F_OK) != 0 && errno == ENOENT ? 0 : -1;
+    json_t *root = json_loadfd(fd, 0, &jerr);
+    close(fd);
+    if (!root) {
+        snprintf(err, errlen, "--calibration %s: not JSON (line %d: %s); plan3d --calibrate writes it", path, jerr.line,
+                 jerr.text);
+        return -1;
+    }
     json_t *rates = json_object_get(root, "model_gflops");
     int ok = json_unpack(root, "{s:i,s:F,s:F,s:F,s:F,s:F,s:F}", "cores", &cal->cores, "sgemm_gflops", &cal->sgemm_gflops,
                          "adamw_ns_per_param", &cal->adamw_ns, "p2p_us", &cal->p2p_us, "p2p_gbs", &cal->p2p_gbs,
@@ -218,10 +241,17 @@ int calibration_load(const char *path, calibration *cal) {
     for (size_t k = 0; ok && k < CAL_C * CAL_N; k++) {
         int i = (int)k / CAL_N, j = (int)k % CAL_N;
         ok = json_unpack(json_array_get(rates, k), "{s:F,s:F,s:F}", "d_model", &cal->d_model[i], "tokens",
-                         &cal->tokens[j], "gflops", &cal->gflops[i][j]) == 0 && cal->gflops[i][j] > 0;
+                         &cal->tokens[j], "gflops", &cal->gflops[i][j]) == 0 && cal->gflops[i][j] > 0 &&
+             cal->d_model[i] > 0 && cal->tokens[j] > 0;
     }
+    /* every rate and time positive and finite: they divide and take logarithms */
+    const double figures[] = {cal->sgemm_gflops, cal->adamw_ns, cal->p2p_us, cal->p2p_gbs, cal->allreduce_us, cal->allreduce_gbs};
+    for (size_t k = 0; ok && k < sizeof figures / sizeof figures[0]; k++) ok = figures[k] > 0 && isfinite(figures[k]);
     json_decref(root);
-    return ok;
+    if (!ok)
+        snprintf(err, errlen, "--calibration %s: not a calibration of plan3d (a key is missing or a figure not positive); "
+                 "mpirun -n 2 ./plan3d --calibrate writes one", path);
+    return ok ? 1 : -1;
 }
 
 /* where x falls on a log grid: the cell and the weight of its upper end */
@@ -246,9 +276,10 @@ double calibration_rate(const calibration *cal, double d_model, double tokens) {
     return exp(l) * 1e9;
 }
 
-int calibration_cluster(const char *path, const th_model *m, cluster *c) {
+int calibration_cluster(const char *path, const th_model *m, cluster *c, char *err, size_t errlen) {
     calibration cal;
-    if (!calibration_load(path, &cal)) return 0;
+    int loaded = calibration_load(path, &cal, err, errlen);
+    if (loaded != 1) return loaded;
     /* a rank's rate at the model's width, at the lab default's 2048 tokens per rank */
     double rate = calibration_rate(&cal, (double)m->d_model, 2048) / 1e12;
     c->fp32_tflops = c->bf16_tflops = rate;

@@ -14,27 +14,32 @@
  *
  * The records are read with jansson, the library common/record.c writes them
  * with: one JSON object per line, keys as README.md lists them. */
-#define _POSIX_C_SOURCE 200809L /* getline */
+#define _POSIX_C_SOURCE 200809L /* getline, fdopen */
 #include "check.h"
 #include "comm.h"
 #include "cost.h"
 #include "predict.h"
 #include "model.h"
+#include "paths.h"
 #include "shards.h"
 #include "stage.h"
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { KINDS = TH_NKINDS };
 
 typedef struct run {
     const char *lab, *schedule;
-    int ranks, cuda, steps, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
+    int ranks, cuda, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
     int recompute, sp;       /* --recompute (gpt_recompute), --sequence-parallel */
-    double bucket_mb;
+    double bucket_mb, step_ms; /* the record's bucket_mb and step_ms_median */
     int bf16;           /* config.precision "bf16": 2-byte values, 2 + 2 + 12 model states */
     double vb;          /* bytes of one of the model's values: 4, or 2 in bf16 */
     th_model model;
@@ -140,21 +145,213 @@ static double time_grid(const run *r, const timing *tm, const th_rank_need *need
     return th_pipeline_step_time(s, p, m, 1, worst_f, worst_b, 0) + dp_time + adam_time;
 }
 
-/* ---- reading a record ------------------------------------------------------------------ */
+/* ---- reading a record: every value the prediction uses, checked first ------------------ */
 
-static const char *str_or(json_t *v, const char *fallback) {
-    return json_is_string(v) ? json_string_value(v) : fallback;
+/* A record is what a run wrote, but the file may be damaged, hand-edited or not
+ * a lab's: every value is checked before anything is predicted, and the first
+ * problem is named with its key. The limits are what plan3d's per-rank and
+ * per-layer tables hold and what any run of the labs can have been. */
+enum { MAX_RANKS = 65536, MAX_LAYERS = 65536 };
+#define RECORDS_MAX_BYTES (1LL << 30) /* records.jsonl: a million runs' records */
+#define MAX_FLAG 1000000000L                     /* the labs' largest value of a count flag */
+static const double MAX_RUN_BYTES = 1125899906842624.0; /* 2^50 = 1 PiB */
+static const char *const lab_names[] = {"lab01_dp", "lab02_zero", "lab03_pp_naive", "lab04_1f1b", "lab05_tp", "lab06_3d"};
+
+static int problem(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int problem(char *why, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+    return 0;
 }
 
-static int get_int(json_t *o, const char *key, int fallback) {
-    json_t *v = json_object_get(o, key);
-    return json_is_number(v) ? (int)json_number_value(v) : fallback;
+/* A JSON value as the file has it, cut short: what the messages quote. */
+static const char *shown(json_t *v, char *buf, size_t len) {
+    char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    snprintf(buf, len, "%s", text ? text : "?");
+    if (text && strlen(text) >= len && len > 4) strcpy(buf + len - 4, "...");
+    free(text);
+    return buf;
+}
+
+/* obj[key] (named prefix key) as a whole number in [lo, hi]; when absent,
+ * fallback, unless fallback < lo: then the key is required. */
+static int read_count(json_t *obj, const char *prefix, const char *key, long lo, long hi, long fallback, long *out,
+                      char *why, size_t len) {
+    json_t *v = json_object_get(obj, key);
+    char text[48];
+    if (!v) {
+        if (fallback < lo) return problem(why, len, "%s%s is missing", prefix, key);
+        *out = fallback;
+        return 1;
+    }
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!(x >= lo && x <= hi && x == floor(x)))
+        return problem(why, len, "%s%s %s: must be a whole number from %ld to %ld", prefix, key, shown(v, text, sizeof text),
+                       lo, hi);
+    *out = (long)x;
+    return 1;
+}
+
+/* obj[key] as one of `choices` ("a|b|c"), its index in *out; absent: fallback's. */
+static int read_choice(json_t *obj, const char *prefix, const char *key, const char *choices, const char *fallback,
+                       int *out, char *why, size_t len) {
+    json_t *v = json_object_get(obj, key);
+    if (!v && !fallback) return problem(why, len, "%s%s is missing", prefix, key);
+    const char *name = v && json_is_string(v) ? json_string_value(v) : v ? NULL : fallback;
+    int k = 0;
+    for (const char *c = choices; name && *c; k++) {
+        size_t n = strcspn(c, "|");
+        if (strlen(name) == n && !strncmp(c, name, n)) { *out = k; return 1; }
+        c += n + (c[n] == '|');
+    }
+    char text[48];
+    return problem(why, len, "%s%s %s: must be one of %s", prefix, key, shown(v, text, sizeof text), choices);
+}
+
+/* obj[key] as a finite number >= lo; absent: fallback, unless fallback < lo. */
+static int read_number(json_t *obj, const char *key, double lo, double fallback, double *out, char *why, size_t len) {
+    json_t *v = json_object_get(obj, key);
+    char text[48];
+    if (!v) {
+        if (fallback < lo) return problem(why, len, "%s is missing", key);
+        *out = fallback;
+        return 1;
+    }
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!(x >= lo && isfinite(x))) return problem(why, len, "%s %s: must be a number of at least %g", key, shown(v, text, sizeof text), lo);
+    *out = x;
+    return 1;
+}
+
+/* obj[key]: an array of one finite number (>= lo) per rank. */
+static int read_per_rank(json_t *obj, const char *prefix, const char *key, int ranks, double lo, char *why, size_t len) {
+    json_t *a = json_object_get(obj, key);
+    if (!a) return problem(why, len, "%s%s is missing", prefix, key);
+    if (!json_is_array(a) || json_array_size(a) != (size_t)ranks)
+        return problem(why, len, "%s%s: must be a list of one number per rank (%d), has %s", prefix, key, ranks,
+                       json_is_array(a) ? "another length" : "no list");
+    for (int q = 0; q < ranks; q++) {
+        json_t *v = json_array_get(a, (size_t)q);
+        char text[48];
+        if (!json_is_number(v) || !(json_number_value(v) >= lo) || !isfinite(json_number_value(v)))
+            return problem(why, len, "%s%s[%d] %s: must be a number of at least %g", prefix, key, q,
+                           shown(v, text, sizeof text), lo);
+    }
+    return 1;
+}
+
+/* obj[key]: an object whose members are collective kinds, each a number >= 0 (absent kinds moved nothing). */
+static int read_per_kind(json_t *obj, const char *key, char *why, size_t len) {
+    json_t *o = json_object_get(obj, key), *v;
+    const char *kind;
+    if (!json_is_object(o)) return problem(why, len, o ? "%s: must be an object of collective kinds" : "%s is missing", key);
+    json_object_foreach(o, kind, v) {
+        char text[48];
+        if (!json_is_number(v) || !(json_number_value(v) >= 0) || !isfinite(json_number_value(v)))
+            return problem(why, len, "%s.%s %s: must be a number of at least 0", key, kind, shown(v, text, sizeof text));
+    }
+    return 1;
+}
+
+static int is_lab(const run *r, const char *name) { return !strcmp(r->lab, name); }
+
+/* The record as a run, or 0 with what is wrong in why. */
+static int read_run(json_t *rec, run *r, char *why, size_t len) {
+    memset(r, 0, sizeof *r);
+    char text[48];
+    if (!json_is_object(rec)) return problem(why, len, "a record must be a JSON object, not %s", shown(rec, text, sizeof text));
+    json_t *lab = json_object_get(rec, "lab");
+    if (!lab) return problem(why, len, "lab is missing");
+    for (size_t i = 0; !r->lab && json_is_string(lab) && i < sizeof lab_names / sizeof lab_names[0]; i++)
+        if (!strcmp(json_string_value(lab), lab_names[i])) r->lab = lab_names[i];
+    if (!r->lab)
+        return problem(why, len, "lab %s: not a lab plan3d checks (lab01_dp, lab02_zero, lab03_pp_naive, lab04_1f1b, "
+                       "lab05_tp, lab06_3d)", shown(lab, text, sizeof text));
+    long ranks, B, T, L, C, H, m, chunks, tp = 1, pp = 1, dp = 1, zero = 0;
+    json_t *cfg = json_object_get(rec, "config");
+    if (!json_is_object(cfg)) return problem(why, len, cfg ? "config: must be an object" : "config is missing");
+    int sched, precision;
+    if (!read_count(rec, "", "ranks", 1, MAX_RANKS, 0, &ranks, why, len) ||
+        !read_count(cfg, "config.", "batch", 1, MAX_FLAG, 0, &B, why, len) ||
+        !read_count(cfg, "config.", "seq", 1, MAX_FLAG, 0, &T, why, len) ||
+        !read_count(cfg, "config.", "layers", 1, MAX_LAYERS, 0, &L, why, len) ||
+        !read_count(cfg, "config.", "d_model", 1, MAX_FLAG, 0, &C, why, len) ||
+        !read_count(cfg, "config.", "heads", 1, MAX_FLAG, 0, &H, why, len) ||
+        !read_choice(cfg, "config.", "recompute", GPT_RECOMPUTE_CHOICES, "none", &r->recompute, why, len) ||
+        !read_choice(cfg, "config.", "precision", "fp32|bf16", "fp32", &precision, why, len))
+        return 0;
+    if (C % H) return problem(why, len, "config.heads %ld does not divide config.d_model %ld", H, C);
+    r->ranks = (int)ranks;
+    r->B = (int)B; r->T = (int)T; r->L = (int)L; r->C = (int)C; r->H = (int)H;
+    r->bf16 = precision == 1;
+    r->vb = r->bf16 ? 2 : 4;
+    r->model = th_course_model(256, T, L, C, H);
+    /* what the run held: its model states and one layer's activations of the whole batch, with the T x T scores */
+    double bytes = 16 * th_param_counts(&r->model).total + 4.0 * B * T * (16.0 * C + (double)H * T + 256);
+    if (!(bytes <= MAX_RUN_BYTES))
+        return problem(why, len, "config: a model and batch of about %.3g bytes (batch %ld, seq %ld, layers %ld, d_model "
+                       "%ld), more than any run of the labs holds (limit 2^50 bytes)", bytes, B, T, L, C);
+
+    /* the layout: lab03/04 a pipeline of every rank, lab05 TP over every rank, lab06 the grid it records */
+    const int pipeline = is_lab(r, "lab03_pp_naive") || is_lab(r, "lab04_1f1b") || is_lab(r, "lab06_3d");
+    const long need = is_lab(r, "lab04_1f1b") || is_lab(r, "lab06_3d") ? 0 : 1; /* 0: required */
+    if (!read_count(rec, "", "micro_batches", 1, MAX_FLAG, need, &m, why, len) ||
+        !read_count(rec, "", "chunks_per_rank", 1, MAX_LAYERS, 1, &chunks, why, len) ||
+        !read_choice(rec, "", "schedule", "gpipe|1f1b|interleaved|zb-h1|zb-v", need ? "gpipe" : NULL, &sched, why, len))
+        return 0;
+    if (is_lab(r, "lab02_zero") && !read_count(rec, "", "zero_stage", 1, 3, 0, &zero, why, len)) return 0;
+    if (is_lab(r, "lab06_3d") && (!read_count(rec, "", "tp", 1, MAX_RANKS, 0, &tp, why, len) ||
+                                  !read_count(rec, "", "pp", 1, MAX_RANKS, 0, &pp, why, len) ||
+                                  !read_count(rec, "", "dp", 1, MAX_RANKS, 0, &dp, why, len)))
+        return 0;
+    if (is_lab(r, "lab03_pp_naive") || is_lab(r, "lab04_1f1b")) pp = ranks;
+    if (is_lab(r, "lab05_tp")) tp = ranks;
+    if (is_lab(r, "lab01_dp") || is_lab(r, "lab02_zero")) dp = ranks;
+    if (tp * pp * dp != ranks)
+        return problem(why, len, "tp %ld x pp %ld x dp %ld is not ranks %ld", tp, pp, dp, ranks);
+    if (H % tp) return problem(why, len, "config.heads %ld is not divisible by the %ld TP ranks", H, tp);
+    if (B % (dp * m)) return problem(why, len, "config.batch %ld is not divisible by %ld data-parallel ranks x %ld "
+                                     "micro-batches", B, dp, m);
+    if (pipeline) {
+        const long want = th_schedule_chunks((th_schedule)sched, (int)chunks);
+        if (chunks != want || (sched == TH_SCHED_INTERLEAVED && chunks < 2))
+            return problem(why, len, "chunks_per_rank %ld: --schedule %s runs %s", chunks, th_schedule_names[sched],
+                           sched == TH_SCHED_INTERLEAVED ? "at least 2" : want == 2 ? "2" : "1");
+        if (pp * chunks > L || (chunks > 1 && L % (pp * chunks)))
+            return problem(why, len, "config.layers %ld cannot be split into %ld stages x %ld chunks", L, pp, chunks);
+    }
+    json_t *sp = json_object_get(rec, "sequence_parallel");
+    if (sp && !json_is_boolean(sp)) return problem(why, len, "sequence_parallel %s: must be true or false", shown(sp, text, sizeof text));
+    r->sp = json_is_true(sp);
+    if (r->sp && tp > 1 && T % tp) return problem(why, len, "config.seq %ld is not divisible by the %ld TP ranks "
+                                                  "(sequence_parallel)", T, tp);
+    r->tp = (int)tp; r->pp = (int)pp; r->dp = (int)dp; r->m = (int)m; r->chunks = (int)chunks; r->zero = (int)zero;
+    r->schedule = th_schedule_names[sched];
+    json_t *device = json_object_get(rec, "device");
+    r->cuda = json_is_string(device) && !strcmp(json_string_value(device), "cuda");
+    if (!read_number(rec, "bucket_mb", 0, 0, &r->bucket_mb, why, len) ||
+        !read_number(rec, "step_ms_median", 0, -1, &r->step_ms, why, len))
+        return 0;
+    if (r->bucket_mb * 1024 * 1024 / r->vb > 1e15) return problem(why, len, "bucket_mb %g: more than any model", r->bucket_mb);
+
+    /* the measurements compared with the prediction */
+    json_t *mem = json_object_get(rec, "mem_peak_bytes_per_rank");
+    if (!json_is_object(mem)) return problem(why, len, mem ? "mem_peak_bytes_per_rank: must be an object" : "mem_peak_bytes_per_rank is missing");
+    for (int k = 0; k < CAT_N; k++)
+        if (!read_per_rank(mem, "mem_peak_bytes_per_rank.", cat_names[k], r->ranks, 0, why, len)) return 0;
+    if (!read_per_kind(rec, "comm_calls_per_step", why, len) || !read_per_kind(rec, "comm_bytes_per_step", why, len))
+        return 0;
+    json_t *bubble = json_object_get(rec, "bubble");
+    if (bubble && !json_is_null(bubble) &&
+        (!json_is_object(bubble) || !read_per_rank(bubble, "bubble.", "measured", r->ranks, -INFINITY, why, len)))
+        return json_is_object(bubble) ? 0 : problem(why, len, "bubble: must be an object or null");
+    return 1;
 }
 
 static double rank_value(json_t *rec, const char *group, const char *key, int rank) {
-    json_t *a = json_object_get(json_object_get(rec, group), key);
-    json_t *v = json_array_get(a, (size_t)rank);
-    return json_is_number(v) ? json_number_value(v) : -1;
+    return json_number_value(json_array_get(json_object_get(json_object_get(rec, group), key), (size_t)rank));
 }
 
 /* The bubble each rank of a one-chunk pipeline (naive, GPipe, 1F1B) should see
@@ -175,6 +372,7 @@ static double *bubbles_from_own_compute(const run *r, json_t *measured_bubble) {
         json_array_size(measured_bubble) != (size_t)r->ranks)
         return NULL;
     double *c = calloc((size_t)r->ranks, sizeof *c), total = 0, step = 0;
+    if (!c) return NULL;
     for (int q = 0; q < r->ranks; q++) total += c[q] = 1 - json_number_value(json_array_get(measured_bubble, (size_t)q));
     for (int k = 0; k < r->ranks; k++) step = fmax(step, c[k] + (total - c[k]) / r->m);
     for (int q = 0; q < r->ranks; q++) c[q] = 1 - c[q] / step;
@@ -183,32 +381,8 @@ static double *bubbles_from_own_compute(const run *r, json_t *measured_bubble) {
 
 typedef struct tally { int records, exact, mem_checked, mem_exact, bytes_checked, bytes_exact, bubbles, bubbles_close; } tally;
 
-static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
-    json_t *cfg = json_object_get(rec, "config");
-    run r = {.lab = json_string_value(json_object_get(rec, "lab")), .ranks = get_int(rec, "ranks", 0),
-             .cuda = !strcmp(str_or(json_object_get(rec, "device"), ""), "cuda"),
-             .steps = get_int(cfg, "steps", 0), .B = get_int(cfg, "batch", 0), .T = get_int(cfg, "seq", 0),
-             .L = get_int(cfg, "layers", 0), .C = get_int(cfg, "d_model", 0), .H = get_int(cfg, "heads", 0)};
-    if (!r.lab || r.ranks < 1 || r.B < 1 || r.T < 1 || r.L < 1 || r.C < 1 || r.H < 1) return 0;
-    r.model = th_course_model(256, r.T, r.L, r.C, r.H);
-    r.m = get_int(rec, "micro_batches", 1);
-    r.chunks = get_int(rec, "chunks_per_rank", 1); /* lab04, lab06: the model chunks of a rank */
-    r.schedule = str_or(json_object_get(rec, "schedule"), "gpipe"); /* lab03: one batch, GPipe's m = 1 */
-    if (th_schedule_parse(r.schedule) < 0) return 0;
-    json_t *bmb = json_object_get(rec, "bucket_mb");
-    r.bucket_mb = json_is_number(bmb) ? json_number_value(bmb) : 0;
-    r.zero = get_int(rec, "zero_stage", 0);
-    r.recompute = gpt_recompute_parse(str_or(json_object_get(cfg, "recompute"), "none"));
-    if (r.recompute < 0) return 0;
-    r.sp = json_is_true(json_object_get(rec, "sequence_parallel"));
-    r.bf16 = !strcmp(str_or(json_object_get(cfg, "precision"), "fp32"), "bf16");
-    r.vb = r.bf16 ? 2 : 4;
-    r.tp = 1; r.pp = 1; r.dp = 1;
-    if (!strcmp(r.lab, "lab03_pp_naive") || !strcmp(r.lab, "lab04_1f1b")) r.pp = r.ranks;
-    else if (!strcmp(r.lab, "lab05_tp")) r.tp = r.ranks;
-    else if (!strcmp(r.lab, "lab06_3d")) {
-        r.tp = get_int(rec, "tp", 1); r.pp = get_int(rec, "pp", 1); r.dp = get_int(rec, "dp", 1);
-    } else if (strcmp(r.lab, "lab01_dp") && strcmp(r.lab, "lab02_zero")) return 0;
+static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, json_t *out) {
+    const run r = *rp;
     int is_grid = strcmp(r.lab, "lab01_dp") && strcmp(r.lab, "lab02_zero");
 
     /* ranks beyond the cores share them, in proportion to how busy they are */
@@ -216,6 +390,7 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
     double bubble_unit = 0;
     th_rank_need *pr = calloc((size_t)r.ranks, sizeof *pr);
     double *busy = calloc((size_t)r.ranks, sizeof *busy);
+    if (!pr || !busy) { fprintf(stderr, "error: out of memory for %d ranks\n", r.ranks); exit(1); }
     const th_run in = prediction_input(&r);
     th_predict_run(&in, pr);
     if (is_grid) bubble_unit = th_bubble_unit(th_schedule_parse(r.schedule), r.pp, r.m, 1);
@@ -265,7 +440,7 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
                                                                  calls, "bytes", got_bytes, "bytes_predicted", payload));
     }
     /* bubble and step time */
-    double measured_ms = json_number_value(json_object_get(rec, "step_ms_median"));
+    double measured_ms = r.step_ms;
     json_t *bubbles = json_array();
     double worst_bubble = 0;
     json_t *measured_bubble = json_object_get(json_object_get(rec, "bubble"), "measured");
@@ -278,7 +453,8 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
             json_array_append_new(bubbles, json_pack("{s:f,s:f}", "measured", got, "predicted", want));
         }
     free(own);
-    const char *layout = str_or(json_object_get(rec, "layout"), "");
+    json_t *layout_value = json_object_get(rec, "layout");
+    const char *layout = json_is_string(layout_value) ? json_string_value(layout_value) : "";
     int exact = mem_ok == mem_n && bytes_ok == bytes_n;
     printf("%-15s %-26s %d rank%s | memory %d/%d exact | traffic %d/%d kinds exact", r.lab, layout, r.ranks,
            r.ranks == 1 ? " " : "s", mem_ok, mem_n, bytes_ok, bytes_n);
@@ -301,46 +477,92 @@ static int check_one(json_t *rec, const timing *tm0, tally *tl, json_t *out) {
                                          "bubble_worst_error", worst_bubble, "core_share", tm.share));
     free(pr);
     free(busy);
-    return 1;
 }
 
-int check_records(const char *dir, const char *calibration_path, const char *json_path) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/records.jsonl", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) { fprintf(stderr, "error: --check %s: cannot read %s\n", dir, path); return 2; }
-    calibration cal;
-    timing tm = {calibration_load(calibration_path, &cal) ? &cal : NULL, 1};
-    if (!tm.cal)
-        printf("(no calibration in %s: memory and traffic only; mpirun -n 2 ./plan3d --calibrate for times)\n",
-               calibration_path);
-    tally tl = {0};
-    json_t *out = json_array();
-    char *line = NULL;
+/* Each line of the open records file f as a record and a run, in order:
+ * fn(rec, run, ctx) for each; 0, or 2 after one line naming the first
+ * line that is not a run plan3d can predict (or not JSON). */
+typedef void (*record_fn)(json_t *rec, const run *r, void *ctx);
+static int for_each_record(FILE *f, const char *path, record_fn fn, void *ctx, int *records) {
+    char *line = NULL, why[300];
     size_t cap = 0;
-    int lineno = 0, skipped = 0;
-    while (getline(&line, &cap, f) > 0) {
+    ssize_t n;
+    int lineno = 0, status = 0;
+    *records = 0;
+    rewind(f);
+    while (status == 0 && (n = getline(&line, &cap, f)) > 0) {
         lineno++;
         json_error_t err;
-        json_t *rec = json_loads(line, 0, &err);
-        if (!rec) { fprintf(stderr, "error: %s line %d: not JSON (%s)\n", path, lineno, err.text); free(line); fclose(f); return 2; }
-        if (!check_one(rec, &tm, &tl, out)) skipped++;
+        run r;
+        json_t *rec = json_loadb(line, (size_t)n, 0, &err);
+        if (!rec) {
+            fprintf(stderr, "error: %s line %d: %s (%s)\n", path, lineno,
+                    line[n - 1] != '\n' ? "not JSON, the last line cut short" : "not JSON", err.text);
+            status = 2;
+        } else if (!read_run(rec, &r, why, sizeof why)) {
+            fprintf(stderr, "error: %s line %d: %s\n", path, lineno, why);
+            status = 2;
+        } else {
+            if (fn) fn(rec, &r, ctx);
+            ++*records;
+        }
         json_decref(rec);
     }
     free(line);
+    if (status == 0 && ferror(f)) {
+        fprintf(stderr, "error: %s: reading failed\n", path);
+        status = 2;
+    }
+    return status;
+}
+
+typedef struct checking { const timing *tm; tally tl; json_t *out; } checking;
+static void check_record(json_t *rec, const run *r, void *ctx) {
+    checking *c = ctx;
+    check_one(rec, r, c->tm, &c->tl, c->out);
+}
+
+int check_records(const char *dir, const char *calibration_path, const char *json_path) {
+    char *path = path_join(dir, "records.jsonl"), err[PATH_MAX + 200];
+    long long size;
+    int fd = path_open_input("--check", path, RECORDS_MAX_BYTES, &size, err, sizeof err);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    calibration cal;
+    int status = 0, records = 0, has_cal = 0;
+    if (!f) fprintf(stderr, "error: %s\n", fd >= 0 ? strerror(errno) : err);
+    else if ((has_cal = calibration_load(calibration_path, &cal, err, sizeof err)) < 0)
+        fprintf(stderr, "error: %s\n", err);
+    /* every record read and checked before any is predicted: a bad one stops the check before it prints */
+    else if ((status = for_each_record(f, path, NULL, NULL, &records)) == 0 && records == 0)
+        fprintf(stderr, "error: --check %s: %s holds no records\n", dir, path);
+    if (!f || has_cal < 0 || status || records == 0) {
+        if (f) fclose(f);
+        else if (fd >= 0) close(fd);
+        free(path);
+        return 2;
+    }
+    timing tm = {has_cal ? &cal : NULL, 1};
+    if (!tm.cal)
+        printf("(no calibration in %s: memory and traffic only; mpirun -n 2 ./plan3d --calibrate for times)\n",
+               calibration_path);
+    checking c = {&tm, {0}, json_array()};
+    status = for_each_record(f, path, check_record, &c, &records);
     fclose(f);
-    printf("\n%d run%s checked%s: %d/%d exact (memory %d/%d rank-categories, traffic %d/%d collective kinds)", tl.records,
-           tl.records == 1 ? "" : "s", skipped ? " (others skipped: not a lab plan3d knows)" : "", tl.exact, tl.records,
-           tl.mem_exact, tl.mem_checked, tl.bytes_exact, tl.bytes_checked);
+    free(path);
+    const tally tl = c.tl;
+    if (status) { json_decref(c.out); return status; } /* the file changed under plan3d */
+    printf("\n%d run%s checked: %d/%d exact (memory %d/%d rank-categories, traffic %d/%d collective kinds)", tl.records,
+           tl.records == 1 ? "" : "s", tl.exact, tl.records, tl.mem_exact, tl.mem_checked, tl.bytes_exact,
+           tl.bytes_checked);
     if (tl.bubbles) printf("; bubble within 0.05 on %d/%d pipeline runs", tl.bubbles_close, tl.bubbles);
     printf("\n");
     if (json_path) {
-        json_t *root = json_pack("{s:s,s:o}", "calibration", tm.cal ? calibration_path : "", "runs", out);
-        if (json_dump_file(root, json_path, JSON_INDENT(1))) { fprintf(stderr, "error: --json %s: cannot write\n", json_path); return 2; }
+        json_t *root = json_pack("{s:s,s:o}", "calibration", tm.cal ? calibration_path : "", "runs", c.out);
+        status = json_dump_file(root, json_path, JSON_INDENT(1));
         json_decref(root);
+        if (status) { fprintf(stderr, "error: --json %s: cannot write\n", json_path); return 1; }
     } else {
-        json_decref(out);
+        json_decref(c.out);
     }
-    if (tl.records == 0) { fprintf(stderr, "error: --check %s: no lab runs in %s\n", dir, path); return 2; }
     return tl.exact == tl.records ? 0 : 1;
 }

@@ -3,6 +3,7 @@
 #ifndef PLAN3D_CHECK_H
 #define PLAN3D_CHECK_H
 #include "presets.h"
+#include <stddef.h>
 
 /* This machine as plan3d --calibrate measured it. */
 enum { CAL_C = 4, CAL_N = 3 };
@@ -18,13 +19,15 @@ typedef struct calibration {
 
 /* mpirun -n 2 ./plan3d --calibrate: measures, writes `path` (JSON), prints it. */
 int calibrate_machine(const char *path, int argc, char **argv);
-/* 1 if `path` holds a calibration. */
-int calibration_load(const char *path, calibration *cal);
+/* 1 if `path` holds a calibration, 0 if there is no such file, -1 (why in
+ * err, one line naming --calibration) if it is not a regular file or not a
+ * calibration. */
+int calibration_load(const char *path, calibration *cal, char *err, size_t errlen);
 /* The course's model FLOP rate at d_model C and `tokens` rows x seq per rank
  * (log-bilinear on the grid, held at its edges). */
 double calibration_rate(const calibration *cal, double d_model, double tokens);
-/* The "cpu" cluster preset filled from the calibration for model m. */
-int calibration_cluster(const char *path, const th_model *m, cluster *c);
+/* The "cpu" cluster preset filled from the calibration for model m: 1, or as calibration_load. */
+int calibration_cluster(const char *path, const th_model *m, cluster *c, char *err, size_t errlen);
 
 /* plan3d --check DIR: every record of DIR/records.jsonl predicted from its own
  * flags. Returns 0 if memory and bytes all match, 1 if any does not, 2 on bad

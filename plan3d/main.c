@@ -22,7 +22,9 @@
 #include "check.h"
 #include "cost.h"
 #include "plan.h"
+#include "paths.h"
 #include "presets.h"
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,27 @@ typedef struct option {
     const char *choices; /* strings: "a|b", NULL: any */
     int given;
 } option;
+
+#define MAX_NUMBER 1e15 /* the largest value of a number flag */
+
+/* The largest value of a count flag, and why. The GPUs (and so each of t, p,
+ * d) and the layers are bounded by what the search covers in about a second
+ * on the course's 2-core machine: it tries every t x p x d split of --gpus
+ * (10 s at 10^9 GPUs, 0.2 s at 10^6) and balances every split of the layers
+ * over the stages of each layout (11 s at 10^5 layers, 0.8 s at 4096). */
+static long count_limit(const char *flag, const char **why) {
+    static const char *const gpu_flags[] = {"--gpus", "--gpus-per-node", "--tp", "--pp", "--dp"};
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(flag, gpu_flags[i])) {
+            *why = " (the search tries every t x p x d split of the GPUs; the largest published run has 16384)";
+            return 1000000;
+        }
+    if (!strcmp(flag, "--layers")) {
+        *why = " (the search balances every split of the layers over the stages; the largest preset has 128)";
+        return 4096;
+    }
+    return 1000000000;
+}
 
 static void bad_input(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void bad_input(const char *fmt, ...) {
@@ -79,11 +102,15 @@ static void parse(option *opts, int n, int argc, char **argv) {
             *(const char **)o->value = v;
         } else if (o->type == OPT_INT) {
             long x = strtol(v, &end, 10);
-            if (end == v || *end || x < o->min || x > 1000000000) bad_input("%s %s: must be a whole number >= %g", a, v, o->min);
+            const char *why = "";
+            const long max = count_limit(a, &why);
+            if (end == v || *end || x < o->min || x > max)
+                bad_input("%s %s: must be a whole number from %g to %ld%s", a, v, o->min, max, why);
             *(int *)o->value = (int)x;
         } else {
             double x = strtod(v, &end);
-            if (end == v || *end || !(x >= o->min) || x > 1e15) bad_input("%s %s: must be a number >= %g", a, v, o->min);
+            if (end == v || *end || !(x >= o->min) || x > MAX_NUMBER)
+                bad_input("%s %s: must be a number from %g to %g", a, v, o->min, MAX_NUMBER);
             *(double *)o->value = x;
         }
     }
@@ -140,7 +167,7 @@ int main(int argc, char **argv) {
         {"--vocab", OPT_INT, &vocab, "override: vocabulary", 0, NULL, 0},
         {"--ffn", OPT_INT, &ffn, "override: MLP hidden width", 0, NULL, 0},
         {"--cluster", OPT_STRING, &cluster_name, "a cluster preset (listed below)", 0, NULL, 0},
-        {"--gpus", OPT_INT, &gpus, "GPUs in all (the cpu preset: ranks)", 1, NULL, 0},
+        {"--gpus", OPT_INT, &gpus, "GPUs in all (the cpu preset: ranks), at most 1000000", 1, NULL, 0},
         {"--gpus-per-node", OPT_INT, &gpn, "override: GPUs per node (0: the preset's)", 0, NULL, 0},
         {"--gpu-mem", OPT_DOUBLE, &mem, "override: GiB per GPU", 0, NULL, 0},
         {"--gpu-tflops", OPT_DOUBLE, &tflops, "override: dense peak TFLOP/s of --precision", 0, NULL, 0},
@@ -177,6 +204,8 @@ int main(int argc, char **argv) {
     parse(opts, n_opts, argc, argv);
     if (help) { usage(opts, n_opts); return 0; }
     if (calibrate) return calibrate_machine(calibration, argc, argv);
+    char err[PATH_MAX + 200];
+    if (json && path_check_output_file("--json", json, err, sizeof err)) bad_input("%s", err);
     if (check_dir) return check_records(check_dir, calibration, json);
     if (published) return predict_published(published, json);
 
@@ -197,8 +226,12 @@ int main(int argc, char **argv) {
     if (m.heads % m.kv_heads) bad_input("--kv-heads %ld does not divide --heads %ld", m.kv_heads, m.heads);
 
     cluster c = *cp;
-    if (!strcmp(c.name, "cpu") && !calibration_cluster(calibration, &m, &c))
-        bad_input("--cluster cpu needs --calibration %s: run mpirun -n 2 ./plan3d --calibrate first", calibration);
+    if (!strcmp(c.name, "cpu")) {
+        int loaded = calibration_cluster(calibration, &m, &c, err, sizeof err);
+        if (loaded < 0) bad_input("%s", err);
+        if (loaded == 0)
+            bad_input("--cluster cpu needs --calibration %s: run mpirun -n 2 ./plan3d --calibrate first", calibration);
+    }
     if (strcmp(c.name, "cpu") || opts_given(opts, n_opts, "--gpus")) c.gpus = gpus; /* cpu: a rank per core */
     if (gpn) c.gpus_per_node = gpn;
     if (c.gpus_per_node > c.gpus) c.gpus_per_node = c.gpus;
@@ -251,11 +284,14 @@ int main(int argc, char **argv) {
 
     plan_result r;
     plan_search(&m, &c, &tr, &k, &r);
-    plan_print_header(stdout, mp->name, &m, &c, &tr);
-    if (json && !plan_write_json(json, mp->name, &m, &c, &tr, &r)) bad_input("--json %s: cannot write the file", json);
     if (r.n == 0) {
         fprintf(stderr, "error: no layout of %d GPUs divides this model and batch (the fixed flags leave none)\n", c.gpus);
         return 2;
+    }
+    plan_print_header(stdout, mp->name, &m, &c, &tr);
+    if (json && !plan_write_json(json, mp->name, &m, &c, &tr, &r)) {
+        fprintf(stderr, "error: --json %s: writing the file failed\n", json);
+        return 1;
     }
     plan_print_table(stdout, &r, top);
     if (explain) plan_print_explain(stdout, &r);

@@ -2,104 +2,232 @@
  * row fixes what its source says (model, GPUs, TP x PP x DP, batch, ...) and
  * leaves the rest ("-") to the search; the fastest layout that fits is the
  * prediction, in the FLOPs the source counts. */
-#define _POSIX_C_SOURCE 200809L /* getline, strtok_r */
+#define _POSIX_C_SOURCE 200809L /* getline, fdopen */
 #include "check.h"
+#include "paths.h"
 #include "plan.h"
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { ID, MODEL, CLUSTER, GPUS, INTER, TP, PP, DP, BATCH, MB, SCHED, RECOMP, SP, ZERO, OVERLAP, FLOPS, TFLOPS, SOURCE,
        VERIFIED, COLUMNS };
 
+/* The line's cells (the first COLUMNS into cols); returns how many it has. */
 static int split_tabs(char *line, char **cols) {
-    int n = 0;
     line[strcspn(line, "\r\n")] = 0;
-    for (char *c = line; n < COLUMNS; n++) {
-        cols[n] = c;
-        char *tab = strchr(c, '\t');
-        if (!tab) { n++; break; }
+    for (int n = 0;; n++) {
+        if (n < COLUMNS) cols[n] = line;
+        char *tab = strchr(line, '\t');
+        if (!tab) return n + 1;
         *tab = 0;
-        c = tab + 1;
+        line = tab + 1;
     }
-    return n;
 }
 
-static int num(const char *s) { return strcmp(s, "-") ? atoi(s) : 0; }
+static const char *const column_names[COLUMNS] = {
+    "id", "model", "cluster", "gpus", "inter_gbs", "tp", "pp", "dp", "global_batch", "micro_batch", "schedule",
+    "recompute", "sp", "zero", "dp_overlap", "flops", "tflops", "source", "verified"};
 
-int predict_published(const char *path, const char *json_path) {
-    FILE *f = fopen(path, "r");
-    if (!f) { fprintf(stderr, "error: --published %s: cannot read the file\n", path); return 2; }
+/* A row, every cell checked: the file is the user's to extend. */
+typedef struct row {
+    char *c[COLUMNS];
+    const model_preset *mp;
+    cluster cl;
+    training tr;
+    constraints k;
+    double tflops;
+} row;
+
+/* Names the cell's line and column and what it must be; returns 0. */
+static int bad_cell(const char *path, int lineno, int col, const char *value, const char *rule) {
+    fprintf(stderr, "error: %s line %d, column %d (%s): '%.40s' %s\n", path, lineno, col + 1, column_names[col], value,
+            rule);
+    return 0;
+}
+
+/* A whole number in [lo, hi], or "-" (0: left to plan3d) where dash_ok. */
+static int cell_count(const char *path, int lineno, row *w, int col, long lo, long hi, int dash_ok, long *out) {
+    const char *v = w->c[col];
+    char *end, rule[96];
+    if (dash_ok && !strcmp(v, "-")) { *out = 0; return 1; }
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end != v && !*end && !errno && x >= lo && x <= hi) { *out = x; return 1; }
+    snprintf(rule, sizeof rule, "must be a whole number from %ld to %ld%s", lo, hi, dash_ok ? ", or - (plan3d's choice)" : "");
+    return bad_cell(path, lineno, col, v, rule);
+}
+
+/* A number in [lo, hi] (lo_open: above lo). */
+static int cell_number(const char *path, int lineno, row *w, int col, double lo, int lo_open, double hi, double *out) {
+    const char *v = w->c[col];
+    char *end, rule[96];
+    double x = strtod(v, &end);
+    if (end != v && !*end && isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi) { *out = x; return 1; }
+    snprintf(rule, sizeof rule, lo_open ? "must be a number above %g, at most %g" : "must be a number from %g to %g", lo, hi);
+    return bad_cell(path, lineno, col, v, rule);
+}
+
+/* One of "a|b|c" (its index), or "-" (-1) where dash_ok. */
+static int cell_choice(const char *path, int lineno, row *w, int col, const char *choices, int dash_ok, int *out) {
+    const char *v = w->c[col];
+    char rule[96];
+    if (dash_ok && !strcmp(v, "-")) { *out = -1; return 1; }
+    int k = 0;
+    for (const char *c = choices; *c; k++) {
+        size_t n = strcspn(c, "|");
+        if (strlen(v) == n && !strncmp(c, v, n)) { *out = k; return 1; }
+        c += n + (c[n] == '|');
+    }
+    snprintf(rule, sizeof rule, "must be one of %s%s", choices, dash_ok ? " or -" : "");
+    return bad_cell(path, lineno, col, v, rule);
+}
+
+/* The row of `line` (a data row, not a comment or the header): 1, or 0 after one line saying what is wrong. */
+static int read_row(char *line, const char *path, int lineno, row *w) {
+    int n = split_tabs(line, w->c);
+    if (n != COLUMNS) {
+        fprintf(stderr, "error: %s line %d: %d columns, %d expected (tab-separated)\n", path, lineno, n, COLUMNS);
+        return 0;
+    }
+    w->mp = find_model(w->c[MODEL]);
+    if (!w->mp) return bad_cell(path, lineno, MODEL, w->c[MODEL], "is not a model preset (plan3d --help lists them)");
+    const cluster *cp = find_cluster(w->c[CLUSTER]);
+    if (!cp) return bad_cell(path, lineno, CLUSTER, w->c[CLUSTER], "is not a cluster preset (plan3d --help lists them)");
+    w->cl = *cp;
+    long gpus, tp, pp, dp, batch, mb, zero;
+    int sched, recompute, sp, flops;
+    double overlap;
+    if (!cell_count(path, lineno, w, GPUS, 1, 1000000, 0, &gpus) ||
+        (strcmp(w->c[INTER], "-") && !cell_number(path, lineno, w, INTER, 0, 1, 1e6, &w->cl.inter_gbs)) ||
+        !cell_count(path, lineno, w, TP, 1, gpus, 1, &tp) || !cell_count(path, lineno, w, PP, 1, gpus, 1, &pp) ||
+        !cell_count(path, lineno, w, DP, 1, gpus, 1, &dp) ||
+        !cell_count(path, lineno, w, BATCH, 1, 1000000000, 0, &batch) ||
+        !cell_count(path, lineno, w, MB, 1, batch, 1, &mb) ||
+        !cell_choice(path, lineno, w, SCHED, "gpipe|1f1b|interleaved|zb-h1|zb-v", 1, &sched) ||
+        !cell_choice(path, lineno, w, RECOMP, "none|selective|full", 1, &recompute) ||
+        !cell_choice(path, lineno, w, SP, "off|on", 1, &sp) || !cell_count(path, lineno, w, ZERO, 0, 3, 0, &zero) ||
+        !cell_number(path, lineno, w, OVERLAP, 0, 0, 1, &overlap) ||
+        !cell_choice(path, lineno, w, FLOPS, "hw|model", 0, &flops) ||
+        !cell_number(path, lineno, w, TFLOPS, 0, 1, 1e6, &w->tflops))
+        return 0;
+    w->cl.gpus = (int)gpus;
+    if (w->cl.gpus_per_node > w->cl.gpus) w->cl.gpus_per_node = w->cl.gpus;
+    w->tr = (training){batch, TH_BF16, (int)zero, overlap, 0.1};
+    w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, 0, sched, sp, recompute, 0};
+    return 1;
+}
+
+/* Each data row of the open file: fn(row, ...) in order; 0, or 2 after the first bad row's line. */
+typedef int (*row_fn)(const row *w, const char *path, int lineno, void *ctx);
+static int for_each_row(FILE *f, const char *path, row_fn fn, void *ctx, int *rows) {
     char *line = NULL;
     size_t cap = 0;
-    int lineno = 0, rows = 0, within = 0;
-    double sum_abs = 0, worst = 0;
-    json_t *out = json_array();
-    printf("%-17s %6s %-14s | %9s %9s %7s | %s\n", "run", "GPUs", "tp pp dp", "reported", "predicted", "error",
-           "the layout plan3d completes it with (memory per GPU)");
-    while (getline(&line, &cap, f) > 0) {
+    int lineno = 0, status = 0;
+    *rows = 0;
+    rewind(f);
+    while (status == 0 && getline(&line, &cap, f) > 0) {
         lineno++;
         if (line[0] == '#' || line[0] == '\n' || !strncmp(line, "id\t", 3)) continue;
-        char *c[COLUMNS];
-        if (split_tabs(line, c) != COLUMNS) {
-            fprintf(stderr, "error: %s line %d: %d columns expected\n", path, lineno, COLUMNS);
-            return 2;
-        }
-        const model_preset *mp = find_model(c[MODEL]);
-        const cluster *cp = find_cluster(c[CLUSTER]);
-        if (!mp || !cp) { fprintf(stderr, "error: %s line %d: unknown preset %s\n", path, lineno, mp ? c[CLUSTER] : c[MODEL]); return 2; }
-        cluster cl = *cp;
-        cl.gpus = atoi(c[GPUS]);
-        if (strcmp(c[INTER], "-")) cl.inter_gbs = atof(c[INTER]);
-        training tr = {atol(c[BATCH]), TH_BF16, atoi(c[ZERO]), atof(c[OVERLAP]), 0.1};
-        constraints k = {num(c[TP]), num(c[PP]), num(c[DP]), num(c[MB]), 0,
-                         strcmp(c[SCHED], "-") ? th_schedule_parse(c[SCHED]) : -1,
-                         !strcmp(c[SP], "-") ? -1 : !strcmp(c[SP], "on"),
-                         !strcmp(c[RECOMP], "-") ? -1 : !strcmp(c[RECOMP], "none") ? 0 : !strcmp(c[RECOMP], "selective") ? 1 : 2, 0};
-        if (k.schedule < 0 && strcmp(c[SCHED], "-")) { fprintf(stderr, "error: %s line %d: schedule %s\n", path, lineno, c[SCHED]); return 2; }
-        /* the schedules of their time: 1F1B or Megatron's interleaving when the row does not say */
-        plan_result r;
-        plan_search(&mp->m, &cl, &tr, &k, &r);
-        /* the fastest that fits; where our memory model says none does (the
-         * run did), the fastest of all, marked */
-        int pick = -1;
-        for (int i = 0; i < r.n; i++) {
-            const estimate *x = &r.all[i];
-            if (k.schedule < 0 && x->l.schedule != TH_SCHED_1F1B && x->l.schedule != TH_SCHED_INTERLEAVED) continue;
-            if (pick < 0 || (r.n_fit ? x->fits && !r.all[pick].fits : x->t_step < r.all[pick].t_step)) pick = i;
-            if (r.n_fit && x->fits) break;
-        }
-        if (pick < 0) { fprintf(stderr, "error: %s line %d: no layout matches the row\n", path, lineno); return 2; }
-        const estimate *e = &r.all[pick];
-        double flops = !strcmp(c[FLOPS], "hw") ? e->hw_flops : e->model_flops;
-        double predicted = flops / e->t_step / cl.gpus / 1e12, reported = atof(c[TFLOPS]);
-        double err = predicted / reported - 1;
-        char lt[160];
-        printf("%-17s %6d %2d %3d %4d   | %9.0f %9.0f %+6.1f%% | %s (%.1f GiB%s)\n", c[ID], cl.gpus, e->l.tp, e->l.pp, e->l.dp,
-               reported, predicted, 100 * err, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
-               e->fits ? "" : ", does NOT fit: the memory model is off for this row");
-        json_array_append_new(out, json_pack("{s:s,s:i,s:f,s:f,s:f,s:s,s:b,s:f,s:s}", "id", c[ID], "gpus", cl.gpus,
-                                             "reported_tflops", reported, "predicted_tflops", predicted, "error", err,
-                                             "layout", lt, "fits", e->fits, "mem_gib", e->mem_total / 1073741824.0,
-                                             "source", c[SOURCE]));
-        rows++;
-        within += fabs(err) <= 0.25;
-        sum_abs += fabs(err);
-        worst = fmax(worst, fabs(err));
-        plan_free(&r);
+        row w;
+        if (!read_row(line, path, lineno, &w)) status = 2;
+        else if (fn) status = fn(&w, path, lineno, ctx);
+        *rows += status == 0;
     }
     free(line);
+    return status;
+}
+
+typedef struct tally { int rows, within; double sum_abs, worst; json_t *out; } tally;
+
+static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
+    tally *t = ctx;
+    char *const *c = w->c;
+    const constraints k = w->k;
+    cluster cl = w->cl;
+    /* the schedules of their time: 1F1B or Megatron's interleaving when the row does not say */
+    plan_result r;
+    plan_search(&w->mp->m, &cl, &w->tr, &k, &r);
+    /* the fastest that fits; where our memory model says none does (the
+     * run did), the fastest of all, marked */
+    int pick = -1;
+    for (int i = 0; i < r.n; i++) {
+        const estimate *x = &r.all[i];
+        if (k.schedule < 0 && x->l.schedule != TH_SCHED_1F1B && x->l.schedule != TH_SCHED_INTERLEAVED) continue;
+        if (pick < 0 || (r.n_fit ? x->fits && !r.all[pick].fits : x->t_step < r.all[pick].t_step)) pick = i;
+        if (r.n_fit && x->fits) break;
+    }
+    if (pick < 0) {
+        fprintf(stderr, "error: %s line %d: no layout of %d GPUs matches the row (its tp, pp, dp, micro_batch "
+                "must divide the GPUs, the layers and the batch)\n", path, lineno, cl.gpus);
+        plan_free(&r);
+        return 2;
+    }
+    const estimate *e = &r.all[pick];
+    double flops = !strcmp(c[FLOPS], "hw") ? e->hw_flops : e->model_flops;
+    double predicted = flops / e->t_step / cl.gpus / 1e12, reported = w->tflops;
+    double err = predicted / reported - 1;
+    char lt[160];
+    printf("%-17s %6d %2d %3d %4d   | %9.0f %9.0f %+6.1f%% | %s (%.1f GiB%s)\n", c[ID], cl.gpus, e->l.tp, e->l.pp, e->l.dp,
+           reported, predicted, 100 * err, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
+           e->fits ? "" : ", does NOT fit: the memory model is off for this row");
+    json_array_append_new(t->out, json_pack("{s:s,s:i,s:f,s:f,s:f,s:s,s:b,s:f,s:s}", "id", c[ID], "gpus", cl.gpus,
+                                         "reported_tflops", reported, "predicted_tflops", predicted, "error", err,
+                                         "layout", lt, "fits", e->fits, "mem_gib", e->mem_total / 1073741824.0,
+                                         "source", c[SOURCE]));
+    t->rows++;
+    t->within += fabs(err) <= 0.25;
+    t->sum_abs += fabs(err);
+    t->worst = fmax(t->worst, fabs(err));
+    plan_free(&r);
+    return 0;
+}
+
+#define PUBLISHED_MAX_BYTES (1LL << 20) /* a table of runs; the course's has 13 rows in 8 KB */
+
+int predict_published(const char *path, const char *json_path) {
+    char err[PATH_MAX + 200];
+    long long size;
+    int fd = path_open_input("--published", path, PUBLISHED_MAX_BYTES, &size, err, sizeof err);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        fprintf(stderr, "error: %s\n", fd >= 0 ? strerror(errno) : err);
+        if (fd >= 0) close(fd);
+        return 2;
+    }
+    /* every row checked before any is predicted: a bad one stops it before it prints */
+    int rows = 0, status = for_each_row(f, path, NULL, NULL, &rows);
+    if (status == 0 && rows == 0) {
+        fprintf(stderr, "error: --published %s: no rows (a header, comments and no runs)\n", path);
+        status = 2;
+    }
+    if (status) {
+        fclose(f);
+        return status;
+    }
+    tally t = {.out = json_array()};
+    printf("%-17s %6s %-14s | %9s %9s %7s | %s\n", "run", "GPUs", "tp pp dp", "reported", "predicted", "error",
+           "the layout plan3d completes it with (memory per GPU)");
+    status = for_each_row(f, path, predict_row, &t, &rows);
     fclose(f);
-    if (!rows) { fprintf(stderr, "error: --published %s: no rows\n", path); return 2; }
-    printf("\n%d runs: mean |error| %.1f%%, worst %.1f%%, %d within 25%%\n", rows, 100 * sum_abs / rows, 100 * worst, within);
+    if (status) {
+        json_decref(t.out);
+        return status;
+    }
+    printf("\n%d runs: mean |error| %.1f%%, worst %.1f%%, %d within 25%%\n", t.rows, 100 * t.sum_abs / t.rows,
+           100 * t.worst, t.within);
     if (json_path) {
-        json_t *root = json_pack("{s:s,s:o}", "file", path, "runs", out);
-        if (json_dump_file(root, json_path, JSON_INDENT(1))) { fprintf(stderr, "error: --json %s: cannot write\n", json_path); return 2; }
+        json_t *root = json_pack("{s:s,s:o}", "file", path, "runs", t.out);
+        status = json_dump_file(root, json_path, JSON_INDENT(1));
         json_decref(root);
+        if (status) { fprintf(stderr, "error: --json %s: cannot write\n", json_path); return 1; }
     } else {
-        json_decref(out);
+        json_decref(t.out);
     }
     return 0;
 }

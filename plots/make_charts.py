@@ -415,15 +415,19 @@ def main():
     print(f"sweep ({mode}): {len(runs)} runs into {out}/runs, {CORES} cores", flush=True)
     commands, sweep_s = run_sweep(runs, build, out, a.mpirun)
 
-    pipe_recs = records_to_tsv.read_records([os.path.join("runs", "pipe", "records.jsonl")])
-    on_cpu = any(r["device"] == "cpu" for r in pipe_recs)
-    note = f"p = 4 ran 4 ranks on {CORES} cores (oversubscribed): its measured bubble can sit above the theory" \
-        if on_cpu and CORES < 4 else ""
-    for group, only in (("pipe", ("bubble",)), ("std", ("memory", "throughput", "loss", "comm")), ("acts", ("acts",)),
-                        ("sp", ("spacts",)), ("prec", ("precision",))):
-        path = os.path.join("runs", group, "records.jsonl")
-        if os.path.exists(path):
-            records_to_tsv.convert([path], ".", note if group == "pipe" else "", only)
+    try:
+        pipe_recs = records_to_tsv.read_records([os.path.join("runs", "pipe", "records.jsonl")])
+        on_cpu = any(r["device"] == "cpu" for r in pipe_recs)
+        note = f"p = 4 ran 4 ranks on {CORES} cores (oversubscribed): its measured bubble can sit above the theory" \
+            if on_cpu and CORES < 4 else ""
+        for group, only in (("pipe", ("bubble",)), ("std", ("memory", "throughput", "loss", "comm")),
+                            ("acts", ("acts",)), ("sp", ("spacts",)), ("prec", ("precision",))):
+            path = os.path.join("runs", group, "records.jsonl")
+            if os.path.exists(path):
+                records_to_tsv.convert([path], ".", note if group == "pipe" else "", only)
+    except records_to_tsv.RecordsError as e:  # the sweep's own records: a run that stopped half-way
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     plan_cmd = plan_table(build, "plan.tsv")
     if plan_cmd:
         commands["plan"] = [plan_cmd]

@@ -20,20 +20,108 @@ the like), then a header line, then one tab-separated row per run:
                   of each step, fp32 first
 
 When a file holds several runs of the same lab and layout (and batch), the last wins.
+A file that is missing, not a regular file, not JSON lines (a last line cut
+short by a run that was stopped) or a record without what the charts read is
+refused in one line naming the file and line (status 2), before any TSV is
+written. A diverged run's null losses are written as NaN: gnuplot leaves a gap.
 --note adds a line under the bubble chart's subtitle (the driver says there
 whether the ranks outnumbered the cores).
 """
 import argparse
 import json
+import math
 import os
+import stat
+import sys
 from collections import Counter
+
+RECORDS_MAX_BYTES = 1 << 30  # as plan3d --check: a million runs' records
+
+
+class RecordsError(Exception):
+    """A records file that cannot be charted: the message is one line naming the file (and line)."""
+
+
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_record(r):
+    """What every chart reads of a record, or the key that is wrong ("" if all is well)."""
+    if not isinstance(r, dict):
+        return "a record must be a JSON object"
+    if not (isinstance(r.get("lab"), str) and r["lab"][:3] == "lab" and r["lab"][3:5].isdigit()):
+        return f"lab {json.dumps(r.get('lab'))}: not a lab's name (lab01_dp ...)"
+    if not (isinstance(r.get("ranks"), int) and not isinstance(r["ranks"], bool) and r["ranks"] >= 1):
+        return f"ranks {json.dumps(r.get('ranks'))}: must be a whole number of at least 1"
+    for key in ("layout", "device", "comm"):
+        if not isinstance(r.get(key), str):
+            return f"{key} is missing" if key not in r else f"{key}: must be a string"
+    c = r.get("config")
+    if not isinstance(c, dict):
+        return "config is missing" if c is None else "config: must be an object"
+    for key in ("steps", "batch", "seq", "layers", "d_model", "heads"):
+        if not (isinstance(c.get(key), int) and not isinstance(c[key], bool) and c[key] >= 1):
+            return f"config.{key} {json.dumps(c.get(key))}: must be a whole number of at least 1"
+    losses = r.get("losses")
+    if not (isinstance(losses, list) and all(x is None or _number(x) for x in losses)):
+        return "losses: must be a list of numbers (null where a loss was not finite)"
+    for key in ("tokens_per_s", "step_ms_median"):
+        if not _number(r.get(key)):
+            return f"{key} {json.dumps(r.get(key))}: must be a number"
+    return ""
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_file(path):
+    """The records of one records.jsonl, each checked (RecordsError names the file and line). A
+    folder, FIFO or device is refused before it is opened: a FIFO would block until written."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise RecordsError(f"{path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise RecordsError(f"{path}: {kind}, not a records file")
+    if st.st_size > RECORDS_MAX_BYTES:
+        raise RecordsError(f"{path}: {st.st_size} bytes, more than the limit of {RECORDS_MAX_BYTES}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(RECORDS_MAX_BYTES + 1)
+    except OSError as e:
+        raise RecordsError(f"{path}: {e.strerror}") from None
+    recs = []
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        where = f"{path} line {i + 1}"
+        cut = i == len(lines) - 1  # the last line has no newline: the writer may have stopped half-way
+        try:
+            r = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        except UnicodeDecodeError:
+            raise RecordsError(f"{where}: not UTF-8 text") from None
+        except json.JSONDecodeError as e:
+            raise RecordsError(f"{where}: not JSON{', the last line cut short' if cut else ''} ({e})") from None
+        except ValueError as e:  # NaN, Infinity: Python's json takes them, JSON has them not
+            raise RecordsError(f"{where}: not JSON ({e})") from None
+        problem = _check_record(r)
+        if problem:
+            raise RecordsError(f"{where}: {problem}")
+        r["_where"] = where  # for the messages of the charts' readers (never written out)
+        recs.append(r)
+    if not recs:
+        raise RecordsError(f"{path}: no records")
+    return recs
 
 
 def read_records(paths):
     recs = []
     for path in paths:
-        with open(path) as f:
-            recs += [json.loads(line) for line in f if line.strip()]
+        recs += read_file(path)
     # the last run of a lab, layout and batch wins
     latest = {}
     for r in recs:
@@ -72,10 +160,12 @@ def subtitle(recs, steps=True):
 
 
 def fmt(x):
-    if x is None:  # a record's null: a loss that was not finite
+    """A TSV cell. A record's null (a loss that was not finite) and a NaN become
+    "NaN", which gnuplot reads as an undefined point: a gap in the curve."""
+    if x is None:
         return "NaN"
     if isinstance(x, float):
-        if x != x:
+        if not math.isfinite(x):
             return "NaN"
         return str(int(x)) if x == int(x) and abs(x) < 1e18 else f"{x:.6g}"
     return str(x)
@@ -170,8 +260,9 @@ def loss(recs):
         rows.append([s + 1] + [r["losses"][s] if s < len(r["losses"]) else float("nan") for r in runs])
     meta = {"subtitle": subtitle(runs), "baseline": label(runs[0]) if runs else "",
             "series": len(runs), "labs": " ".join(str(lab_no(r)) for r in runs)}
-    # losses keep 17 digits: the differences from the baseline are ~1e-7
-    return runs, meta, ["step"] + [label(r) for r in runs], [[row[0]] + [repr(x) if x == x else "NaN" for x in row[1:]] for row in rows]
+    # losses keep 17 digits: the differences from the baseline are ~1e-7; null or NaN: gnuplot's "NaN"
+    return runs, meta, ["step"] + [label(r) for r in runs], \
+        [[row[0]] + [repr(float(x)) if _number(x) and math.isfinite(x) else "NaN" for x in row[1:]] for row in rows]
 
 
 def precision_loss(recs):
@@ -222,20 +313,47 @@ def spacts(recs):
         ["run", "t", "sp", "recompute", "quadratic", "linear", "other", "measured", "formula", "quadratic_share"], rows
 
 
-def convert(paths, out, note="", only=None):
-    """Write the TSVs; returns {name: (path, runs)} for those written."""
-    recs = read_records(paths)
-    os.makedirs(out, exist_ok=True)
+CHARTS = ("bubble", "memory", "acts", "throughput", "loss", "comm", "spacts", "precision")
+
+
+def tables(recs, note="", only=None):
+    """{name: (meta, header, rows, runs)} of every chart the records have runs for. A
+    chart that cannot read a record raises RecordsError naming the record's line."""
+    makers = {"bubble": lambda r: bubble(r, note), "memory": memory, "acts": acts, "throughput": throughput,
+              "loss": loss, "comm": comm, "spacts": spacts, "precision": precision_loss}
     made = {}
-    for name, make in (("bubble", lambda r: bubble(r, note)), ("memory", memory), ("acts", acts),
-                       ("throughput", throughput), ("loss", loss), ("comm", comm), ("spacts", spacts),
-                       ("precision", precision_loss)):
+    for name in CHARTS:
         if only and name not in only:
             continue
-        runs, meta, header, rows = make(recs)
+        try:
+            runs, meta, header, rows = makers[name](recs)
+        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as e:
+            # the record that fails alone is the one to name
+            for r in recs:
+                try:
+                    makers[name]([r])
+                except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as alone:
+                    raise RecordsError(f"{r['_where']}: the {name} chart cannot read it "
+                                       f"({type(alone).__name__}: {alone})") from None
+            raise RecordsError(f"the {name} chart cannot read these records together ({type(e).__name__}: {e})") from None
         if rows:
-            made[name] = (write_tsv(os.path.join(out, name + ".tsv"), meta, header, rows), runs)
+            made[name] = (meta, header, rows, runs)
     return made
+
+
+def convert(paths, out, note="", only=None):
+    """Write the TSVs; returns {name: (path, runs)} for those written. Every
+    file is read and every table made before the first is written: a bad
+    record leaves nothing behind."""
+    made = tables(read_records(paths), note, only)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise RecordsError(f"--out {out}: not a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        return {name: (write_tsv(os.path.join(out, name + ".tsv"), meta, header, rows), runs)
+                for name, (meta, header, rows, runs) in made.items()}
+    except OSError as e:
+        raise RecordsError(f"--out {out}: {e.strerror}: {e.filename}") from None
 
 
 def main():
@@ -244,7 +362,12 @@ def main():
     ap.add_argument("--out", default=".", help="folder for the TSV files [.]")
     ap.add_argument("--note", default="", help="a line added to the bubble chart's subtitle")
     a = ap.parse_args()
-    for name, (path, runs) in convert(a.records, a.out, a.note).items():
+    try:
+        written = convert(a.records, a.out, a.note)
+    except RecordsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    for name, (path, runs) in written.items():
         print(f"{path}: {len(runs)} runs")
 
 

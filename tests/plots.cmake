@@ -2,3 +2,6 @@
 # them, and each gnuplot script runs alone on converted records.
 add_lab_test(plots_quick test_plots.py quick)
 set_tests_properties(plots_quick PROPERTIES LABELS plots)
+# the records reader on damaged files and a diverged run: one line, status 2, nothing written
+add_lab_test(plots_bad_records test_plots.py bad_records)
+set_tests_properties(plots_bad_records PROPERTIES LABELS plots)

@@ -4,13 +4,14 @@ For each case every rank must exit with status 2 within 5 s, rank 0 (or the
 rank that found the problem) prints exactly one line `error: ...` naming the
 flag or file, nothing else is printed, and the --out folder is not created.
 
-usage: test_bad_input.py LAB      (e.g. lab04_1f1b)"""
+usage: test_bad_input.py LAB      (e.g. lab04_1f1b)
+       test_bad_input.py tags_boundary   (lab04 at the last layout MPI's tags allow: runs)"""
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, check_rejected, has_gpu, program  # noqa: E402
+from labtest import check, check_rejected, has_gpu, program, run  # noqa: E402
 
 EMPTY = tempfile.NamedTemporaryFile(delete=False, prefix="pl-empty-").name
 A_FOLDER = tempfile.mkdtemp(prefix="pl-folder-")  # exists, but is no text file
@@ -66,6 +67,8 @@ SHARED = [
     (2, ["--save", "/dev/null"], "--save"),  # not a regular file: never replaced
     (2, ["--save", FIFO], "--save"),
     (2, ["--save", LONG_NAME], "--save"),
+    (2, ["--save", ""], "--save needs a file name"),
+    (2, ["--out", ""], "--out needs a folder name"),
     (2, ["--preset", "huge"], "--preset"),
     (2, ["--preset"], "--preset"),
     (2, ["--preset", "gpt2-small", "--heads", "5"], "--heads"),  # 5 does not divide 768
@@ -84,6 +87,10 @@ SHARED = [
     (2, ["--dry-run", "--out", EMPTY], "--out"),
     (2, ["--dry-run", "--save", "/proc/ck.safetensors"], "--save"),
 ]
+# one MPI tag per message of a step, 2 p v m of them: 2 ranks x 4 chunks x 2048 micro-batches is 32768,
+# beyond the 32767 tags MPI guarantees; 2046 micro-batches (32736 messages) run (tags_boundary)
+TAGS_OVER = ["--schedule", "interleaved", "--virtual-stages", "4", "--micro-batches", "2048", "--batch", "2048"]
+
 # sequence parallelism splits what tensor parallelism leaves whole: a lab without TP has no such flag
 NO_TP = [(2, ["--sequence-parallel"], "--sequence-parallel")]
 
@@ -96,6 +103,8 @@ PER_LAB = {
         (2, ["--dump-weights", "/proc/weights"], "--dump-weights"),
         (2, ["--dump-weights", EMPTY + "/weights"], "--dump-weights"),
         (2, ["--dump-weights", "/dev/null"], "--dump-weights"),
+        (2, ["--dump-weights", ""], "--dump-weights needs a file name"),  # was refused only after training
+        (2, ["--dry-run", "--dump-weights", ""], "--dump-weights needs a file name"),
         (4, ["--dry-run", "--batch", "30"], "--batch"),
         (2, ["--grad-accum", "3"], "--grad-accum"),  # 16 rows per rank: K must divide them
         (2, ["--grad-accum", "0"], "--grad-accum"),
@@ -141,6 +150,13 @@ PER_LAB = {
         (2, ["--print-schedule", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
         (2, ["--print-schedule=yes"], "--print-schedule"),
         (2, ["--dry-run", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
+        # 5 ranks x 858993460 chunks = 2^32 + 4 virtual stages: 4 in an int, which divides 8 layers
+        (5, ["--schedule", "interleaved", "--virtual-stages", "858993460", "--micro-batches", "5", "--batch", "10"],
+         "4294967300 virtual stages"),
+        # 2 x 8 virtual stages x 2048 micro-batches = 32768 messages, one MPI tag each: more than MPI guarantees
+        (2, TAGS_OVER, "--micro-batches 2048"),
+        (2, ["--dry-run"] + TAGS_OVER, "--micro-batches 2048"),
+        (2, ["--print-schedule"] + TAGS_OVER, "--micro-batches 2048"),
     ] + NO_TP,
     "lab05_tp": [
         (3, [], "--heads"),  # 3 does not divide 4 heads
@@ -173,6 +189,9 @@ PER_LAB = {
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--sequence-parallel", "--seq", "63"], "--seq"),
         (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--sequence-parallel"], "--sequence-parallel"),  # no TP group
         (4, ["--tp", "2", "--pp", "2", "--dp", "2", "--dry-run"], "--dp"),
+        (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--batch", "4096"] + TAGS_OVER[:-2], "--micro-batches 2048"),
+        (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--batch", "4096", "--dry-run"] + TAGS_OVER[:-2],
+         "--micro-batches 2048"),
     ],
 }
 
@@ -201,6 +220,24 @@ def main(lab):
     print(f"{lab}: {len(cases)} bad inputs rejected with status 2, one line, nothing left behind")
 
 
+def tags_boundary():
+    """What --dry-run approves runs: lab04 at the last micro-batch count whose
+    messages fit MPI's tags (2 ranks x 4 chunks x 2046 = 32736 messages; 2048 is
+    refused above, by the run and the dry run alike) plans and trains a step."""
+    args = ["--layers", "8", "--d-model", "32", "--heads", "2", "--seq", "16", "--steps", "1", "--schedule",
+            "interleaved", "--virtual-stages", "4", "--micro-batches", "2046", "--batch", "2046"]
+    out = os.path.join(tempfile.mkdtemp(prefix="pl-tags-"), "dry")
+    rec, p, _ = run("lab04_1f1b", 2, args + ["--dry-run"], out=out)
+    check(p.returncode == 0 and "dry run" in p.stdout and not os.path.exists(out), "the dry run approves, creates nothing")
+    rec, p, _ = run("lab04_1f1b", 2, args, timeout=300)
+    check(rec["micro_batches"] == 2046 and rec["chunks_per_rank"] == 4 and len(rec["losses"]) == 1,
+          f"the run it approved trained: {rec and rec['layout']}")
+    print("the last tag-space layout the dry run approves runs")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "tags_boundary":
+        tags_boundary()
+    else:
+        main(sys.argv[1])
     print("passed")

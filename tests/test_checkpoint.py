@@ -28,7 +28,11 @@
   io_error   a checkpoint that cannot be written at run time ends the job with one
              line naming the rank and the failing call
 
-usage: test_checkpoint.py resume|resume_lab06|format|refused|faults|records|kill_lab04|kill_lab05|kill_lab06|io_error"""
+  launcher_signals
+             SIGTERM and Ctrl-C to mpirun while rank 0 writes a save: the job
+             ends, nothing is left behind, the last checkpoint resumes
+
+usage: test_checkpoint.py resume|resume_lab06|format|refused|faults|records|kill_lab04|kill_lab05|kill_lab06|io_error|launcher_signals"""
 import json
 import os
 import shutil
@@ -41,7 +45,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import MPIRUN, check, check_rejected, compare_losses, on_cpu_unless_named, program, run  # noqa: E402
+from labtest import MPIRUN, check, check_rejected, compare_losses, fail, on_cpu_unless_named, program, run  # noqa: E402
 
 # the small model of the lab tests
 MODEL = ["--layers", "4", "--d-model", "64", "--seq", "64", "--batch", "16"]
@@ -267,11 +271,72 @@ def temporaries(folder):
 
 
 def mid_save(job, folder, timeout=20):
-    """Wait until a save is under way: its temporary file exists in folder."""
+    """Wait until a save is under way: rank 0 writes its file (writing_in)."""
     t0 = time.time()
-    while not temporaries(folder):
+    rank0 = job.ranks()[0]
+    while not writing_in(rank0, folder):
         check(job.p.poll() is None, "the job ended before it saved")
         check(time.time() - t0 < timeout, f"no save seen within {timeout} s")
+
+
+def writing_in(pid, folder):
+    """Whether process pid has a file of folder open for writing that is not the
+    checkpoint itself: the save's unnamed file (O_TMPFILE, "#N (deleted)") or its
+    named temporary."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(folder + "/") and ("(deleted)" in target or ".tmp." in target):
+            return True
+    return False
+
+
+def launcher_signals():
+    """SIGTERM and Ctrl-C (SIGINT) to mpirun while rank 0 writes a checkpoint, as a
+    user sends them. Hydra forwards the signal to every rank and SIGKILLs the
+    others a few milliseconds after the first one ends (strace of the proxy:
+    kill(-rank, SIGTERM) for each, then kill(-rank, SIGKILL)), so a rank in a long
+    write() or fsync() dies without running its handler: the save writes a file
+    without a name, which dies with it. Each trial signals mpirun at a moment
+    rank 0 is seen writing: the job ends within 10 s, no rank is left, no
+    temporary is left, and the last complete checkpoint resumes."""
+    big = ["--layers", "8", "--d-model", "128", "--seq", "64", "--batch", "16"]  # 20 MB: a save takes a while
+    args = big + ["--steps", "100000", "--save-every", "1"]
+    trials = 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        for trial in range(3):
+            tmp = tempfile.mkdtemp(prefix="pl-launcher-")
+            job = Job("lab01_dp", 2, args + ["--save", f"{tmp}/ck"])
+            job.wait_for("checkpoint: 1 steps")
+            mid_save(job, tmp)
+            job.p.send_signal(sig)
+            try:
+                status = job.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                job.p.kill()
+                fail(f"mpirun still running 10 s after {sig.name}")
+            job.join()
+            time.sleep(0.2)
+            check(not job.ranks(), f"{sig.name}: ranks left running: {job.ranks()}")
+            check(not temporaries(tmp), f"{sig.name} to mpirun mid-save left {temporaries(tmp)}")
+            # the last complete save is whole: its header and every tensor's bytes (one resumes, below)
+            header, data = read_checkpoint(f"{tmp}/ck")
+            ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+            check(len(data) == max(ends), f"the checkpoint left by {sig.name} is cut: {len(data)} of {max(ends)} bytes")
+            if trial == 0:
+                rec, _, _ = run("lab01_dp", 1, big + ["--steps", "1", "--resume", f"{tmp}/ck"])
+                check(rec["first_step"] >= 1, "the checkpoint resumes")
+            print(f"{sig.name} to mpirun while rank 0 wrote: mpirun exit {status}, no temporary, the checkpoint of "
+                  f"step {header['__metadata__'].get('step', '?')} is whole", flush=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            trials += 1
+    print(f"{trials} signals to the launcher mid-save: nothing left behind")
 
 
 def dead_pid():
@@ -285,8 +350,9 @@ SMALL = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--b
 
 
 def faults():
-    # Ctrl-C (mpirun forwards SIGINT to the ranks) in the middle of a save: the rank
-    # removes its temporary on the way out; the last complete checkpoint stays
+    # Ctrl-C (mpirun forwards SIGINT to the ranks) in the middle of a save: the save's
+    # file has no name until it is whole, and dies with the rank; the last complete
+    # checkpoint stays (launcher_signals tries SIGTERM and SIGINT several times)
     tmp = tempfile.mkdtemp(prefix="pl-fault-")
     args = MODEL + ["--steps", "100000", "--save", f"{tmp}/ck", "--save-every", "1"]
     job = Job("lab01_dp", 2, args)
@@ -299,9 +365,10 @@ def faults():
     rec, _, _ = run("lab01_dp", 1, MODEL + ["--steps", "1", "--resume", f"{tmp}/ck"])
     print(f"Ctrl-C mid-save: exit {status}, no temporary, the checkpoint of step {rec['first_step']} resumes")
 
-    # SIGKILL cannot be caught: the temporary stays, and the next save removes it
-    # (also one planted with the pid of a process that is gone, so the check never
-    # depends on when the kill landed)
+    # SIGKILL cannot be caught: a temporary it leaves (a named one, where the file
+    # system has no O_TMPFILE or the kill lands between naming and rename) is removed
+    # by the next save, as is one planted with the pid of a process that is gone, so
+    # the check never depends on when the kill landed
     job = Job("lab01_dp", 2, args)
     job.wait_for("checkpoint: 1 steps")
     rank0 = job.ranks()[0]
@@ -482,12 +549,13 @@ def io_error():
     errors = [line.strip() for line in job.errors if "error" in line]
     print(f"exit {status} {time.time() - t0:.1f} s after the folder vanished; {errors[:1]}")
     check(status != 0, "a failed save must fail the job")
-    check(any(line.startswith("rank 0: error: fopen(") and folder in line for line in errors),
-          f"expected 'rank 0: error: fopen(<file in {folder}>...', got {errors}")
+    check(any(line.startswith("rank 0: error: open(") and folder in line for line in errors),
+          f"expected 'rank 0: error: open(<file in {folder}>...', got {errors}")
 
 
 if __name__ == "__main__":
     {"resume": resume, "format": format_, "refused": refused, "io_error": io_error, "faults": faults,
+     "launcher_signals": launcher_signals,
      "records": records,
      "kill_lab04": lambda: kill("lab04_1f1b", 3, 1, ["--micro-batches", "4"]),  # the middle stage
      "kill_lab05": lambda: kill("lab05_tp", 2, 1, []),

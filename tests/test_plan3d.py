@@ -17,7 +17,12 @@
              where memory forces it, the JSON table, --explain; nothing fitting
              exits 1 with the shortfall
   published  every published run predicted within 25 % (plan3d/published_runs.tsv)
-  bad_input  unknown presets, layouts that cannot divide the model: one line, status 2
+  bad_input  unknown presets, layouts that cannot divide the model, values beyond the
+             stated limits: one line, status 2
+  bad_files  FIFOs, devices and folders as inputs or --json, damaged records (zero,
+             huge or missing values, unknown labs, a cut last line), malformed cells
+             of a published table: one line naming file, line and key or column,
+             status 2 within 5 s, nothing created or left behind
 
 usage: test_plan3d.py CASE"""
 import json
@@ -56,15 +61,24 @@ def sweep(out, runs):
         check(len(f.read().splitlines()) == len(runs), "one record per run")
 
 
-def rejected(args, needle):
-    """Bad input: status 2, nothing on stdout, one line `error: ...` naming `needle`."""
-    p = plan3d(args, timeout=30)
+def rejected(args, needle, watch=()):
+    """Bad input: status 2 within 5 s, nothing on stdout, one line `error: ...` naming `needle`,
+    and no file created or left behind in the folders `watch`."""
+    before = {d: sorted(os.listdir(d)) for d in watch}
+    t0 = time.time()
+    try:
+        p = plan3d(args, timeout=5)
+    except subprocess.TimeoutExpired:
+        check(False, f"{args}: no answer within 5 s (a hang)")
     lines = p.stderr.strip().splitlines()
-    print(f"   {lines}")
+    print(f"   {lines} in {time.time() - t0:.1f} s")
     check(p.returncode == 2, f"{args}: status 2 expected, got {p.returncode}")
     check(len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0],
           f"{args}: one line naming {needle!r}: {lines}")
     check(p.stdout == "", f"{args}: nothing before the error, stdout was {p.stdout[:200]!r}")
+    for d in watch:
+        check(sorted(os.listdir(d)) == before[d], f"{args}: files created or left in {d}: "
+                                                  f"{sorted(set(os.listdir(d)) - set(before[d]))}")
 
 
 def case_check():
@@ -238,6 +252,10 @@ def case_bad_input():
         (["--gpus", "48", "--dp", "4", "--micro-batch", "5", "--global-batch", "64"], "--micro-batch 5"),
         (["--zero-stage", "4"], "--zero-stage"),
         (["--vp", "2"], "--vp"),
+        # limits stated in the message that enforces them
+        (["--gpus", "2000000"], "from 1 to 1000000"),
+        (["--tp", "99999999999"], "from 0 to 1000000"),
+        (["--layers", "5000"], "from 0 to 4096"),
         (["--check", "/nonexistent"], "--check"),
         (["--published", "/nonexistent.tsv"], "--published"),
     ]
@@ -246,7 +264,138 @@ def case_bad_input():
     print(f"passed: {len(cases)} bad inputs rejected with status 2 and one line")
 
 
+def case_bad_files():
+    """Files plan3d reads or writes that are not what they must be, records that a
+    run did not write (damaged, hand-edited, another program's), and a published
+    table with a malformed cell: refused in one line naming the file, line and
+    key or column, before any work, within 5 s, creating nothing."""
+    tmp = tempfile.mkdtemp(prefix="pl-plan-files-")
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    a_file = os.path.join(tmp, "a-file")
+    open(a_file, "w").close()
+    out = tempfile.mkdtemp(prefix="pl-plan-out-")  # where --json would go: must stay empty
+    js = os.path.join(out, "never.json")
+    # a real record to damage: lab04, two stages, interleaved
+    good = tempfile.mkdtemp(prefix="pl-plan-good-")
+    sweep(good, [("lab04_1f1b", 2, TINY + ["--micro-batches", "4", "--schedule", "interleaved", "--layers", "4"])])
+    line = open(os.path.join(good, "records.jsonl")).read().splitlines()[0]
+    rec = json.loads(line)
+    no_cal = ["--calibration", os.path.join(tmp, "none.json")]
+    p = plan3d(["--check", good, *no_cal])
+    check(p.returncode == 0, f"the undamaged record checks: {p.stdout} {p.stderr}")
+
+    def records(text):
+        d = tempfile.mkdtemp(prefix="pl-plan-rec-", dir=tmp)
+        with open(os.path.join(d, "records.jsonl"), "w") as f:
+            f.write(text)
+        return d
+
+    def changed(edit):
+        r = json.loads(line)
+        edit(r)
+        return records(json.dumps(r) + "\n")
+
+    def fifo_records():
+        d = tempfile.mkdtemp(prefix="pl-plan-rec-", dir=tmp)
+        os.mkfifo(os.path.join(d, "records.jsonl"))
+        return d
+
+    def folder_records():
+        d = tempfile.mkdtemp(prefix="pl-plan-rec-", dir=tmp)
+        os.mkdir(os.path.join(d, "records.jsonl"))
+        return d
+
+    def cfg(key, value):
+        return lambda r: r["config"].__setitem__(key, value)
+
+    def drop(key, where=None):
+        return lambda r: (r if where is None else r[where]).pop(key)
+
+    check_cases = [
+        (fifo_records(), "FIFO"),
+        (folder_records(), "folder"),
+        (records(""), "no records"),
+        (records("hello\n"), "line 1: not JSON"),
+        (records(line + "\n" + line[:len(line) // 2]), "line 2: not JSON, the last line cut short"),
+        (changed(lambda r: r.__setitem__("ranks", 0)), "ranks 0: must be a whole number from 1 to 65536"),
+        (changed(lambda r: r.__setitem__("ranks", 10**9)), "ranks 1000000000"),
+        (changed(lambda r: r.__setitem__("ranks", 3)), "config.layers 4 cannot be split into 3 stages x 2 chunks"),
+        (changed(lambda r: r.__setitem__("micro_batches", 0)), "micro_batches 0"),
+        (changed(lambda r: r.__setitem__("micro_batches", "four")), 'micro_batches "four"'),
+        (changed(lambda r: r.__setitem__("chunks_per_rank", 3)), "config.layers 4 cannot be split"),
+        (changed(lambda r: r.__setitem__("schedule", "zb-h2")), 'schedule "zb-h2"'),
+        (changed(lambda r: r.__setitem__("lab", "lab09_moe")), 'lab "lab09_moe": not a lab plan3d checks'),
+        (changed(drop("lab")), "lab is missing"),
+        (changed(drop("schedule")), "schedule is missing"),  # lab04 records it always
+        (changed(drop("layers", "config")), "config.layers is missing"),
+        (changed(cfg("heads", 0)), "config.heads 0"),
+        (changed(cfg("batch", 7)), "config.batch 7 is not divisible"),
+        (changed(cfg("precision", "fp8")), 'config.precision "fp8"'),
+        (changed(lambda r: (cfg("d_model", 10**9)(r), cfg("heads", 1)(r))), "limit 2^50 bytes"),
+        (changed(lambda r: r["mem_peak_bytes_per_rank"]["acts"].pop()), "mem_peak_bytes_per_rank.acts"),
+        (changed(lambda r: r["mem_peak_bytes_per_rank"].__setitem__("params", None)), "mem_peak_bytes_per_rank.params"),
+        (changed(lambda r: r["comm_bytes_per_step"].__setitem__("send", -5)), "comm_bytes_per_step.send -5"),
+        (changed(lambda r: r.__setitem__("step_ms_median", None)), "step_ms_median null"),
+        (changed(lambda r: r["bubble"].__setitem__("measured", [0.1])), "bubble.measured"),
+    ]
+    cases = [(["--check", d, *no_cal, "--json", js], needle) for d, needle in check_cases]
+    # the good records after a bad one: the first bad line is named, nothing is checked
+    cases.append((["--check", records("\n".join([line, line, json.dumps({**rec, "ranks": -1})]) + "\n"), *no_cal],
+                  "line 3: ranks -1"))
+    # published runs: a copy of the course's table with one cell changed
+    table = open(os.path.join(ROOT, "plan3d", "published_runs.tsv")).read().splitlines()
+    first = next(i for i, l in enumerate(table) if l and not l.startswith("#") and not l.startswith("id\t"))
+
+    def published(col, value):
+        rows = list(table)
+        cells = rows[first].split("\t")
+        if col is None:
+            cells.append(value)
+        else:
+            cells[col] = value
+        rows[first] = "\t".join(cells)
+        path = os.path.join(tempfile.mkdtemp(prefix="pl-plan-tsv-", dir=tmp), "runs.tsv")
+        with open(path, "w") as f:
+            f.write("\n".join(rows) + "\n")
+        return path
+
+    line_no = f"line {first + 1}"
+    for col, value, needle in [(3, "many", "column 4 (gpus): 'many'"), (13, "4", "column 14 (zero): '4'"),
+                               (16, "0", "column 17 (tflops): '0'"), (16, "fast", "column 17 (tflops)"),
+                               (5, "8x", "column 6 (tp)"), (10, "zb-h2", "column 11 (schedule)"),
+                               (14, "1.5", "column 15 (dp_overlap)"), (1, "gpt5", "column 2 (model)"),
+                               (None, "extra", "20 columns, 19 expected")]:
+        cases.append((["--published", published(col, value), "--json", js], f"{line_no}{',' if col is not None else ':'} {needle}"))
+    cases += [
+        (["--published", fifo], "FIFO"),
+        (["--published", "/dev/zero"], "character device"),
+        (["--published", tmp], "folder"),
+        (["--cluster", "cpu", "--calibration", fifo], "--calibration"),
+        (["--cluster", "cpu", "--calibration", a_file], "--calibration"),  # empty: not a calibration
+        (["--check", good, "--calibration", fifo], "--calibration"),
+        (["--json", fifo], "--json"),
+        (["--json", "/dev/null"], "--json"),
+        (["--json", tmp], "--json"),
+        (["--json", os.path.join(a_file, "x.json")], "--json"),
+        (["--check", good, *no_cal, "--json", fifo], "--json"),
+        (["--published", os.path.join(ROOT, "plan3d", "published_runs.tsv"), "--json", "/proc/x.json"], "--json"),
+    ]
+    for args, needle in cases:
+        rejected(args, needle, watch=(tmp, out))
+    check(not os.listdir(out), f"--json was created: {os.listdir(out)}")
+    # --calibrate proves its output writable before it measures, on every rank
+    cmd = [MPIRUN, "-n", "2", PLAN, "--calibrate", "--calibration", tmp]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    lines = p.stderr.strip().splitlines()
+    print(f"$ {' '.join(cmd)} -> status {p.returncode} {lines} in {time.time() - t0:.1f} s")
+    check(p.returncode == 2 and len(lines) == 1 and "--calibration" in lines[0] and p.stdout == "",
+          f"--calibrate into a folder: one line, status 2: {lines}")
+    print(f"passed: {len(cases) + 1} bad files, records and tables rejected with status 2 and one line, nothing created")
+
+
 if __name__ == "__main__":
     check(os.path.exists(PLAN), f"{PLAN} is not built (make plan)")
     {"check": case_check, "times": case_times, "plan": case_plan, "published": case_published,
-     "bad_input": case_bad_input}[sys.argv[1]]()
+     "bad_input": case_bad_input, "bad_files": case_bad_files}[sys.argv[1]]()

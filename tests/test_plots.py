@@ -5,8 +5,12 @@ images the lessons embed from docs/charts/, each of which is a chart drawn
 here); and each gnuplot script also runs alone on records converted by
 plots/records_to_tsv.py, as plots/README.md tells a user to.
 
-usage: test_plots.py quick"""
+bad_records: records_to_tsv.py (make plots' reader) on damaged records files
+and a diverged run (bad_records' docstring).
+
+usage: test_plots.py quick|bad_records"""
 import glob
+import json
 import os
 import re
 import shutil
@@ -118,6 +122,112 @@ def quick():
     shutil.rmtree(mine)
 
 
+def small_runs(out, runs):
+    """Tiny lab runs into out/records.jsonl; returns its lines."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    tiny = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8", "--steps", "3"]
+    for lab, n, args in runs:
+        cmd = [MPIRUN, "-n", str(n), os.path.join(BUILD, lab), *tiny, *args, "--out", out]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        print(f"$ {' '.join(cmd)} -> status {p.returncode}")
+        check(p.returncode == 0, f"{lab}: {p.stdout[-1500:]} {p.stderr[-1500:]}")
+    return open(os.path.join(out, "records.jsonl")).read().splitlines()
+
+
+def to_tsv(args, timeout=10):
+    cmd = [sys.executable, os.path.join(PLOTS, "records_to_tsv.py"), *args]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        fail(f"records_to_tsv.py {args}: no answer within {timeout} s (a hang)")
+    print(f"$ records_to_tsv.py {' '.join(args)} -> status {p.returncode} in {time.time() - t0:.1f} s: "
+          f"{p.stderr.strip()[:300]}")
+    return p
+
+
+def bad_records():
+    """records_to_tsv.py (make plots' reader) on records it cannot chart: a
+    missing file, a FIFO, a folder, a last line cut short, a line that is not
+    JSON or not UTF-8, an empty file, records without what the charts read, an
+    --out that is no folder: status 2 within 10 s, one line `error: FILE line
+    N: ...`, no traceback, no TSV written, nothing left behind. A diverged run
+    (its losses null from the step the loss stopped being finite) is charted:
+    its losses are NaN in loss.tsv, gnuplot's undefined point, and loss.gp draws
+    them without a word."""
+    tmp = tempfile.mkdtemp(prefix="pl-plots-bad-")
+    runs = tempfile.mkdtemp(prefix="pl-plots-runs-")
+    lines = small_runs(runs, [("lab01_dp", 1, []), ("lab04_1f1b", 2, ["--micro-batches", "2"]),
+                              ("lab01_dp", 2, ["--lr", "1e30"])])  # the last one diverges
+    base, pipe, diverged = lines
+
+    def file(name, data):
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        return path
+
+    def edited(name, i, edit):
+        r = json.loads(lines[i])
+        edit(r)
+        return file(name, "\n".join(lines[:i] + [json.dumps(r)] + lines[i + 1:]) + "\n")
+
+    fifo = os.path.join(tmp, "fifo.jsonl")
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    folder = os.path.join(tmp, "folder.jsonl")
+    os.mkdir(folder)
+    a_file = file("a-file", "")
+    cases = [
+        ([os.path.join(tmp, "missing.jsonl")], "missing.jsonl: No such file"),
+        ([fifo], "fifo.jsonl: a FIFO"),
+        ([folder], "folder.jsonl: a folder"),
+        ([file("cut.jsonl", "\n".join(lines) + "\n" + base[:len(base) // 2])], "cut.jsonl line 4: not JSON, the last line cut short"),
+        ([file("text.jsonl", base + "\nhello\n" + pipe + "\n")], "text.jsonl line 2: not JSON"),
+        ([file("binary.jsonl", b"\xff\xfe\n")], "binary.jsonl line 1: not UTF-8"),
+        ([file("empty.jsonl", "")], "empty.jsonl: no records"),
+        ([file("nan.jsonl", base.replace('"losses":[', '"losses":[NaN,', 1) + "\n")], "nan.jsonl line 1: not JSON (NaN is not JSON)"),
+        ([edited("nolab.jsonl", 0, lambda r: r.pop("lab"))], "nolab.jsonl line 1: lab null"),
+        ([edited("nolayout.jsonl", 1, lambda r: r.pop("layout"))], "nolayout.jsonl line 2: layout is missing"),
+        ([edited("losses.jsonl", 0, lambda r: r.__setitem__("losses", "5.5"))], "losses.jsonl line 1: losses"),
+        ([edited("batch.jsonl", 0, lambda r: r["config"].__setitem__("batch", 0))], "batch.jsonl line 1: config.batch 0"),
+        # what only one chart reads: the bubble chart, lab04's measured bubble
+        ([edited("bubble.jsonl", 1, lambda r: r["bubble"].pop("measured"))],
+         "bubble.jsonl line 2: the bubble chart cannot read it"),
+        ([os.path.join(runs, "records.jsonl"), "--out", a_file], "--out"),
+        ([os.path.join(runs, "records.jsonl"), "--out", os.path.join(a_file, "sub")], "--out"),
+    ]
+    made = set(os.listdir(tmp))
+    for args, needle in cases:
+        out = os.path.join(tmp, "never-created")
+        p = to_tsv(args if "--out" in args else args + ["--out", out])
+        msgs = p.stderr.strip().splitlines()
+        check(p.returncode == 2, f"{args}: status 2 expected, got {p.returncode}: {p.stderr[-1500:]}")
+        check(len(msgs) == 1 and msgs[0].startswith("error: ") and needle in msgs[0],
+              f"{args}: one line `error: ...` naming {needle!r}, got {msgs}")
+        check(p.stdout == "", f"{args}: nothing written before the error: {p.stdout!r}")
+        check(not os.path.exists(out), f"{args}: {out} was created")
+        check(set(os.listdir(tmp)) == made, f"{args}: left behind {sorted(set(os.listdir(tmp)) - made)}")
+        check(os.path.getsize(a_file) == 0, "--out a file: the file was changed")
+    print(f"{len(cases)} bad records files refused: status 2, one line, no traceback, nothing written")
+
+    # the diverged run: null losses from its second step, NaN in loss.tsv, drawn silently
+    losses = json.loads(diverged)["losses"]
+    check(losses[0] is not None and all(x is None for x in losses[1:]), f"lab01 --lr 1e30 diverges: {losses}")
+    out = tempfile.mkdtemp(prefix="pl-plots-diverged-")
+    p = to_tsv([os.path.join(runs, "records.jsonl"), "--out", out])
+    check(p.returncode == 0, f"records with a diverged run: status {p.returncode}: {p.stderr}")
+    rows = [l.split("\t") for l in open(os.path.join(out, "loss.tsv")) if not l.startswith("#")]
+    column = rows[0].index("lab01 dp=2")
+    check([r[column].strip() for r in rows[2:]] == ["NaN"] * (len(losses) - 1) and float(rows[1][column]) == losses[0],
+          f"the diverged run's losses in loss.tsv: {[r[column] for r in rows]}")
+    check(not any("None" in r for row in rows for r in row), "no None in loss.tsv")
+    gnuplot("loss.gp", "fmt='png'", out)
+    check_image(os.path.join(out, "loss.png"))
+    print("a diverged run's null losses are NaN in loss.tsv; loss.gp draws them without a word on stderr")
+    for d in (tmp, runs, out):
+        shutil.rmtree(d)
+
+
 if __name__ == "__main__":
-    {"quick": quick}[sys.argv[1]]()
+    {"quick": quick, "bad_records": bad_records}[sys.argv[1]]()
     print("passed")
