@@ -28,13 +28,13 @@ static void scratch_alloc(void *ctx, gpt_grad_scratch *sc, int rows) {
 
 static void forward(void *ctx, const void *params, gpt_acts *a) {
     const stage3d *s = ctx;
-    tp_forward(s->tl, s->tp, params, a);
+    gpt_forward_with(&s->tl->g, &s->layer.hooks, params, a);
 }
 
 static void *backward(void *ctx, const void *params, void *grads, gpt_acts *a, gpt_grad_scratch *sc,
                       const void *dout, float dloss) {
     const stage3d *s = ctx;
-    return tp_backward(s->tl, s->tp, params, grads, a, sc, dout, dloss);
+    return gpt_backward_with(&s->tl->g, &s->layer.hooks, params, grads, a, sc, dout, dloss, NULL, NULL);
 }
 
 static void wgrads_alloc(void *ctx, gpt_wgrads *w, int lo, int hi, int rows) {
@@ -45,17 +45,18 @@ static void wgrads_alloc(void *ctx, gpt_wgrads *w, int lo, int hi, int rows) {
 static void *backward_input(void *ctx, const void *params, gpt_acts *a, gpt_grad_scratch *sc, gpt_wgrads *w,
                             const void *dout, float dloss) {
     const stage3d *s = ctx;
-    return tp_backward_input(s->tl, s->tp, params, a, sc, w, dout, dloss);
+    return gpt_backward_input_with(&s->tl->g, &s->layer.hooks, params, a, sc, w, dout, dloss);
 }
 
 static void backward_weight(void *ctx, void *grads, const gpt_acts *a, const gpt_wgrads *w) {
     const stage3d *s = ctx;
-    tp_backward_weight(s->tl, grads, a, w);
+    gpt_backward_weight_with(&s->tl->g, &s->layer.hooks, grads, a, w);
 }
 
 void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp) {
     s->tl = tl;
     s->tp = tp;
+    tp_hooks_init(&s->layer, tl, tp);
     s->model = (stage_model){.ctx = s, .range = range, .init_params = init_params, .acts_alloc = acts_alloc,
                              .scratch_alloc = scratch_alloc, .forward = forward, .backward = backward,
                              .wgrads_alloc = wgrads_alloc, .backward_input = backward_input,
