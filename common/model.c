@@ -711,6 +711,13 @@ static long range_begin(const gpt_layout *g, const gpt_layer_hooks *h, int lo) {
     return lo == 0 ? 0 : block_at(g, h, lo);
 }
 
+void gpt_range_with(const gpt_layout *g, const gpt_layer_hooks *h, int lo, int hi, long *begin, long *end) {
+    *begin = range_begin(g, h, lo);
+    *end = hi == g->cfg.layers ? block_at(g, h, hi) + g->head_size : block_at(g, h, hi);
+}
+
+gpt_part gpt_whole_part(const gpt_layout *g) { return (gpt_part){g->cfg.heads, 4 * g->cfg.d_model, 1, 0}; }
+
 void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int layer) {
     gpt_layer_hooks h = gpt_default_hooks(g);
     layer_acts la = forward_target(g, a, layer);

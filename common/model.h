@@ -291,6 +291,11 @@ struct gpt_layer_hooks {
                          const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N);
 };
 gpt_layer_hooks gpt_default_hooks(const gpt_layout *g);
+/* The whole layer (all heads and MLP units, every position): what
+ * gpt_acts_alloc allocates. */
+gpt_part gpt_whole_part(const gpt_layout *g);
+/* gpt_range over a buffer whose layer blocks are h->layer_size long. */
+void gpt_range_with(const gpt_layout *g, const gpt_layer_hooks *h, int lo, int hi, long *begin, long *end);
 /* The identity region: copies when from and to differ. */
 void gpt_region_identity(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s);
 

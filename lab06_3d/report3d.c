@@ -72,7 +72,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
      * collective carries, whole, and what one pipeline message carries (under SP
      * a TP rank's T/t positions) */
     const double vb = (double)value_bytes();
-    const double act_bytes = vb * st->rows * ctx->model.seq * ctx->model.d_model, msg_bytes = vb * st->boundary_floats;
+    const double act_bytes = vb * st->rows * ctx->model.seq * ctx->model.d_model, msg_bytes = vb * st->boundary_values;
     const gpt_config *cfg = &ctx->model;
     const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
     const th_opts opts = stage_opts(st); /* precision, t, SP, --recompute as the stages run */

@@ -29,10 +29,10 @@ typedef struct stage3d {
     void *partial_staging;  /* --sequence-parallel: the partial gradients of a chunk, packed */
 } stage3d;
 
-/* Fill s->model so that the stages run tp_range, tp_init_params,
- * tp_acts_alloc, tp_scratch_alloc and common/model's range functions with
- * lab05's layer (s->layer), the split schedules tp_wgrads_alloc too (after
- * run_setup: it allocates the norm's sums on the device). */
+/* Fill s->model so that the stages run lab05's layer (common/model's with
+ * the TP hooks, s->layer) at lab05's part, from tp_init_params (after
+ * run_setup: it allocates the norm's sums on the device). s must not move
+ * afterwards: the hooks point to it. */
 void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp);
 /* After pipeline_init, with sequence parallelism: the staging of the largest
  * chunk's partial gradients (communication category). */
