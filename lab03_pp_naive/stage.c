@@ -266,10 +266,6 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
     append_array(&json, "acts_bytes_per_micro_batch", all, BYTES, FIELDS, p);
     append_array(&json, "acts_bytes_per_micro_batch_formula", all, BYTES_F, FIELDS, p);
     append_array(&json, "acts_in_flight_formula", all, IN_FLIGHT, FIELDS, p);
-    textbuf_printf(&json, ",\"acts_peak_formula_bytes\":[");
-    for (int r = 0; r < p; r++)
-        textbuf_printf(&json, "%s%.0f", r ? "," : "", all[r * FIELDS + IN_FLIGHT] * all[r * FIELDS + BYTES]);
-    textbuf_printf(&json, "]");
     append_array(&json, "acts_peak_measured_bytes", all, PEAK, FIELDS, p);
     textbuf_printf(&json, ",\"acts_formula\":\"%s\"", formula_text);
 

@@ -608,9 +608,8 @@ char *pipeline_report_json(const pipeline_rank *pr) {
             const double *x = all + ((size_t)r * v + c) * FIELDS;
             formula[r] += x[ACTS_N] * x[ACTS_BYTES] + x[WG_N] * x[WG_BYTES];
         }
-    textbuf_printf(&json, ",\"acts_peak_formula_bytes\":[");
-    for (int r = 0; r < p; r++) textbuf_printf(&json, "%s%.0f", r ? "," : "", formula[r]);
-    textbuf_printf(&json, "],\"acts_peak_measured_bytes\":[");
+    /* the formula's total per rank is the record's acts_peak_bytes_formula_per_rank (pipeline_acts_formula_bytes) */
+    textbuf_printf(&json, ",\"acts_peak_measured_bytes\":[");
     for (int r = 0; r < p; r++) textbuf_printf(&json, "%s%.0f", r ? "," : "", all[(size_t)r * v * FIELDS + PEAK]);
     textbuf_printf(&json, "],\"acts_formula\":\"per chunk: activation blocks in flight x their bytes%s, "
                    "counted on the schedule's lists\"", pr->sched.split ? " + weight-gradient inputs x theirs" : "");

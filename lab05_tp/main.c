@@ -265,7 +265,7 @@ int main(int argc, char **argv) {
              "\"block_param_bytes_full\":%.0f,\"block_param_bytes_per_rank\":%.0f,"
              "\"block_sharded_bytes_full\":%.0f,\"block_sharded_bytes_per_rank\":%.0f,"
              "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
-             "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s,"
+             "\"replicated_identical\":%s,"
              "\"acts_block_bytes_by_kind\":{\"quadratic\":%ld,\"linear\":%ld,\"other\":%ld},"
              "\"acts_bytes_by_kind_formula\":{\"quadratic\":%.0f,\"linear\":%.0f,\"other\":%.0f},"
              "\"flops_per_token_formula\":%.0f,\"recompute_flops_per_token_formula\":%.0f",
@@ -275,7 +275,7 @@ int main(int argc, char **argv) {
              tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tp_traffic.ring,
              partial_traffic.payload, act_bytes,
              vb * th_stage_params(&tm, &opts, 0, L), replicated, block_full, block_per_rank, sharded_full, vb * tp_sharded_elems(&tl),
-             acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null",
+             acts_split_full, acts_split_full / tp.size, check_sync ? (in_sync ? "true" : "false") : "null",
              acts.att_bytes, acts.layer_bytes, acts.bytes - acts.att_bytes - acts.layer_bytes, acts_parts.quadratic,
              acts_parts.linear, acts_parts.other, th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);

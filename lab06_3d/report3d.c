@@ -170,8 +170,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     textbuf_printf(&b, ",");
     json_column(&b, "acts_in_flight_formula", r->rows, r->ranks, F_IN_FLIGHT);
     textbuf_printf(&b, ",");
-    json_column(&b, "acts_peak_formula_bytes", r->rows, r->ranks, F_ACTS_F);
-    textbuf_printf(&b, ",\"acts_formula\":");
+    textbuf_printf(&b, "\"acts_formula\":");
     textbuf_json_string(&b, pr->v == 1 && !pr->sched.split
                                 ? "the schedule's micro-batches in flight x one micro-batch's activations"
                                 : "per chunk: blocks in flight x their bytes (activations, and the weight-gradient "

@@ -63,6 +63,14 @@ CLOCKS = {"seconds", "measured", "bubble_formula", "trace", "timeline", "host", 
           "model_flops_per_s", "step_ms", "step_ms_median", "compute_fraction", "comm_fraction"}
 def keep(k):
     return k not in CLOCKS and not (k.startswith("t_") and k.endswith("_s"))
+# keys an older tree wrote beside acts_peak_bytes_formula_per_rank for the same
+# figure (lab03/04/06 and lab05 under their own names): dropped only when they
+# equal it, so a difference still shows
+DUPLICATES = {"acts_peak_formula_bytes", "acts_bytes_formula"}
+same = rec.get("acts_peak_bytes_formula_per_rank")
+for k in DUPLICATES & rec.keys():
+    if rec[k] == same or (same and rec[k] == same[0]):
+        del rec[k]
 def walk(v):
     if isinstance(v, dict):
         return {k: walk(x) for k, x in v.items() if keep(k)}
