@@ -39,8 +39,6 @@
 #ifdef PL_HAVE_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
-#define CUDA_OK(call) do { cudaError_t e_ = (call); \
-    if (e_ != cudaSuccess) die("%s: %s", #call, cudaGetErrorString(e_)); } while (0)
 #define NCCL_OK(call) do { ncclResult_t r_ = (call); \
     if (r_ != ncclSuccess) die("%s: %s (%s)", #call, ncclGetErrorString(r_), \
                                ncclGetLastError(NULL)); } while (0)
@@ -198,14 +196,14 @@ static void *stage(int which, size_t bytes) {
     size_t grown = b->bytes * 2 > bytes ? b->bytes * 2 : bytes;
     if (b->p) {
 #ifdef PL_HAVE_CUDA
-        if (b->pinned) CUDA_OK(cudaFreeHost(b->p));
+        if (b->pinned) CUDA_CHECK(cudaFreeHost(b->p));
         else
 #endif
             free(b->p);
     }
     b->p = NULL;
 #ifdef PL_HAVE_CUDA
-    if (want_pinned) CUDA_OK(cudaMallocHost(&b->p, grown));
+    if (want_pinned) CUDA_CHECK(cudaMallocHost(&b->p, grown));
     else
 #endif
         b->p = malloc(grown);
@@ -229,14 +227,14 @@ static cudaStream_t nccl_stream(const comm *c) {
  * the data, and the last call's copy out of the staging buffer, are done. */
 static void stage_enter(void) {
 #ifdef PL_HAVE_CUDA
-    CUDA_OK(cudaStreamSynchronize(compute_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
 #endif
 }
 
 static void stage_out(void *host, const void *dev, size_t bytes) {
 #ifdef PL_HAVE_CUDA
-    CUDA_OK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, compute_stream()));
-    CUDA_OK(cudaStreamSynchronize(compute_stream()));
+    CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, compute_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
 #else
     (void)host; (void)dev; (void)bytes;
 #endif
@@ -246,7 +244,7 @@ static void stage_out(void *host, const void *dev, size_t bytes) {
  * stream, and the next staged call synchronises before reusing the buffer. */
 static void stage_in(void *dev, const void *host, size_t bytes) {
 #ifdef PL_HAVE_CUDA
-    CUDA_OK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, compute_stream()));
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, compute_stream()));
 #else
     (void)dev; (void)host; (void)bytes;
 #endif
@@ -668,7 +666,7 @@ static void *request_host(comm_request *r, size_t bytes) {
     if (r->host && r->host_cap >= bytes) return r->host;
     comm_request_free(r);
 #ifdef PL_HAVE_CUDA
-    CUDA_OK(cudaMallocHost(&r->host, bytes));
+    CUDA_CHECK(cudaMallocHost(&r->host, bytes));
     r->host_pinned = 1;
 #else
     r->host = malloc(bytes);
@@ -770,7 +768,7 @@ void comm_wait(comm_request *r) {
 void comm_request_free(comm_request *r) {
     if (r->active) die("comm_request_free: the request is still in use");
 #ifdef PL_HAVE_CUDA
-    if (r->host && r->host_pinned) CUDA_OK(cudaFreeHost(r->host));
+    if (r->host && r->host_pinned) CUDA_CHECK(cudaFreeHost(r->host));
     else
 #endif
         free(r->host);
@@ -785,9 +783,9 @@ void comm_barrier(comm *c) {
 #ifdef PL_HAVE_CUDA
     /* A barrier means "everything before it is done", device work included. */
     if (g_device == DEVICE_CUDA) {
-        CUDA_OK(cudaStreamSynchronize(compute_stream()));
+        CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
         if (c->backend == COMM_NCCL && c->stream)
-            CUDA_OK(cudaStreamSynchronize((cudaStream_t)c->stream));
+            CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)c->stream));
     }
 #endif
     MPI_Request req;

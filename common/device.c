@@ -17,6 +17,12 @@ const kernels *K = &kernels_cpu;
 
 #ifdef PL_HAVE_CUDA
 static cudaStream_t compute_stream;
+
+const char *device_fault_hint(cudaError_t e) {
+    return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure || e == cudaErrorMisalignedAddress ||
+           e == cudaErrorIllegalInstruction || e == cudaErrorAssert
+               ? " (a kernel's fault: PL_CUDA_SYNC=1 names the kernel)" : "";
+}
 #endif
 
 int device_gpu_count(void) {

@@ -30,4 +30,17 @@ double now_seconds(void);
 /* Print "rank R: what failed" to stderr and abort the whole MPI job. */
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
+#ifdef PL_HAVE_CUDA
+#include <cuda_runtime.h>
+/* The one check of a CUDA runtime call: an error ends the job naming the call.
+ * A fault inside a kernel surfaces at a later call, far from its cause: the
+ * hint says so (PL_CUDA_SYNC=1 makes the kernel report it under its own name). */
+const char *device_fault_hint(cudaError_t e);
+#define CUDA_CHECK(call)                                                                          \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) die("%s: %s%s", #call, cudaGetErrorString(e_), device_fault_hint(e_)); \
+    } while (0)
+#endif
+
 #endif

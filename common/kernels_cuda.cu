@@ -63,12 +63,6 @@ static cudaError_t synced(cudaError_t e) {
     return e;
 }
 
-#define CUDA_CHECK(call)                                                          \
-    do {                                                                          \
-        cudaError_t e_ = (call);                                                  \
-        if (e_ != cudaSuccess) die("%s: %s", #call, cudaGetErrorString(e_));      \
-    } while (0)
-
 #define CUBLAS_CHECK(call)                                                        \
     do {                                                                          \
         cublasStatus_t s_ = (call);                                               \

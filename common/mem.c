@@ -2,18 +2,6 @@
 #include "device.h"
 #include <stdlib.h>
 #include <string.h>
-#ifdef PL_HAVE_CUDA
-#include <cuda_runtime.h>
-/* A fault inside a kernel surfaces at the next copy, far from its cause:
- * PL_CUDA_SYNC=1 makes the kernel report it under its own name. */
-static const char *fault_hint(cudaError_t e) {
-    return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure || e == cudaErrorMisalignedAddress ||
-           e == cudaErrorIllegalInstruction || e == cudaErrorAssert
-               ? " (a kernel's fault: PL_CUDA_SYNC=1 names the kernel)" : "";
-}
-#define CUDA_OK(call) do { cudaError_t e_ = (call); \
-    if (e_ != cudaSuccess) die("%s: %s%s", #call, cudaGetErrorString(e_), fault_hint(e_)); } while (0)
-#endif
 
 const char *const mem_category_names[MEM_NCAT] = {
     "params", "grads", "optim", "acts", "comm", "workspace"};
@@ -29,10 +17,10 @@ void *mem_alloc(size_t bytes, mem_category cat) {
     size_t padded = bytes ? bytes : 1;
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
-        CUDA_OK(cudaMalloc(&p, padded));
+        CUDA_CHECK(cudaMalloc(&p, padded));
         /* on the compute stream: a plain cudaMemset goes to the legacy stream,
          * which the (non-blocking) compute stream does not wait for */
-        CUDA_OK(cudaMemsetAsync(p, 0, padded, (cudaStream_t)device_compute_stream()));
+        CUDA_CHECK(cudaMemsetAsync(p, 0, padded, (cudaStream_t)device_compute_stream()));
     } else
 #endif
     {
@@ -63,7 +51,7 @@ void mem_free(void *p) {
         total_now -= live[i].bytes;
         live[i] = live[--n_live];
 #ifdef PL_HAVE_CUDA
-        if (g_device == DEVICE_CUDA) { CUDA_OK(cudaFree(p)); return; }
+        if (g_device == DEVICE_CUDA) { CUDA_CHECK(cudaFree(p)); return; }
 #endif
         free(p);
         return;
@@ -90,7 +78,7 @@ void mem_reset_peaks(void) {
 void mem_zero(void *dev, size_t bytes) {
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
-        CUDA_OK(cudaMemsetAsync(dev, 0, bytes, (cudaStream_t)device_compute_stream()));
+        CUDA_CHECK(cudaMemsetAsync(dev, 0, bytes, (cudaStream_t)device_compute_stream()));
         return;
     }
 #endif
@@ -100,7 +88,7 @@ void mem_zero(void *dev, size_t bytes) {
 void mem_copy(void *dst, const void *src, size_t bytes) {
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
-        CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
                                 (cudaStream_t)device_compute_stream()));
         return;
     }
@@ -112,8 +100,8 @@ void mem_to_host(void *host, const void *dev, size_t bytes) {
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
         cudaStream_t s = (cudaStream_t)device_compute_stream();
-        CUDA_OK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s));
-        CUDA_OK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
         return;
     }
 #endif
@@ -124,8 +112,8 @@ void mem_to_device(void *dev, const void *host, size_t bytes) {
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
         cudaStream_t s = (cudaStream_t)device_compute_stream();
-        CUDA_OK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s));
-        CUDA_OK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
         return;
     }
 #endif
@@ -136,7 +124,7 @@ int mem_driver_info(size_t *free_bytes, size_t *total_bytes) {
     *free_bytes = *total_bytes = 0;
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
-        CUDA_OK(cudaMemGetInfo(free_bytes, total_bytes));
+        CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
         return 1;
     }
 #endif

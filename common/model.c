@@ -2,6 +2,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "device.h"
+#include "trace.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,11 +164,6 @@ static layer_widths part_widths(const gpt_layout *g, const gpt_part *p) {
                           parts > 1 ? p->seq_part : 0};
 }
 
-static layer_widths local_widths(const gpt_layout *g, int heads, int mlp_width) {
-    gpt_part p = {heads, mlp_width, 1, 0};
-    return part_widths(g, &p);
-}
-
 const char *const gpt_recompute_names[GPT_RECOMPUTE_MODES] = {"none", "selective", "full"};
 
 int gpt_recompute_parse(const char *name) {
@@ -266,10 +262,6 @@ void gpt_acts_alloc(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B) {
     acts_alloc(a, g, lo, hi, B, full_widths(g));
 }
 
-void gpt_acts_alloc_local(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width) {
-    acts_alloc(a, g, lo, hi, B, local_widths(g, heads, mlp_width));
-}
-
 void gpt_acts_alloc_part(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, const gpt_part *p) {
     acts_alloc(a, g, lo, hi, B, part_widths(g, p));
 }
@@ -325,10 +317,6 @@ static void scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B, layer
 
 void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B) { scratch_alloc(s, g, B, full_widths(g)); }
 
-void gpt_scratch_alloc_local(gpt_grad_scratch *s, const gpt_layout *g, int B, int heads, int mlp_width) {
-    scratch_alloc(s, g, B, local_widths(g, heads, mlp_width));
-}
-
 void gpt_scratch_alloc_part(gpt_grad_scratch *s, const gpt_layout *g, int B, const gpt_part *p) {
     scratch_alloc(s, g, B, part_widths(g, p));
 }
@@ -339,8 +327,6 @@ void gpt_scratch_free(gpt_grad_scratch *s) {
 }
 
 /* ---- forward ----------------------------------------------------------------- */
-
-#define P(block, which) value_at(block, g->layer[which].offset)
 
 /* The block's positions: B rows of a->seq (all T, or a sequence-parallel slice). */
 static long block_tokens(const gpt_acts *a) { return (long)a->B * a->seq; }
@@ -363,7 +349,10 @@ static const layer_acts *bound_work(const gpt_layout *g, const gpt_acts *a) {
     return &a->scratch->work;
 }
 
-layer_acts gpt_layer_forward_target(const gpt_layout *g, const gpt_acts *a, int layer) {
+/* Where the forward of `layer` writes under --recompute: its own layer_acts;
+ * selective: att in the bound scratch's work set; full: the work set, but the
+ * output in the layer's own res3. */
+static layer_acts forward_target(const gpt_layout *g, const gpt_acts *a, int layer) {
     layer_acts la = a->layer[layer - a->lo];
     if (g->cfg.recompute == GPT_RECOMPUTE_SELECTIVE) {
         la.att = bound_work(g, a)->att; /* computed, used by the attention output, not kept */
@@ -375,47 +364,6 @@ layer_acts gpt_layer_forward_target(const gpt_layout *g, const gpt_acts *a, int 
     return la;
 }
 
-layer_acts gpt_layer_backward_source(const gpt_layout *g, const gpt_acts *a, int layer, gpt_grad_scratch *s,
-                                     const layer_acts *keep, int heads) {
-    layer_acts la = a->layer[layer - a->lo];
-    if (g->cfg.recompute == GPT_RECOMPUTE_SELECTIVE) {
-        /* att from the kept q and k, the forward's kernel on the forward's
-         * inputs: the same bits. Its output (att v) is not needed: s->datty
-         * takes it and is overwritten before the backward reads it. */
-        la.att = s->work.att;
-        KP->attention_forward(s->datty, la.att, la.qkv, a->B, g->cfg.seq, heads, g->cfg.d_model / g->cfg.heads);
-    } else if (g->cfg.recompute == GPT_RECOMPUTE_FULL) {
-        la = s->work;
-        if (keep) {
-            la.ln1 = keep->ln1; la.ln1_mean = keep->ln1_mean; la.ln1_rstd = keep->ln1_rstd;
-            la.atty = keep->atty; la.res2 = keep->res2;
-            la.ln2 = keep->ln2; la.ln2_mean = keep->ln2_mean; la.ln2_rstd = keep->ln2_rstd;
-            la.fch_gelu = keep->fch_gelu;
-        }
-    }
-    return la;
-}
-
-/* One layer's forward from x into la (B rows of T positions). */
-static void layer_compute(const gpt_layout *g, const void *lp, const void *x, const layer_acts *la, int B) {
-    int T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
-    KP->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, P(lp, LAYER_LN1_W), P(lp, LAYER_LN1_B), N, C);
-    KP->matmul_forward(la->qkv, la->ln1, P(lp, LAYER_QKV_W), P(lp, LAYER_QKV_B), N, C, 3 * C);
-    KP->attention_forward(la->atty, la->att, la->qkv, B, T, NH, C / NH);
-    KP->matmul_forward(la->res2, la->atty, P(lp, LAYER_ATTPROJ_W), P(lp, LAYER_ATTPROJ_B), N, C, C);
-    KP->add(la->res2, la->res2, x, (long)N * C);
-    KP->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, P(lp, LAYER_LN2_W), P(lp, LAYER_LN2_B), N, C);
-    KP->matmul_forward(la->fch, la->ln2, P(lp, LAYER_FC_W), P(lp, LAYER_FC_B), N, C, 4 * C);
-    KP->gelu_forward(la->fch_gelu, la->fch, (long)N * 4 * C);
-    KP->matmul_forward(la->res3, la->fch_gelu, P(lp, LAYER_FCPROJ_W), P(lp, LAYER_FCPROJ_B), N, 4 * C, C);
-    KP->add(la->res3, la->res3, la->res2, (long)N * C);
-}
-
-void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int layer) {
-    layer_acts la = gpt_layer_forward_target(g, a, layer);
-    layer_compute(g, lp, layer_input(a, layer), &la, a->B);
-}
-
 void gpt_head_forward(const gpt_layout *g, const void *hp, gpt_acts *a) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     KP->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt_acts_output(a), value_at(hp, g->head[HEAD_LNF_W].offset),
@@ -423,16 +371,6 @@ void gpt_head_forward(const gpt_layout *g, const void *hp, gpt_acts *a) {
     KP->matmul_forward(a->logits, a->lnf, value_at(hp, g->head[HEAD_W].offset), NULL, N, C, V);
     KP->crossentropy_forward(a->losses, a->probs, a->logits, a->targets, N, V);
 }
-
-void gpt_forward(const gpt_layout *g, const void *params, gpt_acts *a) {
-    long begin, end;
-    gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->lo == 0) gpt_embed_forward(g, params, a);
-    for (int l = a->lo; l < a->hi; l++) gpt_layer_forward(g, value_at(params, gpt_layer_offset(g, l) - begin), a, l);
-    if (a->hi == g->cfg.layers) gpt_head_forward(g, value_at(params, gpt_head_offset(g) - begin), a);
-}
-
-/* ---- backward ---------------------------------------------------------------- */
 
 void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *a,
                        gpt_grad_scratch *s, float dloss) {
@@ -448,38 +386,6 @@ void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *
                            a->lnf_mean, a->lnf_rstd, N, C);
 }
 
-void gpt_layer_backward(const gpt_layout *g, const void *lp, void *gp, gpt_acts *a, int layer,
-                        gpt_grad_scratch *s) {
-    int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
-    const void *x = layer_input(a, layer);
-    layer_acts recomputed = gpt_layer_backward_source(g, a, layer, s, NULL, NH);
-    if (g->cfg.recompute == GPT_RECOMPUTE_FULL) layer_compute(g, lp, x, &recomputed, B); /* the forward again */
-    const layer_acts *la = &recomputed;
-    size_t nc = (size_t)N * C * value_bytes(), n4c = 4 * nc;
-    /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
-    mem_zero(s->dfch_gelu, n4c);
-    KP->matmul_backward(s->dfch_gelu, P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), s->dres,
-                       la->fch_gelu, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
-    mem_zero(s->dfch, n4c);
-    KP->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
-    mem_zero(s->dln, nc);
-    KP->matmul_backward(s->dln, P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), s->dfch, la->ln2,
-                       P(lp, LAYER_FC_W), N, C, 4 * C);
-    KP->layernorm_backward(s->dres, P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), s->dln, la->res2,
-                          P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
-    /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
-    mem_zero(s->datty, nc);
-    KP->matmul_backward(s->datty, P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), s->dres,
-                       la->atty, P(lp, LAYER_ATTPROJ_W), N, C, C);
-    mem_zero(s->dqkv, 3 * nc);
-    KP->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
-    mem_zero(s->dln, nc);
-    KP->matmul_backward(s->dln, P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), s->dqkv, la->ln1,
-                       P(lp, LAYER_QKV_W), N, C, 3 * C);
-    KP->layernorm_backward(s->dres, P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), s->dln, x,
-                          P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
-}
-
 void gpt_embed_backward(const gpt_layout *g, void *eg, gpt_acts *a, gpt_grad_scratch *s) {
     int C = g->cfg.d_model;
     KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset),
@@ -487,29 +393,7 @@ void gpt_embed_backward(const gpt_layout *g, void *eg, gpt_acts *a, gpt_grad_scr
                          a->seq, C);
 }
 
-void *gpt_backward(const gpt_layout *g, const void *params, void *grads, gpt_acts *a,
-                   gpt_grad_scratch *s, const void *dout, float dloss,
-                   grads_ready_fn ready, void *ready_ctx) {
-    int L = g->cfg.layers;
-    long begin, end;
-    gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->hi == L) {
-        long h = gpt_head_offset(g) - begin;
-        gpt_head_backward(g, value_at(params, h), value_at(grads, h), a, s, dloss);
-        if (ready) ready(ready_ctx, gpt_head_offset(g), g->total);
-    } else {
-        mem_copy(s->dres, dout, (size_t)block_tokens(a) * g->cfg.d_model * value_bytes());
-    }
-    for (int l = a->hi - 1; l >= a->lo; l--) {
-        long o = gpt_layer_offset(g, l) - begin;
-        gpt_layer_backward(g, value_at(params, o), value_at(grads, o), a, l, s);
-        if (ready) ready(ready_ctx, gpt_layer_offset(g, l), gpt_layer_offset(g, l + 1));
-    }
-    if (a->lo != 0) return s->dres;
-    gpt_embed_backward(g, grads, a, s);
-    if (ready) ready(ready_ctx, 0, g->embed_size);
-    return NULL;
-}
+/* ---- the backward in two halves ----------------------------------------------------- */
 
 /* ---- the backward in two halves ----------------------------------------------------- */
 
@@ -549,16 +433,8 @@ void gpt_wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B)
     wgrads_alloc(w, g, lo, hi, B, full_widths(g));
 }
 
-void gpt_wgrads_alloc_local(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width) {
-    wgrads_alloc(w, g, lo, hi, B, local_widths(g, heads, mlp_width));
-}
-
 void gpt_wgrads_alloc_part(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, const gpt_part *p) {
     wgrads_alloc(w, g, lo, hi, B, part_widths(g, p));
-}
-
-const layer_acts *gpt_layer_weight_source(const gpt_layout *g, const gpt_acts *a, int layer, const gpt_wgrads *w) {
-    return g->cfg.recompute == GPT_RECOMPUTE_FULL ? &w->layer[layer - a->lo].kept : &a->layer[layer - a->lo];
 }
 
 void gpt_wgrads_free(gpt_wgrads *w) {
@@ -566,9 +442,8 @@ void gpt_wgrads_free(gpt_wgrads *w) {
     free(w->layer);
     memset(w, 0, sizeof *w);
 }
-
-void gpt_head_backward_input(const gpt_layout *g, const void *hp, gpt_acts *a, gpt_grad_scratch *s,
-                             gpt_wgrads *w, float dloss) {
+static void head_backward_input(const gpt_layout *g, const void *hp, gpt_acts *a, gpt_grad_scratch *s,
+                               gpt_wgrads *w, float dloss) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     size_t nc = (size_t)N * C * value_bytes();
     KP->crossentropy_backward(w->dlogits, a->probs, a->targets, dloss, N, V);
@@ -579,89 +454,378 @@ void gpt_head_backward_input(const gpt_layout *g, const void *hp, gpt_acts *a, g
                                  a->lnf_mean, a->lnf_rstd, N, C);
 }
 
-/* gpt_layer_backward with every weight gradient left out, and the douts W
- * needs kept in w instead of in the shared scratch. */
-void gpt_layer_backward_input(const gpt_layout *g, const void *lp, const gpt_acts *a, int layer,
-                              gpt_grad_scratch *s, gpt_wgrads *w) {
-    int B = a->B, T = g->cfg.seq, C = g->cfg.d_model, NH = g->cfg.heads, N = B * T;
-    layer_wgrads *lw = &w->layer[layer - a->lo];
-    const void *x = layer_input(a, layer);
-    /* full: B recomputes the forward, leaving what W reads in lw->kept */
-    layer_acts recomputed = gpt_layer_backward_source(g, a, layer, s, &lw->kept, NH);
-    if (g->cfg.recompute == GPT_RECOMPUTE_FULL) layer_compute(g, lp, x, &recomputed, B);
-    const layer_acts *la = &recomputed;
-    size_t nc = (size_t)N * C * value_bytes(), n4c = 4 * nc;
-    /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
-    mem_copy(lw->dres3, s->dres, nc);
-    mem_zero(s->dfch_gelu, n4c);
-    KP->matmul_backward_input(s->dfch_gelu, s->dres, P(lp, LAYER_FCPROJ_W), N, 4 * C, C);
-    mem_zero(lw->dfch, n4c);
-    KP->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * 4 * C);
-    mem_zero(lw->dln2, nc);
-    KP->matmul_backward_input(lw->dln2, lw->dfch, P(lp, LAYER_FC_W), N, C, 4 * C);
-    KP->layernorm_backward_input(s->dres, lw->dln2, la->res2, P(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, N, C);
-    /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
-    mem_copy(lw->dres2, s->dres, nc);
-    mem_zero(s->datty, nc);
-    KP->matmul_backward_input(s->datty, s->dres, P(lp, LAYER_ATTPROJ_W), N, C, C);
-    mem_zero(lw->dqkv, 3 * nc);
-    KP->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, NH, C / NH);
-    mem_zero(lw->dln1, nc);
-    KP->matmul_backward_input(lw->dln1, lw->dqkv, P(lp, LAYER_QKV_W), N, C, 3 * C);
-    KP->layernorm_backward_input(s->dres, lw->dln1, x, P(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, N, C);
-}
 
-void gpt_head_backward_weight(const gpt_layout *g, void *hg, const gpt_acts *a, const gpt_wgrads *w) {
+static void head_backward_weight(const gpt_layout *g, void *hg, const gpt_acts *a, const gpt_wgrads *w) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     KP->matmul_backward_weight(value_at(hg, g->head[HEAD_W].offset), NULL, w->dlogits, a->lnf, N, C, V);
     KP->layernorm_backward_weight(value_at(hg, g->head[HEAD_LNF_W].offset), value_at(hg, g->head[HEAD_LNF_B].offset),
                                   w->dlnf, gpt_acts_output(a), a->lnf_mean, a->lnf_rstd, N, C);
 }
 
-/* In gpt_layer_backward's order, so the gradients come out the same. */
-void gpt_layer_backward_weight(const gpt_layout *g, void *gp, const gpt_acts *a, int layer, const gpt_wgrads *w) {
-    int C = g->cfg.d_model, N = a->B * g->cfg.seq;
-    const layer_acts *la = gpt_layer_weight_source(g, a, layer, w);
-    const layer_wgrads *lw = &w->layer[layer - a->lo];
-    KP->matmul_backward_weight(P(gp, LAYER_FCPROJ_W), P(gp, LAYER_FCPROJ_B), lw->dres3, la->fch_gelu, N, 4 * C, C);
-    KP->matmul_backward_weight(P(gp, LAYER_FC_W), P(gp, LAYER_FC_B), lw->dfch, la->ln2, N, C, 4 * C);
-    KP->layernorm_backward_weight(P(gp, LAYER_LN2_W), P(gp, LAYER_LN2_B), lw->dln2, la->res2, la->ln2_mean,
-                                 la->ln2_rstd, N, C);
-    KP->matmul_backward_weight(P(gp, LAYER_ATTPROJ_W), P(gp, LAYER_ATTPROJ_B), lw->dres2, la->atty, N, C, C);
-    KP->matmul_backward_weight(P(gp, LAYER_QKV_W), P(gp, LAYER_QKV_B), lw->dqkv, la->ln1, N, C, 3 * C);
-    KP->layernorm_backward_weight(P(gp, LAYER_LN1_W), P(gp, LAYER_LN1_B), lw->dln1, layer_input(a, layer),
-                                 la->ln1_mean, la->ln1_rstd, N, C);
-}
-
-void gpt_embed_backward_weight(const gpt_layout *g, void *eg, const gpt_acts *a, const gpt_wgrads *w) {
+static void embed_backward_weight(const gpt_layout *g, void *eg, const gpt_acts *a, const gpt_wgrads *w) {
     int C = g->cfg.d_model;
     KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset),
                          value_at(eg, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), w->dx, a->tokens, a->B,
                          a->seq, C);
 }
 
-void *gpt_backward_input(const gpt_layout *g, const void *params, gpt_acts *a, gpt_grad_scratch *s,
-                         gpt_wgrads *w, const void *dout, float dloss) {
-    long begin, end;
-    size_t nc = (size_t)block_tokens(a) * g->cfg.d_model * value_bytes();
-    gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->hi == g->cfg.layers) gpt_head_backward_input(g, value_at(params, gpt_head_offset(g) - begin), a, s, w, dloss);
+/* ---- one layer, with parallelism plugged in (model.h: gpt_layer_hooks) ------------ */
+
+/* A tensor of a layer block at the hooks' shapes; NULL where the pass has no
+ * such block (W has no parameters, B writes no gradients). */
+#define HP(block, which) ((block) ? value_at(block, h->tensors[which].offset) : NULL)
+
+/* The shapes one layer runs at: N = B x T positions inside the region, Ns = B x
+ * seq on the residual stream; a rank's heads, attention and MLP widths. */
+typedef struct { int B, T, C, N, Ns, heads, HS, attn, mlp, split; } layer_dims;
+
+static layer_dims dims_of(const gpt_layout *g, const gpt_layer_hooks *h, int B, int seq) {
+    layer_dims d = {.B = B, .T = g->cfg.seq, .C = g->cfg.d_model, .HS = g->cfg.d_model / g->cfg.heads};
+    d.N = B * d.T;
+    d.Ns = B * seq;
+    d.attn = (int)(h->tensors[LAYER_QKV_W].rows / 3);
+    d.heads = d.attn / d.HS;
+    d.mlp = (int)h->tensors[LAYER_FC_W].rows;
+    d.split = seq != d.T;
+    return d;
+}
+
+/* Close the open compute event and open `name` (NULL: none), when h traces. */
+static int segment(const gpt_layer_hooks *h, int open, const char *name) {
+    trace_end(open);
+    return h->trace && name ? trace_begin(name, TRACE_COMPUTE, -1, NULL) : -1;
+}
+
+static void layernorm_backward_pass(gpt_pass pass, void *dinp, void *dw, void *db, const void *dout, const void *inp,
+                                    const void *w, const float *mean, const float *rstd, int N, int C) {
+    if (pass == GPT_PASS_FUSED) KP->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    else if (pass == GPT_PASS_INPUT) KP->layernorm_backward_input(dinp, dout, inp, w, mean, rstd, N, C);
+    else KP->layernorm_backward_weight(dw, db, dout, inp, mean, rstd, N, C);
+}
+
+/* One layer's forward from x ([B,seq,C]) into la. s: the scratch, for the
+ * staging of a split residual stream (the LayerNorms write their slice to
+ * s->seq_shard, the row linears their whole output to s->seq_full). */
+static void layer_forward_body(const gpt_layout *g, const gpt_layer_hooks *h, const void *lp, const void *x,
+                               const layer_acts *la, int B, int seq, gpt_grad_scratch *s) {
+    const layer_dims d = dims_of(g, h, B, seq);
+    if (d.split && !s) die("sequence parallelism: the activations are not bound to a scratch (gpt_acts_bind)");
+    const long whole = (long)d.N * d.C, part = (long)d.Ns * d.C;
+    void *ln_out = d.split ? s->seq_shard : NULL, *row_out = d.split ? s->seq_full : NULL;
+
+    /* attention: res2 = x + attproj(attention(qkv(ln1(x)))) */
+    int ev = segment(h, -1, "ln1_fwd");
+    KP->layernorm_forward(d.split ? ln_out : la->ln1, la->ln1_mean, la->ln1_rstd, x, HP(lp, LAYER_LN1_W),
+                          HP(lp, LAYER_LN1_B), d.Ns, d.C);
+    ev = segment(h, ev, NULL);
+    h->enter_forward(h->ctx, d.split ? ln_out : la->ln1, la->ln1, whole, B, s);
+    ev = segment(h, ev, "attention_fwd");
+    h->column_forward(h->ctx, la->qkv, la->ln1, HP(lp, LAYER_QKV_W), HP(lp, LAYER_QKV_B), d.N, d.C, 3 * d.attn);
+    h->attention_forward(h->ctx, la->atty, la->att, la->qkv, B, d.T, d.heads, d.HS);
+    h->row_forward(h->ctx, d.split ? row_out : la->res2, la->atty, HP(lp, LAYER_ATTPROJ_W), HP(lp, LAYER_ATTPROJ_B),
+                   d.N, d.attn, d.C);
+    ev = segment(h, ev, NULL);
+    h->exit_forward(h->ctx, d.split ? row_out : la->res2, la->res2, whole, B, s);
+
+    /* MLP: res3 = res2 + mlp(ln2(res2)) */
+    ev = segment(h, ev, "ln2_fwd");
+    KP->add(la->res2, la->res2, x, part);
+    KP->layernorm_forward(d.split ? ln_out : la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, HP(lp, LAYER_LN2_W),
+                          HP(lp, LAYER_LN2_B), d.Ns, d.C);
+    ev = segment(h, ev, NULL);
+    h->enter_forward(h->ctx, d.split ? ln_out : la->ln2, la->ln2, whole, B, s);
+    ev = segment(h, ev, "mlp_fwd");
+    h->mlp_forward(h, lp, la, d.split ? row_out : la->res3, d.N);
+    ev = segment(h, ev, NULL);
+    h->exit_forward(h->ctx, d.split ? row_out : la->res3, la->res3, whole, B, s);
+    ev = segment(h, ev, "residual_fwd");
+    KP->add(la->res3, la->res3, la->res2, part);
+    segment(h, ev, NULL);
+}
+
+/* What the backward of `layer` reads under --recompute (none: the kept pieces;
+ * selective: att recomputed into s->work.att by attention's forward, its
+ * output into s->datty, which the backward overwrites; full: s->work, the
+ * forward run again there, collectives included). keep: B of a split
+ * backward under full: the pieces W reads go there instead, to live until W. */
+static layer_acts backward_source(const gpt_layout *g, const gpt_layer_hooks *h, const void *lp, const gpt_acts *a,
+                                  int layer, gpt_grad_scratch *s, const layer_acts *keep) {
+    layer_acts la = a->layer[layer - a->lo];
+    if (g->cfg.recompute == GPT_RECOMPUTE_NONE) return la;
+    int ev = segment(h, -1, "recompute");
+    if (g->cfg.recompute == GPT_RECOMPUTE_SELECTIVE) {
+        /* att from the kept q and k, the forward's kernel on the forward's inputs: the same bits */
+        const layer_dims d = dims_of(g, h, a->B, a->seq);
+        la.att = s->work.att;
+        h->attention_forward(h->ctx, s->datty, la.att, la.qkv, a->B, d.T, d.heads, d.HS);
+    } else {
+        la = s->work;
+        if (keep) {
+            la.ln1 = keep->ln1; la.ln1_mean = keep->ln1_mean; la.ln1_rstd = keep->ln1_rstd;
+            la.atty = keep->atty; la.res2 = keep->res2;
+            la.ln2 = keep->ln2; la.ln2_mean = keep->ln2_mean; la.ln2_rstd = keep->ln2_rstd;
+            la.fch_gelu = keep->fch_gelu;
+        }
+    }
+    segment(h, ev, NULL);
+    if (g->cfg.recompute == GPT_RECOMPUTE_FULL) layer_forward_body(g, h, lp, layer_input(a, layer), &la, a->B, a->seq, s);
+    return la;
+}
+
+/* One layer's backward: turns s->dres from the gradient of its output into
+ * that of its input (B) and accumulates its weight gradients into gp (W).
+ * lw: NULL for the fused pass (the douts live in s); B keeps in it the douts W
+ * reads, and W reads them there with the activations (under --recompute full
+ * what B's recomputation kept in lw). */
+static void layer_backward_body(const gpt_layout *g, const gpt_layer_hooks *h, gpt_pass pass, const void *lp,
+                                void *gp, const gpt_acts *a, int layer, gpt_grad_scratch *s, layer_wgrads *lw) {
+    const int input = pass != GPT_PASS_WEIGHT;
+    gpt_grad_scratch no_scratch = {0}; /* W reads no scratch: its douts are in lw */
+    if (!s) s = &no_scratch;
+    const layer_dims d = dims_of(g, h, a->B, a->seq);
+    const void *x = layer_input(a, layer);
+    const layer_acts src = input ? backward_source(g, h, lp, a, layer, s, lw ? &lw->kept : NULL)
+                                 : g->cfg.recompute == GPT_RECOMPUTE_FULL ? lw->kept : a->layer[layer - a->lo];
+    const layer_acts *la = &src;
+    const long whole = (long)d.N * d.C;
+    const size_t vb = value_bytes();
+    /* the douts: the row linears' whole, the column linears' input gradient whole
+     * (before enter's backward) and the LayerNorms' on the residual stream */
+    void *dres3 = lw ? lw->dres3 : d.split ? s->seq_full : s->dres, *dres2 = lw ? lw->dres2 : dres3;
+    void *dln2_whole = lw && !d.split ? lw->dln2 : s->dln, *dln1_whole = lw && !d.split ? lw->dln1 : s->dln;
+    void *dln2 = lw ? lw->dln2 : d.split ? s->seq_shard : s->dln, *dln1 = lw ? lw->dln1 : dln2;
+    void *dfch = lw ? lw->dfch : s->dfch, *dqkv = lw ? lw->dqkv : s->dqkv;
+
+    /* MLP */
+    int ev = -1;
+    if (input) h->exit_backward(h->ctx, s->dres, dres3, whole, a->B, s);
+    ev = segment(h, ev, "mlp_bwd");
+    h->mlp_backward(h, pass, lp, gp, la, dres3, dfch, dln2_whole, s, d.N);
+    ev = segment(h, ev, NULL);
+    if (input) h->enter_backward(h->ctx, dln2_whole, dln2, whole, a->B, s);
+    ev = segment(h, ev, "ln2_bwd");
+    layernorm_backward_pass(pass, s->dres, HP(gp, LAYER_LN2_W), HP(gp, LAYER_LN2_B), dln2, la->res2,
+                            HP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, d.Ns, d.C);
+    ev = segment(h, ev, NULL);
+
+    /* attention */
+    if (input) h->exit_backward(h->ctx, s->dres, dres2, whole, a->B, s);
+    ev = segment(h, ev, "attention_bwd");
+    if (input) mem_zero(s->datty, (size_t)d.N * d.attn * vb);
+    h->row_backward(h->ctx, pass, s->datty, HP(gp, LAYER_ATTPROJ_W), HP(gp, LAYER_ATTPROJ_B), dres2, la->atty,
+                    HP(lp, LAYER_ATTPROJ_W), d.N, d.attn, d.C);
+    if (input) {
+        mem_zero(dqkv, (size_t)d.N * 3 * d.attn * vb);
+        h->attention_backward(h->ctx, dqkv, s->datt, s->datty, la->qkv, la->att, a->B, d.T, d.heads, d.HS);
+        mem_zero(dln1_whole, (size_t)whole * vb);
+    }
+    h->column_backward(h->ctx, pass, dln1_whole, HP(gp, LAYER_QKV_W), HP(gp, LAYER_QKV_B), dqkv, la->ln1,
+                       HP(lp, LAYER_QKV_W), d.N, d.C, 3 * d.attn);
+    ev = segment(h, ev, NULL);
+    if (input) h->enter_backward(h->ctx, dln1_whole, dln1, whole, a->B, s);
+    ev = segment(h, ev, "ln1_bwd");
+    layernorm_backward_pass(pass, s->dres, HP(gp, LAYER_LN1_W), HP(gp, LAYER_LN1_B), dln1, x, HP(lp, LAYER_LN1_W),
+                            la->ln1_mean, la->ln1_rstd, d.Ns, d.C);
+    segment(h, ev, NULL);
+}
+
+/* ---- the one-rank hooks ---------------------------------------------------------- */
+
+static void matmul_forward_hook(void *ctx, void *out, const void *inp, const void *w, const void *b, int N, int IC,
+                                int OC) {
+    (void)ctx;
+    KP->matmul_forward(out, inp, w, b, N, IC, OC);
+}
+
+static void matmul_backward_hook(void *ctx, gpt_pass pass, void *dinp, void *dw, void *db, const void *dout,
+                                 const void *inp, const void *w, int N, int IC, int OC) {
+    (void)ctx;
+    if (pass == GPT_PASS_FUSED) KP->matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+    else if (pass == GPT_PASS_INPUT) KP->matmul_backward_input(dinp, dout, w, N, IC, OC);
+    else KP->matmul_backward_weight(dw, db, dout, inp, N, IC, OC);
+}
+
+void gpt_region_identity(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s) {
+    (void)ctx; (void)B; (void)s;
+    if (from != to) mem_copy(to, from, (size_t)whole * value_bytes());
+}
+
+static void attention_forward_hook(void *ctx, void *atty, void *att, const void *qkv, int B, int T, int heads,
+                                   int HS) {
+    (void)ctx;
+    KP->attention_forward(atty, att, qkv, B, T, heads, HS);
+}
+
+static void attention_backward_hook(void *ctx, void *dqkv, void *datt, const void *datty, const void *qkv,
+                                    const void *att, int B, int T, int heads, int HS) {
+    (void)ctx;
+    KP->attention_backward(dqkv, datt, datty, qkv, att, B, T, heads, HS);
+}
+
+/* fc (column) -> GELU -> fc-proj (row), at the hooks' MLP width */
+static void mlp_forward_hook(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N) {
+    const int C = (int)h->tensors[LAYER_FC_W].cols, M = (int)h->tensors[LAYER_FC_W].rows;
+    h->column_forward(h->ctx, la->fch, la->ln2, HP(lp, LAYER_FC_W), HP(lp, LAYER_FC_B), N, C, M);
+    KP->gelu_forward(la->fch_gelu, la->fch, (long)N * M);
+    h->row_forward(h->ctx, out, la->fch_gelu, HP(lp, LAYER_FCPROJ_W), HP(lp, LAYER_FCPROJ_B), N, M, C);
+}
+
+static void mlp_backward_hook(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const layer_acts *la,
+                              const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N) {
+    const int C = (int)h->tensors[LAYER_FC_W].cols, M = (int)h->tensors[LAYER_FC_W].rows;
+    const int input = pass != GPT_PASS_WEIGHT;
+    const size_t vb = value_bytes();
+    if (input) mem_zero(s->dfch_gelu, (size_t)N * M * vb);
+    h->row_backward(h->ctx, pass, s->dfch_gelu, HP(gp, LAYER_FCPROJ_W), HP(gp, LAYER_FCPROJ_B), dout, la->fch_gelu,
+                    HP(lp, LAYER_FCPROJ_W), N, M, C);
+    if (input) {
+        mem_zero(dfch, (size_t)N * M * vb);
+        KP->gelu_backward(dfch, s->dfch_gelu, la->fch, (long)N * M);
+        mem_zero(dinp, (size_t)N * C * vb);
+    }
+    h->column_backward(h->ctx, pass, dinp, HP(gp, LAYER_FC_W), HP(gp, LAYER_FC_B), dfch, la->ln2, HP(lp, LAYER_FC_W),
+                       N, C, M);
+}
+
+gpt_layer_hooks gpt_default_hooks(const gpt_layout *g) {
+    return (gpt_layer_hooks){
+        .tensors = g->layer, .layer_size = g->layer_size,
+        .column_forward = matmul_forward_hook, .row_forward = matmul_forward_hook,
+        .column_backward = matmul_backward_hook, .row_backward = matmul_backward_hook,
+        .enter_forward = gpt_region_identity, .enter_backward = gpt_region_identity,
+        .exit_forward = gpt_region_identity, .exit_backward = gpt_region_identity,
+        .attention_forward = attention_forward_hook, .attention_backward = attention_backward_hook,
+        .mlp_forward = mlp_forward_hook, .mlp_backward = mlp_backward_hook,
+    };
+}
+
+/* ---- a range of layers ------------------------------------------------------------ */
+
+/* Where a block starts in a buffer whose layer blocks are h->layer_size long:
+ * the model's flat layout, or a tensor-parallel rank's local one. */
+static long block_at(const gpt_layout *g, const gpt_layer_hooks *h, int layer) {
+    return g->embed_size + (long)layer * h->layer_size;
+}
+
+static long range_begin(const gpt_layout *g, const gpt_layer_hooks *h, int lo) {
+    return lo == 0 ? 0 : block_at(g, h, lo);
+}
+
+void gpt_range_with(const gpt_layout *g, const gpt_layer_hooks *h, int lo, int hi, long *begin, long *end) {
+    *begin = range_begin(g, h, lo);
+    *end = hi == g->cfg.layers ? block_at(g, h, hi) + g->head_size : block_at(g, h, hi);
+}
+
+gpt_part gpt_whole_part(const gpt_layout *g) { return (gpt_part){g->cfg.heads, 4 * g->cfg.d_model, 1, 0}; }
+
+void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int layer) {
+    gpt_layer_hooks h = gpt_default_hooks(g);
+    layer_acts la = forward_target(g, a, layer);
+    layer_forward_body(g, &h, lp, layer_input(a, layer), &la, a->B, a->seq, a->scratch);
+}
+
+void gpt_layer_backward(const gpt_layout *g, const void *lp, void *gp, gpt_acts *a, int layer,
+                        gpt_grad_scratch *s) {
+    gpt_layer_hooks h = gpt_default_hooks(g);
+    layer_backward_body(g, &h, GPT_PASS_FUSED, lp, gp, a, layer, s, NULL);
+}
+
+void gpt_forward_with(const gpt_layout *g, const gpt_layer_hooks *h, const void *params, gpt_acts *a) {
+    const long begin = range_begin(g, h, a->lo);
+    int ev;
+    if (a->lo == 0) {
+        ev = segment(h, -1, "embed_fwd");
+        gpt_embed_forward(g, params, a); /* tensor parallelism: replicated, the same x on every rank */
+        segment(h, ev, NULL);
+    }
+    for (int l = a->lo; l < a->hi; l++) {
+        layer_acts la = forward_target(g, a, l); /* --recompute decides where */
+        layer_forward_body(g, h, value_at(params, block_at(g, h, l) - begin), layer_input(a, l), &la, a->B, a->seq,
+                           a->scratch);
+    }
+    if (a->hi == g->cfg.layers) {
+        ev = segment(h, -1, "head_fwd");
+        gpt_head_forward(g, value_at(params, block_at(g, h, a->hi) - begin), a);
+        segment(h, ev, NULL);
+    }
+}
+
+void gpt_forward(const gpt_layout *g, const void *params, gpt_acts *a) {
+    gpt_layer_hooks h = gpt_default_hooks(g);
+    gpt_forward_with(g, &h, params, a);
+}
+
+void *gpt_backward_with(const gpt_layout *g, const gpt_layer_hooks *h, const void *params, void *grads,
+                        gpt_acts *a, gpt_grad_scratch *s, const void *dout, float dloss, grads_ready_fn ready,
+                        void *ready_ctx) {
+    const int L = g->cfg.layers;
+    const long begin = range_begin(g, h, a->lo);
+    if (a->hi == L) {
+        int ev = segment(h, -1, "head_bwd");
+        long o = block_at(g, h, L) - begin;
+        gpt_head_backward(g, value_at(params, o), value_at(grads, o), a, s, dloss);
+        segment(h, ev, NULL);
+        if (ready) ready(ready_ctx, block_at(g, h, L), block_at(g, h, L) + g->head_size);
+    } else {
+        mem_copy(s->dres, dout, (size_t)block_tokens(a) * g->cfg.d_model * value_bytes());
+    }
+    for (int l = a->hi - 1; l >= a->lo; l--) {
+        long o = block_at(g, h, l) - begin;
+        layer_backward_body(g, h, GPT_PASS_FUSED, value_at(params, o), value_at(grads, o), a, l, s, NULL);
+        if (ready) ready(ready_ctx, block_at(g, h, l), block_at(g, h, l + 1));
+    }
+    if (a->lo != 0) return s->dres;
+    int ev = segment(h, -1, "embed_bwd");
+    gpt_embed_backward(g, grads, a, s); /* s->dres: whole, or this rank's positions */
+    segment(h, ev, NULL);
+    if (ready) ready(ready_ctx, 0, g->embed_size);
+    return NULL;
+}
+
+void *gpt_backward(const gpt_layout *g, const void *params, void *grads, gpt_acts *a,
+                   gpt_grad_scratch *s, const void *dout, float dloss,
+                   grads_ready_fn ready, void *ready_ctx) {
+    gpt_layer_hooks h = gpt_default_hooks(g);
+    return gpt_backward_with(g, &h, params, grads, a, s, dout, dloss, ready, ready_ctx);
+}
+
+void *gpt_backward_input_with(const gpt_layout *g, const gpt_layer_hooks *h, const void *params, gpt_acts *a,
+                              gpt_grad_scratch *s, gpt_wgrads *w, const void *dout, float dloss) {
+    const long begin = range_begin(g, h, a->lo);
+    const size_t nc = (size_t)block_tokens(a) * g->cfg.d_model * value_bytes();
+    if (a->hi == g->cfg.layers) head_backward_input(g, value_at(params, block_at(g, h, a->hi) - begin), a, s, w, dloss);
     else mem_copy(s->dres, dout, nc);
     for (int l = a->hi - 1; l >= a->lo; l--)
-        gpt_layer_backward_input(g, value_at(params, gpt_layer_offset(g, l) - begin), a, l, s, w);
+        layer_backward_body(g, h, GPT_PASS_INPUT, value_at(params, block_at(g, h, l) - begin), NULL, a, l, s,
+                            &w->layer[l - a->lo]);
     if (a->lo != 0) return s->dres;
     mem_copy(w->dx, s->dres, nc); /* the embedding's W reads it */
     return NULL;
 }
 
-void gpt_backward_weight(const gpt_layout *g, void *grads, const gpt_acts *a, const gpt_wgrads *w) {
-    long begin, end;
-    gpt_range(g, a->lo, a->hi, &begin, &end);
-    if (a->hi == g->cfg.layers) gpt_head_backward_weight(g, value_at(grads, gpt_head_offset(g) - begin), a, w);
-    for (int l = a->hi - 1; l >= a->lo; l--)
-        gpt_layer_backward_weight(g, value_at(grads, gpt_layer_offset(g, l) - begin), a, l, w);
-    if (a->lo == 0) gpt_embed_backward_weight(g, grads, a, w);
+void *gpt_backward_input(const gpt_layout *g, const void *params, gpt_acts *a, gpt_grad_scratch *s,
+                         gpt_wgrads *w, const void *dout, float dloss) {
+    gpt_layer_hooks h = gpt_default_hooks(g);
+    return gpt_backward_input_with(g, &h, params, a, s, w, dout, dloss);
 }
+
+/* In the fused backward's order (each tensor's gradient is its own sum, so
+ * the order does not change a bit, but it reads the same). */
+void gpt_backward_weight_with(const gpt_layout *g, const gpt_layer_hooks *h, void *grads, const gpt_acts *a,
+                              const gpt_wgrads *w) {
+    const long begin = range_begin(g, h, a->lo);
+    if (a->hi == g->cfg.layers) head_backward_weight(g, value_at(grads, block_at(g, h, a->hi) - begin), a, w);
+    for (int l = a->hi - 1; l >= a->lo; l--)
+        layer_backward_body(g, h, GPT_PASS_WEIGHT, NULL, value_at(grads, block_at(g, h, l) - begin), a, l, NULL,
+                            (layer_wgrads *)&w->layer[l - a->lo]);
+    if (a->lo == 0) embed_backward_weight(g, grads, a, w);
+}
+
+void gpt_backward_weight(const gpt_layout *g, void *grads, const gpt_acts *a, const gpt_wgrads *w) {
+    gpt_layer_hooks h = gpt_default_hooks(g);
+    gpt_backward_weight_with(g, &h, grads, a, w);
+}
+
 
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a) {
     (void)g;

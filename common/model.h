@@ -149,11 +149,6 @@ void gpt_acts_bind(gpt_acts *a, gpt_grad_scratch *s);
  * first stage's tokens, the last stage's targets, only the positions it holds. */
 void gpt_acts_set_batch(gpt_acts *a, const int *tokens, const int *targets, int T);
 
-/* Both at a tensor-parallel rank's local widths: `heads` of the attention heads
- * and `mlp_width` of the 4C MLP units; the residual stream stays C wide. */
-void gpt_acts_alloc_local(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width);
-void gpt_scratch_alloc_local(gpt_grad_scratch *s, const gpt_layout *g, int B, int heads, int mlp_width);
-
 /* The part of every layer a block computes (lab05's tensor parallelism): its
  * heads and MLP units, and, with sequence parallelism, which of seq_parts
  * equal slices of every sequence's positions it holds outside the
@@ -203,19 +198,6 @@ void gpt_layer_backward(const gpt_layout *g, const void *layer_params, void *lay
                         gpt_acts *a, int layer, gpt_grad_scratch *s);
 void gpt_embed_backward(const gpt_layout *g, void *embed_grads, gpt_acts *a, gpt_grad_scratch *s);
 
-/* --recompute's two choices, for every layer code (this file's and lab05's):
- * where the forward of `layer` writes (its own layer_acts; selective: att in
- * the bound scratch's work set; full: the work set, but the output in the
- * layer's own res3), and what its backward reads (none: the kept pieces;
- * selective: the kept ones with att recomputed into s->work.att by attention's
- * forward at `heads` heads, its output into s->datty, which the backward
- * overwrites; full: s->work, where the caller runs the layer's forward again
- * first). keep: a split backward's W block (gpt_wgrads) under full: the pieces
- * W reads then go there instead of into s->work, so they live until W. */
-layer_acts gpt_layer_forward_target(const gpt_layout *g, const gpt_acts *a, int layer);
-layer_acts gpt_layer_backward_source(const gpt_layout *g, const gpt_acts *a, int layer, gpt_grad_scratch *s,
-                                     const layer_acts *keep, int heads);
-
 /* ---- the backward in two halves (lab04's zero-bubble schedules) -----------------
  * B, the input half: the gradient of the range's input, which the previous
  * pipeline stage waits for. W, the weight half: the gradients of the weights,
@@ -252,14 +234,8 @@ typedef struct gpt_wgrads {
 } gpt_wgrads;
 
 void gpt_wgrads_alloc(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B);
-/* At a tensor-parallel rank's local widths, as gpt_acts_alloc_local. */
-void gpt_wgrads_alloc_local(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, int heads, int mlp_width);
 void gpt_wgrads_alloc_part(gpt_wgrads *w, const gpt_layout *g, int lo, int hi, int B, const gpt_part *p);
 void gpt_wgrads_free(gpt_wgrads *w);
-/* What W of `layer` reads: the layer's kept activations, or under --recompute
- * full those B left in w. */
-const layer_acts *gpt_layer_weight_source(const gpt_layout *g, const gpt_acts *a, int layer, const gpt_wgrads *w);
-
 /* B of the range: gpt_backward without any weight gradient, filling w; returns
  * the gradient of x_in (inside s, valid until the next backward), NULL on the
  * first stage. */
@@ -267,16 +243,74 @@ void *gpt_backward_input(const gpt_layout *g, const void *params, gpt_acts *a, g
                          gpt_wgrads *w, const void *dout, float dloss);
 /* W of the range: accumulates every weight gradient from a and w. */
 void gpt_backward_weight(const gpt_layout *g, void *grads, const gpt_acts *a, const gpt_wgrads *w);
-/* The pieces, per block as the fused ones above (s->dres carries the residual
- * gradient from the head down through the layers in B). */
-void gpt_head_backward_input(const gpt_layout *g, const void *head_params, gpt_acts *a, gpt_grad_scratch *s,
-                             gpt_wgrads *w, float dloss);
-void gpt_layer_backward_input(const gpt_layout *g, const void *layer_params, const gpt_acts *a, int layer,
-                              gpt_grad_scratch *s, gpt_wgrads *w);
-void gpt_head_backward_weight(const gpt_layout *g, void *head_grads, const gpt_acts *a, const gpt_wgrads *w);
-void gpt_layer_backward_weight(const gpt_layout *g, void *layer_grads, const gpt_acts *a, int layer,
-                               const gpt_wgrads *w);
-void gpt_embed_backward_weight(const gpt_layout *g, void *embed_grads, const gpt_acts *a, const gpt_wgrads *w);
+/* ---- one layer, with parallelism plugged in ------------------------------------
+ * The layer is written once (model.c): its forward, its input half B and its
+ * weight half W; the fused backward runs every op's B then its W. At the
+ * points where a parallelism changes the layer it calls a hook:
+ *
+ *   x -> LN1 -> enter -> column(qkv) -> attention -> row(attn-proj) -> exit -> + x = res2
+ *   res2 -> LN2 -> enter -> mlp: column(fc) -> GELU -> row(fc-proj) -> exit -> + res2 = res3
+ *
+ * enter/exit bound the region where the positions are whole and the widths
+ * a rank's share: the residual stream outside may hold only a slice of every
+ * sequence's positions (a->seq of T). gpt_default_hooks gives the one-rank
+ * operations (plain matmuls, identity regions, common/'s attention and MLP);
+ * lab05 keeps its own table (tensor and sequence parallelism) and a later
+ * parallelism replaces attention (context) or the MLP (experts). */
+typedef enum { GPT_PASS_FUSED, GPT_PASS_INPUT, GPT_PASS_WEIGHT } gpt_pass; /* B and W; B alone; W alone */
+
+typedef struct gpt_layer_hooks gpt_layer_hooks;
+/* out[N,OC] = inp[N,IC] W^T + b, W [OC,IC] at this rank's shape */
+typedef void (*gpt_linear_fwd)(void *ctx, void *out, const void *inp, const void *w, const void *b, int N, int IC,
+                               int OC);
+/* the pass's gradients, accumulated: dinp (B), dw and db (W); the others are NULL */
+typedef void (*gpt_linear_bwd)(void *ctx, gpt_pass pass, void *dinp, void *dw, void *db, const void *dout,
+                               const void *inp, const void *w, int N, int IC, int OC);
+/* from -> to, `whole` = B x T x C values on the whole-sequence side; may
+ * change `from` (an all-reduce in place) and use s's staging */
+typedef void (*gpt_region_fn)(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s);
+struct gpt_layer_hooks {
+    void *ctx;                  /* handed back to every hook */
+    const tensor_info *tensors; /* a layer block's tensors at this rank's shapes */
+    long layer_size;            /* elements of one such block */
+    int trace;                  /* trace the compute between the region hooks as events of its own */
+    gpt_linear_fwd column_forward, row_forward;
+    gpt_linear_bwd column_backward, row_backward;
+    gpt_region_fn enter_forward;  /* residual stream [B,seq,C] -> whole [B,T,C] (f; SP: all-gather) */
+    gpt_region_fn enter_backward; /* whole gradient [B,T,C] -> [B,seq,C] (f: all-reduce; SP: reduce-scatter) */
+    gpt_region_fn exit_forward;   /* whole [B,T,C] -> [B,seq,C] (g: all-reduce; SP: reduce-scatter) */
+    gpt_region_fn exit_backward;  /* [B,seq,C] gradient -> whole (g: identity; SP: all-gather) */
+    /* the attention core, atty = softmax(q k^T) v over `heads` heads of size HS */
+    void (*attention_forward)(void *ctx, void *atty, void *att, const void *qkv, int B, int T, int heads, int HS);
+    void (*attention_backward)(void *ctx, void *dqkv, void *datt, const void *datty, const void *qkv,
+                               const void *att, int B, int T, int heads, int HS);
+    /* the MLP from la->ln2 (whole) to out (before exit); its backward from dout to dinp
+     * (before enter), through dfch; lp, gp: the layer's parameter and gradient blocks */
+    void (*mlp_forward)(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N);
+    void (*mlp_backward)(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const layer_acts *la,
+                         const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N);
+};
+gpt_layer_hooks gpt_default_hooks(const gpt_layout *g);
+/* The whole layer (all heads and MLP units, every position): what
+ * gpt_acts_alloc allocates. */
+gpt_part gpt_whole_part(const gpt_layout *g);
+/* gpt_range over a buffer whose layer blocks are h->layer_size long. */
+void gpt_range_with(const gpt_layout *g, const gpt_layer_hooks *h, int lo, int hi, long *begin, long *end);
+/* The identity region: copies when from and to differ. */
+void gpt_region_identity(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s);
+
+/* gpt_forward, gpt_backward, gpt_backward_input and gpt_backward_weight over a
+ * buffer whose layer blocks are h->layer_size long (the embedding and head
+ * the model's), every layer through h. gpt_forward(..) is
+ * gpt_forward_with(.., &gpt_default_hooks(g), ..). */
+void gpt_forward_with(const gpt_layout *g, const gpt_layer_hooks *h, const void *params, gpt_acts *a);
+void *gpt_backward_with(const gpt_layout *g, const gpt_layer_hooks *h, const void *params, void *grads,
+                        gpt_acts *a, gpt_grad_scratch *s, const void *dout, float dloss, grads_ready_fn ready,
+                        void *ready_ctx);
+void *gpt_backward_input_with(const gpt_layout *g, const gpt_layer_hooks *h, const void *params, gpt_acts *a,
+                              gpt_grad_scratch *s, gpt_wgrads *w, const void *dout, float dloss);
+void gpt_backward_weight_with(const gpt_layout *g, const gpt_layer_hooks *h, void *grads, const gpt_acts *a,
+                              const gpt_wgrads *w);
 
 /* The mean of a->losses (the block's B*seq positions), read back to the host. */
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a);

@@ -23,8 +23,6 @@
 #include <string.h>
 #ifdef PL_HAVE_CUDA
 #include <cuda_runtime.h>
-#define CUDA_OK(call) do { cudaError_t e_ = (call); \
-    if (e_ != cudaSuccess) die("%s: %s", #call, cudaGetErrorString(e_)); } while (0)
 #endif
 
 typedef struct {
@@ -78,7 +76,7 @@ static size_t n_pool, cap_pool;
 static cudaEvent_t pool_get(void) {
     if (n_pool) return pool[--n_pool];
     cudaEvent_t e;
-    CUDA_OK(cudaEventCreate(&e)); /* timing enabled: no DisableTiming flag */
+    CUDA_CHECK(cudaEventCreate(&e)); /* timing enabled: no DisableTiming flag */
     return e;
 }
 
@@ -95,10 +93,10 @@ static cudaStream_t stream_of(void *s) {
 static void ensure_reference(void) {
     if (n_anchors) return;
     cudaEvent_t e;
-    CUDA_OK(cudaEventCreate(&e));
+    CUDA_CHECK(cudaEventCreate(&e));
     cudaStream_t s = stream_of(NULL);
-    CUDA_OK(cudaEventRecord(e, s));
-    CUDA_OK(cudaEventSynchronize(e));
+    CUDA_CHECK(cudaEventRecord(e, s));
+    CUDA_CHECK(cudaEventSynchronize(e));
     anchors = grow(anchors, &cap_anchors, 1, sizeof *anchors);
     anchors[0] = (anchor){e, now_seconds()};
     n_anchors = anchors_resolved = 1;
@@ -106,8 +104,8 @@ static void ensure_reference(void) {
 
 static double since_anchor(int a, cudaEvent_t e) {
     float ms = 0;
-    CUDA_OK(cudaEventSynchronize(e));
-    CUDA_OK(cudaEventElapsedTime(&ms, anchors[a].ev, e));
+    CUDA_CHECK(cudaEventSynchronize(e));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, anchors[a].ev, e));
     return anchors[a].t + 1e-3 * (double)ms;
 }
 #endif
@@ -165,7 +163,7 @@ int trace_begin(const char *op, trace_kind kind, int micro_batch, void *stream) 
         ev->stream = stream_of(stream);
         ev->anchor = (int)n_anchors - 1;
         ev->e0 = pool_get();
-        CUDA_OK(cudaEventRecord(ev->e0, ev->stream));
+        CUDA_CHECK(cudaEventRecord(ev->e0, ev->stream));
         return (int)n_events++;
     }
 #endif
@@ -180,7 +178,7 @@ void trace_end(int handle) {
 #ifdef PL_HAVE_CUDA
     if (ev->e0) {
         ev->e1 = pool_get();
-        CUDA_OK(cudaEventRecord(ev->e1, ev->stream));
+        CUDA_CHECK(cudaEventRecord(ev->e1, ev->stream));
         ev->open = 0;
         return;
     }
@@ -200,8 +198,8 @@ void trace_step_begin(int step) {
     if (g_device == DEVICE_CUDA) {
         ensure_reference();
         cudaEvent_t e;
-        CUDA_OK(cudaEventCreate(&e)); /* anchors are kept, not pooled */
-        CUDA_OK(cudaEventRecord(e, stream_of(NULL)));
+        CUDA_CHECK(cudaEventCreate(&e)); /* anchors are kept, not pooled */
+        CUDA_CHECK(cudaEventRecord(e, stream_of(NULL)));
         anchors = grow(anchors, &cap_anchors, n_anchors + 1, sizeof *anchors);
         anchors[n_anchors] = (anchor){e, 0};
         s->anchor = (int)n_anchors++;
@@ -222,7 +220,7 @@ void trace_step_end(int step) {
 #ifdef PL_HAVE_CUDA
     if (g_device == DEVICE_CUDA) {
         s->e1 = pool_get();
-        CUDA_OK(cudaEventRecord(s->e1, stream_of(NULL)));
+        CUDA_CHECK(cudaEventRecord(s->e1, stream_of(NULL)));
         /* Resolving here waits for the GPU to finish the step; the pending
          * events (and their pooled cudaEvents) never pile up beyond a step. */
         resolve();

@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
                     NULL, 0};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
-    run_check(&ctx, stage_split_possible(ctx.opt.layers, ctx.size),
+    run_check(&ctx, th_stage_split_possible(ctx.opt.layers, ctx.size),
               "--layers %d cannot be split into %d pipeline stages: every stage needs at least one "
               "layer (give more --layers or run fewer ranks)", ctx.opt.layers, ctx.size);
     run_setup(&ctx);
@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
                              .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
                              .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
                              .tp = 1, .pp = p, .dp = 1, .micro_batches = 1, .schedule = "gpipe",
-                             .stage_layers = stage_layers, .recompute = ctx.model.recompute};
+                             .recompute = ctx.model.recompute};
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
         run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                              .comm_formula = comm_formula_text, .bubble_theory = theory});

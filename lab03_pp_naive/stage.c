@@ -11,17 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- how the layers are cut --------------------------------------------------- */
-
-int stage_split_possible(int layers, int stages) { return stages >= 1 && stages <= layers; }
-
-void stage_layers(int layers, int stages, int stage, int *lo, int *hi) {
-    int q = layers / stages, extra = layers % stages;
-    int first_long = stages - extra; /* stages from here on run q + 1 layers */
-    *lo = stage * q + (stage > first_long ? stage - first_long : 0);
-    *hi = *lo + q + (stage >= first_long ? 1 : 0);
-}
-
 /* ---- set-up ------------------------------------------------------------------- */
 
 void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const dataset *data,
@@ -46,10 +35,9 @@ void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const
     s->prev = place->prev;
     s->next = place->next;
     s->g = g;
-    s->model = model;
-    stage_layers(g->cfg.layers, s->count, s->index, &s->lo, &s->hi);
-    if (model) model->range(model->ctx, s->lo, s->hi, &s->begin, &s->end);
-    else gpt_range(g, s->lo, s->hi, &s->begin, &s->end);
+    s->model = model ? *model : (stage_model){.layer = gpt_default_hooks(g), .part = gpt_whole_part(g)};
+    th_stage_layers(g->cfg.layers, s->count, s->index, &s->lo, &s->hi);
+    gpt_range_with(g, &s->model.layer, s->lo, s->hi, &s->begin, &s->end);
     const long len = s->end - s->begin;
     size_t n = (size_t)len * sizeof(float), values = (size_t)len * value_bytes();
     s->owns_buffers = !place->params;
@@ -60,7 +48,7 @@ void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const
     s->adam_v = s->owns_buffers ? mem_alloc(n, MEM_OPTIM) : place->adam_v;
     /* the same values lab01 has at these offsets: initial weights are a pure
      * function of (seed, tensor, element), not of who creates them */
-    if (model) model->init_params(model->ctx, seed, s->lo, s->hi, s->master);
+    if (s->model.init_params) s->model.init_params(s->model.ctx, seed, s->lo, s->hi, s->master);
     else gpt_init_params(g, seed, s->begin, s->end, s->master);
     params_from_master(s->params, s->master, len);
 
@@ -68,12 +56,11 @@ void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const
     s->rows = batch / micro_batches;
     s->first_row = first_row;
     s->dloss = 1.0f / ((float)batch * (float)g->cfg.seq);
-    /* under sequence parallelism each TP rank holds T/t positions of every sequence */
-    const int seq_parts = model && model->sequence_parallel && model->tp > 1 ? model->tp : 1;
-    s->boundary_floats = (long)s->rows * (g->cfg.seq / seq_parts) * g->cfg.d_model;
-    if (model) model->scratch_alloc(model->ctx, &s->scratch, s->rows);
-    else gpt_scratch_alloc(&s->scratch, g, s->rows);
-    if (s->next >= 0) s->dout = mem_alloc((size_t)s->boundary_floats * value_bytes(), MEM_COMM);
+    /* a part may hold only a slice of every sequence's positions (lab05's sequence parallelism) */
+    const int seq_parts = s->model.part.seq_parts > 1 ? s->model.part.seq_parts : 1;
+    s->boundary_values = (long)s->rows * (g->cfg.seq / seq_parts) * g->cfg.d_model;
+    gpt_scratch_alloc_part(&s->scratch, g, s->rows, &s->model.part);
+    if (s->next >= 0) s->dout = mem_alloc((size_t)s->boundary_values * value_bytes(), MEM_COMM);
     s->data = data;
     s->seed = seed;
     s->tokens = malloc(sizeof(int) * (size_t)s->rows * g->cfg.seq);
@@ -127,8 +114,7 @@ void stage_acts_alloc(pipeline_stage *s, gpt_acts *a, int mb) {
     /* a real allocation zeroes its block: work, not waiting, so traced as compute */
     int ev = trace_begin("alloc_acts", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    if (s->model) s->model->acts_alloc(s->model->ctx, a, s->lo, s->hi, s->rows);
-    else gpt_acts_alloc(a, s->g, s->lo, s->hi, s->rows);
+    gpt_acts_alloc_part(a, s->g, s->lo, s->hi, s->rows, &s->model.part);
     gpt_acts_bind(a, &s->scratch); /* --recompute: what the layers do not keep goes there */
     s->acts_bytes = a->bytes;
     s->busy_seconds += now_seconds() - t0;
@@ -152,8 +138,7 @@ void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
         data_batch(s->data, s->seed, s->step, s->first_row + mb * s->rows, s->rows, T, s->tokens, s->targets);
         gpt_acts_set_batch(a, first ? s->tokens : NULL, last ? s->targets : NULL, T); /* the positions it holds */
     }
-    if (s->model) s->model->forward(s->model->ctx, s->params, a);
-    else gpt_forward(s->g, s->params, a);
+    gpt_forward_with(s->g, &s->model.layer, s->params, a);
     /* every micro-batch has rows x T positions, so the batch mean is the mean of these */
     if (last) s->loss_sum += gpt_mean_loss(s->g, a);
     s->busy_seconds += now_seconds() - t0;
@@ -164,8 +149,8 @@ const void *stage_backward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
     int ev = trace_begin("backward", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
     const void *dout = s->next >= 0 ? s->dout : NULL;
-    const void *dx = s->model ? s->model->backward(s->model->ctx, s->params, s->grads, a, &s->scratch, dout, s->dloss)
-                               : gpt_backward(s->g, s->params, s->grads, a, &s->scratch, dout, s->dloss, NULL, NULL);
+    const void *dx = gpt_backward_with(s->g, &s->model.layer, s->params, s->grads, a, &s->scratch, dout, s->dloss,
+                                       NULL, NULL);
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
     return dx;
@@ -180,8 +165,8 @@ static void exchange(pipeline_stage *s, const void *send, int dst, const char *s
     if (dst < 0 && src < 0) return;
     int send_ev = dst >= 0 ? trace_begin(send_op, TRACE_COMM, send_mb, NULL) : -1;
     int recv_ev = src >= 0 ? trace_begin(recv_op, TRACE_COMM, recv_mb, NULL) : -1;
-    comm_sendrecv(s->pipe, send, dst >= 0 ? s->boundary_floats : 0, dst,
-                  recv, src >= 0 ? s->boundary_floats : 0, src);
+    comm_sendrecv(s->pipe, send, dst >= 0 ? s->boundary_values : 0, dst,
+                  recv, src >= 0 ? s->boundary_values : 0, src);
     trace_end(recv_ev);
     trace_end(send_ev);
 }
@@ -244,8 +229,8 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
 /* ---- the record ---------------------------------------------------------------- */
 
 th_opts stage_opts(const pipeline_stage *s) {
-    return th_opts_run(s->model ? s->model->tp : 1, s->model ? s->model->sequence_parallel : 0, s->g->cfg.recompute,
-                       g_precision == PREC_BF16);
+    const gpt_part *p = &s->model.part; /* t: the heads split t ways; SP: the positions too */
+    return th_opts_run(s->g->cfg.heads / p->heads, p->seq_parts > 1, s->g->cfg.recompute, g_precision == PREC_BF16);
 }
 
 static void append_array(textbuf *b, const char *key, const double *all, int field, int fields, int p) {
@@ -281,10 +266,6 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
     append_array(&json, "acts_bytes_per_micro_batch", all, BYTES, FIELDS, p);
     append_array(&json, "acts_bytes_per_micro_batch_formula", all, BYTES_F, FIELDS, p);
     append_array(&json, "acts_in_flight_formula", all, IN_FLIGHT, FIELDS, p);
-    textbuf_printf(&json, ",\"acts_peak_formula_bytes\":[");
-    for (int r = 0; r < p; r++)
-        textbuf_printf(&json, "%s%.0f", r ? "," : "", all[r * FIELDS + IN_FLIGHT] * all[r * FIELDS + BYTES]);
-    textbuf_printf(&json, "]");
     append_array(&json, "acts_peak_measured_bytes", all, PEAK, FIELDS, p);
     textbuf_printf(&json, ",\"acts_formula\":\"%s\"", formula_text);
 

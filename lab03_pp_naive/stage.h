@@ -23,48 +23,26 @@
 #include "theory.h"
 #include <stdint.h>
 
-/* How L layers are cut into p stages: contiguous runs, as equal as possible.
- * With L = q p + s, every stage gets q layers and the LAST s stages one more
- * (the early stages of a 1F1B pipeline keep the most micro-batches of
- * activations, so they get the shorter runs). The first stage also holds the
- * embedding, the last the final LayerNorm, head and loss.
- * Example: L = 10, p = 4 -> layers [0,2) [2,4) [4,7) [7,10).
- * Every stage needs at least one layer: p > L cannot be split. */
-int stage_split_possible(int layers, int stages);
-void stage_layers(int layers, int stages, int stage, int *lo, int *hi);
+/* How the layers are cut into stages: theory.h's th_stage_layers (a pure
+ * rule, below the labs, shared with theory's predictions and plan3d). */
 
-/* The model code a stage runs. lab03 and lab04 give none (stage_init): the
- * full-width model of common/ (gpt_range, gpt_init_params, gpt_acts_alloc,
- * gpt_scratch_alloc, gpt_forward, gpt_backward). lab06 gives lab05's
- * tensor-parallel layers, whose local buffer has the same shape (embedding,
- * the stage's layers, head), so nothing else in the stage changes. Each hook
- * keeps the contract of the common/ function it stands for, over the stage's
- * own buffers; ctx is handed back unchanged. */
+/* The model code a stage runs: common/model's layer with a hook table, on a
+ * buffer whose layer blocks are layer.layer_size long, each block computing
+ * `part` of its layer (gpt_part: its heads, MLP units and slice of the
+ * positions). lab03 and lab04 give none (stage_init): the full-width model of
+ * common/ (gpt_default_hooks, the whole layer). A later lab gives its own
+ * hooks, part and initialisation of its slice of the weights. */
 typedef struct stage_model {
-    void *ctx;
-    void (*range)(void *ctx, int lo, int hi, long *begin, long *end);
-    void (*init_params)(void *ctx, uint64_t seed, int lo, int hi, float *dst); /* fp32 */
-    void (*acts_alloc)(void *ctx, gpt_acts *a, int lo, int hi, int rows);
-    void (*scratch_alloc)(void *ctx, gpt_grad_scratch *s, int rows);
-    void (*forward)(void *ctx, const void *params, gpt_acts *a);
-    void *(*backward)(void *ctx, const void *params, void *grads, gpt_acts *a,
-                      gpt_grad_scratch *s, const void *dout, float dloss);
-    /* The backward in two halves (lab04's zero-bubble schedules): gpt_wgrads_alloc,
-     * gpt_backward_input, gpt_backward_weight. NULL: the model has no split backward. */
-    void (*wgrads_alloc)(void *ctx, gpt_wgrads *w, int lo, int hi, int rows);
-    void *(*backward_input)(void *ctx, const void *params, gpt_acts *a, gpt_grad_scratch *s,
-                            gpt_wgrads *w, const void *dout, float dloss);
-    void (*backward_weight)(void *ctx, void *grads, const gpt_acts *a, const gpt_wgrads *w);
-    /* How the hooks split a layer, for theory.h's formulas and for what crosses a
-     * boundary: the TP degree and sequence parallelism (lab06: each TP rank then
-     * sends and receives its T/t positions of every sequence). */
-    int tp, sequence_parallel;
+    gpt_layer_hooks layer;
+    gpt_part part;
+    void *ctx;                                                                 /* handed to init_params */
+    void (*init_params)(void *ctx, uint64_t seed, int lo, int hi, float *dst); /* fp32, the range's values */
 } stage_model;
 
 /* Where a stage sits in the pipeline. lab03's stage r of p is virtual stage r
  * of p with neighbours r-1 and r+1 and buffers of its own. lab04 runs several
  * virtual stages per rank (its interleaved and V schedules): stage `index` of
- * `count` runs the layers stage_layers(L, count, index), its neighbours may be
+ * `count` runs the layers th_stage_layers(L, count, index), its neighbours may be
  * any rank of the pipe (this one included), and the rank's stages share one
  * flat buffer per kind, each stage a range of it. */
 typedef struct stage_place {
@@ -81,14 +59,14 @@ typedef struct pipeline_stage {
     int owns_buffers;       /* params .. adam_v were allocated here (stage_place's NULL) */
     int lo, hi;             /* the layers [lo, hi) this stage runs */
     const gpt_layout *g;
-    const stage_model *model; /* NULL: common/'s full-width model */
-    long begin, end;        /* its parameter range gpt_range(lo, hi) (model->range) */
+    stage_model model;      /* what it runs (a copy; common/'s full-width model by default) */
+    long begin, end;        /* its parameter range gpt_range_with(lo, hi) */
     void *params, *grads;   /* end - begin values each (precision.h) */
     float *master;          /* the fp32 weights AdamW updates: params itself in fp32 */
     float *adam_m, *adam_v; /* end - begin floats each */
     gpt_grad_scratch scratch;
     void *dout;             /* the gradient of the output, received from the next stage */
-    long boundary_floats;   /* rows x T x C values (floats in fp32): what crosses a stage boundary */
+    long boundary_values;   /* rows x positions x C model values: what crosses a stage boundary */
     int rows;               /* rows of one micro-batch */
     int first_row;          /* this pipeline's first row of the global batch (0 without DP) */
     float dloss;            /* 1 / (batch x T): every micro-batch's loss weight, so the
@@ -110,16 +88,16 @@ typedef struct pipeline_stage {
  * (the same values lab01 starts from), its gradients and AdamW moments. */
 void stage_init(pipeline_stage *s, comm *pipe, const gpt_layout *g, const dataset *data,
                 uint64_t seed, int global_batch, int micro_batches);
-/* The same with other model code (kept by pointer: it must outlive the stage)
- * and a share of the global batch: this pipeline trains on rows
+/* The same with other model code (NULL: common/'s; copied, but what its hooks'
+ * ctx points to must outlive the stage) and a share of the global batch: this pipeline trains on rows
  * [first_row, first_row + batch) of every step's global batch (a data-parallel
  * replica's share), cut into micro_batches. stage_init is
  * stage_init_model(.., NULL, .., 0, global_batch, ..). */
 void stage_init_model(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
                       const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches);
 /* The same at any place (stage_init_model is this with lab03's place). The
- * caller's buffers, when given, hold at least the stage's range (model->range
- * or gpt_range of its layers) and outlive the stage. */
+ * caller's buffers, when given, hold at least the stage's range (gpt_range_with
+ * of its layers) and outlive the stage. */
 void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
                        const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches,
                        const stage_place *place);
@@ -161,8 +139,9 @@ void stage_backward(pipeline_stage *s, gpt_acts *a, int mb);
  * loss (computed on the last stage, shared with all). */
 double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double clip);
 
-/* The options theory.h's formulas take for this stage's blocks: fp32, the
- * model's TP degree and SP (t = 1 for common/'s), --recompute. */
+/* The options theory.h's formulas take for this stage's blocks: the
+ * precision, the split of its layers' heads and positions (the model's part;
+ * whole for common/'s), --recompute. */
 th_opts stage_opts(const pipeline_stage *s);
 
 /* Collective over pipe. The stages' layers, activation bytes per micro-batch,

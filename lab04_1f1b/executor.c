@@ -185,7 +185,7 @@ static void *message_buffer(pipeline_rank *pr) {
         if (!pr->spare_messages) die("out of host memory");
     }
     pr->n_messages_allocated++;
-    return mem_alloc((size_t)pr->chunk[0].boundary_floats * value_bytes(), MEM_COMM);
+    return mem_alloc((size_t)pr->chunk[0].boundary_values * value_bytes(), MEM_COMM);
 }
 
 static void message_done(pipeline_rank *pr, pipeline_plan *pl, int id) {
@@ -223,11 +223,8 @@ void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const sta
     pr->p = pipe->size;
     pr->m = m;
     pr->g = g;
-    pr->model = model;
     schedule_make(&pr->sched, kind, pr->p, m, v);
     schedule_forward_only(&pr->sched, &pr->eval_sched);
-    if (pr->sched.split && model && !model->backward_input)
-        die("--schedule %s needs the model's split backward", schedule_name(kind));
     const schedule *s = &pr->sched;
     const int S = schedule_stages(s);
     pr->v = s->v;
@@ -239,8 +236,8 @@ void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const sta
     for (int c = 0; c < pr->v; c++) {
         int lo, hi;
         long begin, end;
-        stage_layers(g->cfg.layers, S, schedule_stage_of(s, pr->rank, c), &lo, &hi);
-        if (model) model->range(model->ctx, lo, hi, &begin, &end);
+        th_stage_layers(g->cfg.layers, S, schedule_stage_of(s, pr->rank, c), &lo, &hi);
+        if (model) gpt_range_with(g, &model->layer, lo, hi, &begin, &end);
         else gpt_range(g, lo, hi, &begin, &end);
         pr->offset[c] = pr->n;
         len[c] = end - begin;
@@ -316,8 +313,7 @@ static gpt_wgrads wgrads_alloc(pipeline_rank *pr, int c, int mb) {
     gpt_wgrads w;
     int ev = trace_begin("alloc_wgrads", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    if (s->model) s->model->wgrads_alloc(s->model->ctx, &w, s->lo, s->hi, s->rows);
-    else gpt_wgrads_alloc(&w, s->g, s->lo, s->hi, s->rows);
+    gpt_wgrads_alloc_part(&w, s->g, s->lo, s->hi, s->rows, &s->model.part);
     pr->wgrads_bytes[c] = w.bytes;
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
@@ -327,8 +323,7 @@ static gpt_wgrads wgrads_alloc(pipeline_rank *pr, int c, int mb) {
 static const void *backward_input(pipeline_stage *s, gpt_acts *a, gpt_wgrads *w, const void *dout, int mb) {
     int ev = trace_begin("backward", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    const void *dx = s->model ? s->model->backward_input(s->model->ctx, s->params, a, &s->scratch, w, dout, s->dloss)
-                               : gpt_backward_input(s->g, s->params, a, &s->scratch, w, dout, s->dloss);
+    const void *dx = gpt_backward_input_with(s->g, &s->model.layer, s->params, a, &s->scratch, w, dout, s->dloss);
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
     return dx;
@@ -337,8 +332,7 @@ static const void *backward_input(pipeline_stage *s, gpt_acts *a, gpt_wgrads *w,
 static void backward_weight(pipeline_stage *s, const gpt_acts *a, const gpt_wgrads *w, int mb) {
     int ev = trace_begin("backward_weight", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    if (s->model) s->model->backward_weight(s->model->ctx, s->grads, a, w);
-    else gpt_backward_weight(s->g, s->grads, a, w);
+    gpt_backward_weight_with(s->g, &s->model.layer, s->grads, a, w);
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
 }
@@ -360,7 +354,7 @@ static void *take(pipeline_plan *pl, int id, int mb) {
  * (the output's storage is reused before a send could be waited for). */
 static void give(pipeline_rank *pr, pipeline_plan *pl, int id, const void *data) {
     pl->buf[id] = message_buffer(pr);
-    mem_copy(pl->buf[id], data, (size_t)pr->chunk[0].boundary_floats * value_bytes());
+    mem_copy(pl->buf[id], data, (size_t)pr->chunk[0].boundary_values * value_bytes());
 }
 
 static void run_action(pipeline_rank *pr, pipeline_plan *pl, schedule_action a) {
@@ -368,7 +362,7 @@ static void run_action(pipeline_rank *pr, pipeline_plan *pl, schedule_action a) 
     pipeline_stage *st = &pr->chunk[a.chunk];
     gpt_acts *acts = &pr->acts[a.chunk][a.mb];
     gpt_wgrads *wg = &pr->wgrads[a.chunk][a.mb];
-    const size_t boundary_bytes = (size_t)st->boundary_floats * value_bytes();
+    const size_t boundary_bytes = (size_t)st->boundary_values * value_bytes();
     int in = consumed(s, pr->rank, a), out = produced(s, pr->rank, a);
     if (a.op == OP_F) {
         stage_acts_alloc(st, acts, a.mb);
@@ -402,7 +396,7 @@ static void run_action(pipeline_rank *pr, pipeline_plan *pl, schedule_action a) 
 /* Post one phase: this rank's sends and receives of one tick, in one group. */
 static void post_phase(pipeline_rank *pr, pipeline_plan *pl, const plan_entry *e) {
     const schedule *s = pl->s;
-    const long n = pr->chunk[0].boundary_floats;
+    const long n = pr->chunk[0].boundary_values;
     comm_group_begin(pr->pipe);
     for (int k = e->first; k < e->first + e->count; k++) {
         int id = pl->ids[k], src, dst, grad = id >= pl->n_messages / 2;
@@ -615,9 +609,8 @@ char *pipeline_report_json(const pipeline_rank *pr) {
             const double *x = all + ((size_t)r * v + c) * FIELDS;
             formula[r] += x[ACTS_N] * x[ACTS_BYTES] + x[WG_N] * x[WG_BYTES];
         }
-    textbuf_printf(&json, ",\"acts_peak_formula_bytes\":[");
-    for (int r = 0; r < p; r++) textbuf_printf(&json, "%s%.0f", r ? "," : "", formula[r]);
-    textbuf_printf(&json, "],\"acts_peak_measured_bytes\":[");
+    /* the formula's total per rank is the record's acts_peak_bytes_formula_per_rank (pipeline_acts_formula_bytes) */
+    textbuf_printf(&json, ",\"acts_peak_measured_bytes\":[");
     for (int r = 0; r < p; r++) textbuf_printf(&json, "%s%.0f", r ? "," : "", all[(size_t)r * v * FIELDS + PEAK]);
     textbuf_printf(&json, "],\"acts_formula\":\"per chunk: activation blocks in flight x their bytes%s, "
                    "counted on the schedule's lists\"", pr->sched.split ? " + weight-gradient inputs x theirs" : "");

@@ -45,7 +45,6 @@ typedef struct pipeline_rank {
     schedule eval_sched;     /* their forwards only (--eval) */
     int rank, p, m, v;
     const gpt_layout *g;
-    const stage_model *model; /* NULL: common/'s full-width model */
     pipeline_stage *chunk;   /* v of them; chunk[c] is virtual stage schedule_stage_of(rank, c) */
     long n;                  /* elements of all chunks: the flat buffers' length */
     long *offset;            /* chunk c's range starts at offset[c] of the flat buffers */

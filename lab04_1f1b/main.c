@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
                              .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
                              .tp = 1, .pp = p, .dp = 1, .micro_batches = m, .schedule = schedule_name(kind),
                              .chunks = v,
-                             .stage_layers = stage_layers, .recompute = ctx.model.recompute};
+                             .recompute = ctx.model.recompute};
         if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
         run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                              .comm_formula = comm_formula_text, .bubble_theory = theory});

@@ -284,19 +284,10 @@ void schedule_free(schedule *s) {
 
 int schedule_stages(const schedule *s) { return s->p * s->v; }
 
-int schedule_stage_of(const schedule *s, int rank, int chunk) {
-    if (s->kind == SCHEDULE_ZB_V) return chunk == 0 ? rank : 2 * s->p - 1 - rank;
-    return chunk * s->p + rank; /* Megatron's: chunk c of every rank before chunk c+1 of any */
-}
+int schedule_stage_of(const schedule *s, int rank, int chunk) { return th_chunk_stage(s->kind, s->p, rank, chunk); }
 
 void schedule_place(const schedule *s, int stage, int *rank, int *chunk) {
-    if (s->kind == SCHEDULE_ZB_V) {
-        *chunk = stage < s->p ? 0 : 1;
-        *rank = stage < s->p ? stage : 2 * s->p - 1 - stage;
-    } else {
-        *chunk = stage / s->p;
-        *rank = stage % s->p;
-    }
+    th_stage_place(s->kind, s->p, stage, rank, chunk);
 }
 
 int schedule_remote_links(const schedule *s, int rank) {
@@ -383,7 +374,7 @@ _Static_assert((int)SCHEDULE_GPIPE == (int)TH_SCHED_GPIPE && (int)SCHEDULE_1F1B 
                (int)SCHEDULE_ZB_V == (int)TH_SCHED_ZB_V, "schedule_kind follows theory.h's th_schedule");
 
 double schedule_bubble_formula(const schedule *s, double t_f, double t_b, double t_w) {
-    const th_schedule k = (th_schedule)s->kind;
+    const th_schedule k = s->kind;
     if (!th_bubble_time_exact(k, t_f, t_b, t_w)) return schedule_simulated_bubble(s, t_f, t_b, t_w);
     double idle = th_bubble_time(k, s->p, s->m, s->v, t_f, t_b, t_w);
     return idle / (idle + s->m * (t_f + t_b + t_w));
@@ -392,21 +383,21 @@ double schedule_bubble_formula(const schedule *s, double t_f, double t_b, double
 const char *schedule_bubble_formula_text(schedule_kind kind) {
     static char text[SCHEDULE_KINDS][128];
     if (!text[kind][0])
-        snprintf(text[kind], sizeof text[kind], "%s idle per rank%s", th_bubble_time_text((th_schedule)kind),
+        snprintf(text[kind], sizeof text[kind], "%s idle per rank%s", th_bubble_time_text(kind),
                  kind == SCHEDULE_ZB_V ? " where tW<=tF<=tB, else its lists simulated" : "");
     return text[kind];
 }
 
 double schedule_bubble_textbook(schedule_kind kind, int p, int m, int v) {
-    return th_bubble_unit((th_schedule)kind, p, m, v);
+    return th_bubble_unit(kind, p, m, v);
 }
 
-const char *schedule_bubble_textbook_text(schedule_kind kind) { return th_bubble_unit_text((th_schedule)kind); }
+const char *schedule_bubble_textbook_text(schedule_kind kind) { return th_bubble_unit_text(kind); }
 
 /* ---- memory --------------------------------------------------------------------------- */
 
 void schedule_in_flight(const schedule *s, int rank, int chunk, int *acts, int *wgrads) {
-    th_chunk_in_flight((th_schedule)s->kind, s->p, s->m, s->v, rank, chunk, acts, wgrads);
+    th_chunk_in_flight(s->kind, s->p, s->m, s->v, rank, chunk, acts, wgrads);
 }
 
 /* ---- printing ------------------------------------------------------------------------- */

@@ -37,10 +37,17 @@
  * equal to these lists: the blocks counted on the lists, the bubble simulated. */
 #ifndef LAB04_SCHEDULE_H
 #define LAB04_SCHEDULE_H
+#include "theory.h"
 
-typedef enum {
-    SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1, SCHEDULE_ZB_V, SCHEDULE_KINDS
-} schedule_kind;
+/* theory.h's enum, the one of this concept (theory's formulas take it as it
+ * is, no cast), under the names lab04's code reads */
+typedef th_schedule schedule_kind;
+#define SCHEDULE_GPIPE TH_SCHED_GPIPE
+#define SCHEDULE_1F1B TH_SCHED_1F1B
+#define SCHEDULE_INTERLEAVED TH_SCHED_INTERLEAVED
+#define SCHEDULE_ZB_H1 TH_SCHED_ZB_H1
+#define SCHEDULE_ZB_V TH_SCHED_ZB_V
+#define SCHEDULE_KINDS TH_NSCHED
 
 /* What --schedule accepts, in the order of schedule_kind. */
 #define SCHEDULE_CHOICES "gpipe|1f1b|interleaved|zb-h1|zb-v"
@@ -89,8 +96,9 @@ void schedule_free(schedule *s);
  * backwards. */
 void schedule_forward_only(const schedule *s, schedule *out);
 
-/* Where the virtual stages sit: chunk c of rank r is stage schedule_stage_of;
- * stage s is chunk *chunk of rank *rank. Stage 0 embeds, stage p v - 1 has the loss. */
+/* Where the virtual stages sit (theory.h's th_chunk_stage, th_stage_place):
+ * chunk c of rank r is stage schedule_stage_of; stage s is chunk *chunk of
+ * rank *rank. Stage 0 embeds, stage p v - 1 has the loss. */
 int schedule_stage_of(const schedule *s, int rank, int chunk);
 void schedule_place(const schedule *s, int stage, int *rank, int *chunk);
 int schedule_stages(const schedule *s); /* p v */

@@ -88,8 +88,9 @@ static double mean_loss(const tp_layout *tl, comm *tp, const gpt_acts *acts) {
 /* --eval: the mean loss over the held-out batches, forward only, every rank on
  * the whole batch as in training. Its all-reduces stay out of the traffic
  * counts, so the record's per-step figures are the training's. */
-static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const void *params, gpt_acts *acts,
+static double evaluate(const run_ctx *ctx, const tp_hooks *th, comm *tp, const void *params, gpt_acts *acts,
                        int *tokens, int *targets) {
+    const tp_layout *tl = th->tl;
     const int B = ctx->opt.batch, T = ctx->opt.seq;
     dataset heldout;
     int batches = data_heldout(&ctx->data, B, T, &heldout);
@@ -99,7 +100,7 @@ static double evaluate(const run_ctx *ctx, const tp_layout *tl, comm *tp, const 
     for (int b = 0; b < batches; b++) {
         data_batch(&heldout, 0, b, 0, B, T, tokens, targets);
         gpt_acts_set_batch(acts, tokens, targets, T); /* SP: this rank's positions */
-        tp_forward(tl, tp, params, acts);
+        gpt_forward_with(&tl->g, &th->hooks, params, acts);
         sum += mean_loss(tl, tp, acts);
     }
     memcpy(tp->stats, training, sizeof training);
@@ -169,6 +170,8 @@ int main(int argc, char **argv) {
     tp_layout tl;
     tp_layout_init(&tl, &ctx.model, tp.size, tp.rank);
     tp_layout_sequence_parallel(&tl, sequence_parallel);
+    tp_hooks th; /* the Megatron layer: common/model's layer with lab05's f, g and row-parallel bias */
+    tp_hooks_init(&th, &tl, &tp);
     const long P = tl.total; /* this rank's parameters: replicated + its shards */
     void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS); /* the model's values (precision.h) */
     void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
@@ -219,8 +222,8 @@ int main(int argc, char **argv) {
         gpt_acts_set_batch(&acts, tokens, targets, T); /* SP: the T/t positions of every row this rank holds */
         mem_zero(grads, (size_t)P * value_bytes());
 
-        tp_forward(&tl, &tp, params, &acts);
-        tp_backward(&tl, &tp, params, grads, &acts, &scratch, NULL, 1.0f / ((float)B * T));
+        gpt_forward_with(&tl.g, &th.hooks, params, &acts);
+        gpt_backward_with(&tl.g, &th.hooks, params, grads, &acts, &scratch, NULL, 1.0f / ((float)B * T), NULL, NULL);
         /* SP: the LayerNorms, embedding and head saw this rank's positions only:
          * their gradients are partial until summed over the group */
         if (partial) sp_sum_partial_grads(&tl, &tp, 0, L, grads, partial_staging);
@@ -243,7 +246,7 @@ int main(int argc, char **argv) {
     }
     double eval_loss = -1;
     if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &tl, &tp, params, &acts, tokens, targets);
+        eval_loss = evaluate(&ctx, &th, &tp, params, &acts, tokens, targets);
         ckpt_print_eval(&ctx, eval_loss);
     }
 
@@ -262,7 +265,7 @@ int main(int argc, char **argv) {
              "\"block_param_bytes_full\":%.0f,\"block_param_bytes_per_rank\":%.0f,"
              "\"block_sharded_bytes_full\":%.0f,\"block_sharded_bytes_per_rank\":%.0f,"
              "\"acts_split_bytes_full\":%.0f,\"acts_split_bytes_per_rank\":%.0f,"
-             "\"acts_bytes_formula\":%.0f,\"replicated_identical\":%s,"
+             "\"replicated_identical\":%s,"
              "\"acts_block_bytes_by_kind\":{\"quadratic\":%ld,\"linear\":%ld,\"other\":%ld},"
              "\"acts_bytes_by_kind_formula\":{\"quadratic\":%.0f,\"linear\":%.0f,\"other\":%.0f},"
              "\"flops_per_token_formula\":%.0f,\"recompute_flops_per_token_formula\":%.0f",
@@ -272,7 +275,7 @@ int main(int argc, char **argv) {
              tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tl.seq_parts > 1 ? collectives / 2.0 : 0.0, tp_traffic.ring,
              partial_traffic.payload, act_bytes,
              vb * th_stage_params(&tm, &opts, 0, L), replicated, block_full, block_per_rank, sharded_full, vb * tp_sharded_elems(&tl),
-             acts_split_full, acts_split_full / tp.size, acts_formula, check_sync ? (in_sync ? "true" : "false") : "null",
+             acts_split_full, acts_split_full / tp.size, check_sync ? (in_sync ? "true" : "false") : "null",
              acts.att_bytes, acts.layer_bytes, acts.bytes - acts.att_bytes - acts.layer_bytes, acts_parts.quadratic,
              acts_parts.linear, acts_parts.other, th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);

@@ -33,136 +33,31 @@ void sp_reduce_scatter(const tp_layout *tl, comm *tp, const void *whole, void *s
     comm_reduce_scatter(tp, s->seq_packed, slice, n);
 }
 
-/* ---- a layer ------------------------------------------------------------------------ */
+/* ---- the layer's regions ---------------------------------------------------------------- */
 
-#define LP(block, which) value_at(block, tl->layer[which].offset)
-
-void sp_layer_compute(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la, int B,
-                      gpt_grad_scratch *s) {
-    const gpt_config *cfg = &tl->g.cfg;
-    const int T = cfg->seq, C = cfg->d_model, N = B * T, Ns = N / tl->seq_parts, HS = C / cfg->heads;
-    const int bias_here = tp->rank == 0; /* the row-parallel biases, once, before the sum */
-
-    /* attention: LN1 on this rank's positions; all-gather; QKV column-parallel,
-     * attention over H/t heads, out-proj row-parallel on the whole sequence;
-     * reduce-scatter back to the slice; + x */
-    int ev = trace_begin("sp_ln1_fwd", TRACE_COMPUTE, -1, NULL);
-    KP->layernorm_forward(s->seq_shard, la->ln1_mean, la->ln1_rstd, x, LP(lp, LAYER_LN1_W), LP(lp, LAYER_LN1_B), Ns, C);
-    trace_end(ev);
-    sp_allgather(tl, tp, s->seq_shard, la->ln1, s, B); /* all-gather 1 of 2 */
-    ev = trace_begin("tp_attention_fwd", TRACE_COMPUTE, -1, NULL);
-    KP->matmul_forward(la->qkv, la->ln1, LP(lp, LAYER_QKV_W), LP(lp, LAYER_QKV_B), N, C, 3 * tl->width);
-    KP->attention_forward(la->atty, la->att, la->qkv, B, T, tl->heads, HS);
-    KP->matmul_forward(s->seq_full, la->atty, LP(lp, LAYER_ATTPROJ_W), bias_here ? LP(lp, LAYER_ATTPROJ_B) : NULL, N,
-                      tl->width, C);
-    trace_end(ev);
-    sp_reduce_scatter(tl, tp, s->seq_full, la->res2, s, B); /* reduce-scatter 1 of 2 */
-
-    /* MLP: residual and LN2 on the slice; all-gather; fc column-parallel, GELU,
-     * fc-proj row-parallel; reduce-scatter; + res2 */
-    ev = trace_begin("sp_ln2_fwd", TRACE_COMPUTE, -1, NULL);
-    KP->add(la->res2, la->res2, x, (long)Ns * C);
-    KP->layernorm_forward(s->seq_shard, la->ln2_mean, la->ln2_rstd, la->res2, LP(lp, LAYER_LN2_W), LP(lp, LAYER_LN2_B),
-                         Ns, C);
-    trace_end(ev);
-    sp_allgather(tl, tp, s->seq_shard, la->ln2, s, B); /* all-gather 2 of 2 */
-    ev = trace_begin("tp_mlp_fwd", TRACE_COMPUTE, -1, NULL);
-    KP->matmul_forward(la->fch, la->ln2, LP(lp, LAYER_FC_W), LP(lp, LAYER_FC_B), N, C, tl->hidden);
-    KP->gelu_forward(la->fch_gelu, la->fch, (long)N * tl->hidden);
-    KP->matmul_forward(s->seq_full, la->fch_gelu, LP(lp, LAYER_FCPROJ_W), bias_here ? LP(lp, LAYER_FCPROJ_B) : NULL, N,
-                      tl->hidden, C);
-    trace_end(ev);
-    sp_reduce_scatter(tl, tp, s->seq_full, la->res3, s, B); /* reduce-scatter 2 of 2 */
-    ev = trace_begin("tp_residual_fwd", TRACE_COMPUTE, -1, NULL);
-    KP->add(la->res3, la->res3, la->res2, (long)Ns * C);
-    trace_end(ev);
+/* TP's f and g become: before a column-parallel linear an all-gather of the
+ * LayerNorm's slice (backward: a reduce-scatter of its gradient: each rank's
+ * column shard gave a partial dX of the whole sequence), after a row-parallel
+ * one a reduce-scatter of the partial sums (backward: an all-gather of the
+ * output gradient, of which each rank holds its slice). common/model's layer
+ * puts the slices in s->seq_shard and the whole row outputs in s->seq_full. */
+static void gather(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s) {
+    const tp_hooks *th = ctx;
+    (void)whole;
+    sp_allgather(th->tl, th->tp, from, to, s, B);
 }
 
-/* The transposes: a forward all-gather's backward is a reduce-scatter of the
- * input gradient (each rank's column shard gave a partial dX of the whole
- * sequence), a forward reduce-scatter's is an all-gather of the output
- * gradient (each rank holds its slice of it). s->dres is the residual
- * gradient of this rank's positions throughout. */
-void sp_layer_backward(const tp_layout *tl, comm *tp, const void *lp, void *gp, const void *x,
-                       const layer_acts *la, int B, gpt_grad_scratch *s) {
-    const gpt_config *cfg = &tl->g.cfg;
-    const int T = cfg->seq, C = cfg->d_model, N = B * T, Ns = N / tl->seq_parts, HS = C / cfg->heads;
-    const size_t nc = (size_t)N * C * value_bytes(), nh = (size_t)N * tl->hidden * value_bytes();
-
-    /* MLP */
-    sp_allgather(tl, tp, s->dres, s->seq_full, s, B); /* the gradient of res3, whole */
-    int ev = trace_begin("tp_mlp_bwd", TRACE_COMPUTE, -1, NULL);
-    mem_zero(s->dfch_gelu, nh);
-    KP->matmul_backward(s->dfch_gelu, LP(gp, LAYER_FCPROJ_W), LP(gp, LAYER_FCPROJ_B), s->seq_full, la->fch_gelu,
-                       LP(lp, LAYER_FCPROJ_W), N, tl->hidden, C);
-    mem_zero(s->dfch, nh);
-    KP->gelu_backward(s->dfch, s->dfch_gelu, la->fch, (long)N * tl->hidden);
-    mem_zero(s->dln, nc);
-    KP->matmul_backward(s->dln, LP(gp, LAYER_FC_W), LP(gp, LAYER_FC_B), s->dfch, la->ln2, LP(lp, LAYER_FC_W), N, C,
-                       tl->hidden);
-    trace_end(ev);
-    sp_reduce_scatter(tl, tp, s->dln, s->seq_shard, s, B); /* LN2's dout, this rank's positions */
-    ev = trace_begin("sp_ln2_bwd", TRACE_COMPUTE, -1, NULL);
-    /* LN2's gains and biases from this rank's positions only: partial (sp_sum_partial_grads) */
-    KP->layernorm_backward(s->dres, LP(gp, LAYER_LN2_W), LP(gp, LAYER_LN2_B), s->seq_shard, la->res2,
-                          LP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, Ns, C);
-    trace_end(ev);
-
-    /* attention */
-    sp_allgather(tl, tp, s->dres, s->seq_full, s, B); /* the gradient of res2, whole */
-    ev = trace_begin("tp_attention_bwd", TRACE_COMPUTE, -1, NULL);
-    mem_zero(s->datty, (size_t)N * tl->width * value_bytes());
-    KP->matmul_backward(s->datty, LP(gp, LAYER_ATTPROJ_W), LP(gp, LAYER_ATTPROJ_B), s->seq_full, la->atty,
-                       LP(lp, LAYER_ATTPROJ_W), N, tl->width, C);
-    mem_zero(s->dqkv, (size_t)N * 3 * tl->width * value_bytes());
-    KP->attention_backward(s->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, tl->heads, HS);
-    mem_zero(s->dln, nc);
-    KP->matmul_backward(s->dln, LP(gp, LAYER_QKV_W), LP(gp, LAYER_QKV_B), s->dqkv, la->ln1, LP(lp, LAYER_QKV_W), N, C,
-                       3 * tl->width);
-    trace_end(ev);
-    sp_reduce_scatter(tl, tp, s->dln, s->seq_shard, s, B);
-    ev = trace_begin("tp_ln1_bwd", TRACE_COMPUTE, -1, NULL);
-    KP->layernorm_backward(s->dres, LP(gp, LAYER_LN1_W), LP(gp, LAYER_LN1_B), s->seq_shard, x, LP(lp, LAYER_LN1_W),
-                          la->ln1_mean, la->ln1_rstd, Ns, C);
-    trace_end(ev);
+static void scatter(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s) {
+    const tp_hooks *th = ctx;
+    (void)whole;
+    sp_reduce_scatter(th->tl, th->tp, from, to, s, B);
 }
 
-/* sp_layer_backward without the weight gradients; the douts W reads kept in
- * lw: the matmuls' whole (dres3, dres2 all-gathered, dfch, dqkv), the
- * LayerNorms' sliced (dln2, dln1 reduce-scattered). */
-void sp_layer_backward_input(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la,
-                             int B, gpt_grad_scratch *s, layer_wgrads *lw) {
-    const gpt_config *cfg = &tl->g.cfg;
-    const int T = cfg->seq, C = cfg->d_model, N = B * T, Ns = N / tl->seq_parts, HS = C / cfg->heads;
-    const size_t nc = (size_t)N * C * value_bytes(), nh = (size_t)N * tl->hidden * value_bytes();
-
-    sp_allgather(tl, tp, s->dres, lw->dres3, s, B);
-    int ev = trace_begin("tp_mlp_bwd", TRACE_COMPUTE, -1, NULL);
-    mem_zero(s->dfch_gelu, nh);
-    KP->matmul_backward_input(s->dfch_gelu, lw->dres3, LP(lp, LAYER_FCPROJ_W), N, tl->hidden, C);
-    mem_zero(lw->dfch, nh);
-    KP->gelu_backward(lw->dfch, s->dfch_gelu, la->fch, (long)N * tl->hidden);
-    mem_zero(s->dln, nc);
-    KP->matmul_backward_input(s->dln, lw->dfch, LP(lp, LAYER_FC_W), N, C, tl->hidden);
-    trace_end(ev);
-    sp_reduce_scatter(tl, tp, s->dln, lw->dln2, s, B);
-    ev = trace_begin("sp_ln2_bwd", TRACE_COMPUTE, -1, NULL);
-    KP->layernorm_backward_input(s->dres, lw->dln2, la->res2, LP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, Ns, C);
-    trace_end(ev);
-
-    sp_allgather(tl, tp, s->dres, lw->dres2, s, B);
-    ev = trace_begin("tp_attention_bwd", TRACE_COMPUTE, -1, NULL);
-    mem_zero(s->datty, (size_t)N * tl->width * value_bytes());
-    KP->matmul_backward_input(s->datty, lw->dres2, LP(lp, LAYER_ATTPROJ_W), N, tl->width, C);
-    mem_zero(lw->dqkv, (size_t)N * 3 * tl->width * value_bytes());
-    KP->attention_backward(lw->dqkv, s->datt, s->datty, la->qkv, la->att, B, T, tl->heads, HS);
-    mem_zero(s->dln, nc);
-    KP->matmul_backward_input(s->dln, lw->dqkv, LP(lp, LAYER_QKV_W), N, C, 3 * tl->width);
-    trace_end(ev);
-    sp_reduce_scatter(tl, tp, s->dln, lw->dln1, s, B);
-    ev = trace_begin("tp_ln1_bwd", TRACE_COMPUTE, -1, NULL);
-    KP->layernorm_backward_input(s->dres, lw->dln1, x, LP(lp, LAYER_LN1_W), la->ln1_mean, la->ln1_rstd, Ns, C);
-    trace_end(ev);
+void sp_hooks(gpt_layer_hooks *h) {
+    h->enter_forward = gather;
+    h->enter_backward = scatter;
+    h->exit_forward = scatter;
+    h->exit_backward = gather;
 }
 
 /* ---- the partial gradients of the replicated tensors ------------------------------ */

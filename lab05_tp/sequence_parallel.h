@@ -61,17 +61,11 @@ void sp_allgather(const tp_layout *tl, comm *tp, const void *slice, void *whole,
 /* this rank's slice [B,T/t,C] <- the sum over the ranks of their whole [B,T,C] */
 void sp_reduce_scatter(const tp_layout *tl, comm *tp, const void *whole, void *slice, gpt_grad_scratch *s, int B);
 
-/* tp_layer_compute, tp_layer_backward and tp_layer_backward_input under
- * sequence parallelism: the same layer, the same kernels, with x, res2, res3,
- * the LayerNorm statistics and the residual gradient s->dres on this rank's
- * slice. The weight half is tp_layer_backward_weight's (its LayerNorm douts
- * are slices, its matmul douts whole). */
-void sp_layer_compute(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la, int B,
-                      gpt_grad_scratch *s);
-void sp_layer_backward(const tp_layout *tl, comm *tp, const void *lp, void *gp, const void *x,
-                       const layer_acts *la, int B, gpt_grad_scratch *s);
-void sp_layer_backward_input(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la,
-                             int B, gpt_grad_scratch *s, layer_wgrads *lw);
+/* The region hooks of tp_hooks under sequence parallelism: f and g as the
+ * all-gathers and reduce-scatters above. The rest of the layer is TP's, with
+ * x, res2, res3, the LayerNorm statistics and the residual gradient s->dres on
+ * this rank's slice (common/model's layer does that when a->seq < T). */
+void sp_hooks(gpt_layer_hooks *h);
 
 /* The elements of layers [lo, hi) (+ embedding, head as tp_range) whose
  * gradients are partial (theory.h's th_sp_partial_params), and their sum over

@@ -39,9 +39,8 @@
  * so are the all-reduces of f and g: bf16 activations on the wire in bf16.
  *
  * --sequence-parallel splits what TP leaves whole along the sequence:
- * sequence_parallel.h. --recompute works here as in common/model: the layer
- * functions below follow gpt_layer_forward_target / gpt_layer_backward_source,
- * and a recomputed forward runs its collectives again. */
+ * sequence_parallel.h. --recompute works here as in common/model (it is
+ * common/model's layer), and a recomputed forward runs its collectives again. */
 #ifndef LAB05_TP_H
 #define LAB05_TP_H
 #include "checkpoint.h"
@@ -112,75 +111,32 @@ void tp_acts_alloc(gpt_acts *a, const tp_layout *tl, int lo, int hi, int B);
 /* Backward scratch with the same local widths; free with gpt_scratch_free. */
 void tp_scratch_alloc(gpt_grad_scratch *s, const tp_layout *tl, int B);
 
-/* ---- the f and g operators (a group of one moves nothing) ------------------------- */
-void tp_f_forward(comm *tp, const void *x, long n); /* identity */
-void tp_f_backward(comm *tp, void *dx, long n);     /* all-reduce (sum) in place */
-void tp_g_forward(comm *tp, void *y, long n);       /* all-reduce (sum) in place */
-void tp_g_backward(comm *tp, const void *dy, long n); /* identity */
-
-/* ---- the two parallel linears ------------------------------------------------------- */
-/* The two that communicate (row forward, column backward) trace their GEMM as a
- * compute event of its own; the other two do not trace, so the caller's compute
- * event can hold them. */
-/* f, then out_local[N,OC_local] = inp[N,IC] @ w_local^T + b_local */
-void tp_column_parallel_forward(comm *tp, void *out_local, const void *inp, const void *w_local,
-                                const void *b_local, int N, int IC, int OC_local);
-/* dw_local, db_local accumulate (the kernel rule); dinp[N,IC] is OVERWRITTEN with
- * the full input gradient: this rank's partial, then f's all-reduce. (Accumulating
- * into dinp before the all-reduce would multiply what it held by t.) */
-void tp_column_parallel_backward(comm *tp, void *dinp, void *dw_local, void *db_local,
-                                 const void *dout_local, const void *inp, const void *w_local,
-                                 int N, int IC, int OC_local);
-/* out[N,OC] = sum over ranks of inp_local @ w_local^T, then g; + bias once. The
- * bias is added by TP rank 0 only, inside its GEMM (the kernel's bias epilogue,
- * no extra pass): added on every rank it would be counted t times. */
-void tp_row_parallel_forward(comm *tp, void *out, const void *inp_local, const void *w_local,
-                             const void *bias, int N, int IC_local, int OC);
-/* g backward (identity), then the local GEMM backward; all accumulate. dbias is
- * accumulated on EVERY rank: dout is the same on all of them, so the replicated
- * bias gets the same gradient everywhere, although only rank 0 adds it forward. */
-void tp_row_parallel_backward(comm *tp, void *dinp_local, void *dw_local, void *dbias,
-                              const void *dout, const void *inp_local, const void *w_local,
-                              int N, int IC_local, int OC);
-
-/* ---- a layer, and a range of layers ------------------------------------------------- */
-/* One transformer layer on its local block `lp` (two all-reduces; under
- * sequence parallelism two all-gathers and two reduce-scatters). The input is
- * a->x_in for the range's first layer, else the previous layer's res3; the
- * output is its res3. Compute pieces are traced as compute events and the
- * all-reduces as comm events, so do not wrap these calls in a compute event of
- * your own if the compute/comm split should stay honest. */
-void tp_layer_forward(const tp_layout *tl, comm *tp, const void *lp, gpt_acts *a, int layer);
-/* The same from x into la (B rows; s: the stage's scratch, for sequence
- * parallelism's staging): what tp_layer_forward runs, and what the backward
- * runs again under --recompute full. */
-void tp_layer_compute(const tp_layout *tl, comm *tp, const void *lp, const void *x, const layer_acts *la, int B,
-                      gpt_grad_scratch *s);
-/* Turns s->dres from the gradient of the layer's output into that of its input
- * (two all-reduces); gradients of the local block `gp` accumulate. */
-void tp_layer_backward(const tp_layout *tl, comm *tp, const void *lp, void *gp, gpt_acts *a,
-                       int layer, gpt_grad_scratch *s);
-
-/* gpt_forward / gpt_backward for the local buffer of range [a->lo, a->hi)
- * (params[0] is local element tp_range(lo, hi).begin). Same contract: the first
- * stage embeds a->tokens, the last computes a->losses; backward returns the
- * gradient of x_in, NULL on the first stage. */
-void tp_forward(const tp_layout *tl, comm *tp, const void *params, gpt_acts *a);
-void *tp_backward(const tp_layout *tl, comm *tp, const void *params, void *grads, gpt_acts *a,
-                   gpt_grad_scratch *s, const void *dout, float dloss);
-
-/* The same backward in two halves, as gpt_backward_input and
- * gpt_backward_weight (lab04's zero-bubble schedules, in lab06): the input
- * half holds both all-reduces of every layer (f's backward sits on the input
- * gradient's path) and keeps in w what the weight half needs; the weight
- * half is local GEMMs only. w at this rank's widths: tp_wgrads_alloc. */
+/* ---- the layer: common/model's one body, with this table ------------------------------
+ * The Megatron layer is common/model's layer with these hooks (hook -> what it does):
+ *   column_forward / _backward   the local GEMM at this rank's output columns (default)
+ *   row_forward                  the local GEMM, the bias added by TP rank 0 only
+ *   row_backward                 the local GEMM backward (default; the bias gradient on every rank)
+ *   enter_forward  (f)           identity            SP: all-gather along the sequence
+ *   enter_backward (f)           all-reduce          SP: reduce-scatter
+ *   exit_forward   (g)           all-reduce          SP: reduce-scatter
+ *   exit_backward  (g)           identity            SP: all-gather
+ *   attention, MLP               the defaults over H/t heads and 4C/t units
+ * Two all-reduces per layer forward (the g's), two backward (the f's), each of
+ * the B*T*C activation. Run the model with gpt_forward_with, gpt_backward_with,
+ * gpt_backward_input_with and gpt_backward_weight_with (&th.hooks) on the local
+ * buffer (params[0] is local element tp_range(lo, hi).begin); the split
+ * backward's input half holds every collective, its weight half none; its w
+ * at this rank's widths: tp_wgrads_alloc. The layer's compute between the
+ * collectives is traced as compute events of its own, so do not wrap these
+ * calls in a compute event if the compute/comm split should stay honest. */
+typedef struct tp_hooks {
+    gpt_layer_hooks hooks; /* ctx: this struct */
+    const tp_layout *tl;
+    comm *tp;
+} tp_hooks;
+/* tl and tp are kept by pointer: they outlive th. */
+void tp_hooks_init(tp_hooks *th, const tp_layout *tl, comm *tp);
 void tp_wgrads_alloc(gpt_wgrads *w, const tp_layout *tl, int lo, int hi, int B);
-void tp_layer_backward_input(const tp_layout *tl, comm *tp, const void *lp, const gpt_acts *a, int layer,
-                             gpt_grad_scratch *s, gpt_wgrads *w);
-void tp_layer_backward_weight(const tp_layout *tl, void *gp, const gpt_acts *a, int layer, const gpt_wgrads *w);
-void *tp_backward_input(const tp_layout *tl, comm *tp, const void *params, gpt_acts *a, gpt_grad_scratch *s,
-                         gpt_wgrads *w, const void *dout, float dloss);
-void tp_backward_weight(const tp_layout *tl, void *grads, const gpt_acts *a, const gpt_wgrads *w);
 
 /* ---- optimizer and clipping --------------------------------------------------------- */
 /* Squares of the range's gradients, split in two: the sharded matrices' (sum

@@ -1,6 +1,6 @@
 #include "grid.h"
 #include "device.h"
-#include "stage.h" /* stage_layers: the map shows each stage's layers */
+#include "theory.h" /* th_stage_layers: the map shows each stage's layers */
 #include "textbuf.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,7 +237,7 @@ char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
         printf("  a row is a pipeline stage, a column a data-parallel replica, [...] a TP group (its host)\n");
         for (int pp = 0; pp < d.pp; pp++) {
             int lo, hi;
-            stage_layers(layers, d.pp, pp, &lo, &hi);
+            th_stage_layers(layers, d.pp, pp, &lo, &hi);
             printf("  stage %d, layers [%d,%d):", pp, lo, hi);
             for (int dp = 0; dp < d.dp && dp < 8; dp++) {
                 int first = grid_rank_of(d, (grid_coord){0, pp, dp});

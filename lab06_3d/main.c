@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
                   "the sequence over)", dims.tp);
         tp_check_sequence_parallel(&ctx, dims.tp, "--tp");
     }
-    run_check(&ctx, stage_split_possible(ctx.opt.layers, dims.pp),
+    run_check(&ctx, th_stage_split_possible(ctx.opt.layers, dims.pp),
               "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", dims.pp,
               ctx.opt.layers);
     const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, dims.pp, micro_batches, virtual_stages);
@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
                                                                               ctx.opt.d_model, ctx.opt.heads),
                              .tp = t, .pp = p, .dp = d, .micro_batches = m, .schedule = schedule_name(kind),
                              .chunks = v,
-                             .stage_layers = stage_layers, .sequence_parallel = sequence_parallel,
+                             .sequence_parallel = sequence_parallel,
                              .recompute = ctx.model.recompute};
         double ring = -1;
         if (ctx.rank == 0) {

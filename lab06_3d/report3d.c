@@ -72,7 +72,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
      * collective carries, whole, and what one pipeline message carries (under SP
      * a TP rank's T/t positions) */
     const double vb = (double)value_bytes();
-    const double act_bytes = vb * st->rows * ctx->model.seq * ctx->model.d_model, msg_bytes = vb * st->boundary_floats;
+    const double act_bytes = vb * st->rows * ctx->model.seq * ctx->model.d_model, msg_bytes = vb * st->boundary_values;
     const gpt_config *cfg = &ctx->model;
     const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
     const th_opts opts = stage_opts(st); /* precision, t, SP, --recompute as the stages run */
@@ -170,8 +170,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     textbuf_printf(&b, ",");
     json_column(&b, "acts_in_flight_formula", r->rows, r->ranks, F_IN_FLIGHT);
     textbuf_printf(&b, ",");
-    json_column(&b, "acts_peak_formula_bytes", r->rows, r->ranks, F_ACTS_F);
-    textbuf_printf(&b, ",\"acts_formula\":");
+    textbuf_printf(&b, "\"acts_formula\":");
     textbuf_json_string(&b, pr->v == 1 && !pr->sched.split
                                 ? "the schedule's micro-batches in flight x one micro-batch's activations"
                                 : "per chunk: blocks in flight x their bytes (activations, and the weight-gradient "

@@ -4,63 +4,18 @@
 #include "sequence_parallel.h"
 #include "trace.h"
 
-/* ---- the stage's model hooks: lab05's functions over the stage's range ---------------- */
-
-static void range(void *ctx, int lo, int hi, long *begin, long *end) {
-    const stage3d *s = ctx;
-    tp_range(s->tl, lo, hi, begin, end);
-}
+/* ---- the stage's model: lab05's layer, part and initialisation --------------------- */
 
 static void init_params(void *ctx, uint64_t seed, int lo, int hi, float *dst) {
     const stage3d *s = ctx;
     tp_init_params(s->tl, seed, lo, hi, dst);
 }
 
-static void acts_alloc(void *ctx, gpt_acts *a, int lo, int hi, int rows) {
-    const stage3d *s = ctx;
-    tp_acts_alloc(a, s->tl, lo, hi, rows);
-}
-
-static void scratch_alloc(void *ctx, gpt_grad_scratch *sc, int rows) {
-    const stage3d *s = ctx;
-    tp_scratch_alloc(sc, s->tl, rows);
-}
-
-static void forward(void *ctx, const void *params, gpt_acts *a) {
-    const stage3d *s = ctx;
-    tp_forward(s->tl, s->tp, params, a);
-}
-
-static void *backward(void *ctx, const void *params, void *grads, gpt_acts *a, gpt_grad_scratch *sc,
-                      const void *dout, float dloss) {
-    const stage3d *s = ctx;
-    return tp_backward(s->tl, s->tp, params, grads, a, sc, dout, dloss);
-}
-
-static void wgrads_alloc(void *ctx, gpt_wgrads *w, int lo, int hi, int rows) {
-    const stage3d *s = ctx;
-    tp_wgrads_alloc(w, s->tl, lo, hi, rows);
-}
-
-static void *backward_input(void *ctx, const void *params, gpt_acts *a, gpt_grad_scratch *sc, gpt_wgrads *w,
-                            const void *dout, float dloss) {
-    const stage3d *s = ctx;
-    return tp_backward_input(s->tl, s->tp, params, a, sc, w, dout, dloss);
-}
-
-static void backward_weight(void *ctx, void *grads, const gpt_acts *a, const gpt_wgrads *w) {
-    const stage3d *s = ctx;
-    tp_backward_weight(s->tl, grads, a, w);
-}
-
 void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp) {
     s->tl = tl;
     s->tp = tp;
-    s->model = (stage_model){.ctx = s, .range = range, .init_params = init_params, .acts_alloc = acts_alloc,
-                             .scratch_alloc = scratch_alloc, .forward = forward, .backward = backward,
-                             .wgrads_alloc = wgrads_alloc, .backward_input = backward_input,
-                             .backward_weight = backward_weight, .tp = tl->degree,
-                             .sequence_parallel = tl->seq_parts > 1};
+    tp_hooks_init(&s->layer, tl, tp);
+    s->model = (stage_model){.layer = s->layer.hooks, .part = tp_part(tl), .ctx = s, .init_params = init_params};
     grad_norm_init(&s->norm, 2);
     s->partial_staging = NULL;
 }

@@ -23,15 +23,16 @@
 typedef struct stage3d {
     const tp_layout *tl; /* this rank's TP shard shapes */
     comm *tp;            /* its TP group */
-    stage_model model;   /* the hooks pipeline_stage calls: lab05's tp_* functions */
+    tp_hooks layer;      /* lab05's layer: common/model's with the TP (and SP) hooks */
+    stage_model model;   /* the hooks pipeline_stage calls: lab05's layout and layer */
     grad_norm norm;      /* tp_grad_squares' two sums, on the device */
     void *partial_staging;  /* --sequence-parallel: the partial gradients of a chunk, packed */
 } stage3d;
 
-/* Fill s->model so that the stages run tp_range, tp_init_params,
- * tp_acts_alloc, tp_scratch_alloc, tp_forward and tp_backward, and for the
- * split schedules tp_wgrads_alloc, tp_backward_input and tp_backward_weight
- * (after run_setup: it allocates the norm's sums on the device). */
+/* Fill s->model so that the stages run lab05's layer (common/model's with
+ * the TP hooks, s->layer) at lab05's part, from tp_init_params (after
+ * run_setup: it allocates the norm's sums on the device). s must not move
+ * afterwards: the hooks point to it. */
 void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp);
 /* After pipeline_init, with sequence parallelism: the staging of the largest
  * chunk's partial gradients (communication category). */

@@ -22,7 +22,6 @@
 #include "model.h"
 #include "paths.h"
 #include "shards.h"
-#include "stage.h"
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -102,7 +101,7 @@ static void shard_figures(const run *r, th_run *t) {
 static th_run prediction_input(const run *r) {
     th_run t = {.lab = r->lab, .ranks = r->ranks, .cuda = r->cuda, .batch = r->B, .model = r->model, .tp = r->tp,
                 .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->schedule, .chunks = r->chunks,
-                .zero_stage = r->zero, .stage_layers = stage_layers, .sequence_parallel = r->sp,
+                .zero_stage = r->zero, .sequence_parallel = r->sp,
                 .recompute = r->recompute, .bf16 = r->bf16};
     if (!strcmp(r->lab, "lab01_dp") || !strcmp(r->lab, "lab02_zero")) {
         t.dp = r->ranks;

@@ -234,7 +234,7 @@ def acts(recs):
     for series, keep in (("batch", lambda r: r["config"]["batch"] == batch), ("micro", lambda r: rows_of(r) == micro)):
         for r in sorted(filter(keep, runs), key=lambda r: (r["schedule"], r["micro_batches"])):
             rows.append((series, r["schedule"], r["micro_batches"], r["config"]["batch"], rows_of(r),
-                         max(r["acts_peak_measured_bytes"]), max(r["acts_peak_formula_bytes"]),
+                         max(r["acts_peak_measured_bytes"]), max(r["acts_peak_bytes_formula_per_rank"]),
                          r["acts_bytes_per_micro_batch"][0]))
     sub = f"p = {p} stages, " + subtitle(runs, False).split(", global batch")[0]
     return runs, {"subtitle": sub, "p": p, "fixed_batch": batch, "fixed_rows": micro}, \

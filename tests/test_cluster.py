@@ -156,7 +156,7 @@ def dry_run():
                   f"the run's {rec['bubble']['theory']}")
         # the activation formulas the labs' own lines print (lab03-06's records carry them)
         acts = [mem[q][CATEGORIES.index("acts")] for q in range(n)]
-        for key in ("acts_bytes_formula", "acts_peak_formula_bytes"):
+        for key in ("acts_peak_bytes_formula_per_rank",):
             if key in rec and None not in acts:
                 want = rec[key] if isinstance(rec[key], list) else [rec[key]] * n
                 check(acts[:len(want)] == [int(x) for x in want], f"{lab} {key}: --dry-run {acts}, record {want}")

@@ -33,7 +33,7 @@ def check_pipeline_record(rec, n, in_flight):
     check(len(rec["bubble"]["measured"]) == n and all(0 <= b <= 1 for b in rec["bubble"]["measured"]),
           f"-n {n}: the record must carry a measured bubble per rank: {rec['bubble']}")
     # activations: measured by the allocator == the schedule's count x one micro-batch's bytes
-    per_mb, formula = rec["acts_bytes_per_micro_batch"], rec["acts_peak_formula_bytes"]
+    per_mb, formula = rec["acts_bytes_per_micro_batch"], rec["acts_peak_bytes_formula_per_rank"]
     measured = rec["mem_peak_bytes_per_rank"]["acts"]
     check(rec["acts_in_flight_formula"] == in_flight,
           f"-n {n}: activations in flight {rec['acts_in_flight_formula']} != {in_flight}")

@@ -215,7 +215,7 @@ def check_lab04_record(rec, n, m, schedule, v=1, model=BASE):
     formula = [sum(a * b + wa * wb for a, b, wa, wb in zip(*cols)) for cols in
                zip(rec["chunk_acts_in_flight_formula"], rec["chunk_acts_bytes_per_micro_batch"],
                    rec["chunk_wgrads_in_flight_formula"], rec["chunk_wgrads_bytes_per_micro_batch"])]
-    check(rec["acts_peak_formula_bytes"] == formula, f"formula bytes {rec['acts_peak_formula_bytes']} != {formula}")
+    check(rec["acts_peak_bytes_formula_per_rank"] == formula, f"formula bytes {rec['acts_peak_bytes_formula_per_rank']} != {formula}")
     check(measured == formula == rec["acts_peak_measured_bytes"], f"activation peaks {measured} != formula {formula}")
     # the closed forms where they exist: 1F1B min(m, p-r), GPipe m, ZB-H1 min(m, p) (+ r+1 weight-gradient inputs)
     closed = {"gpipe": lambda r: [[m, 0]], "1f1b": lambda r: [[min(m, n - r), 0]],
@@ -298,7 +298,7 @@ def recompute():
                         for r, (lo, hi) in enumerate(split)]
                 check_acts(rec, want, name)
             else:  # blocks and weight-gradient blocks in flight x theory.h's bytes of each
-                check_acts(rec, rec["acts_peak_formula_bytes"], name)
+                check_acts(rec, rec["acts_peak_bytes_formula_per_rank"], name)
             print(f"  {name}: activation peaks {rec['mem_peak_bytes_per_rank']['acts']} = formula")
 
 

@@ -175,8 +175,8 @@ def check_schedule_record(rec, t, p, d, m, schedule, v):
                   f"{schedule} {t}x{p}x{d} rank {r} {kind}: calls {g['calls'][r]} (formula {g['calls_formula'][r]}, "
                   f"expected {calls}), payload {g['payload_bytes'][r]}")
         check(mem["params"][r] == 4 * elems, f"{schedule} rank {r}: params {mem['params'][r]} != 4 x {elems}")
-        check(mem["acts"][r] == rec["acts_peak_formula_bytes"][r],
-              f"{schedule} rank {r}: activation peak {mem['acts'][r]} != formula {rec['acts_peak_formula_bytes'][r]}")
+        check(mem["acts"][r] == rec["acts_peak_bytes_formula_per_rank"][r],
+              f"{schedule} rank {r}: activation peak {mem['acts'][r]} != formula {rec['acts_peak_bytes_formula_per_rank'][r]}")
     print(f"  {schedule} {t}x{p}x{d}: traffic per group and parameters per rank = formula, activation peaks "
           f"{mem['acts']} = the schedule's blocks in flight")
 
@@ -230,7 +230,7 @@ def sequence_parallel():
         check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
               f"{name}: ring traffic {rec['comm_ring_bytes_per_step']} != formula {rec['comm_formula_bytes_per_step']}")
         # 1F1B: min(m, p - r) blocks by the formula derived here; ZB-H1's weight-gradient blocks by theory.h's
-        check_acts(rec, want_acts if schedule == "1f1b" else rec["acts_peak_formula_bytes"], name)
+        check_acts(rec, want_acts if schedule == "1f1b" else rec["acts_peak_bytes_formula_per_rank"], name)
         print(f"  {name}: traffic per group and activation peaks {rec['mem_peak_bytes_per_rank']['acts']} = formulas")
 
 

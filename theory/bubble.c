@@ -111,3 +111,29 @@ double th_acts_in_flight(th_schedule s, int p, int stage, int m, int v) {
     }
     return sum / chunks;
 }
+
+/* ---- the pipeline's pure rules --------------------------------------------------------- */
+
+int th_stage_split_possible(int layers, int stages) { return stages >= 1 && stages <= layers; }
+
+void th_stage_layers(int layers, int stages, int stage, int *lo, int *hi) {
+    int q = layers / stages, extra = layers % stages;
+    int first_long = stages - extra; /* stages from here on run q + 1 layers */
+    *lo = stage * q + (stage > first_long ? stage - first_long : 0);
+    *hi = *lo + q + (stage >= first_long ? 1 : 0);
+}
+
+int th_chunk_stage(th_schedule s, int p, int rank, int chunk) {
+    if (s == TH_SCHED_ZB_V) return chunk == 0 ? rank : 2 * p - 1 - rank;
+    return chunk * p + rank;
+}
+
+void th_stage_place(th_schedule s, int p, int stage, int *rank, int *chunk) {
+    if (s == TH_SCHED_ZB_V) {
+        *chunk = stage < p ? 0 : 1;
+        *rank = stage < p ? stage : 2 * p - 1 - stage;
+    } else {
+        *chunk = stage / p;
+        *rank = stage % p;
+    }
+}

@@ -83,21 +83,9 @@ static void predict_data_parallel(const th_run *r, th_rank_need *need) {
     }
 }
 
-/* The virtual stage of a rank's chunk c under schedule s (lab04's
- * schedule_stage_of): zb-v's V (r, then 2p-1-r), else Megatron's c p + r. */
-static int stage_of(th_schedule s, int p, int rank, int c) {
-    if (s == TH_SCHED_ZB_V) return c == 0 ? rank : 2 * p - 1 - rank;
-    return c * p + rank;
-}
-
-static int rank_of(th_schedule s, int p, int stage) {
-    if (s == TH_SCHED_ZB_V) return stage < p ? stage : 2 * p - 1 - stage;
-    return stage % p;
-}
-
 /* lab03, lab04, lab05, lab06: a t x p x d grid (lab03/04: p = ranks; lab05: t = ranks).
- * A pipeline rank holds v chunks (virtual stages stage_of(.., c), layers
- * stage_layers(L, p v, stage)); each chunk keeps its own activation blocks
+ * A pipeline rank holds v chunks (virtual stages th_chunk_stage(.., c), layers
+ * th_stage_layers(L, p v, stage)); each chunk keeps its own activation blocks
  * (th_chunk_in_flight) and, where the backward is split, its weight-gradient
  * inputs; a boundary between chunks of one rank is a copy, not a message. */
 static void predict_grid(const th_run *r, th_rank_need *need) {
@@ -115,17 +103,20 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         double params = 0, acts = 0, in_flight = 0;
         int layers = 0, links = 0, lo = 0, hi = L;
         for (int c = 0; c < v; c++) {
-            const int st = stage_of(s, p, pp, c);
-            int clo = 0, chi = L, a = 0, w = 0;
-            if (S > 1) r->stage_layers(L, S, st, &clo, &chi);
+            const int st = th_chunk_stage(s, p, pp, c);
+            int clo, chi, a = 0, w = 0;
+            th_stage_layers(L, S, st, &clo, &chi);
             th_chunk_in_flight(s, p, m, v, pp, c, &a, &w);
             params += th_stage_params(&r->model, &o, clo, chi);
             acts += a * th_course_acts_bytes(&r->model, &o, clo, chi, rows);
             if (w > 0) acts += w * th_course_wgrads_bytes(&r->model, &o, clo, chi, rows);
             in_flight += (double)a / v;
             layers += chi - clo;
-            for (int nb = st - 1; nb <= st + 1; nb += 2)
-                links += nb >= 0 && nb < S && rank_of(s, p, nb) != pp;
+            for (int nb = st - 1; nb <= st + 1; nb += 2) {
+                int nb_rank = pp, nb_chunk;
+                if (nb >= 0 && nb < S) th_stage_place(s, p, nb, &nb_rank, &nb_chunk);
+                links += nb_rank != pp;
+            }
             if (c == 0) lo = clo, hi = chi;
         }
         *x = (th_rank_need){.tp = q % t, .dp = q / t % d, .pp = pp, .lo = lo, .hi = hi, .rows = rows,
@@ -145,8 +136,8 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
             count(x, TH_ALLGATHER, tp_calls / 2, act, t);
             count(x, TH_REDUCE_SCATTER, tp_calls / 2, act, t);
             for (int c = 0; c < v; c++) {
-                int clo = 0, chi = L;
-                if (S > 1) r->stage_layers(L, S, stage_of(s, p, pp, c), &clo, &chi);
+                int clo, chi;
+                th_stage_layers(L, S, th_chunk_stage(s, p, pp, c), &clo, &chi);
                 count(x, TH_ALLREDUCE, 1, value_bytes_of(r) * th_sp_partial_params(&r->model, clo, chi), t);
             }
         } else if (t > 1) {

@@ -47,8 +47,6 @@ typedef struct th_run {
      * 0: not known (lab01's buckets, counted at run time) */
     int units;
     double full_elems, largest_unit_elems, embed_unit_elems;
-    /* lab03's split of `layers` into `stages` (stage_layers); NULL when pp = 1 */
-    void (*stage_layers)(int layers, int stages, int stage, int *lo, int *hi);
     /* --sequence-parallel (lab05, lab06 with tp > 1) and --recompute (every
      * lab; common/model's gpt_recompute: none 0, selective 1, full 2) */
     int sequence_parallel, recompute;

@@ -294,6 +294,22 @@ int th_schedule_parse(const char *name);
 /* Model chunks per rank a schedule runs: v for interleaved, 2 for ZB-V, else 1. */
 int th_schedule_chunks(th_schedule s, int v);
 
+/* ---- the pipeline's pure rules (lab03/lab04/lab06 run them, predict and plan3d count them) ----
+ * How L layers are cut into S (virtual) stages: contiguous runs, as equal as
+ * possible. With L = q S + s, every stage gets q layers and the LAST s stages
+ * one more (the early stages of a 1F1B pipeline keep the most micro-batches of
+ * activations, so they get the shorter runs). The first stage also holds the
+ * embedding, the last the final LayerNorm, head and loss.
+ * Example: L = 10, S = 4 -> layers [0,2) [2,4) [4,7) [7,10).
+ * Every stage needs at least one layer: S > L cannot be split. */
+int th_stage_split_possible(int layers, int stages);
+void th_stage_layers(int layers, int stages, int stage, int *lo, int *hi);
+/* Where the p x chunks virtual stages sit: chunk c of pipeline rank r is
+ * stage th_chunk_stage (zb-v's V: r, then 2p-1-r; else Megatron's c p + r,
+ * chunk c of every rank before chunk c+1 of any), th_stage_place the inverse. */
+int th_chunk_stage(th_schedule s, int p, int rank, int chunk);
+void th_stage_place(th_schedule s, int p, int stage, int *rank, int *chunk);
+
 /* The pipeline formulas of lab04's schedules (lab04_1f1b/schedule.h has the
  * lists themselves, its simulator and the tests that hold these equal to them;
  * lab04's summary and record, lab06's and plan3d print these functions).
