@@ -47,7 +47,7 @@
 #endif
 
 const char *const comm_kind_names[COLL_NKINDS] = {
-    "allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv", "barrier"};
+    "allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv", "barrier", "alltoall"};
 
 static void mpi_check(int rc, const char *call) {
     if (rc == MPI_SUCCESS) return;
@@ -465,6 +465,103 @@ void comm_broadcast(comm *c, void *buf, long n, int root) {
         }
     }
     op_end(s, COLL_BROADCAST, (double)bytes);
+}
+
+/* ---- all-to-all ------------------------------------------------------------------ */
+
+/* Both forms in one: counts and offsets per rank, in values. MPI: one
+ * MPI_Ialltoall(v) (every rank calls it, even with nothing to send, as a
+ * collective must be); with device buffers the send side is staged as one
+ * copy of its extent and each received block copied back to its place, so
+ * recv's gaps between blocks are left alone. NCCL: a send and a receive per
+ * peer inside one group (the own block included, as nccl-tests does), the
+ * zero-count ones skipped on both sides alike. */
+static void alltoall_blocks(comm *c, const char *name, const void *send, const long *send_counts,
+                            const long *send_offsets, void *recv, const long *recv_counts,
+                            const long *recv_offsets, long even_n) {
+    check_member(c, name);
+    const int p = c->size;
+    long *off = malloc(sizeof(long) * 2 * (size_t)p);
+    if (!off) die("out of host memory");
+    long *soff = off, *roff = off + p, send_end = 0, recv_end = 0, send_total = 0;
+    for (int j = 0; j < p; j++) {
+        if (send_counts[j] < 0 || recv_counts[j] < 0) die("%s: a negative count", name);
+        soff[j] = send_offsets ? send_offsets[j] : send_end;
+        roff[j] = recv_offsets ? recv_offsets[j] : recv_end;
+        if (soff[j] < 0 || roff[j] < 0) die("%s: a negative offset", name);
+        if (soff[j] + send_counts[j] > send_end) send_end = soff[j] + send_counts[j];
+        if (roff[j] + recv_counts[j] > recv_end) recv_end = roff[j] + recv_counts[j];
+        send_total += send_counts[j];
+    }
+    const size_t vb = value_bytes(), send_bytes = (size_t)send_end * vb, recv_bytes = (size_t)recv_end * vb;
+    if (overlaps(send, send_bytes, recv, recv_bytes)) die("%s: send and recv overlap", name);
+    op_scope s = op_begin(c, name);
+#ifdef PL_HAVE_CUDA
+    if (c->backend == COMM_NCCL) {
+        ncclComm_t nc = (ncclComm_t)c->nccl;
+        cudaStream_t st = nccl_stream(c);
+        NCCL_OK(ncclGroupStart());
+        for (int j = 0; j < p; j++) {
+            if (send_counts[j] > 0)
+                NCCL_OK(ncclSend(value_at(send, soff[j]), (size_t)send_counts[j], nccl_values(), j, nc, st));
+            if (recv_counts[j] > 0)
+                NCCL_OK(ncclRecv(value_at(recv, roff[j]), (size_t)recv_counts[j], nccl_values(), j, nc, st));
+        }
+        NCCL_OK(ncclGroupEnd());
+    } else
+#endif
+    if (even_n == 0) {
+        /* every rank passes the same n: all skip alike */
+    } else {
+        const void *hs = send;
+        void *hr = recv;
+        if (staged(c)) {
+            stage_enter();
+            void *h = stage(0, send_bytes ? send_bytes : vb); /* a rank may send nothing */
+            stage_out(h, send, send_bytes);
+            hs = h;
+            hr = stage(1, recv_bytes ? recv_bytes : vb);
+        }
+        MPI_Request req;
+        if (even_n > 0) {
+            int n = mpi_count(even_n, name);
+            MPI_OK(MPI_Ialltoall(hs, n, mpi_values(), hr, n, mpi_values(), c->mpi, &req));
+            polite_wait(&req);
+        } else {
+            int *ints = malloc(sizeof(int) * 4 * (size_t)p);
+            if (!ints) die("out of host memory");
+            for (int j = 0; j < p; j++) {
+                ints[j] = mpi_count(send_counts[j], name);
+                ints[p + j] = mpi_count(soff[j], name);
+                ints[2 * p + j] = mpi_count(recv_counts[j], name);
+                ints[3 * p + j] = mpi_count(roff[j], name);
+            }
+            MPI_OK(MPI_Ialltoallv(hs, ints, ints + p, mpi_values(), hr, ints + 2 * p, ints + 3 * p, mpi_values(),
+                                  c->mpi, &req));
+            polite_wait(&req);
+            free(ints);
+        }
+        if (staged(c))
+            for (int j = 0; j < p; j++)
+                if (recv_counts[j] > 0)
+                    stage_in(value_at(recv, roff[j]), value_at(hr, roff[j]), (size_t)recv_counts[j] * vb);
+    }
+    free(off);
+    op_end(s, COLL_ALLTOALL, (double)send_total * (double)vb);
+}
+
+void comm_alltoall(comm *c, const void *send, void *recv, long n) {
+    if (n < 0) die("comm_alltoall: %ld values", n);
+    long *counts = malloc(sizeof(long) * (size_t)(c->size > 0 ? c->size : 1));
+    if (!counts) die("out of host memory");
+    for (int j = 0; j < c->size; j++) counts[j] = n;
+    alltoall_blocks(c, "alltoall", send, counts, NULL, recv, counts, NULL, n);
+    free(counts);
+}
+
+void comm_alltoallv(comm *c, const void *send, const long *send_counts, const long *send_offsets,
+                    void *recv, const long *recv_counts, const long *recv_offsets) {
+    alltoall_blocks(c, "alltoallv", send, send_counts, send_offsets, recv, recv_counts, recv_offsets, -1);
 }
 
 /* ---- point-to-point ----------------------------------------------------------- */

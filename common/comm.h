@@ -24,7 +24,9 @@ typedef enum { COMM_MPI = 0, COMM_NCCL = 1 } comm_backend;
 
 typedef enum {
     COLL_ALLREDUCE, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_BROADCAST,
-    COLL_SEND, COLL_RECV, COLL_BARRIER, COLL_NKINDS
+    COLL_SEND, COLL_RECV, COLL_BARRIER,
+    COLL_ALLTOALL, /* after the barrier: theory.h's th_coll mirrors the kinds before it */
+    COLL_NKINDS
 } comm_kind;
 extern const char *const comm_kind_names[COLL_NKINDS]; /* "allreduce", ... */
 
@@ -65,6 +67,23 @@ void comm_allreduce(comm *c, void *buf, long n, int average);
 long comm_chunk(long n, int size);
 void comm_reduce_scatter(comm *c, const void *full, void *shard, long n);
 void comm_allgather(comm *c, const void *shard, void *full, long n);
+
+/* All-to-all: block j of `send` goes to rank j, and rank j's block for this
+ * rank lands in block j of `recv` (blocks in rank order, the own one copied).
+ *   comm_alltoall:  every block n values; send and recv hold size*n values.
+ *   comm_alltoallv: send_counts[j] values from send_offsets[j] go to rank j,
+ *                   recv_counts[j] values from rank j land at recv_offsets[j]
+ *                   (values, not bytes; offsets NULL: the blocks packed in
+ *                   rank order). Rank i's send_counts[j] must equal rank j's
+ *                   recv_counts[i]; counts may be zero (lab08's experts that
+ *                   got no tokens).
+ * send and recv must not overlap. Counted as kind "alltoall": the payload is
+ * the send buffer's values, the own block included (the buffer handed over,
+ * as for all-gather). What leaves the rank is that less its own block:
+ * (n-1)/n of it for even blocks (Ulysses), the record's ring column. */
+void comm_alltoall(comm *c, const void *send, void *recv, long n);
+void comm_alltoallv(comm *c, const void *send, const long *send_counts, const long *send_offsets,
+                    void *recv, const long *recv_counts, const long *recv_offsets);
 
 /* Sum n doubles of host memory over the group, in place (losses, norms, counts). */
 void comm_allreduce_host(comm *c, double *x, int n);

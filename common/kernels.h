@@ -105,7 +105,47 @@ typedef struct kernels {
                                      int C);
     void (*layernorm_backward_weight)(float *dw, float *db, const float *dout, const float *inp,
                                       const float *mean, const float *rstd, int N, int C);
+
+    /* ---- attention over blocks of the sequence (context parallelism, lab07) ----
+     * FlashAttention's tile and ring attention's step: the queries of one block
+     * of positions against the keys and values of another, keeping no score
+     * matrix (the CPU works in 32 x 128 tiles on the stack). The result of each
+     * block is normalised over its own keys and comes with its log-sum-exp, so
+     * attention_merge can combine blocks in any order into the softmax over all
+     * of them (the online softmax). Layout: row (b, t) of q starts at
+     * q + (b Tq + t) ldq, of k and v at k + (b Tk + t) ldkv (so q, k and v may
+     * be read in place from a qkv buffer, ld 3C, or from a received block);
+     * head h at column h HS; out[B,Tq,C] and dout row stride C = NH HS;
+     * lse[B,NH,Tq] fp32 in both precisions.
+     * Causal mask by global positions (so zig-zag chunks work): key j is
+     * visible to query i when k_pos[j] <= q_pos[i] (device int arrays of Tq and
+     * Tk, the same for every batch row); both NULL: no mask. A row that sees
+     * no key of the block gets out 0 and lse -inf.
+     *   out = softmax(q k^T / sqrt(HS), masked) v;  lse = log sum_j exp(s_ij) */
+    void (*attention_block_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
+                                    int ldq, int ldkv, const int *q_pos, const int *k_pos, int B, int Tq,
+                                    int Tk, int NH, int HS);
+    /* The block's share of the gradient, given the FINAL (merged over all key
+     * blocks) out and lse of the queries: P = exp(s - lse), D = rowsum(dout *
+     * out), dS = P (dP - D) with dP = dout v^T; dq += dS k / sqrt(HS), dk +=
+     * dS^T q / sqrt(HS), dv += P^T dout. dq is laid out like q (ldq), dk and dv
+     * like k and v (ldkv). */
+    void (*attention_block_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                     const float *lse, const float *q, const float *k, const float *v, int ldq,
+                                     int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                     int HS);
+    /* (out, lse) = the merge of (out, lse) and (out2, lse2), the same queries
+     * against two disjoint sets of keys: lse' = log(e^lse + e^lse2), out' =
+     * e^(lse - lse') out + e^(lse2 - lse') out2 (a side with lse -inf counts
+     * for nothing). out, out2 [B,T,C]; lse, lse2 [B,NH,T]. */
+    void (*attention_merge)(float *out, float *lse, const float *out2, const float *lse2, int B, int T, int NH,
+                            int HS);
 } kernels;
+
+/* Unmasked causal scores of a block (host arrays of global positions): the
+ * pairs with k_pos[j] <= q_pos[i], per batch row and head. theory.h's
+ * th_cp_causal_scores gives the sum over a rank's blocks in closed form. */
+long attention_unmasked_scores(const int *q_pos, int Tq, const int *k_pos, int Tk);
 
 extern const kernels *K; /* the table in use; set by device_use() */
 extern const kernels kernels_cpu;
@@ -167,6 +207,16 @@ typedef struct value_kernels {
     /* dst = src rounded to values (a copy in fp32; nothing when dst == src), and back */
     void (*to_values)(void *dst, const float *src, long N);
     void (*to_floats)(float *dst, const void *src, long N);
+    /* the attention over blocks above; lse fp32 in both precisions */
+    void (*attention_block_forward)(void *out, float *lse, const void *q, const void *k, const void *v, int ldq,
+                                    int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                    int HS);
+    void (*attention_block_backward)(void *dq, void *dk, void *dv, const void *dout, const void *out,
+                                     const float *lse, const void *q, const void *k, const void *v, int ldq,
+                                     int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                     int HS);
+    void (*attention_merge)(void *out, float *lse, const void *out2, const float *lse2, int B, int T, int NH,
+                            int HS);
 } value_kernels;
 
 extern const value_kernels *KP; /* the table for the run's precision; set by precision_use() */

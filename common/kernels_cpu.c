@@ -423,6 +423,174 @@ static void attention_backward_cpu(float *restrict dqkv, float *restrict datt,
         }
 }
 
+/* ---- attention over blocks (kernels.h: context parallelism) ------------------- */
+
+#define KEY_TILE 128 /* keys per tile: a 32 x 128 score tile (16 KB) lives on the stack */
+
+long attention_unmasked_scores(const int *q_pos, int Tq, const int *k_pos, int Tk) {
+    long n = 0;
+    for (int i = 0; i < Tq; i++)
+        for (int j = 0; j < Tk; j++) n += k_pos[j] <= q_pos[i];
+    return n;
+}
+
+/* Whether every key of the tile is masked from every query of the rows. */
+static int tile_masked(const int *q_pos, int nr, const int *k_pos, int nc) {
+    int qmax = q_pos[0], kmin = k_pos[0];
+    for (int i = 1; i < nr; i++) qmax = q_pos[i] > qmax ? q_pos[i] : qmax;
+    for (int j = 1; j < nc; j++) kmin = k_pos[j] < kmin ? k_pos[j] : kmin;
+    return kmin > qmax;
+}
+
+/* Per (batch row, head) and block of ATT_BLOCK query rows, the key tiles in
+ * order, each folded into the rows by the online softmax (Milakov and
+ * Gimelshein 2018): m the running max, l the running sum of exp(s - m), and
+ * the out rows themselves the running sum of exp(s - m) v, rescaled by
+ * exp(m_old - m) whenever m grows; at the end out /= l, lse = m + log l. */
+static void attention_block_forward_cpu(float *restrict out, float *restrict lse, const float *restrict q,
+                                        const float *restrict k, const float *restrict v, int ldq, int ldkv,
+                                        const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                        int HS) {
+    if (Tq <= 0 || HS <= 0) return;
+    const int C = NH * HS;
+    const float scale = 1.0f / sqrtf((float)HS);
+    float s[ATT_BLOCK * KEY_TILE], m[ATT_BLOCK], l[ATT_BLOCK];
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *qh = q + (size_t)b * Tq * ldq + (size_t)h * HS;
+            const float *kh = k + (size_t)b * Tk * ldkv + (size_t)h * HS;
+            const float *vh = v + (size_t)b * Tk * ldkv + (size_t)h * HS;
+            float *oh = out + (size_t)b * Tq * C + (size_t)h * HS;
+            float *lh = lse + ((size_t)b * NH + h) * Tq;
+            for (int r0 = 0; r0 < Tq; r0 += ATT_BLOCK) {
+                const int nr = r0 + ATT_BLOCK < Tq ? ATT_BLOCK : Tq - r0;
+                for (int i = 0; i < nr; i++) {
+                    m[i] = -INFINITY;
+                    l[i] = 0.0f;
+                    memset(oh + (size_t)(r0 + i) * C, 0, sizeof(float) * (size_t)HS);
+                }
+                for (int c0 = 0; c0 < Tk; c0 += KEY_TILE) {
+                    const int nc = c0 + KEY_TILE < Tk ? KEY_TILE : Tk - c0;
+                    if (q_pos && tile_masked(q_pos + r0, nr, k_pos + c0, nc)) continue;
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, HS, scale, qh + (size_t)r0 * ldq,
+                                ldq, kh + (size_t)c0 * ldkv, ldkv, 0.0f, s, nc);
+                    for (int i = 0; i < nr; i++) {
+                        float *row = s + (size_t)i * nc;
+                        if (q_pos)
+                            for (int j = 0; j < nc; j++)
+                                if (k_pos[c0 + j] > q_pos[r0 + i]) row[j] = -INFINITY;
+                        const float mnew = fmaxf(m[i], row_max(row, nc));
+                        if (mnew == -INFINITY) { /* nothing visible yet: p = 0 */
+                            memset(row, 0, sizeof(float) * (size_t)nc);
+                            continue;
+                        }
+                        for (int j = 0; j < nc; j++) row[j] = exp_fast(row[j] - mnew);
+                        if (q_pos) /* exp_fast(-inf) is ~1e-38, not 0 */
+                            for (int j = 0; j < nc; j++)
+                                if (k_pos[c0 + j] > q_pos[r0 + i]) row[j] = 0.0f;
+                        const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mnew);
+                        l[i] = l[i] * corr + row_sum(row, nc);
+                        m[i] = mnew;
+                        if (corr != 1.0f) {
+                            float *o = oh + (size_t)(r0 + i) * C;
+                            for (int d = 0; d < HS; d++) o[d] *= corr;
+                        }
+                    }
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, HS, nc, 1.0f, s, nc,
+                                vh + (size_t)c0 * ldkv, ldkv, 1.0f, oh + (size_t)r0 * C, C);
+                }
+                for (int i = 0; i < nr; i++) {
+                    float *o = oh + (size_t)(r0 + i) * C;
+                    if (l[i] > 0.0f) {
+                        const float inv = 1.0f / l[i];
+                        for (int d = 0; d < HS; d++) o[d] *= inv;
+                        lh[r0 + i] = m[i] + logf(l[i]);
+                    } else {
+                        lh[r0 + i] = -INFINITY; /* out stays 0 */
+                    }
+                }
+            }
+        }
+}
+
+/* The same tiles: P recomputed from the saved lse, then dP = dout v^T,
+ * dS = P (dP - D) and the three products, each tile's share added at once. */
+static void attention_block_backward_cpu(float *restrict dq, float *restrict dk, float *restrict dv,
+                                         const float *restrict dout, const float *restrict out,
+                                         const float *restrict lse, const float *restrict q, const float *restrict k,
+                                         const float *restrict v, int ldq, int ldkv, const int *q_pos,
+                                         const int *k_pos, int B, int Tq, int Tk, int NH, int HS) {
+    if (Tq <= 0 || Tk <= 0 || HS <= 0) return;
+    const int C = NH * HS;
+    const float scale = 1.0f / sqrtf((float)HS);
+    float p[ATT_BLOCK * KEY_TILE], dp[ATT_BLOCK * KEY_TILE], D[ATT_BLOCK];
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const size_t qoff = (size_t)b * Tq * ldq + (size_t)h * HS, koff = (size_t)b * Tk * ldkv + (size_t)h * HS;
+            const size_t ooff = (size_t)b * Tq * C + (size_t)h * HS;
+            const float *lh = lse + ((size_t)b * NH + h) * Tq;
+            for (int r0 = 0; r0 < Tq; r0 += ATT_BLOCK) {
+                const int nr = r0 + ATT_BLOCK < Tq ? ATT_BLOCK : Tq - r0;
+                for (int i = 0; i < nr; i++) {
+                    const float *g = dout + ooff + (size_t)(r0 + i) * C, *o = out + ooff + (size_t)(r0 + i) * C;
+                    float acc = 0.0f;
+                    for (int d = 0; d < HS; d++) acc += g[d] * o[d];
+                    D[i] = acc;
+                }
+                for (int c0 = 0; c0 < Tk; c0 += KEY_TILE) {
+                    const int nc = c0 + KEY_TILE < Tk ? KEY_TILE : Tk - c0;
+                    if (q_pos && tile_masked(q_pos + r0, nr, k_pos + c0, nc)) continue;
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, HS, scale,
+                                q + qoff + (size_t)r0 * ldq, ldq, k + koff + (size_t)c0 * ldkv, ldkv, 0.0f, p, nc);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, HS, 1.0f,
+                                dout + ooff + (size_t)r0 * C, C, v + koff + (size_t)c0 * ldkv, ldkv, 0.0f, dp, nc);
+                    for (int i = 0; i < nr; i++) {
+                        float *pr = p + (size_t)i * nc, *dr = dp + (size_t)i * nc;
+                        const float li = lh[r0 + i];
+                        if (li == -INFINITY) { /* the query sees no key at all */
+                            memset(pr, 0, sizeof(float) * (size_t)nc);
+                            memset(dr, 0, sizeof(float) * (size_t)nc);
+                            continue;
+                        }
+                        for (int j = 0; j < nc; j++) pr[j] = exp_fast(pr[j] - li);
+                        if (q_pos)
+                            for (int j = 0; j < nc; j++)
+                                if (k_pos[c0 + j] > q_pos[r0 + i]) pr[j] = 0.0f;
+                        for (int j = 0; j < nc; j++) dr[j] = pr[j] * (dr[j] - D[i]); /* dS */
+                    }
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, HS, nc, scale, dp, nc,
+                                k + koff + (size_t)c0 * ldkv, ldkv, 1.0f, dq + qoff + (size_t)r0 * ldq, ldq);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, HS, nr, scale, dp, nc,
+                                q + qoff + (size_t)r0 * ldq, ldq, 1.0f, dk + koff + (size_t)c0 * ldkv, ldkv);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, HS, nr, 1.0f, p, nc,
+                                dout + ooff + (size_t)r0 * C, C, 1.0f, dv + koff + (size_t)c0 * ldkv, ldkv);
+                }
+            }
+        }
+}
+
+static void attention_merge_cpu(float *restrict out, float *restrict lse, const float *restrict out2,
+                                const float *restrict lse2, int B, int T, int NH, int HS) {
+    const int C = NH * HS;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const size_t li = ((size_t)b * NH + h) * T + t, oi = ((size_t)b * T + t) * C + (size_t)h * HS;
+                const float a = lse[li], c = lse2[li];
+                if (c == -INFINITY) continue;
+                float wa = 0.0f, wc = 1.0f;
+                if (a == -INFINITY) {
+                    lse[li] = c;
+                } else {
+                    const float mx = fmaxf(a, c), ea = expf(a - mx), ec = expf(c - mx), sum = ea + ec;
+                    wa = ea / sum;
+                    wc = ec / sum;
+                    lse[li] = mx + logf(sum);
+                }
+                for (int d = 0; d < HS; d++) out[oi + d] = wa * out[oi + d] + wc * out2[oi + d];
+            }
+}
+
 /* ---- GELU ----------------------------------------------------------------------- */
 
 /* 0.5 x (1 + tanh(u)) = x * sigmoid(2u): the same function, without the
@@ -564,4 +732,7 @@ const kernels kernels_cpu = {
     .matmul_backward_weight = matmul_backward_weight_cpu,
     .layernorm_backward_input = layernorm_backward_input_cpu,
     .layernorm_backward_weight = layernorm_backward_weight_cpu,
+    .attention_block_forward = attention_block_forward_cpu,
+    .attention_block_backward = attention_block_backward_cpu,
+    .attention_merge = attention_merge_cpu,
 };

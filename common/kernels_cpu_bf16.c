@@ -603,6 +603,69 @@ static void adamw_bf16(float *p, const void *g, float *m, float *v, long N, floa
     }
 }
 
+/* ---- attention over blocks (context parallelism): one (batch row, head) at a time ----------------
+ * Widen the head's rows into one fp32 block (q [Tq,HS], k, v [Tk,HS], the
+ * out and gradients alike), run the fp32 kernel with B = NH = 1, round the
+ * outputs back; lse is fp32 in both precisions and goes straight through. */
+
+static void attention_block_forward_bf16(void *out, float *lse, const void *q, const void *k, const void *v, int ldq,
+                                         int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                         int HS) {
+    if (Tq <= 0 || HS <= 0) return;
+    const long C = (long)NH * HS, nq = (long)Tq * HS, nk = (long)Tk * HS;
+    float *q1 = scratch(0, nq + 2 * nk + nq), *k1 = q1 + nq, *v1 = k1 + nk, *o1 = v1 + nk;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            widen_rows(q1, (const bf16 *)q + (long)b * Tq * ldq + (long)h * HS, Tq, HS, ldq);
+            widen_rows(k1, (const bf16 *)k + (long)b * Tk * ldkv + (long)h * HS, Tk, HS, ldkv);
+            widen_rows(v1, (const bf16 *)v + (long)b * Tk * ldkv + (long)h * HS, Tk, HS, ldkv);
+            kernels_cpu.attention_block_forward(o1, lse + ((long)b * NH + h) * Tq, q1, k1, v1, HS, HS, q_pos, k_pos,
+                                                1, Tq, Tk, 1, HS);
+            narrow_rows((bf16 *)out + (long)b * Tq * C + (long)h * HS, o1, Tq, HS, C);
+        }
+}
+
+static void attention_block_backward_bf16(void *dq, void *dk, void *dv, const void *dout, const void *out,
+                                          const float *lse, const void *q, const void *k, const void *v, int ldq,
+                                          int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                          int HS) {
+    if (Tq <= 0 || Tk <= 0 || HS <= 0) return;
+    const long C = (long)NH * HS, nq = (long)Tq * HS, nk = (long)Tk * HS;
+    float *q1 = scratch(0, 4 * nq + 4 * nk), *dq1 = q1 + nq, *g1 = dq1 + nq, *o1 = g1 + nq;
+    float *k1 = o1 + nq, *v1 = k1 + nk, *dk1 = v1 + nk, *dv1 = dk1 + nk;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const long qo = (long)b * Tq * ldq + (long)h * HS, ko = (long)b * Tk * ldkv + (long)h * HS;
+            const long oo = (long)b * Tq * C + (long)h * HS;
+            widen_rows(q1, (const bf16 *)q + qo, Tq, HS, ldq);
+            widen_rows(dq1, (const bf16 *)dq + qo, Tq, HS, ldq);
+            widen_rows(g1, (const bf16 *)dout + oo, Tq, HS, C);
+            widen_rows(o1, (const bf16 *)out + oo, Tq, HS, C);
+            widen_rows(k1, (const bf16 *)k + ko, Tk, HS, ldkv);
+            widen_rows(v1, (const bf16 *)v + ko, Tk, HS, ldkv);
+            widen_rows(dk1, (const bf16 *)dk + ko, Tk, HS, ldkv);
+            widen_rows(dv1, (const bf16 *)dv + ko, Tk, HS, ldkv);
+            kernels_cpu.attention_block_backward(dq1, dk1, dv1, g1, o1, lse + ((long)b * NH + h) * Tq, q1, k1, v1, HS,
+                                                 HS, q_pos, k_pos, 1, Tq, Tk, 1, HS);
+            narrow_rows((bf16 *)dq + qo, dq1, Tq, HS, ldq);
+            narrow_rows((bf16 *)dk + ko, dk1, Tk, HS, ldkv);
+            narrow_rows((bf16 *)dv + ko, dv1, Tk, HS, ldkv);
+        }
+}
+
+/* a batch row at a time: its [T,C] of both outputs widened */
+static void attention_merge_bf16(void *out, float *lse, const void *out2, const float *lse2, int B, int T, int NH,
+                                 int HS) {
+    const long TC = (long)T * NH * HS;
+    float *o1 = scratch(0, 2 * TC), *o2 = o1 + TC;
+    for (int b = 0; b < B; b++) {
+        widen(o1, (const bf16 *)out + b * TC, TC);
+        widen(o2, (const bf16 *)out2 + b * TC, TC);
+        kernels_cpu.attention_merge(o1, lse + (long)b * NH * T, o2, lse2 + (long)b * NH * T, 1, T, NH, HS);
+        narrow((bf16 *)out + b * TC, o1, TC);
+    }
+}
+
 const value_kernels kernels_bf16_cpu = {
     .name = "bf16 cpu",
     .encoder_forward = encoder_forward_bf16,
@@ -629,4 +692,7 @@ const value_kernels kernels_bf16_cpu = {
     .layernorm_backward_weight = layernorm_backward_weight_bf16,
     .to_values = to_values_bf16,
     .to_floats = to_floats_bf16,
+    .attention_block_forward = attention_block_forward_bf16,
+    .attention_block_backward = attention_block_backward_bf16,
+    .attention_merge = attention_merge_bf16,
 };

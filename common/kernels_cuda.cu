@@ -669,6 +669,233 @@ static void cuda_attention_backward(V *dqkv, V *datt, const V *dout, const V *qk
     }
 }
 
+/* ---- attention over blocks (kernels.h: context parallelism) ---------------
+ * One warp per query row (the forward and dq) or per key row (dk and dv): the
+ * lanes hold the head's HS values, up to HEAD_PER_LANE each, in registers,
+ * and every dot product is a warp sum. The online softmax runs key by key.
+ * Plain rather than fast (no shared-memory tiles, no tensor cores: the
+ * blocks of a course's sequences are short), deterministic (each output
+ * element is written by one warp, no atomics), and the same arithmetic as
+ * the CPU twin up to the order of the sums. The dk/dv warps recompute
+ * D = rowsum(dout out) per query instead of keeping it: no scratch. */
+#define HEAD_PER_LANE 8 /* head sizes up to 256 */
+
+struct block_row { long b; int h, t; long bh; };
+__device__ __forceinline__ block_row block_row_of(long row, int T, int NH) {
+    block_row r;
+    r.t = (int)(row % T);
+    r.bh = row / T;
+    r.h = (int)(r.bh % NH);
+    r.b = r.bh / NH;
+    return r;
+}
+
+template <typename V>
+__device__ __forceinline__ void load_head(float *x, const V *p, int lane, int HS) {
+#pragma unroll
+    for (int u = 0; u < HEAD_PER_LANE; u++) {
+        int d = lane + u * WARP;
+        x[u] = d < HS ? ld(p[d]) : 0.0f;
+    }
+}
+
+template <typename V>
+__device__ __forceinline__ float head_dot(const float *x, const V *p, int lane, int HS) {
+    float s = 0.0f;
+#pragma unroll
+    for (int u = 0; u < HEAD_PER_LANE; u++) {
+        int d = lane + u * WARP;
+        if (d < HS) s += x[u] * ld(p[d]);
+    }
+    return warp_sum(s);
+}
+
+/* dot product of two head rows in memory */
+template <typename V>
+__device__ __forceinline__ float warp_dot(const V *a, const V *b, int lane, int HS) {
+    float s = 0.0f;
+    for (int d = lane; d < HS; d += WARP) s += ld(a[d]) * ld(b[d]);
+    return warp_sum(s);
+}
+
+template <typename V>
+__global__ void attention_block_forward_kernel(V *out, float *lse, const V *q, const V *k, const V *v, int ldq,
+                                               int ldkv, const int *q_pos, const int *k_pos, int Tq, int Tk, int NH,
+                                               int HS, float scale, long rows) {
+    long row = blockIdx.x * (long)ROWS_PER_BLOCK + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    block_row r = block_row_of(row, Tq, NH);
+    float qv[HEAD_PER_LANE], acc[HEAD_PER_LANE];
+    load_head(qv, q + (r.b * Tq + r.t) * (long)ldq + r.h * HS, lane, HS);
+#pragma unroll
+    for (int u = 0; u < HEAD_PER_LANE; u++) acc[u] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = 0; j < Tk; j++) {
+        if (q_pos && k_pos[j] > q_pos[r.t]) continue;
+        const long kv = (r.b * Tk + j) * (long)ldkv + r.h * HS;
+        float s = head_dot(qv, k + kv, lane, HS) * scale;
+        float mnew = fmaxf(m, s), corr = expf(m - mnew), p = expf(s - mnew); /* expf(-inf) = 0 */
+        l = l * corr + p;
+#pragma unroll
+        for (int u = 0; u < HEAD_PER_LANE; u++) {
+            int d = lane + u * WARP;
+            if (d < HS) acc[u] = acc[u] * corr + p * ld(v[kv + d]);
+        }
+        m = mnew;
+    }
+    V *o = out + (r.b * Tq + r.t) * (long)(NH * HS) + r.h * HS;
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int u = 0; u < HEAD_PER_LANE; u++) {
+        int d = lane + u * WARP;
+        if (d < HS) o[d] = st<V>(acc[u] * inv);
+    }
+    if (lane == 0) lse[r.bh * Tq + r.t] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+/* dq of one query row: sum over its visible keys of dS k, dS = P (dP - D) */
+template <typename V>
+__global__ void attention_block_backward_dq_kernel(V *dq, const V *dout, const V *out, const float *lse, const V *q,
+                                                   const V *k, const V *v, int ldq, int ldkv, const int *q_pos,
+                                                   const int *k_pos, int Tq, int Tk, int NH, int HS, float scale,
+                                                   long rows) {
+    long row = blockIdx.x * (long)ROWS_PER_BLOCK + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    block_row r = block_row_of(row, Tq, NH);
+    const float li = lse[r.bh * Tq + r.t];
+    if (li == -INFINITY) return; /* the query sees no key at all (the whole warp leaves) */
+    const long qo = (r.b * Tq + r.t) * (long)ldq + r.h * HS, oo = (r.b * Tq + r.t) * (long)(NH * HS) + r.h * HS;
+    float qv[HEAD_PER_LANE], gv[HEAD_PER_LANE], acc[HEAD_PER_LANE];
+    load_head(qv, q + qo, lane, HS);
+    load_head(gv, dout + oo, lane, HS);
+    const float D = head_dot(gv, out + oo, lane, HS);
+#pragma unroll
+    for (int u = 0; u < HEAD_PER_LANE; u++) acc[u] = 0.0f;
+    for (int j = 0; j < Tk; j++) {
+        if (q_pos && k_pos[j] > q_pos[r.t]) continue;
+        const long kv = (r.b * Tk + j) * (long)ldkv + r.h * HS;
+        float p = expf(head_dot(qv, k + kv, lane, HS) * scale - li);
+        float ds = p * (head_dot(gv, v + kv, lane, HS) - D);
+#pragma unroll
+        for (int u = 0; u < HEAD_PER_LANE; u++) {
+            int d = lane + u * WARP;
+            if (d < HS) acc[u] += ds * ld(k[kv + d]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < HEAD_PER_LANE; u++) {
+        int d = lane + u * WARP;
+        if (d < HS) dq[qo + d] = st<V>(ld(dq[qo + d]) + scale * acc[u]);
+    }
+}
+
+/* dk and dv of one key row: over the queries that see it, dk += dS q, dv += P dout */
+template <typename V>
+__global__ void attention_block_backward_dkv_kernel(V *dk, V *dv, const V *dout, const V *out, const float *lse,
+                                                    const V *q, const V *k, const V *v, int ldq, int ldkv,
+                                                    const int *q_pos, const int *k_pos, int Tq, int Tk, int NH,
+                                                    int HS, float scale, long rows) {
+    long row = blockIdx.x * (long)ROWS_PER_BLOCK + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    block_row r = block_row_of(row, Tk, NH); /* r.t: the key */
+    const long kv = (r.b * Tk + r.t) * (long)ldkv + r.h * HS;
+    float kr[HEAD_PER_LANE], vr[HEAD_PER_LANE], dka[HEAD_PER_LANE], dva[HEAD_PER_LANE];
+    load_head(kr, k + kv, lane, HS);
+    load_head(vr, v + kv, lane, HS);
+#pragma unroll
+    for (int u = 0; u < HEAD_PER_LANE; u++) dka[u] = dva[u] = 0.0f;
+    for (int i = 0; i < Tq; i++) {
+        if (q_pos && k_pos[r.t] > q_pos[i]) continue;
+        const float li = lse[r.bh * Tq + i];
+        if (li == -INFINITY) continue;
+        const long qo = (r.b * Tq + i) * (long)ldq + r.h * HS, oo = (r.b * Tq + i) * (long)(NH * HS) + r.h * HS;
+        float p = expf(head_dot(kr, q + qo, lane, HS) * scale - li);
+        float ds = p * (head_dot(vr, dout + oo, lane, HS) - warp_dot(dout + oo, out + oo, lane, HS));
+#pragma unroll
+        for (int u = 0; u < HEAD_PER_LANE; u++) {
+            int d = lane + u * WARP;
+            if (d < HS) {
+                dka[u] += ds * ld(q[qo + d]);
+                dva[u] += p * ld(dout[oo + d]);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < HEAD_PER_LANE; u++) {
+        int d = lane + u * WARP;
+        if (d < HS) {
+            dk[kv + d] = st<V>(ld(dk[kv + d]) + scale * dka[u]);
+            dv[kv + d] = st<V>(ld(dv[kv + d]) + dva[u]);
+        }
+    }
+}
+
+/* one thread per (batch row, head, position): the pair's weights, then its HS values */
+template <typename V>
+__global__ void attention_merge_kernel(V *out, float *lse, const V *out2, const float *lse2, int T, int NH, int HS,
+                                       long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    block_row r = block_row_of(i, T, NH);
+    const float a = lse[i], c = lse2[i];
+    if (c == -INFINITY) return;
+    float wa = 0.0f, wc = 1.0f;
+    if (a == -INFINITY) {
+        lse[i] = c;
+    } else {
+        float mx = fmaxf(a, c), ea = expf(a - mx), ec = expf(c - mx), sum = ea + ec;
+        wa = ea / sum;
+        wc = ec / sum;
+        lse[i] = mx + logf(sum);
+    }
+    const long o = (r.b * T + r.t) * (long)(NH * HS) + r.h * HS;
+    for (int d = 0; d < HS; d++) out[o + d] = st<V>(wa * ld(out[o + d]) + wc * ld(out2[o + d]));
+}
+
+static void check_head_size(int HS, const char *what) {
+    if (HS > WARP * HEAD_PER_LANE) die("%s: head size %d above the CUDA kernel's %d", what, HS, WARP * HEAD_PER_LANE);
+}
+
+template <typename V>
+static void cuda_attention_block_forward(V *out, float *lse, const V *q, const V *k, const V *v, int ldq, int ldkv,
+                                         const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH, int HS) {
+    if (B <= 0 || Tq <= 0 || NH <= 0 || HS <= 0) return;
+    check_head_size(HS, "attention_block_forward");
+    long rows = (long)B * NH * Tq;
+    attention_block_forward_kernel<<<warp_row_blocks(rows), THREADS, 0, stream()>>>(
+        out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, Tq, Tk, NH, HS, 1.0f / sqrtf((float)HS), rows);
+    LAUNCH_CHECK("attention_block_forward");
+}
+
+template <typename V>
+static void cuda_attention_block_backward(V *dq, V *dk, V *dv, const V *dout, const V *out, const float *lse,
+                                          const V *q, const V *k, const V *v, int ldq, int ldkv, const int *q_pos,
+                                          const int *k_pos, int B, int Tq, int Tk, int NH, int HS) {
+    if (B <= 0 || Tq <= 0 || Tk <= 0 || NH <= 0 || HS <= 0) return;
+    check_head_size(HS, "attention_block_backward");
+    const float scale = 1.0f / sqrtf((float)HS);
+    long rows = (long)B * NH * Tq;
+    attention_block_backward_dq_kernel<<<warp_row_blocks(rows), THREADS, 0, stream()>>>(
+        dq, dout, out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, Tq, Tk, NH, HS, scale, rows);
+    LAUNCH_CHECK("attention_block_backward_dq");
+    rows = (long)B * NH * Tk;
+    attention_block_backward_dkv_kernel<<<warp_row_blocks(rows), THREADS, 0, stream()>>>(
+        dk, dv, dout, out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, Tq, Tk, NH, HS, scale, rows);
+    LAUNCH_CHECK("attention_block_backward_dkv");
+}
+
+template <typename V>
+static void cuda_attention_merge(V *out, float *lse, const V *out2, const float *lse2, int B, int T, int NH, int HS) {
+    long n = (long)B * NH * T;
+    if (n <= 0 || HS <= 0) return;
+    attention_merge_kernel<<<(unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, stream()>>>(out, lse, out2, lse2, T,
+                                                                                            NH, HS, n);
+    LAUNCH_CHECK("attention_merge");
+}
+
 /* ---- elementwise: one thread per element, grid-stride --------------------- */
 
 /* GELU as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the same function
@@ -974,6 +1201,9 @@ extern "C" const kernels kernels_cuda = {
     .matmul_backward_weight = cuda_matmul_backward_weight<float>,
     .layernorm_backward_input = cuda_layernorm_backward_input<float>,
     .layernorm_backward_weight = cuda_layernorm_backward_weight<float>,
+    .attention_block_forward = cuda_attention_block_forward<float>,
+    .attention_block_backward = cuda_attention_block_backward<float>,
+    .attention_merge = cuda_attention_merge<float>,
 };
 
 /* The bf16 table (kernels.h, value_kernels): the same templates on __nv_bfloat16,
@@ -1042,6 +1272,23 @@ static void b_layernorm_backward_weight(void *dw, void *db, const void *dout, co
     cuda_layernorm_backward_weight<bf16>(VB(dw), VB(db), CVB(dout), CVB(inp), mean, rstd, N, C);
 }
 
+static void b_attention_block_forward(void *out, float *lse, const void *q, const void *k, const void *v, int ldq,
+                                      int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                      int HS) {
+    cuda_attention_block_forward<bf16>(VB(out), lse, CVB(q), CVB(k), CVB(v), ldq, ldkv, q_pos, k_pos, B, Tq, Tk, NH, HS);
+}
+static void b_attention_block_backward(void *dq, void *dk, void *dv, const void *dout, const void *out,
+                                       const float *lse, const void *q, const void *k, const void *v, int ldq,
+                                       int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                       int HS) {
+    cuda_attention_block_backward<bf16>(VB(dq), VB(dk), VB(dv), CVB(dout), CVB(out), lse, CVB(q), CVB(k), CVB(v), ldq,
+                                        ldkv, q_pos, k_pos, B, Tq, Tk, NH, HS);
+}
+static void b_attention_merge(void *out, float *lse, const void *out2, const float *lse2, int B, int T, int NH,
+                              int HS) {
+    cuda_attention_merge<bf16>(VB(out), lse, CVB(out2), lse2, B, T, NH, HS);
+}
+
 extern "C" const value_kernels kernels_bf16_cuda = {
     .name = "bf16 cuda",
     .encoder_forward = b_encoder_forward,
@@ -1068,6 +1315,9 @@ extern "C" const value_kernels kernels_bf16_cuda = {
     .layernorm_backward_weight = b_layernorm_backward_weight,
     .to_values = cuda_to_bf16,
     .to_floats = cuda_to_float,
+    .attention_block_forward = b_attention_block_forward,
+    .attention_block_backward = b_attention_block_backward,
+    .attention_merge = b_attention_merge,
 };
 
 /* ---- fixed scratch ------------------------------------------------------------ */

@@ -108,6 +108,23 @@ static void f32_copy_back(float *dst, const void *src, long N) {
     if ((void *)dst != src) mem_copy(dst, src, (size_t)N * sizeof(float));
 }
 
+/* attention over blocks (context parallelism) */
+static void f32_attention_block_forward(void *out, float *lse, const void *q, const void *k, const void *v, int ldq,
+                                        int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                        int HS) {
+    K->attention_block_forward(out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, B, Tq, Tk, NH, HS);
+}
+static void f32_attention_block_backward(void *dq, void *dk, void *dv, const void *dout, const void *out,
+                                         const float *lse, const void *q, const void *k, const void *v, int ldq,
+                                         int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
+                                         int HS) {
+    K->attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, B, Tq, Tk, NH, HS);
+}
+static void f32_attention_merge(void *out, float *lse, const void *out2, const float *lse2, int B, int T, int NH,
+                                int HS) {
+    K->attention_merge(out, lse, out2, lse2, B, T, NH, HS);
+}
+
 const value_kernels kernels_values_fp32 = {
     .name = "fp32",
     .encoder_forward = f32_encoder_forward,
@@ -134,4 +151,7 @@ const value_kernels kernels_values_fp32 = {
     .layernorm_backward_weight = f32_layernorm_backward_weight,
     .to_values = f32_copy,
     .to_floats = f32_copy_back,
+    .attention_block_forward = f32_attention_block_forward,
+    .attention_block_backward = f32_attention_block_backward,
+    .attention_merge = f32_attention_merge,
 };

@@ -24,6 +24,8 @@ static double ring_bytes(comm_kind k, double payload, int n) {
     case COLL_BROADCAST:
     case COLL_SEND:
     case COLL_RECV: return payload;
+    /* all but the own block leaves the rank: (n-1)/n of even blocks (comm.h) */
+    case COLL_ALLTOALL: return (double)(n - 1) / n * payload;
     default: return 0;
     }
 }
@@ -220,7 +222,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         int p2p = k == COLL_SEND || k == COLL_RECV;
         printf("                  %-14s %5.1f calls | payload %sB | %s %sB | %.2f ms\n",
                comm_kind_names[k], tmax.calls[k] * per_step, human(tmax.payload[k] * per_step, a),
-               p2p ? "point to point" : "ring traffic",
+               p2p ? "point to point" : k == COLL_ALLTOALL ? "to other ranks" : "ring traffic",
                human(tmax.wire[k] * per_step, b), tmax.seconds[k] * per_step * 1e3);
     }
     if (!any) printf("                  none\n");

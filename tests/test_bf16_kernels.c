@@ -455,6 +455,63 @@ static void test_rounding(void) {
     report("rounding: to nearest even, inf, overflow, subnormal, NaN stays NaN", !ok, 0);
 }
 
+/* ---- attention over blocks (context parallelism) --------------------------------------
+ * Rank 0's zig-zag queries (chunks 0 and 3 of 4) against rank 1's keys and
+ * values (chunks 1 and 2), read in place from two qkv buffers (ld 3C): some
+ * rows see no key (lse -inf, out 0). lse stays fp32: equal to the twin's. */
+static double lse_diff(const float *a, const float *b, long n) {
+    double e = 0;
+    for (long i = 0; i < n; i++) {
+        double d = isinf(a[i]) || isinf(b[i]) ? (a[i] == b[i] ? 0 : 1) : fabs((double)a[i] - b[i]);
+        if (!(d <= e)) e = d;
+    }
+    return e;
+}
+
+static void test_attention_block(int B, int s, int NH, int HS) {
+    char name[96];
+    const int n = 2 * s;
+    const long C = (long)NH * HS, NQ = (long)B * n * 3 * C, NO = (long)B * n * C, NL = (long)B * NH * n;
+    int *qp = xalloc(sizeof(int) * (size_t)n), *kp = xalloc(sizeof(int) * (size_t)n);
+    for (int i = 0; i < s; i++) qp[i] = i, qp[s + i] = 3 * s + i, kp[i] = s + i, kp[s + i] = 2 * s + i;
+    pair qkv = rand_pair(NQ, -1.5f, 1.5f), kv = rand_pair(NQ, -1.5f, 1.5f), out = rand_pair(NO, 0, 0);
+    float *lse = xalloc(sizeof(float) * (size_t)NL), *lse_f = xalloc(sizeof(float) * (size_t)NL);
+    for (int dir = 0; dir < 2; dir++) { /* then the other way round: every row sees every key */
+        const int *q_pos = dir ? kp : qp, *k_pos = dir ? qp : kp;
+        KP->attention_block_forward(out.b, lse, qkv.b, kv.b + C, kv.b + 2 * C, 3 * C, 3 * C, q_pos, k_pos, B, n, n, NH, HS);
+        kernels_cpu.attention_block_forward(out.f, lse_f, qkv.f, kv.f + C, kv.f + 2 * C, 3 * C, 3 * C, q_pos, k_pos, B, n,
+                                            n, NH, HS);
+        snprintf(name, sizeof name, "attention_block_forward B%d T%d NH%d HS%d %s out", B, n, NH, HS, dir ? "2>1" : "1>2");
+        check_out(name, out.b, out.f, NO);
+        snprintf(name, sizeof name, "attention_block_forward B%d T%d NH%d HS%d %s lse (fp32)", B, n, NH, HS, dir ? "2>1" : "1>2");
+        report(name, lse_diff(lse, lse_f, NL), 1e-6);
+        for (long i = 0; i < NO; i++) out.f[i] = float_from_bf16(out.b[i]); /* the backward reads the kept bf16 out */
+        pair dout = rand_pair(NO, -1, 1), dq = rand_pair(NQ, -1, 1), dkv = rand_pair(NQ, -1, 1);
+        KP->attention_block_backward(dq.b, dkv.b + C, dkv.b + 2 * C, dout.b, out.b, lse, qkv.b, kv.b + C, kv.b + 2 * C,
+                                     3 * C, 3 * C, q_pos, k_pos, B, n, n, NH, HS);
+        kernels_cpu.attention_block_backward(dq.f, dkv.f + C, dkv.f + 2 * C, dout.f, out.f, lse, qkv.f, kv.f + C,
+                                             kv.f + 2 * C, 3 * C, 3 * C, q_pos, k_pos, B, n, n, NH, HS);
+        snprintf(name, sizeof name, "attention_block_backward B%d T%d NH%d HS%d %s dq", B, n, NH, HS, dir ? "2>1" : "1>2");
+        check_out(name, dq.b, dq.f, NQ);
+        snprintf(name, sizeof name, "attention_block_backward B%d T%d NH%d HS%d %s dk dv", B, n, NH, HS, dir ? "2>1" : "1>2");
+        check_out(name, dkv.b, dkv.f, NQ);
+        free_pair(dout); free_pair(dq); free_pair(dkv);
+    }
+    /* merge the last block into a random partial */
+    pair o2 = rand_pair(NO, -1, 1);
+    float *l2 = xalloc(sizeof(float) * (size_t)NL);
+    for (long i = 0; i < NL; i++) l2[i] = i % 5 == 0 ? -INFINITY : uniform(-3, 3);
+    memcpy(lse_f, lse, sizeof(float) * (size_t)NL);
+    KP->attention_merge(out.b, lse, o2.b, l2, B, n, NH, HS);
+    kernels_cpu.attention_merge(out.f, lse_f, o2.f, l2, B, n, NH, HS);
+    snprintf(name, sizeof name, "attention_merge B%d T%d NH%d HS%d out", B, n, NH, HS);
+    check_out(name, out.b, out.f, NO);
+    snprintf(name, sizeof name, "attention_merge B%d T%d NH%d HS%d lse (fp32)", B, n, NH, HS);
+    report(name, lse_diff(lse, lse_f, NL), 0);
+    free(qp); free(kp); free(lse); free(lse_f); free(l2);
+    free_pair(qkv); free_pair(kv); free_pair(out); free_pair(o2);
+}
+
 int main(void) {
     precision_use(PREC_BF16);
     printf("%s: %s\n", KP->name, kernels_bf16_cpu_gemm_text());
@@ -466,6 +523,8 @@ int main(void) {
     test_layernorm(300, 128); /* several row chunks */
     test_attention(1, 5, 1, 4);
     test_attention(2, 37, 3, 16);
+    test_attention_block(1, 3, 1, 4);
+    test_attention_block(2, 20, 3, 16);
     test_elementwise(1000);
     test_elementwise(40000); /* several chunks */
     test_crossentropy(9, 17);

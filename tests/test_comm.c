@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "comm.h"
 #include "device.h"
+#include "precision.h"
 #include "trace.h"
 #include <math.h>
 #include <stdarg.h>
@@ -156,6 +157,102 @@ static void test_broadcast(comm *c, const char *where) {
     check_stat(c, COLL_BROADCAST, (long)c->size * NSIZES, bytes, where);
 }
 
+/* ---- all-to-all ------------------------------------------------------------------- */
+
+/* Element e of the block rank `from` sends to rank `to`: distinct for every
+ * (from, to, e) and exact in a float (and, masked, as bf16 bits). */
+static long a2a_val(int from, int to, long e) { return from * 100000L + to * 10000L + e; }
+
+/* The count rank `from` sends to rank `to` in round k: uneven, zero often
+ * (a whole row of zeros at some ranks and rounds). */
+static long a2a_count(int from, int to, int k, long scale) { return (long)((from * 7 + to * 3 + k) % 5) * scale; }
+
+static void put(void *buf, long i, long v) {
+    if (g_precision == PREC_BF16) ((uint16_t *)buf)[i] = (uint16_t)(v & 0xFFFF);
+    else ((float *)buf)[i] = (float)v;
+}
+static long get(const void *buf, long i) {
+    return g_precision == PREC_BF16 ? (long)((const uint16_t *)buf)[i] : (long)((const float *)buf)[i];
+}
+static long expect_bits(long v) { return g_precision == PREC_BF16 ? (v & 0xFFFF) : v; }
+
+static void *values(long n, long fill) {
+    void *p = malloc((size_t)(n > 0 ? n : 1) * value_bytes());
+    if (!p) fail("out of memory");
+    for (long i = 0; i < n; i++) put(p, i, fill);
+    return p;
+}
+
+static void test_alltoall(comm *c, const char *where) {
+    const int r = c->rank, p = c->size;
+    const long vb = (long)value_bytes();
+    comm_reset_stats(c);
+    double bytes = 0;
+    long calls = 0;
+    /* even blocks */
+    for (int s = 0; s < NSIZES; s++) {
+        long n = sizes[s] < 5000 ? sizes[s] : 5000;
+        void *send = values(n * p, 0), *recv = values(n * p, -3);
+        for (int j = 0; j < p; j++)
+            for (long e = 0; e < n; e++) put(send, j * n + e, a2a_val(r, j, e));
+        comm_alltoall(c, send, recv, n);
+        for (int j = 0; j < p; j++)
+            for (long e = 0; e < n; e++)
+                CHECK(get(recv, j * n + e) == expect_bits(a2a_val(j, r, e)),
+                      "%s alltoall n=%ld: block %d [%ld] = %ld, expected %ld", where, n, j, e, get(recv, j * n + e),
+                      expect_bits(a2a_val(j, r, e)));
+        bytes += (double)(vb * n * p);
+        calls++;
+        free(send);
+        free(recv);
+    }
+    /* uneven blocks, zeros included; packed (offsets NULL), then with offsets:
+     * the send blocks stored in reverse rank order, the received ones with a
+     * gap of 3 values before each, which must stay untouched */
+    const long scales[] = {1, 37, 1000};
+    for (int k = 0; k < 3 * 2; k++) {
+        int with_offsets = k % 2;
+        long scale = scales[k / 2];
+        long *sc = malloc(sizeof(long) * 4 * (size_t)p), *so = sc + p, *rc = sc + 2 * p, *ro = sc + 3 * p;
+        long send_n = 0, recv_n = 0;
+        for (int j = p - 1; j >= 0; j--) { /* reverse order: block p-1 first */
+            sc[j] = a2a_count(r, j, k, scale);
+            so[j] = with_offsets ? send_n : -1;
+            send_n += sc[j];
+        }
+        for (int j = 0; j < p; j++) {
+            rc[j] = a2a_count(j, r, k, scale);
+            if (with_offsets) recv_n += 3;
+            ro[j] = recv_n;
+            recv_n += rc[j];
+        }
+        if (!with_offsets) { /* packed in rank order */
+            long o = 0;
+            for (int j = 0; j < p; j++) { so[j] = o; o += sc[j]; }
+        }
+        void *send = values(send_n, 0), *recv = values(recv_n, -3);
+        for (int j = 0; j < p; j++)
+            for (long e = 0; e < sc[j]; e++) put(send, so[j] + e, a2a_val(r, j, e));
+        comm_alltoallv(c, send, sc, with_offsets ? so : NULL, recv, rc, with_offsets ? ro : NULL);
+        for (int j = 0; j < p; j++) {
+            for (long e = 0; e < rc[j]; e++)
+                CHECK(get(recv, ro[j] + e) == expect_bits(a2a_val(j, r, e)),
+                      "%s alltoallv round %d: from %d [%ld] = %ld, expected %ld", where, k, j, e,
+                      get(recv, ro[j] + e), expect_bits(a2a_val(j, r, e)));
+            if (with_offsets)
+                for (long e = ro[j] - 3; e < ro[j]; e++)
+                    CHECK(get(recv, e) == expect_bits(-3), "%s alltoallv round %d: the gap before block %d was written",
+                          where, k, j);
+        }
+        bytes += (double)(vb * send_n);
+        calls++;
+        free(send);
+        free(recv);
+        free(sc);
+    }
+    check_stat(c, COLL_ALLTOALL, calls, bytes, where);
+}
+
 /* ---- point-to-point ------------------------------------------------------------- */
 
 static void test_p2p(comm *c) {
@@ -299,6 +396,7 @@ static void test_split(comm *world) {
     test_reduce_scatter(&sub, 0, where);
     test_allgather(&sub, 0, where);
     test_broadcast(&sub, where);
+    test_alltoall(&sub, where);
     /* The groups really are separate: a sum over the group, not the world. */
     float x = 1;
     comm_allreduce(&sub, &x, 1, 0);
@@ -496,6 +594,10 @@ int main(int argc, char **argv) {
     test_allgather(&world, 0, "world");
     test_allgather(&world, 1, "world");
     test_broadcast(&world, "world");
+    test_alltoall(&world, "world");
+    precision_use(PREC_BF16); /* 2-byte values: the same exchanges, bf16 bits */
+    test_alltoall(&world, "world bf16");
+    precision_use(PREC_FP32);
     test_p2p(&world);
     test_nonblocking(&world);
     test_split(&world);

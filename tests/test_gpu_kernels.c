@@ -326,6 +326,72 @@ static void test_attention(int B, int T, int NH, int HS) {
     mem_free(d_dqkv);
 }
 
+/* Attention over blocks (context parallelism): q, k and v read in place from
+ * two qkv buffers (ld 3C), as a ring step reads its own queries against a
+ * received block. masked: rank 0's zig-zag queries (chunks 0 and 3 of 4,
+ * chunk s positions) against rank 1's keys (chunks 1 and 2), so some rows
+ * see no key (lse -inf on both sides); else no mask. */
+static void check_lse(const char *what, const float *cpu, const float *dev, long n) {
+    float *gpu = dev_to_host(dev, n), *c = host_copy(cpu, n);
+    for (long i = 0; i < n; i++)
+        if (isinf(c[i]) || isinf(gpu[i])) {
+            gpu[i] = c[i] == gpu[i] ? 0.0f : NAN; /* -inf on one side only fails */
+            c[i] = 0.0f;
+        }
+    compare(what, c, NULL, gpu, n, TOL_SUMS);
+    free(gpu); free(c);
+}
+
+static int *block_positions(int s, int keys) {
+    int *p = xmalloc(sizeof(int) * 2 * (size_t)s);
+    for (int i = 0; i < s; i++) {
+        p[i] = keys ? s + i : i;
+        p[s + i] = keys ? 2 * s + i : 3 * s + i;
+    }
+    return p;
+}
+
+static void test_attention_block(int B, int s, int NH, int HS, int masked) {
+    const int n = 2 * s, C = NH * HS;
+    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d HS=%d %s", B, n, NH, HS, masked ? "zig-zag" : "no mask");
+    long nqkv = (long)B * n * 3 * C, nout = (long)B * n * C, nl = (long)B * NH * n;
+    int *qp = block_positions(s, 0), *kp = block_positions(s, 1);
+    int *d_qp = dev_ints(qp, n), *d_kp = dev_ints(kp, n);
+    const int *cq = masked ? qp : NULL, *ck = masked ? kp : NULL, *gq = masked ? d_qp : NULL, *gk = masked ? d_kp : NULL;
+    float *qkv = host_random(nqkv, 1.5f), *kv = host_random(nqkv, 1.5f), *out = host_random(nout, 1.0f);
+    float *lse = host_random(nl, 1.0f), *dout = host_random(nout, 1.0f);
+    float *dq = host_random(nqkv, 1.0f), *dkv = host_random(nqkv, 1.0f);
+    float *d_qkv = dev_floats(qkv, nqkv), *d_kv = dev_floats(kv, nqkv), *d_out = dev_garbage(nout);
+    float *d_lse = dev_garbage(nl), *d_dout = dev_floats(dout, nout), *d_dq = dev_floats(dq, nqkv);
+    float *d_dkv = dev_floats(dkv, nqkv);
+    kernels_cpu.attention_block_forward(out, lse, qkv, kv + C, kv + 2 * C, 3 * C, 3 * C, cq, ck, B, n, n, NH, HS);
+    kernels_cuda.attention_block_forward(d_out, d_lse, d_qkv, d_kv + C, d_kv + 2 * C, 3 * C, 3 * C, gq, gk, B, n, n,
+                                         NH, HS);
+    check("attention_block_forward out", out, d_out, nout, TOL_SUMS);
+    check_lse("attention_block_forward lse", lse, d_lse, nl);
+    /* the backward on the CPU's out and lse, both sides */
+    mem_to_device(d_out, out, (size_t)nout * sizeof *out);
+    mem_to_device(d_lse, lse, (size_t)nl * sizeof *lse);
+    kernels_cpu.attention_block_backward(dq, dkv + C, dkv + 2 * C, dout, out, lse, qkv, kv + C, kv + 2 * C, 3 * C,
+                                         3 * C, cq, ck, B, n, n, NH, HS);
+    kernels_cuda.attention_block_backward(d_dq, d_dkv + C, d_dkv + 2 * C, d_dout, d_out, d_lse, d_qkv, d_kv + C,
+                                          d_kv + 2 * C, 3 * C, 3 * C, gq, gk, B, n, n, NH, HS);
+    check("attention_block_backward dq", dq, d_dq, nqkv, TOL_SUMS);
+    check("attention_block_backward dk dv", dkv, d_dkv, nqkv, TOL_SUMS);
+    /* merge a second block (the keys and values of qkv itself) into it */
+    float *out2 = host_random(nout, 1.0f), *lse2 = host_random(nl, 1.0f);
+    kernels_cpu.attention_block_forward(out2, lse2, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, cq, cq, B, n, n, NH, HS);
+    float *d_out2 = dev_floats(out2, nout), *d_lse2 = dev_floats(lse2, nl);
+    kernels_cpu.attention_merge(out, lse, out2, lse2, B, n, NH, HS);
+    kernels_cuda.attention_merge(d_out, d_lse, d_out2, d_lse2, B, n, NH, HS);
+    check("attention_merge out", out, d_out, nout, TOL_SUMS);
+    check_lse("attention_merge lse", lse, d_lse, nl);
+    free(qp); free(kp); free(qkv); free(kv); free(out); free(lse); free(dout); free(dq); free(dkv); free(out2);
+    free(lse2);
+    mem_free(d_qp); mem_free(d_kp); mem_free(d_qkv); mem_free(d_kv); mem_free(d_out); mem_free(d_lse);
+    mem_free(d_dout); mem_free(d_dq); mem_free(d_dkv); mem_free(d_out2); mem_free(d_lse2);
+}
+
 static void test_gelu(long N) {
     snprintf(shape, sizeof shape, "N=%ld", N);
     float *inp = host_random(N, 5.0f), *out = host_random(N, 1.0f);
@@ -565,6 +631,35 @@ static void test_bf16_attention(int B, int T, int NH, int HS) {
     bf16_free(qkv); bf16_free(out); bf16_free(att); bf16_free(datt); bf16_free(dout); bf16_free(dqkv);
 }
 
+static void test_bf16_attention_block(int B, int s, int NH, int HS) {
+    const int n = 2 * s, C = NH * HS;
+    snprintf(shape, sizeof shape, "bf16 B=%d T=%d NH=%d HS=%d zig-zag", B, n, NH, HS);
+    long nqkv = (long)B * n * 3 * C, nout = (long)B * n * C, nl = (long)B * NH * n;
+    int *qp = block_positions(s, 0), *kp = block_positions(s, 1);
+    int *d_qp = dev_ints(qp, n), *d_kp = dev_ints(kp, n);
+    bf16_pair qkv = bf16_new(nqkv, 1.5f, 0), kv = bf16_new(nqkv, 1.5f, 0), out = bf16_new(nout, 1.0f, 1);
+    bf16_pair dout = bf16_new(nout, 1.0f, 0), dq = bf16_new(nqkv, 1.0f, 0), dkv = bf16_new(nqkv, 1.0f, 0);
+    float *lse = host_random(nl, 1.0f), *d_lse = dev_garbage(nl);
+    CPU16.attention_block_forward(out.host, lse, qkv.host, (uint16_t *)kv.host + C, (uint16_t *)kv.host + 2 * C, 3 * C,
+                                  3 * C, qp, kp, B, n, n, NH, HS);
+    GPU16.attention_block_forward(out.dev, d_lse, qkv.dev, (uint16_t *)kv.dev + C, (uint16_t *)kv.dev + 2 * C, 3 * C,
+                                  3 * C, d_qp, d_kp, B, n, n, NH, HS);
+    check_bf16("bf16 attention_block_forward out", out, TOL_BF16);
+    check_lse("bf16 attention_block_forward lse", lse, d_lse, nl);
+    mem_to_device(out.dev, out.host, (size_t)nout * sizeof(uint16_t));
+    mem_to_device(d_lse, lse, (size_t)nl * sizeof *lse);
+    CPU16.attention_block_backward(dq.host, (uint16_t *)dkv.host + C, (uint16_t *)dkv.host + 2 * C, dout.host, out.host,
+                                   lse, qkv.host, (uint16_t *)kv.host + C, (uint16_t *)kv.host + 2 * C, 3 * C, 3 * C, qp,
+                                   kp, B, n, n, NH, HS);
+    GPU16.attention_block_backward(dq.dev, (uint16_t *)dkv.dev + C, (uint16_t *)dkv.dev + 2 * C, dout.dev, out.dev,
+                                   d_lse, qkv.dev, (uint16_t *)kv.dev + C, (uint16_t *)kv.dev + 2 * C, 3 * C, 3 * C,
+                                   d_qp, d_kp, B, n, n, NH, HS);
+    check_bf16("bf16 attention_block_backward dq", dq, TOL_BF16);
+    check_bf16("bf16 attention_block_backward dk dv", dkv, TOL_BF16);
+    free(qp); free(kp); free(lse); mem_free(d_qp); mem_free(d_kp); mem_free(d_lse);
+    bf16_free(qkv); bf16_free(kv); bf16_free(out); bf16_free(dout); bf16_free(dq); bf16_free(dkv);
+}
+
 /* encoder, gelu, add, accumulate, scale and the two conversions */
 static void test_bf16_elementwise(int B, int T, int C, int Vocab) {
     long N = (long)B * T * C;
@@ -674,6 +769,9 @@ static int run_all(void) {
     test_attention(2, 64, 4, 32);
     test_attention(2, 100, 2, 8); /* T > 64: past the CPU twin's row blocks and a warp */
     if (!small) test_attention(1, 1024, 2, 64); /* gpt2-small's T and head size */
+    test_attention_block(2, 4, 2, 5, 0);
+    test_attention_block(2, 4, 2, 5, 1);
+    test_attention_block(1, 70, 3, 40, 1); /* past the CPU's tiles; HS past a warp */
 
     test_gelu(1);
     test_gelu(7);
@@ -706,6 +804,7 @@ static int run_all(void) {
     test_bf16_layernorm(1000, 768);
     test_bf16_attention(2, 33, 2, 7);
     test_bf16_attention(2, 100, 2, 8);
+    test_bf16_attention_block(2, 20, 2, 16);
     test_bf16_elementwise(2, 5, 7, 13);
     test_bf16_elementwise(4, 64, 128, 256);
     test_bf16_loss_and_step(10, 13);

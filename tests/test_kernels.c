@@ -613,6 +613,298 @@ static void test_attention_future_dominates(void) {
     free(qkv), free(out), free(att), free(ref), free(refa), free(scale);
 }
 
+/* ---- attention over blocks (context parallelism) -------------------------------- */
+
+/* Double reference of attention_block_forward: out, lse and (scale) the sum of
+ * |terms| of each out element. */
+static void ref_block_attention(double *out, double *lse, double *scale, const float *q, const float *k,
+                                const float *v, int ldq, int ldkv, const int *q_pos, const int *k_pos, int B,
+                                int Tq, int Tk, int NH, int HS) {
+    const int C = NH * HS;
+    double *row = alloc_d(Tk > 0 ? Tk : 1);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < Tq; t++) {
+                const float *qr = q + ((long)b * Tq + t) * ldq + h * HS;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < Tk; j++) {
+                    row[j] = -INFINITY;
+                    if (q_pos && k_pos[j] > q_pos[t]) continue;
+                    const float *kr = k + ((long)b * Tk + j) * ldkv + h * HS;
+                    double s = 0;
+                    for (int i = 0; i < HS; i++) s += (double)qr[i] * kr[i];
+                    row[j] = s / sqrt((double)HS);
+                    mx = fmax(mx, row[j]);
+                }
+                for (int j = 0; j < Tk; j++) sum += (row[j] = row[j] == -INFINITY ? 0.0 : exp(row[j] - mx));
+                lse[((long)b * NH + h) * Tq + t] = sum > 0 ? mx + log(sum) : -INFINITY;
+                for (int i = 0; i < HS; i++) {
+                    double o = 0, a = 0;
+                    for (int j = 0; j < Tk; j++) {
+                        double term = sum > 0 ? row[j] / sum * v[((long)b * Tk + j) * ldkv + h * HS + i] : 0.0;
+                        o += term, a += fabs(term);
+                    }
+                    out[((long)b * Tq + t) * C + h * HS + i] = o;
+                    if (scale) scale[((long)b * Tq + t) * C + h * HS + i] = a;
+                }
+            }
+    free(row);
+}
+
+/* Largest |a - b| over finite b, and whether a is -inf exactly where b is. */
+static double lse_err(const float *a, const double *b, long n) {
+    double err = 0;
+    for (long i = 0; i < n; i++) {
+        double d = isinf(b[i]) ? (isinf(a[i]) && a[i] < 0 ? 0 : 1) : fabs((double)a[i] - b[i]);
+        if (!(d <= err)) err = d;
+    }
+    return err;
+}
+
+/* The global positions a context-parallel rank holds, T split over N ranks:
+ * contiguous, rank r holds [r T/N, (r+1) T/N); zig-zag, T cut into 2N chunks
+ * and rank r holds chunks r and 2N-1-r (each then sees as many unmasked
+ * causal scores as every other rank). */
+static void cp_positions(int *pos, int T, int N, int r, int zigzag) {
+    if (!zigzag) {
+        for (int i = 0; i < T / N; i++) pos[i] = r * (T / N) + i;
+        return;
+    }
+    const int s = T / (2 * N);
+    for (int i = 0; i < s; i++) {
+        pos[i] = r * s + i;
+        pos[s + i] = (2 * N - 1 - r) * s + i;
+    }
+}
+
+/* Rows `pos` of a [B,T,W] tensor, packed into [B,n,W] (a rank's share). */
+static float *gather_rows(const float *x, int B, int T, int W, const int *pos, int n) {
+    float *y = alloc_f((long)B * n * W);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < n; i++) memcpy(y + ((long)b * n + i) * W, x + ((long)b * T + pos[i]) * W, sizeof(float) * (size_t)W);
+    return y;
+}
+
+typedef struct {
+    int B, Tq, Tk, NH, HS;
+    const int *q_pos, *k_pos;
+    float *q, *kv, *out, *lse, *R; /* q [B,Tq,C]; kv [B,Tk,2C]: k | v */
+    double *ref, *ref_lse;
+} block_ctx;
+
+static double block_loss(void *p) {
+    block_ctx *c = p;
+    const int C = c->NH * c->HS;
+    K->attention_block_forward(c->out, c->lse, c->q, c->kv, c->kv + C, C, 2 * C, c->q_pos, c->k_pos, c->B, c->Tq,
+                               c->Tk, c->NH, c->HS);
+    return dot_f(c->out, c->R, (long)c->B * c->Tq * C);
+}
+static double block_ref_loss(void *p) {
+    block_ctx *c = p;
+    const int C = c->NH * c->HS;
+    ref_block_attention(c->ref, c->ref_lse, NULL, c->q, c->kv, c->kv + C, C, 2 * C, c->q_pos, c->k_pos, c->B, c->Tq,
+                        c->Tk, c->NH, c->HS);
+    return dot_d(c->ref, c->R, (long)c->B * c->Tq * C);
+}
+
+/* One block against the reference, and its backward against finite
+ * differences: q and a packed k | v buffer (ld C and 2C, not qkv's 3C), with
+ * the mask of the given positions (NULL: none). */
+static void test_attention_block(const char *what, int B, int Tq, int Tk, int NH, int HS, const int *q_pos,
+                                 const int *k_pos) {
+    char name[160], shape[96];
+    snprintf(shape, sizeof shape, "%s B=%d Tq=%d Tk=%d NH=%d HS=%d", what, B, Tq, Tk, NH, HS);
+    const int C = NH * HS;
+    const long NQ = (long)B * Tq * C, NKV = (long)B * Tk * 2 * C, NL = (long)B * NH * Tq;
+    block_ctx c = {B, Tq, Tk, NH, HS, q_pos, k_pos, rand_f(NQ, -1, 1), rand_f(NKV, -1, 1), alloc_f(NQ), alloc_f(NL),
+                   rand_f(NQ, -1, 1), alloc_d(NQ), alloc_d(NL)};
+    loss_pair L = {block_loss, block_ref_loss, &c, 2e-2};
+    fill_nan(c.out, NQ);
+    fill_nan(c.lse, NL);
+    block_loss(&c);
+    double *scale = alloc_d(NQ);
+    ref_block_attention(c.ref, c.ref_lse, scale, c.q, c.kv, c.kv + C, C, 2 * C, q_pos, k_pos, B, Tq, Tk, NH, HS);
+    snprintf(name, sizeof name, "attention_block_forward  %s  out", shape);
+    report(name, max_scaled_err(c.out, c.ref, scale, NQ), 1e-5);
+    snprintf(name, sizeof name, "attention_block_forward  %s  lse", shape);
+    report(name, lse_err(c.lse, c.ref_lse, NL), 1e-5);
+
+    float *dq = alloc_f(NQ), *dkv = alloc_f(NKV);
+    K->attention_block_backward(dq, dkv, dkv + C, c.R, c.out, c.lse, c.q, c.kv, c.kv + C, C, 2 * C, q_pos, k_pos, B,
+                                Tq, Tk, NH, HS);
+    float *dq1 = copy_f(dq, NQ), *dkv1 = copy_f(dkv, NKV);
+    snprintf(name, sizeof name, "attention_block_backward %s  dq", shape);
+    check_grad(name, c.q, dq1, NQ, &L);
+    snprintf(name, sizeof name, "attention_block_backward %s  dk dv", shape);
+    check_grad(name, c.kv, dkv1, NKV, &L);
+    block_loss(&c); /* out and lse of the unperturbed inputs again */
+    K->attention_block_backward(dq, dkv, dkv + C, c.R, c.out, c.lse, c.q, c.kv, c.kv + C, C, 2 * C, q_pos, k_pos, B,
+                                Tq, Tk, NH, HS);
+    snprintf(name, sizeof name, "attention_block_backward %s  accumulates", shape);
+    report(name, fmax(twice_err(dq1, dq, NQ), twice_err(dkv1, dkv, NKV)), TWICE_TOL);
+    free(c.q), free(c.kv), free(c.out), free(c.lse), free(c.R), free(c.ref), free(c.ref_lse);
+    free(scale), free(dq), free(dkv), free(dq1), free(dkv1);
+}
+
+/* max |a - b| / max |b|: gradients summed in another order */
+static double max_norm_err(const float *a, const float *b, long n) {
+    double m = 0, err = 0;
+    for (long i = 0; i < n; i++) m = fmax(m, fabs((double)b[i]));
+    if (m == 0) m = 1;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / m;
+        if (!(d <= err)) err = d;
+    }
+    return err;
+}
+
+/* Ring attention on one process: the causal attention of a whole sequence,
+ * its T positions held by N ranks (contiguous or zig-zag). Rank r's queries
+ * meet every rank's keys and values as one block each, in the ring's order
+ * (r, r-1, ...), folded in by attention_merge; the backward runs every block
+ * again against the merged out and lse, dq adding up at rank r and dk, dv at
+ * the block's owner. Both must equal attention_forward and _backward of the
+ * whole sequence, every rank's rows. The block over the whole sequence at
+ * N = 1 is the plain kernel's attention; the merges are also checked in a
+ * second order (the blocks reversed, and pairwise as a tree). */
+static void test_attention_ring(int B, int T, int NH, int HS, int N, int zigzag) {
+    char name[160], shape[96];
+    snprintf(shape, sizeof shape, "%s B=%d T=%d NH=%d HS=%d N=%d", zigzag ? "zig-zag" : "contiguous", B, T, NH, HS, N);
+    const int C = NH * HS, n = T / N;
+    const long NQKV = (long)B * T * 3 * C, NO = (long)B * T * C, NA = (long)B * NH * T * T;
+    float *qkv = rand_f(NQKV, -1.5f, 1.5f), *out = alloc_f(NO), *att = alloc_f(NA), *R = rand_f(NO, -1, 1);
+    K->attention_forward(out, att, qkv, B, T, NH, HS);
+    float *dqkv = alloc_f(NQKV), *datt = alloc_f(NA);
+    K->attention_backward(dqkv, datt, R, qkv, att, B, T, NH, HS);
+
+    int *pos = malloc(sizeof(int) * (size_t)T);
+    float *ring_out = alloc_f(NO), *ring_out2 = alloc_f(NO), *ring_dqkv = alloc_f(NQKV);
+    double out_err = 0, order_err = 0, grad_err = 0;
+    float **rank_qkv = malloc(sizeof(float *) * (size_t)N), **rank_dqkv = malloc(sizeof(float *) * (size_t)N);
+    for (int r = 0; r < N; r++) {
+        cp_positions(pos + r * n, T, N, r, zigzag);
+        rank_qkv[r] = gather_rows(qkv, B, T, 3 * C, pos + r * n, n);
+        rank_dqkv[r] = alloc_f((long)B * n * 3 * C);
+    }
+    const long nO = (long)B * n * C, nL = (long)B * NH * n;
+    float *o = alloc_f(nO), *lse = alloc_f(nL), *o2 = alloc_f(nO), *lse2 = alloc_f(nL);
+    float *bo = alloc_f((long)N * nO), *bl = alloc_f((long)N * nL); /* each block's own, for other orders */
+    for (int r = 0; r < N; r++) {
+        const float *q = rank_qkv[r];
+        for (int step = 0; step < N; step++) {
+            const int s = (r - step + N) % N; /* the ring brings rank s's K, V */
+            float *ob = bo + (long)s * nO, *lb = bl + (long)s * nL;
+            K->attention_block_forward(ob, lb, q, rank_qkv[s] + C, rank_qkv[s] + 2 * C, 3 * C, 3 * C, pos + r * n,
+                                       pos + s * n, B, n, n, NH, HS);
+            if (step == 0) {
+                memcpy(o, ob, sizeof(float) * (size_t)nO);
+                memcpy(lse, lb, sizeof(float) * (size_t)nL);
+            } else {
+                K->attention_merge(o, lse, ob, lb, B, n, NH, HS);
+            }
+        }
+        /* another order: the blocks pairwise, as a tree (0+1, 2+3, ...), then those */
+        for (int width = 1; width < N; width *= 2)
+            for (int s = 0; s + width < N; s += 2 * width)
+                K->attention_merge(bo + (long)s * nO, bl + (long)s * nL, bo + (long)(s + width) * nO,
+                                   bl + (long)(s + width) * nL, B, n, NH, HS);
+        memcpy(o2, bo, sizeof(float) * (size_t)nO);
+        memcpy(lse2, bl, sizeof(float) * (size_t)nL);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < n; i++) {
+                memcpy(ring_out + ((long)b * T + pos[r * n + i]) * C, o + ((long)b * n + i) * C, sizeof(float) * (size_t)C);
+                memcpy(ring_out2 + ((long)b * T + pos[r * n + i]) * C, o2 + ((long)b * n + i) * C, sizeof(float) * (size_t)C);
+            }
+        for (long i = 0; i < nL; i++) order_err = fmax(order_err, fabs((double)lse[i] - lse2[i]));
+        /* the backward: rank r's dout and merged (out, lse) against every block */
+        float *g = gather_rows(R, B, T, C, pos + r * n, n);
+        for (int step = 0; step < N; step++) {
+            const int s = (r - step + N) % N;
+            K->attention_block_backward(rank_dqkv[r], rank_dqkv[s] + C, rank_dqkv[s] + 2 * C, g, o, lse, q,
+                                        rank_qkv[s] + C, rank_qkv[s] + 2 * C, 3 * C, 3 * C, pos + r * n, pos + s * n, B,
+                                        n, n, NH, HS);
+        }
+        free(g);
+    }
+    for (int r = 0; r < N; r++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < n; i++)
+                memcpy(ring_dqkv + ((long)b * T + pos[r * n + i]) * 3 * C, rank_dqkv[r] + ((long)b * n + i) * 3 * C,
+                       sizeof(float) * 3 * (size_t)C);
+    out_err = max_norm_err(ring_out, out, NO);
+    order_err = fmax(order_err, max_norm_err(ring_out2, ring_out, NO));
+    grad_err = max_norm_err(ring_dqkv, dqkv, NQKV);
+    snprintf(name, sizeof name, "ring of blocks %s  out = attention_forward", shape);
+    report(name, out_err, 1e-5);
+    snprintf(name, sizeof name, "ring of blocks %s  merged as a tree = in ring order", shape);
+    report(name, order_err, 1e-5);
+    snprintf(name, sizeof name, "ring of blocks %s  dqkv = attention_backward", shape);
+    report(name, grad_err, 1e-5);
+    for (int r = 0; r < N; r++) free(rank_qkv[r]), free(rank_dqkv[r]);
+    free(rank_qkv), free(rank_dqkv), free(pos), free(o), free(lse), free(o2), free(lse2), free(bo), free(bl);
+    free(qkv), free(out), free(att), free(R), free(dqkv), free(datt), free(ring_out), free(ring_out2), free(ring_dqkv);
+}
+
+/* The keys of a whole causal sequence split into uneven blocks (sizes, some
+ * of a single key), each block attended on its own and the partial results
+ * merged in the order `order`: the whole sequence's attention. Keys are
+ * packed per block ([B, size, 2C], k | v), the queries read in place. */
+static void test_attention_split(int B, int T, int NH, int HS, const int *sizes, const int *order, int nb) {
+    char list[64];
+    const int C = NH * HS;
+    const long NQKV = (long)B * T * 3 * C, NO = (long)B * T * C, NL = (long)B * NH * T;
+    float *qkv = rand_f(NQKV, -1.5f, 1.5f), *out = alloc_f(NO), *att = alloc_f((long)B * NH * T * T);
+    K->attention_forward(out, att, qkv, B, T, NH, HS);
+    int *pos = malloc(sizeof(int) * (size_t)T), *first = malloc(sizeof(int) * (size_t)nb);
+    for (int t = 0; t < T; t++) pos[t] = t;
+    for (int i = 0, f = 0; i < nb; f += sizes[i], i++) first[i] = f;
+    float *o = alloc_f(NO), *lse = alloc_f(NL), *ob = alloc_f(NO), *lb = alloc_f(NL);
+    int len = 0;
+    for (int i = 0; i < nb; i++) {
+        const int blk = order[i], n = sizes[blk];
+        float *kv = alloc_f((long)B * n * 2 * C);
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < n; j++)
+                memcpy(kv + ((long)b * n + j) * 2 * C, qkv + ((long)b * T + first[blk] + j) * 3 * C + C,
+                       sizeof(float) * 2 * (size_t)C);
+        K->attention_block_forward(i ? ob : o, i ? lb : lse, qkv, kv, kv + C, 3 * C, 2 * C, pos, pos + first[blk], B,
+                                   T, n, NH, HS);
+        if (i) K->attention_merge(o, lse, ob, lb, B, T, NH, HS);
+        len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? "," : "", n);
+        free(kv);
+    }
+    char what[256];
+    snprintf(what, sizeof what, "blocks of keys %s merged  B=%d T=%d NH=%d HS=%d  = attention_forward", list, B, T, NH, HS);
+    report(what, max_norm_err(o, out, NO), 1e-5);
+    free(qkv), free(out), free(att), free(pos), free(first), free(o), free(lse), free(ob), free(lb);
+}
+
+/* The mask must hold when masked keys score far above the visible ones, in a
+ * tile where the row's max so far came from them: score(t, j) = 20 (j - t), as
+ * test_attention_future_dominates, over 3 key tiles. */
+static void test_attention_block_future_dominates(void) {
+    const int T = 300, HS = 2;
+    const float a = 20.0f * sqrtf((float)HS);
+    float *qkv = alloc_f((long)T * 3 * HS), *out = alloc_f((long)T * HS), *lse = alloc_f(T);
+    int *pos = malloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++) {
+        float *row = qkv + (long)t * 3 * HS;
+        row[0] = a, row[1] = -a * (float)t;
+        row[HS] = (float)t, row[HS + 1] = 1.0f;
+        row[2 * HS] = rand_uniform(-1, 1), row[2 * HS + 1] = rand_uniform(-1, 1);
+        pos[t] = t;
+    }
+    K->attention_block_forward(out, lse, qkv, qkv + HS, qkv + 2 * HS, 3 * HS, 3 * HS, pos, pos, 1, T, T, 1, HS);
+    double *ref = alloc_d((long)T * HS), *rl = alloc_d(T), *scale = alloc_d((long)T * HS);
+    ref_block_attention(ref, rl, scale, qkv, qkv + HS, qkv + 2 * HS, 3 * HS, 3 * HS, pos, pos, 1, T, T, 1, HS);
+    report("attention_block_forward  masked keys score far higher  out", max_scaled_err(out, ref, scale, (long)T * HS),
+           1e-5);
+    /* lse ~ 0 here, but each score is the difference of terms up to 20 T,
+     * rounded in float (6e-8 of them): 1e-6 of 20 T is ~16 such roundings */
+    report("attention_block_forward  masked keys score far higher  lse", lse_err(lse, rl, T), 1e-6 * 20 * T);
+    free(qkv), free(out), free(lse), free(pos), free(ref), free(rl), free(scale);
+}
+
 /* ---- GELU ----------------------------------------------------------------------- */
 
 /* The header's formula in double. 0.5 (1 + tanh(u)) is written as
@@ -914,6 +1206,31 @@ int main(void) {
     test_attention(1, 70, 2, 4, 1.0f);  /* row blocks, a short last one, T % 8 != 0 */
     test_attention(1, 130, 1, 3, 1.0f); /* longer: most of the triangle skipped */
     test_attention_future_dominates();
+
+    {   /* attention over blocks: a block alone, unmasked and causal (zig-zag
+         * positions: rank 0 of 2 holds chunks 0 and 3, against rank 1's 1 and 2,
+         * so some rows see no key at all), then whole rings */
+        int zq[8] = {0, 1, 2, 3, 12, 13, 14, 15}, zk[8] = {4, 5, 6, 7, 8, 9, 10, 11};
+        int lq[40], lk[150];
+        for (int i = 0; i < 40; i++) lq[i] = 110 + 3 * i; /* a long key block: two tiles, one partly masked */
+        for (int j = 0; j < 150; j++) lk[j] = j;
+        test_attention_block("no mask", 2, 5, 7, 2, 3, NULL, NULL);
+        test_attention_block("zig-zag", 2, 8, 8, 2, 4, zq, zk);
+        test_attention_block("zig-zag", 1, 8, 8, 1, 5, zk, zq);
+        test_attention_block("causal", 1, 40, 150, 2, 4, lq, lk);
+        test_attention_block_future_dominates();
+        test_attention_ring(1, 16, 1, 4, 1, 0);   /* one block: the whole sequence */
+        test_attention_ring(2, 16, 2, 3, 2, 1);
+        test_attention_ring(2, 24, 2, 4, 3, 1);   /* N not a power of two */
+        test_attention_ring(1, 64, 2, 8, 4, 1);
+        test_attention_ring(1, 64, 2, 8, 4, 0);
+        test_attention_ring(1, 256, 1, 4, 2, 1);  /* blocks of 128: several row blocks and key tiles */
+        const int sizes[] = {5, 1, 17, 9, 1, 7}, backwards[] = {5, 4, 3, 2, 1, 0}, shuffled[] = {2, 5, 0, 3, 1, 4};
+        test_attention_split(2, 40, 2, 3, sizes, backwards, 6);
+        test_attention_split(2, 40, 2, 3, sizes, shuffled, 6);
+        const int halves[] = {150, 150}, swapped[] = {1, 0};
+        test_attention_split(1, 300, 1, 8, halves, swapped, 2); /* tiles of 128 inside each block */
+    }
 
     test_gelu(1);
     test_gelu(7);

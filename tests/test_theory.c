@@ -5,6 +5,7 @@
  * values worked out by hand from their papers; and the schedule formulas
  * against lab04's lists (lab04_1f1b/schedule.c), counted and simulated. */
 #include "device.h"
+#include "kernels.h"
 #include "mem.h"
 #include "model.h"
 #include "sequence_parallel.h"
@@ -273,6 +274,69 @@ static void check_schedules(void) {
     CHECK(th_pp_traffic(2, 4, 1, 10).payload == 160, "pp: 2 boundaries x m x 2");
 }
 
+/* Context parallelism: the positions are a partition of the sequence; the
+ * score formula equals the count over the positions (kernels.h's counter,
+ * block by block as the ring meets them) and the issue's figures; the
+ * traffic equals sums worked out by hand. */
+static void check_context_parallel(void) {
+    const th_cp_layout layouts[2] = {TH_CP_CONTIGUOUS, TH_CP_ZIGZAG};
+    const long T_all[] = {8, 24, 64, 120, 96};
+    for (int ti = 0; ti < 5; ti++)
+        for (int N = 1; N <= 6; N++)
+            for (int l = 0; l < 2; l++) {
+                const long T = T_all[ti];
+                if (T % (l ? 2 * N : N)) continue;
+                const int n = (int)(T / N);
+                int pos[128], seen[128] = {0}, ok = 1;
+                double total = 0;
+                for (int r = 0; r < N; r++) {
+                    for (int i = 0; i < n; i++) {
+                        pos[r * n + i] = (int)th_cp_position(T, N, r, i, layouts[l]);
+                        ok &= pos[r * n + i] >= 0 && pos[r * n + i] < T && !seen[pos[r * n + i]]++;
+                    }
+                }
+                CHECK(ok, "cp positions T=%ld N=%d %s: not a partition of [0, T)", T, N, l ? "zig-zag" : "contiguous");
+                for (int r = 0; r < N; r++) {
+                    long counted = 0;
+                    for (int s = 0; s < N; s++) counted += attention_unmasked_scores(pos + r * n, n, pos + s * n, n);
+                    double f = th_cp_causal_scores(T, N, r, layouts[l]);
+                    CHECK(f == (double)counted, "cp scores T=%ld N=%d rank %d %s: counted %ld, formula %.0f", T, N, r,
+                          l ? "zig-zag" : "contiguous", counted, f);
+                    if (l) CHECK(f == th_cp_causal_scores(T, N, 0, TH_CP_ZIGZAG), "zig-zag is not balanced");
+                    total += f;
+                }
+                CHECK(total == T * (T + 1) / 2.0, "cp scores T=%ld N=%d: %.0f in all, not T(T+1)/2", T, N, total);
+            }
+    const double contiguous[4] = {136, 392, 648, 904};
+    for (int r = 0; r < 4; r++) {
+        CHECK(th_cp_causal_scores(64, 4, r, TH_CP_CONTIGUOUS) == contiguous[r], "T=64 N=4 contiguous rank %d", r);
+        CHECK(th_cp_causal_scores(64, 4, r, TH_CP_ZIGZAG) == 520, "T=64 N=4 zig-zag rank %d", r);
+    }
+    /* traffic. N = 2, one sequence of T = 8, C = 4, fp32: a rank's K (or V) is
+     * 4 positions x 4 x 4 bytes = 64 B, its Q 64 B.
+     *   ring       fwd: K and V one step = 128; bwd: 128 again + dK and dV 2 steps = 256: 384
+     *   allgather  fwd: half of the gathered 2 x 128 = 128; bwd: that again + the reduce-scatter: 256
+     *   ulysses    half of Q, K, V and the output, 4 x 64: 128 each way
+     * N = 4, 2 sequences of T = 16, C = 8, K and V 4 wide (GQA), bf16: K = 2 x 4 x 4 x 2 = 64 B, Q 128 B
+     *   ring       fwd 3 steps x 128 = 384; bwd 384 + 4 x 128 = 896
+     *   allgather  fwd 384; bwd 768
+     *   ulysses    3/4 of (2 x 128 + 2 x 64) = 288 each way */
+    const struct { th_cp_algo a; int N; long rows, T, C, kv; double vb, fwd, bwd; } cases[] = {
+        {TH_CP_RING, 2, 1, 8, 4, 4, 4, 128, 384},      {TH_CP_ALLGATHER, 2, 1, 8, 4, 4, 4, 128, 256},
+        {TH_CP_ULYSSES, 2, 1, 8, 4, 4, 4, 128, 128},   {TH_CP_RING, 4, 2, 16, 8, 4, 2, 384, 896},
+        {TH_CP_ALLGATHER, 4, 2, 16, 8, 4, 2, 384, 768}, {TH_CP_ULYSSES, 4, 2, 16, 8, 4, 2, 288, 288},
+        {TH_CP_RING, 1, 2, 16, 8, 8, 4, 0, 0},          {TH_CP_ULYSSES, 1, 2, 16, 8, 8, 4, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        th_cp_traffic t = th_cp_layer_traffic(cases[i].a, cases[i].N, cases[i].rows, cases[i].T, cases[i].C, cases[i].kv,
+                                              cases[i].vb);
+        CHECK(t.fwd_sent == cases[i].fwd && t.fwd_recv == cases[i].fwd && t.bwd_sent == cases[i].bwd &&
+                  t.bwd_recv == cases[i].bwd,
+              "cp traffic case %zu: fwd %.0f/%.0f bwd %.0f/%.0f, by hand %.0f and %.0f", i, t.fwd_sent, t.fwd_recv,
+              t.bwd_sent, t.bwd_recv, cases[i].fwd, cases[i].bwd);
+    }
+}
+
 int main(void) {
     device_use(DEVICE_CPU, 0);
     const long shapes[][5] = {{17, 5, 2, 8, 2}, {256, 16, 3, 32, 4}, {256, 7, 4, 24, 6}, {31, 9, 2, 12, 3}};
@@ -286,6 +350,7 @@ int main(void) {
     check_published();
     check_schedules();
     check_against_lists();
+    check_context_parallel();
     printf("theory: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

@@ -245,6 +245,44 @@ th_traffic th_tp_traffic_run(int layers, int micro_batches, double act_bytes, co
  * receives); chunks v > 1 (interleaved) cross v times as many boundaries. */
 th_traffic th_pp_traffic(int boundaries, int micro_batches, int chunks, double act_bytes);
 
+/* ---- context parallelism (lab07): every layer's sequence over N ranks ---------------------- */
+
+/* Which positions a rank holds. contiguous: rank r holds [r T/N, (r+1) T/N).
+ * zig-zag: T cut into 2N chunks of s = T/(2N), rank r holds chunk r and then
+ * chunk 2N-1-r, so under the causal mask every rank has as many scores to
+ * compute as every other (TransformerEngine's and Llama 3's load balance). */
+typedef enum { TH_CP_CONTIGUOUS, TH_CP_ZIGZAG } th_cp_layout;
+/* The global position of rank r's i-th position, 0 <= i < T/N (T divisible
+ * by N, by 2N for zig-zag). */
+long th_cp_position(long T, int N, int rank, long i, th_cp_layout layout);
+/* EXACT: the causal scores rank r computes per sequence and head, the (query,
+ * key) pairs with key position <= query position over its queries and all T
+ * keys (kernels.h's attention_unmasked_scores, summed over the blocks):
+ *   contiguous  s^2 r + s (s+1) / 2,   s = T/N
+ *   zig-zag     s^2 (2N-1) + s (s+1),  s = T/(2N), the same on every rank
+ * T = 64, N = 4: 136, 392, 648, 904 contiguous; 520 each zig-zag (of 2080). */
+double th_cp_causal_scores(long T, int N, int rank, th_cp_layout layout);
+
+typedef enum { TH_CP_RING, TH_CP_ALLGATHER, TH_CP_ULYSSES } th_cp_algo;
+/* Bytes one rank sends and receives for one layer's attention and one
+ * micro-batch of `rows` sequences, the sequence T over N ranks, queries and
+ * outputs d_model wide, keys and values kv_dim wide (d_model without
+ * grouped-query attention), value_bytes each. With b = rows (T/N) kv_dim
+ * value_bytes (one rank's K, or V) and q = rows (T/N) d_model value_bytes:
+ *   ring       forward  K and V travel N-1 steps:            2 (N-1) b
+ *              backward K and V again, N-1 steps, and dK and dV
+ *                       N steps (the last one home):          2 (N-1) b + 2 N b
+ *   allgather  forward  all-gather K and V (ring algorithm):   2 (N-1) b
+ *              backward all-gather them again (they are not kept) and
+ *                       reduce-scatter dK and dV:             4 (N-1) b
+ *   ulysses    forward  all-to-all Q, K, V to a head split, the output
+ *                       back to a sequence split:             (N-1)/N (2q + 2b)
+ *              backward the same for dO and dQ, dK, dV:       (N-1)/N (2q + 2b)
+ * Every exchange is symmetric: received = sent. All 0 for N = 1. */
+typedef struct th_cp_traffic { double fwd_sent, fwd_recv, bwd_sent, bwd_recv; } th_cp_traffic;
+th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, long d_model, long kv_dim,
+                                  double value_bytes);
+
 /* ---- pipeline schedules ------------------------------------------------------------------- */
 
 typedef enum {

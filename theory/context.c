@@ -1,0 +1,45 @@
+/* Context parallelism's formulas (theory.h): which positions a rank holds,
+ * the causal scores it computes, and the bytes its attention exchanges. */
+#include "theory.h"
+
+long th_cp_position(long T, int N, int rank, long i, th_cp_layout layout) {
+    if (layout == TH_CP_CONTIGUOUS) return (long)rank * (T / N) + i;
+    const long s = T / (2L * N);
+    return i < s ? (long)rank * s + i : (2L * N - 1 - rank) * s + (i - s);
+}
+
+/* A chunk of s positions starting at c s meets the c s keys before it whole
+ * and itself as a triangle: s (c s) + s (s+1) / 2. Zig-zag's chunks r and
+ * 2N-1-r add up to c = 2N-1 whatever r is. */
+double th_cp_causal_scores(long T, int N, int rank, th_cp_layout layout) {
+    if (layout == TH_CP_CONTIGUOUS) {
+        const double s = (double)(T / N);
+        return s * s * rank + s * (s + 1) / 2;
+    }
+    const double s = (double)(T / (2L * N));
+    return s * s * (2.0 * N - 1) + s * (s + 1);
+}
+
+th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, long d_model, long kv_dim,
+                                  double value_bytes) {
+    th_cp_traffic t = {0, 0, 0, 0};
+    if (N <= 1) return t;
+    const double local = (double)rows * (double)(T / N) * value_bytes;
+    const double b = local * (double)kv_dim, q = local * (double)d_model, n1 = N - 1;
+    switch (algo) {
+    case TH_CP_RING:
+        t.fwd_sent = 2 * n1 * b;
+        t.bwd_sent = 2 * n1 * b + 2.0 * N * b;
+        break;
+    case TH_CP_ALLGATHER:
+        t.fwd_sent = 2 * n1 * b;
+        t.bwd_sent = 4 * n1 * b;
+        break;
+    case TH_CP_ULYSSES:
+        t.fwd_sent = t.bwd_sent = n1 / N * (2 * q + 2 * b);
+        break;
+    }
+    t.fwd_recv = t.fwd_sent;
+    t.bwd_recv = t.bwd_sent;
+    return t;
+}
