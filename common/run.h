@@ -41,6 +41,8 @@ typedef struct run_options {
     int save_every, eval;
     const char *recompute;     /* --recompute none|selective|full (gpt_config.recompute) */
     const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
+    int experts, top_k;        /* --experts, --top-k (gpt_config, moe.h) */
+    double capacity_factor, aux_loss_coef; /* --capacity-factor, --aux-loss-coef */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
 } run_options;
 
