@@ -113,6 +113,8 @@ static void print_acts_formula(const double *all, int fields, int formula, int R
 static void run_release(run_ctx *ctx) {
     free(ctx->step_seconds);
     free(ctx->losses);
+    free(ctx->aux_losses);
+    free(ctx->dropped);
     ctx->step_seconds = ctx->losses = NULL;
     free(ctx->records_jsonl);
     free(ctx->records_csv);
@@ -188,6 +190,9 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, run_layout, R, R == 1 ? "" : "s",
            ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
+    if (ctx->aux_losses)
+        printf("  aux loss        %.5f -> %.5f inside it (uniform routing: %g), %.0f dropped choices in the last "
+               "step\n", ctx->aux_losses[0], ctx->aux_losses[steps - 1], o->aux_loss_coef, ctx->dropped[steps - 1]);
     if (ctx->diverged_at)
         printf("  diverged        the loss was first not finite at step %d (null in the record)\n", ctx->diverged_at);
     printf("  throughput      %s tok/s, median step %.1f ms (steps 2-%d), %s FLOP/s model compute\n",
@@ -261,9 +266,19 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     jsonval_set(config, "preset", jsonval_text(o->preset));
     jsonval_set(config, "recompute", jsonval_text(o->recompute));
     jsonval_set(config, "precision", jsonval_text(precision_name(g_precision)));
+    if (o->experts) {
+        jsonval_set(config, "experts", json_integer(o->experts));
+        jsonval_set(config, "top_k", json_integer(o->top_k));
+        jsonval_set(config, "capacity_factor", jsonval_number(o->capacity_factor));
+        jsonval_set(config, "aux_loss_coef", jsonval_number(o->aux_loss_coef));
+    }
     jsonval_set(rec, "config", config);
     jsonval_set(rec, "params", json_integer(r->params));
     jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */
+    if (ctx->aux_losses) { /* inside "losses" already */
+        jsonval_set(rec, "aux_losses", jsonval_numbers(ctx->aux_losses, steps));
+        jsonval_set(rec, "dropped_per_step", jsonval_numbers(ctx->dropped, steps));
+    }
     jsonval_set(rec, "diverged_at_step", ctx->diverged_at ? json_integer(ctx->diverged_at) : json_null());
     double *col = malloc(sizeof(double) * (size_t)(R > steps ? R : steps) + 1);
     if (!col) die("out of host memory");

@@ -524,6 +524,8 @@ void run_setup(run_ctx *ctx) {
         trace_init(MPI_COMM_WORLD);
         ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
         ctx->losses = calloc((size_t)o->steps, sizeof(double));
+        ctx->aux_losses = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
+        ctx->dropped = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
     }
     /* after device_use (the kernel table is the device's); --dry-run too, whose
      * formulas count values of the precision's bytes */
@@ -570,6 +572,12 @@ const char *human(double x, char buf[16]) {
     else if (a >= 1e3) { x /= 1e3; unit = "k"; }
     snprintf(buf, 16, fabs(x) >= 100 || !unit[0] ? "%.0f%s" : "%.2f%s", x, unit);
     return buf;
+}
+
+void run_step_experts(run_ctx *ctx, int step, double aux_loss, double dropped) {
+    if (!ctx->aux_losses) return;
+    ctx->aux_losses[step] = aux_loss;
+    ctx->dropped[step] = dropped;
 }
 
 void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {

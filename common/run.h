@@ -71,6 +71,7 @@ typedef struct run_ctx {
     char *records_jsonl, *records_csv; /* in --out; malloc'd */
     /* filled by run_step_end */
     double *step_seconds, *losses;
+    double *aux_losses, *dropped; /* --experts: the aux loss in each step's loss, dropped choices (all ranks) */
     int steps_done;
     int diverged_at;              /* the first step (1-based) whose loss was not finite, 0: none */
     double step_t0;
@@ -128,6 +129,10 @@ void run_dry_run_exit(run_ctx *ctx, const run_report *r) __attribute__((noreturn
 
 /* Median of the measured step times in seconds (step 0 is warm-up when steps > 1). */
 double run_median_step_seconds(const run_ctx *ctx);
+/* --experts: a step's aux loss (already inside its loss; mean over the
+ * data-parallel ranks) and its dropped choices (summed), for the record;
+ * before run_step_end. */
+void run_step_experts(run_ctx *ctx, int step, double aux_loss, double dropped);
 
 /* "12.4k", "3.20M": short human figures for the console. */
 const char *human(double x, char buf[16]);

@@ -17,6 +17,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
+#include "moe.h"
 #include "optim.h"
 #include "run.h"
 #include "predict.h"
@@ -147,8 +148,10 @@ int main(int argc, char **argv) {
         params_from_master(params, master, P);
         trace_end(ev);
 
-        double loss = gpt_mean_loss(&g, &acts);
+        double loss = gpt_mean_loss(&g, &acts), moe[2] = {moe_aux_loss(&g, &acts), (double)moe_dropped(&g, &acts)};
         comm_allreduce_host(&world, &loss, 1);
+        if (ctx.model.experts) comm_allreduce_host(&world, moe, 2);
+        run_step_experts(&ctx, i, moe[0] / world.size, moe[1]);
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
