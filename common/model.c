@@ -389,6 +389,7 @@ void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *
                        gpt_grad_scratch *s, float dloss) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     size_t nc = (size_t)N * C * value_bytes();
+    s->dloss = dloss; /* the layers' aux-loss gradients (experts) scale by it */
     KP->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
     mem_zero(s->dln, nc);
     KP->matmul_backward(s->dln, value_at(hg, g->head[HEAD_W].offset), NULL, s->dlogits, a->lnf,

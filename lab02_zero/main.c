@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "mem.h"
 #include "model.h"
+#include "moe.h"
 #include "predict.h"
 #include "run.h"
 #include "theory.h"
@@ -130,8 +131,10 @@ int main(int argc, char **argv) {
         zero_backward(&zero, &acts, &scratch, 1.0f / ((float)ctx.opt.batch * T));
         zero_optimizer_step(&zero, &ctx.adamw, step + 1, (float)ctx.opt.clip);
 
-        double loss = gpt_mean_loss(&g, &acts);
+        double loss = gpt_mean_loss(&g, &acts), moe[2] = {moe_aux_loss(&g, &acts), (double)moe_dropped(&g, &acts)};
         comm_allreduce_host(&world, &loss, 1);
+        if (ctx.model.experts) comm_allreduce_host(&world, moe, 2);
+        run_step_experts(&ctx, i, moe[0] / world.size, moe[1]);
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }

@@ -79,9 +79,18 @@ SHARED = [
     (2, ["--dry-run", "--data", "/nonexistent/corpus.txt"], "--data"),
     (2, ["--dry-run", "--out", EMPTY], "--out"),
     (2, ["--dry-run", "--save", "/proc/ck.safetensors"], "--save"),
+    # mixture of experts
+    (2, ["--experts", "-1"], "--experts"),
+    (2, ["--experts", "4", "--top-k", "0"], "--top-k"),
+    (2, ["--experts", "2", "--top-k", "3"], "--top-k"),  # k > E
+    (2, ["--experts", "4", "--capacity-factor", "-1"], "--capacity-factor"),
+    (2, ["--experts", "4", "--aux-loss-coef", "-0.5"], "--aux-loss-coef"),
+    (2, ["--dry-run", "--experts", "4"], "--experts"),
 ]
 # sequence parallelism splits what tensor parallelism leaves whole: a lab without TP has no such flag
 NO_TP = [(2, ["--sequence-parallel"], "--sequence-parallel")]
+# labs whose layers do not run experts (pipelines: the aux loss stays on its stage; TP: no expert TP)
+NO_EXPERTS = [(2, ["--experts", "4"], "--experts")]
 
 PER_LAB = {
     "lab01_dp": [
@@ -108,7 +117,7 @@ PER_LAB = {
         (2, ["--layers", "1"], "--layers"),  # every stage needs a layer
         (2, ["--micro-batches", "4"], "--micro-batches"),  # lab04's flag, not this lab's
         (4, ["--dry-run", "--layers", "3"], "--layers"),
-    ] + NO_TP,
+    ] + NO_EXPERTS + NO_TP,
     "lab04_1f1b": [
         (4, ["--layers", "3"], "--layers"),
         (2, ["--micro-batches", "0"], "--micro-batches"),
@@ -134,7 +143,7 @@ PER_LAB = {
         (2, ["--print-schedule", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
         (2, ["--print-schedule=yes"], "--print-schedule"),
         (2, ["--dry-run", "--schedule", "zb-v", "--micro-batches", "2"], "--micro-batches"),
-    ] + NO_TP,
+    ] + NO_EXPERTS + NO_TP,
     "lab05_tp": [
         (3, [], "--heads"),  # 3 does not divide 4 heads
         (2, ["--heads", "1", "--d-model", "64"], "--heads"),
@@ -147,7 +156,7 @@ PER_LAB = {
         (1, ["--sequence-parallel"], "--sequence-parallel"),  # t = 1: nothing to split
         (2, ["--sequence-parallel=yes"], "--sequence-parallel"),
         (3, ["--dry-run"], "--heads"),
-    ],
+    ] + NO_EXPERTS,
     "lab06_3d": [
         (4, ["--tp", "2", "--pp", "2", "--dp", "2"], "--dp"),  # 8 slots for 4 ranks
         (4, ["--tp", "4", "--pp", "1", "--dp", "1", "--heads", "2"], "--tp"),
@@ -166,7 +175,7 @@ PER_LAB = {
         (4, ["--tp", "2", "--pp", "2", "--dp", "1", "--sequence-parallel", "--seq", "63"], "--seq"),
         (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--sequence-parallel"], "--sequence-parallel"),  # no TP group
         (4, ["--tp", "2", "--pp", "2", "--dp", "2", "--dry-run"], "--dp"),
-    ],
+    ] + NO_EXPERTS,
 }
 
 
