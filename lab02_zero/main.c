@@ -149,7 +149,9 @@ int main(int argc, char **argv) {
     char extra[1024];
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
-    const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    tm.experts = g.cfg.experts; /* --experts: FLOPs of the active parameters */
+    tm.top_k = g.cfg.top_k;
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
