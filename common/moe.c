@@ -314,6 +314,16 @@ double moe_aux_loss(const gpt_layout *g, const gpt_acts *a) {
     return c->aux_coef / c->layers * sum / a->B;
 }
 
+void moe_expert_choices(const gpt_layout *g, const gpt_acts *a, double *counts) {
+    const gpt_config *c = &g->cfg;
+    const long N = (long)a->B * c->seq, E = c->experts, k = c->top_k;
+    for (int l = 0; l < a->hi - a->lo; l++) {
+        const int *choice = moe_state_view(a->layer[l].moe, c, N).choice;
+        for (long e = 0; e < E; e++) counts[l * E + e] = 0;
+        for (long i = 0; i < N * k; i++) counts[l * E + choice[i]] += 1;
+    }
+}
+
 long moe_dropped(const gpt_layout *g, const gpt_acts *a) {
     const gpt_config *c = &g->cfg;
     if (c->experts <= 0) return 0;

@@ -80,5 +80,8 @@ void moe_experts_backward(const tensor_info *tensors, const void *lp, void *gp, 
  * sums, / B (its sequences); 0 without experts. And the dropped choices. */
 double moe_aux_loss(const gpt_layout *g, const gpt_acts *a);
 long moe_dropped(const gpt_layout *g, const gpt_acts *a);
+/* Choices per expert (before dropping) of the block's layers: counts[l E + e]
+ * for its layer lo + l. */
+void moe_expert_choices(const gpt_layout *g, const gpt_acts *a, double *counts);
 
 #endif

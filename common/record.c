@@ -115,6 +115,7 @@ static void run_release(run_ctx *ctx) {
     free(ctx->losses);
     free(ctx->aux_losses);
     free(ctx->dropped);
+    free(ctx->expert_load);
     ctx->step_seconds = ctx->losses = NULL;
     free(ctx->records_jsonl);
     free(ctx->records_csv);
@@ -193,6 +194,19 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     if (ctx->aux_losses)
         printf("  aux loss        %.5f -> %.5f inside it (uniform routing: %g), %.0f dropped choices in the last "
                "step\n", ctx->aux_losses[0], ctx->aux_losses[steps - 1], o->aux_loss_coef, ctx->dropped[steps - 1]);
+    if (ctx->expert_load) { /* max / mean of the choices per expert, layer by layer (1: balanced) */
+        printf("  expert load     last step, choices per expert max/mean by layer:");
+        for (int l = 0; l < o->layers; l++) {
+            double mx = 0, sum = 0;
+            for (int e = 0; e < o->experts; e++) {
+                double x = ctx->expert_load[(long)l * o->experts + e];
+                mx = x > mx ? x : mx;
+                sum += x;
+            }
+            printf(" %.2f", sum > 0 ? mx * o->experts / sum : 0);
+        }
+        printf("\n");
+    }
     if (ctx->diverged_at)
         printf("  diverged        the loss was first not finite at step %d (null in the record)\n", ctx->diverged_at);
     printf("  throughput      %s tok/s, median step %.1f ms (steps 2-%d), %s FLOP/s model compute\n",
@@ -278,6 +292,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     if (ctx->aux_losses) { /* inside "losses" already */
         jsonval_set(rec, "aux_losses", jsonval_numbers(ctx->aux_losses, steps));
         jsonval_set(rec, "dropped_per_step", jsonval_numbers(ctx->dropped, steps));
+        jsonval_set(rec, "expert_choices_last_step", jsonval_numbers(ctx->expert_load, o->experts * o->layers));
     }
     jsonval_set(rec, "diverged_at_step", ctx->diverged_at ? json_integer(ctx->diverged_at) : json_null());
     double *col = malloc(sizeof(double) * (size_t)(R > steps ? R : steps) + 1);

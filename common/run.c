@@ -526,6 +526,7 @@ void run_setup(run_ctx *ctx) {
         ctx->losses = calloc((size_t)o->steps, sizeof(double));
         ctx->aux_losses = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
         ctx->dropped = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
+        ctx->expert_load = o->experts ? calloc((size_t)o->experts * o->layers, sizeof(double)) : NULL;
     }
     /* after device_use (the kernel table is the device's); --dry-run too, whose
      * formulas count values of the precision's bytes */
@@ -578,6 +579,10 @@ void run_step_experts(run_ctx *ctx, int step, double aux_loss, double dropped) {
     if (!ctx->aux_losses) return;
     ctx->aux_losses[step] = aux_loss;
     ctx->dropped[step] = dropped;
+}
+
+void run_experts_load(run_ctx *ctx, const double *counts) {
+    if (ctx->expert_load) memcpy(ctx->expert_load, counts, sizeof(double) * (size_t)ctx->opt.experts * ctx->opt.layers);
 }
 
 void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {

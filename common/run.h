@@ -72,6 +72,7 @@ typedef struct run_ctx {
     /* filled by run_step_end */
     double *step_seconds, *losses;
     double *aux_losses, *dropped; /* --experts: the aux loss in each step's loss, dropped choices (all ranks) */
+    double *expert_load;          /* --experts: the last step's choices per expert [L][E] (all ranks) */
     int steps_done;
     int diverged_at;              /* the first step (1-based) whose loss was not finite, 0: none */
     double step_t0;
@@ -133,6 +134,9 @@ double run_median_step_seconds(const run_ctx *ctx);
  * data-parallel ranks) and its dropped choices (summed), for the record;
  * before run_step_end. */
 void run_step_experts(run_ctx *ctx, int step, double aux_loss, double dropped);
+/* --experts: the last step's choices per expert of every layer (counts[l E + e],
+ * summed over the data-parallel ranks), for the summary and the record. */
+void run_experts_load(run_ctx *ctx, const double *counts);
 
 /* "12.4k", "3.20M": short human figures for the console. */
 const char *human(double x, char buf[16]);

@@ -66,6 +66,9 @@ def experts():
             ref, _, _ = run(LAB, 1, flags)
             aux, dropped = ref["aux_losses"], ref["dropped_per_step"]
             check(ref["config"]["experts"] == 4 and len(aux) == 20, "the record lacks the experts")
+            load = ref["expert_choices_last_step"]  # [layer][expert]: every position makes k choices
+            check(len(load) == 2 * 4 and all(sum(load[4 * l:4 * l + 4]) == 8 * 16 * int(k) for l in range(2)),
+                  f"top-{k}: choices per expert {load} do not sum to batch x seq x k per layer")
             # a over a near-uniform router at init, and above it as the load drifts
             check(abs(aux[0] - 0.01) < 2e-3, f"top-{k} F {factor}: aux loss {aux[0]} at step 1, want near a = 0.01")
             check((min(dropped) > 0) == (factor != "0") and min(dropped) >= 0,
@@ -76,6 +79,8 @@ def experts():
                                rec["losses"], ref["losses"], 1e-5)
                 compare_losses(f"  and the aux loss", rec["aux_losses"], aux, 1e-5)
                 check(rec["dropped_per_step"] == dropped, f"-n {n}: dropped choices differ from -n 1's")
+                check(rec["expert_choices_last_step"] == ref["expert_choices_last_step"],
+                      f"-n {n}: the experts' load differs from -n 1's")
             print(f"--experts 4 --top-k {k} --capacity-factor {factor}: loss {ref['losses'][0]:.4f} -> "
                   f"{ref['losses'][-1]:.4f}, aux {aux[0]:.5f} -> {aux[-1]:.5f}, dropped {dropped[0]:.0f} -> "
                   f"{dropped[-1]:.0f} per step; -n 2 and -n 4 reproduce it")
