@@ -114,7 +114,8 @@ typedef struct layer_acts {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;                  /* fp32 in both precisions */
     void *moe; /* with experts: the router's and the dispatch's state (moe.h); fch and
                 * fch_gelu then hold the k N slots of the experts, not N rows */
-    float *moe_stats; /* with experts: the layer's aux-loss sum, dropped choices, slots (kept always) */
+    float *moe_stats; /* with experts: the layer's aux-loss sum, dropped choices, slots, -, and the
+                       * choices per expert [E] (moe.h; kept in every --recompute mode) */
 } layer_acts;
 
 typedef struct gpt_acts {

@@ -110,6 +110,7 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     }
     /* capacity per sequence, in position order; f and P for the aux loss */
     int *used = calloc((size_t)E, sizeof(int));
+    for (int e = 0; e < E; e++) st->stats[4 + e] = 0;
     double *mean_p = calloc((size_t)E, sizeof(double));
     memset(st->count, 0, (size_t)E * sizeof(int));
     for (int b = 0; b < B; b++) {
@@ -123,6 +124,7 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
             for (int j = 0; j < k; j++) {
                 int e = st->choice[n * k + j];
                 f[e] += 1.0f;
+                st->stats[4 + e] += 1.0f;
                 int keep = !cap || used[e] < cap;
                 used[e] += keep;
                 st->slot[n * k + j] = keep ? 0 : -1;
@@ -316,12 +318,9 @@ double moe_aux_loss(const gpt_layout *g, const gpt_acts *a) {
 
 void moe_expert_choices(const gpt_layout *g, const gpt_acts *a, double *counts) {
     const gpt_config *c = &g->cfg;
-    const long N = (long)a->B * c->seq, E = c->experts, k = c->top_k;
-    for (int l = 0; l < a->hi - a->lo; l++) {
-        const int *choice = moe_state_view(a->layer[l].moe, c, N).choice;
-        for (long e = 0; e < E; e++) counts[l * E + e] = 0;
-        for (long i = 0; i < N * k; i++) counts[l * E + choice[i]] += 1;
-    }
+    const long E = c->experts;
+    for (int l = 0; l < a->hi - a->lo; l++)
+        for (long e = 0; e < E; e++) counts[l * E + e] = a->layer[l].moe_stats[4 + e];
 }
 
 long moe_dropped(const gpt_layout *g, const gpt_acts *a) {

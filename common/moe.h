@@ -38,7 +38,8 @@ typedef struct moe_state {
     int *first;     /* [E] first slot of each expert */
     float *freq;    /* [B,E] f of each sequence */
     float *stats;   /* layer_acts.moe_stats, kept in every --recompute mode: [0] the sum over
-                     * the block's sequences of E sum_e f P; [1] dropped choices; [2] slots */
+                     * the block's sequences of E sum_e f P; [1] dropped choices; [2] slots;
+                     * [4 + e] choices of expert e (before dropping) */
     void *xs, *ys;  /* [kN,C] the slots' inputs (ln2 rows) and the experts' outputs */
 } moe_state;
 

@@ -84,6 +84,14 @@ def experts():
             print(f"--experts 4 --top-k {k} --capacity-factor {factor}: loss {ref['losses'][0]:.4f} -> "
                   f"{ref['losses'][-1]:.4f}, aux {aux[0]:.5f} -> {aux[-1]:.5f}, dropped {dropped[0]:.0f} -> "
                   f"{dropped[-1]:.0f} per step; -n 2 and -n 4 reproduce it")
+    # --recompute with experts: what the router chose stays in the kept statistics; the same bits
+    flags = STEPS + model + ["--capacity-factor", "1"]
+    none, _, _ = run(LAB, 2, flags)
+    for mode in ("selective", "full"):
+        rec, _, _ = run(LAB, 2, flags + ["--recompute", mode])
+        check(rec["losses"] == none["losses"] and rec["expert_choices_last_step"] == none["expert_choices_last_step"],
+              f"--experts 4 --recompute {mode}: not bit-identical to none")
+        check(rec["mem_peak_bytes"]["acts"] < none["mem_peak_bytes"]["acts"], f"--recompute {mode} keeps no less")
 
 
 def determinism():
