@@ -1,4 +1,5 @@
 #include "model.h"
+#include "moe.h"
 #include "kernels.h"
 #include "mem.h"
 #include "device.h"
@@ -33,10 +34,14 @@ void gpt_layout_init(gpt_layout *g, const gpt_config *cfg) {
     place(&g->layer[LAYER_ATTPROJ_B], "attn.c_proj.bias", &off, C, 1, 0);
     place(&g->layer[LAYER_LN2_W], "ln_2.weight", &off, C, 1, 0);
     place(&g->layer[LAYER_LN2_B], "ln_2.bias", &off, C, 1, 0);
-    place(&g->layer[LAYER_FC_W], "mlp.c_fc.weight", &off, 4 * C, C, 1);
-    place(&g->layer[LAYER_FC_B], "mlp.c_fc.bias", &off, 4 * C, 1, 0);
-    place(&g->layer[LAYER_FCPROJ_W], "mlp.c_proj.weight", &off, C, 4 * C, 1);
-    g->layer_size = place(&g->layer[LAYER_FCPROJ_B], "mlp.c_proj.bias", &off, C, 1, 0);
+    /* experts: E MLPs stacked by rows, each one contiguous, and the router */
+    long E = cfg->experts > 0 ? cfg->experts : 1;
+    place(&g->layer[LAYER_FC_W], "mlp.c_fc.weight", &off, E * 4 * C, C, 1);
+    place(&g->layer[LAYER_FC_B], "mlp.c_fc.bias", &off, E * 4 * C, 1, 0);
+    place(&g->layer[LAYER_FCPROJ_W], "mlp.c_proj.weight", &off, E * C, 4 * C, 1);
+    place(&g->layer[LAYER_FCPROJ_B], "mlp.c_proj.bias", &off, E * C, 1, 0);
+    g->layer_size = place(&g->layer[LAYER_ROUTER_W], "mlp.router.weight", &off, cfg->experts > 0 ? cfg->experts : 0,
+                          C, 1);
 
     /* The output head is untied from wte: tying would put one tensor on the
      * first pipeline stage and the last, and its two gradients would have to be
@@ -68,7 +73,7 @@ void gpt_for_each_tensor(const gpt_layout *g, long begin, long end, tensor_visit
         long base = blk < 0 ? 0 : gpt_layer_offset(g, blk);
         for (int i = 0; i < n; i++) {
             long lo = base + ts[i].offset, hi = lo + ts[i].rows * ts[i].cols;
-            if (hi > begin && lo < end) fn(ctx, &ts[i], lo, blk);
+            if (hi > lo && hi > begin && lo < end) fn(ctx, &ts[i], lo, blk); /* a dense model's router: empty */
         }
     }
 }
@@ -154,7 +159,8 @@ static void *carve(void *block, long *used, long n, size_t size) {
 typedef struct { long heads, attn, mlp, parts, part; } layer_widths;
 
 static layer_widths full_widths(const gpt_layout *g) {
-    return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model, 1, 0};
+    long slots_per_position = g->cfg.experts > 0 ? g->cfg.top_k : 1; /* experts: fch holds k N slots */
+    return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model * slots_per_position, 1, 0};
 }
 
 static layer_widths part_widths(const gpt_layout *g, const gpt_part *p) {
@@ -183,7 +189,9 @@ enum {
     LA_FCH = 1 << 6,   /* fch [N,mlp] */
     LA_GELU = 1 << 7,  /* fch_gelu [N,mlp] */
     LA_RES3 = 1 << 8,  /* res3 [Ns,C], the layer's output */
-    LA_ALL = (1 << 9) - 1,
+    LA_MOE = 1 << 9,   /* experts: the router's and dispatch's state (moe.h) */
+    LA_MOE_STATS = 1 << 10, /* experts: the aux-loss sum, dropped choices, slots */
+    LA_ALL = (1 << 11) - 1,
     LA_W_READS = LA_LN1 | LA_ATTY | LA_RES2 | LA_LN2 | LA_GELU /* what the weight half reads */
 };
 
@@ -206,6 +214,8 @@ static void carve_layer(layer_acts *la, void *block, long *used, const gpt_layou
     PIECE(LA_FCH, fch, N * w.mlp, VALUES);
     PIECE(LA_GELU, fch_gelu, N * w.mlp, VALUES);
     PIECE(LA_RES3, res3, Ns * C, VALUES);
+    PIECE(LA_MOE, moe, moe_state_bytes(&g->cfg, N), 1);
+    PIECE(LA_MOE_STATS, moe_stats, g->cfg.experts > 0 ? 4 + g->cfg.experts : 0, FOUR);
 #undef PIECE
 }
 
@@ -213,7 +223,7 @@ static void carve_layer(layer_acts *la, void *block, long *used, const gpt_layou
 static unsigned kept_pieces(const gpt_layout *g) {
     switch (g->cfg.recompute) {
     case GPT_RECOMPUTE_SELECTIVE: return LA_ALL & ~LA_ATT;
-    case GPT_RECOMPUTE_FULL: return LA_RES3;
+    case GPT_RECOMPUTE_FULL: return LA_RES3 | LA_MOE_STATS;
     default: return LA_ALL;
     }
 }
@@ -301,6 +311,7 @@ static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, lay
     s->seq_full = split ? carve(block, &used, N * C, VALUES) : NULL;
     s->seq_packed = split ? carve(block, &used, N * C, VALUES) : NULL;
     s->seq_shard = split ? carve(block, &used, Ns * C, VALUES) : NULL;
+    s->moe = carve(block, &used, moe_scratch_bytes(&g->cfg, N), 1);
     /* the recomputation's one layer: what the layers do not keep (full: all
      * of it, the output too, which the recomputation must not write over the
      * kept one) */
@@ -358,8 +369,10 @@ static layer_acts forward_target(const gpt_layout *g, const gpt_acts *a, int lay
         la.att = bound_work(g, a)->att; /* computed, used by the attention output, not kept */
     } else if (g->cfg.recompute == GPT_RECOMPUTE_FULL) {
         void *output = la.res3; /* the one piece kept: the next layer's input */
+        float *stats = la.moe_stats; /* and, with experts, what the loss reports */
         la = *bound_work(g, a);
         la.res3 = output;
+        la.moe_stats = stats;
     }
     return la;
 }
@@ -376,6 +389,7 @@ void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *
                        gpt_grad_scratch *s, float dloss) {
     int C = g->cfg.d_model, V = g->cfg.vocab, N = (int)block_tokens(a);
     size_t nc = (size_t)N * C * value_bytes();
+    s->dloss = dloss; /* the layers' aux-loss gradients (experts) scale by it */
     KP->crossentropy_backward(s->dlogits, a->probs, a->targets, dloss, N, V);
     mem_zero(s->dln, nc);
     KP->matmul_backward(s->dln, value_at(hg, g->head[HEAD_W].offset), NULL, s->dlogits, a->lnf,
@@ -688,14 +702,16 @@ static void mlp_backward_hook(const gpt_layer_hooks *h, gpt_pass pass, const voi
 }
 
 gpt_layer_hooks gpt_default_hooks(const gpt_layout *g) {
+    const int experts = g->cfg.experts > 0;
     return (gpt_layer_hooks){
-        .tensors = g->layer, .layer_size = g->layer_size,
+        .cfg = &g->cfg, .tensors = g->layer, .layer_size = g->layer_size,
         .column_forward = matmul_forward_hook, .row_forward = matmul_forward_hook,
         .column_backward = matmul_backward_hook, .row_backward = matmul_backward_hook,
         .enter_forward = gpt_region_identity, .enter_backward = gpt_region_identity,
         .exit_forward = gpt_region_identity, .exit_backward = gpt_region_identity,
         .attention_forward = attention_forward_hook, .attention_backward = attention_backward_hook,
-        .mlp_forward = mlp_forward_hook, .mlp_backward = mlp_backward_hook,
+        .mlp_forward = experts ? moe_mlp_forward : mlp_forward_hook,
+        .mlp_backward = experts ? moe_mlp_backward : mlp_backward_hook,
     };
 }
 
@@ -760,6 +776,7 @@ void *gpt_backward_with(const gpt_layout *g, const gpt_layer_hooks *h, const voi
                         void *ready_ctx) {
     const int L = g->cfg.layers;
     const long begin = range_begin(g, h, a->lo);
+    s->dloss = dloss;
     if (a->hi == L) {
         int ev = segment(h, -1, "head_bwd");
         long o = block_at(g, h, L) - begin;
@@ -836,12 +853,14 @@ double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a) {
     double sum = 0;
     for (long i = 0; i < n; i++) sum += host[i];
     free(host);
-    return sum / (double)n;
+    return sum / (double)n + moe_aux_loss(g, a);
 }
 
 double gpt_flops_per_token(const gpt_layout *g) {
     double L = g->cfg.layers, T = g->cfg.seq, C = g->cfg.d_model;
-    /* the embeddings are lookups, not matmuls: leave wte and wpe out */
+    /* the embeddings are lookups, not matmuls: leave wte and wpe out; with
+     * experts a token runs k of the E experts' MLPs (8 C^2 + 5 C each) */
     double matmul_params = (double)(g->total - g->embed_size);
+    if (g->cfg.experts > 0) matmul_params -= L * (g->cfg.experts - g->cfg.top_k) * (8.0 * C * C + 5.0 * C);
     return 6.0 * matmul_params + 12.0 * L * T * C;
 }

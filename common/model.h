@@ -43,12 +43,20 @@ typedef struct gpt_config {
     int d_model;  /* C */
     int heads;    /* NH; head size C / NH */
     int recompute; /* gpt_recompute: how the layers run, not what they are */
+    /* mixture of experts (moe.h; experts 0: the dense MLP): every MLP becomes
+     * `experts` MLPs of the same shape and a router picking top_k of them per
+     * token, capacity_factor > 0 dropping what overflows ceil(k T F / E) slots
+     * per expert and sequence, aux_coef weighting Switch's load-balancing loss */
+    int experts, top_k;
+    float capacity_factor, aux_coef;
 } gpt_config;
 
 /* The tensors inside one layer block, in order. */
 enum {
     LAYER_LN1_W, LAYER_LN1_B, LAYER_QKV_W, LAYER_QKV_B, LAYER_ATTPROJ_W, LAYER_ATTPROJ_B,
     LAYER_LN2_W, LAYER_LN2_B, LAYER_FC_W, LAYER_FC_B, LAYER_FCPROJ_W, LAYER_FCPROJ_B,
+    LAYER_ROUTER_W, /* [E,C] with experts, empty (0 rows) in a dense model; with experts
+                     * the four MLP tensors hold E experts' stacked by rows, each contiguous */
     LAYER_NTENSORS
 };
 /* The tensors outside the layers. */
@@ -104,6 +112,10 @@ float rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
 typedef struct layer_acts {
     void *ln1, *qkv, *atty, *att, *res2, *ln2, *fch, *fch_gelu, *res3; /* res3: the layer output */
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;                  /* fp32 in both precisions */
+    void *moe; /* with experts: the router's and the dispatch's state (moe.h); fch and
+                * fch_gelu then hold the k N slots of the experts, not N rows */
+    float *moe_stats; /* with experts: the layer's aux-loss sum, dropped choices, slots, -, and the
+                       * choices per expert [E] (moe.h; kept in every --recompute mode) */
 } layer_acts;
 
 typedef struct gpt_acts {
@@ -137,6 +149,8 @@ typedef struct gpt_grad_scratch {
     void *dres, *dln, *dqkv, *datty, *datt, *dfch, *dfch_gelu, *dlogits;
     layer_acts work;
     void *seq_full, *seq_packed, *seq_shard;
+    void *moe;   /* with experts: the backward's dispatch buffers (moe.h) */
+    float dloss; /* the backward's weight of one position in the loss (the aux loss's gradient scales by it) */
     void *block;
 } gpt_grad_scratch;
 void gpt_scratch_alloc(gpt_grad_scratch *s, const gpt_layout *g, int B);
@@ -271,6 +285,7 @@ typedef void (*gpt_linear_bwd)(void *ctx, gpt_pass pass, void *dinp, void *dw, v
 typedef void (*gpt_region_fn)(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s);
 struct gpt_layer_hooks {
     void *ctx;                  /* handed back to every hook */
+    const gpt_config *cfg;      /* the model's (the experts' hooks read k, F, a) */
     const tensor_info *tensors; /* a layer block's tensors at this rank's shapes */
     long layer_size;            /* elements of one such block */
     int trace;                  /* trace the compute between the region hooks as events of its own */
@@ -312,7 +327,8 @@ void *gpt_backward_input_with(const gpt_layout *g, const gpt_layer_hooks *h, con
 void gpt_backward_weight_with(const gpt_layout *g, const gpt_layer_hooks *h, void *grads, const gpt_acts *a,
                               const gpt_wgrads *w);
 
-/* The mean of a->losses (the block's B*seq positions), read back to the host. */
+/* The mean of a->losses (the block's B*seq positions), read back to the host,
+ * plus, with experts, the aux loss of the block's layers (moe_aux_loss). */
 double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a);
 
 /* FLOPs of one training step (forward + backward) per token, 6 x parameters as

@@ -114,6 +114,9 @@ static void print_acts_formula(const double *all, int fields, int formula, int R
 static void run_release(run_ctx *ctx) {
     free(ctx->step_seconds);
     free(ctx->losses);
+    free(ctx->aux_losses);
+    free(ctx->dropped);
+    free(ctx->expert_load);
     ctx->step_seconds = ctx->losses = NULL;
     free(ctx->records_jsonl);
     free(ctx->records_csv);
@@ -195,6 +198,22 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, run_layout, R, R == 1 ? "" : "s",
            ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
+    if (ctx->aux_losses)
+        printf("  aux loss        %.5f -> %.5f inside it (uniform routing: %g), %.0f dropped choices in the last "
+               "step\n", ctx->aux_losses[0], ctx->aux_losses[steps - 1], o->aux_loss_coef, ctx->dropped[steps - 1]);
+    if (ctx->expert_load) { /* max / mean of the choices per expert, layer by layer (1: balanced) */
+        printf("  expert load     last step, choices per expert max/mean by layer:");
+        for (int l = 0; l < o->layers; l++) {
+            double mx = 0, sum = 0;
+            for (int e = 0; e < o->experts; e++) {
+                double x = ctx->expert_load[(long)l * o->experts + e];
+                mx = x > mx ? x : mx;
+                sum += x;
+            }
+            printf(" %.2f", sum > 0 ? mx * o->experts / sum : 0);
+        }
+        printf("\n");
+    }
     if (ctx->diverged_at)
         printf("  diverged        the loss was first not finite at step %d (null in the record)\n", ctx->diverged_at);
     /* what was measured: the steps after the first (start-up), or step 1 alone in a one-step run */
@@ -293,9 +312,20 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     jsonval_set(config, "preset", jsonval_text(o->preset));
     jsonval_set(config, "recompute", jsonval_text(o->recompute));
     jsonval_set(config, "precision", jsonval_text(precision_name(g_precision)));
+    if (o->experts) {
+        jsonval_set(config, "experts", json_integer(o->experts));
+        jsonval_set(config, "top_k", json_integer(o->top_k));
+        jsonval_set(config, "capacity_factor", jsonval_number(o->capacity_factor));
+        jsonval_set(config, "aux_loss_coef", jsonval_number(o->aux_loss_coef));
+    }
     jsonval_set(rec, "config", config);
     jsonval_set(rec, "params", json_integer(r->params));
     jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */
+    if (ctx->aux_losses) { /* inside "losses" already */
+        jsonval_set(rec, "aux_losses", jsonval_numbers(ctx->aux_losses, steps));
+        jsonval_set(rec, "dropped_per_step", jsonval_numbers(ctx->dropped, steps));
+        jsonval_set(rec, "expert_choices_last_step", jsonval_numbers(ctx->expert_load, o->experts * o->layers));
+    }
     jsonval_set(rec, "diverged_at_step", ctx->diverged_at ? json_integer(ctx->diverged_at) : json_null());
     double *col = malloc(sizeof(double) * (size_t)(R > steps ? R : steps) + 1);
     if (!col) die("out of host memory");

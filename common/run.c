@@ -47,6 +47,14 @@ static flag_spec shared_flags[] = {
      "its forward rerun before its backward)", 0, GPT_RECOMPUTE_CHOICES},
     {"--precision", FLAG_STRING, NULL, "the model's values: fp32, or bf16 mixed precision (bf16 weights, "
      "activations and gradients; fp32 master weights, AdamW moments and arithmetic)", 0, "fp32|bf16"},
+    {"--experts", FLAG_INT, NULL, "mixture of experts: every MLP becomes this many experts of its shape and a "
+     "router (0: the dense MLP)", 0, NULL},
+    {"--top-k", FLAG_INT, NULL, "with --experts: experts per token (ties to the lower index; gates renormalised over "
+     "the k, top-1 gates by the probability itself)", 1, NULL},
+    {"--capacity-factor", FLAG_FLOAT, NULL, "with --experts: each expert takes at most ceil(k T F / E) tokens of a "
+     "sequence, in position order; the rest are dropped (0: none dropped)", 0, NULL},
+    {"--aux-loss-coef", FLAG_FLOAT, NULL, "with --experts: weight a of Switch's load-balancing loss (a under uniform "
+     "routing), added to the loss", 0, NULL},
     {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
      "and bytes per rank the run will need (theory/'s formulas), then exit 0: nothing trained, --out not created", 0,
      NULL},
@@ -62,7 +70,8 @@ static void bind_shared(run_options *o) {
     void *values[N_SHARED] = {&o->steps, &o->batch, &o->seq, &o->layers, &o->d_model, &o->heads, &o->preset,
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
-                              &o->resume, &o->eval, &o->recompute, &o->precision, &o->dry_run,
+                              &o->resume, &o->eval, &o->recompute, &o->precision, &o->experts, &o->top_k,
+                              &o->capacity_factor, &o->aux_loss_coef, &o->dry_run,
                               &o->sample, &o->prompt, &o->temperature};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
@@ -230,7 +239,7 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                        .d_model = tiny->d_model, .heads = tiny->heads, .preset = tiny->name,
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
                        .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none",
-                       .precision = "fp32"};
+                       .precision = "fp32", .top_k = 2, .aux_loss_coef = 0.01};
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {
@@ -283,9 +292,13 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     run_check(ctx, o->save_every == 0 || o->save, "--save-every %d needs --save PATH", o->save_every);
     run_check(ctx, o->sample <= 100000, "--sample %d: at most 100000 bytes (one forward each)", o->sample);
     run_check(ctx, !(o->prompt && !o->prompt[0]), "--prompt needs some text");
+    run_check(ctx, !o->experts || o->top_k <= o->experts, "--top-k %d is more than --experts %d", o->top_k,
+              o->experts);
     ctx->model = (gpt_config){.vocab = 256, .seq = o->seq, .layers = o->layers,
                               .d_model = o->d_model, .heads = o->heads,
-                              .recompute = gpt_recompute_parse(o->recompute)}; /* a choice: never -1 */
+                              .recompute = gpt_recompute_parse(o->recompute), /* a choice: never -1 */
+                              .experts = o->experts, .top_k = o->top_k,
+                              .capacity_factor = (float)o->capacity_factor, .aux_coef = (float)o->aux_loss_coef};
     ctx->adamw = (adamw_config){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                 .weight_decay = (float)o->weight_decay};
     ctx->tokens_per_step = (long)o->batch * o->seq;
@@ -508,6 +521,11 @@ void run_setup(run_ctx *ctx) {
         snprintf(err, sizeof err, "--eval: %s leaves %ld held-out bytes, too few for one batch of --batch %d "
                  "windows of --seq %d", ctx->data.source, ctx->data.n - ctx->data.train_n, o->batch, o->seq);
     if (!err[0]) ckpt_check_flags(ctx, err, sizeof err); /* --resume, before anything is created */
+    if (!err[0] && o->experts && ctx->device == DEVICE_CUDA)
+        snprintf(err, sizeof err, "--experts: the router and the dispatch run on the CPU only so far (no CUDA "
+                 "twins yet): give --device cpu");
+    if (!err[0] && o->experts && o->dry_run)
+        snprintf(err, sizeof err, "--experts: --dry-run's formulas (theory/predict) do not count experts yet");
     run_agree_or_exit(err);
     agree_on_data(ctx, err, sizeof err);
     run_agree_or_exit(err);
@@ -528,6 +546,9 @@ void run_setup(run_ctx *ctx) {
         trace_init(MPI_COMM_WORLD);
         ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
         ctx->losses = calloc((size_t)o->steps, sizeof(double));
+        ctx->aux_losses = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
+        ctx->dropped = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
+        ctx->expert_load = o->experts ? calloc((size_t)o->experts * o->layers, sizeof(double)) : NULL;
     }
     /* after device_use (the kernel table is the device's); --dry-run too, whose
      * formulas count values of the precision's bytes */
@@ -574,6 +595,16 @@ const char *human(double x, char buf[16]) {
     else if (a >= 1e3) { x /= 1e3; unit = "k"; }
     snprintf(buf, 16, fabs(x) >= 100 || !unit[0] ? "%.0f%s" : "%.2f%s", x, unit);
     return buf;
+}
+
+void run_step_experts(run_ctx *ctx, int step, double aux_loss, double dropped) {
+    if (!ctx->aux_losses) return;
+    ctx->aux_losses[step] = aux_loss;
+    ctx->dropped[step] = dropped;
+}
+
+void run_experts_load(run_ctx *ctx, const double *counts) {
+    if (ctx->expert_load) memcpy(ctx->expert_load, counts, sizeof(double) * (size_t)ctx->opt.experts * ctx->opt.layers);
 }
 
 void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {

@@ -41,6 +41,8 @@ typedef struct run_options {
     int save_every, eval;
     const char *recompute;     /* --recompute none|selective|full (gpt_config.recompute) */
     const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
+    int experts, top_k;        /* --experts, --top-k (gpt_config, moe.h) */
+    double capacity_factor, aux_loss_coef; /* --capacity-factor, --aux-loss-coef */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
     int sample;                /* --sample N: bytes the model writes before and after training (sample.h) */
     const char *prompt;        /* --prompt: what it continues (NULL: the data's first line) */
@@ -72,6 +74,8 @@ typedef struct run_ctx {
     char *records_jsonl, *records_csv; /* in --out; malloc'd */
     /* filled by run_step_end */
     double *step_seconds, *losses;
+    double *aux_losses, *dropped; /* --experts: the aux loss in each step's loss, dropped choices (all ranks) */
+    double *expert_load;          /* --experts: the last step's choices per expert [L][E] (all ranks) */
     int steps_done;
     int diverged_at;              /* the first step (1-based) whose loss was not finite, 0: none */
     double step_t0;
@@ -129,6 +133,13 @@ void run_dry_run_exit(run_ctx *ctx, const run_report *r) __attribute__((noreturn
 
 /* Median of the measured step times in seconds (step 0 is warm-up when steps > 1). */
 double run_median_step_seconds(const run_ctx *ctx);
+/* --experts: a step's aux loss (already inside its loss; mean over the
+ * data-parallel ranks) and its dropped choices (summed), for the record;
+ * before run_step_end. */
+void run_step_experts(run_ctx *ctx, int step, double aux_loss, double dropped);
+/* --experts: the last step's choices per expert of every layer (counts[l E + e],
+ * summed over the data-parallel ranks), for the summary and the record. */
+void run_experts_load(run_ctx *ctx, const double *counts);
 
 /* "12.4k", "3.20M": short human figures for the console. */
 const char *human(double x, char buf[16]);

@@ -17,6 +17,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
+#include "moe.h"
 #include "optim.h"
 #include "run.h"
 #include "predict.h"
@@ -84,6 +85,9 @@ int main(int argc, char **argv) {
     run_check(&ctx, ctx.opt.batch % ctx.size != 0 || (ctx.opt.batch / ctx.size) % grad_accum == 0,
               "--grad-accum %d does not divide the %d rows per rank (--batch %d / %d ranks)", grad_accum,
               ctx.opt.batch / (ctx.size > 0 ? ctx.size : 1), ctx.opt.batch, ctx.size);
+    run_check(&ctx, grad_accum == 1 || !ctx.opt.experts,
+              "--grad-accum %d with --experts: the aux loss and expert loads are kept per micro-batch "
+              "(use --grad-accum 1)", grad_accum);
     run_check(&ctx, grad_accum == 1 || !ctx.opt.dry_run,
               "--grad-accum %d with --dry-run: the dry run predicts without accumulation (leave one out)", grad_accum);
     run_setup(&ctx);
@@ -164,7 +168,17 @@ int main(int argc, char **argv) {
         params_from_master(params, master, P);
         trace_end(ev);
 
+        double moe[2] = {moe_aux_loss(&g, &acts), (double)moe_dropped(&g, &acts)};
         comm_allreduce_host(&world, &loss, 1);
+        if (ctx.model.experts) comm_allreduce_host(&world, moe, 2);
+        run_step_experts(&ctx, i, moe[0] / world.size, moe[1]);
+        if (ctx.model.experts && i == ctx.opt.steps - 1) {
+            double *load = calloc((size_t)ctx.model.experts * ctx.model.layers, sizeof(double));
+            moe_expert_choices(&g, &acts, load);
+            comm_allreduce_host(&world, load, ctx.model.experts * ctx.model.layers);
+            run_experts_load(&ctx, load);
+            free(load);
+        }
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
@@ -179,7 +193,9 @@ int main(int argc, char **argv) {
     char extra[256];
     /* the activations of B/N rows by theory.h's exact formula, beside the allocator's peak;
      * the FLOPs a token costs, and what --recompute adds to them */
-    const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    tm.experts = g.cfg.experts; /* --experts: FLOPs of the active parameters */
+    tm.top_k = g.cfg.top_k;
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"grad_accum\":%d,\"replicas_identical\":%s,\"flops_per_token_formula\":%.0f,"
              "\"recompute_flops_per_token_formula\":%.0f", bucket_mb, grad_accum, check_sync ? (in_sync ? "true" : "false") : "null",

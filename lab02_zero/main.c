@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "mem.h"
 #include "model.h"
+#include "moe.h"
 #include "predict.h"
 #include "run.h"
 #include "theory.h"
@@ -130,8 +131,17 @@ int main(int argc, char **argv) {
         zero_backward(&zero, &acts, &scratch, 1.0f / ((float)ctx.opt.batch * T));
         zero_optimizer_step(&zero, &ctx.adamw, step + 1, (float)ctx.opt.clip);
 
-        double loss = gpt_mean_loss(&g, &acts);
+        double loss = gpt_mean_loss(&g, &acts), moe[2] = {moe_aux_loss(&g, &acts), (double)moe_dropped(&g, &acts)};
         comm_allreduce_host(&world, &loss, 1);
+        if (ctx.model.experts) comm_allreduce_host(&world, moe, 2);
+        run_step_experts(&ctx, i, moe[0] / world.size, moe[1]);
+        if (ctx.model.experts && i == ctx.opt.steps - 1) {
+            double *load = calloc((size_t)ctx.model.experts * ctx.model.layers, sizeof(double));
+            moe_expert_choices(&g, &acts, load);
+            comm_allreduce_host(&world, load, ctx.model.experts * ctx.model.layers);
+            run_experts_load(&ctx, load);
+            free(load);
+        }
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
@@ -146,7 +156,9 @@ int main(int argc, char **argv) {
     char extra[1024];
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
-    const th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    tm.experts = g.cfg.experts; /* --experts: FLOPs of the active parameters */
+    tm.top_k = g.cfg.top_k;
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                          .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,

@@ -33,6 +33,8 @@ int main(int argc, char **argv) {
                     NULL, 0};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
+    run_check(&ctx, !ctx.opt.experts, "--experts: the aux loss of a stage's layers does not travel to the last "
+              "stage's loss here yet: lab01_dp and lab02_zero take --experts");
     run_check(&ctx, th_stage_split_possible(ctx.opt.layers, ctx.size),
               "--layers %d cannot be split into %d pipeline stages: every stage needs at least one "
               "layer (give more --layers or run fewer ranks)", ctx.opt.layers, ctx.size);

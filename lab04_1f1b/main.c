@@ -58,6 +58,8 @@ int main(int argc, char **argv) {
                     "(a list of actions per rank), one optimizer step per global batch", flags, 4};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
+    run_check(&ctx, !ctx.opt.experts, "--experts: the aux loss of a stage's layers does not travel to the last "
+              "stage's loss here yet: lab01_dp and lab02_zero take --experts");
     const int p = ctx.size, m = micro_batches;
     const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, p, m, virtual_stages);
     run_check(&ctx, ctx.opt.batch % m == 0, "--batch %d is not divisible by --micro-batches %d", ctx.opt.batch, m);

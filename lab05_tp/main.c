@@ -123,6 +123,8 @@ int main(int argc, char **argv) {
                     flags, 2};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
+    run_check(&ctx, !ctx.opt.experts, "--experts: expert tensor parallelism is not taught (lab01_dp and lab02_zero "
+              "take --experts)");
     tp_check_degree(&ctx, ctx.size, "-n");
     if (sequence_parallel) {
         run_check(&ctx, ctx.size >= 2, "--sequence-parallel needs a tensor-parallel degree of at least 2 (-n %d: "

@@ -91,6 +91,8 @@ int main(int argc, char **argv) {
                     "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 8};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
+    run_check(&ctx, !ctx.opt.experts, "--experts: expert tensor parallelism is not taught (lab01_dp and lab02_zero "
+              "take --experts)");
     const grid_dims dims = grid_choose(&ctx, argc, argv, tp, pp, dp);
     tp_check_degree(&ctx, dims.tp, "--tp");
     if (sequence_parallel) {

@@ -83,7 +83,7 @@ static double adamw_seconds(const timing *tm, double params) {
 
 /* The shard plan of lab01's buckets and lab02's units (one rule, lab02_zero/shards.h). */
 static void shard_figures(const run *r, th_run *t) {
-    gpt_config cfg = {256, r->T, r->L, r->C, r->H, r->recompute};
+    gpt_config cfg = {.vocab = 256, .seq = r->T, .layers = r->L, .d_model = r->C, .heads = r->H, .recompute = r->recompute};
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
     const int N = r->ranks, zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0;

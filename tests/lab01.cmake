@@ -1,4 +1,4 @@
-foreach(case equivalence determinism buckets grad_accum recompute)
+foreach(case equivalence determinism buckets grad_accum recompute experts)
   add_lab_test(lab01_${case} test_lab01.py ${case})
 endforeach()
 add_lab_test(gpu_lab01_cuda test_lab01.py cuda)

@@ -1,4 +1,4 @@
-foreach(case stage1 stage2 stage3)
+foreach(case stage1 stage2 stage3 experts)
   add_lab_test(lab02_${case} test_lab02.py ${case})
 endforeach()
 add_lab_test(gpu_lab02_cuda test_lab02.py cuda)

@@ -86,6 +86,13 @@ SHARED = [
     (2, ["--dry-run", "--data", "/nonexistent/corpus.txt"], "--data"),
     (2, ["--dry-run", "--out", EMPTY], "--out"),
     (2, ["--dry-run", "--save", "/proc/ck.safetensors"], "--save"),
+    # mixture of experts
+    (2, ["--experts", "-1"], "--experts"),
+    (2, ["--experts", "4", "--top-k", "0"], "--top-k"),
+    (2, ["--experts", "2", "--top-k", "3"], "--top-k"),  # k > E
+    (2, ["--experts", "4", "--capacity-factor", "-1"], "--capacity-factor"),
+    (2, ["--experts", "4", "--aux-loss-coef", "-0.5"], "--aux-loss-coef"),
+    (2, ["--dry-run", "--experts", "4"], "--experts"),
 ]
 # one MPI tag per message of a step, 2 p v m of them: 2 ranks x 4 chunks x 2048 micro-batches is 32768,
 # beyond the 32767 tags MPI guarantees; 2046 micro-batches (32736 messages) run (tags_boundary)
@@ -93,9 +100,12 @@ TAGS_OVER = ["--schedule", "interleaved", "--virtual-stages", "4", "--micro-batc
 
 # sequence parallelism splits what tensor parallelism leaves whole: a lab without TP has no such flag
 NO_TP = [(2, ["--sequence-parallel"], "--sequence-parallel")]
+# labs whose layers do not run experts (pipelines: the aux loss stays on its stage; TP: no expert TP)
+NO_EXPERTS = [(2, ["--experts", "4"], "--experts")]
 
 PER_LAB = {
     "lab01_dp": [
+        (2, ["--experts", "4", "--grad-accum", "2"], "--grad-accum"),  # the aux loss is kept per micro-batch
         (4, ["--batch", "30"], "--batch"),  # the ranks must share the batch evenly
         (2, ["--bucket-mb", "-1"], "--bucket-mb"),
         (2, ["--check-sync=yes"], "--check-sync"),
@@ -124,7 +134,7 @@ PER_LAB = {
         (2, ["--layers", "1"], "--layers"),  # every stage needs a layer
         (2, ["--micro-batches", "4"], "--micro-batches"),  # lab04's flag, not this lab's
         (4, ["--dry-run", "--layers", "3"], "--layers"),
-    ] + NO_TP,
+    ] + NO_EXPERTS + NO_TP,
     "lab04_1f1b": [
         (4, ["--layers", "3"], "--layers"),
         (2, ["--micro-batches", "0"], "--micro-batches"),
@@ -157,7 +167,7 @@ PER_LAB = {
         (2, TAGS_OVER, "--micro-batches 2048"),
         (2, ["--dry-run"] + TAGS_OVER, "--micro-batches 2048"),
         (2, ["--print-schedule"] + TAGS_OVER, "--micro-batches 2048"),
-    ] + NO_TP,
+    ] + NO_EXPERTS + NO_TP,
     "lab05_tp": [
         (3, [], "--heads"),  # 3 does not divide 4 heads
         (2, ["--heads", "1", "--d-model", "64"], "--heads"),
@@ -170,7 +180,7 @@ PER_LAB = {
         (1, ["--sequence-parallel"], "--sequence-parallel"),  # t = 1: nothing to split
         (2, ["--sequence-parallel=yes"], "--sequence-parallel"),
         (3, ["--dry-run"], "--heads"),
-    ],
+    ] + NO_EXPERTS,
     "lab06_3d": [
         (4, ["--tp", "2", "--pp", "2", "--dp", "2"], "--dp"),  # 8 slots for 4 ranks
         (4, ["--tp", "4", "--pp", "1", "--dp", "1", "--heads", "2"], "--tp"),
@@ -192,7 +202,7 @@ PER_LAB = {
         (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--batch", "4096"] + TAGS_OVER[:-2], "--micro-batches 2048"),
         (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--batch", "4096", "--dry-run"] + TAGS_OVER[:-2],
          "--micro-batches 2048"),
-    ],
+    ] + NO_EXPERTS,
 }
 
 

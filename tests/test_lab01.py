@@ -2,7 +2,7 @@
 runs repeat bit for bit, buckets change nothing but the traffic pattern, the
 traffic equals the ring formula, and bad input fails fast and clearly.
 
-usage: test_lab01.py equivalence|determinism|buckets|grad_accum|recompute|preset|gpt2_small|cuda"""
+usage: test_lab01.py equivalence|determinism|buckets|grad_accum|recompute|experts|preset|gpt2_small|cuda"""
 import math
 import array
 import os
@@ -53,6 +53,45 @@ def equivalence():
               f"-n {n}: memory per category {m} does not hold a whole replica")
     loss = ref["losses"]
     check(loss[-1] < loss[0] - 1.5, f"the loss should fall clearly in 20 steps: {loss[0]:.3f} -> {loss[-1]:.3f}")
+
+
+def experts():
+    """--experts (common/moe.c): data parallelism reproduces the one-rank MoE run,
+    top-2 and top-1, with and without dropping: capacity is per sequence and the
+    aux loss a mean over sequences, so neither depends on the split."""
+    model = ["--layers", "2", "--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "8", "--experts", "4"]
+    for k in ("2", "1"):
+        for factor in ("0", "1"):
+            flags = STEPS + model + ["--top-k", k, "--capacity-factor", factor]
+            ref, _, _ = run(LAB, 1, flags)
+            aux, dropped = ref["aux_losses"], ref["dropped_per_step"]
+            check(ref["config"]["experts"] == 4 and len(aux) == 20, "the record lacks the experts")
+            load = ref["expert_choices_last_step"]  # [layer][expert]: every position makes k choices
+            check(len(load) == 2 * 4 and all(sum(load[4 * l:4 * l + 4]) == 8 * 16 * int(k) for l in range(2)),
+                  f"top-{k}: choices per expert {load} do not sum to batch x seq x k per layer")
+            # a over a near-uniform router at init, and above it as the load drifts
+            check(abs(aux[0] - 0.01) < 2e-3, f"top-{k} F {factor}: aux loss {aux[0]} at step 1, want near a = 0.01")
+            check((min(dropped) > 0) == (factor != "0") and min(dropped) >= 0,
+                  f"top-{k} F {factor}: dropped choices {dropped[:3]}...")
+            for n in (2, 4):
+                rec, _, _ = run(LAB, n, flags)
+                compare_losses(f"--experts 4 --top-k {k} --capacity-factor {factor}: -n {n} vs -n 1",
+                               rec["losses"], ref["losses"], 1e-5)
+                compare_losses(f"  and the aux loss", rec["aux_losses"], aux, 1e-5)
+                check(rec["dropped_per_step"] == dropped, f"-n {n}: dropped choices differ from -n 1's")
+                check(rec["expert_choices_last_step"] == ref["expert_choices_last_step"],
+                      f"-n {n}: the experts' load differs from -n 1's")
+            print(f"--experts 4 --top-k {k} --capacity-factor {factor}: loss {ref['losses'][0]:.4f} -> "
+                  f"{ref['losses'][-1]:.4f}, aux {aux[0]:.5f} -> {aux[-1]:.5f}, dropped {dropped[0]:.0f} -> "
+                  f"{dropped[-1]:.0f} per step; -n 2 and -n 4 reproduce it")
+    # --recompute with experts: what the router chose stays in the kept statistics; the same bits
+    flags = STEPS + model + ["--capacity-factor", "1"]
+    none, _, _ = run(LAB, 2, flags)
+    for mode in ("selective", "full"):
+        rec, _, _ = run(LAB, 2, flags + ["--recompute", mode])
+        check(rec["losses"] == none["losses"] and rec["expert_choices_last_step"] == none["expert_choices_last_step"],
+              f"--experts 4 --recompute {mode}: not bit-identical to none")
+        check(rec["mem_peak_bytes"]["acts"] < none["mem_peak_bytes"]["acts"], f"--recompute {mode} keeps no less")
 
 
 def determinism():
@@ -176,5 +215,5 @@ def cuda():
 
 if __name__ == "__main__":
     {"equivalence": equivalence, "determinism": determinism, "buckets": buckets, "grad_accum": grad_accum, "preset": preset,
-     "gpt2_small": gpt2_small, "recompute": recompute, "cuda": cuda}[sys.argv[1]]()
+     "gpt2_small": gpt2_small, "recompute": recompute, "experts": experts, "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -104,6 +104,21 @@ def stage_test(stage):
     check(loss[-1] < loss[0] - 1.5, f"the loss should fall clearly in 20 steps: {loss[0]:.3f} -> {loss[-1]:.3f}")
 
 
+def experts():
+    """--experts: ZeRO shards the experts and the router like any parameter;
+    every stage at -n 2 and -n 4 reproduces lab01 -n 1 --experts 4 (top-2 with
+    dropping) within 1e-5 over 20 steps, the aux loss and dropped choices too."""
+    flags = ["--steps", "20", "--layers", "2", "--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "8",
+             "--experts", "4", "--capacity-factor", "1"]
+    ref, _, _ = run("lab01_dp", 1, flags)
+    for stage in (1, 2, 3):
+        for n in (2, 4):
+            rec, _, _ = run(LAB, n, flags + ["--zero-stage", str(stage)])
+            compare_losses(f"--experts 4 ZeRO-{stage} -n {n} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            compare_losses("  and the aux loss", rec["aux_losses"], ref["aux_losses"], 1e-5)
+            check(rec["dropped_per_step"] == ref["dropped_per_step"], f"ZeRO-{stage} -n {n}: dropped choices differ")
+
+
 def cuda():
     """GPU-labelled: every stage on CUDA reproduces lab01 on the CPU; skipped (77) without a GPU."""
     skip_without_gpu(LAB)
@@ -117,5 +132,5 @@ def cuda():
 
 
 if __name__ == "__main__":
-    {"stage1": lambda: stage_test(1), "stage2": lambda: stage_test(2), "stage3": lambda: stage_test(3), "cuda": cuda}[sys.argv[1]]()
+    {"stage1": lambda: stage_test(1), "stage2": lambda: stage_test(2), "stage3": lambda: stage_test(3), "experts": experts, "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -19,6 +19,33 @@ static int failures, checks;
 #define CHECK(cond, ...) do { checks++; if (!(cond)) { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } } while (0)
 
 /* in the run's precision (g_precision): the exact forms of fp32 and of bf16 */
+/* --experts: theory's total parameters = the layout's, its FLOPs per token =
+ * gpt_flops_per_token's (the active parameters), and both by hand */
+static void check_experts(long E, long k) {
+    const long V = 256, T = 64, L = 8, C = 128, H = 4;
+    gpt_config cfg = {.vocab = (int)V, .seq = (int)T, .layers = (int)L, .d_model = (int)C, .heads = (int)H,
+                      .experts = (int)E, .top_k = (int)k};
+    gpt_layout g;
+    gpt_layout_init(&g, &cfg);
+    th_model m = th_course_model(V, T, L, C, H), dense = m;
+    m.experts = E;
+    m.top_k = k;
+    const th_params p = th_param_counts(&m), d = th_param_counts(&dense);
+    const double mlp = 8.0 * C * C + 5.0 * C; /* fc 4C x C + 4C, proj C x 4C + C */
+    CHECK(p.total == (double)g.total, "experts %ld: params %ld, theory %.0f", E, g.total, p.total);
+    CHECK(p.total == d.total + L * ((E - 1) * mlp + E * C), "experts %ld: total %.0f by hand", E, p.total);
+    CHECK(p.active == d.total + L * ((k - 1) * mlp + E * C), "experts %ld top-%ld: active %.0f by hand", E, k,
+          p.active);
+    CHECK(fabs(th_flops_per_token(&m) - gpt_flops_per_token(&g)) <= 1e-9 * gpt_flops_per_token(&g),
+          "experts %ld top-%ld: flops/token %g vs the model's %g", E, k, th_flops_per_token(&m),
+          gpt_flops_per_token(&g));
+    CHECK(th_flops_per_token(&m) == th_flops_per_token(&dense) + 6.0 * L * ((k - 1) * mlp + E * C),
+          "experts %ld top-%ld: flops/token by hand", E, k);
+    printf("tiny model, %ld experts top-%ld: %.3fM parameters, %.3fM active (dense %.3fM); %.2f MFLOP per token "
+           "(dense %.2f)\n", E, k, p.total / 1e6, p.active / 1e6, d.total / 1e6, th_flops_per_token(&m) / 1e6,
+           th_flops_per_token(&dense) / 1e6);
+}
+
 static void check_course_shape(long V, long T, long L, long C, long H) {
     gpt_config cfg = {.vocab = (int)V, .seq = (int)T, .layers = (int)L, .d_model = (int)C, .heads = (int)H};
     gpt_layout g;
@@ -345,6 +372,9 @@ int main(void) {
         for (int i = 0; i < 4; i++) check_course_shape(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
     }
     precision_use(PREC_FP32);
+    check_experts(4, 2);
+    check_experts(4, 1);
+    check_experts(8, 2);
     check_course_options(17, 12, 3, 24, 4);
     check_course_options(256, 8, 2, 16, 2);
     check_published();

@@ -41,10 +41,18 @@ th_params th_param_counts(const th_model *m) {
     double mlp_in = (m->gated_mlp ? 2 : 1) * (C * F + b * F);
     p.layer_sharded = qkv + C * C + mlp_in + F * C;
     p.layer = p.layer_sharded + 2 * norm + b * C /* attention projection bias */ + b * C /* MLP's last bias */;
+    p.layer_active = p.layer;
+    if (m->experts > 0) { /* E MLPs and the router E x C, of which a token runs k MLPs and the router */
+        const double mlp = mlp_in + F * C + b * C, E = (double)m->experts, router = E * C;
+        p.layer_active = p.layer + ((double)m->top_k - 1) * mlp + router;
+        p.layer += (E - 1) * mlp + router;
+        p.layer_sharded += (E - 1) * (mlp - b * C) + router; /* not split by TP (no expert TP): for reference */
+    }
     p.embed = V * C + (m->learned_positions ? T * C : 0);
     p.head_matrix = V * C;
     p.head = norm + p.head_matrix;
     p.total = p.embed + (double)m->layers * p.layer + p.head - (m->tied_head ? p.head_matrix : 0);
+    p.active = p.total - (double)m->layers * (p.layer - p.layer_active);
     return p;
 }
 
@@ -70,7 +78,7 @@ double th_flops_per_token(const th_model *m) {
     /* every parameter of a matrix product does a multiply-add per token forward
      * (2 FLOPs) and two backward (input and weight gradients): 6; the attention
      * scores and their use of V add 2 x 2 T C per layer forward, 12 T C in all */
-    return 6.0 * (L * p.layer + p.head) + 12.0 * L * T * C;
+    return 6.0 * (L * p.layer_active + p.head) + 12.0 * L * T * C;
 }
 
 double th_recompute_flops_per_token(const th_model *m, th_recompute r) {

@@ -46,6 +46,8 @@ typedef struct th_model {
     int biases;            /* LayerNorm and linear biases (GPT); 0: RMSNorm, no biases (Llama) */
     int learned_positions; /* a [seq, d_model] position table (GPT); 0: rotary or ALiBi */
     int tied_head;         /* the head reuses the token embedding (GPT-3, BLOOM) */
+    long experts, top_k;   /* mixture of experts: every MLP is `experts` MLPs and a router
+                            * [experts, d_model] sending each token to top_k; 0: dense */
 } th_model;
 
 /* The course's model: vocab 256, wpe, biases, 4C MLP, untied head. */
@@ -87,6 +89,8 @@ typedef struct th_params {
     double head;            /* final norm + the head matrix (counted even when tied) */
     double head_matrix;     /* vocab x d_model */
     double total;           /* the model's parameters (a tied head counted once) */
+    double layer_active;    /* of one layer, those a token runs: k of the E experts' MLPs (= layer dense) */
+    double active;          /* of the model, those a token runs (= total dense) */
 } th_params;
 
 th_params th_param_counts(const th_model *m);
@@ -100,7 +104,9 @@ double th_stage_params(const th_model *m, const th_opts *o, int lo, int hi);
 
 /* Training FLOPs per token, forward and backward: 6 x the parameters of every
  * matrix product (the layers and the head; the embedding is a lookup) plus
- * attention's 12 L T C. For the course's model this is gpt_flops_per_token. */
+ * attention's 12 L T C. For the course's model this is gpt_flops_per_token.
+ * With experts a token runs its k experts' MLPs and the router: the active
+ * parameters, not the total (Mixtral's 47B total, 13B active). */
 double th_flops_per_token(const th_model *m);
 /* The FLOPs recomputation adds per token: full, a second forward of the
  * layers (2 x layer parameters + 4 L T C); selective, the attention core

@@ -1,0 +1,332 @@
+/* Mixture of experts on one rank (moe.h): the router, top-k, capacity, the
+ * experts on their slots, the combine, and their backward. The router and
+ * the dispatch are plain host loops in fp32 (small: N x E x C), the experts
+ * the run's matmul kernels. */
+#include "moe.h"
+#include "kernels.h"
+#include "device.h"
+#include "mem.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static long align64(long n) { return (n + 63) / 64 * 64; }
+
+/* one value of a buffer of values, as float, and back */
+static float value_get(const void *b, long i) {
+    return g_precision == PREC_BF16 ? float_from_bf16(((const uint16_t *)b)[i]) : ((const float *)b)[i];
+}
+static void value_set(void *b, long i, float x) {
+    if (g_precision == PREC_BF16) ((uint16_t *)b)[i] = bf16_from_float(x);
+    else ((float *)b)[i] = x;
+}
+
+static long state_layout(moe_state *st, char *raw, const gpt_config *c, long N) {
+    if (c->experts <= 0) return 0;
+    long E = c->experts, k = c->top_k, C = c->d_model, B = N / c->seq, used = 0;
+#define TAKE(field, type, n, size) st->field = (type)(raw ? raw + used : NULL), used += align64((long)(size) * (n))
+    TAKE(probs, float *, N * E, 4);
+    TAKE(choice, int *, N * k, 4);
+    TAKE(gate, float *, N * k, 4);
+    TAKE(slot, int *, N * k, 4);
+    TAKE(count, int *, E, 4);
+    TAKE(first, int *, E, 4);
+    TAKE(freq, float *, B * E, 4);
+    TAKE(xs, void *, N * k * C, value_bytes());
+    TAKE(ys, void *, N * k * C, value_bytes());
+#undef TAKE
+    return used;
+}
+
+long moe_state_bytes(const gpt_config *cfg, long N) {
+    moe_state st;
+    return state_layout(&st, NULL, cfg, N);
+}
+
+moe_state moe_state_view(void *raw, const gpt_config *cfg, long N) {
+    moe_state st = {0};
+    state_layout(&st, raw, cfg, N);
+    return st;
+}
+
+static long scratch_layout(moe_scratch *sc, char *raw, const gpt_config *c, long N) {
+    if (c->experts <= 0) return 0;
+    long E = c->experts, k = c->top_k, C = c->d_model, used = 0;
+    sc->dys = raw ? raw + used : NULL, used += align64((long)value_bytes() * N * k * C);
+    sc->dgate = (float *)(raw ? raw + used : NULL), used += align64(4 * N * k);
+    sc->dp = (float *)(raw ? raw + used : NULL), used += align64(4 * N * E);
+    return used;
+}
+
+long moe_scratch_bytes(const gpt_config *cfg, long N) {
+    moe_scratch sc;
+    return scratch_layout(&sc, NULL, cfg, N);
+}
+
+moe_scratch moe_scratch_view(void *raw, const gpt_config *cfg, long N) {
+    moe_scratch sc = {0};
+    scratch_layout(&sc, raw, cfg, N);
+    return sc;
+}
+
+int moe_capacity(const gpt_config *c) {
+    if (c->experts <= 0 || c->capacity_factor <= 0) return 0;
+    return (int)ceil((double)c->top_k * c->seq * (double)c->capacity_factor / c->experts);
+}
+
+/* ---- the router and the dispatch ------------------------------------------------ */
+
+void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp, const void *ln2, moe_state *st,
+               int N) {
+    const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq, B = N / T;
+    const void *wr = value_at(lp, tensors[LAYER_ROUTER_W].offset);
+    const int cap = moe_capacity(cfg);
+    double aux = 0;
+    long dropped = 0;
+    for (int n = 0; n < N; n++) {
+        float *p = st->probs + (long)n * E, mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) {
+            float z = 0;
+            for (int c = 0; c < C; c++) z += value_get(ln2, (long)n * C + c) * value_get(wr, (long)e * C + c);
+            p[e] = z;
+            mx = z > mx ? z : mx;
+        }
+        for (int e = 0; e < E; e++) sum += p[e] = expf(p[e] - mx);
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        /* top-k: the largest not yet chosen, the lower index on ties */
+        int *ch = st->choice + (long)n * k;
+        float z = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= ch[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ch[j] = best;
+            z += p[best];
+        }
+        for (int j = 0; j < k; j++) st->gate[(long)n * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / z;
+    }
+    /* capacity per sequence, in position order; f and P for the aux loss */
+    int *used = calloc((size_t)E, sizeof(int));
+    for (int e = 0; e < E; e++) st->stats[4 + e] = 0;
+    double *mean_p = calloc((size_t)E, sizeof(double));
+    memset(st->count, 0, (size_t)E * sizeof(int));
+    for (int b = 0; b < B; b++) {
+        float *f = st->freq + (long)b * E;
+        memset(used, 0, (size_t)E * sizeof(int));
+        memset(f, 0, (size_t)E * sizeof(float));
+        for (int e = 0; e < E; e++) mean_p[e] = 0;
+        for (int t = 0; t < T; t++) {
+            long n = (long)b * T + t;
+            for (int e = 0; e < E; e++) mean_p[e] += st->probs[n * E + e];
+            for (int j = 0; j < k; j++) {
+                int e = st->choice[n * k + j];
+                f[e] += 1.0f;
+                st->stats[4 + e] += 1.0f;
+                int keep = !cap || used[e] < cap;
+                used[e] += keep;
+                st->slot[n * k + j] = keep ? 0 : -1;
+                if (keep) st->count[e]++;
+                else dropped++;
+            }
+        }
+        double seq_aux = 0;
+        for (int e = 0; e < E; e++) {
+            f[e] /= (float)(k * T);
+            seq_aux += (double)f[e] * (mean_p[e] / T);
+        }
+        aux += E * seq_aux;
+    }
+    /* slots: by expert, then by position */
+    int total = 0;
+    for (int e = 0; e < E; e++) st->first[e] = total, total += st->count[e];
+    memset(used, 0, (size_t)E * sizeof(int));
+    const size_t row = (size_t)C * value_bytes();
+    for (long n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            long i = n * k + j;
+            if (st->slot[i] < 0) continue;
+            int e = st->choice[i];
+            st->slot[i] = st->first[e] + used[e]++;
+            memcpy(value_at(st->xs, (long)st->slot[i] * C), value_at(ln2, n * C), row);
+        }
+    st->stats[0] = (float)aux;
+    st->stats[1] = (float)dropped;
+    st->stats[2] = (float)total;
+    free(used);
+    free(mean_p);
+}
+
+/* expert e's four tensors inside a layer block */
+static const void *expert_tensor(const tensor_info *t, const void *lp, int which, int e) {
+    return value_at(lp, t[which].offset + (long)e * (t[which].rows / t[LAYER_ROUTER_W].rows) * t[which].cols);
+}
+
+void moe_experts_forward(const tensor_info *t, const void *lp, int e0, int n, const int *count, const int *first,
+                         const void *xs, void *fch, void *gelu, void *ys) {
+    const int C = (int)t[LAYER_FC_W].cols, M = 4 * C;
+    for (int e = e0; e < e0 + n; e++) {
+        if (!count[e]) continue;
+        long at = first[e];
+        KP->matmul_forward(value_at(fch, at * M), value_at(xs, at * C), expert_tensor(t, lp, LAYER_FC_W, e),
+                           expert_tensor(t, lp, LAYER_FC_B, e), count[e], C, M);
+        KP->gelu_forward(value_at(gelu, at * M), value_at(fch, at * M), (long)count[e] * M);
+        KP->matmul_forward(value_at(ys, at * C), value_at(gelu, at * M), expert_tensor(t, lp, LAYER_FCPROJ_W, e),
+                           expert_tensor(t, lp, LAYER_FCPROJ_B, e), count[e], M, C);
+    }
+}
+
+void moe_experts_backward(const tensor_info *t, const void *lp, void *gp, int e0, int n, const int *count,
+                          const int *first, const void *xs, const void *fch, const void *gelu, const void *dys,
+                          void *dfch, void *dgelu, void **dxs) {
+    const int C = (int)t[LAYER_FC_W].cols, M = 4 * C;
+    const size_t vb = value_bytes();
+    long slots = 0;
+    for (int e = e0; e < e0 + n; e++) slots += count[e];
+    long base = n ? first[e0] : 0;
+    mem_zero(value_at(dgelu, base * M), (size_t)slots * M * vb);
+    mem_zero(value_at(dfch, base * M), (size_t)slots * M * vb);
+    for (int e = e0; e < e0 + n; e++) {
+        if (!count[e]) continue;
+        long at = first[e];
+        KP->matmul_backward(value_at(dgelu, at * M), (void *)expert_tensor(t, gp, LAYER_FCPROJ_W, e),
+                            (void *)expert_tensor(t, gp, LAYER_FCPROJ_B, e), value_at(dys, at * C),
+                            value_at(gelu, at * M), expert_tensor(t, lp, LAYER_FCPROJ_W, e), count[e], M, C);
+        KP->gelu_backward(value_at(dfch, at * M), value_at(dgelu, at * M), value_at(fch, at * M), (long)count[e] * M);
+    }
+    /* the gradient of the slots' inputs goes where dgelu was */
+    *dxs = dgelu;
+    mem_zero(value_at(dgelu, base * C), (size_t)slots * C * vb);
+    for (int e = e0; e < e0 + n; e++) {
+        if (!count[e]) continue;
+        long at = first[e];
+        KP->matmul_backward(value_at(dgelu, at * C), (void *)expert_tensor(t, gp, LAYER_FC_W, e),
+                            (void *)expert_tensor(t, gp, LAYER_FC_B, e), value_at(dfch, at * M), value_at(xs, at * C),
+                            expert_tensor(t, lp, LAYER_FC_W, e), count[e], C, M);
+    }
+}
+
+/* ---- the hooks -------------------------------------------------------------------- */
+
+void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N) {
+    const gpt_config *cfg = h->cfg;
+    const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model;
+    moe_state st = moe_state_view(la->moe, cfg, N);
+    st.stats = la->moe_stats;
+    moe_route(cfg, h->tensors, lp, la->ln2, &st, N);
+    moe_experts_forward(h->tensors, lp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, st.ys);
+    /* combine: the gates times the kept outputs, in choice order */
+    float *acc = malloc((size_t)C * sizeof(float));
+    for (long n = 0; n < N; n++) {
+        memset(acc, 0, (size_t)C * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            int s = st.slot[n * k + j];
+            if (s < 0) continue;
+            float gt = st.gate[n * k + j];
+            for (int c = 0; c < C; c++) acc[c] += gt * value_get(st.ys, (long)s * C + c);
+        }
+        for (int c = 0; c < C; c++) value_set(out, n * C + c, acc[c]);
+    }
+    free(acc);
+}
+
+void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const layer_acts *la,
+                      const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N) {
+    if (pass != GPT_PASS_FUSED) die("--experts: the backward in two halves (B, W) is not written for experts");
+    const gpt_config *cfg = h->cfg;
+    const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq;
+    moe_state st = moe_state_view(la->moe, cfg, N);
+    moe_scratch sc = moe_scratch_view(s->moe, cfg, N);
+    /* through the combine: each kept slot's output gradient, each gate's */
+    for (long n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            long i = n * k + j;
+            int sl = st.slot[i];
+            float dg = 0;
+            if (sl >= 0)
+                for (int c = 0; c < C; c++) {
+                    float d = value_get(dout, n * C + c);
+                    dg += d * value_get(st.ys, (long)sl * C + c);
+                    value_set(sc.dys, (long)sl * C + c, st.gate[i] * d);
+                }
+            sc.dgate[i] = dg;
+        }
+    void *dxs;
+    moe_experts_backward(h->tensors, lp, gp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, sc.dys, dfch,
+                         s->dfch_gelu, &dxs);
+    /* through the gates and the aux loss to the router's probabilities, then its softmax */
+    const float aux_scale = cfg->aux_coef * (float)E * s->dloss / (float)cfg->layers;
+    for (long n = 0; n < N; n++) {
+        float *dp = sc.dp + n * E, *p = st.probs + n * E;
+        const float *f = st.freq + (n / T) * E;
+        for (int e = 0; e < E; e++) dp[e] = aux_scale * f[e];
+        const int *ch = st.choice + n * k;
+        const float *dg = sc.dgate + n * k, *gt = st.gate + n * k;
+        if (k == 1) {
+            dp[ch[0]] += dg[0];
+        } else { /* g_j = p_j / Z: dp_i = (dg_i - sum_j dg_j g_j) / Z */
+            float z = 0, dot = 0;
+            for (int j = 0; j < k; j++) z += p[ch[j]], dot += dg[j] * gt[j];
+            for (int j = 0; j < k; j++) dp[ch[j]] += (dg[j] - dot) / z;
+        }
+        float pd = 0;
+        for (int e = 0; e < E; e++) pd += p[e] * dp[e];
+        for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pd); /* now d logits */
+    }
+    /* dinp = the kept slots' input gradients in choice order + the router's */
+    const void *wr = value_at(lp, h->tensors[LAYER_ROUTER_W].offset);
+    void *dwr = value_at(gp, h->tensors[LAYER_ROUTER_W].offset);
+    float *acc = malloc((size_t)C * sizeof(float));
+    for (long n = 0; n < N; n++) {
+        memset(acc, 0, (size_t)C * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            int sl = st.slot[n * k + j];
+            if (sl < 0) continue;
+            for (int c = 0; c < C; c++) acc[c] += value_get(dxs, (long)sl * C + c);
+        }
+        for (int e = 0; e < E; e++) {
+            float dl = sc.dp[n * E + e];
+            for (int c = 0; c < C; c++) acc[c] += dl * value_get(wr, (long)e * C + c);
+        }
+        for (int c = 0; c < C; c++) value_set(dinp, n * C + c, acc[c]);
+    }
+    free(acc);
+    /* the router's weight gradient, summed over positions in order */
+    float *dw = calloc((size_t)E * C, sizeof(float));
+    for (long n = 0; n < N; n++)
+        for (int e = 0; e < E; e++) {
+            float dl = sc.dp[n * E + e];
+            for (int c = 0; c < C; c++) dw[(long)e * C + c] += dl * value_get(la->ln2, n * C + c);
+        }
+    for (long i = 0; i < (long)E * C; i++) value_set(dwr, i, value_get(dwr, i) + dw[i]);
+    free(dw);
+}
+
+/* ---- what a block's layers report ----------------------------------------------------- */
+
+double moe_aux_loss(const gpt_layout *g, const gpt_acts *a) {
+    const gpt_config *c = &g->cfg;
+    if (c->experts <= 0) return 0;
+    double sum = 0;
+    for (int l = 0; l < a->hi - a->lo; l++) {
+        sum += a->layer[l].moe_stats[0];
+    }
+    return c->aux_coef / c->layers * sum / a->B;
+}
+
+void moe_expert_choices(const gpt_layout *g, const gpt_acts *a, double *counts) {
+    const gpt_config *c = &g->cfg;
+    const long E = c->experts;
+    for (int l = 0; l < a->hi - a->lo; l++)
+        for (long e = 0; e < E; e++) counts[l * E + e] = a->layer[l].moe_stats[4 + e];
+}
+
+long moe_dropped(const gpt_layout *g, const gpt_acts *a) {
+    const gpt_config *c = &g->cfg;
+    if (c->experts <= 0) return 0;
+    long dropped = 0;
+    for (int l = 0; l < a->hi - a->lo; l++) dropped += (long)a->layer[l].moe_stats[1];
+    return dropped;
+}

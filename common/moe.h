@@ -1,0 +1,88 @@
+/* Mixture of experts: the MLP of every layer becomes E experts (each the dense
+ * MLP's shape: fc [4C,C] -> GELU -> fc-proj [C,4C]) and a router W_r [E,C]
+ * that sends each token to k of them (--experts E, --top-k k).
+ *
+ * Router (fp32 in both precisions): p = softmax(ln2 W_r^T) over the E experts;
+ * the k largest, ties to the lower expert index, in descending order; gates
+ * g_j = p_j / (p_1 + .. + p_k). With k = 1 that renormalised gate would be 1
+ * whatever p is, and the router would get no gradient from the loss: top-1
+ * uses the probability itself as the gate (Switch Transformer's choice), so
+ * the output y = p_e E_e(x) still moves p.
+ *
+ * Capacity (--capacity-factor F > 0): each expert takes at most
+ * ceil(k T F / E) tokens of each sequence, taken in position order (a token's
+ * choices in their order); the rest are dropped: a dropped choice adds
+ * nothing, the residual carries the token. Per sequence, so which choices
+ * drop never depends on how the batch is split over ranks.
+ *
+ * Slots: the kept (token, choice) pairs, sorted by expert, then by token (its
+ * position in the block), so every sum has one order whatever the layout.
+ *
+ * Aux loss (Switch, eq. 4, per sequence): E sum_e f_e P_e, f_e the share of
+ * the sequence's k T choices that picked e (before dropping), P_e the mean of
+ * p_e over the sequence; 1 under uniform routing. The training loss adds
+ * a / L times its sum over the L layers, averaged over sequences (so a
+ * uniform router adds exactly a, --aux-loss-coef). f is a count, so only P
+ * carries a gradient: d/dp_{t,e} = a E f_e / (L T B_global). */
+#ifndef PL_MOE_H
+#define PL_MOE_H
+#include "model.h"
+
+/* What the forward keeps of one layer (inside layer_acts.moe), N positions. */
+typedef struct moe_state {
+    float *probs;   /* [N,E] the router's softmax */
+    int *choice;    /* [N,k] chosen experts, descending p */
+    float *gate;    /* [N,k] their gates */
+    int *slot;      /* [N,k] slot of each choice, -1 dropped */
+    int *count;     /* [E] kept slots per expert */
+    int *first;     /* [E] first slot of each expert */
+    float *freq;    /* [B,E] f of each sequence */
+    float *stats;   /* layer_acts.moe_stats, kept in every --recompute mode: [0] the sum over
+                     * the block's sequences of E sum_e f P; [1] dropped choices; [2] slots;
+                     * [4 + e] choices of expert e (before dropping) */
+    void *xs, *ys;  /* [kN,C] the slots' inputs (ln2 rows) and the experts' outputs */
+} moe_state;
+
+/* The backward's buffers (inside gpt_grad_scratch.moe). */
+typedef struct moe_scratch {
+    void *dys;    /* [kN,C] gradient of each slot's expert output */
+    float *dgate; /* [N,k] */
+    float *dp;    /* [N,E] */
+} moe_scratch;
+
+long moe_state_bytes(const gpt_config *cfg, long N);   /* 0 without experts */
+long moe_scratch_bytes(const gpt_config *cfg, long N); /* 0 without experts */
+moe_state moe_state_view(void *raw, const gpt_config *cfg, long N);
+moe_scratch moe_scratch_view(void *raw, const gpt_config *cfg, long N);
+
+/* ceil(k T F / E) slots per expert and sequence; 0 with F = 0 (no limit). */
+int moe_capacity(const gpt_config *cfg);
+
+/* The MLP hooks of a model with experts (gpt_default_hooks installs them). */
+void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N);
+void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const layer_acts *la,
+                      const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N);
+
+/* The pieces of the hooks, for a lab that moves the slots between ranks:
+ * route: the router, top-k, capacity and slots of N positions from ln2 into st
+ * (and xs gathered); experts: experts [e0, e0 + n) of a layer block's tensors
+ * h->tensors on their slots (first[] relative to xs, ys, fch, gelu);
+ * combine: out = sum of gates x ys in choice order. */
+void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp, const void *ln2, moe_state *st,
+               int N);
+void moe_experts_forward(const tensor_info *tensors, const void *lp, int e0, int n, const int *count,
+                         const int *first, const void *xs, void *fch, void *gelu, void *ys);
+/* dys -> dxs (written into dgelu's room after use), accumulating the experts' gradients */
+void moe_experts_backward(const tensor_info *tensors, const void *lp, void *gp, int e0, int n, const int *count,
+                          const int *first, const void *xs, const void *fch, const void *gelu, const void *dys,
+                          void *dfch, void *dgelu, void **dxs);
+
+/* The aux loss of a block's layers: a / L x sum over them of the per-layer
+ * sums, / B (its sequences); 0 without experts. And the dropped choices. */
+double moe_aux_loss(const gpt_layout *g, const gpt_acts *a);
+long moe_dropped(const gpt_layout *g, const gpt_acts *a);
+/* Choices per expert (before dropping) of the block's layers: counts[l E + e]
+ * for its layer lo + l. */
+void moe_expert_choices(const gpt_layout *g, const gpt_acts *a, double *counts);
+
+#endif

@@ -1,0 +1,226 @@
+/* Mixture of experts (common/moe.c): the model's gradient against central
+ * finite differences with experts (top-2, top-2 with dropping, top-1, the aux
+ * loss weighted up so its gradient shows), the router's rules on numbers
+ * worked by hand (ties, gates, capacity in position order, the aux loss of a
+ * uniform router), --recompute with experts bit for bit, and dense E = 0
+ * keeping the dense layout. */
+#include "device.h"
+#include "kernels.h"
+#include "mem.h"
+#include "model.h"
+#include "moe.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+#define CHECK(cond, ...) do { if (!(cond)) { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } } while (0)
+
+enum { B = 3 };
+static const gpt_config base = {.vocab = 17, .seq = 5, .layers = 2, .d_model = 8, .heads = 2,
+                                .experts = 4, .top_k = 2, .aux_coef = 0.1f};
+
+static void set_batch(gpt_acts *a, long N, int vocab) {
+    for (long i = 0; i < N; i++) {
+        if (a->tokens) a->tokens[i] = (int)((i * 7 + 3) % vocab);
+        if (a->targets) a->targets[i] = (int)((i * 5 + 1) % vocab);
+    }
+}
+
+/* which expert each choice went to and its slot, over every layer: a finite
+ * difference is only defined where a step of h leaves the routing alone */
+static uint64_t routing_of(const gpt_config *c, const gpt_acts *a) {
+    long N = (long)a->B * c->seq;
+    uint64_t h = 1469598103934665603ULL;
+    for (int l = 0; l < a->hi - a->lo; l++) {
+        moe_state st = moe_state_view(a->layer[l].moe, c, N);
+        for (long i = 0; i < N * c->top_k; i++) {
+            h = (h ^ (uint64_t)(st.choice[i] + 7)) * 1099511628211ULL;
+            h = (h ^ (uint64_t)(st.slot[i] + 7)) * 1099511628211ULL;
+        }
+    }
+    return h;
+}
+
+static double loss_of(const gpt_layout *g, float *params, gpt_acts *a) {
+    gpt_forward(g, params, a);
+    return gpt_mean_loss(g, a);
+}
+
+static void gradcheck(const char *name, gpt_config c, int want_drops) {
+    gpt_layout g;
+    gpt_layout_init(&g, &c);
+    long P = g.total, N = (long)B * c.seq;
+    float *params = mem_alloc(P * sizeof(float), MEM_PARAMS), *grads = mem_alloc(P * sizeof(float), MEM_GRADS);
+    gpt_init_params(&g, 7, 0, P, params);
+    for (long i = 0; i < P; i++) params[i] += 0.05f * rng_normal(99, 0, (uint64_t)i);
+    /* a router of this size at init is near uniform (many near-ties, which finite
+     * differences cannot cross): spread it 4x. Measured: the L2 error is 4e-4 at
+     * 1x and 4x, 5.5e-4 at 8x, 2e-3 at 20x (the softmax's curvature grows with
+     * its sharpness; the aux loss's weight changes nothing) */
+    for (int l = 0; l < c.layers; l++) {
+        float *wr = params + gpt_layer_offset(&g, l) + g.layer[LAYER_ROUTER_W].offset;
+        for (long i = 0; i < (long)c.experts * c.d_model; i++) wr[i] *= 4.0f;
+    }
+    gpt_acts a;
+    gpt_grad_scratch s;
+    gpt_acts_alloc(&a, &g, 0, c.layers, B);
+    gpt_scratch_alloc(&s, &g, B);
+    gpt_acts_bind(&a, &s);
+    set_batch(&a, N, c.vocab);
+    mem_zero(grads, P * sizeof(float));
+    double loss0 = loss_of(&g, params, &a);
+    const uint64_t route0 = routing_of(&c, &a);
+    long dropped = moe_dropped(&g, &a);
+    double aux = moe_aux_loss(&g, &a);
+    gpt_backward(&g, params, grads, &a, &s, NULL, 1.0f / (float)N, NULL, NULL);
+
+    double num2 = 0, err2 = 0, worst = 0;
+    long skipped = 0, worst_i = -1;
+    const float h = 3e-3f; /* as test_model's */
+    for (long i = 0; i < P; i++) {
+        float keep = params[i];
+        params[i] = keep + h;
+        double lp = loss_of(&g, params, &a);
+        int same = routing_of(&c, &a) == route0;
+        params[i] = keep - h;
+        double lm = loss_of(&g, params, &a);
+        same &= routing_of(&c, &a) == route0;
+        params[i] = keep;
+        if (!same) { skipped++; continue; }
+        double num = (lp - lm) / (2.0 * h), an = grads[i];
+        num2 += num * num;
+        err2 += (num - an) * (num - an);
+        double e = fabs(num - an) / (fabs(num) + fabs(an) + 1e-3);
+        if (e > worst) { worst = e; worst_i = i; }
+    }
+    double rel = sqrt(err2 / num2);
+    printf("%s: loss %.5f (aux %.5f), %ld dropped choices; gradient vs finite differences over %ld parameters "
+           "(%ld skipped: a step of h changes the routing): relative L2 error %.2e, worst %.2e (index %ld)\n",
+           name, loss0, aux, dropped, P - skipped, skipped, rel, worst, worst_i);
+    CHECK(rel < 1e-3, "%s: relative L2 error %.3e >= 1e-3", name, rel);
+    CHECK(worst < 5e-2, "%s: worst element error %.3e >= 5e-2 at %ld", name, worst, worst_i);
+    CHECK(skipped < P / 50, "%s: %ld of %ld parameters change the routing", name, skipped, P);
+    CHECK(want_drops ? dropped > 0 : dropped == 0, "%s: %ld dropped choices", name, dropped);
+    /* the router and every expert got a gradient */
+    for (int part = LAYER_FC_W; part <= LAYER_ROUTER_W; part++) {
+        const tensor_info *t = &g.layer[part];
+        double sum = 0;
+        for (long i = 0; i < t->rows * t->cols; i++) sum += fabs(grads[gpt_layer_offset(&g, 0) + t->offset + i]);
+        CHECK(sum > 0, "%s: %s has no gradient", name, t->name);
+    }
+
+    /* --recompute with experts: the same loss and gradients, bit for bit */
+    for (int mode = GPT_RECOMPUTE_SELECTIVE; mode <= GPT_RECOMPUTE_FULL; mode++) {
+        gpt_config rc = c;
+        rc.recompute = mode;
+        gpt_layout gr;
+        gpt_layout_init(&gr, &rc);
+        gpt_acts ar;
+        gpt_grad_scratch sr;
+        gpt_acts_alloc(&ar, &gr, 0, c.layers, B);
+        gpt_scratch_alloc(&sr, &gr, B);
+        gpt_acts_bind(&ar, &sr);
+        set_batch(&ar, N, c.vocab);
+        float *gm = mem_alloc(P * sizeof(float), MEM_GRADS);
+        mem_zero(gm, P * sizeof(float));
+        double lm = loss_of(&gr, params, &ar);
+        gpt_backward(&gr, params, gm, &ar, &sr, NULL, 1.0f / (float)N, NULL, NULL);
+        CHECK(lm == loss0 && memcmp(gm, grads, P * sizeof(float)) == 0,
+              "%s --recompute %s: loss or gradients differ from none's", name, gpt_recompute_names[mode]);
+        CHECK(ar.bytes < a.bytes, "%s --recompute %s keeps no less", name, gpt_recompute_names[mode]);
+        mem_free(gm);
+        gpt_acts_free(&ar);
+        gpt_scratch_free(&sr);
+    }
+    gpt_acts_free(&a);
+    gpt_scratch_free(&s);
+    mem_free(params);
+    mem_free(grads);
+}
+
+/* A zero router: every p = 1/E, so every token picks experts 0 and 1 (ties to
+ * the lower index) with gates 1/2; with F = 1, capacity ceil(2 x 5 x 1 / 4) = 3,
+ * so positions 3 and 4 of every sequence drop both choices; the aux loss of
+ * each sequence is E (1/2 x 1/E + 1/2 x 1/E) = 1, the loss adds exactly a. */
+static void rules_by_hand(void) {
+    gpt_config c = base;
+    c.capacity_factor = 1.0f;
+    gpt_layout g;
+    gpt_layout_init(&g, &c);
+    long P = g.total, N = (long)B * c.seq;
+    float *params = mem_alloc(P * sizeof(float), MEM_PARAMS);
+    gpt_init_params(&g, 7, 0, P, params);
+    for (int l = 0; l < c.layers; l++)
+        memset(params + gpt_layer_offset(&g, l) + g.layer[LAYER_ROUTER_W].offset, 0,
+               (size_t)c.experts * c.d_model * sizeof(float));
+    gpt_acts a;
+    gpt_acts_alloc(&a, &g, 0, c.layers, B);
+    set_batch(&a, N, c.vocab);
+    gpt_forward(&g, params, &a);
+    CHECK(moe_capacity(&c) == 3, "capacity %d, want ceil(2 x 5 x 1 / 4) = 3", moe_capacity(&c));
+    int bad = 0;
+    for (int l = 0; l < c.layers; l++) {
+        moe_state st = moe_state_view(a.layer[l].moe, &c, N);
+        for (long n = 0; n < N; n++) {
+            int t = (int)(n % c.seq), kept = t < 3;
+            bad += st.choice[2 * n] != 0 || st.choice[2 * n + 1] != 1;
+            bad += st.gate[2 * n] != 0.5f || st.gate[2 * n + 1] != 0.5f;
+            bad += (st.slot[2 * n] >= 0) != kept || (st.slot[2 * n + 1] >= 0) != kept;
+        }
+        /* slots: expert 0's 9 tokens in order, then expert 1's */
+        bad += st.count[0] != 3 * B || st.count[1] != 3 * B || st.count[2] || st.count[3];
+        bad += st.slot[2 * (c.seq + 1)] != 4 || st.slot[2 * (c.seq + 1) + 1] != 3 * B + 4;
+        bad += a.layer[l].moe_stats[1] != 2 * 2 * B || fabsf(a.layer[l].moe_stats[0] - (float)B) > 1e-5f;
+    }
+    CHECK(!bad, "a zero router: %d choices, gates, slots or counts differ from the rules", bad);
+    double aux = moe_aux_loss(&g, &a);
+    printf("zero router: experts 0 and 1 with gates 1/2, capacity 3, %ld dropped (want %d), aux loss %.7f (want a = "
+           "%.2f)\n", moe_dropped(&g, &a), 2 * 2 * B * c.layers, aux, c.aux_coef);
+    CHECK(moe_dropped(&g, &a) == 2 * 2 * B * c.layers, "dropped %ld", moe_dropped(&g, &a));
+    CHECK(fabs(aux - c.aux_coef) < 1e-6, "aux loss %.7f is not a = %.2f under uniform routing", aux, c.aux_coef);
+    /* top-1 gates by p itself: 1/E */
+    c.top_k = 1;
+    c.capacity_factor = 0;
+    gpt_layout g1;
+    gpt_layout_init(&g1, &c);
+    gpt_acts a1;
+    gpt_acts_alloc(&a1, &g1, 0, c.layers, B);
+    set_batch(&a1, N, c.vocab);
+    gpt_forward(&g1, params, &a1);
+    moe_state st = moe_state_view(a1.layer[0].moe, &c, N);
+    CHECK(st.choice[0] == 0 && fabsf(st.gate[0] - 0.25f) < 1e-7f, "top-1: expert %d gate %g, want 0 and 1/4",
+          st.choice[0], st.gate[0]);
+    gpt_acts_free(&a);
+    gpt_acts_free(&a1);
+    mem_free(params);
+}
+
+int main(void) {
+    device_use(DEVICE_CPU, 0);
+    /* E = 0 is the dense model: no router, the dense MLP's sizes */
+    gpt_config dense = base;
+    dense.experts = 0;
+    gpt_layout gd, ge;
+    gpt_layout_init(&gd, &dense);
+    gpt_layout_init(&ge, &base);
+    long C = base.d_model, mlp = 8 * C * C + 5 * C;
+    CHECK(gd.layer[LAYER_ROUTER_W].rows == 0 && gd.layer_size == ge.layer_size - 3 * mlp - base.experts * C,
+          "layer sizes: dense %ld, experts %ld", gd.layer_size, ge.layer_size);
+
+    rules_by_hand();
+    gradcheck("top-2", base, 0);
+    gpt_config c = base;
+    c.capacity_factor = 1.0f;
+    gradcheck("top-2, capacity factor 1", c, 1);
+    c = base;
+    c.top_k = 1;
+    gradcheck("top-1", c, 0);
+    c.capacity_factor = 1.0f;
+    gradcheck("top-1, capacity factor 1", c, 1);
+    if (failures) { printf("%d check(s) failed\n", failures); return 1; }
+    printf("moe tests passed\n");
+    return 0;
+}
