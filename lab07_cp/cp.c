@@ -54,7 +54,7 @@ static void cp_attention_forward(void *ctx, void *atty, void *att, const void *q
     copy_rows(h->kv[0], 2 * C, value_at(qkv, C), 3 * C, (long)B * T, 2 * C);
     if (h->algo == TH_CP_ALLGATHER) {
         comm_allgather(h->cp, h->kv[0], h->kv_all, block * N);
-        for (int s = 0; s < N; s++) { /* the ring's order: the same merges, the same bits */
+        for (int s = 0; s < N; s++) { /* the ring's order: the forward's bits are the ring's */
             const int src = (h->rank + N - s) % N;
             forward_block(h, atty, lse, qkv, value_at(h->kv_all, src * block), src, s == 0, heads, HS);
         }

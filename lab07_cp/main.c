@@ -66,23 +66,38 @@ int main(int argc, char **argv) {
               ctx.opt.batch, dp);
     run_check(&ctx, ctx.opt.seq % chunks == 0, "--seq %d is not divisible by the %d chunks of --cp-layout %s "
               "(%s N = %d ranks)", ctx.opt.seq, chunks, layout_name, cp_layout == TH_CP_ZIGZAG ? "2 x" : "", N);
-    run_check(&ctx, !ctx.opt.dry_run, "--dry-run: theory/predict does not know lab07's context-parallel layout "
-              "yet (lab07 runs its formulas beside its measurements instead)");
     run_setup(&ctx);
 
-    const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model, H = ctx.opt.heads;
+    const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     const int rows = B / dp, Tl = T / N;
+    /* the traffic per rank per step: K/V per layer (theory/context.c; --recompute
+     * runs each attention forward again, its ring too) + the gradients' all-reduce */
+    const double vb = (double)value_bytes();
+    const th_cp_traffic tf = th_cp_layer_traffic(algo, N, rows, T, C, C, vb);
+    const double attention_forwards = ctx.model.recompute == GPT_RECOMPUTE_NONE ? 1 : 2;
+    gpt_layout g, local; /* the model; and the same with the positions a rank's layers run on */
+    gpt_layout_init(&g, &ctx.model);
+    const long P = g.total;
+    /* the record counts a point-to-point message at both ends (send and recv), a collective once */
+    const double ends = algo == TH_CP_RING ? 2 : 1;
+    const double comm_formula = ends * L * (attention_forwards * tf.fwd_sent + tf.bwd_sent) +
+                                th_dp_traffic(vb * (double)P, ctx.size, 1).ring;
+    char layout[64], formula_text[160];
+    snprintf(layout, sizeof layout, "cp=%d dp=%d %s %s", N, dp, algo_name, layout_name);
+    snprintf(formula_text, sizeof formula_text, "%sL x K/V per layer (theory/context.c, %s)%s + ring all-reduce "
+             "2(R-1)/R x gradient bytes over all R ranks", ends > 1 ? "2 ends x " : "", algo_name,
+             attention_forwards > 1 ? ", the forward's twice (--recompute)" : "");
+    if (ctx.opt.dry_run) /* no prediction of memory and time yet: theory/predict does not know CP */
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
+                                             .comm_formula = formula_text, .bubble_theory = -1});
     comm world, cp;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     comm_split(&world, world.rank / N, world.rank % N, &cp); /* consecutive ranks share a sequence */
     const int dp_rank = world.rank / N;
-    gpt_layout g, local; /* the model; and the same with the positions a rank's layers run on */
-    gpt_layout_init(&g, &ctx.model);
     local = g;
     local.cfg.seq = Tl; /* wpe keeps all T rows: the embedding reads them by global position */
     cp_hooks ch;
     cp_hooks_init(&ch, &g, &cp, algo, cp_layout, rows);
-    const long P = g.total;
     void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS);
     void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
     float *master = master_alloc(params, P);
@@ -95,7 +110,7 @@ int main(int argc, char **argv) {
     params_from_master(params, master, P);
     /* a layer keeps its log-sum-exp (fp32, one per query row and head) where
      * the one-rank layer keeps its attention matrix */
-    const gpt_part part = {H, 4 * C, 1, 0, (int)(sizeof(float) / value_bytes())};
+    const gpt_part part = {ctx.opt.heads, 4 * C, 1, 0, (int)(sizeof(float) / value_bytes())};
     gpt_acts acts;
     gpt_acts_alloc_part(&acts, &local, 0, L, rows, &part);
     acts.positions = cp_positions(&ch);
@@ -145,19 +160,16 @@ int main(int argc, char **argv) {
     }
 
     /* what the summary sets beside the formulas */
-    const double vb = (double)value_bytes();
-    const th_cp_traffic tf = th_cp_layer_traffic(algo, N, rows, T, C, C, vb);
     const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : COLL_ALLGATHER;
     const double steps = ctx.steps_done > 0 ? ctx.steps_done : 1;
     double cp_bytes = cp.stats[sent_kind].bytes + (algo == TH_CP_ALLGATHER ? cp.stats[COLL_REDUCE_SCATTER].bytes : 0);
     if (algo == TH_CP_ALLGATHER) cp_bytes *= (N - 1.0) / N; /* the ring column: what leaves the rank */
     const double per_layer = cp_bytes / steps / L;
-    const double formula = tf.fwd_sent + tf.bwd_sent;
+    const double formula = attention_forwards * tf.fwd_sent + tf.bwd_sent;
     long *scores = calloc((size_t)cp.size, sizeof(long));
     long mine = ch.scores;
     MPI_Allgather(&mine, 1, MPI_LONG, scores, 1, MPI_LONG, cp.mpi);
-    char extra[1024], layout[64];
-    snprintf(layout, sizeof layout, "cp=%d dp=%d %s %s", N, dp, algo_name, layout_name);
+    char extra[1024];
     int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\","
                       "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"scores_per_rank\":[",
                       N, dp, algo_name, layout_name, per_layer, formula);
@@ -170,7 +182,7 @@ int main(int argc, char **argv) {
     snprintf(extra + at, sizeof extra - (size_t)at, "]");
     char *record = ckpt_record_json(&ctx, &view, -1, extra);
     run_report report = {.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
-                         .comm_formula_bytes = -1, .comm_formula = "", .bubble_theory = -1, .extra_json = record,
+                         .comm_formula_bytes = comm_formula, .comm_formula = formula_text, .bubble_theory = -1, .extra_json = record,
                          .params_held = P};
     run_finish(&ctx, &report);
     free(record);
@@ -180,7 +192,8 @@ int main(int argc, char **argv) {
         for (int r = 0; r < N; r++)
             printf(" %ld|%.0f", scores[r], th_cp_causal_scores(T, N, r, cp_layout));
         printf("\n  K/V traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
-               "%sB)\n", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d));
+               "%sB%s)\n", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
+               attention_forwards > 1 ? ", the forward twice: --recompute" : "");
         printf("  activations per rank: %sB peak (the layers' T x T attention matrix replaced by the log-sum-exp)\n",
                human((double)mem_peak(MEM_ACTS), a));
     }
