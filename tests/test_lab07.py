@@ -3,7 +3,8 @@ data parallelism, zig-zag and contiguous chunks, ring and all-gather) trains as
 lab01's one-rank run does; the unmasked causal scores each rank computes are
 theory/context.c's exact formula (equal on every rank with zig-zag); the K/V
 bytes per layer are the formula's, and the step's ring traffic is the
-summary's formula; the activations per rank fall with the CP degree.
+summary's formula; the activations per rank are the formula derived here
+(1/N of one rank's).
 
 usage: test_lab07.py equivalence|precision"""
 import os
@@ -42,6 +43,19 @@ def kv_bytes_per_layer(algo, n, rows):
     return 2 * (n - 1) * b + 4 * (n - 1) * b  # all-gather fwd, again + reduce-scatter bwd
 
 
+def acts_bytes_per_rank(rows, n):
+    """The activations one rank allocates, derived here from the shapes (fp32,
+    every piece 64-byte aligned): per layer the one-rank layer's pieces on
+    rows x T/N positions, with one log-sum-exp per query row and head where the
+    attention matrix was; tokens, targets, the layers' input and the head's."""
+    def piece(values):
+        return (values * 4 + 63) // 64 * 64
+    N, V = rows * (T // n), 256
+    layer = [N * C, N, N, 3 * N * C, N * C, N * H, N * C, N * C, N, N, 4 * N * C, 4 * N * C, N * C]
+    return (2 * piece(N) + piece(N * C) + L * sum(piece(x) for x in layer)
+            + piece(N * C) + 2 * piece(N) + 2 * piece(N * V) + piece(N))
+
+
 def equivalence():
     ref, _, _ = run("lab01_dp", 1, ARGS)
     acts = {}
@@ -73,12 +87,14 @@ def equivalence():
                 check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
                       f"{name}: ring traffic {rec['comm_ring_bytes_per_step']} != formula "
                       f"{rec['comm_formula_bytes_per_step']}")
-                print(f"{name}: scores {want}, K/V {kv} B per layer, acts {rec['mem_peak_bytes']['acts']} B")
+                want_acts = acts_bytes_per_rank(B // (ranks // cp), cp)
+                check(rec["mem_peak_bytes_per_rank"]["acts"] == [want_acts] * ranks,
+                      f"{name}: activations per rank {rec['mem_peak_bytes_per_rank']['acts']} != {want_acts} derived")
+                print(f"{name}: scores {want}, K/V {kv} B per layer, acts {want_acts} B per rank = the formula")
                 if ranks == cp and layout == "zigzag" and algo == "ring":
                     acts[cp] = rec["mem_peak_bytes"]["acts"]
-    # activations: every per-position piece falls to 1/N (x_in, ln, qkv, MLP,
-    # the head's logits) and the T x T matrix becomes an lse per row: more than halved at each doubling
-    check(acts[2] < acts[1] / 1.9 and acts[4] < acts[2] / 1.9, f"activations per rank {acts} do not fall ~1/N")
+    # every piece is per position (the T x T matrix became an lse per row): 1/N exactly at these shapes
+    check(all(acts[n] * n == acts[1] for n in acts), f"activations per rank {acts} are not 1/N of one rank's")
     loss = ref["losses"]
     check(loss[-1] < loss[0] - 1.0, f"the loss should fall clearly in 20 steps: {loss[0]:.3f} -> {loss[-1]:.3f}")
 
