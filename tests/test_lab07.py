@@ -6,7 +6,7 @@ bytes per layer are the formula's, and the step's ring traffic is the
 summary's formula; the activations per rank are the formula derived here
 (1/N of one rank's).
 
-usage: test_lab07.py equivalence|precision"""
+usage: test_lab07.py equivalence|precision|resume"""
 import os
 import sys
 
@@ -115,6 +115,21 @@ def precision():
     compare_losses("lab07 -n 2 bf16 vs lab01 -n 1 bf16", rec["losses"], ref["losses"], 2e-3)
 
 
+def resume():
+    """--save at cp = 2, --resume at cp = 2 x dp = 2 contiguous and in lab01: a
+    whole replica on every rank, so any layout continues the same run."""
+    import tempfile
+    ck = os.path.join(tempfile.mkdtemp(prefix="pl-l7ck-"), "ck.safetensors")
+    ref, _, _ = run("lab01_dp", 1, ARGS)
+    half = [a if a != "20" else "10" for a in ARGS]
+    first, _, _ = run(LAB, 2, half + ["--save", ck])
+    compare_losses("lab07 -n 2 steps 1-10 vs lab01", first["losses"], ref["losses"][:10], 1e-5)
+    for lab, n, extra in ((LAB, 4, ["--cp", "2", "--cp-layout", "contiguous"]), ("lab01_dp", 1, [])):
+        rec, _, _ = run(lab, n, half + extra + ["--resume", ck])
+        compare_losses(f"{lab} -n {n} {' '.join(extra)} resumed, steps 11-20 vs lab01", rec["losses"],
+                       ref["losses"][10:], 1e-5)
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "precision": precision}[sys.argv[1]]()
+    {"equivalence": equivalence, "precision": precision, "resume": resume}[sys.argv[1]]()
     print("passed")
