@@ -38,6 +38,28 @@ static void print_chunks(const int *pos, int n, int rank) {
     printf("\n");
 }
 
+/* --eval: the mean loss over the held-out batches, forward only, laid out as
+ * in training. Its K/V traffic stays out of the counts, so the record's per-step
+ * figures are the training's. */
+static double evaluate(const run_ctx *ctx, const gpt_layout *local, const cp_hooks *ch, comm *world, comm *cp,
+                       const void *params, gpt_acts *acts, int rows, int dp_rank, int *tokens, int *targets) {
+    const int T = ctx->opt.seq;
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, cp->stats, sizeof training);
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        data_batch(&heldout, 0, b, dp_rank * rows, rows, T, tokens, targets);
+        gpt_acts_set_batch(acts, tokens, targets, T);
+        gpt_forward_with(local, &ch->hooks, params, acts);
+        sum += gpt_mean_loss(local, acts);
+    }
+    memcpy(cp->stats, training, sizeof training);
+    comm_allreduce_host(world, &sum, 1);
+    return sum / ((double)batches * world->size);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int cp_degree = 0;
@@ -159,6 +181,12 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
 
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &local, &ch, &world, &cp, params, &acts, rows, dp_rank, tokens, targets);
+        ckpt_print_eval(&ctx, eval_loss);
+    }
+
     /* what the summary sets beside the formulas */
     const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : COLL_ALLGATHER;
     const double steps = ctx.steps_done > 0 ? ctx.steps_done : 1;
@@ -180,7 +208,7 @@ int main(int argc, char **argv) {
         at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.0f", r ? "," : "",
                        th_cp_causal_scores(T, N, r, cp_layout));
     snprintf(extra + at, sizeof extra - (size_t)at, "]");
-    char *record = ckpt_record_json(&ctx, &view, -1, extra);
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
                          .comm_formula_bytes = comm_formula, .comm_formula = formula_text, .bubble_theory = -1, .extra_json = record,
                          .params_held = P};

@@ -124,10 +124,15 @@ def resume():
     half = [a if a != "20" else "10" for a in ARGS]
     first, _, _ = run(LAB, 2, half + ["--save", ck])
     compare_losses("lab07 -n 2 steps 1-10 vs lab01", first["losses"], ref["losses"][:10], 1e-5)
+    evals = []
     for lab, n, extra in ((LAB, 4, ["--cp", "2", "--cp-layout", "contiguous"]), ("lab01_dp", 1, [])):
-        rec, _, _ = run(lab, n, half + extra + ["--resume", ck])
+        rec, _, _ = run(lab, n, half + extra + ["--resume", ck, "--eval"])
         compare_losses(f"{lab} -n {n} {' '.join(extra)} resumed, steps 11-20 vs lab01", rec["losses"],
                        ref["losses"][10:], 1e-5)
+        evals.append(rec["eval_loss"])
+    # --eval: the held-out loss over the same global tokens, forward only
+    check(abs(evals[0] - evals[1]) <= 1e-5 * evals[1], f"--eval: lab07 {evals[0]} vs lab01 {evals[1]}")
+    print(f"--eval after resuming: lab07 {evals[0]:.6f}, lab01 {evals[1]:.6f}")
 
 
 if __name__ == "__main__":
