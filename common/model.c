@@ -156,18 +156,18 @@ static void *carve(void *block, long *used, long n, size_t size) {
  * rank's share of them (the residual stream stays C wide either way), and the
  * parts the residual stream's positions are split into (sequence parallelism:
  * gpt_part; 1 otherwise). */
-typedef struct { long heads, attn, mlp, parts, part; } layer_widths;
+typedef struct { long heads, attn, mlp, parts, part, att_row; } layer_widths;
 
 static layer_widths full_widths(const gpt_layout *g) {
     long slots_per_position = g->cfg.experts > 0 ? g->cfg.top_k : 1; /* experts: fch holds k N slots */
-    return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model * slots_per_position, 1, 0};
+    return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model * slots_per_position, 1, 0, g->cfg.seq};
 }
 
 static layer_widths part_widths(const gpt_layout *g, const gpt_part *p) {
     int parts = p->seq_parts > 1 ? p->seq_parts : 1;
     if (g->cfg.seq % parts) die("gpt_part: %d sequence parts do not divide seq %d", parts, g->cfg.seq);
     return (layer_widths){p->heads, (long)p->heads * (g->cfg.d_model / g->cfg.heads), p->mlp_width, parts,
-                          parts > 1 ? p->seq_part : 0};
+                          parts > 1 ? p->seq_part : 0, p->att_row > 0 ? p->att_row : g->cfg.seq};
 }
 
 const char *const gpt_recompute_names[GPT_RECOMPUTE_MODES] = {"none", "selective", "full"};
@@ -206,7 +206,7 @@ static void carve_layer(layer_acts *la, void *block, long *used, const gpt_layou
     PIECE(LA_LN1, ln1_rstd, Ns, FOUR);
     PIECE(LA_QKV, qkv, N * 3 * w.attn, VALUES);
     PIECE(LA_ATTY, atty, N * w.attn, VALUES);
-    PIECE(LA_ATT, att, B * w.heads * T * T, VALUES);
+    PIECE(LA_ATT, att, B * w.heads * T * w.att_row, VALUES);
     PIECE(LA_RES2, res2, Ns * C, VALUES);
     PIECE(LA_LN2, ln2, N * C, VALUES);
     PIECE(LA_LN2, ln2_mean, Ns, FOUR);
@@ -239,7 +239,7 @@ static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, void 
     long layers_start = used, att = 0;
     for (int l = 0; l < a->hi - a->lo; l++) {
         carve_layer(&a->layer[l], block, &used, g, B, w, kept_pieces(g));
-        if (a->layer[l].att) att += ((long)VALUES * B * w.heads * T * T + 63) / 64 * 64;
+        if (a->layer[l].att) att += ((long)VALUES * B * w.heads * T * w.att_row + 63) / 64 * 64;
     }
     a->att_bytes = att;
     a->layer_bytes = used - layers_start - att;
@@ -285,6 +285,20 @@ void gpt_acts_free(gpt_acts *a) {
 void gpt_acts_bind(gpt_acts *a, gpt_grad_scratch *s) { a->scratch = s; }
 
 void gpt_acts_set_batch(gpt_acts *a, const int *tokens, const int *targets, int T) {
+    if (a->positions) { /* gather this block's columns, then one copy each */
+        int *host = malloc(sizeof(int) * (size_t)a->B * a->seq + 1);
+        if (!host) die("out of host memory");
+        for (int k = 0; k < 2; k++) {
+            const int *src = k ? targets : tokens;
+            int *dst = k ? a->targets : a->tokens;
+            if (!src || !dst) continue;
+            for (int b = 0; b < a->B; b++)
+                for (int i = 0; i < a->seq; i++) host[(size_t)b * a->seq + i] = src[(size_t)b * T + a->positions[i]];
+            mem_to_device(dst, host, sizeof(int) * (size_t)a->B * a->seq);
+        }
+        free(host);
+        return;
+    }
     for (int b = 0; b < a->B; b++) {
         size_t at = (size_t)b * T + (size_t)a->seq_first, n = (size_t)a->seq * sizeof(int);
         if (a->tokens && tokens) mem_to_device(a->tokens + (size_t)b * a->seq, tokens + at, n);
@@ -303,7 +317,7 @@ static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, lay
     s->dln = carve(block, &used, N * C, VALUES);
     s->dqkv = carve(block, &used, N * 3 * w.attn, VALUES);
     s->datty = carve(block, &used, N * w.attn, VALUES);
-    s->datt = carve(block, &used, (long)B * w.heads * T * T, VALUES);
+    s->datt = carve(block, &used, (long)B * w.heads * T * w.att_row, VALUES);
     s->dfch = carve(block, &used, N * w.mlp, VALUES);
     s->dfch_gelu = carve(block, &used, N * w.mlp, VALUES);
     s->dlogits = carve(block, &used, Ns * V, VALUES);
@@ -342,8 +356,32 @@ void gpt_scratch_free(gpt_grad_scratch *s) {
 /* The block's positions: B rows of a->seq (all T, or a sequence-parallel slice). */
 static long block_tokens(const gpt_acts *a) { return (long)a->B * a->seq; }
 
+/* With a->positions: one encoder call per run of consecutive global
+ * positions in each row (a zig-zag rank has two per row), each reading its
+ * own rows of wpe. dout NULL: the forward into a->x_in; else the backward
+ * into the gradients ewg. */
+static void embed_runs(const gpt_layout *g, const void *ep, void *eg, const void *dout, const gpt_acts *a) {
+    const int C = g->cfg.d_model, *pos = a->positions;
+    const long wte = g->embed[EMBED_WTE].offset, wpe = g->embed[EMBED_WPE].offset;
+    for (int b = 0; b < a->B; b++)
+        for (int i = 0, j; i < a->seq; i = j) {
+            for (j = i + 1; j < a->seq && pos[j] == pos[j - 1] + 1; j++) {}
+            const long row = (long)b * a->seq + i;
+            if (!dout)
+                KP->encoder_forward(value_at(a->x_in, row * C), a->tokens + row, value_at(ep, wte),
+                                    value_at(ep, wpe + (long)pos[i] * C), 1, j - i, C);
+            else
+                KP->encoder_backward(value_at(eg, wte), value_at(eg, wpe + (long)pos[i] * C), value_at(dout, row * C),
+                                     a->tokens + row, 1, j - i, C);
+        }
+}
+
 void gpt_embed_forward(const gpt_layout *g, const void *ep, gpt_acts *a) {
     int C = g->cfg.d_model; /* a slice of the positions adds its own rows of wpe */
+    if (a->positions) {
+        embed_runs(g, ep, NULL, NULL, a);
+        return;
+    }
     KP->encoder_forward(a->x_in, a->tokens, value_at(ep, g->embed[EMBED_WTE].offset),
                         value_at(ep, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), a->B, a->seq, C);
 }
@@ -402,6 +440,10 @@ void gpt_head_backward(const gpt_layout *g, const void *hp, void *hg, gpt_acts *
 
 void gpt_embed_backward(const gpt_layout *g, void *eg, gpt_acts *a, gpt_grad_scratch *s) {
     int C = g->cfg.d_model;
+    if (a->positions) {
+        embed_runs(g, NULL, eg, s->dres, a);
+        return;
+    }
     KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset),
                          value_at(eg, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), s->dres, a->tokens, a->B,
                          a->seq, C);
@@ -478,6 +520,10 @@ static void head_backward_weight(const gpt_layout *g, void *hg, const gpt_acts *
 
 static void embed_backward_weight(const gpt_layout *g, void *eg, const gpt_acts *a, const gpt_wgrads *w) {
     int C = g->cfg.d_model;
+    if (a->positions) {
+        embed_runs(g, NULL, eg, w->dx, a);
+        return;
+    }
     KP->encoder_backward(value_at(eg, g->embed[EMBED_WTE].offset),
                          value_at(eg, g->embed[EMBED_WPE].offset + (long)a->seq_first * C), w->dx, a->tokens, a->B,
                          a->seq, C);
@@ -630,7 +676,8 @@ static void layer_backward_body(const gpt_layout *g, const gpt_layer_hooks *h, g
                     HP(lp, LAYER_ATTPROJ_W), d.N, d.attn, d.C);
     if (input) {
         mem_zero(dqkv, (size_t)d.N * 3 * d.attn * vb);
-        h->attention_backward(h->ctx, dqkv, s->datt, s->datty, la->qkv, la->att, a->B, d.T, d.heads, d.HS);
+        h->attention_backward(h->ctx, dqkv, s->datt, s->datty, la->qkv, la->att, la->atty, a->B, d.T, d.heads,
+                             d.HS);
         mem_zero(dln1_whole, (size_t)whole * vb);
     }
     h->column_backward(h->ctx, pass, dln1_whole, HP(gp, LAYER_QKV_W), HP(gp, LAYER_QKV_B), dqkv, la->ln1,
@@ -671,8 +718,8 @@ static void attention_forward_hook(void *ctx, void *atty, void *att, const void 
 }
 
 static void attention_backward_hook(void *ctx, void *dqkv, void *datt, const void *datty, const void *qkv,
-                                    const void *att, int B, int T, int heads, int HS) {
-    (void)ctx;
+                                    const void *att, const void *atty, int B, int T, int heads, int HS) {
+    (void)ctx; (void)atty;
     KP->attention_backward(dqkv, datt, datty, qkv, att, B, T, heads, HS);
 }
 

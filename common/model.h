@@ -122,6 +122,9 @@ typedef struct gpt_acts {
     int B, lo, hi;
     int seq, seq_first;    /* positions of each row held outside the layers' insides: all T
                             * from 0, or a sequence-parallel rank's T/t from part x T/t */
+    const int *positions;  /* host, seq: the global position of each of the block's positions
+                            * (context parallelism: a rank's chunks; the embedding's wpe rows and
+                            * gpt_acts_set_batch's columns); NULL: seq_first, seq_first + 1, ... */
     int *tokens, *targets; /* device, B*seq each: tokens on the first stage, targets on the last */
     void *x_in;            /* [B,seq,C] input of layer lo: the embedding output or what was received */
     layer_acts *layer;     /* hi - lo of them; under --recompute full only their res3 */
@@ -171,7 +174,11 @@ void gpt_acts_set_batch(gpt_acts *a, const int *tokens, const int *targets, int 
  * The inputs of the column-parallel matmuls (ln1, ln2) and everything between
  * them and the row-parallel ones stay whole along the sequence. common/'s own
  * layers run whole blocks only (seq_parts 1); lab05 runs the rest. */
-typedef struct gpt_part { int heads, mlp_width, seq_parts, seq_part; } gpt_part;
+typedef struct gpt_part {
+    int heads, mlp_width, seq_parts, seq_part;
+    int att_row; /* values per query row kept as att: 0 means T (the attention matrix); a
+                  * context-parallel rank keeps there only the row's fp32 log-sum-exp */
+} gpt_part;
 void gpt_acts_alloc_part(gpt_acts *a, const gpt_layout *g, int lo, int hi, int B, const gpt_part *p);
 void gpt_scratch_alloc_part(gpt_grad_scratch *s, const gpt_layout *g, int B, const gpt_part *p);
 
@@ -297,8 +304,9 @@ struct gpt_layer_hooks {
     gpt_region_fn exit_backward;  /* [B,seq,C] gradient -> whole (g: identity; SP: all-gather) */
     /* the attention core, atty = softmax(q k^T) v over `heads` heads of size HS */
     void (*attention_forward)(void *ctx, void *atty, void *att, const void *qkv, int B, int T, int heads, int HS);
+    /* atty: the forward's output (a blockwise backward's D = rowsum(datty * atty)) */
     void (*attention_backward)(void *ctx, void *dqkv, void *datt, const void *datty, const void *qkv,
-                               const void *att, int B, int T, int heads, int HS);
+                               const void *att, const void *atty, int B, int T, int heads, int HS);
     /* the MLP from la->ln2 (whole) to out (before exit); its backward from dout to dinp
      * (before enter), through dfch; lp, gp: the layer's parameter and gradient blocks */
     void (*mlp_forward)(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N);

@@ -77,7 +77,7 @@ void tp_check_sequence_parallel(run_ctx *ctx, int t, const char *degree_flag) {
 }
 
 gpt_part tp_part(const tp_layout *tl) {
-    return (gpt_part){tl->heads, tl->hidden, tl->seq_parts, tl->seq_parts > 1 ? tl->rank : 0};
+    return (gpt_part){tl->heads, tl->hidden, tl->seq_parts, tl->seq_parts > 1 ? tl->rank : 0, 0};
 }
 
 long tp_layer_offset(const tp_layout *tl, int layer) {

@@ -203,6 +203,16 @@ PER_LAB = {
         (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--batch", "4096", "--dry-run"] + TAGS_OVER[:-2],
          "--micro-batches 2048"),
     ] + NO_EXPERTS,
+    "lab07_cp": [
+        (4, ["--cp", "3"], "--cp"),  # 3 does not divide 4 ranks
+        (2, ["--cp", "-1"], "--cp"),
+        (2, ["--cp-layout", "striped"], "--cp-layout"),
+        (2, ["--cp-algo", "ulysses2"], "--cp-algo"),
+        (2, ["--seq", "30"], "--seq"),  # zig-zag: 2N = 4 chunks
+        (3, ["--seq", "64", "--cp-layout", "contiguous"], "--seq"),  # N = 3 chunks
+        (4, ["--cp", "2", "--batch", "3"], "--batch"),  # 2 data-parallel groups
+        (3, ["--dry-run", "--seq", "64", "--cp-layout", "contiguous"], "--seq"),
+    ] + NO_EXPERTS + NO_TP,
 }
 
 

@@ -1,0 +1,172 @@
+#include "cp.h"
+#include "device.h"
+#include "kernels.h"
+#include "mem.h"
+#include "trace.h"
+#include <stdlib.h>
+#include <string.h>
+
+enum { TAG_KV = 71, TAG_DKV = 72 };
+
+/* rows of `width` values from a buffer with row stride ld_src to one with
+ * ld_dst (k|v is 2C contiguous at offset C of each qkv row) */
+static void copy_rows(void *dst, long ld_dst, const void *src, long ld_src, long rows, long width) {
+    for (long r = 0; r < rows; r++) mem_copy(value_at(dst, r * ld_dst), value_at(src, r * ld_src), (size_t)width * value_bytes());
+}
+
+/* Rank r's global positions, on the device: the causal mask of its block. */
+static const int *positions_of(const cp_hooks *h, int r) { return h->pos_dev + (long)r * h->T; }
+
+/* One block of keys (from rank src, k|v rows of 2C at kv) for our queries:
+ * the first straight into (out, lse), the others merged in. */
+static void forward_block(cp_hooks *h, void *out, float *lse, const void *qkv, const void *kv, int src, int first,
+                          int heads, int HS) {
+    const int C = heads * HS, T = h->T;
+    const void *k = kv, *v = value_at(kv, C);
+    const int *q_pos = positions_of(h, h->rank), *k_pos = positions_of(h, src);
+    if (first) {
+        KP->attention_block_forward(out, lse, qkv, k, v, 3 * C, 2 * C, q_pos, k_pos, h->B, T, T, heads, HS);
+    } else {
+        KP->attention_block_forward(h->out2, h->lse2, qkv, k, v, 3 * C, 2 * C, q_pos, k_pos, h->B, T, T, heads, HS);
+        KP->attention_merge(out, lse, h->out2, h->lse2, h->B, T, heads, HS);
+    }
+    h->scores += attention_unmasked_scores(h->pos_host + (long)h->rank * T, T, h->pos_host + (long)src * T, T);
+}
+
+/* Post this step's exchange: `send` to the next rank, `recv` from the previous. */
+static void ring_post(cp_hooks *h, const void *send, void *recv, long n, int tag, comm_request r[2]) {
+    comm_group_begin(h->cp);
+    comm_isend(h->cp, send, n, (h->rank + 1) % h->N, tag, &r[0]);
+    comm_irecv(h->cp, recv, n, (h->rank + h->N - 1) % h->N, tag, &r[1]);
+    comm_group_end(h->cp);
+}
+static void ring_wait(comm_request r[2]) {
+    comm_wait(&r[0]);
+    comm_wait(&r[1]);
+}
+
+static void cp_attention_forward(void *ctx, void *atty, void *att, const void *qkv, int B, int T, int heads, int HS) {
+    cp_hooks *h = ctx;
+    const int C = heads * HS, N = h->N;
+    const long block = (long)B * T * 2 * C;
+    float *lse = att; /* the layer's att slot holds the log-sum-exp (gpt_part.att_row) */
+    h->scores = 0;
+    copy_rows(h->kv[0], 2 * C, value_at(qkv, C), 3 * C, (long)B * T, 2 * C);
+    if (h->algo == TH_CP_ALLGATHER) {
+        comm_allgather(h->cp, h->kv[0], h->kv_all, block * N);
+        for (int s = 0; s < N; s++) { /* the ring's order: the forward's bits are the ring's */
+            const int src = (h->rank + N - s) % N;
+            forward_block(h, atty, lse, qkv, value_at(h->kv_all, src * block), src, s == 0, heads, HS);
+        }
+        return;
+    }
+    comm_request r[2] = {{0}, {0}};
+    for (int s = 0; s < N; s++) {
+        const int src = (h->rank + N - s) % N, cur = s & 1;
+        if (s < N - 1) ring_post(h, h->kv[cur], h->kv[cur ^ 1], block, TAG_KV, r); /* the next block, meanwhile */
+        forward_block(h, atty, lse, qkv, h->kv[cur], src, s == 0, heads, HS);
+        if (s < N - 1) ring_wait(r);
+    }
+    comm_request_free(&r[0]);
+    comm_request_free(&r[1]);
+}
+
+/* dq += (this block's share), and the block's dk|dv rows (2C at dkv) += ours. */
+static void backward_block(cp_hooks *h, void *dqkv, void *dkv, const void *datty, const void *atty, const float *lse,
+                           const void *qkv, const void *kv, int src, int heads, int HS) {
+    const int C = heads * HS, T = h->T;
+    KP->attention_block_backward(dqkv, dkv, value_at(dkv, C), datty, atty, lse, qkv, kv, value_at(kv, C), 3 * C,
+                                 2 * C, positions_of(h, h->rank), positions_of(h, src), h->B, T, T, heads, HS);
+}
+
+static void cp_attention_backward(void *ctx, void *dqkv, void *datt, const void *datty, const void *qkv,
+                                  const void *att, const void *atty, int B, int T, int heads, int HS) {
+    (void)datt;
+    cp_hooks *h = ctx;
+    const int C = heads * HS, N = h->N;
+    const long block = (long)B * T * 2 * C;
+    const size_t vb = value_bytes();
+    const float *lse = att;
+    void *mine; /* our own block's complete dk|dv */
+    copy_rows(h->kv[0], 2 * C, value_at(qkv, C), 3 * C, (long)B * T, 2 * C);
+    if (h->algo == TH_CP_ALLGATHER) { /* K and V again (not kept), then dK and dV home by reduce-scatter */
+        comm_allgather(h->cp, h->kv[0], h->kv_all, block * N);
+        mem_zero(h->dkv_all, (size_t)(block * N) * vb);
+        for (int s = 0; s < N; s++) {
+            const int src = (h->rank + N - s) % N;
+            backward_block(h, dqkv, value_at(h->dkv_all, src * block), datty, atty, lse, qkv,
+                           value_at(h->kv_all, src * block), src, heads, HS);
+        }
+        comm_reduce_scatter(h->cp, h->dkv_all, h->dkv[0], block * N);
+        mine = h->dkv[0];
+    } else {
+        comm_request r[2] = {{0}, {0}}, d[2] = {{0}, {0}};
+        mem_zero(h->dkv[0], (size_t)block * vb);
+        for (int s = 0; s < N; s++) {
+            const int src = (h->rank + N - s) % N, cur = s & 1;
+            if (s < N - 1) ring_post(h, h->kv[cur], h->kv[cur ^ 1], block, TAG_KV, r);
+            backward_block(h, dqkv, h->dkv[cur], datty, atty, lse, qkv, h->kv[cur], src, heads, HS);
+            if (N > 1) { /* dk|dv, with our share, on to the next rank: after N steps, home */
+                ring_post(h, h->dkv[cur], h->dkv[cur ^ 1], block, TAG_DKV, d);
+                ring_wait(d);
+            }
+            if (s < N - 1) ring_wait(r);
+        }
+        comm_request_free(&r[0]);
+        comm_request_free(&r[1]);
+        comm_request_free(&d[0]);
+        comm_request_free(&d[1]);
+        mine = h->dkv[N > 1 ? N & 1 : 0];
+    }
+    /* dqkv was zeroed by the layer: the k and v columns take our dk|dv */
+    copy_rows(value_at(dqkv, C), 3 * C, mine, 2 * C, (long)B * T, 2 * C);
+}
+
+void cp_hooks_init(cp_hooks *h, const gpt_layout *g, comm *cp, th_cp_algo algo, th_cp_layout layout, int B) {
+    memset(h, 0, sizeof *h);
+    h->hooks = gpt_default_hooks(g);
+    h->hooks.ctx = h;
+    h->hooks.attention_forward = cp_attention_forward;
+    h->hooks.attention_backward = cp_attention_backward;
+    h->cp = cp;
+    h->algo = algo;
+    h->N = cp->size;
+    h->rank = cp->rank;
+    h->B = B;
+    h->T = g->cfg.seq / cp->size;
+    const long C = g->cfg.d_model, n = (long)h->N * h->T, block = (long)B * h->T * 2 * C;
+    const size_t vb = value_bytes();
+    h->pos_host = malloc(sizeof(int) * (size_t)n);
+    if (!h->pos_host) die("out of host memory");
+    for (int r = 0; r < h->N; r++)
+        for (int i = 0; i < h->T; i++)
+            h->pos_host[(long)r * h->T + i] = (int)th_cp_position(g->cfg.seq, h->N, r, i, layout);
+    h->pos_dev = mem_alloc(sizeof(int) * (size_t)n, MEM_WORKSPACE);
+    mem_to_device(h->pos_dev, h->pos_host, sizeof(int) * (size_t)n);
+    for (int i = 0; i < 2; i++) {
+        h->kv[i] = mem_alloc((size_t)block * vb, MEM_COMM);
+        h->dkv[i] = mem_alloc((size_t)block * vb, MEM_COMM);
+    }
+    if (algo == TH_CP_ALLGATHER) {
+        h->kv_all = mem_alloc((size_t)(block * h->N) * vb, MEM_COMM);
+        h->dkv_all = mem_alloc((size_t)(block * h->N) * vb, MEM_COMM);
+    }
+    h->out2 = mem_alloc((size_t)B * h->T * C * vb, MEM_WORKSPACE);
+    h->lse2 = mem_alloc(sizeof(float) * (size_t)B * h->T * g->cfg.heads, MEM_WORKSPACE);
+}
+
+void cp_hooks_free(cp_hooks *h) {
+    for (int i = 0; i < 2; i++) {
+        mem_free(h->kv[i]);
+        mem_free(h->dkv[i]);
+    }
+    mem_free(h->kv_all);
+    mem_free(h->dkv_all);
+    mem_free(h->out2);
+    mem_free(h->lse2);
+    mem_free(h->pos_dev);
+    free(h->pos_host);
+    memset(h, 0, sizeof *h);
+}
+
+const int *cp_positions(const cp_hooks *h) { return h->pos_host + (long)h->rank * h->T; }

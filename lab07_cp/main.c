@@ -1,0 +1,246 @@
+/* lab07_cp: context parallelism.
+ *
+ * The N ranks of a CP group split every sequence: each holds T/N positions of
+ * every row through the whole model (embedding, every layer, the loss), with
+ * the whole weights. Only attention needs other ranks' positions (a query sees
+ * every earlier key): cp.h's attention hook brings them, by a ring of K/V
+ * blocks merged with their log-sum-exp (--cp-algo ring) or by all-gathering
+ * K and V (allgather). Activations per rank fall to 1/N, the T^2 attention
+ * matrix with them: no rank ever holds more than a (T/N) x (T/N) block of it.
+ * --cp N (default: every rank) x data parallelism over the rest.
+ *
+ * What to look at: `loss` (equal to `lab01_dp -n 1`), the chunk map (zig-zag
+ * gives each rank two chunks), the unmasked causal scores per rank (equal with
+ * zig-zag, 1:3:5:7 with contiguous at N = 4) and the K/V bytes per layer
+ * beside theory/context.c's formula, and the activation peak beside lab01's. */
+#include "checkpoint.h"
+#include "comm.h"
+#include "cp.h"
+#include "kernels.h"
+#include "mem.h"
+#include "model.h"
+#include "optim.h"
+#include "run.h"
+#include "theory.h"
+#include "trace.h"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The chunk map: rank r's positions as runs "a-b". */
+static void print_chunks(const int *pos, int n, int rank) {
+    printf("  cp rank %d holds positions", rank);
+    for (int i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && pos[j] == pos[j - 1] + 1; j++) {}
+        printf(" %d-%d", pos[i], pos[j - 1]);
+    }
+    printf("\n");
+}
+
+/* --eval: the mean loss over the held-out batches, forward only, laid out as
+ * in training. Its K/V traffic stays out of the counts, so the record's per-step
+ * figures are the training's. */
+static double evaluate(const run_ctx *ctx, const gpt_layout *local, const cp_hooks *ch, comm *world, comm *cp,
+                       const void *params, gpt_acts *acts, int rows, int dp_rank, int *tokens, int *targets) {
+    const int T = ctx->opt.seq;
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, cp->stats, sizeof training);
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        data_batch(&heldout, 0, b, dp_rank * rows, rows, T, tokens, targets);
+        gpt_acts_set_batch(acts, tokens, targets, T);
+        gpt_forward_with(local, &ch->hooks, params, acts);
+        sum += gpt_mean_loss(local, acts);
+    }
+    memcpy(cp->stats, training, sizeof training);
+    comm_allreduce_host(world, &sum, 1);
+    return sum / ((double)batches * world->size);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int cp_degree = 0;
+    const char *layout_name = "zigzag", *algo_name = "ring";
+    flag_spec flags[] = {
+        {"--cp", FLAG_INT, &cp_degree,
+         "ranks in each context-parallel group (0: all of them); data parallelism over the groups", 0, NULL},
+        {"--cp-layout", FLAG_STRING, &layout_name,
+         "which positions a rank holds: zigzag (chunks r and 2N-1-r of 2N, balanced causal work) or contiguous "
+         "(T/N in a row)", 0, "zigzag|contiguous"},
+        {"--cp-algo", FLAG_STRING, &algo_name,
+         "how attention sees the other ranks' keys: ring (K/V blocks passed round, merged by log-sum-exp) or "
+         "allgather (K and V gathered whole)", 0, "ring|allgather"},
+    };
+    lab_info lab = {"lab07_cp", "context parallelism: every sequence split over the ranks of a CP group, "
+                    "attention's keys and values brought by a ring or an all-gather; data parallel over the groups",
+                    flags, 3};
+    run_ctx ctx;
+    run_parse(&ctx, argc, argv, &lab);
+    const int N = cp_degree > 0 ? cp_degree : ctx.size, dp = ctx.size % N ? 1 : ctx.size / N;
+    const th_cp_layout cp_layout = strcmp(layout_name, "contiguous") ? TH_CP_ZIGZAG : TH_CP_CONTIGUOUS;
+    const th_cp_algo algo = strcmp(algo_name, "allgather") ? TH_CP_RING : TH_CP_ALLGATHER;
+    const int chunks = cp_layout == TH_CP_ZIGZAG ? 2 * N : N;
+    run_check(&ctx, !ctx.opt.experts, "--experts: lab07 runs a dense MLP (experts are lab08's; lab01_dp and "
+              "lab02_zero take --experts)");
+    run_check(&ctx, ctx.size % N == 0, "--cp %d does not divide the %d ranks", N, ctx.size);
+    run_check(&ctx, ctx.opt.batch % dp == 0, "--batch %d is not divisible by the %d data-parallel groups",
+              ctx.opt.batch, dp);
+    run_check(&ctx, ctx.opt.seq % chunks == 0, "--seq %d is not divisible by the %d chunks of --cp-layout %s "
+              "(%s N = %d ranks)", ctx.opt.seq, chunks, layout_name, cp_layout == TH_CP_ZIGZAG ? "2 x" : "", N);
+    run_setup(&ctx);
+
+    const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
+    const int rows = B / dp, Tl = T / N;
+    /* the traffic per rank per step: K/V per layer (theory/context.c; --recompute
+     * runs each attention forward again, its ring too) + the gradients' all-reduce */
+    const double vb = (double)value_bytes();
+    const th_cp_traffic tf = th_cp_layer_traffic(algo, N, rows, T, C, C, vb);
+    const double attention_forwards = ctx.model.recompute == GPT_RECOMPUTE_NONE ? 1 : 2;
+    gpt_layout g, local; /* the model; and the same with the positions a rank's layers run on */
+    gpt_layout_init(&g, &ctx.model);
+    const long P = g.total;
+    /* the record counts a point-to-point message at both ends (send and recv), a collective once */
+    const double ends = algo == TH_CP_RING ? 2 : 1;
+    const double comm_formula = ends * L * (attention_forwards * tf.fwd_sent + tf.bwd_sent) +
+                                th_dp_traffic(vb * (double)P, ctx.size, 1).ring;
+    char layout[64], formula_text[160];
+    snprintf(layout, sizeof layout, "cp=%d dp=%d %s %s", N, dp, algo_name, layout_name);
+    snprintf(formula_text, sizeof formula_text, "%sL x K/V per layer (theory/context.c, %s)%s + ring all-reduce "
+             "2(R-1)/R x gradient bytes over all R ranks", ends > 1 ? "2 ends x " : "", algo_name,
+             attention_forwards > 1 ? ", the forward's twice (--recompute)" : "");
+    if (ctx.opt.dry_run) /* no prediction of memory and time yet: theory/predict does not know CP */
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
+                                             .comm_formula = formula_text, .bubble_theory = -1});
+    comm world, cp;
+    comm_init(&world, MPI_COMM_WORLD, ctx.backend);
+    comm_split(&world, world.rank / N, world.rank % N, &cp); /* consecutive ranks share a sequence */
+    const int dp_rank = world.rank / N;
+    local = g;
+    local.cfg.seq = Tl; /* wpe keeps all T rows: the embedding reads them by global position */
+    cp_hooks ch;
+    cp_hooks_init(&ch, &g, &cp, algo, cp_layout, rows);
+    void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS);
+    void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
+    float *master = master_alloc(params, P);
+    float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
+    float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
+    gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, master); /* the same on every rank */
+    ckpt_view view; /* a whole replica */
+    ckpt_view_range(&view, master, adam_m, adam_v, 0, P);
+    const int first = ckpt_resume(&ctx, &view);
+    params_from_master(params, master, P);
+    /* a layer keeps its log-sum-exp (fp32, one per query row and head) where
+     * the one-rank layer keeps its attention matrix */
+    const gpt_part part = {ctx.opt.heads, 4 * C, 1, 0, (int)(sizeof(float) / value_bytes())};
+    gpt_acts acts;
+    gpt_acts_alloc_part(&acts, &local, 0, L, rows, &part);
+    acts.positions = cp_positions(&ch);
+    gpt_grad_scratch scratch;
+    gpt_scratch_alloc_part(&scratch, &local, rows, &part);
+    gpt_acts_bind(&acts, &scratch);
+    int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
+    if (!tokens || !targets) die("out of host memory");
+
+    if (world.rank == 0) {
+        printf("context parallel: cp=%d x dp=%d | %s, %s | %d of %d positions per rank, %d chunks of %d\n", N, dp,
+               algo_name, layout_name, Tl, T, chunks, T / chunks);
+        fflush(stdout);
+    }
+    for (int r = 0; r < N; r++) { /* the map, from the ranks of the first group */
+        if (world.rank == r) {
+            print_chunks(cp_positions(&ch), Tl, r);
+            fflush(stdout);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+
+    for (int i = 0; i < ctx.opt.steps; i++) {
+        const int step = first + i;
+        run_step_begin(&ctx, i);
+        /* this group's rows of the global batch; the rank's positions of them */
+        data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, dp_rank * rows, rows, T, tokens, targets);
+        gpt_acts_set_batch(&acts, tokens, targets, T);
+        mem_zero(grads, (size_t)P * value_bytes());
+        gpt_forward_with(&local, &ch.hooks, params, &acts);
+        /* every position's weight: 1 / the global token count, so the sum over all ranks is the mean */
+        gpt_backward_with(&local, &ch.hooks, params, grads, &acts, &scratch, NULL, 1.0f / ((float)B * T), NULL, NULL);
+        int ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
+        comm_allreduce(&world, grads, P, 0); /* every rank's share of the same weights: summed over DP x CP */
+        trace_end(ev);
+
+        ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
+        float scale = clip_scale(KP->sum_squares(grads, P), (float)ctx.opt.clip);
+        adamw_step(&g, &ctx.adamw, 0, P, master, grads, adam_m, adam_v, step + 1, scale);
+        params_from_master(params, master, P);
+        trace_end(ev);
+
+        double loss = gpt_mean_loss(&local, &acts); /* over this rank's rows x T/N positions */
+        comm_allreduce_host(&world, &loss, 1);
+        run_step_end(&ctx, i, loss / world.size, NULL);
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &local, &ch, &world, &cp, params, &acts, rows, dp_rank, tokens, targets);
+        ckpt_print_eval(&ctx, eval_loss);
+    }
+
+    /* what the summary sets beside the formulas */
+    const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : COLL_ALLGATHER;
+    const double steps = ctx.steps_done > 0 ? ctx.steps_done : 1;
+    double cp_bytes = cp.stats[sent_kind].bytes + (algo == TH_CP_ALLGATHER ? cp.stats[COLL_REDUCE_SCATTER].bytes : 0);
+    if (algo == TH_CP_ALLGATHER) cp_bytes *= (N - 1.0) / N; /* the ring column: what leaves the rank */
+    const double per_layer = cp_bytes / steps / L;
+    const double formula = attention_forwards * tf.fwd_sent + tf.bwd_sent;
+    long *scores = calloc((size_t)cp.size, sizeof(long));
+    long mine = ch.scores;
+    MPI_Allgather(&mine, 1, MPI_LONG, scores, 1, MPI_LONG, cp.mpi);
+    char extra[1024];
+    int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\","
+                      "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"scores_per_rank\":[",
+                      N, dp, algo_name, layout_name, per_layer, formula);
+    for (int r = 0; r < N; r++)
+        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%ld", r ? "," : "", scores[r]);
+    at += snprintf(extra + at, sizeof extra - (size_t)at, "],\"scores_per_rank_formula\":[");
+    for (int r = 0; r < N; r++)
+        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.0f", r ? "," : "",
+                       th_cp_causal_scores(T, N, r, cp_layout));
+    snprintf(extra + at, sizeof extra - (size_t)at, "]");
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
+    run_report report = {.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
+                         .comm_formula_bytes = comm_formula, .comm_formula = formula_text, .bubble_theory = -1, .extra_json = record,
+                         .params_held = P};
+    run_finish(&ctx, &report);
+    free(record);
+    if (world.rank == 0) {
+        char a[16], b[16], c[16], d[16];
+        printf("  unmasked causal scores per sequence and head, counted | formula (theory/context.c):");
+        for (int r = 0; r < N; r++)
+            printf(" %ld|%.0f", scores[r], th_cp_causal_scores(T, N, r, cp_layout));
+        printf("\n  K/V traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
+               "%sB%s)\n", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
+               attention_forwards > 1 ? ", the forward twice: --recompute" : "");
+        printf("  activations per rank: %sB peak (the layers' T x T attention matrix replaced by the log-sum-exp)\n",
+               human((double)mem_peak(MEM_ACTS), a));
+    }
+    free(scores);
+    ckpt_view_free(&view);
+    free(tokens);
+    free(targets);
+    gpt_scratch_free(&scratch);
+    gpt_acts_free(&acts);
+    cp_hooks_free(&ch);
+    master_free(master, params);
+    mem_free(params);
+    mem_free(grads);
+    mem_free(adam_m);
+    mem_free(adam_v);
+    comm_free(&cp);
+    comm_free(&world);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,3 @@
+foreach(case equivalence precision resume)
+  add_lab_test(lab07_${case} test_lab07.py ${case})
+endforeach()
