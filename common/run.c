@@ -3,6 +3,7 @@
 #include "checkpoint.h"
 #include "kernels.h"
 #include "mem.h"
+#include "moe.h"
 #include "paths.h"
 #include "textbuf.h"
 #include "trace.h"
@@ -605,6 +606,23 @@ void run_step_experts(run_ctx *ctx, int step, double aux_loss, double dropped) {
 
 void run_experts_load(run_ctx *ctx, const double *counts) {
     if (ctx->expert_load) memcpy(ctx->expert_load, counts, sizeof(double) * (size_t)ctx->opt.experts * ctx->opt.layers);
+}
+
+/* --experts: this step's aux loss and dropped choices summed over `world` (mean aux loss), and
+ * after the last step the choices per expert and layer; nothing without experts */
+void run_experts_step(run_ctx *ctx, comm *world, const gpt_layout *g, const gpt_acts *a, int step) {
+    if (!ctx->model.experts) return;
+    double moe[2] = {moe_aux_loss(g, a), (double)moe_dropped(g, a)};
+    comm_allreduce_host(world, moe, 2);
+    run_step_experts(ctx, step, moe[0] / world->size, moe[1]);
+    if (step != ctx->opt.steps - 1) return;
+    const int n = ctx->model.experts * ctx->model.layers;
+    double *load = calloc((size_t)n, sizeof(double));
+    if (!load) die("out of memory for the expert loads");
+    moe_expert_choices(g, a, load);
+    comm_allreduce_host(world, load, n);
+    run_experts_load(ctx, load);
+    free(load);
 }
 
 void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {

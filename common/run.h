@@ -140,6 +140,8 @@ void run_step_experts(run_ctx *ctx, int step, double aux_loss, double dropped);
 /* --experts: the last step's choices per expert of every layer (counts[l E + e],
  * summed over the data-parallel ranks), for the summary and the record. */
 void run_experts_load(run_ctx *ctx, const double *counts);
+/* both: this step's expert figures summed over world (lab01, lab02) */
+void run_experts_step(run_ctx *ctx, comm *world, const gpt_layout *g, const gpt_acts *a, int step);
 
 /* "12.4k", "3.20M": short human figures for the console. */
 const char *human(double x, char buf[16]);

@@ -168,17 +168,8 @@ int main(int argc, char **argv) {
         params_from_master(params, master, P);
         trace_end(ev);
 
-        double moe[2] = {moe_aux_loss(&g, &acts), (double)moe_dropped(&g, &acts)};
         comm_allreduce_host(&world, &loss, 1);
-        if (ctx.model.experts) comm_allreduce_host(&world, moe, 2);
-        run_step_experts(&ctx, i, moe[0] / world.size, moe[1]);
-        if (ctx.model.experts && i == ctx.opt.steps - 1) {
-            double *load = calloc((size_t)ctx.model.experts * ctx.model.layers, sizeof(double));
-            moe_expert_choices(&g, &acts, load);
-            comm_allreduce_host(&world, load, ctx.model.experts * ctx.model.layers);
-            run_experts_load(&ctx, load);
-            free(load);
-        }
+        run_experts_step(&ctx, &world, &g, &acts, i);
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
