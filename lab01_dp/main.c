@@ -14,13 +14,13 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "dp.h"
+#include "dry_run.h"
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
 #include "moe.h"
 #include "optim.h"
 #include "run.h"
-#include "predict.h"
 #include "theory.h"
 #include "trace.h"
 #include <errno.h>
@@ -103,16 +103,12 @@ int main(int argc, char **argv) {
     if (grad_accum > 1) snprintf(layout + at, sizeof layout - (size_t)at, " accum=%d", grad_accum);
     const double comm_formula = th_dp_traffic((double)P * value_bytes(), ctx.size, 1).ring;
     const char *comm_formula_text = "ring all-reduce 2(N-1)/N x gradient bytes";
-    if (ctx.opt.dry_run) { /* theory/predict.h: buckets decide the calls at run time, not the bytes */
-        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
-                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
-                             .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
-                             .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .units = bucket_mb > 0 ? 0 : 1,
-                             .full_elems = (double)P, .largest_unit_elems = (double)P,
-                             .recompute = ctx.model.recompute};
-        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
-        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
-                                             .comm_formula = comm_formula_text, .bubble_theory = -1});
+    if (ctx.opt.dry_run) { /* buckets decide the calls at run time, not the bytes */
+        th_run need = lab_run_config(&ctx);
+        need.units = bucket_mb > 0 ? 0 : 1;
+        need.full_elems = need.largest_unit_elems = (double)P;
+        lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
+                                                   .comm_formula = comm_formula_text, .bubble_theory = -1});
     }
     comm world;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);

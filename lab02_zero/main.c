@@ -18,10 +18,10 @@
  * traffic per step beside its formula. */
 #include "checkpoint.h"
 #include "comm.h"
+#include "dry_run.h"
 #include "mem.h"
 #include "model.h"
 #include "moe.h"
-#include "predict.h"
 #include "run.h"
 #include "theory.h"
 #include "zero.h"
@@ -89,18 +89,15 @@ int main(int argc, char **argv) {
         shard_plan_init(&plan, &g, ctx.size, 0, zero_unit_elems(zero_stage, bucket_mb));
         zero_figures fig;
         zero_figures_of_plan(&g, &plan, zero_stage, &fig);
-        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
-                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch, .model = th_course_model(256, T, ctx.opt.layers, ctx.opt.d_model,
-                                                                              ctx.opt.heads),
-                             .tp = 1, .pp = 1, .dp = ctx.size, .micro_batches = 1, .zero_stage = zero_stage,
-                             .units = plan.n_units, .full_elems = (double)plan.full_elems,
-                             .largest_unit_elems = (double)plan.largest_unit_elems,
-                             .embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * ctx.size),
-                             .recompute = ctx.model.recompute};
+        th_run need = lab_run_config(&ctx);
+        need.zero_stage = zero_stage;
+        need.units = plan.n_units;
+        need.full_elems = (double)plan.full_elems;
+        need.largest_unit_elems = (double)plan.largest_unit_elems;
+        need.embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * ctx.size);
         shard_plan_free(&plan);
-        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
-        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = fig.comm_formula,
-                                             .comm_formula = fig.comm_formula_text, .bubble_theory = -1});
+        lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = fig.comm_formula,
+                                                   .comm_formula = fig.comm_formula_text, .bubble_theory = -1});
     }
     comm world;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);

@@ -17,8 +17,8 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
+#include "dry_run.h"
 #include "model.h"
-#include "predict.h"
 #include "run.h"
 #include "stage.h"
 #include "theory.h"
@@ -52,15 +52,12 @@ int main(int argc, char **argv) {
     char comm_formula_text[96];
     snprintf(comm_formula_text, sizeof comm_formula_text,
              "busiest stage: boundaries x (activation + gradient) x B x T x C x %zu bytes", value_bytes());
-    if (ctx.opt.dry_run) { /* theory/predict.h: the naive schedule is GPipe with one micro-batch */
-        const th_run need = {.lab = lab.name, .ranks = p, .cuda = ctx.device == DEVICE_CUDA,
-                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
-                             .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
-                             .tp = 1, .pp = p, .dp = 1, .micro_batches = 1, .schedule = "gpipe",
-                             .recompute = ctx.model.recompute};
-        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
-        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
-                                             .comm_formula = comm_formula_text, .bubble_theory = theory});
+    if (ctx.opt.dry_run) { /* stages without a schedule: the naive order, GPipe with one micro-batch */
+        th_run need = lab_run_config(&ctx);
+        need.pp = p;
+        need.dp = 1;
+        lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
+                                                   .comm_formula = comm_formula_text, .bubble_theory = theory});
     }
 
     comm pipe;

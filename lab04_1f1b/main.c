@@ -27,9 +27,9 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
+#include "dry_run.h"
 #include "executor.h"
 #include "model.h"
-#include "predict.h"
 #include "run.h"
 #include "schedule.h"
 #include "textbuf.h"
@@ -97,16 +97,15 @@ int main(int argc, char **argv) {
     char comm_formula_text[112];
     snprintf(comm_formula_text, sizeof comm_formula_text, "busiest rank: boundaries to other ranks x (activations + "
              "gradients) x B x T x C x %zu bytes", value_bytes());
-    if (ctx.opt.dry_run) { /* theory/predict.h; the executor's message buffers are decided by its lists */
-        const th_run need = {.lab = lab.name, .ranks = p, .cuda = ctx.device == DEVICE_CUDA,
-                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch,
-                             .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers, ctx.opt.d_model, ctx.opt.heads),
-                             .tp = 1, .pp = p, .dp = 1, .micro_batches = m, .schedule = schedule_name(kind),
-                             .chunks = v,
-                             .recompute = ctx.model.recompute};
-        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
-        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
-                                             .comm_formula = comm_formula_text, .bubble_theory = theory});
+    if (ctx.opt.dry_run) { /* the executor's message buffers are decided by its lists */
+        th_run need = lab_run_config(&ctx);
+        need.pp = p;
+        need.dp = 1;
+        need.micro_batches = m;
+        need.schedule = schedule_name(kind);
+        need.chunks = v;
+        lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
+                                                   .comm_formula = comm_formula_text, .bubble_theory = theory});
     }
 
     comm pipe;

@@ -29,7 +29,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
-#include "predict.h"
+#include "dry_run.h"
 #include "run.h"
 #include "theory.h"
 #include "sequence_parallel.h"
@@ -157,15 +157,15 @@ int main(int argc, char **argv) {
                  "(= TP's all-reduces), + 1 all-reduce of the partial gradients", per_layer, per_layer, values);
     else snprintf(formula, sizeof formula, "%dL all-reduces of B*T*C %s, ring 2(t-1)/t x %d L B T C", per_layer,
                   values, (int)vb * per_layer);
-    if (ctx.opt.dry_run) { /* theory/predict.h: every rank the whole batch, 1/t of every layer */
-        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
-                             .bf16 = g_precision == PREC_BF16, .batch = B,
-                             .model = tm, .tp = ctx.size, .pp = 1, .dp = 1, .micro_batches = 1,
-                             .sequence_parallel = sequence_parallel, .recompute = ctx.model.recompute};
-        if (ctx.rank == 0) th_print_prediction(stdout, &need, 32);
-        run_dry_run_exit(&ctx, &(run_report){.layout = layout,
-                                             .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring,
-                                             .comm_formula = formula, .bubble_theory = -1});
+    if (ctx.opt.dry_run) { /* every rank the whole batch, 1/t of every layer */
+        th_run need = lab_run_config(&ctx);
+        need.tp = ctx.size;
+        need.dp = 1;
+        need.tensor_parallel = 1;
+        need.sequence_parallel = sequence_parallel;
+        lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout,
+                                                   .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring,
+                                                   .comm_formula = formula, .bubble_theory = -1});
     }
     comm tp;
     comm_init(&tp, MPI_COMM_WORLD, ctx.backend);

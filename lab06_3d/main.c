@@ -32,7 +32,7 @@
 #include "grid.h"
 #include "model.h"
 #include "report3d.h"
-#include "predict.h"
+#include "dry_run.h"
 #include "run.h"
 #include "schedule.h"
 #include "stage.h"
@@ -123,25 +123,19 @@ int main(int argc, char **argv) {
         grid_init(&grid, dims, COMM_MPI);
         free(grid_describe(&grid, ctx.opt.layers, &ctx));
         grid_free(&grid);
-        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
-                             .bf16 = g_precision == PREC_BF16, .batch = ctx.opt.batch, .model = th_course_model(256, ctx.opt.seq, ctx.opt.layers,
-                                                                              ctx.opt.d_model, ctx.opt.heads),
-                             .tp = t, .pp = p, .dp = d, .micro_batches = m, .schedule = schedule_name(kind),
-                             .chunks = v,
-                             .sequence_parallel = sequence_parallel,
-                             .recompute = ctx.model.recompute};
-        double ring = -1;
-        if (ctx.rank == 0) {
-            th_rank_need *needs = calloc((size_t)ctx.size, sizeof *needs);
-            if (!needs) die("out of host memory");
-            th_predict_run(&need, needs);
-            th_print_needs(stdout, &need, needs, 32);
-            ring = th_predicted_ring_bytes(&need, needs); /* as report3d adds up its formulas */
-            free(needs);
-        }
-        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = ring,
-                                             .comm_formula = comm_formula_text,
-                                             .bubble_theory = schedule_bubble_textbook(kind, p, m, v)});
+        th_run need = lab_run_config(&ctx);
+        need.tp = t;
+        need.pp = p;
+        need.dp = d;
+        need.micro_batches = m;
+        need.schedule = schedule_name(kind);
+        need.chunks = v;
+        need.tensor_parallel = 1;
+        need.sequence_parallel = sequence_parallel;
+        /* the formula: the prediction's ring bytes, as report3d adds up its formulas */
+        lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = DRY_RUN_PREDICTED_RING,
+                                                   .comm_formula = comm_formula_text,
+                                                   .bubble_theory = schedule_bubble_textbook(kind, p, m, v)});
     }
 
     process_grid grid;

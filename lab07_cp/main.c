@@ -16,6 +16,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "cp.h"
+#include "dry_run.h"
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
@@ -112,8 +113,8 @@ int main(int argc, char **argv) {
              "2(R-1)/R x gradient bytes over all R ranks", ends > 1 ? "2 ends x " : "", algo_name,
              attention_forwards > 1 ? ", the forward's twice (--recompute)" : "");
     if (ctx.opt.dry_run) /* no prediction of memory and time yet: theory/predict does not know CP */
-        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
-                                             .comm_formula = formula_text, .bubble_theory = -1});
+        lab_dry_run_exit(&ctx, NULL, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
+                                                  .comm_formula = formula_text, .bubble_theory = -1});
     comm world, cp;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     comm_split(&world, world.rank / N, world.rank % N, &cp); /* consecutive ranks share a sequence */

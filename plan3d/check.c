@@ -38,6 +38,8 @@ typedef struct run {
     const char *lab, *schedule;
     int ranks, cuda, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
     int recompute, sp;       /* --recompute (gpt_recompute), --sequence-parallel */
+    int executor;            /* the record names a schedule: lab04's executor ran it (lab04, lab06) */
+    int tensor_parallel;     /* the record names a tp: lab05's layers ran (lab05, lab06) */
     double bucket_mb, step_ms; /* the record's bucket_mb and step_ms_median */
     int bf16;           /* config.precision "bf16": 2-byte values, 2 + 2 + 12 model states */
     double vb;          /* bytes of one of the model's values: 4, or 2 in bf16 */
@@ -86,7 +88,7 @@ static void shard_figures(const run *r, th_run *t) {
     gpt_config cfg = {.vocab = 256, .seq = r->T, .layers = r->L, .d_model = r->C, .heads = r->H, .recompute = r->recompute};
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
-    const int N = r->ranks, zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0;
+    const int N = r->ranks, zero = r->zero;
     long bucket = (long)(r->bucket_mb * 1024 * 1024 / r->vb);
     long unit = zero == 3 ? 1 : bucket > 0 ? bucket : zero == 2 ? 1 : 0;
     shard_plan plan;
@@ -98,21 +100,19 @@ static void shard_figures(const run *r, th_run *t) {
     shard_plan_free(&plan);
 }
 
+/* theory/predict's config: what the record says ran, not which lab ran it */
 static th_run prediction_input(const run *r) {
-    th_run t = {.lab = r->lab, .ranks = r->ranks, .cuda = r->cuda, .batch = r->B, .model = r->model, .tp = r->tp,
-                .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->schedule, .chunks = r->chunks,
-                .zero_stage = r->zero, .sequence_parallel = r->sp,
-                .recompute = r->recompute, .bf16 = r->bf16};
-    if (!strcmp(r->lab, "lab01_dp") || !strcmp(r->lab, "lab02_zero")) {
-        t.dp = r->ranks;
-        shard_figures(r, &t);
-    }
+    th_run t = {.ranks = r->ranks, .cuda = r->cuda, .batch = r->B, .model = r->model, .tp = r->tp,
+                .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->executor ? r->schedule : NULL,
+                .chunks = r->chunks, .zero_stage = r->zero, .tensor_parallel = r->tensor_parallel,
+                .sequence_parallel = r->sp, .recompute = r->recompute, .bf16 = r->bf16};
+    if (r->pp == 1 && !r->executor && !r->tensor_parallel) shard_figures(r, &t); /* data parallelism's units */
     return t;
 }
 
 /* lab01 and lab02: every rank the whole model on B/N rows */
 static double time_data_parallel(const run *r, const th_run *in, const timing *tm, double *busy) {
-    const int N = r->ranks, zero = !strcmp(r->lab, "lab02_zero") ? r->zero : 0, units = in->units;
+    const int N = r->ranks, zero = r->zero, units = in->units;
     const double psi = th_param_counts(&r->model).total, full = in->full_elems;
     double step = fwd_bwd_seconds(tm, r, 0, r->L, r->B / N, 1);
     if (zero) step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, r->vb * full / units, N) + adamw_seconds(tm, full / N);
@@ -328,6 +328,8 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
                                                   "(sequence_parallel)", T, tp);
     r->tp = (int)tp; r->pp = (int)pp; r->dp = (int)dp; r->m = (int)m; r->chunks = (int)chunks; r->zero = (int)zero;
     r->schedule = th_schedule_names[sched];
+    r->executor = json_object_get(rec, "schedule") != NULL;
+    r->tensor_parallel = json_object_get(rec, "tp") != NULL;
     json_t *device = json_object_get(rec, "device");
     r->cuda = json_is_string(device) && !strcmp(json_string_value(device), "cuda");
     if (!read_number(rec, "bucket_mb", 0, 0, &r->bucket_mb, why, len) ||

@@ -3,7 +3,6 @@
 #include "predict.h"
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 const char *const th_mem_names[TH_NMEM] = {"params", "grads", "optim", "acts", "comm", "workspace"};
 const char *const th_coll_names[TH_NKINDS] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv"};
@@ -17,8 +16,6 @@ static void count(th_rank_need *x, th_coll k, double calls, double each, int gro
 static void add_traffic(th_rank_need *x, th_coll k, th_traffic t, int group) {
     if (t.calls > 0) count(x, k, t.calls, t.payload / t.calls, group);
 }
-
-static int is(const th_run *r, const char *lab) { return !strcmp(r->lab, lab); }
 
 /* Bytes of one of the model's values (activations, gradients, messages): 4, or 2 in bf16. */
 static double value_bytes_of(const th_run *r) { return r->bf16 ? 2.0 : 4.0; }
@@ -35,14 +32,13 @@ static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_gr
     x->mem[TH_MEM_ACTS] = x->acts_in_flight * th_course_acts_bytes(&r->model, &o, x->lo, x->hi, x->rows);
     /* lab03's stage keeps the gradient it receives from the next stage */
     x->mem[TH_MEM_COMM] = receives_grad ? value_bytes_of(r) * x->rows * r->model.seq * r->model.d_model : 0;
-    /* lab04's executor (and lab06 through it) keeps a pool of message buffers
-     * whose size its lists decide */
-    if (is(r, "lab04_1f1b") || is(r, "lab06_3d")) x->mem[TH_MEM_COMM] = -1;
-    /* lab05 under sequence parallelism: the staging of the partial gradients' all-reduce */
-    if (is(r, "lab05_tp") && o.sequence_parallel)
+    /* TP layers under sequence parallelism: the staging of the partial gradients' all-reduce */
+    if (r->tensor_parallel && o.sequence_parallel)
         x->mem[TH_MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(&r->model, 0, (int)r->model.layers);
-    /* the gradient-norm sums: lab02 one part on the device, lab05 and lab06 two */
-    const int norm_parts = is(r, "lab02_zero") ? 1 : is(r, "lab05_tp") || is(r, "lab06_3d") ? 2 : 0;
+    /* lab04's executor keeps a pool of message buffers whose size its lists decide */
+    if (r->schedule) x->mem[TH_MEM_COMM] = -1;
+    /* the gradient-norm sums on the device: ZeRO's one part (the shard), TP's two (replicated, sharded) */
+    const int norm_parts = r->zero_stage > 0 ? 1 : r->tensor_parallel ? 2 : 0;
     x->mem[TH_MEM_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, x->rows) + th_grad_norm_bytes(norm_parts);
     /* On CUDA the kernels add their own scratch (partial sums, and the
      * embedding backward's sort buffers, whose size cub decides at run time). */
@@ -52,7 +48,7 @@ static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_gr
 /* lab01 and lab02: every rank the whole model on B/N rows; ZeRO shards the
  * model states over the N ranks. */
 static void predict_data_parallel(const th_run *r, th_rank_need *need) {
-    const int N = r->ranks, zero = is(r, "lab02_zero") ? r->zero_stage : 0;
+    const int N = r->ranks, zero = r->zero_stage;
     const th_opts opts = th_opts_precision(1, r->bf16);
     const double vb = value_bytes_of(r);
     const th_params counts = th_param_counts(&r->model);
@@ -148,9 +144,10 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
 }
 
 int th_predict_run(const th_run *r, th_rank_need *need) {
-    if (is(r, "lab01_dp") || is(r, "lab02_zero")) predict_data_parallel(r, need);
-    else if (is(r, "lab03_pp_naive") || is(r, "lab04_1f1b") || is(r, "lab05_tp") || is(r, "lab06_3d")) predict_grid(r, need);
-    else return -1;
+    /* data parallelism alone (lab01, lab02; a one-stage lab03 is the same run) has
+     * units and ZeRO's shards; anything with stages, a schedule or TP layers is a grid */
+    if (r->pp == 1 && !r->schedule && !r->tensor_parallel) predict_data_parallel(r, need);
+    else predict_grid(r, need);
     return 0;
 }
 
@@ -225,11 +222,12 @@ void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_
     else fprintf(f, "  ring traffic of the busiest rank per step: not predicted\n");
 }
 
-int th_print_prediction(FILE *f, const th_run *r, int max_rows) {
+double th_print_prediction(FILE *f, const th_run *r, int max_rows) {
     th_rank_need *need = calloc((size_t)r->ranks, sizeof *need);
     if (!need) return -1;
-    int status = th_predict_run(r, need);
-    if (status == 0) th_print_needs(f, r, need, max_rows);
+    th_predict_run(r, need);
+    th_print_needs(f, r, need, max_rows);
+    const double ring = th_predicted_ring_bytes(r, need);
     free(need);
-    return status;
+    return ring;
 }

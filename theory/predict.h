@@ -13,12 +13,12 @@
  *     whose size its lists decide (the comm category);
  *   - on CUDA the kernels add their own scratch (the workspace category).
  * Schedules with several model chunks per rank (interleaved, zb-v) are
- * predicted chunk by chunk, placed as lab04's schedule_stage_of places them,
+ * predicted chunk by chunk, placed by th_chunk_stage (the rule lab04 runs),
  * with the weight-gradient inputs the split schedules (zb-h1, zb-v) keep.
  * What the caller knows better is passed in: lab02's shard plan (the
- * padding and units ZeRO's collectives move, lab02_zero/shards.h) and lab03's
- * rule for splitting layers into stages (stage.h), so theory/ stays free of
- * any lab's code. Pure numbers, like the rest of theory/. */
+ * padding and units ZeRO's collectives move, lab02_zero/shards.h), so
+ * theory/ stays free of any lab's code. Pure numbers, like the rest of
+ * theory/. A lab's --dry-run reaches it through labs/dry_run.h. */
 #ifndef PL_PREDICT_H
 #define PL_PREDICT_H
 #include "theory.h"
@@ -31,7 +31,9 @@ extern const char *const th_mem_names[TH_NMEM];
 extern const char *const th_coll_names[TH_NKINDS];
 
 typedef struct th_run {
-    const char *lab;        /* the program: "lab01_dp" ... "lab06_3d" (the record's "lab") */
+    /* What to predict comes from this config (the run record's), never from
+     * a lab's name: the grid, the schedule, the ZeRO stage and the layers'
+     * kind decide it. */
     int ranks;
     int cuda;               /* kernels on CUDA: their scratch is not predicted */
     int bf16;               /* --precision bf16: 2-byte values, 2 + 2 + 12 model states */
@@ -39,12 +41,20 @@ typedef struct th_run {
     th_model model;
     int tp, pp, dp;         /* the grid: lab01/02 dp = ranks, lab03/04 pp = ranks, lab05 tp = ranks */
     int micro_batches;      /* per replica and step (pipelines; 1 elsewhere) */
-    const char *schedule;   /* th_schedule_names; lab03's naive schedule is "gpipe" at m = 1 */
+    /* the schedule lab04's executor runs (th_schedule_names; its message
+     * buffers are a pool its lists size, not predicted); NULL: no executor
+     * (lab03's stages run the naive order themselves, GPipe at m = 1, and keep
+     * the gradient they receive; or no pipeline at all) */
+    const char *schedule;
     int chunks;             /* interleaved's model chunks per rank (--virtual-stages; 0: its default 2) */
-    int zero_stage;         /* lab02: 1..3; 0 elsewhere */
-    /* lab01 and lab02: the units whose collectives move the gradient (lab02's
-     * shard plan: units 1 and full = the parameters without buckets); units
-     * 0: not known (lab01's buckets, counted at run time) */
+    int zero_stage;         /* ZeRO (lab02): 1..3, the model states sharded over dp; 0: none */
+    /* the layers are lab05's tensor-parallel ones (lab05, lab06), at any tp
+     * (1 included): the gradient norm is summed in two parts on the device */
+    int tensor_parallel;
+    /* data parallelism without a pipeline or TP (lab01, lab02): the units whose
+     * collectives move the gradient (lab02's shard plan: units 1 and full =
+     * the parameters without buckets); units 0: not known (lab01's buckets,
+     * counted at run time) */
     int units;
     double full_elems, largest_unit_elems, embed_unit_elems;
     /* --sequence-parallel (lab05, lab06 with tp > 1) and --recompute (every
@@ -63,7 +73,7 @@ typedef struct th_rank_need {
     double calls[TH_NKINDS], payload[TH_NKINDS], ring[TH_NKINDS];
 } th_rank_need;
 
-/* Fills need[0 .. r->ranks). Returns 0, or -1 for a lab it does not know. */
+/* Fills need[0 .. r->ranks). Returns 0. */
 int th_predict_run(const th_run *r, th_rank_need *need);
 
 /* The busiest rank's ring bytes per step as a lab's summary adds up the
@@ -76,7 +86,7 @@ double th_predicted_ring_bytes(const th_run *r, const th_rank_need *need);
  * prints as "peak memory (max over ranks)") and traffic per rank per step. */
 void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_rows);
 /* th_predict_run then th_print_needs: what a lab's --dry-run prints. Returns
- * th_predict_run's status. */
-int th_print_prediction(FILE *f, const th_run *r, int max_rows);
+ * th_predicted_ring_bytes (< 0: not predicted, or no memory to predict in). */
+double th_print_prediction(FILE *f, const th_run *r, int max_rows);
 
 #endif

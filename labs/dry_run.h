@@ -1,0 +1,28 @@
+/* What every lab's --dry-run does, in one place: theory/predict's needs of the
+ * run, rank by rank, then common/run's formula lines, then exit.
+ *
+ * It lives here, between the labs and the two folders below them, because it
+ * joins both: common/ may not include theory/ (it knows no parallel strategy)
+ * and theory/ may not include common/ (pure numbers). A lab builds the config
+ * from lab_run_config and sets what its flags add (the grid, the schedule, the
+ * ZeRO stage, ...); theory/predict decides what to predict from that config. */
+#ifndef PL_LABS_DRY_RUN_H
+#define PL_LABS_DRY_RUN_H
+#include "predict.h"
+#include "run.h"
+
+/* The config every lab shares (ranks, device, precision, batch, the course
+ * model, --recompute), as a grid of data parallelism over all ranks with one
+ * micro-batch: the lab overwrites what its flags change. */
+th_run lab_run_config(const run_ctx *ctx);
+
+/* r->comm_formula_bytes = this: the busiest rank's ring bytes of the prediction
+ * (lab06, whose formula is the sum of theory's per kind) */
+#define DRY_RUN_PREDICTED_RING (-2.0)
+
+/* --dry-run: rank 0 prints theory/predict's needs of `need` (NULL: none yet,
+ * the lab is not predicted), then run_dry_run_exit's lines of r; every rank
+ * exits 0. Collective. */
+void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) __attribute__((noreturn));
+
+#endif
