@@ -44,9 +44,6 @@
                                ncclGetLastError(NULL)); } while (0)
 #endif
 
-const char *const comm_kind_names[COLL_NKINDS] = {
-    "allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv", "barrier", "alltoall"};
-
 static void mpi_check(int rc, const char *call) {
     if (rc == MPI_SUCCESS) return;
     char msg[MPI_MAX_ERROR_STRING];

@@ -17,18 +17,11 @@
  * as a TRACE_COMM event. */
 #ifndef PL_COMM_H
 #define PL_COMM_H
+#include "kinds.h" /* comm_kind, comm_kind_names, comm_ring_factor */
 #include <mpi.h>
 #include <stddef.h>
 
 typedef enum { COMM_MPI = 0, COMM_NCCL = 1 } comm_backend;
-
-typedef enum {
-    COLL_ALLREDUCE, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_BROADCAST,
-    COLL_SEND, COLL_RECV, COLL_BARRIER,
-    COLL_ALLTOALL, /* after the barrier: theory.h's th_coll mirrors the kinds before it */
-    COLL_NKINDS
-} comm_kind;
-extern const char *const comm_kind_names[COLL_NKINDS]; /* "allreduce", ... */
 
 typedef struct {
     long calls;     /* comm_sendrecv counts one send and one receive */

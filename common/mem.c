@@ -3,9 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const mem_category_names[MEM_NCAT] = {
-    "params", "grads", "optim", "acts", "comm", "workspace"};
-
 /* Live allocations, so mem_free knows a buffer's size and category. */
 typedef struct { void *p; size_t bytes; mem_category cat; } allocation;
 static allocation *live;

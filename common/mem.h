@@ -5,13 +5,8 @@
  * lab prints are counted by the allocator, not computed from formulas. */
 #ifndef PL_MEM_H
 #define PL_MEM_H
+#include "kinds.h" /* mem_category, mem_category_names */
 #include <stddef.h>
-
-typedef enum {
-    MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_ACTS, MEM_COMM, MEM_WORKSPACE, MEM_NCAT
-} mem_category;
-
-extern const char *const mem_category_names[MEM_NCAT]; /* "params", "grads", ... */
 
 /* Zero-initialised buffer on the current device (g_device). Aborts on failure. */
 void *mem_alloc(size_t bytes, mem_category cat);

@@ -170,11 +170,9 @@ static layer_widths part_widths(const gpt_layout *g, const gpt_part *p) {
                           parts > 1 ? p->seq_part : 0, p->att_row > 0 ? p->att_row : g->cfg.seq};
 }
 
-const char *const gpt_recompute_names[GPT_RECOMPUTE_MODES] = {"none", "selective", "full"};
-
 int gpt_recompute_parse(const char *name) {
-    for (int m = 0; m < GPT_RECOMPUTE_MODES; m++)
-        if (!strcmp(name, gpt_recompute_names[m])) return m;
+    for (int m = 0; m < RECOMPUTE_MODES; m++)
+        if (!strcmp(name, recompute_names[m])) return m;
     return -1;
 }
 
@@ -222,8 +220,8 @@ static void carve_layer(layer_acts *la, void *block, long *used, const gpt_layou
 /* What a layer keeps for its backward under each --recompute mode. */
 static unsigned kept_pieces(const gpt_layout *g) {
     switch (g->cfg.recompute) {
-    case GPT_RECOMPUTE_SELECTIVE: return LA_ALL & ~LA_ATT;
-    case GPT_RECOMPUTE_FULL: return LA_RES3 | LA_MOE_STATS;
+    case RECOMPUTE_SELECTIVE: return LA_ALL & ~LA_ATT;
+    case RECOMPUTE_FULL: return LA_RES3 | LA_MOE_STATS;
     default: return LA_ALL;
     }
 }
@@ -329,7 +327,7 @@ static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, lay
     /* the recomputation's one layer: what the layers do not keep (full: all
      * of it, the output too, which the recomputation must not write over the
      * kept one) */
-    unsigned work = g->cfg.recompute == GPT_RECOMPUTE_FULL ? LA_ALL : LA_ALL & ~kept_pieces(g);
+    unsigned work = g->cfg.recompute == RECOMPUTE_FULL ? LA_ALL : LA_ALL & ~kept_pieces(g);
     carve_layer(&s->work, block, &used, g, B, w, work);
     return used;
 }
@@ -394,7 +392,7 @@ static const void *layer_input(const gpt_acts *a, int layer) {
 static const layer_acts *bound_work(const gpt_layout *g, const gpt_acts *a) {
     if (!a->scratch)
         die("--recompute %s: the forward puts what a layer does not keep in the stage's scratch, and this "
-            "block has none (gpt_acts_bind)", gpt_recompute_names[g->cfg.recompute]);
+            "block has none (gpt_acts_bind)", recompute_names[g->cfg.recompute]);
     return &a->scratch->work;
 }
 
@@ -403,9 +401,9 @@ static const layer_acts *bound_work(const gpt_layout *g, const gpt_acts *a) {
  * output in the layer's own res3. */
 static layer_acts forward_target(const gpt_layout *g, const gpt_acts *a, int layer) {
     layer_acts la = a->layer[layer - a->lo];
-    if (g->cfg.recompute == GPT_RECOMPUTE_SELECTIVE) {
+    if (g->cfg.recompute == RECOMPUTE_SELECTIVE) {
         la.att = bound_work(g, a)->att; /* computed, used by the attention output, not kept */
-    } else if (g->cfg.recompute == GPT_RECOMPUTE_FULL) {
+    } else if (g->cfg.recompute == RECOMPUTE_FULL) {
         void *output = la.res3; /* the one piece kept: the next layer's input */
         float *stats = la.moe_stats; /* and, with experts, what the loss reports */
         la = *bound_work(g, a);
@@ -466,7 +464,7 @@ static long lay_out_wgrads(gpt_wgrads *w, const gpt_layout *g, layer_widths wd, 
         lw->dres2 = carve(block, &used, N * C, VALUES);
         lw->dqkv = carve(block, &used, N * 3 * wd.attn, VALUES);
         lw->dln1 = carve(block, &used, Ns * C, VALUES);
-        carve_layer(&lw->kept, block, &used, g, w->B, wd, g->cfg.recompute == GPT_RECOMPUTE_FULL ? LA_W_READS : 0);
+        carve_layer(&lw->kept, block, &used, g, w->B, wd, g->cfg.recompute == RECOMPUTE_FULL ? LA_W_READS : 0);
     }
     int last = w->hi == g->cfg.layers;
     w->dlogits = last ? carve(block, &used, Ns * V, VALUES) : NULL;
@@ -611,9 +609,9 @@ static void layer_forward_body(const gpt_layout *g, const gpt_layer_hooks *h, co
 static layer_acts backward_source(const gpt_layout *g, const gpt_layer_hooks *h, const void *lp, const gpt_acts *a,
                                   int layer, gpt_grad_scratch *s, const layer_acts *keep) {
     layer_acts la = a->layer[layer - a->lo];
-    if (g->cfg.recompute == GPT_RECOMPUTE_NONE) return la;
+    if (g->cfg.recompute == RECOMPUTE_NONE) return la;
     int ev = segment(h, -1, "recompute");
-    if (g->cfg.recompute == GPT_RECOMPUTE_SELECTIVE) {
+    if (g->cfg.recompute == RECOMPUTE_SELECTIVE) {
         /* att from the kept q and k, the forward's kernel on the forward's inputs: the same bits */
         const layer_dims d = dims_of(g, h, a->B, a->seq);
         la.att = s->work.att;
@@ -628,7 +626,7 @@ static layer_acts backward_source(const gpt_layout *g, const gpt_layer_hooks *h,
         }
     }
     segment(h, ev, NULL);
-    if (g->cfg.recompute == GPT_RECOMPUTE_FULL) layer_forward_body(g, h, lp, layer_input(a, layer), &la, a->B, a->seq, s);
+    if (g->cfg.recompute == RECOMPUTE_FULL) layer_forward_body(g, h, lp, layer_input(a, layer), &la, a->B, a->seq, s);
     return la;
 }
 
@@ -645,7 +643,7 @@ static void layer_backward_body(const gpt_layout *g, const gpt_layer_hooks *h, g
     const layer_dims d = dims_of(g, h, a->B, a->seq);
     const void *x = layer_input(a, layer);
     const layer_acts src = input ? backward_source(g, h, lp, a, layer, s, lw ? &lw->kept : NULL)
-                                 : g->cfg.recompute == GPT_RECOMPUTE_FULL ? lw->kept : a->layer[layer - a->lo];
+                                 : g->cfg.recompute == RECOMPUTE_FULL ? lw->kept : a->layer[layer - a->lo];
     const layer_acts *la = &src;
     const long whole = (long)d.N * d.C;
     const size_t vb = value_bytes();

@@ -31,9 +31,7 @@
  * The recomputed values are the first forward's bit for bit (the same kernels
  * on the same inputs), so every mode trains exactly as none does, at the price
  * of the recomputation: selective the attention core again, full the forward. */
-typedef enum { GPT_RECOMPUTE_NONE, GPT_RECOMPUTE_SELECTIVE, GPT_RECOMPUTE_FULL, GPT_RECOMPUTE_MODES } gpt_recompute;
-#define GPT_RECOMPUTE_CHOICES "none|selective|full"
-extern const char *const gpt_recompute_names[GPT_RECOMPUTE_MODES]; /* "none", "selective", "full" */
+/* recompute_mode, its names and RECOMPUTE_CHOICES: kinds.h (theory/ counts them too) */
 int gpt_recompute_parse(const char *name); /* -1 for an unknown name */
 
 typedef struct gpt_config {
@@ -42,7 +40,7 @@ typedef struct gpt_config {
     int layers;   /* L */
     int d_model;  /* C */
     int heads;    /* NH; head size C / NH */
-    int recompute; /* gpt_recompute: how the layers run, not what they are */
+    int recompute; /* recompute_mode: how the layers run, not what they are */
     /* mixture of experts (moe.h; experts 0: the dense MLP): every MLP becomes
      * `experts` MLPs of the same shape and a router picking top_k of them per
      * token, capacity_factor > 0 dropping what overflows ceil(k T F / E) slots

@@ -25,11 +25,10 @@
  * (kernels.h) is the kernel table for them. */
 #ifndef PL_PRECISION_H
 #define PL_PRECISION_H
+#include "kinds.h" /* precision */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-
-typedef enum { PREC_FP32 = 0, PREC_BF16 = 1 } precision;
 
 extern precision g_precision; /* the run's; PREC_FP32 until precision_use */
 

@@ -13,24 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Bytes one rank moves for a call with this payload under the ring algorithm
- * (what NCCL and MPICH use for large messages): an all-reduce is a
- * reduce-scatter plus an all-gather, each moving (N-1)/N of the buffer. */
-static double ring_bytes(comm_kind k, double payload, int n) {
-    if (n <= 1) return 0;
-    switch (k) {
-    case COLL_ALLREDUCE: return 2.0 * (n - 1) / n * payload;
-    case COLL_REDUCE_SCATTER:
-    case COLL_ALLGATHER: return (double)(n - 1) / n * payload;
-    case COLL_BROADCAST:
-    case COLL_SEND:
-    case COLL_RECV: return payload;
-    /* all but the own block leaves the rank: (n-1)/n of even blocks (comm.h) */
-    case COLL_ALLTOALL: return (double)(n - 1) / n * payload;
-    default: return 0;
-    }
-}
-
 typedef struct {
     double calls[COLL_NKINDS], payload[COLL_NKINDS], wire[COLL_NKINDS], seconds[COLL_NKINDS];
 } traffic;
@@ -44,7 +26,7 @@ static traffic count_traffic(const run_report *r) {
             const comm_stat *s = &r->comms[c]->stats[k];
             t.calls[k] += (double)s->calls;
             t.payload[k] += s->bytes;
-            t.wire[k] += ring_bytes((comm_kind)k, s->bytes, r->comms[c]->size);
+            t.wire[k] += comm_ring_factor(k, r->comms[c]->size) * s->bytes; /* the ring algorithm's bytes */
             t.seconds[k] += s->seconds;
         }
     }
@@ -143,14 +125,14 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     /* memory: every category's peak on every rank */
     enum { NM = MEM_NCAT + 2, ACTS_FORMULA = MEM_NCAT + 1 }; /* the categories, the total, the formula */
     double mine[NM], *all = rank == 0 ? malloc(sizeof(double) * NM * (size_t)R) : NULL;
-    for (int c = 0; c < MEM_NCAT; c++) mine[c] = (double)mem_peak((mem_category)c);
+    for (int c = 0; c < MEM_NCAT; c++) mine[c] = (double)mem_peak(c);
     mine[MEM_NCAT] = (double)mem_peak_total();
     mine[ACTS_FORMULA] = r->acts_formula_bytes;
     MPI_Gather(mine, NM, MPI_DOUBLE, all, NM, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     /* model states per parameter this rank computes with, the largest over ranks */
     const double held = (double)(r->params_held > 0 ? r->params_held : r->params);
     double states_mine[3], states[3] = {0, 0, 0};
-    for (int c = 0; c < 3; c++) states_mine[c] = held > 0 ? (double)mem_peak((mem_category)(MEM_PARAMS + c)) / held : 0;
+    for (int c = 0; c < 3; c++) states_mine[c] = held > 0 ? (double)mem_peak(MEM_PARAMS + c) / held : 0;
     MPI_Reduce(states_mine, states, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     const int states_formula = r->states_formula[0] + r->states_formula[1] + r->states_formula[2] > 0;
 

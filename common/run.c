@@ -45,7 +45,7 @@ static flag_spec shared_flags[] = {
     {"--eval", FLAG_BOOL, NULL, "at the end, the loss on the held-out last 10% of the data", 0, NULL},
     {"--recompute", FLAG_STRING, NULL, "activation recomputation: what a layer keeps for its backward (none: "
      "everything; selective: all but the T x T attention matrix, recomputed from q and k; full: only its output, "
-     "its forward rerun before its backward)", 0, GPT_RECOMPUTE_CHOICES},
+     "its forward rerun before its backward)", 0, RECOMPUTE_CHOICES},
     {"--precision", FLAG_STRING, NULL, "the model's values: fp32, or bf16 mixed precision (bf16 weights, "
      "activations and gradients; fp32 master weights, AdamW moments and arithmetic)", 0, "fp32|bf16"},
     {"--experts", FLAG_INT, NULL, "mixture of experts: every MLP becomes this many experts of its shape and a "

@@ -42,7 +42,7 @@ static double uniform01(unsigned long long *state) {
 void sample_generate(const gpt_config *cfg, const float *weights, const unsigned char *prompt, int len, int n,
                      double temperature, unsigned long long seed, unsigned char *out) {
     gpt_config one = *cfg;
-    one.recompute = GPT_RECOMPUTE_NONE; /* nothing goes backward */
+    one.recompute = RECOMPUTE_NONE; /* nothing goes backward */
     gpt_layout g;
     gpt_layout_init(&g, &one);
     const int T = one.seq, V = one.vocab;

@@ -49,7 +49,7 @@ void zero_figures_of_plan(const gpt_layout *g, const shard_plan *p, int s, zero_
     f->comm_padding = th_zero_traffic(vb * (psi + pad), p->ranks, s).ring - f->comm_formula;
     if (s == 3) {
         const shard_unit *embedding = shard_unit_of_block(p, -1);
-        f->comm_skipped = -th_ring_factor(TH_ALLGATHER, p->ranks) * vb * (double)(embedding->chunk * p->ranks);
+        f->comm_skipped = -comm_ring_factor(COLL_ALLGATHER, p->ranks) * vb * (double)(embedding->chunk * p->ranks);
     }
 }
 

@@ -144,7 +144,7 @@ int main(int argc, char **argv) {
     const th_traffic tp_traffic = th_tp_traffic_run(L, 1, act_bytes, &opts);
     const int collectives = (int)tp_traffic.calls;            /* all-reduces, or all-gathers + reduce-scatters */
     const int allreduces = sequence_parallel ? 0 : collectives;
-    const int per_layer = ctx.model.recompute == GPT_RECOMPUTE_FULL ? 6 : 4;
+    const int per_layer = ctx.model.recompute == RECOMPUTE_FULL ? 6 : 4;
     /* SP: one all-reduce of the replicated tensors' partial gradients */
     const th_traffic partial_traffic =
         th_dp_traffic(vb * th_sp_partial_params(&tm, 0, L), sequence_parallel ? ctx.size : 1, 1);
@@ -299,7 +299,7 @@ int main(int argc, char **argv) {
                    human(allreduces * act_bytes, b));
         } else {
             const comm_stat *ag = &tp.stats[COLL_ALLGATHER], *rs = &tp.stats[COLL_REDUCE_SCATTER];
-            const double ring = th_ring_factor(TH_ALLGATHER, tp.size) * (ag->bytes + rs->bytes) / steps;
+            const double ring = comm_ring_factor(COLL_ALLGATHER, tp.size) * (ag->bytes + rs->bytes) / steps;
             const th_opts tp_alone = th_opts_run(tp.size, 0, ctx.model.recompute, g_precision == PREC_BF16);
             printf("  sequence parallel per step: %.0f all-gathers + %.0f reduce-scatters measured, %dL + %dL = "
                    "%d + %d by the formula | ring %sB measured = %sB, TP's %dL all-reduces (2(t-1)/t x %dL x "
@@ -313,7 +313,7 @@ int main(int argc, char **argv) {
         printf("  block weights per rank: %sB = 6C x L replicated (%sB) + 1/%d of the %sB split (matrices, QKV/fc biases); "
                "serial %sB\n", human(block_per_rank, a), human(vb * L * 6 * C, b), tp.size,
                human(sharded_full, c), human(block_full, d));
-        if (tl.seq_parts == 1 && ctx.model.recompute == GPT_RECOMPUTE_NONE)
+        if (tl.seq_parts == 1 && ctx.model.recompute == RECOMPUTE_NONE)
             printf("  activations per rank: %sB measured, %sB by the formula (theory.h); the split ones (q,k,v, heads, "
                    "MLP units) are 1/%d of %sB\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, c),
                    tp.size, human(acts_split_full, b));

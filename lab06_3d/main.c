@@ -214,12 +214,11 @@ int main(int argc, char **argv) {
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
-    const th_precision prec = g_precision == PREC_BF16 ? TH_BF16 : TH_FP32;
     run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
                          .comm_formula = comm_formula_text,
                          .bubble_theory = theory, .extra_json = record, .params_held = pr.n,
-                         .states_formula = {th_param_bytes(prec), th_grad_bytes(prec), th_optim_bytes(prec)},
+                         .states_formula = {th_param_bytes(g_precision), th_grad_bytes(g_precision), th_optim_bytes(g_precision)},
                          .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
                          .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
     run_finish(&ctx, &report);

@@ -20,22 +20,13 @@ enum {
     F_FIELDS
 };
 
-/* theory.h's collective kinds are comm.h's, in the same order */
-_Static_assert((int)TH_ALLREDUCE == (int)COLL_ALLREDUCE && (int)TH_RECV == (int)COLL_RECV &&
-               (int)TH_NKINDS == (int)COLL_BARRIER, "th_coll and comm_kind differ");
-
-/* The bytes one rank moves for a call, by the ring algorithm (as run_finish counts). */
-static double ring_factor(comm_kind k, int n) {
-    return k < COLL_BARRIER ? th_ring_factor((th_coll)k, n) : 0;
-}
-
 /* Everything a group's communicator counted, per step. */
 static void measured(const comm *c, int steps, double *row) {
     for (int k = 0; k < COLL_NKINDS; k++) {
         const comm_stat *s = &c->stats[k];
         row[G_CALLS] += (double)s->calls / steps;
         row[G_PAYLOAD] += s->bytes / steps;
-        row[G_RING] += ring_factor((comm_kind)k, c->size) * s->bytes / steps;
+        row[G_RING] += comm_ring_factor(k, c->size) * s->bytes / steps; /* as run_finish counts */
         row[G_SECONDS] += s->seconds / steps;
     }
 }
@@ -137,7 +128,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     }
     r->formula_ring_bytes = allreduce_f + gather_f + p2p_f; /* a rank sends as much as it receives */
     r->sequence_parallel = sp;
-    r->recompute_full = opts.recompute == TH_RECOMPUTE_FULL;
+    r->recompute_full = opts.recompute == RECOMPUTE_FULL;
 
     textbuf b = {0};
     textbuf_printf(&b, "\"traffic_per_group\":{");

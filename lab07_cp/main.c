@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
      * runs each attention forward again, its ring too) + the gradients' all-reduce */
     const double vb = (double)value_bytes();
     const th_cp_traffic tf = th_cp_layer_traffic(algo, N, rows, T, C, C, vb);
-    const double attention_forwards = ctx.model.recompute == GPT_RECOMPUTE_NONE ? 1 : 2;
+    const double attention_forwards = ctx.model.recompute == RECOMPUTE_NONE ? 1 : 2;
     gpt_layout g, local; /* the model; and the same with the positions a rank's layers run on */
     gpt_layout_init(&g, &ctx.model);
     const long P = g.total;

@@ -159,7 +159,7 @@ int calibrate_machine(const char *path, int argc, char **argv) {
     cal.p2p_gbs = 4.0 * big / fmax(p2p_big - cal.p2p_us * 1e-6, p2p_big / 2) / 1e9;
     double ar_small = link_seconds(&world, 1, 1, 64), ar_big = link_seconds(&world, 1, big, 15);
     cal.allreduce_us = ar_small / 2 * 1e6; /* a ring all-reduce of 2 ranks takes 2(n-1) = 2 steps */
-    cal.allreduce_gbs = th_ring_factor(TH_ALLREDUCE, 2) * 4.0 * big / fmax(ar_big - ar_small, ar_big / 2) / 1e9;
+    cal.allreduce_gbs = comm_ring_factor(COLL_ALLREDUCE, 2) * 4.0 * big / fmax(ar_big - ar_small, ar_big / 2) / 1e9;
 
     /* compute on rank 0 while rank 1 waits for it */
     if (rank == 0) {

@@ -32,12 +32,12 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { KINDS = TH_NKINDS };
+enum { KINDS = TH_PREDICTED_KINDS };
 
 typedef struct run {
     const char *lab, *schedule;
     int ranks, cuda, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
-    int recompute, sp;       /* --recompute (gpt_recompute), --sequence-parallel */
+    int recompute, sp;       /* --recompute (recompute_mode), --sequence-parallel */
     int executor;            /* the record names a schedule: lab04's executor ran it (lab04, lab06) */
     int tensor_parallel;     /* the record names a tp: lab05's layers ran (lab05, lab06) */
     double bucket_mb, step_ms; /* the record's bucket_mb and step_ms_median */
@@ -65,12 +65,12 @@ static double fwd_bwd_seconds(const timing *tm, const run *r, int lo, int hi, lo
 
 static double allreduce_seconds(const timing *tm, double bytes, int n) {
     if (!tm->cal || n <= 1) return 0;
-    return link_time(th_ring_factor(TH_ALLREDUCE, n) * bytes, 2 * (n - 1), tm->cal->allreduce_gbs, tm->cal->allreduce_us);
+    return link_time(comm_ring_factor(COLL_ALLREDUCE, n) * bytes, 2 * (n - 1), tm->cal->allreduce_gbs, tm->cal->allreduce_us);
 }
 
 static double gather_seconds(const timing *tm, double bytes, int n) { /* a reduce-scatter or an all-gather */
     if (!tm->cal || n <= 1) return 0;
-    return link_time(th_ring_factor(TH_ALLGATHER, n) * bytes, n - 1, tm->cal->allreduce_gbs, tm->cal->allreduce_us);
+    return link_time(comm_ring_factor(COLL_ALLGATHER, n) * bytes, n - 1, tm->cal->allreduce_gbs, tm->cal->allreduce_us);
 }
 
 static double message_seconds(const timing *tm, double bytes) {
@@ -278,7 +278,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
         !read_count(cfg, "config.", "layers", 1, MAX_LAYERS, 0, &L, why, len) ||
         !read_count(cfg, "config.", "d_model", 1, MAX_FLAG, 0, &C, why, len) ||
         !read_count(cfg, "config.", "heads", 1, MAX_FLAG, 0, &H, why, len) ||
-        !read_choice(cfg, "config.", "recompute", GPT_RECOMPUTE_CHOICES, "none", &r->recompute, why, len) ||
+        !read_choice(cfg, "config.", "recompute", RECOMPUTE_CHOICES, "none", &r->recompute, why, len) ||
         !read_choice(cfg, "config.", "precision", "fp32|bf16", "fp32", &precision, why, len))
         return 0;
     if (C % H) return problem(why, len, "config.heads %ld does not divide config.d_model %ld", H, C);
@@ -340,8 +340,8 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     /* the measurements compared with the prediction */
     json_t *mem = json_object_get(rec, "mem_peak_bytes_per_rank");
     if (!json_is_object(mem)) return problem(why, len, mem ? "mem_peak_bytes_per_rank: must be an object" : "mem_peak_bytes_per_rank is missing");
-    for (int k = 0; k < CAT_N; k++)
-        if (!read_per_rank(mem, "mem_peak_bytes_per_rank.", cat_names[k], r->ranks, 0, why, len)) return 0;
+    for (int k = 0; k < MEM_NCAT; k++)
+        if (!read_per_rank(mem, "mem_peak_bytes_per_rank.", mem_category_names[k], r->ranks, 0, why, len)) return 0;
     if (!read_per_kind(rec, "comm_calls_per_step", why, len) || !read_per_kind(rec, "comm_bytes_per_step", why, len))
         return 0;
     json_t *bubble = json_object_get(rec, "bubble");
@@ -406,13 +406,13 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     int mem_n = 0, mem_ok = 0;
     char first_bad[200] = "";
     for (int q = 0; q < r.ranks; q++)
-        for (int k = 0; k < CAT_N; k++) {
-            double got = rank_value(rec, "mem_peak_bytes_per_rank", cat_names[k], q);
+        for (int k = 0; k < MEM_NCAT; k++) {
+            double got = rank_value(rec, "mem_peak_bytes_per_rank", mem_category_names[k], q);
             if (pr[q].mem[k] < 0) continue; /* not predicted */
             mem_n++;
             if (got == pr[q].mem[k]) mem_ok++;
             else if (!first_bad[0])
-                snprintf(first_bad, sizeof first_bad, "rank %d %s: measured %.0f, predicted %.0f", q, cat_names[k], got,
+                snprintf(first_bad, sizeof first_bad, "rank %d %s: measured %.0f, predicted %.0f", q, mem_category_names[k], got,
                          pr[q].mem[k]);
         }
     /* traffic: per kind, the maximum over ranks, per step */

@@ -3,8 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-const char *const cat_names[CAT_N] = {"params", "grads", "optim", "acts", "comm", "workspace"};
-
 double link_time(double ring_bytes, int latency_steps, double gbs, double us) {
     if (ring_bytes <= 0 && latency_steps <= 0) return 0;
     return latency_steps * us * 1e-6 + (gbs > 0 ? ring_bytes / (gbs * 1e9) : 0);
@@ -71,10 +69,10 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     const th_params pc = th_param_counts(m);
     const double layer_local = pc.layer - pc.layer_sharded + pc.layer_sharded / t;
     const double head_local = th_stage_params(m, mo, L, L);
-    const double act_bytes = tr->precision == TH_BF16 ? 2 : 4;
+    const double act_bytes = tr->precision == PREC_BF16 ? 2 : 4;
 
     /* the compute rate, shared where ranks outnumber cores (the CPU "cluster") */
-    double rate = (tr->precision == TH_BF16 ? c->bf16_tflops : c->fp32_tflops) * 1e12 * c->efficiency;
+    double rate = (tr->precision == PREC_BF16 ? c->bf16_tflops : c->fp32_tflops) * 1e12 * c->efficiency;
     if (c->cores > 0 && c->gpus > c->cores) {
         double busy = c->gpus * (1 - th_bubble_unit(l->schedule, p, M, l->vp));
         if (busy > c->cores) rate *= c->cores / busy;
@@ -92,7 +90,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     const double tp_gbs = t <= G ? c->intra_gbs : c->inter_gbs, tp_us = t <= G ? c->intra_us : c->inter_us;
     const int dp_inside = (long)t * d <= G, pp_inside = (long)t * d * p <= G;
     const double act = tokens * C * act_bytes;                 /* one TP collective's buffer */
-    const double tp_one = t > 1 ? link_time(th_ring_factor(TH_ALLREDUCE, t) * act, 2 * (t - 1), tp_gbs, tp_us) : 0;
+    const double tp_one = t > 1 ? link_time(comm_ring_factor(COLL_ALLREDUCE, t) * act, 2 * (t - 1), tp_gbs, tp_us) : 0;
     const double msg = act / (t > 1 ? t : 1);                   /* Megatron sends 1/t per TP rank */
     const double pp_one = p > 1 ? link_time(msg, 1, pp_inside ? c->intra_gbs : c->inter_gbs,
                                             pp_inside ? c->intra_us : c->inter_us) : 0;
@@ -122,8 +120,8 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
         double fwd = nl * layer_fwd + (has_head ? head_fwd : 0), core = nl * attn_fwd;
         double tF = (fwd + core) / rate, tB = (fwd + 2 * core) / rate, tW = fwd / rate;
         double tp_calls_fwd = 2.0 * nl, tp_calls_bwd = 2.0 * nl;
-        if (l->recompute == TH_RECOMPUTE_FULL) { tB += tF; tp_calls_bwd += 2.0 * nl; }
-        else if (l->recompute == TH_RECOMPUTE_SELECTIVE) tB += core / rate;
+        if (l->recompute == RECOMPUTE_FULL) { tB += tF; tp_calls_bwd += 2.0 * nl; }
+        else if (l->recompute == RECOMPUTE_SELECTIVE) tB += core / rate;
         double compute = tF + tB + tW, tp_time = (tp_calls_fwd + tp_calls_bwd) * tp_one, pp_time = 2.0 * n_mine * pp_one;
         tF += tp_calls_fwd * tp_one + n_mine * pp_one;
         tB += tp_calls_bwd * tp_one + n_mine * pp_one;
@@ -137,16 +135,16 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
         /* memory of this rank */
         th_states s = th_model_states(params, mo, tr->zero_stage, d);
         th_states buf = th_zero_buffers(layer_local, mo, tr->zero_stage);
-        double mem[CAT_N] = {s.params + buf.params, s.grads + buf.grads, s.optim,
+        double mem[MEM_NCAT] = {s.params + buf.params, s.grads + buf.grads, s.optim,
                              acts,
                              r < p - 1 ? act : 0, /* the received gradient of the output (lab03's dout) */
                              exact ? th_course_scratch_bytes(m, &lab, (long)b) : 0};
         double total = 0;
-        for (int k = 0; k < CAT_N; k++) total += mem[k];
+        for (int k = 0; k < MEM_NCAT; k++) total += mem[k];
         if (total > e->mem_total) {
             e->mem_total = total;
             e->fullest_stage = r;
-            for (int k = 0; k < CAT_N; k++) e->mem[k] = mem[k];
+            for (int k = 0; k < MEM_NCAT; k++) e->mem[k] = mem[k];
         }
     }
     free(layers);
@@ -159,10 +157,10 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
      * every micro-batch's forward and backward */
     const double dp_gbs = dp_inside ? c->intra_gbs : c->inter_gbs, dp_us = dp_inside ? c->intra_us : c->inter_us;
     const double grad = th_grad_bytes(tr->precision) * most_params;
-    e->dp_bytes = th_ring_factor(TH_ALLREDUCE, d) * grad;
+    e->dp_bytes = comm_ring_factor(COLL_ALLREDUCE, d) * grad;
     double t_dp = d > 1 ? link_time(e->dp_bytes, 2 * (d - 1), dp_gbs, dp_us) : 0;
     if (tr->zero_stage >= 3 && d > 1) {
-        double gather = th_ring_factor(TH_ALLGATHER, d) * th_param_bytes(tr->precision) * most_params;
+        double gather = comm_ring_factor(COLL_ALLGATHER, d) * th_param_bytes(tr->precision) * most_params;
         e->dp_bytes += 2.0 * M * gather;
         t_dp += 2.0 * M * link_time(gather, d - 1, dp_gbs, dp_us);
     }
@@ -170,14 +168,14 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     double shard = most_params / (tr->zero_stage >= 1 ? d : 1);
     e->t_optim = c->hbm_gbs > 0 ? 28.0 * shard / (c->hbm_gbs * 1e9) : 0;
     e->t_step = pipe + e->t_dp + e->t_optim;
-    e->tp_bytes = M * (l->recompute == TH_RECOMPUTE_FULL ? 6.0 : 4.0) * e->stage_layers_max *
-                  (t > 1 ? th_ring_factor(TH_ALLREDUCE, t) * act : 0);
+    e->tp_bytes = M * (l->recompute == RECOMPUTE_FULL ? 6.0 : 4.0) * e->stage_layers_max *
+                  (t > 1 ? comm_ring_factor(COLL_ALLREDUCE, t) * act : 0);
     e->pp_bytes = p > 1 ? M * 2.0 * 2 * v * msg : 0;
 
     const double step_tokens = (double)tr->global_batch * T;
     e->tokens_per_s = step_tokens / e->t_step;
     e->model_flops = th_flops_per_token(m) * step_tokens;
     e->hw_flops = e->model_flops + th_recompute_flops_per_token(m, l->recompute) * step_tokens;
-    double peak = (tr->precision == TH_BF16 ? c->bf16_tflops : c->fp32_tflops) * 1e12;
+    double peak = (tr->precision == PREC_BF16 ? c->bf16_tflops : c->fp32_tflops) * 1e12;
     e->mfu = peak > 0 ? e->model_flops / (e->t_step * c->gpus * peak) : 0;
 }

@@ -26,7 +26,7 @@
 
 typedef struct training {
     long global_batch;       /* sequences per step */
-    th_precision precision;
+    precision precision;
     int zero_stage;          /* 0..3 over the DP group */
     double dp_overlap;       /* 0..1: the share of DP traffic hidden behind the backward */
     double headroom;         /* 0..1: memory kept free (CUDA context, NCCL buffers, fragmentation) */
@@ -39,17 +39,14 @@ typedef struct layout {
     th_schedule schedule;
     int vp;                  /* chunks per rank (interleaved); 1 otherwise */
     int sp;                  /* sequence parallelism */
-    th_recompute recompute;
+    recompute_mode recompute;
 } layout;
-
-enum { CAT_PARAMS, CAT_GRADS, CAT_OPTIM, CAT_ACTS, CAT_COMM, CAT_WORKSPACE, CAT_N };
-extern const char *const cat_names[CAT_N];
 
 typedef struct estimate {
     layout l;
     int stage_layers_max;     /* layers of the busiest rank */
     int fullest_stage;        /* the rank whose memory is reported */
-    double mem[CAT_N], mem_total, mem_limit; /* bytes per GPU, the fullest rank */
+    double mem[MEM_NCAT], mem_total, mem_limit; /* bytes per GPU, the fullest rank */
     int fits;
     double tF, tB, tW;        /* one micro-batch on the slowest rank, with its TP and PP traffic */
     double t_compute, t_tp, t_pp, t_bubble, t_dp, t_optim, t_step; /* seconds per step */

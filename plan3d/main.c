@@ -242,8 +242,8 @@ int main(int argc, char **argv) {
     if (inter_gbs) c.inter_gbs = inter_gbs;
     if (inter_us) c.inter_us = inter_us;
     if (hbm) c.hbm_gbs = hbm;
-    training tr = {global_batch, !strcmp(precision, "bf16") ? TH_BF16 : TH_FP32, zero, overlap, headroom};
-    if (tflops) *(tr.precision == TH_BF16 ? &c.bf16_tflops : &c.fp32_tflops) = tflops;
+    training tr = {global_batch, !strcmp(precision, "bf16") ? PREC_BF16 : PREC_FP32, zero, overlap, headroom};
+    if (tflops) *(tr.precision == PREC_BF16 ? &c.bf16_tflops : &c.fp32_tflops) = tflops;
     if (zero > 3) bad_input("--zero-stage %d: must be 0, 1, 2 or 3", zero);
     if (overlap > 1) bad_input("--dp-overlap %g: must be between 0 and 1", overlap);
     if (headroom >= 1) bad_input("--mem-headroom %g: must be below 1", headroom);

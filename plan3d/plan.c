@@ -4,7 +4,6 @@
 #include <string.h>
 
 static const double GiB = 1073741824.0;
-static const char *const recompute_names[] = {"none", "selective", "full"};
 
 const char *layout_text(const layout *l, char *buf, int len) {
     char v[16] = "";
@@ -55,7 +54,7 @@ void plan_search(const th_model *m, const cluster *c, const training *tr, const 
                             if (k->sp >= 0 ? sp != k->sp : (sp && t == 1)) continue;
                             for (int rc = 0; rc < 3; rc++) {
                                 if (k->recompute >= 0 && rc != k->recompute) continue;
-                                layout l = {t, p, d, b, 0, (th_schedule)s, v, sp, (th_recompute)rc};
+                                layout l = {t, p, d, b, 0, s, v, sp, rc};
                                 l.micro_batches = d * b > 0 ? (int)(tr->global_batch / ((long)d * b)) : 0;
                                 char why[200];
                                 if (layout_problem(m, c, tr, &l, why, sizeof why)[0]) { r->rejected_shape++; continue; }
@@ -80,18 +79,18 @@ void plan_free(plan_result *r) {
 
 void plan_print_header(FILE *f, const char *name, const th_model *m, const cluster *c, const training *tr) {
     th_params pc = th_param_counts(m);
-    double peak = tr->precision == TH_BF16 ? c->bf16_tflops : c->fp32_tflops;
+    double peak = tr->precision == PREC_BF16 ? c->bf16_tflops : c->fp32_tflops;
     fprintf(f, "model    %s: %.4g B parameters | %ld layers, d_model %ld, %ld heads (%ld K/V), ffn %ld%s, seq %ld, vocab %ld\n",
             name, pc.total / 1e9, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->gated_mlp ? " (SwiGLU)" : "",
             m->seq, m->vocab);
     fprintf(f, "cluster  %d x %s, %d per node | %.4g GiB, %.4g TFLOP/s dense %s at efficiency %.2f | inside %.4g GB/s %.3g us, "
                "between %.4g GB/s %.3g us per GPU\n",
-            c->gpus, c->name, c->gpus_per_node, c->mem_gib, peak, tr->precision == TH_BF16 ? "bf16" : "fp32",
+            c->gpus, c->name, c->gpus_per_node, c->mem_gib, peak, tr->precision == PREC_BF16 ? "bf16" : "fp32",
             c->efficiency, c->intra_gbs, c->intra_us, c->inter_gbs, c->inter_us);
     fprintf(f, "training global batch %ld sequences (%.3gM tokens) | %s (%g bytes of model state per parameter) | "
                "ZeRO stage %d | DP overlap %.2f | %.0f%% of memory kept free\n",
             tr->global_batch, tr->global_batch * (double)m->seq / 1e6,
-            tr->precision == TH_BF16 ? "bf16 mixed precision" : "fp32",
+            tr->precision == PREC_BF16 ? "bf16 mixed precision" : "fp32",
             th_param_bytes(tr->precision) + th_grad_bytes(tr->precision) + th_optim_bytes(tr->precision), tr->zero_stage,
             tr->dp_overlap, 100 * tr->headroom);
 }
@@ -107,8 +106,8 @@ void plan_print_table(FILE *f, const plan_result *r, int top) {
         fprintf(f, "%3d %3d %3d %4d %2d %4d %-12s %1d %2s %-9s | %6.1f %6.1f %6.1f %6.1f %6.1f%s    | %6.2f = %7.2f %7.2f %7.2f %6.2f "
                    "%7.2f %5.2f | %6.3g %5.1f%%\n",
                 i + 1, l->tp, l->pp, l->dp, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule],
-                l->vp, l->sp ? "on" : "-", recompute_names[l->recompute], e->mem[CAT_PARAMS] / GiB,
-                e->mem[CAT_GRADS] / GiB, e->mem[CAT_OPTIM] / GiB, e->mem[CAT_ACTS] / GiB, e->mem_total / GiB,
+                l->vp, l->sp ? "on" : "-", recompute_names[l->recompute], e->mem[MEM_PARAMS] / GiB,
+                e->mem[MEM_GRADS] / GiB, e->mem[MEM_OPTIM] / GiB, e->mem[MEM_ACTS] / GiB, e->mem_total / GiB,
                 e->fits ? " " : "!", e->t_step, e->t_compute, e->t_tp, e->t_pp, e->t_bubble, e->t_dp, e->t_optim,
                 e->tokens_per_s, 100 * e->mfu);
     }
@@ -119,10 +118,10 @@ void plan_print_winner(FILE *f, const estimate *e, const cluster *c) {
     fprintf(f, "\nbest: %s\n", layout_text(&e->l, lt, sizeof lt));
     fprintf(f, "  memory per GPU (stage %d, the fullest): params %.2f + grads %.2f + optimizer %.2f + activations %.2f "
                "(in flight: %.3g micro-batches' worth) + comm %.2f + workspace %.2f = %.2f GiB of %.2f usable\n",
-            e->fullest_stage, e->mem[CAT_PARAMS] / GiB, e->mem[CAT_GRADS] / GiB, e->mem[CAT_OPTIM] / GiB,
-            e->mem[CAT_ACTS] / GiB,
+            e->fullest_stage, e->mem[MEM_PARAMS] / GiB, e->mem[MEM_GRADS] / GiB, e->mem[MEM_OPTIM] / GiB,
+            e->mem[MEM_ACTS] / GiB,
             th_acts_in_flight(e->l.schedule, e->l.pp, e->fullest_stage, e->l.micro_batches, e->l.vp),
-            e->mem[CAT_COMM] / GiB, e->mem[CAT_WORKSPACE] / GiB, e->mem_total / GiB, e->mem_limit / GiB);
+            e->mem[MEM_COMM] / GiB, e->mem[MEM_WORKSPACE] / GiB, e->mem_total / GiB, e->mem_limit / GiB);
     fprintf(f, "  one micro-batch on the busiest stage (%d layers): forward %.1f ms, input-gradient %.1f ms, weight-gradient "
                "%.1f ms (TP and PP traffic included)\n",
             e->stage_layers_max, 1e3 * e->tF, 1e3 * e->tB, 1e3 * e->tW);
@@ -207,7 +206,7 @@ int plan_write_json(const char *path, const char *name, const th_model *m, const
     fprintf(f, "\"cluster\":{\"name\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,\"mem_gib\":%g,\"efficiency\":%g},\n", c->name,
             c->gpus, c->gpus_per_node, c->mem_gib, c->efficiency);
     fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d},\n\"layouts\":[", tr->global_batch,
-            tr->precision == TH_BF16 ? "bf16" : "fp32", tr->zero_stage);
+            tr->precision == PREC_BF16 ? "bf16" : "fp32", tr->zero_stage);
     for (int i = 0; i < r->n; i++) {
         const estimate *e = &r->all[i];
         const layout *l = &e->l;
@@ -217,7 +216,7 @@ int plan_write_json(const char *path, const char *name, const th_model *m, const
                 i ? "," : "", i + 1, i == 0 && e->fits ? "true" : "false", layout_text(l, lt, sizeof lt), l->tp, l->pp,
                 l->dp, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule], l->vp, l->sp,
                 recompute_names[l->recompute], e->fits ? "true" : "false");
-        for (int k = 0; k < CAT_N; k++) fprintf(f, "%s\"%s\":%.0f", k ? "," : "", cat_names[k], e->mem[k]);
+        for (int k = 0; k < MEM_NCAT; k++) fprintf(f, "%s\"%s\":%.0f", k ? "," : "", mem_category_names[k], e->mem[k]);
         fprintf(f, "},\"mem_total_bytes\":%.0f,\"mem_limit_bytes\":%.0f,\"step_s\":%.6g,\"compute_s\":%.6g,\"tp_s\":%.6g,"
                    "\"pp_s\":%.6g,\"bubble_s\":%.6g,\"dp_s\":%.6g,\"optimizer_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.4f}",
                 e->mem_total, e->mem_limit, e->t_step, e->t_compute, e->t_tp, e->t_pp, e->t_bubble, e->t_dp, e->t_optim,

@@ -9,7 +9,7 @@ typedef struct constraints {
     int tp, pp, dp, micro_batch, vp;
     int schedule;            /* th_schedule, -1: any */
     int sp;                  /* 0, 1, -1: any */
-    int recompute;           /* th_recompute, -1: any */
+    int recompute;           /* recompute_mode, -1: any */
     int tp_across_nodes;     /* allow t > GPUs per node */
 } constraints;
 

@@ -118,7 +118,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
         return 0;
     w->cl.gpus = (int)gpus;
     if (w->cl.gpus_per_node > w->cl.gpus) w->cl.gpus_per_node = w->cl.gpus;
-    w->tr = (training){batch, TH_BF16, (int)zero, overlap, 0.1};
+    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, 0.1};
     w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, 0, sched, sp, recompute, 0};
     return 1;
 }

@@ -142,7 +142,7 @@ int main(void) {
     /* --recompute: every mode gives --recompute none's gradients bit for bit (the
      * same kernels recompute the same values), fused and split in B and W, on
      * one range and on two stages, and keeps less */
-    for (int mode = GPT_RECOMPUTE_SELECTIVE; mode <= GPT_RECOMPUTE_FULL; mode++) {
+    for (int mode = RECOMPUTE_SELECTIVE; mode <= RECOMPUTE_FULL; mode++) {
         gpt_config rc = cfg;
         rc.recompute = mode;
         gpt_layout gr;
@@ -166,7 +166,7 @@ int main(void) {
         double lm = gpt_mean_loss(&gr, &ar);
         gpt_backward(&gr, params, gm, &ar, &sr, NULL, 1.0f / (float)N, NULL, NULL);
         CHECK(lm == loss0 && memcmp(gm, grads, P * sizeof(float)) == 0,
-              "--recompute %s: loss or gradients differ from none's", gpt_recompute_names[mode]);
+              "--recompute %s: loss or gradients differ from none's", recompute_names[mode]);
         /* two stages, the backward split: both B's, then both W's */
         gpt_wgrads wr0, wr1;
         gpt_wgrads_alloc(&wr0, &gr, 0, 1, B);
@@ -181,11 +181,11 @@ int main(void) {
         gpt_backward_weight(&gr, gm + b1, &ar1, &wr1);
         gpt_backward_weight(&gr, gm + b0, &ar0, &wr0);
         CHECK(memcmp(gm, grads, P * sizeof(float)) == 0, "--recompute %s: B then W differ from none's fused gradients",
-              gpt_recompute_names[mode]);
+              recompute_names[mode]);
         printf("--recompute %s: loss and gradients bit-identical to none's (fused, and B then W on two stages); "
-               "activations %ld of %ld bytes, weight-gradient block %ld of %ld\n", gpt_recompute_names[mode],
+               "activations %ld of %ld bytes, weight-gradient block %ld of %ld\n", recompute_names[mode],
                ar0.bytes + ar1.bytes, a0.bytes + a1.bytes, wr0.bytes, w0_bytes);
-        CHECK(ar0.bytes < a0.bytes && ar1.bytes < a1.bytes, "--recompute %s keeps no less", gpt_recompute_names[mode]);
+        CHECK(ar0.bytes < a0.bytes && ar1.bytes < a1.bytes, "--recompute %s keeps no less", recompute_names[mode]);
         gpt_wgrads_free(&wr0);
         gpt_wgrads_free(&wr1);
         mem_free(gm);

@@ -113,7 +113,7 @@ static void gradcheck(const char *name, gpt_config c, int want_drops) {
     }
 
     /* --recompute with experts: the same loss and gradients, bit for bit */
-    for (int mode = GPT_RECOMPUTE_SELECTIVE; mode <= GPT_RECOMPUTE_FULL; mode++) {
+    for (int mode = RECOMPUTE_SELECTIVE; mode <= RECOMPUTE_FULL; mode++) {
         gpt_config rc = c;
         rc.recompute = mode;
         gpt_layout gr;
@@ -129,8 +129,8 @@ static void gradcheck(const char *name, gpt_config c, int want_drops) {
         double lm = loss_of(&gr, params, &ar);
         gpt_backward(&gr, params, gm, &ar, &sr, NULL, 1.0f / (float)N, NULL, NULL);
         CHECK(lm == loss0 && memcmp(gm, grads, P * sizeof(float)) == 0,
-              "%s --recompute %s: loss or gradients differ from none's", name, gpt_recompute_names[mode]);
-        CHECK(ar.bytes < a.bytes, "%s --recompute %s keeps no less", name, gpt_recompute_names[mode]);
+              "%s --recompute %s: loss or gradients differ from none's", name, recompute_names[mode]);
+        CHECK(ar.bytes < a.bytes, "%s --recompute %s keeps no less", name, recompute_names[mode]);
         mem_free(gm);
         gpt_acts_free(&ar);
         gpt_scratch_free(&sr);

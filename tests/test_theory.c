@@ -109,7 +109,7 @@ static void check_course_shape(long V, long T, long L, long C, long H) {
  * th_sp_partial_params. */
 static void check_course_options(long V, long T, long L, long C, long H) {
     th_model m = th_course_model(V, T, L, C, H);
-    for (int mode = 0; mode < GPT_RECOMPUTE_MODES; mode++)
+    for (int mode = 0; mode < RECOMPUTE_MODES; mode++)
         for (int t = 1; t <= H; t++)
             for (int sp = 0; sp <= 1; sp++) {
                 if (H % t || (sp && T % t)) continue;
@@ -131,10 +131,10 @@ static void check_course_options(long V, long T, long L, long C, long H) {
                                 double got = th_course_acts_bytes(&m, &o, lo, hi, rows);
                                 CHECK(got == (double)a.bytes && parts.quadratic + parts.linear + parts.other == got,
                                       "acts %s t=%d sp=%d rank %d T=%ld [%d,%d) rows %ld: allocator %ld, theory %.0f",
-                                      gpt_recompute_names[mode], t, sp, rank, T, lo, hi, rows, a.bytes, got);
+                                      recompute_names[mode], t, sp, rank, T, lo, hi, rows, a.bytes, got);
                                 CHECK(th_course_wgrads_bytes(&m, &o, lo, hi, rows) == (double)w.bytes,
                                       "wgrads %s t=%d sp=%d [%d,%d) rows %ld: allocator %ld, theory %.0f",
-                                      gpt_recompute_names[mode], t, sp, lo, hi, rows, w.bytes,
+                                      recompute_names[mode], t, sp, lo, hi, rows, w.bytes,
                                       th_course_wgrads_bytes(&m, &o, lo, hi, rows));
                                 CHECK(!sp || t == 1 || sp_partial_elems(&tl, lo, hi) == th_sp_partial_params(&m, lo, hi),
                                       "partial gradients [%d,%d): %ld, theory %.0f", lo, hi,
@@ -149,7 +149,7 @@ static void check_course_options(long V, long T, long L, long C, long H) {
                         tp_scratch_alloc(&sc, &tl, (int)rows);
                         double want = (double)mem_current(MEM_WORKSPACE), got = th_course_scratch_bytes(&m, &o, rows);
                         CHECK(got == want, "scratch %s t=%d sp=%d rows %ld: allocator %.0f, theory %.0f",
-                              gpt_recompute_names[mode], t, sp, rows, want, got);
+                              recompute_names[mode], t, sp, rows, want, got);
                         gpt_scratch_free(&sc);
                     }
                 }
@@ -167,18 +167,18 @@ static void check_published(void) {
      * s = 2048, h = 12288, a = 96, b = 1, t = 8 */
     th_model m = th_course_model(51200, 2048, 96, 12288, 96);
     double s = 2048, h = 12288, a = 96, t = 8, sbh = s * h;
-    th_opts o = {.precision = TH_BF16, .tp = 8};
+    th_opts o = {.precision = PREC_BF16, .tp = 8};
     CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (10 + 24 / t + 5 * a * s / (h * t))) < 1,
           "Table 2, tensor parallel");
     o.sequence_parallel = 1;
     CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (34 / t + 5 * a * s / (h * t))) < 1, "Table 2, TP + SP");
-    o.recompute = TH_RECOMPUTE_SELECTIVE;
+    o.recompute = RECOMPUTE_SELECTIVE;
     CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * 34 / t) < 1, "Table 2, TP + SP + selective");
     o.sequence_parallel = 0;
     CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (10 + 24 / t)) < 1, "Table 2, TP + selective");
-    o.recompute = TH_RECOMPUTE_FULL;
+    o.recompute = RECOMPUTE_FULL;
     CHECK(th_published_layer_acts_bytes(&m, &o, 1) == 2 * sbh, "Table 2, full recomputation");
-    o = (th_opts){.precision = TH_BF16, .tp = 1};
+    o = (th_opts){.precision = PREC_BF16, .tp = 1};
     CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (34 + 5 * a * s / h)) < 1, "Table 2, no parallelism");
     /* ZeRO paper: 16 bytes per parameter under mixed precision, sharded by stage */
     th_states z = th_model_states(1e9, &o, 0, 64);
@@ -295,7 +295,7 @@ static void check_schedules(void) {
     th_traffic tp = th_tp_traffic(3, 2, 2, 100, 0);
     CHECK(tp.calls == 24 && tp.payload == 2400 && tp.ring == 2400, "tp: 4 L m all-reduces");
     CHECK(th_tp_traffic(3, 2, 2, 100, 1).ring == tp.ring, "sequence parallel moves the same ring bytes");
-    th_opts full = th_opts_run(2, 1, TH_RECOMPUTE_FULL, 0);
+    th_opts full = th_opts_run(2, 1, RECOMPUTE_FULL, 0);
     CHECK(th_tp_traffic_run(3, 2, 100, &full).calls == 72 && th_tp_traffic_run(3, 2, 100, &full).ring == 1.5 * tp.ring,
           "--recompute full: the forward's collectives again, 6 per layer");
     CHECK(th_pp_traffic(2, 4, 1, 10).payload == 160, "pp: 2 boundaries x m x 2");

@@ -12,11 +12,11 @@ static double pad64(double bytes) { return (double)(((long long)bytes + 63) / 64
  * parallelism whole slices of every sequence (T divisible by t). */
 static int course_runs(const th_model *m, const th_opts *o) {
     long t = o->tp > 0 ? o->tp : 1;
-    return (o->precision == TH_FP32 || o->precision == TH_BF16) && !o->vocab_parallel && m->kv_heads == m->heads &&
+    return (o->precision == PREC_FP32 || o->precision == PREC_BF16) && !o->vocab_parallel && m->kv_heads == m->heads &&
            m->ffn == 4 * m->d_model && !m->gated_mlp && m->biases && m->learned_positions && !m->tied_head &&
            m->heads % t == 0 && m->d_model % m->heads == 0 && (!o->sequence_parallel || m->seq % t == 0) &&
-           (o->recompute == TH_RECOMPUTE_NONE || o->recompute == TH_RECOMPUTE_SELECTIVE ||
-            o->recompute == TH_RECOMPUTE_FULL);
+           (o->recompute == RECOMPUTE_NONE || o->recompute == RECOMPUTE_SELECTIVE ||
+            o->recompute == RECOMPUTE_FULL);
 }
 
 /* A TP rank's widths inside a layer (heads, attention columns, MLP units), the
@@ -61,8 +61,8 @@ th_acts_parts th_course_acts_parts(const th_model *m, const th_opts *o, int lo, 
     const double layers = hi - lo;
     /* what a layer keeps for its backward under each --recompute mode */
     double quadratic = p.att, linear = all_but_att(&p);
-    if (o->recompute == TH_RECOMPUTE_SELECTIVE) quadratic = 0;
-    if (o->recompute == TH_RECOMPUTE_FULL) { quadratic = 0; linear = p.res3; /* its output only */ }
+    if (o->recompute == RECOMPUTE_SELECTIVE) quadratic = 0;
+    if (o->recompute == RECOMPUTE_FULL) { quadratic = 0; linear = p.res3; /* its output only */ }
     double other = vals(&w, w.Ns * w.C);   /* x_in */
     if (lo == 0) other += fours(w.Ns);     /* tokens */
     if (hi == m->layers)                   /* targets, lnf + mean, rstd, logits, probs, losses */
@@ -86,8 +86,8 @@ double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
                    vals(&w, w.N * w.attn) + vals(&w, w.B * w.heads * w.T * w.T) + 2 * vals(&w, w.N * w.mlp) +
                    vals(&w, w.Ns * w.V) /* dlogits */;
     if (o->sequence_parallel && o->tp > 1) bytes += 2 * vals(&w, w.N * w.C) + vals(&w, w.Ns * w.C); /* staging */
-    if (o->recompute == TH_RECOMPUTE_SELECTIVE) bytes += p.att;                  /* the recomputed att */
-    if (o->recompute == TH_RECOMPUTE_FULL) bytes += p.att + all_but_att(&p);     /* one whole layer */
+    if (o->recompute == RECOMPUTE_SELECTIVE) bytes += p.att;                  /* the recomputed att */
+    if (o->recompute == RECOMPUTE_FULL) bytes += p.att + all_but_att(&p);     /* one whole layer */
     return bytes;
 }
 
@@ -98,7 +98,7 @@ double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int h
     double layer = 2 * vals(&w, w.N * w.C)                 /* dres3, dres2: the row-parallel douts, whole */
                  + 2 * vals(&w, w.Ns * w.C)                /* dln1, dln2: the LayerNorms' */
                  + vals(&w, w.N * w.mlp) + vals(&w, w.N * 3 * w.attn); /* dfch, dqkv */
-    if (o->recompute == TH_RECOMPUTE_FULL) layer += p.ln1 + p.atty + p.res2 + p.ln2 + p.gelu; /* what W reads */
+    if (o->recompute == RECOMPUTE_FULL) layer += p.ln1 + p.atty + p.res2 + p.ln2 + p.gelu; /* what W reads */
     double bytes = (double)(hi - lo) * layer;
     if (hi == m->layers) bytes += vals(&w, w.Ns * w.V) + vals(&w, w.Ns * w.C); /* dlogits, dlnf */
     if (lo == 0) bytes += vals(&w, w.Ns * w.C);                               /* dx */
@@ -116,7 +116,7 @@ double th_sp_partial_params(const th_model *m, int lo, int hi) {
 double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b) {
     const double s = (double)m->seq, h = (double)m->d_model, a = (double)m->heads, B = (double)b;
     const double t = o->tp > 0 ? o->tp : 1, sbh = s * B * h;
-    if (o->recompute == TH_RECOMPUTE_FULL) return 2 * sbh / (o->sequence_parallel ? t : 1); /* the layer's input */
+    if (o->recompute == RECOMPUTE_FULL) return 2 * sbh / (o->sequence_parallel ? t : 1); /* the layer's input */
     /* Korthikanti et al. 2022, section 4: LayerNorm inputs 4, the inputs of QKV
      * and of the MLP 2 + 2, two dropout masks 1 + 1: 10 sbh that TP does not
      * split (SP does); Q and K 4, V 2, the projection's input 2: 8 sbh in
@@ -125,7 +125,7 @@ double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b
     const double kv = (double)m->kv_heads / a;
     const double attention = sbh * (4 + 4 * kv);
     const double mlp = s * B * (double)m->ffn * (m->gated_mlp ? 6 : 4);
-    const double scores = o->recompute == TH_RECOMPUTE_SELECTIVE ? 0 : 5 * a * s * s * B;
+    const double scores = o->recompute == RECOMPUTE_SELECTIVE ? 0 : 5 * a * s * s * B;
     const double split = attention + mlp + scores, unsplit = 10 * sbh;
     return o->sequence_parallel ? (unsplit + split) / t : unsplit + split / t;
 }

@@ -8,26 +8,26 @@ th_model th_course_model(long vocab, long seq, long layers, long d_model, long h
 }
 
 th_opts th_opts_course(int tp) {
-    return (th_opts){.precision = TH_FP32, .tp = tp, .vocab_parallel = 0, .sequence_parallel = 0,
-                     .recompute = TH_RECOMPUTE_NONE};
+    return (th_opts){.precision = PREC_FP32, .tp = tp, .vocab_parallel = 0, .sequence_parallel = 0,
+                     .recompute = RECOMPUTE_NONE};
 }
 
-th_opts th_opts_run(int tp, int sequence_parallel, int recompute, int bf16) {
+th_opts th_opts_run(int tp, int sequence_parallel, recompute_mode recompute, int bf16) {
     th_opts o = th_opts_precision(tp, bf16);
     o.sequence_parallel = sequence_parallel;
-    o.recompute = (th_recompute)recompute;
+    o.recompute = recompute;
     return o;
 }
 
 th_opts th_opts_precision(int tp, int bf16) {
     th_opts o = th_opts_course(tp);
-    o.precision = bf16 ? TH_BF16 : TH_FP32;
+    o.precision = bf16 ? PREC_BF16 : PREC_FP32;
     return o;
 }
 
-double th_param_bytes(th_precision p) { return p == TH_BF16 ? 2 : 4; }
-double th_grad_bytes(th_precision p) { return p == TH_BF16 ? 2 : 4; }
-double th_optim_bytes(th_precision p) { return p == TH_BF16 ? 12 : 8; }
+double th_param_bytes(precision p) { return p == PREC_BF16 ? 2 : 4; }
+double th_grad_bytes(precision p) { return p == PREC_BF16 ? 2 : 4; }
+double th_optim_bytes(precision p) { return p == PREC_BF16 ? 12 : 8; }
 
 th_params th_param_counts(const th_model *m) {
     const double C = (double)m->d_model, F = (double)m->ffn, V = (double)m->vocab, T = (double)m->seq;
@@ -81,11 +81,11 @@ double th_flops_per_token(const th_model *m) {
     return 6.0 * (L * p.layer_active + p.head) + 12.0 * L * T * C;
 }
 
-double th_recompute_flops_per_token(const th_model *m, th_recompute r) {
+double th_recompute_flops_per_token(const th_model *m, recompute_mode r) {
     const th_params p = th_param_counts(m);
     const double L = (double)m->layers, T = (double)m->seq, C = (double)m->d_model;
-    if (r == TH_RECOMPUTE_FULL) return 2.0 * L * p.layer + 4.0 * L * T * C;
-    if (r == TH_RECOMPUTE_SELECTIVE) return 4.0 * L * T * C;
+    if (r == RECOMPUTE_FULL) return 2.0 * L * p.layer + 4.0 * L * T * C;
+    if (r == RECOMPUTE_SELECTIVE) return 4.0 * L * T * C;
     return 0;
 }
 

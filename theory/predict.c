@@ -4,16 +4,14 @@
 #include <math.h>
 #include <stdlib.h>
 
-const char *const th_mem_names[TH_NMEM] = {"params", "grads", "optim", "acts", "comm", "workspace"};
-const char *const th_coll_names[TH_NKINDS] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv"};
 
-static void count(th_rank_need *x, th_coll k, double calls, double each, int group) {
+static void count(th_rank_need *x, comm_kind k, double calls, double each, int group) {
     x->calls[k] += calls;
     x->payload[k] += calls * each;
-    x->ring[k] += calls * each * th_ring_factor(k, group);
+    x->ring[k] += calls * each * comm_ring_factor(k, group);
 }
 
-static void add_traffic(th_rank_need *x, th_coll k, th_traffic t, int group) {
+static void add_traffic(th_rank_need *x, comm_kind k, th_traffic t, int group) {
     if (t.calls > 0) count(x, k, t.calls, t.payload / t.calls, group);
 }
 
@@ -26,23 +24,23 @@ static double value_bytes_of(const th_run *r) { return r->bf16 ? 2.0 : 4.0; }
 static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_grad) {
     const th_opts o = th_opts_run(t, r->sequence_parallel && t > 1, r->recompute, r->bf16);
     const th_states s = th_model_states(x->params, &o, 0, 1);
-    x->mem[TH_MEM_PARAMS] = s.params;
-    x->mem[TH_MEM_GRADS] = s.grads;
-    x->mem[TH_MEM_OPTIM] = s.optim;
-    x->mem[TH_MEM_ACTS] = x->acts_in_flight * th_course_acts_bytes(&r->model, &o, x->lo, x->hi, x->rows);
+    x->mem[MEM_PARAMS] = s.params;
+    x->mem[MEM_GRADS] = s.grads;
+    x->mem[MEM_OPTIM] = s.optim;
+    x->mem[MEM_ACTS] = x->acts_in_flight * th_course_acts_bytes(&r->model, &o, x->lo, x->hi, x->rows);
     /* lab03's stage keeps the gradient it receives from the next stage */
-    x->mem[TH_MEM_COMM] = receives_grad ? value_bytes_of(r) * x->rows * r->model.seq * r->model.d_model : 0;
+    x->mem[MEM_COMM] = receives_grad ? value_bytes_of(r) * x->rows * r->model.seq * r->model.d_model : 0;
     /* TP layers under sequence parallelism: the staging of the partial gradients' all-reduce */
     if (r->tensor_parallel && o.sequence_parallel)
-        x->mem[TH_MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(&r->model, 0, (int)r->model.layers);
+        x->mem[MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(&r->model, 0, (int)r->model.layers);
     /* lab04's executor keeps a pool of message buffers whose size its lists decide */
-    if (r->schedule) x->mem[TH_MEM_COMM] = -1;
+    if (r->schedule) x->mem[MEM_COMM] = -1;
     /* the gradient-norm sums on the device: ZeRO's one part (the shard), TP's two (replicated, sharded) */
     const int norm_parts = r->zero_stage > 0 ? 1 : r->tensor_parallel ? 2 : 0;
-    x->mem[TH_MEM_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, x->rows) + th_grad_norm_bytes(norm_parts);
+    x->mem[MEM_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, x->rows) + th_grad_norm_bytes(norm_parts);
     /* On CUDA the kernels add their own scratch (partial sums, and the
      * embedding backward's sort buffers, whose size cub decides at run time). */
-    if (r->cuda) x->mem[TH_MEM_WORKSPACE] = -1;
+    if (r->cuda) x->mem[MEM_WORKSPACE] = -1;
 }
 
 /* lab01 and lab02: every rank the whole model on B/N rows; ZeRO shards the
@@ -61,20 +59,20 @@ static void predict_data_parallel(const th_run *r, th_rank_need *need) {
         rank_memory(x, r, 1, 0);
         if (zero) { /* the padded buffers, sharded as the stage shards them, and the unit buffers */
             const th_states s = th_model_states(full, &opts, zero, N), b = th_zero_buffers(largest, &opts, zero);
-            x->mem[TH_MEM_PARAMS] = s.params + b.params;
-            x->mem[TH_MEM_GRADS] = s.grads + b.grads;
-            x->mem[TH_MEM_OPTIM] = s.optim;
+            x->mem[MEM_PARAMS] = s.params + b.params;
+            x->mem[MEM_GRADS] = s.grads + b.grads;
+            x->mem[MEM_OPTIM] = s.optim;
             if (N == 1) continue; /* a group of one counts no traffic */
-            count(x, TH_REDUCE_SCATTER, units, vb * full / units, N);
-            if (zero < 3) count(x, TH_ALLGATHER, units, vb * full / units, N);
+            count(x, COLL_REDUCE_SCATTER, units, vb * full / units, N);
+            if (zero < 3) count(x, COLL_ALLGATHER, units, vb * full / units, N);
             else { /* each unit gathered for the forward, again for the backward but the embedding's */
-                x->calls[TH_ALLGATHER] += 2 * units - 1;
-                x->payload[TH_ALLGATHER] += vb * (2 * full - r->embed_unit_elems);
-                x->ring[TH_ALLGATHER] += vb * (2 * full - r->embed_unit_elems) * th_ring_factor(TH_ALLGATHER, N);
+                x->calls[COLL_ALLGATHER] += 2 * units - 1;
+                x->payload[COLL_ALLGATHER] += vb * (2 * full - r->embed_unit_elems);
+                x->ring[COLL_ALLGATHER] += vb * (2 * full - r->embed_unit_elems) * comm_ring_factor(COLL_ALLGATHER, N);
             }
         } else if (N > 1) { /* a group of one counts no traffic */
-            add_traffic(x, TH_ALLREDUCE, th_dp_traffic(vb * psi, N, units > 0 ? units : 1), N);
-            if (units <= 0) x->calls[TH_ALLREDUCE] = -1; /* buckets: as many calls as the backward fills */
+            add_traffic(x, COLL_ALLREDUCE, th_dp_traffic(vb * psi, N, units > 0 ? units : 1), N);
+            if (units <= 0) x->calls[COLL_ALLREDUCE] = -1; /* buckets: as many calls as the backward fills */
         }
     }
 }
@@ -118,28 +116,28 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         *x = (th_rank_need){.tp = q % t, .dp = q / t % d, .pp = pp, .lo = lo, .hi = hi, .rows = rows,
                             .params = params, .acts_in_flight = in_flight};
         rank_memory(x, r, t, pp < p - 1);
-        x->mem[TH_MEM_ACTS] = acts;
+        x->mem[MEM_ACTS] = acts;
         /* each chunk is a lab03 stage with its own scratch */
-        if (x->mem[TH_MEM_WORKSPACE] >= 0) x->mem[TH_MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
+        if (x->mem[MEM_WORKSPACE] >= 0) x->mem[MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
         if (v > 1) x->lo = x->hi = -1; /* not one run of layers */
         const th_traffic pipe = th_pp_traffic(links, m, 1, msg); /* sends and receives together */
-        count(x, TH_SEND, pipe.calls / 2, msg, 2);
-        count(x, TH_RECV, pipe.calls / 2, msg, 2);
+        count(x, COLL_SEND, pipe.calls / 2, msg, 2);
+        count(x, COLL_RECV, pipe.calls / 2, msg, 2);
         /* 4 per layer and micro-batch, 6 under --recompute full; SP: each an all-gather and a reduce-scatter,
          * and one all-reduce per chunk of the partial gradients */
         const double tp_calls = th_tp_traffic_run(layers, m, act, &o).calls;
         if (sp) {
-            count(x, TH_ALLGATHER, tp_calls / 2, act, t);
-            count(x, TH_REDUCE_SCATTER, tp_calls / 2, act, t);
+            count(x, COLL_ALLGATHER, tp_calls / 2, act, t);
+            count(x, COLL_REDUCE_SCATTER, tp_calls / 2, act, t);
             for (int c = 0; c < v; c++) {
                 int clo, chi;
                 th_stage_layers(L, S, th_chunk_stage(s, p, pp, c), &clo, &chi);
-                count(x, TH_ALLREDUCE, 1, value_bytes_of(r) * th_sp_partial_params(&r->model, clo, chi), t);
+                count(x, COLL_ALLREDUCE, 1, value_bytes_of(r) * th_sp_partial_params(&r->model, clo, chi), t);
             }
         } else if (t > 1) {
-            count(x, TH_ALLREDUCE, tp_calls, act, t);
+            count(x, COLL_ALLREDUCE, tp_calls, act, t);
         }
-        add_traffic(x, TH_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
+        add_traffic(x, COLL_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
     }
 }
 
@@ -153,7 +151,7 @@ int th_predict_run(const th_run *r, th_rank_need *need) {
 
 double th_predicted_ring_bytes(const th_run *r, const th_rank_need *need) {
     double total = 0;
-    for (int k = 0; k < TH_NKINDS; k++) {
+    for (int k = 0; k < TH_PREDICTED_KINDS; k++) {
         double busiest = 0;
         for (int q = 0; q < r->ranks; q++) {
             if (need[q].ring[k] < 0) return -1; /* calls may be unknown where the bytes are not */
@@ -176,29 +174,29 @@ void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_
     fprintf(f, "needs of the run by theory/'s formulas (theory/predict.h), rank by rank:\n");
     fprintf(f, "  memory per rank, bytes (the peak per category the allocator will count; ? not predicted):\n");
     fprintf(f, "    rank  tp pp dp  layers  ");
-    for (int k = 0; k < TH_NMEM; k++) fprintf(f, " %12s", th_mem_names[k]);
+    for (int k = 0; k < MEM_NCAT; k++) fprintf(f, " %12s", mem_category_names[k]);
     fprintf(f, " %12s\n", "sum");
-    double max[TH_NMEM + 1] = {0};
+    double max[MEM_NCAT + 1] = {0};
     for (int q = 0; q < R; q++) {
         const th_rank_need *x = &need[q];
         double total = 0;
-        for (int k = 0; k < TH_NMEM; k++) {
+        for (int k = 0; k < MEM_NCAT; k++) {
             total = x->mem[k] < 0 || total < 0 ? -1 : total + x->mem[k];
             max[k] = x->mem[k] < 0 || max[k] < 0 ? -1 : fmax(max[k], x->mem[k]);
         }
         /* the sum of the categories' peaks: the allocator's peak of the total is at most this */
-        max[TH_NMEM] = total < 0 || max[TH_NMEM] < 0 ? -1 : fmax(max[TH_NMEM], total);
+        max[MEM_NCAT] = total < 0 || max[MEM_NCAT] < 0 ? -1 : fmax(max[MEM_NCAT], total);
         if (q >= max_rows) continue;
         char layers[24] = "?";
         if (x->lo >= 0) snprintf(layers, sizeof layers, "[%d,%d)", x->lo, x->hi);
         fprintf(f, "    %4d  %2d %2d %2d  %-8s", q, x->tp, x->pp, x->dp, layers);
-        for (int k = 0; k < TH_NMEM; k++) print_bytes(f, x->mem[k]);
+        for (int k = 0; k < MEM_NCAT; k++) print_bytes(f, x->mem[k]);
         print_bytes(f, total);
         fprintf(f, "\n");
     }
     if (R > max_rows) fprintf(f, "    ... (%d more ranks)\n", R - max_rows);
     fprintf(f, "    max over ranks        ");
-    for (int k = 0; k <= TH_NMEM; k++) print_bytes(f, max[k]);
+    for (int k = 0; k <= MEM_NCAT; k++) print_bytes(f, max[k]);
     fprintf(f, "\n");
 
     fprintf(f, "  traffic per rank per step (calls x payload bytes, by kind):\n");
@@ -206,13 +204,13 @@ void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_
     for (int q = 0; q < R && shown < max_rows; q++, shown++) {
         fprintf(f, "    %4d ", q);
         int any = 0;
-        for (int k = 0; k < TH_NKINDS; k++) {
+        for (int k = 0; k < TH_PREDICTED_KINDS; k++) {
             const th_rank_need *x = &need[q];
             if (x->calls[k] == 0 && x->payload[k] == 0) continue;
             any = 1;
-            if (x->payload[k] < 0) fprintf(f, " | %s ? (not predicted)", th_coll_names[k]);
-            else if (x->calls[k] < 0) fprintf(f, " | %s ? calls, payload %.0f", th_coll_names[k], x->payload[k]);
-            else fprintf(f, " | %s %g calls, payload %.0f", th_coll_names[k], x->calls[k], x->payload[k]);
+            if (x->payload[k] < 0) fprintf(f, " | %s ? (not predicted)", comm_kind_names[k]);
+            else if (x->calls[k] < 0) fprintf(f, " | %s ? calls, payload %.0f", comm_kind_names[k], x->payload[k]);
+            else fprintf(f, " | %s %g calls, payload %.0f", comm_kind_names[k], x->calls[k], x->payload[k]);
         }
         fprintf(f, "%s\n", any ? "" : " | none");
     }

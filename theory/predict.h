@@ -24,11 +24,9 @@
 #include "theory.h"
 #include <stdio.h>
 
-/* The allocator's categories (common/mem.h), in its order. */
-enum { TH_MEM_PARAMS, TH_MEM_GRADS, TH_MEM_OPTIM, TH_MEM_ACTS, TH_MEM_COMM, TH_MEM_WORKSPACE, TH_NMEM };
-extern const char *const th_mem_names[TH_NMEM];
-/* The communicator's kinds (common/comm.h), in th_coll's order. */
-extern const char *const th_coll_names[TH_NKINDS];
+/* The kinds a prediction counts: comm_kind's up to the barrier (a
+ * synchronisation, no payload; the all-to-all after it is not predicted yet). */
+enum { TH_PREDICTED_KINDS = COLL_BARRIER };
 
 typedef struct th_run {
     /* What to predict comes from this config (the run record's), never from
@@ -58,7 +56,7 @@ typedef struct th_run {
     int units;
     double full_elems, largest_unit_elems, embed_unit_elems;
     /* --sequence-parallel (lab05, lab06 with tp > 1) and --recompute (every
-     * lab; common/model's gpt_recompute: none 0, selective 1, full 2) */
+     * lab: recompute_mode) */
     int sequence_parallel, recompute;
 } th_run;
 
@@ -68,9 +66,9 @@ typedef struct th_rank_need {
     long rows;               /* sequences of one micro-batch */
     double params;           /* parameters it holds (elements) */
     double acts_in_flight;   /* micro-batches of activations at its peak */
-    double mem[TH_NMEM];     /* peak bytes per category; < 0: not predicted */
+    double mem[MEM_NCAT];     /* peak bytes per category; < 0: not predicted */
     /* per step, by kind: calls, payload bytes, ring bytes (calls < 0: not predicted) */
-    double calls[TH_NKINDS], payload[TH_NKINDS], ring[TH_NKINDS];
+    double calls[TH_PREDICTED_KINDS], payload[TH_PREDICTED_KINDS], ring[TH_PREDICTED_KINDS];
 } th_rank_need;
 
 /* Fills need[0 .. r->ranks). Returns 0. */

@@ -31,6 +31,7 @@
  * forms are among the exact functions too. */
 #ifndef PL_THEORY_H
 #define PL_THEORY_H
+#include "kinds.h" /* the enums theory/ shares with common/ and the labs: nothing else of common/ */
 
 /* ---- the model ---------------------------------------------------------------------- */
 
@@ -55,30 +56,28 @@ th_model th_course_model(long vocab, long seq, long layers, long d_model, long h
 
 /* ---- options: the precision and parallelism a formula assumes ------------------------- */
 
-typedef enum { TH_FP32, TH_BF16 } th_precision;
-typedef enum { TH_RECOMPUTE_NONE, TH_RECOMPUTE_SELECTIVE, TH_RECOMPUTE_FULL } th_recompute;
+/* precision (PREC_FP32, PREC_BF16) and recompute_mode: common/kinds.h's, the labs' own */
 
 typedef struct th_opts {
-    th_precision precision;  /* fp32, or bf16 mixed precision (the labs' --precision) */
+    precision precision;     /* fp32, or bf16 mixed precision (the labs' --precision) */
     int tp;                  /* tensor-parallel degree t (1: none) */
     int vocab_parallel;      /* embedding and head split over t, as Megatron does;
                               * 0: replicated on every TP rank, as lab05 does */
     int sequence_parallel;   /* Megatron's SP: exact for the course (lab05, lab06 --sequence-parallel) */
-    th_recompute recompute;  /* --recompute: exact for the course (every lab) */
+    recompute_mode recompute; /* --recompute: exact for the course (every lab) */
 } th_opts;
 
 /* fp32, t = 1, no SP, no recomputation: a one-rank lab. */
 th_opts th_opts_course(int tp);
 /* The same in a lab's precision: bf16 = 1 for --precision bf16. */
 th_opts th_opts_precision(int tp, int bf16);
-/* What a lab runs: its precision, t, SP on or off, --recompute (common/model's
- * gpt_recompute: none 0, selective 1, full 2, th_recompute's values). */
-th_opts th_opts_run(int tp, int sequence_parallel, int recompute, int bf16);
+/* What a lab runs: its precision, t, SP on or off, --recompute. */
+th_opts th_opts_run(int tp, int sequence_parallel, recompute_mode recompute, int bf16);
 
 /* Bytes per parameter and per activation element for a precision. */
-double th_param_bytes(th_precision p);   /* the weights the forward reads: 4 or 2 */
-double th_grad_bytes(th_precision p);    /* 4 or 2 */
-double th_optim_bytes(th_precision p);   /* AdamW: 8 (m, v), or 12 (fp32 master, m, v) */
+double th_param_bytes(precision p);   /* the weights the forward reads: 4 or 2 */
+double th_grad_bytes(precision p);    /* 4 or 2 */
+double th_optim_bytes(precision p);   /* AdamW: 8 (m, v), or 12 (fp32 master, m, v) */
 
 /* ---- parameters and FLOPs --------------------------------------------------------------- */
 
@@ -111,7 +110,7 @@ double th_flops_per_token(const th_model *m);
 /* The FLOPs recomputation adds per token: full, a second forward of the
  * layers (2 x layer parameters + 4 L T C); selective, the attention core
  * (4 L T C). Hardware FLOPs = model FLOPs + these. */
-double th_recompute_flops_per_token(const th_model *m, th_recompute r);
+double th_recompute_flops_per_token(const th_model *m, recompute_mode r);
 
 /* ---- model states: parameters, gradients, optimizer state -------------------------------- */
 
@@ -215,14 +214,8 @@ double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int 
 
 /* ---- traffic ---------------------------------------------------------------------------- */
 
-typedef enum {
-    TH_ALLREDUCE, TH_REDUCE_SCATTER, TH_ALLGATHER, TH_BROADCAST, TH_SEND, TH_RECV, TH_NKINDS
-} th_coll;
-
-/* The bytes one rank moves per payload byte under the ring algorithm (what
- * NCCL and MPICH use for large messages): an all-reduce is a reduce-scatter
- * plus an all-gather, each (n-1)/n of the buffer; point-to-point, 1; 0 for n = 1. */
-double th_ring_factor(th_coll kind, int n);
+/* The kinds (comm_kind) and the bytes one rank moves per payload byte
+ * (comm_ring_factor): common/kinds.h, as the communicator counts them. */
 
 /* One rank's traffic of one kind per step. */
 typedef struct th_traffic { double calls, payload, ring; } th_traffic;

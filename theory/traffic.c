@@ -1,27 +1,14 @@
 /* Bytes per collective (theory.h). */
 #include "theory.h"
 
-double th_ring_factor(th_coll kind, int n) {
-    if (n <= 1) return 0;
-    switch (kind) {
-    case TH_ALLREDUCE: return 2.0 * (n - 1) / n;
-    case TH_REDUCE_SCATTER:
-    case TH_ALLGATHER: return (double)(n - 1) / n;
-    case TH_BROADCAST:
-    case TH_SEND:
-    case TH_RECV: return 1;
-    default: return 0;
-    }
-}
-
 th_traffic th_dp_traffic(double grad_bytes, int dp, int calls) {
     if (dp <= 1) return (th_traffic){0, 0, 0};
-    return (th_traffic){calls, grad_bytes, th_ring_factor(TH_ALLREDUCE, dp) * grad_bytes};
+    return (th_traffic){calls, grad_bytes, comm_ring_factor(COLL_ALLREDUCE, dp) * grad_bytes};
 }
 
 th_traffic th_zero_traffic(double psi_bytes, int dp, int zero_stage) {
     const double passes = zero_stage >= 3 ? 3 : 2; /* reduce-scatter once, all-gather once or twice */
-    return (th_traffic){0, passes * psi_bytes, passes * th_ring_factor(TH_REDUCE_SCATTER, dp) * psi_bytes};
+    return (th_traffic){0, passes * psi_bytes, passes * comm_ring_factor(COLL_REDUCE_SCATTER, dp) * psi_bytes};
 }
 
 th_traffic th_tp_traffic(int layers, int micro_batches, int tp, double act_bytes, int sequence_parallel) {
@@ -29,13 +16,13 @@ th_traffic th_tp_traffic(int layers, int micro_batches, int tp, double act_bytes
     const double allreduces = 4.0 * layers * micro_batches;
     if (sequence_parallel)
         return (th_traffic){2 * allreduces, 2 * allreduces * act_bytes,
-                            2 * allreduces * th_ring_factor(TH_ALLGATHER, tp) * act_bytes};
-    return (th_traffic){allreduces, allreduces * act_bytes, allreduces * th_ring_factor(TH_ALLREDUCE, tp) * act_bytes};
+                            2 * allreduces * comm_ring_factor(COLL_ALLGATHER, tp) * act_bytes};
+    return (th_traffic){allreduces, allreduces * act_bytes, allreduces * comm_ring_factor(COLL_ALLREDUCE, tp) * act_bytes};
 }
 
 th_traffic th_tp_traffic_run(int layers, int micro_batches, double act_bytes, const th_opts *o) {
     th_traffic t = th_tp_traffic(layers, micro_batches, o->tp, act_bytes, o->sequence_parallel);
-    const double again = o->recompute == TH_RECOMPUTE_FULL ? 1.5 : 1; /* the 2 forward ones of 4, again */
+    const double again = o->recompute == RECOMPUTE_FULL ? 1.5 : 1; /* the 2 forward ones of 4, again */
     return (th_traffic){again * t.calls, again * t.payload, again * t.ring};
 }
 
