@@ -14,7 +14,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "dp.h"
-#include "dry_run.h"
+#include "lab_run.h"
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
@@ -187,17 +187,11 @@ int main(int argc, char **argv) {
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"grad_accum\":%d,\"replicas_identical\":%s,\"flops_per_token_formula\":%.0f,"
              "\"recompute_flops_per_token_formula\":%.0f", bucket_mb, grad_accum, check_sync ? (in_sync ? "true" : "false") : "null",
              th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
-    const th_states per_param = th_model_states(1, &opts, 0, 1);
-    run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
-                         .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
-                         .bubble_theory = -1, .extra_json = record, .params_held = P,
-                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
-                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, micro)};
-    run_finish(&ctx, &report);
-    free(record);
-    ckpt_view_free(&view);
+    lab_finish(&ctx, &view, eval_loss, extra, 1,
+               (run_report){.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
+                            .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
+                            .bubble_theory = -1, .params_held = P,
+                            .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, micro)});
 
     free(tokens);
     free(targets);

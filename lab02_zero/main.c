@@ -18,7 +18,7 @@
  * traffic per step beside its formula. */
 #include "checkpoint.h"
 #include "comm.h"
-#include "dry_run.h"
+#include "lab_run.h"
 #include "mem.h"
 #include "model.h"
 #include "moe.h"
@@ -144,18 +144,15 @@ int main(int argc, char **argv) {
     zero_figures_compute(&zero, &fig);
     char extra[1024];
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
     tm.experts = g.cfg.experts; /* --experts: FLOPs of the active parameters */
     tm.top_k = g.cfg.top_k;
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
-    run_report report = {.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
-                         .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
-                         .bubble_theory = -1, .extra_json = record, /* model states: its own table */
-                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)};
-    run_finish(&ctx, &report);
-    free(record);
-    ckpt_view_free(&view);
+    lab_finish(&ctx, &view, eval_loss, extra, 0 /* model states: its own table */,
+               (run_report){.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
+                            .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
+                            .bubble_theory = -1,
+                            .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, 0, g.cfg.layers, rows)});
     zero_print_summary(&zero, &fig, ctx.steps_done);
 
     free(tokens);

@@ -17,7 +17,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
-#include "dry_run.h"
+#include "lab_run.h"
 #include "model.h"
 #include "run.h"
 #include "stage.h"
@@ -95,20 +95,14 @@ int main(int argc, char **argv) {
     }
 
     char *extra_json = stage_report_json(&st, 1, "1 batch (naive: the whole batch at once)");
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
     const th_model tm = th_course_model(g.cfg.vocab, g.cfg.seq, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
     const th_opts opts = stage_opts(&st);
-    const th_states per_param = th_model_states(1, &opts, 0, 1);
-    run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
-                         .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
-                         .bubble_theory = theory, .extra_json = record, .params_held = st.end - st.begin,
-                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
-                         /* one batch in flight: this stage's block by theory.h */
-                         .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, st.lo, st.hi, st.rows)};
-    run_finish(&ctx, &report);
-    free(record);
-    ckpt_view_free(&view);
+    lab_finish(&ctx, &view, eval_loss, extra_json, 1,
+               (run_report){.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
+                            .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
+                            .bubble_theory = theory, .params_held = st.end - st.begin,
+                            /* one batch in flight: this stage's block by theory.h */
+                            .acts_formula_bytes = th_course_acts_bytes(&tm, &opts, st.lo, st.hi, st.rows)});
 
     free(extra_json);
     stage_free(&st);

@@ -27,7 +27,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
-#include "dry_run.h"
+#include "lab_run.h"
 #include "executor.h"
 #include "model.h"
 #include "run.h"
@@ -162,19 +162,12 @@ int main(int argc, char **argv) {
     textbuf_printf(&extra, "\"micro_batches\":%d,\"schedule\":\"%s\",\"t_forward_s\":%.6g,\"t_backward_s\":%.6g,"
                    "\"t_weight_s\":%.6g,\"bubble_formula\":%.6g,\"bubble_formula_text\":\"%s\",%s", m,
                    schedule_name(kind), t[0], t[1], t[2], formula, schedule_bubble_formula_text(kind), stages_json);
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra.s);
-    const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
-    const th_states per_param = th_model_states(1, &opts, 0, 1);
-    run_report report = {.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
-                         .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
-                         .bubble_theory = theory, .extra_json = record,
-                         .params_held = pr.n, .states_formula = {per_param.params, per_param.grads, per_param.optim},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
-                         /* the schedule's blocks in flight x their bytes by theory.h */
-                         .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
-    run_finish(&ctx, &report);
-    free(record);
-    ckpt_view_free(&view);
+    lab_finish(&ctx, &view, eval_loss, extra.s, 1,
+               (run_report){.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
+                            .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
+                            .bubble_theory = theory, .params_held = pr.n,
+                            /* the schedule's blocks in flight x their bytes by theory.h */
+                            .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)});
 
     free(extra.s);
     free(stages_json);

@@ -29,7 +29,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
-#include "dry_run.h"
+#include "lab_run.h"
 #include "run.h"
 #include "theory.h"
 #include "sequence_parallel.h"
@@ -280,16 +280,10 @@ int main(int argc, char **argv) {
              acts_split_full, acts_split_full / tp.size, check_sync ? (in_sync ? "true" : "false") : "null",
              acts.att_bytes, acts.layer_bytes, acts.bytes - acts.att_bytes - acts.layer_bytes, acts_parts.quadratic,
              acts_parts.linear, acts_parts.other, th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
-    const th_states per_param = th_model_states(1, &opts, 0, 1);
-    run_report report = {.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
-                         .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring, .comm_formula = formula,
-                         .bubble_theory = -1, .extra_json = record, .acts_formula_bytes = acts_formula, .params_held = P,
-                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
-    run_finish(&ctx, &report);
-    free(record);
-    ckpt_view_free(&view);
+    lab_finish(&ctx, &view, eval_loss, extra, 1,
+               (run_report){.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
+                            .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring, .comm_formula = formula,
+                            .bubble_theory = -1, .acts_formula_bytes = acts_formula, .params_held = P});
     if (tp.rank == 0) {
         char a[16], b[16], c[16], d[16], e[16];
         if (tl.seq_parts == 1) {

@@ -32,7 +32,7 @@
 #include "grid.h"
 #include "model.h"
 #include "report3d.h"
-#include "dry_run.h"
+#include "lab_run.h"
 #include "run.h"
 #include "schedule.h"
 #include "stage.h"
@@ -213,18 +213,12 @@ int main(int argc, char **argv) {
              schedule_name(kind), pr.v, sequence_parallel ? "true" : "false",
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
-    run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
-                         .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
-                         .comm_formula = comm_formula_text,
-                         .bubble_theory = theory, .extra_json = record, .params_held = pr.n,
-                         .states_formula = {th_param_bytes(g_precision), th_grad_bytes(g_precision), th_optim_bytes(g_precision)},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
-                         .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
-    run_finish(&ctx, &report);
+    lab_finish(&ctx, &view, eval_loss, extra_json, 1,
+               (run_report){.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
+                            .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
+                            .comm_formula = comm_formula_text, .bubble_theory = theory, .params_held = pr.n,
+                            .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)});
     report3d_print(&rep, &grid);
-    free(record);
-    ckpt_view_free(&view);
 
     report3d_free(&rep);
     free(extra_json);

@@ -16,7 +16,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "cp.h"
-#include "dry_run.h"
+#include "lab_run.h"
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"

@@ -18,7 +18,7 @@
  * What the caller knows better is passed in: lab02's shard plan (the
  * padding and units ZeRO's collectives move, lab02_zero/shards.h), so
  * theory/ stays free of any lab's code. Pure numbers, like the rest of
- * theory/. A lab's --dry-run reaches it through labs/dry_run.h. */
+ * theory/. A lab's --dry-run reaches it through labs/lab_run.h. */
 #ifndef PL_PREDICT_H
 #define PL_PREDICT_H
 #include "theory.h"

@@ -1,13 +1,15 @@
-/* What every lab's --dry-run does, in one place: theory/predict's needs of the
- * run, rank by rank, then common/run's formula lines, then exit.
+/* What every lab's main does the same way at its two ends: --dry-run (theory/
+ * predict's needs of the run, then common/run's formula lines) and the finish
+ * (the record, theory's model-state bytes beside the allocator's, the summary).
  *
  * It lives here, between the labs and the two folders below them, because it
  * joins both: common/ may not include theory/ (it knows no parallel strategy)
  * and theory/ may not include common/ (pure numbers). A lab builds the config
  * from lab_run_config and sets what its flags add (the grid, the schedule, the
  * ZeRO stage, ...); theory/predict decides what to predict from that config. */
-#ifndef PL_LABS_DRY_RUN_H
-#define PL_LABS_DRY_RUN_H
+#ifndef PL_LAB_RUN_H
+#define PL_LAB_RUN_H
+#include "checkpoint.h"
 #include "predict.h"
 #include "run.h"
 
@@ -16,7 +18,7 @@
  * micro-batch: the lab overwrites what its flags change. */
 th_run lab_run_config(const run_ctx *ctx);
 
-/* r->comm_formula_bytes = this: the busiest rank's ring bytes of the prediction
+/* r.comm_formula_bytes = this: the busiest rank's ring bytes of the prediction
  * (lab06, whose formula is the sum of theory's per kind) */
 #define DRY_RUN_PREDICTED_RING (-2.0)
 
@@ -24,5 +26,12 @@ th_run lab_run_config(const run_ctx *ctx);
  * the lab is not predicted), then run_dry_run_exit's lines of r; every rank
  * exits 0. Collective. */
 void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) __attribute__((noreturn));
+
+/* The end of a run: the record (the lab's `extra` members, then the
+ * checkpoint's and --eval's), with `states` theory's model-state bytes per
+ * parameter in the run's precision beside the allocator's (a lab holding whole
+ * parameters, r.params_held of them; lab02 prints its own), then run_finish
+ * and the view freed. Collective. */
+void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, const char *extra, int states, run_report r);
 
 #endif

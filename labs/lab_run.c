@@ -1,0 +1,35 @@
+/* A lab's --dry-run and finish (lab_run.h). */
+#include "lab_run.h"
+#include "device.h"
+#include "precision.h"
+#include <stdlib.h>
+
+th_run lab_run_config(const run_ctx *ctx) {
+    const gpt_config *m = &ctx->model;
+    return (th_run){.ranks = ctx->size, .cuda = ctx->device == DEVICE_CUDA, .bf16 = g_precision == PREC_BF16,
+                    .batch = ctx->opt.batch, .model = th_course_model(m->vocab, m->seq, m->layers, m->d_model, m->heads),
+                    .tp = 1, .pp = 1, .dp = ctx->size, .micro_batches = 1, .recompute = m->recompute};
+}
+
+void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) {
+    double ring = -1;
+    if (need && ctx->rank == 0) ring = th_print_prediction(stdout, need, 32);
+    if (r.comm_formula_bytes == DRY_RUN_PREDICTED_RING) r.comm_formula_bytes = ring;
+    run_dry_run_exit(ctx, &r);
+}
+
+void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, const char *extra, int states, run_report r) {
+    char *record = ckpt_record_json(ctx, view, eval_loss, extra);
+    r.extra_json = record;
+    if (states) {
+        const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
+        const th_states per_param = th_model_states(1, &opts, 0, 1);
+        r.states_formula[0] = per_param.params;
+        r.states_formula[1] = per_param.grads;
+        r.states_formula[2] = per_param.optim;
+        r.states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8";
+    }
+    run_finish(ctx, &r);
+    free(record);
+    ckpt_view_free(view);
+}
