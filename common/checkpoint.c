@@ -717,13 +717,14 @@ void ckpt_step_done(run_ctx *ctx, ckpt_view *v, int steps_done) {
 
 /* ---- --eval --------------------------------------------------------------------------- */
 
-void ckpt_print_eval(const run_ctx *ctx, double eval_loss) {
+double ckpt_print_eval(const run_ctx *ctx, double eval_loss) {
     dataset heldout;
     int batches = data_heldout(&ctx->data, ctx->opt.batch, ctx->opt.seq, &heldout);
-    if (ctx->rank != 0) return;
+    if (ctx->rank != 0) return eval_loss;
     printf("eval: loss %.4f on held-out data never trained on (%d batches of %d x %d tokens from the last %ld bytes)\n",
            eval_loss, batches, ctx->opt.batch, ctx->opt.seq, heldout.n);
     fflush(stdout);
+    return eval_loss;
 }
 
 /* ---- the record ---------------------------------------------------------------------- */

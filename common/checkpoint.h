@@ -94,8 +94,9 @@ float *ckpt_gather_params(ckpt_view *v, long P);
  * 0). Returns 0, or -1 with one line in err. */
 int ckpt_check_flags(const run_ctx *ctx, char *err, size_t errlen);
 
-/* --eval's line on rank 0: the held-out loss, and what it was measured on. */
-void ckpt_print_eval(const run_ctx *ctx, double eval_loss);
+/* --eval's line on rank 0: the held-out loss, and what it was measured on.
+ * Returns eval_loss: `double e = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(..)) : -1;` */
+double ckpt_print_eval(const run_ctx *ctx, double eval_loss);
 
 /* The record members checkpoints and --eval add ("\"resumed_from\":...,"
  * "\"first_step\":...,\"saved_to\":...,\"eval_loss\":..."), after the lab's own

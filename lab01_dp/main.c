@@ -169,11 +169,8 @@ int main(int argc, char **argv) {
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    double eval_loss = -1;
-    if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &world, &g, params, &acts, rows, micro, tokens, targets);
-        ckpt_print_eval(&ctx, eval_loss);
-    }
+    const double eval_loss =
+        ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &world, &g, params, &acts, rows, micro, tokens, targets)) : -1;
 
     int in_sync = check_sync ? dp_replicas_identical(&world, master, P, 1) : 1;
     if (dump_weights && world.rank == 0) write_weights(dump_weights, master, P);

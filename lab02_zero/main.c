@@ -134,11 +134,8 @@ int main(int argc, char **argv) {
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    double eval_loss = -1;
-    if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &zero, &acts, rows, tokens, targets);
-        ckpt_print_eval(&ctx, eval_loss);
-    }
+    const double eval_loss =
+        ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &zero, &acts, rows, tokens, targets)) : -1;
 
     zero_figures fig;
     zero_figures_compute(&zero, &fig);

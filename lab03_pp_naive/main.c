@@ -88,11 +88,8 @@ int main(int argc, char **argv) {
         run_step_end(&ctx, i, loss, stage_bubble_text(&st, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    double eval_loss = -1;
-    if (ctx.opt.eval) {
-        eval_loss = stage_evaluate(&st, &ctx.data, ctx.opt.batch, ctx.opt.seq);
-        ckpt_print_eval(&ctx, eval_loss);
-    }
+    const double eval_loss =
+        ctx.opt.eval ? ckpt_print_eval(&ctx, stage_evaluate(&st, &ctx.data, ctx.opt.batch, ctx.opt.seq)) : -1;
 
     char *extra_json = stage_report_json(&st, 1, "1 batch (naive: the whole batch at once)");
     const th_model tm = th_course_model(g.cfg.vocab, g.cfg.seq, g.cfg.layers, g.cfg.d_model, g.cfg.heads);

@@ -134,11 +134,8 @@ int main(int argc, char **argv) {
         run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    double eval_loss = -1;
-    if (ctx.opt.eval) {
-        eval_loss = pipeline_evaluate(&pr, &ctx.data, ctx.opt.batch, ctx.opt.seq);
-        ckpt_print_eval(&ctx, eval_loss);
-    }
+    const double eval_loss =
+        ctx.opt.eval ? ckpt_print_eval(&ctx, pipeline_evaluate(&pr, &ctx.data, ctx.opt.batch, ctx.opt.seq)) : -1;
 
     /* The theory beside the measurement: each schedule's formula on the
      * measured times of one micro-batch (the mean over the ranks). */

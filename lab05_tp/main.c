@@ -246,11 +246,8 @@ int main(int argc, char **argv) {
         run_step_end(&ctx, i, mean_loss(&tl, &tp, &acts), NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    double eval_loss = -1;
-    if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &th, &tp, params, &acts, tokens, targets);
-        ckpt_print_eval(&ctx, eval_loss);
-    }
+    const double eval_loss =
+        ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &th, &tp, params, &acts, tokens, targets)) : -1;
 
     int in_sync = check_sync ? check_replicas_identical(&tp, &tl, master) : 1; /* bf16: params are their rounding */
     const double steps = ctx.steps_done;

@@ -188,11 +188,7 @@ int main(int argc, char **argv) {
         run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    double eval_loss = -1;
-    if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &pr, &grid, sequence_parallel);
-        ckpt_print_eval(&ctx, eval_loss);
-    }
+    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel)) : -1;
 
     /* lab01's check over each DP group (the replicas of one (tp, pp) position), all groups agreeing */
     int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.master, pr.n, 0) : 1;

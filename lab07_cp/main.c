@@ -184,11 +184,8 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
 
-    double eval_loss = -1;
-    if (ctx.opt.eval) {
-        eval_loss = evaluate(&ctx, &local, &ch, &world, &cp, params, &acts, rows, dp_rank, tokens, targets);
-        ckpt_print_eval(&ctx, eval_loss);
-    }
+    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &local, &ch, &world, &cp, params,
+                                                                           &acts, rows, dp_rank, tokens, targets)) : -1;
 
     /* what the summary sets beside the formulas */
     const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : COLL_ALLGATHER;
