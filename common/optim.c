@@ -1,7 +1,24 @@
 #include "optim.h"
 #include "kernels.h"
 #include "mem.h"
+#include "precision.h"
 #include <math.h>
+
+void model_states_alloc(model_states *s, long n) {
+    s->params = mem_alloc((size_t)n * value_bytes(), MEM_PARAMS);
+    s->grads = mem_alloc((size_t)n * value_bytes(), MEM_GRADS);
+    s->master = master_alloc(s->params, n);
+    s->adam_m = mem_alloc((size_t)n * sizeof(float), MEM_OPTIM);
+    s->adam_v = mem_alloc((size_t)n * sizeof(float), MEM_OPTIM);
+}
+
+void model_states_free(model_states *s) {
+    master_free(s->master, s->params);
+    mem_free(s->params);
+    mem_free(s->grads);
+    mem_free(s->adam_m);
+    mem_free(s->adam_v);
+}
 
 typedef struct {
     const adamw_config *cfg;

@@ -18,6 +18,17 @@ typedef struct adamw_config {
 void adamw_step(const gpt_layout *g, const adamw_config *cfg, long begin, long end,
                 float *params, const void *grads, float *m, float *v, int t, float grad_scale);
 
+/* A rank's model states of n parameters, as the labs that hold a whole
+ * replica or shard allocate them: the values forward and backward use
+ * (params, grads; precision.h) and AdamW's fp32 weights (master: params itself
+ * in fp32, a copy in bf16) and moments. */
+typedef struct model_states {
+    void *params, *grads;
+    float *master, *adam_m, *adam_v;
+} model_states;
+void model_states_alloc(model_states *s, long n);
+void model_states_free(model_states *s);
+
 /* The factor that brings a gradient of norm sqrt(sum_squares) down to max_norm
  * (1 when it is already within, or when max_norm <= 0: no clipping). */
 float clip_scale(double sum_squares, float max_norm);

@@ -114,16 +114,13 @@ int main(int argc, char **argv) {
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     /* the values forward and backward use (fp32, or bf16: precision.h) and the
      * fp32 weights AdamW updates: the same buffer in fp32, a master copy in bf16 */
-    void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS);
-    void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
-    float *master = master_alloc(params, P);
-    float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
-    float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
-    gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, master); /* the same on every rank */
+    model_states ms;
+    model_states_alloc(&ms, P);
+    gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, ms.master); /* the same on every rank */
     ckpt_view view; /* a whole replica: local [0, P) is global [0, P) */
-    ckpt_view_range(&view, master, adam_m, adam_v, 0, P);
+    ckpt_view_range(&view, ms.master, ms.adam_m, ms.adam_v, 0, P);
     const int first = ckpt_resume(&ctx, &view);
-    params_from_master(params, master, P);
+    params_from_master(ms.params, ms.master, P);
     gpt_acts acts;
     gpt_acts_alloc(&acts, &g, 0, g.cfg.layers, micro);
     gpt_grad_scratch scratch;
@@ -131,12 +128,12 @@ int main(int argc, char **argv) {
     gpt_acts_bind(&acts, &scratch); /* --recompute: what the layers do not keep goes there */
     int *tokens = malloc(sizeof(int) * (size_t)micro * T), *targets = malloc(sizeof(int) * (size_t)micro * T);
     dp_grad_sync sync;
-    dp_sync_init(&sync, &world, grads, 0, P, bucket_mb);
+    dp_sync_init(&sync, &world, ms.grads, 0, P, bucket_mb);
 
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
-        mem_zero(grads, (size_t)P * value_bytes());
+        mem_zero(ms.grads, (size_t)P * value_bytes());
         double loss = 0;
         for (int k = 0; k < grad_accum; k++) { /* this rank's rows of the global batch, micro at a time */
             data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows + k * micro, micro, T, tokens,
@@ -144,14 +141,14 @@ int main(int argc, char **argv) {
             mem_to_device(acts.tokens, tokens, sizeof(int) * (size_t)micro * T);
             mem_to_device(acts.targets, targets, sizeof(int) * (size_t)micro * T);
             int ev = trace_begin("forward", TRACE_COMPUTE, grad_accum > 1 ? k : -1, NULL);
-            gpt_forward(&g, params, &acts);
+            gpt_forward(&g, ms.params, &acts);
             trace_end(ev);
             ev = trace_begin("backward", TRACE_COMPUTE, grad_accum > 1 ? k : -1, NULL);
             /* each token weighs 1/(rows T) whatever micro-batch it is in: the K backwards add up to the
              * mean over this rank's rows; the all-reduce then averages the ranks. Buckets go out only
              * after the last micro-batch, when the gradients are whole. */
             const int last = k == grad_accum - 1;
-            gpt_backward(&g, params, grads, &acts, &scratch, NULL, 1.0f / ((float)rows * T),
+            gpt_backward(&g, ms.params, ms.grads, &acts, &scratch, NULL, 1.0f / ((float)rows * T),
                          bucket_mb > 0 && last ? dp_grads_ready : NULL, &sync);
             trace_end(ev);
             loss += gpt_mean_loss(&g, &acts) / grad_accum;
@@ -159,9 +156,9 @@ int main(int argc, char **argv) {
         dp_sync_finish(&sync);
 
         int ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
-        float scale = clip_scale(KP->sum_squares(grads, P), (float)ctx.opt.clip);
-        adamw_step(&g, &ctx.adamw, 0, P, master, grads, adam_m, adam_v, step + 1, scale);
-        params_from_master(params, master, P);
+        float scale = clip_scale(KP->sum_squares(ms.grads, P), (float)ctx.opt.clip);
+        adamw_step(&g, &ctx.adamw, 0, P, ms.master, ms.grads, ms.adam_m, ms.adam_v, step + 1, scale);
+        params_from_master(ms.params, ms.master, P);
         trace_end(ev);
 
         comm_allreduce_host(&world, &loss, 1);
@@ -170,10 +167,10 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss =
-        ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &world, &g, params, &acts, rows, micro, tokens, targets)) : -1;
+        ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &world, &g, ms.params, &acts, rows, micro, tokens, targets)) : -1;
 
-    int in_sync = check_sync ? dp_replicas_identical(&world, master, P, 1) : 1;
-    if (dump_weights && world.rank == 0) write_weights(dump_weights, master, P);
+    int in_sync = check_sync ? dp_replicas_identical(&world, ms.master, P, 1) : 1;
+    if (dump_weights && world.rank == 0) write_weights(dump_weights, ms.master, P);
     char extra[256];
     /* the activations of B/N rows by theory.h's exact formula, beside the allocator's peak;
      * the FLOPs a token costs, and what --recompute adds to them */
@@ -194,11 +191,7 @@ int main(int argc, char **argv) {
     free(targets);
     gpt_scratch_free(&scratch);
     gpt_acts_free(&acts);
-    master_free(master, params);
-    mem_free(params);
-    mem_free(grads);
-    mem_free(adam_m);
-    mem_free(adam_v);
+    model_states_free(&ms);
     comm_free(&world);
     MPI_Finalize();
     return in_sync ? 0 : 1;

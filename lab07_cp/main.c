@@ -123,16 +123,13 @@ int main(int argc, char **argv) {
     local.cfg.seq = Tl; /* wpe keeps all T rows: the embedding reads them by global position */
     cp_hooks ch;
     cp_hooks_init(&ch, &g, &cp, algo, cp_layout, rows);
-    void *params = mem_alloc((size_t)P * value_bytes(), MEM_PARAMS);
-    void *grads = mem_alloc((size_t)P * value_bytes(), MEM_GRADS);
-    float *master = master_alloc(params, P);
-    float *adam_m = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
-    float *adam_v = mem_alloc((size_t)P * sizeof(float), MEM_OPTIM);
-    gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, master); /* the same on every rank */
+    model_states ms; /* the model's values (precision.h), the fp32 weights AdamW updates and its moments */
+    model_states_alloc(&ms, P);
+    gpt_init_params(&g, (uint64_t)ctx.opt.seed, 0, P, ms.master); /* the same on every rank */
     ckpt_view view; /* a whole replica */
-    ckpt_view_range(&view, master, adam_m, adam_v, 0, P);
+    ckpt_view_range(&view, ms.master, ms.adam_m, ms.adam_v, 0, P);
     const int first = ckpt_resume(&ctx, &view);
-    params_from_master(params, master, P);
+    params_from_master(ms.params, ms.master, P);
     /* a layer keeps its log-sum-exp (fp32, one per query row and head) where
      * the one-rank layer keeps its attention matrix */
     const gpt_part part = {ctx.opt.heads, 4 * C, 1, 0, (int)(sizeof(float) / value_bytes())};
@@ -164,18 +161,18 @@ int main(int argc, char **argv) {
         /* this group's rows of the global batch; the rank's positions of them */
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, dp_rank * rows, rows, T, tokens, targets);
         gpt_acts_set_batch(&acts, tokens, targets, T);
-        mem_zero(grads, (size_t)P * value_bytes());
-        gpt_forward_with(&local, &ch.hooks, params, &acts);
+        mem_zero(ms.grads, (size_t)P * value_bytes());
+        gpt_forward_with(&local, &ch.hooks, ms.params, &acts);
         /* every position's weight: 1 / the global token count, so the sum over all ranks is the mean */
-        gpt_backward_with(&local, &ch.hooks, params, grads, &acts, &scratch, NULL, 1.0f / ((float)B * T), NULL, NULL);
+        gpt_backward_with(&local, &ch.hooks, ms.params, ms.grads, &acts, &scratch, NULL, 1.0f / ((float)B * T), NULL, NULL);
         int ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
-        comm_allreduce(&world, grads, P, 0); /* every rank's share of the same weights: summed over DP x CP */
+        comm_allreduce(&world, ms.grads, P, 0); /* every rank's share of the same weights: summed over DP x CP */
         trace_end(ev);
 
         ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
-        float scale = clip_scale(KP->sum_squares(grads, P), (float)ctx.opt.clip);
-        adamw_step(&g, &ctx.adamw, 0, P, master, grads, adam_m, adam_v, step + 1, scale);
-        params_from_master(params, master, P);
+        float scale = clip_scale(KP->sum_squares(ms.grads, P), (float)ctx.opt.clip);
+        adamw_step(&g, &ctx.adamw, 0, P, ms.master, ms.grads, ms.adam_m, ms.adam_v, step + 1, scale);
+        params_from_master(ms.params, ms.master, P);
         trace_end(ev);
 
         double loss = gpt_mean_loss(&local, &acts); /* over this rank's rows x T/N positions */
@@ -184,7 +181,7 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
 
-    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &local, &ch, &world, &cp, params,
+    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &local, &ch, &world, &cp, ms.params,
                                                                            &acts, rows, dp_rank, tokens, targets)) : -1;
 
     /* what the summary sets beside the formulas */
@@ -232,11 +229,7 @@ int main(int argc, char **argv) {
     gpt_scratch_free(&scratch);
     gpt_acts_free(&acts);
     cp_hooks_free(&ch);
-    master_free(master, params);
-    mem_free(params);
-    mem_free(grads);
-    mem_free(adam_m);
-    mem_free(adam_v);
+    model_states_free(&ms);
     comm_free(&cp);
     comm_free(&world);
     MPI_Finalize();
