@@ -21,6 +21,12 @@
  *             returns at once, so it is only the enqueue time; the trace event
  *             (cudaEvents on that stream) shows the GPU's real duration.
  *
+ * Each collective below is written out whole, an NCCL branch and an MPI one,
+ * though their frames repeat (check, op_begin, stage to host, wait, op_end):
+ * what differs is the part a reader comes for (NCCL's in-place rules, MPI's
+ * aliasing rules and staging through pinned host memory when ranks share a
+ * GPU), and a generic dispatcher would hide exactly that behind callbacks.
+ *
  * Zero-size operations (n == 0) are counted and traced but move nothing: every
  * rank of a collective passes the same n, and a send of 0 floats is matched by a
  * receive of 0 floats, so skipping them on all ranks is consistent. */

@@ -39,7 +39,11 @@ void master_free(float *master, void *params) {
 
 void params_from_master(void *params, const float *master, long n) { KP->to_values(params, master, n); }
 
-/* ---- fp32: K's kernels, every call passed on as it is ------------------------------ */
+/* ---- fp32: K's kernels, every call passed on as it is ------------------------------
+ * The value table takes void * (a value is a float or a bf16), the fp32 table
+ * float *; calling one through a pointer of the other's type is undefined in
+ * C, so each entry is a one-line wrapper. K is read at each call, not copied:
+ * it is the device's table (CPU or CUDA), chosen at run time. */
 
 static void f32_encoder_forward(void *out, const int *tokens, const void *wte, const void *wpe, int B, int T, int C) {
     K->encoder_forward(out, tokens, wte, wpe, B, T, C);
