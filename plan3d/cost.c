@@ -98,14 +98,10 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     double worst = -1, most_params = 0;
     e->mem_limit = c->mem_gib * 1073741824.0 * (1 - tr->headroom);
     for (int r = 0; r < p; r++) {
-        /* rank r's chunks: r; interleaved r, r+p, ...; ZB-V's V: r and 2p-1-r */
-        int mine[64], n_mine = 0;
-        for (int k = 0; k < v && n_mine < 64; k++)
-            mine[n_mine++] = l->schedule == TH_SCHED_ZB_V ? (k == 0 ? r : n_chunks - 1 - r) : r + k * p;
         int nl = 0, has_head = 0;
         double params = 0, acts = 0;
-        for (int k = 0; k < n_mine; k++) {
-            int lo = first[mine[k]], hi = lo + layers[mine[k]];
+        for (int k = 0; k < v; k++) { /* rank r's chunks, placed as lab04 places them */
+            const int st = th_chunk_stage(l->schedule, p, r, k), lo = first[st], hi = lo + layers[st];
             nl += hi - lo;
             has_head |= hi == L;
             params += th_stage_params(m, mo, lo, hi);
@@ -122,9 +118,9 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
         double tp_calls_fwd = 2.0 * nl, tp_calls_bwd = 2.0 * nl;
         if (l->recompute == RECOMPUTE_FULL) { tB += tF; tp_calls_bwd += 2.0 * nl; }
         else if (l->recompute == RECOMPUTE_SELECTIVE) tB += core / rate;
-        double compute = tF + tB + tW, tp_time = (tp_calls_fwd + tp_calls_bwd) * tp_one, pp_time = 2.0 * n_mine * pp_one;
-        tF += tp_calls_fwd * tp_one + n_mine * pp_one;
-        tB += tp_calls_bwd * tp_one + n_mine * pp_one;
+        double compute = tF + tB + tW, tp_time = (tp_calls_fwd + tp_calls_bwd) * tp_one, pp_time = 2.0 * v * pp_one;
+        tF += tp_calls_fwd * tp_one + v * pp_one;
+        tB += tp_calls_bwd * tp_one + v * pp_one;
         if (tF + tB + tW > worst) {
             worst = tF + tB + tW;
             e->tF = tF; e->tB = tB; e->tW = tW;
