@@ -243,15 +243,20 @@ void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const sta
         len[c] = end - begin;
         pr->n += len[c];
     }
-    model_states_alloc(&pr->ms, pr->n);
+    size_t bytes = (size_t)pr->n * sizeof(float), values = (size_t)pr->n * value_bytes();
+    pr->params = mem_alloc(values, MEM_PARAMS);
+    pr->grads = mem_alloc(values, MEM_GRADS);
+    pr->master = master_alloc(pr->params, pr->n);
+    pr->adam_m = mem_alloc(bytes, MEM_OPTIM);
+    pr->adam_v = mem_alloc(bytes, MEM_OPTIM);
     pr->chunk = xcalloc((size_t)pr->v, sizeof *pr->chunk);
     for (int c = 0; c < pr->v; c++) {
         int st = schedule_stage_of(s, pr->rank, c), prev = -1, next = -1, chunk;
         if (st > 0) schedule_place(s, st - 1, &prev, &chunk);
         if (st < S - 1) schedule_place(s, st + 1, &next, &chunk);
         long o = pr->offset[c];
-        stage_place place = {st, S, prev, next, value_at(pr->ms.params, o), value_at(pr->ms.grads, o), pr->ms.adam_m + o,
-                             pr->ms.adam_v + o, pr->ms.master + o};
+        stage_place place = {st, S, prev, next, value_at(pr->params, o), value_at(pr->grads, o), pr->adam_m + o,
+                             pr->adam_v + o, pr->master + o};
         stage_init_placed(&pr->chunk[c], pipe, g, model, data, seed, first_row, batch, m, &place);
         if (pr->chunk[c].end - pr->chunk[c].begin != len[c]) die("pipeline_init: chunk %d changed its range", c);
     }
@@ -289,7 +294,11 @@ void pipeline_free(pipeline_rank *pr) {
     free(pr->wgrads);
     free(pr->chunk);
     free(pr->offset);
-    model_states_free(&pr->ms);
+    master_free(pr->master, pr->params);
+    mem_free(pr->params);
+    mem_free(pr->grads);
+    mem_free(pr->adam_m);
+    mem_free(pr->adam_v);
     schedule_free(&pr->sched);
     schedule_free(&pr->eval_sched);
     memset(pr, 0, sizeof *pr);
@@ -472,7 +481,7 @@ double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, doubl
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* the GLOBAL norm, as lab01's: every chunk of every rank, one all-reduce */
-    double sums[2] = {KP->sum_squares(pr->ms.grads, pr->n), pipeline_loss_sum(pr)};
+    double sums[2] = {KP->sum_squares(pr->grads, pr->n), pipeline_loss_sum(pr)};
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     comm_allreduce_host(pr->pipe, sums, 2);
@@ -484,14 +493,14 @@ double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, doubl
         pipeline_stage *s = &pr->chunk[c];
         adamw_step(pr->g, cfg, s->begin, s->end, s->master, s->grads, s->adam_m, s->adam_v, s->step + 1, scale);
     }
-    params_from_master(pr->ms.params, pr->ms.master, pr->n);
+    params_from_master(pr->params, pr->master, pr->n);
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     return sums[1] / pr->m;
 }
 
 void pipeline_checkpoint_view(pipeline_rank *pr, ckpt_view *v) {
-    ckpt_view_init(v, pr->ms.master, pr->n, pr->ms.adam_m, pr->ms.adam_v, pr->n);
+    ckpt_view_init(v, pr->master, pr->n, pr->adam_m, pr->adam_v, pr->n);
     for (int c = 0; c < pr->v; c++)
         ckpt_hold(v, pr->offset[c], pr->chunk[c].begin, pr->chunk[c].end - pr->chunk[c].begin);
 }

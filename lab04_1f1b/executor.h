@@ -48,7 +48,9 @@ typedef struct pipeline_rank {
     pipeline_stage *chunk;   /* v of them; chunk[c] is virtual stage schedule_stage_of(rank, c) */
     long n;                  /* elements of all chunks: the flat buffers' length */
     long *offset;            /* chunk c's range starts at offset[c] of the flat buffers */
-    model_states ms;         /* of all chunks, one flat buffer each (optim.h) */
+    void *params, *grads;     /* the model's values (precision.h) */
+    float *master;            /* the fp32 weights AdamW updates (= params in fp32) */
+    float *adam_m, *adam_v;
     /* per chunk and micro-batch: its activations and weight-gradient inputs while in flight */
     gpt_acts **acts;
     gpt_wgrads **wgrads;

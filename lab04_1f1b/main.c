@@ -118,7 +118,7 @@ int main(int argc, char **argv) {
     ckpt_view view; /* this rank's chunks: one run of the model's layout each */
     pipeline_checkpoint_view(&pr, &view);
     const int first = ckpt_resume(&ctx, &view);
-    params_from_master(pr.ms.params, pr.ms.master, pr.n); /* bf16: round what was resumed */
+    params_from_master(pr.params, pr.master, pr.n); /* bf16: round what was resumed */
     if (ctx.rank == 0)
         printf("pipeline: %d rank%s x %d chunk%s, %d micro-batch%s of %d rows, schedule %s | bubble theory "
                "(unit times) %s = %.3f\n", p, p == 1 ? "" : "s", v, v == 1 ? "" : "s", m, m == 1 ? "" : "es",

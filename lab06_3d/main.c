@@ -158,14 +158,14 @@ int main(int argc, char **argv) {
      * gradient is that of its own rows' mean, and the DP all-reduce AVERAGES the
      * replicas, as lab01 does: the mean over the whole global batch. */
     dp_grad_sync dp_sync;
-    dp_sync_init(&dp_sync, &grid.dp, pr.ms.grads, 0, pr.n, 0); /* the rank's chunks, one buffer */
+    dp_sync_init(&dp_sync, &grid.dp, pr.grads, 0, pr.n, 0); /* the rank's chunks, one buffer */
     /* lab05's view over lab04's stage: this TP shard of this stage's layers,
      * replicated tensors whole. The d replicas hold the same elements; the
      * lowest rank of them saves them, and on resume every replica loads them. */
     ckpt_view view;
     stage3d_checkpoint_view(&pr, &tl, &view);
     const int first = ckpt_resume(&ctx, &view);
-    params_from_master(pr.ms.params, pr.ms.master, pr.n); /* bf16: round what was resumed */
+    params_from_master(pr.params, pr.master, pr.n); /* bf16: round what was resumed */
     const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
     if (ctx.rank == 0) {
         printf("3D: TP t=%d%s (%d of %d heads, %d of %d MLP units per rank) | PP p=%d stages x %d chunk%s, m=%d "
@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
     const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel)) : -1;
 
     /* lab01's check over each DP group (the replicas of one (tp, pp) position), all groups agreeing */
-    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.ms.master, pr.n, 0) : 1;
+    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.master, pr.n, 0) : 1;
     if (check_sync) {
         MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (ctx.rank == 0)

@@ -36,7 +36,7 @@ void stage3d_free(stage3d *s) {
 }
 
 void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v) {
-    ckpt_view_init(v, pr->ms.master, pr->n, pr->ms.adam_m, pr->ms.adam_v, pr->n);
+    ckpt_view_init(v, pr->master, pr->n, pr->adam_m, pr->adam_v, pr->n);
     for (int c = 0; c < pr->v; c++) {
         ckpt_view chunk; /* the chunk alone, its local offsets from its own start */
         const pipeline_stage *st = &pr->chunk[c];
@@ -100,7 +100,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
         pipeline_stage *st = &pr->chunk[c];
         tp_adamw_step(tl, cfg, st->lo, st->hi, st->master, st->grads, st->adam_m, st->adam_v, st->step + 1, scale);
     }
-    params_from_master(pr->ms.params, pr->ms.master, pr->n);
+    params_from_master(pr->params, pr->master, pr->n);
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     return over_pp[2] / g->dp.size;

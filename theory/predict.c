@@ -35,8 +35,8 @@ static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_gr
         x->mem[MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(&r->model, 0, (int)r->model.layers);
     /* lab04's executor keeps a pool of message buffers whose size its lists decide */
     if (r->schedule) x->mem[MEM_COMM] = -1;
-    /* the gradient-norm sums on the device: ZeRO's one part (the shard), TP's two (replicated, sharded) */
-    const int norm_parts = r->zero_stage > 0 ? 1 : r->tensor_parallel ? 2 : 0;
+    /* the gradient-norm sums on the device: TP's two parts (replicated, sharded), else ZeRO's one (the shard) */
+    const int norm_parts = r->tensor_parallel ? 2 : r->zero_stage > 0 ? 1 : 0;
     x->mem[MEM_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, x->rows) + th_grad_norm_bytes(norm_parts);
     /* On CUDA the kernels add their own scratch (partial sums, and the
      * embedding backward's sort buffers, whose size cub decides at run time). */
