@@ -149,7 +149,7 @@ int th_predict_run(const th_run *r, th_rank_need *need) {
     return 0;
 }
 
-double th_predicted_ring_bytes(const th_run *r, const th_rank_need *need) {
+static double predicted_ring_bytes(const th_run *r, const th_rank_need *need) {
     double total = 0;
     for (int k = 0; k < TH_PREDICTED_KINDS; k++) {
         double busiest = 0;
@@ -169,7 +169,7 @@ static void print_bytes(FILE *f, double x) {
     else fprintf(f, " %12.0f", x);
 }
 
-void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_rows) {
+static double print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_rows) {
     const int R = r->ranks;
     fprintf(f, "needs of the run by theory/'s formulas (theory/predict.h), rank by rank:\n");
     fprintf(f, "  memory per rank, bytes (the peak per category the allocator will count; ? not predicted):\n");
@@ -215,17 +215,17 @@ void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_
         fprintf(f, "%s\n", any ? "" : " | none");
     }
     if (R > max_rows) fprintf(f, "    ... (%d more ranks)\n", R - max_rows);
-    const double ring = th_predicted_ring_bytes(r, need);
+    const double ring = predicted_ring_bytes(r, need);
     if (ring >= 0) fprintf(f, "  ring traffic of the busiest rank per step: %.0f bytes (per kind, the maximum over ranks, summed)\n", ring);
     else fprintf(f, "  ring traffic of the busiest rank per step: not predicted\n");
+    return ring;
 }
 
 double th_print_prediction(FILE *f, const th_run *r, int max_rows) {
     th_rank_need *need = calloc((size_t)r->ranks, sizeof *need);
     if (!need) return -1;
     th_predict_run(r, need);
-    th_print_needs(f, r, need, max_rows);
-    const double ring = th_predicted_ring_bytes(r, need);
+    const double ring = print_needs(f, r, need, max_rows);
     free(need);
     return ring;
 }

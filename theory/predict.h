@@ -74,17 +74,12 @@ typedef struct th_rank_need {
 /* Fills need[0 .. r->ranks). Returns 0. */
 int th_predict_run(const th_run *r, th_rank_need *need);
 
-/* The busiest rank's ring bytes per step as a lab's summary adds up the
- * measured ones: per kind, the maximum over ranks, summed over kinds. < 0 if
- * any kind is not predicted on some rank. */
-double th_predicted_ring_bytes(const th_run *r, const th_rank_need *need);
-
-/* --dry-run's tables: memory per rank by category (exact bytes; a row per
- * rank, the first `max_rows`, then the maximum over ranks, which the summary
- * prints as "peak memory (max over ranks)") and traffic per rank per step. */
-void th_print_needs(FILE *f, const th_run *r, const th_rank_need *need, int max_rows);
-/* th_predict_run then th_print_needs: what a lab's --dry-run prints. Returns
- * th_predicted_ring_bytes (< 0: not predicted, or no memory to predict in). */
+/* What a lab's --dry-run prints: th_predict_run's memory per rank by category
+ * (exact bytes; a row per rank, the first `max_rows`, then the maximum over
+ * ranks, the summary's "peak memory (max over ranks)") and traffic per rank per
+ * step. Returns the busiest rank's ring bytes per step as a lab's summary adds
+ * up the measured ones (per kind the maximum over ranks, summed over kinds);
+ * < 0: some kind not predicted on some rank, or no memory to predict in. */
 double th_print_prediction(FILE *f, const th_run *r, int max_rows);
 
 #endif
