@@ -35,15 +35,14 @@
 enum { KINDS = TH_PREDICTED_KINDS };
 
 typedef struct run {
-    const char *lab, *schedule;
-    int ranks, cuda, B, T, L, C, H, m, chunks, tp, pp, dp, zero;
-    int recompute, sp;       /* --recompute (recompute_mode), --sequence-parallel */
-    int executor;            /* the record names a schedule: lab04's executor ran it (lab04, lab06) */
-    int tensor_parallel;     /* the record names a tp: lab05's layers ran (lab05, lab06) */
-    double bucket_mb, step_ms; /* the record's bucket_mb and step_ms_median */
-    int bf16;           /* config.precision "bf16": 2-byte values, 2 + 2 + 12 model states */
-    double vb;          /* bytes of one of the model's values: 4, or 2 in bf16 */
-    th_model model;
+    /* theory/predict's config: what the record says ran, not which lab ran it
+     * (cfg.schedule: the record names one, lab04's executor ran it;
+     * cfg.tensor_parallel: the record names a tp, lab05's layers ran) */
+    th_run cfg;
+    const char *lab, *schedule; /* schedule: the order the pipeline ran (lab03's: gpipe) */
+    int T, L, C, H;             /* cfg.model's shape */
+    double bucket_mb, step_ms;  /* the record's bucket_mb and step_ms_median */
+    double vb;                  /* bytes of one of the model's values: 4, or 2 in bf16 */
 } run;
 
 typedef struct timing {
@@ -57,7 +56,7 @@ typedef struct timing {
 static double fwd_bwd_seconds(const timing *tm, const run *r, int lo, int hi, long rows, int t) {
     if (!tm->cal) return 0;
     const th_opts o = th_opts_course(t);
-    const th_model *m = &r->model;
+    const th_model *m = &r->cfg.model;
     double params = th_stage_params(m, &o, lo, hi) - (lo == 0 ? th_stage_params(m, &o, 0, 0) : 0); /* no lookups */
     double flops = (double)rows * r->T * (6 * params + 12.0 * (hi - lo) * r->T * r->C / t);
     return flops / (calibration_rate(tm->cal, r->C, (double)rows * r->T) * tm->share);
@@ -85,10 +84,10 @@ static double adamw_seconds(const timing *tm, double params) {
 
 /* The shard plan of lab01's buckets and lab02's units (one rule, lab02_zero/shards.h). */
 static void shard_figures(const run *r, th_run *t) {
-    gpt_config cfg = {.vocab = 256, .seq = r->T, .layers = r->L, .d_model = r->C, .heads = r->H, .recompute = r->recompute};
+    gpt_config cfg = {.vocab = 256, .seq = r->T, .layers = r->L, .d_model = r->C, .heads = r->H, .recompute = r->cfg.recompute};
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
-    const int N = r->ranks, zero = r->zero;
+    const int N = r->cfg.ranks, zero = r->cfg.zero_stage;
     long bucket = (long)(r->bucket_mb * 1024 * 1024 / r->vb);
     long unit = zero == 3 ? 1 : bucket > 0 ? bucket : zero == 2 ? 1 : 0;
     shard_plan plan;
@@ -100,21 +99,12 @@ static void shard_figures(const run *r, th_run *t) {
     shard_plan_free(&plan);
 }
 
-/* theory/predict's config: what the record says ran, not which lab ran it */
-static th_run prediction_input(const run *r) {
-    th_run t = {.ranks = r->ranks, .cuda = r->cuda, .batch = r->B, .model = r->model, .tp = r->tp,
-                .pp = r->pp, .dp = r->dp, .micro_batches = r->m, .schedule = r->executor ? r->schedule : NULL,
-                .chunks = r->chunks, .zero_stage = r->zero, .tensor_parallel = r->tensor_parallel,
-                .sequence_parallel = r->sp, .recompute = r->recompute, .bf16 = r->bf16};
-    if (r->pp == 1 && !r->executor && !r->tensor_parallel) shard_figures(r, &t); /* data parallelism's units */
-    return t;
-}
-
 /* lab01 and lab02: every rank the whole model on B/N rows */
-static double time_data_parallel(const run *r, const th_run *in, const timing *tm, double *busy) {
-    const int N = r->ranks, zero = r->zero, units = in->units;
-    const double psi = th_param_counts(&r->model).total, full = in->full_elems;
-    double step = fwd_bwd_seconds(tm, r, 0, r->L, r->B / N, 1);
+static double time_data_parallel(const run *r, const timing *tm, double *busy) {
+    const th_run *in = &r->cfg;
+    const int N = r->cfg.ranks, zero = r->cfg.zero_stage, units = in->units;
+    const double psi = th_param_counts(&r->cfg.model).total, full = in->full_elems;
+    double step = fwd_bwd_seconds(tm, r, 0, r->L, r->cfg.batch / N, 1);
     if (zero) step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, r->vb * full / units, N) + adamw_seconds(tm, full / N);
     else step += units * allreduce_seconds(tm, r->vb * psi / units, N) + adamw_seconds(tm, psi);
     for (int q = 0; q < N; q++) busy[q] = 0; /* no bubble to predict */
@@ -123,17 +113,17 @@ static double time_data_parallel(const run *r, const th_run *in, const timing *t
 
 /* lab03, lab04, lab05, lab06: a t x p x d grid (lab03/04: p = ranks; lab05: t = ranks) */
 static double time_grid(const run *r, const timing *tm, const th_rank_need *need, double *busy) {
-    const int t = r->tp, p = r->pp, d = r->dp, m = r->m;
-    const long rows = r->B / ((long)d * m);
+    const int t = r->cfg.tp, p = r->cfg.pp, d = r->cfg.dp, m = r->cfg.micro_batches;
+    const long rows = r->cfg.batch / ((long)d * m);
     const th_schedule s = th_schedule_parse(r->schedule);
     const double act = r->vb * rows * r->T * r->C;
     double worst_f = 0, worst_b = 0, dp_time = 0, adam_time = 0;
-    for (int q = 0; q < r->ranks; q++) {
+    for (int q = 0; q < r->cfg.ranks; q++) {
         const int lo = need[q].lo, hi = need[q].hi;
         const double params = need[q].params;
         /* time: the stage's compute, with its TP all-reduces inside (traced as compute) */
         double fb = fwd_bwd_seconds(tm, r, lo, hi, rows, t) + 4.0 * (hi - lo) * allreduce_seconds(tm, act, t);
-        const double msg = r->sp && t > 1 ? act / t : act; /* SP: a TP rank's T/t positions */
+        const double msg = r->cfg.sequence_parallel && t > 1 ? act / t : act; /* SP: a TP rank's T/t positions */
         double msg_s = p > 1 ? message_seconds(tm, msg) : 0;
         worst_f = fmax(worst_f, fb / 3 + msg_s);
         worst_b = fmax(worst_b, 2 * fb / 3 + msg_s);
@@ -278,17 +268,17 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
         !read_count(cfg, "config.", "layers", 1, MAX_LAYERS, 0, &L, why, len) ||
         !read_count(cfg, "config.", "d_model", 1, MAX_FLAG, 0, &C, why, len) ||
         !read_count(cfg, "config.", "heads", 1, MAX_FLAG, 0, &H, why, len) ||
-        !read_choice(cfg, "config.", "recompute", RECOMPUTE_CHOICES, "none", &r->recompute, why, len) ||
+        !read_choice(cfg, "config.", "recompute", RECOMPUTE_CHOICES, "none", &r->cfg.recompute, why, len) ||
         !read_choice(cfg, "config.", "precision", "fp32|bf16", "fp32", &precision, why, len))
         return 0;
     if (C % H) return problem(why, len, "config.heads %ld does not divide config.d_model %ld", H, C);
-    r->ranks = (int)ranks;
-    r->B = (int)B; r->T = (int)T; r->L = (int)L; r->C = (int)C; r->H = (int)H;
-    r->bf16 = precision == 1;
-    r->vb = r->bf16 ? 2 : 4;
-    r->model = th_course_model(256, T, L, C, H);
+    r->cfg.ranks = (int)ranks;
+    r->cfg.batch = (int)B; r->T = (int)T; r->L = (int)L; r->C = (int)C; r->H = (int)H;
+    r->cfg.bf16 = precision == 1;
+    r->vb = r->cfg.bf16 ? 2 : 4;
+    r->cfg.model = th_course_model(256, T, L, C, H);
     /* what the run held: its model states and one layer's activations of the whole batch, with the T x T scores */
-    double bytes = 16 * th_param_counts(&r->model).total + 4.0 * B * T * (16.0 * C + (double)H * T + 256);
+    double bytes = 16 * th_param_counts(&r->cfg.model).total + 4.0 * B * T * (16.0 * C + (double)H * T + 256);
     if (!(bytes <= MAX_RUN_BYTES))
         return problem(why, len, "config: a model and batch of about %.3g bytes (batch %ld, seq %ld, layers %ld, d_model "
                        "%ld), more than any run of the labs holds (limit 2^50 bytes)", bytes, B, T, L, C);
@@ -323,15 +313,16 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     }
     json_t *sp = json_object_get(rec, "sequence_parallel");
     if (sp && !json_is_boolean(sp)) return problem(why, len, "sequence_parallel %s: must be true or false", shown(sp, text, sizeof text));
-    r->sp = json_is_true(sp);
-    if (r->sp && tp > 1 && T % tp) return problem(why, len, "config.seq %ld is not divisible by the %ld TP ranks "
+    r->cfg.sequence_parallel = json_is_true(sp);
+    if (r->cfg.sequence_parallel && tp > 1 && T % tp) return problem(why, len, "config.seq %ld is not divisible by the %ld TP ranks "
                                                   "(sequence_parallel)", T, tp);
-    r->tp = (int)tp; r->pp = (int)pp; r->dp = (int)dp; r->m = (int)m; r->chunks = (int)chunks; r->zero = (int)zero;
+    r->cfg.tp = (int)tp; r->cfg.pp = (int)pp; r->cfg.dp = (int)dp;
+    r->cfg.micro_batches = (int)m; r->cfg.chunks = (int)chunks; r->cfg.zero_stage = (int)zero;
     r->schedule = th_schedule_names[sched];
-    r->executor = json_object_get(rec, "schedule") != NULL;
-    r->tensor_parallel = json_object_get(rec, "tp") != NULL;
+    r->cfg.schedule = json_object_get(rec, "schedule") ? r->schedule : NULL;
+    r->cfg.tensor_parallel = json_object_get(rec, "tp") != NULL;
     json_t *device = json_object_get(rec, "device");
-    r->cuda = json_is_string(device) && !strcmp(json_string_value(device), "cuda");
+    r->cfg.cuda = json_is_string(device) && !strcmp(json_string_value(device), "cuda");
     if (!read_number(rec, "bucket_mb", 0, 0, &r->bucket_mb, why, len) ||
         !read_number(rec, "step_ms_median", 0, -1, &r->step_ms, why, len))
         return 0;
@@ -341,12 +332,12 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     json_t *mem = json_object_get(rec, "mem_peak_bytes_per_rank");
     if (!json_is_object(mem)) return problem(why, len, mem ? "mem_peak_bytes_per_rank: must be an object" : "mem_peak_bytes_per_rank is missing");
     for (int k = 0; k < MEM_NCAT; k++)
-        if (!read_per_rank(mem, "mem_peak_bytes_per_rank.", mem_category_names[k], r->ranks, 0, why, len)) return 0;
+        if (!read_per_rank(mem, "mem_peak_bytes_per_rank.", mem_category_names[k], r->cfg.ranks, 0, why, len)) return 0;
     if (!read_per_kind(rec, "comm_calls_per_step", why, len) || !read_per_kind(rec, "comm_bytes_per_step", why, len))
         return 0;
     json_t *bubble = json_object_get(rec, "bubble");
     if (bubble && !json_is_null(bubble) &&
-        (!json_is_object(bubble) || !read_per_rank(bubble, "bubble.", "measured", r->ranks, -INFINITY, why, len)))
+        (!json_is_object(bubble) || !read_per_rank(bubble, "bubble.", "measured", r->cfg.ranks, -INFINITY, why, len)))
         return json_is_object(bubble) ? 0 : problem(why, len, "bubble: must be an object or null");
     return 1;
 }
@@ -369,43 +360,43 @@ static double rank_value(json_t *rec, const char *group, const char *key, int ra
  * makes the measured bubbles larger than these. */
 static double *bubbles_from_own_compute(const run *r, json_t *measured_bubble) {
     const int s = th_schedule_parse(r->schedule);
-    if ((s != TH_SCHED_GPIPE && s != TH_SCHED_1F1B) || r->tp != 1 || r->dp != 1 || r->pp != r->ranks ||
-        json_array_size(measured_bubble) != (size_t)r->ranks)
+    if ((s != TH_SCHED_GPIPE && s != TH_SCHED_1F1B) || r->cfg.tp != 1 || r->cfg.dp != 1 || r->cfg.pp != r->cfg.ranks ||
+        json_array_size(measured_bubble) != (size_t)r->cfg.ranks)
         return NULL;
-    double *c = calloc((size_t)r->ranks, sizeof *c), total = 0, step = 0;
+    double *c = calloc((size_t)r->cfg.ranks, sizeof *c), total = 0, step = 0;
     if (!c) return NULL;
-    for (int q = 0; q < r->ranks; q++) total += c[q] = 1 - json_number_value(json_array_get(measured_bubble, (size_t)q));
-    for (int k = 0; k < r->ranks; k++) step = fmax(step, c[k] + (total - c[k]) / r->m);
-    for (int q = 0; q < r->ranks; q++) c[q] = 1 - c[q] / step;
+    for (int q = 0; q < r->cfg.ranks; q++) total += c[q] = 1 - json_number_value(json_array_get(measured_bubble, (size_t)q));
+    for (int k = 0; k < r->cfg.ranks; k++) step = fmax(step, c[k] + (total - c[k]) / r->cfg.micro_batches);
+    for (int q = 0; q < r->cfg.ranks; q++) c[q] = 1 - c[q] / step;
     return c;
 }
 
 typedef struct tally { int records, exact, mem_checked, mem_exact, bytes_checked, bytes_exact, bubbles, bubbles_close; } tally;
 
 static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, json_t *out) {
-    const run r = *rp;
+    run r = *rp;
     int is_grid = strcmp(r.lab, "lab01_dp") && strcmp(r.lab, "lab02_zero");
 
     /* ranks beyond the cores share them, in proportion to how busy they are */
     timing tm = *tm0;
     double bubble_unit = 0;
-    th_rank_need *pr = calloc((size_t)r.ranks, sizeof *pr);
-    double *busy = calloc((size_t)r.ranks, sizeof *busy);
-    if (!pr || !busy) { fprintf(stderr, "error: out of memory for %d ranks\n", r.ranks); exit(1); }
-    const th_run in = prediction_input(&r);
-    th_predict_run(&in, pr);
-    if (is_grid) bubble_unit = th_bubble_unit(th_schedule_parse(r.schedule), r.pp, r.m, 1);
+    th_rank_need *pr = calloc((size_t)r.cfg.ranks, sizeof *pr);
+    double *busy = calloc((size_t)r.cfg.ranks, sizeof *busy);
+    if (!pr || !busy) { fprintf(stderr, "error: out of memory for %d ranks\n", r.cfg.ranks); exit(1); }
+    if (r.cfg.pp == 1 && !r.cfg.schedule && !r.cfg.tensor_parallel) shard_figures(&r, &r.cfg); /* data parallelism's units */
+    th_predict_run(&r.cfg, pr);
+    if (is_grid) bubble_unit = th_bubble_unit(th_schedule_parse(r.schedule), r.cfg.pp, r.cfg.micro_batches, 1);
     tm.share = 1;
     if (tm.cal && tm.cal->cores > 0) {
-        double demand = r.ranks * (1 - bubble_unit);
+        double demand = r.cfg.ranks * (1 - bubble_unit);
         if (demand > tm.cal->cores) tm.share = tm.cal->cores / demand;
     }
-    double step = is_grid ? time_grid(&r, &tm, pr, busy) : time_data_parallel(&r, &in, &tm, busy);
+    double step = is_grid ? time_grid(&r, &tm, pr, busy) : time_data_parallel(&r, &tm, busy);
 
     /* memory: every category on every rank */
     int mem_n = 0, mem_ok = 0;
     char first_bad[200] = "";
-    for (int q = 0; q < r.ranks; q++)
+    for (int q = 0; q < r.cfg.ranks; q++)
         for (int k = 0; k < MEM_NCAT; k++) {
             double got = rank_value(rec, "mem_peak_bytes_per_rank", mem_category_names[k], q);
             if (pr[q].mem[k] < 0) continue; /* not predicted */
@@ -422,7 +413,7 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     for (int k = 0; k < KINDS; k++) {
         double calls = 0, payload = 0;
         int predicted = 1;
-        for (int q = 0; q < r.ranks; q++) {
+        for (int q = 0; q < r.cfg.ranks; q++) {
             predicted &= pr[q].calls[k] >= 0 && pr[q].payload[k] >= 0;
             calls = fmax(calls, pr[q].calls[k]);
             payload = fmax(payload, pr[q].payload[k]);
@@ -447,7 +438,7 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     json_t *measured_bubble = json_object_get(json_object_get(rec, "bubble"), "measured");
     double *own = bubbles_from_own_compute(&r, measured_bubble);
     if (tm.cal && json_is_array(measured_bubble))
-        for (int q = 0; q < r.ranks; q++) {
+        for (int q = 0; q < r.cfg.ranks; q++) {
             double got = json_number_value(json_array_get(measured_bubble, (size_t)q));
             double want = own ? own[q] : step > 0 ? 1 - busy[q] / step : 0;
             worst_bubble = fmax(worst_bubble, fabs(got - want));
@@ -457,8 +448,8 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     json_t *layout_value = json_object_get(rec, "layout");
     const char *layout = json_is_string(layout_value) ? json_string_value(layout_value) : "";
     int exact = mem_ok == mem_n && bytes_ok == bytes_n;
-    printf("%-15s %-26s %d rank%s | memory %d/%d exact | traffic %d/%d kinds exact", r.lab, layout, r.ranks,
-           r.ranks == 1 ? " " : "s", mem_ok, mem_n, bytes_ok, bytes_n);
+    printf("%-15s %-26s %d rank%s | memory %d/%d exact | traffic %d/%d kinds exact", r.lab, layout, r.cfg.ranks,
+           r.cfg.ranks == 1 ? " " : "s", mem_ok, mem_n, bytes_ok, bytes_n);
     if (json_array_size(bubbles))
         printf(" | bubble within %.3f (theory %.3f)", worst_bubble, bubble_unit);
     if (tm.cal) printf(" | step %.2f ms, predicted %.2f (measured/predicted %.2f)", measured_ms, 1e3 * step,
@@ -472,7 +463,7 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     tl->bytes_exact += bytes_ok;
     if (json_array_size(bubbles)) { tl->bubbles++; tl->bubbles_close += worst_bubble <= 0.05; }
     json_array_append_new(out, json_pack("{s:s,s:s,s:i,s:b,s:i,s:i,s:i,s:i,s:o,s:f,s:f,s:o,s:f,s:f}", "lab", r.lab, "layout",
-                                         layout, "ranks", r.ranks, "exact", exact, "mem_checked", mem_n, "mem_exact",
+                                         layout, "ranks", r.cfg.ranks, "exact", exact, "mem_checked", mem_n, "mem_exact",
                                          mem_ok, "kinds_checked", bytes_n, "kinds_exact", bytes_ok, "traffic", kinds,
                                          "step_ms", measured_ms, "step_ms_predicted", 1e3 * step, "bubble", bubbles,
                                          "bubble_worst_error", worst_bubble, "core_share", tm.share));
