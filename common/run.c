@@ -322,6 +322,13 @@ void run_agree_or_exit(const char *err) {
     exit(2);
 }
 
+int run_flag_given(int argc, char **argv, const char *flag) {
+    size_t n = strlen(flag);
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], flag, n) && (argv[i][n] == 0 || argv[i][n] == '=')) return 1;
+    return 0;
+}
+
 static int min_over_ranks(int x) {
     int y;
     MPI_Allreduce(&x, &y, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

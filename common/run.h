@@ -85,6 +85,9 @@ typedef struct run_ctx {
 void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab);
 /* Record an error (the first one wins) unless ok. fmt names the flag. */
 void run_check(run_ctx *ctx, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Whether argv holds the flag, "--x v" or "--x=v" (after run_parse, which
+ * checked that every "--x" is a flag, not the value of another). */
+int run_flag_given(int argc, char **argv, const char *flag);
 void run_setup(run_ctx *ctx);
 /* All ranks agree: if any rank has a non-empty `err`, the lowest such rank prints
  * it as one line, and every rank exits with status 2. Collective. */

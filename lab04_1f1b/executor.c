@@ -195,14 +195,6 @@ static void message_done(pipeline_rank *pr, pipeline_plan *pl, int id) {
 
 /* ---- set-up ------------------------------------------------------------------------- */
 
-/* Whether argv holds the flag (run_parse has checked that every "--x" is a flag). */
-static int given(int argc, char **argv, const char *flag) {
-    size_t n = strlen(flag);
-    for (int i = 1; i < argc; i++)
-        if (!strncmp(argv[i], flag, n) && (argv[i][n] == 0 || argv[i][n] == '=')) return 1;
-    return 0;
-}
-
 int pipeline_check_flags(run_ctx *ctx, int argc, char **argv, const char *name, int p, int m, int v) {
     int kind = schedule_parse(name);
     if (kind < 0) { /* run_parse has said so already; this only keeps the message if not */
@@ -210,7 +202,7 @@ int pipeline_check_flags(run_ctx *ctx, int argc, char **argv, const char *name, 
         return -1;
     }
     char msg[sizeof ctx->error];
-    run_check(ctx, schedule_check(kind, p, m, v, given(argc, argv, "--virtual-stages"), ctx->opt.layers, msg,
+    run_check(ctx, schedule_check(kind, p, m, v, run_flag_given(argc, argv, "--virtual-stages"), ctx->opt.layers, msg,
                                   (int)sizeof msg), "%s", msg);
     return kind;
 }

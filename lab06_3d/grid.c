@@ -22,20 +22,11 @@ static grid_dims fill(long long left, int tp, int pp, int dp) {
 
 grid_dims grid_defaults(int ranks) { return fill(ranks, 0, 0, 0); }
 
-/* Whether argv holds the flag (run_parse has checked that every "--x" is a flag,
- * not the value of another). */
-static int given(int argc, char **argv, const char *flag) {
-    size_t n = strlen(flag);
-    for (int i = 1; i < argc; i++)
-        if (!strncmp(argv[i], flag, n) && (argv[i][n] == 0 || argv[i][n] == '=')) return 1;
-    return 0;
-}
-
 grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int dp) {
     const int ranks = ctx->size;
     const grid_dims ones = {1, 1, 1};
-    const int values[3] = {given(argc, argv, "--tp") ? tp : 0, given(argc, argv, "--pp") ? pp : 0,
-                           given(argc, argv, "--dp") ? dp : 0};
+    const int values[3] = {run_flag_given(argc, argv, "--tp") ? tp : 0, run_flag_given(argc, argv, "--pp") ? pp : 0,
+                           run_flag_given(argc, argv, "--dp") ? dp : 0};
     const char *names[3] = {"--tp", "--pp", "--dp"};
     /* Divide the given degrees out one by one: exact, and no product to overflow. */
     long long left = ranks;
