@@ -201,6 +201,56 @@ static void check_published(void) {
     CHECK(n > 70.5e9 && n < 70.6e9, "llama3-70b: %.4g parameters", n);
 }
 
+/* plan3d's fourth and fifth dimensions: DeepSeek-V3's fine-grained MoE (671B
+ * total, 37B active per its report; MLA counted as multi-head attention), its
+ * layers' parameters over stages and EP ranks, the all-to-all's bytes, and CP
+ * dividing the published activations. */
+static void check_cp_ep(void) {
+    th_model m = {.vocab = 129280, .seq = 4096, .layers = 61, .d_model = 7168, .heads = 128, .kv_heads = 128,
+                  .ffn = 18432, .gated_mlp = 1, .experts = 256, .top_k = 8, .ffn_expert = 2048, .shared_experts = 1,
+                  .dense_layers = 3};
+    const th_params p = th_param_counts(&m);
+    const double C = 7168, expert = 3 * C * 2048, attn = 4 * C * C, norms = 2 * C;
+    CHECK(p.layer_experts == 256 * expert, "deepseek-v3: routed experts of a layer %.4g", p.layer_experts);
+    CHECK(p.layer == attn + norms + 257 * expert + 256 * C, "deepseek-v3: a MoE layer by hand");
+    CHECK(p.dense_layer == attn + norms + 3 * C * 18432, "deepseek-v3: a dense layer by hand");
+    CHECK(p.layer_active == attn + norms + 9 * expert + 256 * C, "deepseek-v3: a MoE layer's active parameters");
+    CHECK(fabs(p.total - 671e9) < 0.01 * 671e9, "deepseek-v3: %.4g parameters, its report 671B", p.total);
+    CHECK(fabs(p.active - 37e9) < 0.05 * 37e9, "deepseek-v3: %.4g active, its report 37B (MLA as MHA)", p.active);
+    /* the stages' parameters add up to the model's; at EP e every rank holds 1/e of the routed experts */
+    for (int ep = 1; ep <= 64; ep *= 8) {
+        th_opts o = {.precision = TH_BF16, .tp = 1, .ep = ep};
+        double sum = 0, experts = 0;
+        for (int s = 0; s < 16; s++) {
+            int lo, hi;
+            th_stage_layers(61, 16, s, &lo, &hi);
+            sum += th_stage_params(&m, &o, lo, hi);
+            experts += th_stage_expert_params(&m, &o, lo, hi);
+        }
+        CHECK(fabs(experts - 58 * p.layer_experts / ep) < 1, "ep %d: routed experts per rank %.4g", ep, experts);
+        CHECK(fabs(sum - (p.total - 58 * p.layer_experts * (1 - 1.0 / ep))) < 1e-9 * p.total,
+              "ep %d: the stages hold %.6g", ep, sum);
+    }
+    CHECK(th_moe_layers(&m, 0, 3) == 0 && th_moe_layers(&m, 2, 5) == 2 && th_moe_layers(&m, 0, 61) == 58,
+          "the first 3 layers dense");
+    /* the all-to-all under uniform routing: 4 k N_tok C b (N-1)/N a layer, forward and backward */
+    for (int N = 1; N <= 64; N *= 4) {
+        th_cp_traffic t = th_ep_layer_traffic(N, 4096, 8, 7168, 2);
+        double want = 4.0 * 8 * 4096 * 7168 * 2 * (N - 1) / N;
+        CHECK(fabs(t.fwd_sent + t.bwd_sent - want) <= 1e-12 * want && t.fwd_recv == t.fwd_sent,
+              "all-to-all at N = %d: %.6g bytes, 4 k N C b (N-1)/N = %.6g", N, t.fwd_sent + t.bwd_sent, want);
+    }
+    /* CP: every rank keeps T/N positions of every layer, s x s scores as (s/N) x s */
+    th_model l = {.vocab = 128256, .seq = 131072, .layers = 80, .d_model = 8192, .heads = 64, .kv_heads = 8,
+                  .ffn = 28672, .gated_mlp = 1};
+    for (int r = 0; r < 3; r++) {
+        th_opts o = {.precision = TH_BF16, .tp = 8, .sequence_parallel = 1, .recompute = (th_recompute)r}, c = o;
+        c.cp = 16;
+        double one = th_published_acts_bytes(&l, &o, 0, 80, 1), split = th_published_acts_bytes(&l, &c, 0, 80, 1);
+        CHECK(fabs(one / split - 16) < 1e-12, "recompute %d: activations at CP 16 are 1/%.6g", r, one / split);
+    }
+}
+
 /* The activation blocks a chunk holds at its peak, counted on lab04's list of
  * the rank: an F adds one, the backward (W where split) removes it; a split
  * B adds a weight-gradient block, its W removes it. */
@@ -378,6 +428,7 @@ int main(void) {
     check_course_options(17, 12, 3, 24, 4);
     check_course_options(256, 8, 2, 16, 2);
     check_published();
+    check_cp_ep();
     check_schedules();
     check_against_lists();
     check_context_parallel();
