@@ -127,8 +127,8 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     const th_cp_traffic ept = th_ep_layer_traffic(ep, tokens / (l->sp ? t : 1), m->top_k, m->d_model, act_bytes);
     const int ep_in_node = (int)fmin(ep, fmax(1, G / t));
     const double out_share = ep > 1 ? (double)(ep - ep_in_node) / (ep - 1) : 0;
-    const double ep_one = ep > 1 ? fmax(out_share * ept.fwd_sent / 2 / (c->inter_gbs * 1e9),
-                                        (1 - out_share) * ept.fwd_sent / 2 / (c->intra_gbs * 1e9)) +
+    const double ep_one = ep > 1 ? fmax(link_time(out_share * ept.fwd_sent / 2, 0, c->inter_gbs, 0),
+                                        link_time((1 - out_share) * ept.fwd_sent / 2, 0, c->intra_gbs, 0)) +
                                        (out_share > 0 ? c->inter_us : c->intra_us) * 1e-6 : 0;
 
     double worst = -1, most_params = 0, most_experts = 0;

@@ -103,10 +103,11 @@ void plan_print_header(FILE *f, const char *name, const th_model *m, const clust
             name, pc.total / 1e9, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->gated_mlp ? " (SwiGLU)" : "",
             m->seq, m->vocab);
     if (m->experts > 0)
-        fprintf(f, "experts  %ld routed, top-%ld, %ld shared, each ffn %ld; the first %ld layers dense | %.4g B total, "
+        fprintf(f, "experts  %ld routed, top-%ld, %ld shared, each ffn %ld, %ld of %ld layers MoE | %.4g B total, "
                    "%.4g B active per token (%.3g B of routed experts per MoE layer)\n",
-                m->experts, m->top_k, m->shared_experts, m->ffn_expert > 0 ? m->ffn_expert : m->ffn, m->dense_layers,
-                pc.total / 1e9, pc.active / 1e9, pc.layer_experts / 1e9);
+                m->experts, m->top_k, m->shared_experts, m->ffn_expert > 0 ? m->ffn_expert : m->ffn,
+                (long)th_moe_layers(m, 0, (int)m->layers), m->layers, pc.total / 1e9, pc.active / 1e9,
+                pc.layer_experts / 1e9);
     fprintf(f, "cluster  %d x %s, %d per node | %.4g GiB, %.4g TFLOP/s dense %s at efficiency %.2f | inside %.4g GB/s %.3g us, "
                "between %.4g GB/s %.3g us per GPU\n",
             c->gpus, c->name, c->gpus_per_node, c->mem_gib, peak, tr->precision == TH_BF16 ? "bf16" : "fp32",

@@ -183,7 +183,8 @@ def timeline_table(files, names, path):
 
 # ---- the planner's chart: one model's layouts on a cluster (plan3d --json) ----
 
-PLAN_ARGS = ["--model", "llama3-70b", "--cluster", "h100", "--gpus", "64", "--global-batch", "512"]
+# --cp 1: the chart is lab06's three dimensions, TP x PP with DP the rest (plan3d also searches CP)
+PLAN_ARGS = ["--model", "llama3-70b", "--cluster", "h100", "--gpus", "64", "--global-batch", "512", "--cp", "1"]
 
 
 def plan_table(build, path, args=PLAN_ARGS):
