@@ -195,11 +195,17 @@ static void why_one(FILE *f, const plan_result *r, const char *name, int value, 
                    "of %.1f usable; with %s=%d the %s take %.1f GiB\n",
                 name, value, lt, b->mem_total / GiB, what, mem_of(b, cat) / GiB, b->mem_limit / GiB, name, value, what,
                 mem_of(w, cat) / GiB);
-    else
+    else {
+        /* does memory force recomputation without the knob? */
+        int only_full = 1;
+        for (int i = 0; i < r->n; i++)
+            if (without(&r->all[i].l) && r->all[i].fits && r->all[i].l.recompute != TH_RECOMPUTE_FULL) only_full = 0;
         fprintf(f, "  why %s=%d: the best layout without it (%s, %s %.1f GiB) takes %.3f s a step, %.0f%% more than "
-                   "%.3f s (%s here %.1f GiB)\n",
+                   "%.3f s (%s here %.1f GiB)%s\n",
                 name, value, lt, what, mem_of(b, cat) / GiB, b->t_step, 100 * (b->t_step / w->t_step - 1), w->t_step, what,
-                mem_of(w, cat) / GiB);
+                mem_of(w, cat) / GiB,
+                only_full && w->l.recompute != TH_RECOMPUTE_FULL ? "; without it only full recomputation fits" : "");
+    }
 }
 
 void plan_print_why(FILE *f, const plan_result *r, const constraints *k) {
