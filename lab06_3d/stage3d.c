@@ -3,6 +3,7 @@
 #include "mem.h"
 #include "sequence_parallel.h"
 #include "trace.h"
+#include <string.h>
 
 /* ---- the stage's model: lab05's layer, part and initialisation --------------------- */
 
@@ -35,20 +36,39 @@ void stage3d_free(stage3d *s) {
     grad_norm_free(&s->norm);
 }
 
+/* Run [local, local + n) -> global cut to the slice [lo, hi) of the rank's
+ * buffer: 0 if they do not meet, else the part left as *at (its offset in a
+ * buffer holding the slice alone), *global and *count. */
+static int run_in_slice(const ckpt_run *run, long base, long lo, long hi, long *at, long *global, long *count) {
+    const long local = base + run->local, a = local > lo ? local : lo, b = local + run->n < hi ? local + run->n : hi;
+    *at = a - lo;
+    *global = run->global + (a - local);
+    *count = b - a;
+    return b > a;
+}
+
 void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v) {
-    ckpt_view_init(v, pr->master, pr->n, pr->adam_m, pr->adam_v, pr->n);
+    /* the moments, and the master weights unless they are the parameters
+     * (fp32), hold the slice [slice_begin, slice_end): all of it unsharded */
+    const int sliced_master = (void *)pr->master != pr->params;
+    const long lo = pr->slice_begin, hi = pr->slice_end;
+    ckpt_view_init(v, pr->master, sliced_master ? hi - lo : pr->n, pr->adam_m, pr->adam_v, hi - lo);
     for (int c = 0; c < pr->v; c++) {
         ckpt_view chunk; /* the chunk alone, its local offsets from its own start */
         const pipeline_stage *st = &pr->chunk[c];
-        ckpt_view_init(&chunk, st->master, st->end - st->begin, st->adam_m, st->adam_v, st->end - st->begin);
+        ckpt_view_init(&chunk, NULL, st->end - st->begin, NULL, NULL, st->end - st->begin);
         tp_checkpoint_hold(tl, pr->chunk[c].lo, pr->chunk[c].hi, &chunk);
         for (int i = 0; i < chunk.params_at.n; i++) {
             const ckpt_run *run = &chunk.params_at.runs[i];
-            ckpt_hold_params(v, pr->offset[c] + run->local, run->global, run->n);
+            long at, global, count;
+            if (!sliced_master) ckpt_hold_params(v, pr->offset[c] + run->local, run->global, run->n);
+            else if (run_in_slice(run, pr->offset[c], lo, hi, &at, &global, &count))
+                ckpt_hold_params(v, at, global, count);
         }
         for (int i = 0; i < chunk.moments_at.n; i++) {
             const ckpt_run *run = &chunk.moments_at.runs[i];
-            ckpt_hold_moments(v, pr->offset[c] + run->local, run->global, run->n);
+            long at, global, count;
+            if (run_in_slice(run, pr->offset[c], lo, hi, &at, &global, &count)) ckpt_hold_moments(v, at, global, count);
         }
         ckpt_view_free(&chunk);
     }
@@ -104,4 +124,87 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     return over_pp[2] / g->dp.size;
+}
+
+/* The part of chunk c inside the rank's slice, in the chunk's local offsets
+ * [*from, *to); 0 when they do not meet. */
+static int slice_of_chunk(const pipeline_rank *pr, int c, long *from, long *to) {
+    const long o = pr->offset[c], len = pr->chunk[c].end - pr->chunk[c].begin;
+    *from = (pr->slice_begin > o ? pr->slice_begin : o) - o;
+    *to = (pr->slice_end < o + len ? pr->slice_end : o + len) - o;
+    return *to > *from;
+}
+
+double stage3d_zero1_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg, double clip) {
+    const tp_layout *tl = s->tl;
+    const long slice = pr->padded / pr->opt_shards; /* the slices' length, the last one padded */
+    const double d = g->dp.size;
+    /* SP first: summing over TP, then over DP, is the sum over both either way */
+    if (tl->seq_parts > 1)
+        for (int c = 0; c < pr->v; c++)
+            sp_sum_partial_grads(tl, s->tp, pr->chunk[c].lo, pr->chunk[c].hi, pr->chunk[c].grads, s->partial_staging);
+    /* DP: each replica receives the SUM over the replicas of its slice alone
+     * (in place: the slice sits at its own offset of the padded buffer) */
+    comm_reduce_scatter(&g->dp, pr->grads, value_at(pr->grads, (long)pr->opt_shard * slice), pr->n);
+    int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
+    double t0 = now_seconds();
+    /* The slices of the d replicas are disjoint and cover the buffer, so each
+     * kind of square is now summed over DP as well as where stage3d_optimizer_step
+     * sums it (sharded: TP and PP; replicated: PP only). */
+    double sharded = 0, replicated = 0;
+    for (int c = 0; c < pr->v; c++) {
+        long from, to;
+        double sh, rep;
+        if (!slice_of_chunk(pr, c, &from, &to)) continue;
+        tp_grad_squares_window(tl, &s->norm, pr->chunk[c].lo, pr->chunk[c].hi, pr->chunk[c].grads, from, to, &sh,
+                               &rep);
+        sharded += sh;
+        replicated += rep;
+    }
+    pr->other_busy += now_seconds() - t0;
+    trace_end(ev);
+    double sums[3] = {sharded, replicated, pipeline_loss_sum(pr) / pr->m};
+    comm_allreduce_host(&g->pipe, sums, 3);
+    comm_allreduce_host(&g->dp, sums, 2);
+    comm_allreduce_host(&g->tp, &sums[0], 1);
+    comm_allreduce_host(&g->dp, &sums[2], 1);
+    if (tl->seq_parts > 1) {
+        comm_allreduce_host(&g->tp, &sums[2], 1);
+        sums[2] /= g->tp.size;
+    }
+
+    ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
+    t0 = now_seconds();
+    /* the slices hold sums over the replicas: the mean is 1/d of them, its
+     * squared norm 1/d^2 of theirs; the 1/d rides in AdamW's gradient scale */
+    float scale = (float)(clip_scale((sums[0] + sums[1]) / (d * d), (float)clip) / d);
+    float *master = pipeline_slice_master(pr);
+    for (int c = 0; c < pr->v; c++) {
+        pipeline_stage *st = &pr->chunk[c];
+        long from, to;
+        if (!slice_of_chunk(pr, c, &from, &to)) continue;
+        const long at = pr->offset[c] + from - pr->slice_begin; /* the window's place in the slice */
+        tp_adamw_step_window(tl, cfg, st->lo, st->hi, from, to, master + at, st->grads, pr->adam_m + at,
+                             pr->adam_v + at, st->step + 1, scale);
+    }
+    params_from_master(value_at(pr->params, pr->slice_begin), master, pr->slice_end - pr->slice_begin);
+    pr->other_busy += now_seconds() - t0;
+    trace_end(ev);
+    /* everyone's updated slices (this rank's already sits at its place) */
+    comm_allgather(&g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    return sums[2] / d;
+}
+
+void stage3d_params_from_master(pipeline_rank *pr, process_grid *g) {
+    if (pr->opt_shards == 1) {
+        params_from_master(pr->params, pr->master, pr->n);
+        return;
+    }
+    if ((void *)pr->master == pr->params) return; /* fp32: every replica loaded the whole parameters */
+    const long slice = pr->padded / pr->opt_shards;
+    params_from_master(value_at(pr->params, pr->slice_begin), pr->master, pr->slice_end - pr->slice_begin);
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, g->dp.stats, sizeof training);
+    comm_allgather(&g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    memcpy(g->dp.stats, training, sizeof training);
 }

@@ -46,9 +46,19 @@ void stage3d_free(stage3d *s);
  * mean loss over the global batch. */
 double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip);
+/* The same step under ZeRO-1 (pr from pipeline_init_sharded over the DP
+ * group), called in place of the DP all-reduce and the step above: SP's
+ * partial sums, then the gradients reduce-scattered over DP (each replica
+ * keeps the sum of its slice), the norm's squares of the slices summed over
+ * DP too, AdamW on the slice, and the parameters all-gathered over DP. */
+double stage3d_zero1_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg, double clip);
+/* After a resume (or at start): the parameters from the fp32 weights (bf16
+ * rounding; sharded, then all-gathered over DP, left out of the traffic). */
+void stage3d_params_from_master(pipeline_rank *pr, process_grid *g);
 
 /* The checkpoint view of the rank's chunks: lab05's tp_checkpoint_hold of each
- * chunk's layers, moved to where the chunk sits in the rank's buffers. */
+ * chunk's layers, moved to where the chunk sits in the rank's buffers; under
+ * ZeRO-1 the moments (and in bf16 the master weights) of the slice alone. */
 void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v);
 
 #endif
