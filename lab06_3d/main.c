@@ -233,7 +233,7 @@ int main(int argc, char **argv) {
 
     report3d rep;
     report3d_gather(&rep, &grid, &pr, &ctx);
-    size_t json_len = strlen(grid_json) + (rep.json ? strlen(rep.json) : 0) + 192;
+    size_t json_len = strlen(grid_json) + (rep.json ? strlen(rep.json) : 0) + 256;
     char *extra_json = malloc(json_len);
     if (!extra_json) die("out of host memory");
     snprintf(extra_json, json_len, "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\","
@@ -242,13 +242,19 @@ int main(int argc, char **argv) {
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);
-    const th_precision prec = g_precision == PREC_BF16 ? TH_BF16 : TH_FP32;
+    /* model states per element by theory/ (ZeRO-1: the optimizer's / d; the
+     * measured figure adds the last slice's padding, the ZeRO-1 lines below) */
+    const th_opts state_opts = th_opts_precision(t, g_precision == PREC_BF16);
+    const th_states per_elem = th_model_states(1, &state_opts, zero_stage, d);
+    char states_text[32];
+    snprintf(states_text, sizeof states_text, zero_stage ? "%g + %g + %g/%d" : "%g + %g + %g", per_elem.params,
+             per_elem.grads, th_optim_bytes(state_opts.precision), d);
     run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
                          .comm_formula = comm_formula_text,
                          .bubble_theory = theory, .extra_json = record, .params_held = pr.n,
-                         .states_formula = {th_param_bytes(prec), th_grad_bytes(prec), th_optim_bytes(prec)},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
+                         .states_formula = {per_elem.params, per_elem.grads, per_elem.optim},
+                         .states_formula_text = states_text,
                          .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
     run_finish(&ctx, &report);
     report3d_print(&rep, &grid);
