@@ -237,8 +237,9 @@ int main(int argc, char **argv) {
     char *extra_json = malloc(json_len);
     if (!extra_json) die("out of host memory");
     snprintf(extra_json, json_len, "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\","
-             "\"chunks_per_rank\":%d,\"sequence_parallel\":%s,\"zero_stage\":%d,\"replicas_identical\":%s,%s%s%s", t, p,
-             d, m, schedule_name(kind), pr.v, sequence_parallel ? "true" : "false", zero_stage,
+             "\"chunks_per_rank\":%d,\"sequence_parallel\":%s,%s\"replicas_identical\":%s,%s%s%s", t, p,
+             d, m, schedule_name(kind), pr.v, sequence_parallel ? "true" : "false",
+             zero_stage ? "\"zero_stage\":1," : "", /* absent: 0, the record lab06 always wrote */
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra_json);

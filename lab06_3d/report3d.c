@@ -181,10 +181,12 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     }
     textbuf_printf(&b, "],");
     json_column(&b, "param_bytes_per_rank_formula", r->rows, r->ranks, F_PARAMS_F);
-    textbuf_printf(&b, ",");
-    json_column(&b, "optim_bytes_per_rank_formula", r->rows, r->ranks, F_OPTIM_F);
-    textbuf_printf(&b, ",");
-    json_column(&b, "optim_padding_bytes_per_rank", r->rows, r->ranks, F_OPTIM_PAD);
+    if (r->zero_stage) { /* (absent otherwise: a zero-stage 0 record is the one lab06 always wrote) */
+        textbuf_printf(&b, ",");
+        json_column(&b, "optim_bytes_per_rank_formula", r->rows, r->ranks, F_OPTIM_F);
+        textbuf_printf(&b, ",");
+        json_column(&b, "optim_padding_bytes_per_rank", r->rows, r->ranks, F_OPTIM_PAD);
+    }
     textbuf_printf(&b, ",");
     json_column(&b, "acts_bytes_per_micro_batch", r->rows, r->ranks, F_ACTS_PER_MB);
     textbuf_printf(&b, ",");
