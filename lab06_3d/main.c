@@ -190,11 +190,14 @@ int main(int argc, char **argv) {
     const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
     if (ctx.rank == 0) {
         printf("3D: TP t=%d%s (%d of %d heads, %d of %d MLP units per rank) | PP p=%d stages x %d chunk%s, m=%d "
-               "micro-batches of %d rows, %s | DP d=%d replicas of %d rows | bubble theory %s = %.3f\n",
+               "micro-batches of %d rows, %s | DP d=%d replicas of %d rows%s | bubble theory %s = %.3f\n",
                t, sequence_parallel ? " + SP [the sequence split by t outside the split matrices: pipeline messages "
                "of T/t positions]" : "", tl.heads, ctx.opt.heads, tl.hidden, 4 * ctx.opt.d_model, p, pr.v,
                pr.v == 1 ? "" : "s", m,
-               pr.chunk[0].rows, schedule_name(kind), d, share, schedule_bubble_textbook_text(kind), theory);
+               pr.chunk[0].rows, schedule_name(kind), d, share,
+               zero_stage ? " + ZeRO-1 [each keeps the optimizer state of 1/d of its buffer: reduce-scatter, "
+                            "AdamW on the slice, all-gather]" : "",
+               schedule_bubble_textbook_text(kind), theory);
         fflush(stdout);
     }
 
