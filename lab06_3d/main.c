@@ -25,7 +25,7 @@
  * distributed optimizer and DeepSeek-V3 do): the DP all-reduce becomes a
  * reduce-scatter, each replica keeps the AdamW state of 1/d of its rank's
  * buffer and updates that slice, and an all-gather hands the replicas the
- * updated parameters (stage3d_zero1_step); the summary's "ZeRO-1" lines give
+ * updated parameters (stage3d_optimizer_step); the summary's "ZeRO-1" lines give
  * each rank's optimizer bytes beside K x elements / d.
  *
  * Checkpoints (--save, --resume) hold whole tensors, so a rank's view is its
@@ -206,12 +206,8 @@ int main(int argc, char **argv) {
         run_step_begin(&ctx, i);
         pipeline_step_begin(&pr, step);
         pipeline_run(&pr);                    /* lab04: the schedule's lists, TP layers inside */
-        double loss;
-        if (zero_stage) loss = stage3d_zero1_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip);
-        else {
-            if (d > 1) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
-            loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip);
-        }
+        if (d > 1 && !zero_stage) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
+        double loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip); /* ZeRO-1: RS, AG */
         char bubble[64];
         run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);

@@ -76,14 +76,31 @@ void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *
 
 /* ---- the step's end ------------------------------------------------------------------ */
 
+/* The part of chunk c inside the rank's optimizer slice, in the chunk's local
+ * offsets [*from, *to) (unsharded: the whole chunk); 0 when they do not meet. */
+static int slice_of_chunk(const pipeline_rank *pr, int c, long *from, long *to) {
+    const long o = pr->offset[c], len = pr->chunk[c].end - pr->chunk[c].begin;
+    *from = (pr->slice_begin > o ? pr->slice_begin : o) - o;
+    *to = (pr->slice_end < o + len ? pr->slice_end : o + len) - o;
+    return *to > *from;
+}
+
 double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip) {
     const tp_layout *tl = s->tl;
+    const int zero = pr->opt_shards > 1;
+    const long slice = pr->padded / pr->opt_shards; /* ZeRO-1's slices' length, the last one padded */
+    const double d = g->dp.size;
     /* SP: the LayerNorms (and embedding, head) of each chunk saw this TP rank's
-     * positions only: sum their partial gradients over the TP group first */
+     * positions only: sum their partial gradients over the TP group first
+     * (ZeRO-1: before the DP sum; over TP then DP is the sum over both) */
     if (tl->seq_parts > 1)
         for (int c = 0; c < pr->v; c++)
             sp_sum_partial_grads(tl, s->tp, pr->chunk[c].lo, pr->chunk[c].hi, pr->chunk[c].grads, s->partial_staging);
+    /* ZeRO-1: in place of the DP all-reduce, each replica receives the SUM over
+     * the replicas of its slice alone (the slice sits at its own offset of the
+     * padded buffer) */
+    if (zero) comm_reduce_scatter(&g->dp, pr->grads, value_at(pr->grads, (long)pr->opt_shard * slice), pr->n);
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* The serial norm counts every element of the model once. A rank holds
@@ -92,13 +109,17 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
      *   - its stage's replicated tensors (embedding, LayerNorms, row-parallel
      *     biases, head): the same on every TP rank, so summed over PP only;
      * and after the DP all-reduce every replica holds the same gradient, so
-     * nothing is summed over DP. The loss lives on the last stage (the same on
-     * its TP ranks): summed over PP, averaged over the DP replicas. */
+     * nothing is summed over DP; under ZeRO-1 each replica squares its own
+     * slice, disjoint from the others', so both kinds are summed over DP too.
+     * The loss lives on the last stage (the same on its TP ranks): summed over
+     * PP, averaged over the DP replicas. */
     double sharded = 0, replicated = 0;
     for (int c = 0; c < pr->v; c++) {
         const pipeline_stage *st = &pr->chunk[c];
+        long from, to;
         double sh, rep;
-        tp_grad_squares(tl, &s->norm, st->lo, st->hi, st->grads, &sh, &rep);
+        if (!slice_of_chunk(pr, c, &from, &to)) continue;
+        tp_grad_squares_window(tl, &s->norm, st->lo, st->hi, st->grads, from, to, &sh, &rep);
         sharded += sh;
         replicated += rep;
     }
@@ -106,6 +127,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     trace_end(ev);
     double over_pp[3] = {sharded, replicated, pipeline_loss_sum(pr) / pr->m};
     comm_allreduce_host(&g->pipe, over_pp, 3);
+    if (zero) comm_allreduce_host(&g->dp, over_pp, 2);
     comm_allreduce_host(&g->tp, &over_pp[0], 1);
     comm_allreduce_host(&g->dp, &over_pp[2], 1);
     if (tl->seq_parts > 1) { /* each TP rank's loss is that of its positions: the mean over the group */
@@ -115,70 +137,11 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     t0 = now_seconds();
-    float scale = clip_scale(over_pp[0] + over_pp[1], (float)clip);
-    for (int c = 0; c < pr->v; c++) {
-        pipeline_stage *st = &pr->chunk[c];
-        tp_adamw_step(tl, cfg, st->lo, st->hi, st->master, st->grads, st->adam_m, st->adam_v, st->step + 1, scale);
-    }
-    params_from_master(pr->params, pr->master, pr->n);
-    pr->other_busy += now_seconds() - t0;
-    trace_end(ev);
-    return over_pp[2] / g->dp.size;
-}
-
-/* The part of chunk c inside the rank's slice, in the chunk's local offsets
- * [*from, *to); 0 when they do not meet. */
-static int slice_of_chunk(const pipeline_rank *pr, int c, long *from, long *to) {
-    const long o = pr->offset[c], len = pr->chunk[c].end - pr->chunk[c].begin;
-    *from = (pr->slice_begin > o ? pr->slice_begin : o) - o;
-    *to = (pr->slice_end < o + len ? pr->slice_end : o + len) - o;
-    return *to > *from;
-}
-
-double stage3d_zero1_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg, double clip) {
-    const tp_layout *tl = s->tl;
-    const long slice = pr->padded / pr->opt_shards; /* the slices' length, the last one padded */
-    const double d = g->dp.size;
-    /* SP first: summing over TP, then over DP, is the sum over both either way */
-    if (tl->seq_parts > 1)
-        for (int c = 0; c < pr->v; c++)
-            sp_sum_partial_grads(tl, s->tp, pr->chunk[c].lo, pr->chunk[c].hi, pr->chunk[c].grads, s->partial_staging);
-    /* DP: each replica receives the SUM over the replicas of its slice alone
-     * (in place: the slice sits at its own offset of the padded buffer) */
-    comm_reduce_scatter(&g->dp, pr->grads, value_at(pr->grads, (long)pr->opt_shard * slice), pr->n);
-    int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
-    double t0 = now_seconds();
-    /* The slices of the d replicas are disjoint and cover the buffer, so each
-     * kind of square is now summed over DP as well as where stage3d_optimizer_step
-     * sums it (sharded: TP and PP; replicated: PP only). */
-    double sharded = 0, replicated = 0;
-    for (int c = 0; c < pr->v; c++) {
-        long from, to;
-        double sh, rep;
-        if (!slice_of_chunk(pr, c, &from, &to)) continue;
-        tp_grad_squares_window(tl, &s->norm, pr->chunk[c].lo, pr->chunk[c].hi, pr->chunk[c].grads, from, to, &sh,
-                               &rep);
-        sharded += sh;
-        replicated += rep;
-    }
-    pr->other_busy += now_seconds() - t0;
-    trace_end(ev);
-    double sums[3] = {sharded, replicated, pipeline_loss_sum(pr) / pr->m};
-    comm_allreduce_host(&g->pipe, sums, 3);
-    comm_allreduce_host(&g->dp, sums, 2);
-    comm_allreduce_host(&g->tp, &sums[0], 1);
-    comm_allreduce_host(&g->dp, &sums[2], 1);
-    if (tl->seq_parts > 1) {
-        comm_allreduce_host(&g->tp, &sums[2], 1);
-        sums[2] /= g->tp.size;
-    }
-
-    ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
-    t0 = now_seconds();
-    /* the slices hold sums over the replicas: the mean is 1/d of them, its
+    /* ZeRO-1's slices hold sums over the replicas: the mean is 1/d of them, its
      * squared norm 1/d^2 of theirs; the 1/d rides in AdamW's gradient scale */
-    float scale = (float)(clip_scale((sums[0] + sums[1]) / (d * d), (float)clip) / d);
-    float *master = pipeline_slice_master(pr);
+    float scale = zero ? (float)(clip_scale((over_pp[0] + over_pp[1]) / (d * d), (float)clip) / d)
+                       : clip_scale(over_pp[0] + over_pp[1], (float)clip);
+    float *master = pipeline_slice_master(pr); /* the fp32 weights of the slice (unsharded: all) */
     for (int c = 0; c < pr->v; c++) {
         pipeline_stage *st = &pr->chunk[c];
         long from, to;
@@ -190,9 +153,9 @@ double stage3d_zero1_step(pipeline_rank *pr, stage3d *s, process_grid *g, const 
     params_from_master(value_at(pr->params, pr->slice_begin), master, pr->slice_end - pr->slice_begin);
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
-    /* everyone's updated slices (this rank's already sits at its place) */
-    comm_allgather(&g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
-    return sums[2] / d;
+    /* ZeRO-1: everyone's updated slices (this rank's already sits at its place) */
+    if (zero) comm_allgather(&g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    return over_pp[2] / d;
 }
 
 void stage3d_params_from_master(pipeline_rank *pr, process_grid *g) {
