@@ -11,7 +11,7 @@
                parameter held.
   resume       10 steps bf16, save; resumed in fp32 (lab01 and lab02 ZeRO-3 -n 2)
                and 10 more; an fp32 checkpoint resumed in bf16 (lab05 -n 2, lab04
-               -n 2): the state read is the state written (resumed with --lr 0 and no
+               -n 2, lab02 ZeRO-1, lab06 1x2x2 ZeRO-1): the state read is the state written (resumed with --lr 0 and no
                weight decay for one step and saved again, the weights come back bit
                for bit: a bf16 run's fp32 master copy is what the file holds).
   kernel_times PL_KERNEL_TIMES=1 (common/kernel_times.h), lab01 -n 1 in fp32 and in
@@ -139,7 +139,9 @@ def resume():
         same_weights_after_lr0(tmp, bf16_ck, lab, n, flags)
     run("lab01_dp", 1, MODEL + ["--steps", "10", "--save", fp32_ck])
     for lab, n, flags in [("lab05_tp", 2, BF16), ("lab04_1f1b", 2, BF16 + ["--micro-batches", "2"]),
-                          ("lab02_zero", 2, BF16 + ["--zero-stage", "1"])]:
+                          ("lab02_zero", 2, BF16 + ["--zero-stage", "1"]),
+                          ("lab06_3d", 4, BF16 + ["--tp", "1", "--pp", "2", "--dp", "2", "--micro-batches", "2",
+                                                  "--zero-stage", "1"])]:  # the master weights sharded over DP
         same_weights_after_lr0(tmp, fp32_ck, lab, n, flags)
     shutil.rmtree(tmp, ignore_errors=True)
 
