@@ -12,7 +12,7 @@ reduce-scatters, a TP rank's T/t positions in each pipeline message, one
 all-reduce of each chunk's partial gradients), activation peaks = the formula.
 
 --zero-stage 1 (ZeRO-1 over each DP group): lab01's losses at several grids,
-with SP, with the clip biting, in bf16; the DP group's reduce-scatter and
+with SP, with the clip biting, in bf16, at d = 5 (padded slices); the DP group's reduce-scatter and
 all-gather of the padded buffer; optimizer bytes per rank = 8 x elements / d
 plus the last slice's padding; plan3d --check predicts the records exactly;
 checkpoints cross zero stages and grids.
@@ -281,6 +281,14 @@ def zero1():
               f"{name}: the ZeRO-1 lines are missing or say MISMATCH")
         if "--schedule" not in extra:  # zb-v's chunks: local_params is one chunk's
             check_zero1_record(rec, t, p, d, name)
+    # d = 5 does not divide a rank's 236928 elements: the last slice is padded,
+    # and the allocator counts the padding the formula's line adds
+    args10 = [x if x != str(B) else "10" for x in ARGS]  # --batch 10: 10 / (5 x 2) rows per micro-batch
+    ref10, _, _ = run("lab01_dp", 1, args10)
+    rec, _, _ = run(LAB, 5, args10 + grid_args(1, 1, 5) + ["--zero-stage", "1"], out=out)
+    compare_losses("lab06 1x1x5 --zero-stage 1 --batch 10 vs lab01 -n 1", rec["losses"], ref10["losses"], 1e-5)
+    check(min(rec["optim_padding_bytes_per_rank"]) > 0, "1x1x5: this model's elements must need padding")
+    check_zero1_record(rec, 1, 1, 5, "lab06 1x1x5 --zero-stage 1 (padded)")
     # the clip biting: the global norm over the slices (TP- and DP-summed as they must be)
     clip = ["--clip", "0.05"]
     clipped_ref, _, _ = run("lab01_dp", 1, ARGS + clip)
