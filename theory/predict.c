@@ -143,7 +143,21 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         } else if (t > 1) {
             count(x, TH_ALLREDUCE, tp_calls, act, t);
         }
-        add_traffic(x, TH_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
+        if (r->zero_stage == 1 && d > 1) {
+            /* lab06's ZeRO-1: params and grads padded to d slices of comm_chunk
+             * elements, the optimizer state one slice (th_model_states), a
+             * reduce-scatter and an all-gather of the padded buffer; in bf16
+             * the whole fp32 weights exist once, at set-up, in workspace */
+            const double padded = ceil(x->params / d) * d;
+            const th_opts po = th_opts_precision(t, r->bf16);
+            const th_states st = th_model_states(padded, &po, 1, d);
+            x->mem[TH_MEM_PARAMS] = st.params;
+            x->mem[TH_MEM_GRADS] = st.grads;
+            x->mem[TH_MEM_OPTIM] = st.optim;
+            if (r->bf16 && x->mem[TH_MEM_WORKSPACE] >= 0) x->mem[TH_MEM_WORKSPACE] += 4 * x->params;
+            count(x, TH_REDUCE_SCATTER, 1, value_bytes_of(r) * padded, d);
+            count(x, TH_ALLGATHER, 1, value_bytes_of(r) * padded, d);
+        } else add_traffic(x, TH_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
     }
 }
 

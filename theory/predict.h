@@ -41,7 +41,7 @@ typedef struct th_run {
     int micro_batches;      /* per replica and step (pipelines; 1 elsewhere) */
     const char *schedule;   /* th_schedule_names; lab03's naive schedule is "gpipe" at m = 1 */
     int chunks;             /* interleaved's model chunks per rank (--virtual-stages; 0: its default 2) */
-    int zero_stage;         /* lab02: 1..3; 0 elsewhere */
+    int zero_stage;         /* lab02: 1..3; lab06: 0 or 1 (ZeRO-1 over each DP group); 0 elsewhere */
     /* lab01 and lab02: the units whose collectives move the gradient (lab02's
      * shard plan: units 1 and full = the parameters without buckets); units
      * 0: not known (lab01's buckets, counted at run time) */
