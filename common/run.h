@@ -54,7 +54,6 @@ typedef struct lab_info {
     const char *about;   /* one paragraph for --help */
     flag_spec *flags;    /* the lab's own flags */
     int n_flags;
-    int experts_default; /* --experts when not given (0: dense; lab08_ep: 4) */
 } lab_info;
 
 typedef struct run_ctx {
