@@ -289,6 +289,18 @@ typedef struct th_cp_traffic { double fwd_sent, fwd_recv, bwd_sent, bwd_recv; } 
 th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, long d_model, long kv_dim,
                                   double value_bytes);
 
+/* ---- expert parallelism (lab08, theory/expert_parallel.c) ----------------------------------
+ * One MoE layer, forward and backward, on one rank of an EP group of N ranks
+ * holding `tokens` tokens, each sent to top_k experts, rows of d_model values
+ * of value_bytes: under uniform routing (every expert equally likely, nothing
+ * dropped) a fraction (N-1)/N of the k x tokens rows goes to other ranks, four
+ * times (dispatch and return, forward and backward):
+ *   bytes leaving the rank = 4 k tokens C b (N-1)/N          (0 for N = 1)
+ * Tokens per expert under uniform routing: k tokens / E of the tokens the
+ * expert's EP group holds (the mean; the max is what capacity bounds). */
+double th_ep_alltoall_uniform(int N, long tokens, int top_k, long d_model, double value_bytes);
+double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts);
+
 /* ---- pipeline schedules ------------------------------------------------------------------- */
 
 typedef enum {
