@@ -525,8 +525,6 @@ void run_setup(run_ctx *ctx) {
     if (!err[0] && o->experts && ctx->device == DEVICE_CUDA)
         snprintf(err, sizeof err, "--experts: the router and the dispatch run on the CPU only so far (no CUDA "
                  "twins yet): give --device cpu");
-    if (!err[0] && o->experts && o->dry_run)
-        snprintf(err, sizeof err, "--experts: --dry-run's formulas (theory/predict) do not count experts yet");
     run_agree_or_exit(err);
     agree_on_data(ctx, err, sizeof err);
     run_agree_or_exit(err);
@@ -535,6 +533,9 @@ void run_setup(run_ctx *ctx) {
      * known good, is the --out folder created, so a rejected run leaves nothing
      * behind. */
     if (ctx->rank == 0) check_outputs(ctx, err, sizeof err);
+    /* after the outputs: a lab whose experts are the default (lab08) still names a bad --out or --save */
+    if (!err[0] && o->experts && o->dry_run)
+        snprintf(err, sizeof err, "--experts: --dry-run's formulas (theory/predict) do not count experts yet");
     run_agree_or_exit(err);
     /* --dry-run creates nothing: the checks above are the run's own */
     if (ctx->rank == 0 && !o->dry_run && path_make_folder(o->out) != 0)
