@@ -98,7 +98,9 @@ static void exchange_rows(ep_hooks *e, const void *send, const long *rows_to, vo
         if (p == e->rank) e->rows_kept += (double)rows_to[p];
         else e->rows_sent += (double)rows_to[p];
     }
+    const double t0 = MPI_Wtime();
     comm_alltoallv(e->ep, send, vals, NULL, recv, vals + e->N, NULL);
+    e->alltoall_seconds += MPI_Wtime() - t0;
     free(vals);
 }
 
@@ -139,7 +141,9 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     /* counts first: how many rows each rank will send to each of my experts */
     int ev = trace_begin("ep_counts", TRACE_COMM, -1, NULL);
     const long ints = (long)El * (long)(sizeof(int) / value_bytes()); /* El ints, as values */
+    double t0 = MPI_Wtime();
     comm_alltoall(e->ep, st.count, ly->recv, ints);
+    e->alltoall_seconds += MPI_Wtime() - t0;
     e->count_bytes_sent += (double)(e->N - 1) * El * sizeof(int);
     e->count_bytes_kept += (double)El * sizeof(int);
     trace_end(ev);
@@ -161,7 +165,9 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     trace_end(ev);
     reorder(e, ly, e->stage, ly->xr, 1);
     ev = trace_begin("experts", TRACE_COMPUTE, -1, NULL);
+    t0 = MPI_Wtime();
     moe_experts_forward(h->tensors, lp, 0, El, ly->count, ly->first, ly->xr, ly->fch, ly->gelu, ly->yr);
+    e->expert_seconds += MPI_Wtime() - t0;
     trace_end(ev);
     reorder(e, ly, ly->yr, e->stage, 0);
     ev = trace_begin("ep_return", TRACE_COMM, -1, NULL);
@@ -196,8 +202,10 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     reorder(e, ly, e->stage, e->dyr, 1);
     void *dxr;
     ev = trace_begin("experts", TRACE_COMPUTE, -1, NULL);
+    const double t0 = MPI_Wtime();
     moe_experts_backward(h->tensors, lp, gp, 0, El, ly->count, ly->first, ly->xr, ly->fch, ly->gelu, e->dyr,
                          e->dfch, e->dgelu, &dxr);
+    e->expert_seconds += MPI_Wtime() - t0;
     trace_end(ev);
     reorder(e, ly, dxr, e->stage, 0);
     ev = trace_begin("ep_return", TRACE_COMM, -1, NULL);

@@ -52,6 +52,7 @@ typedef struct ep_hooks {
     /* what the run's all-to-alls moved, from the routing (summed over the steps) */
     double rows_sent, rows_kept;  /* token rows that left the rank, and rows it sent itself */
     double count_bytes_sent, count_bytes_kept; /* the count exchanges' bytes: to other ranks, to itself */
+    double alltoall_seconds, expert_seconds; /* wall time in the exchanges and in the experts' matmuls */
     long max_expert_rows;         /* the most slots one local expert ran in one layer's forward (main resets it) */
 } ep_hooks;
 

@@ -41,7 +41,8 @@ static void print_groups(int ranks, int N, int E) {
     for (int q = 0; q < N; q++) {
         printf(" [");
         for (int d = 0; d < ranks / N; d++) printf("%s%d", d ? " " : "", d * N + q);
-        printf("] experts %d-%d", q * (E / N), (q + 1) * (E / N) - 1);
+        if (E / N == 1) printf("] expert %d", q);
+        else printf("] experts %d-%d", q * (E / N), (q + 1) * (E / N) - 1);
     }
     printf("\n  replicated (attention, router, embeddings, head): all-reduced over all %d ranks\n", ranks);
 }
@@ -188,6 +189,8 @@ int main(int argc, char **argv) {
                "%sB exact from this run's routing (rows to other ranks x C x b, and the counts) | %sB under uniform "
                "routing, 4 k N_tok C b (N-1)/N x L layers\n", human(payload - own, a), human(sent, b),
                human(uniform, c));
+        printf("  time per rank per step (rank 0): all-to-all %.2f ms (waiting for the slowest rank included) | "
+               "experts' matmuls %.2f ms\n", 1e3 * eh.alltoall_seconds / steps, 1e3 * eh.expert_seconds / steps);
         printf("  parameters per rank: %ld of %ld (experts at 1/%d)\n", P, g.total, N);
     }
     ckpt_view_free(&view);
