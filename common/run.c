@@ -229,6 +229,10 @@ static const flag_spec *find_flag(const lab_info *lab, const char *name, size_t 
     return NULL;
 }
 
+static int experts_default; /* --experts when not given: 0 (dense) unless a lab says otherwise */
+
+void run_default_experts(int experts) { experts_default = experts; }
+
 void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     memset(ctx, 0, sizeof *ctx);
     ctx->lab = *lab;
@@ -240,7 +244,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                        .d_model = tiny->d_model, .heads = tiny->heads, .preset = tiny->name,
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
                        .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none",
-                       .precision = "fp32", .top_k = 2, .aux_loss_coef = 0.01};
+                       .precision = "fp32", .experts = experts_default, .top_k = 2,
+                       .aux_loss_coef = 0.01};
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {

@@ -47,13 +47,6 @@ static void print_groups(int ranks, int N, int E) {
     printf("\n  replicated (attention, router, embeddings, head): all-reduced over all %d ranks\n", ranks);
 }
 
-static int flag_given(int argc, char **argv, const char *name) {
-    const size_t n = strlen(name);
-    for (int i = 1; i < argc; i++)
-        if (!strncmp(argv[i], name, n) && (argv[i][n] == 0 || argv[i][n] == '=')) return 1;
-    return 0;
-}
-
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int ep_degree = 0;
@@ -63,14 +56,13 @@ int main(int argc, char **argv) {
          "parallelism over the groups", 0, NULL},
     };
     lab_info lab = {"lab08_ep", "expert parallelism: the experts of every MoE layer spread over the ranks of an EP "
-                    "group, tokens sent to them and back by all-to-all; --experts is 4 unless given", flags, 1};
+                    "group, tokens sent to them and back by all-to-all", flags, 1};
     run_ctx ctx;
+    run_default_experts(4);
     run_parse(&ctx, argc, argv, &lab);
-    if (!flag_given(argc, argv, "--experts")) ctx.opt.experts = ctx.model.experts = 4;
     const int E = ctx.opt.experts, N = ep_degree > 0 ? ep_degree : ctx.size;
     const int dp = ctx.size % N ? 1 : ctx.size / N;
     run_check(&ctx, E > 0, "--experts %d: lab08 spreads experts over ranks (give E >= 1)", E);
-    run_check(&ctx, ctx.opt.top_k <= E, "--top-k %d is more than --experts %d", ctx.opt.top_k, E);
     run_check(&ctx, ctx.size % N == 0, "--ep %d does not divide the %d ranks", N, ctx.size);
     run_check(&ctx, E % N == 0, "--experts %d is not divisible by --ep %d (each rank holds E/N experts)", E, N);
     run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks (each trains its "
