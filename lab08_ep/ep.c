@@ -54,7 +54,7 @@ static void *regrow(void *old, long rows, long width, mem_category cat) {
 }
 
 static void layer_reserve(ep_hooks *e, ep_layer *ly, long rows) {
-    if (rows <= ly->rows_cap) return;
+    if (ly->xr && rows <= ly->rows_cap) return; /* allocated once even when no row comes */
     const long C = e->hooks.cfg->d_model;
     ly->xr = regrow(ly->xr, rows, C, MEM_ACTS);
     ly->fch = regrow(ly->fch, rows, 4 * C, MEM_ACTS);
@@ -64,13 +64,13 @@ static void layer_reserve(ep_hooks *e, ep_layer *ly, long rows) {
 }
 
 static void stage_reserve(ep_hooks *e, long rows) {
-    if (rows <= e->stage_cap) return;
+    if (e->stage && rows <= e->stage_cap) return;
     e->stage = regrow(e->stage, rows, e->hooks.cfg->d_model, MEM_COMM);
     e->stage_cap = rows;
 }
 
 static void scratch_reserve(ep_hooks *e, long rows) {
-    if (rows <= e->scratch_cap) return;
+    if (e->dyr && rows <= e->scratch_cap) return;
     const long C = e->hooks.cfg->d_model;
     e->dyr = regrow(e->dyr, rows, C, MEM_WORKSPACE);
     e->dfch = regrow(e->dfch, rows, 4 * C, MEM_WORKSPACE);

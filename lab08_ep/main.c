@@ -47,6 +47,33 @@ static void print_groups(int ranks, int N, int E) {
     printf("\n  replicated (attention, router, embeddings, head): all-reduced over all %d ranks\n", ranks);
 }
 
+/* --eval: the mean loss over the held-out batches, forward only, laid out as
+ * in training. Its all-to-alls stay out of the counts, so the record's per-step
+ * figures are the training's. */
+static double evaluate(const run_ctx *ctx, const gpt_layout *g, ep_hooks *eh, comm *world, const void *params,
+                       gpt_acts *acts, int rows, int *tokens, int *targets) {
+    const int T = ctx->opt.seq;
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, eh->ep->stats, sizeof training);
+    const ep_hooks counts = *eh;
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        data_batch(&heldout, 0, b, world->rank * rows, rows, T, tokens, targets);
+        gpt_acts_set_batch(acts, tokens, targets, T);
+        gpt_forward_with(g, &eh->hooks, params, acts);
+        sum += gpt_mean_loss(g, acts);
+    }
+    memcpy(eh->ep->stats, training, sizeof training);
+    eh->rows_sent = counts.rows_sent, eh->rows_kept = counts.rows_kept;
+    eh->count_bytes_sent = counts.count_bytes_sent, eh->count_bytes_kept = counts.count_bytes_kept;
+    eh->alltoall_seconds = counts.alltoall_seconds, eh->expert_seconds = counts.expert_seconds;
+    eh->max_expert_rows = counts.max_expert_rows;
+    comm_allreduce_host(world, &sum, 1);
+    return sum / ((double)batches * world->size);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int ep_degree = 0;
@@ -150,6 +177,12 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
 
+    double eval_loss = -1;
+    if (ctx.opt.eval) {
+        eval_loss = evaluate(&ctx, &g, &eh, &world, params, &acts, rows, tokens, targets);
+        ckpt_print_eval(&ctx, eval_loss);
+    }
+
     /* the all-to-all per rank per step: measured by comm (payload, the own block
      * included), the exact count from the routing (rows that left the rank, and
      * the counts), and the uniform-routing expectation */
@@ -167,7 +200,7 @@ int main(int argc, char **argv) {
              "\"expert_rows_max\":%ld,\"expert_rows_uniform\":%.3f", N, dp, payload, sent, own, uniform, max_rows,
              mean_rows);
     snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
-    char *record = ckpt_record_json(&ctx, &view, -1, extra);
+    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world, &ep, &edp}, .n_comms = 3, .params = g.total,
                          .comm_formula_bytes = -1, .bubble_theory = -1, .extra_json = record, .params_held = P};
     run_finish(&ctx, &report);

@@ -114,10 +114,18 @@ def resume():
     half = [a if a != "20" else "10" for a in ARGS] + extra
     first, _, _ = run(LAB, 2, half + ["--save", ck])
     compare_losses("lab08 -n 2 steps 1-10 vs lab01", first["losses"], ref["losses"][:10], 1e-5)
+    evals = []
     for lab, n, more in ((LAB, 4, ["--ep", "2"]), ("lab01_dp", 1, [])):
-        rec, _, _ = run(lab, n, half + more + ["--resume", ck])
+        rec, _, _ = run(lab, n, half + more + ["--resume", ck, "--eval"])
         compare_losses(f"{lab} -n {n} {' '.join(more)} resumed, steps 11-20 vs lab01", rec["losses"],
                        ref["losses"][10:], 1e-5)
+        evals.append(rec)
+    # --eval: the held-out loss over the same global tokens, forward only; its all-to-alls stay out of the counts
+    check(abs(evals[0]["eval_loss"] - evals[1]["eval_loss"]) <= 1e-5 * evals[1]["eval_loss"],
+          f"--eval: lab08 {evals[0]['eval_loss']} vs lab01 {evals[1]['eval_loss']}")
+    check(abs(evals[0]["alltoall_payload_per_step"] - evals[0]["alltoall_sent_per_step"]
+              - evals[0]["alltoall_own_per_step"]) <= 1, "--eval: the all-to-all counts disagree")
+    print(f"--eval after resuming: lab08 {evals[0]['eval_loss']:.6f}, lab01 {evals[1]['eval_loss']:.6f}")
 
 
 if __name__ == "__main__":
