@@ -95,12 +95,12 @@ static void exchange_rows(ep_hooks *e, const void *send, const long *rows_to, vo
     for (int p = 0; p < e->N; p++) {
         vals[p] = rows_to[p] * C;
         vals[e->N + p] = rows_from[p] * C;
-        if (p == e->rank) e->rows_kept += (double)rows_to[p];
-        else e->rows_sent += (double)rows_to[p];
+        if (p == e->rank) e->counts.rows_kept += (double)rows_to[p];
+        else e->counts.rows_sent += (double)rows_to[p];
     }
     const double t0 = MPI_Wtime();
     comm_alltoallv(e->ep, send, vals, NULL, recv, vals + e->N, NULL);
-    e->alltoall_seconds += MPI_Wtime() - t0;
+    e->counts.alltoall_seconds += MPI_Wtime() - t0;
     free(vals);
 }
 
@@ -143,16 +143,16 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     const long ints = (long)El * (long)(sizeof(int) / value_bytes()); /* El ints, as values */
     double t0 = MPI_Wtime();
     comm_alltoall(e->ep, st.count, ly->recv, ints);
-    e->alltoall_seconds += MPI_Wtime() - t0;
-    e->count_bytes_sent += (double)(e->N - 1) * El * sizeof(int);
-    e->count_bytes_kept += (double)El * sizeof(int);
+    e->counts.alltoall_seconds += MPI_Wtime() - t0;
+    e->counts.count_bytes_sent += (double)(e->N - 1) * El * sizeof(int);
+    e->counts.count_bytes_kept += (double)El * sizeof(int);
     trace_end(ev);
     long total = 0;
     for (int j = 0; j < El; j++) {
         ly->first[j] = (int)total, ly->count[j] = 0;
         for (int src = 0; src < e->N; src++) ly->count[j] += ly->recv[src * El + j];
         total += ly->count[j];
-        if (ly->count[j] > e->max_expert_rows) e->max_expert_rows = ly->count[j];
+        if (ly->count[j] > e->counts.max_expert_rows) e->counts.max_expert_rows = ly->count[j];
     }
     layer_reserve(e, ly, total);
     stage_reserve(e, total > (long)k * N ? total : (long)k * N);
@@ -167,7 +167,7 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     ev = trace_begin("experts", TRACE_COMPUTE, -1, NULL);
     t0 = MPI_Wtime();
     moe_experts_forward(h->tensors, lp, 0, El, ly->count, ly->first, ly->xr, ly->fch, ly->gelu, ly->yr);
-    e->expert_seconds += MPI_Wtime() - t0;
+    e->counts.expert_seconds += MPI_Wtime() - t0;
     trace_end(ev);
     reorder(e, ly, ly->yr, e->stage, 0);
     ev = trace_begin("ep_return", TRACE_COMM, -1, NULL);
@@ -205,7 +205,7 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     const double t0 = MPI_Wtime();
     moe_experts_backward(h->tensors, lp, gp, 0, El, ly->count, ly->first, ly->xr, ly->fch, ly->gelu, e->dyr,
                          e->dfch, e->dgelu, &dxr);
-    e->expert_seconds += MPI_Wtime() - t0;
+    e->counts.expert_seconds += MPI_Wtime() - t0;
     trace_end(ev);
     reorder(e, ly, dxr, e->stage, 0);
     ev = trace_begin("ep_return", TRACE_COMM, -1, NULL);

@@ -37,8 +37,16 @@ typedef struct ep_layer {
     int *count, *first;           /* [E/N]: slots per local expert, and where they start */
 } ep_layer;
 
+/* Summed over the steps (main resets max_expert_rows each step). */
+typedef struct ep_counts {
+    double rows_sent, rows_kept;  /* token rows that left the rank, and rows it sent itself */
+    double count_bytes_sent, count_bytes_kept; /* the count exchanges' bytes: to other ranks, to itself */
+    double alltoall_seconds, expert_seconds;   /* wall time in the exchanges and in the experts' matmuls */
+    long max_expert_rows;         /* the most slots one local expert ran in one layer's forward */
+} ep_counts;
+
 typedef struct ep_hooks {
-    gpt_layer_hooks hooks;        /* ctx: this struct; tensors: ep_tensors, the local layer block */
+    gpt_layer_hooks hooks;        /* ctx: this struct; tensors: the local layer block below */
     tensor_info tensors[LAYER_NTENSORS];
     long layer_size;              /* elements of the local layer block */
     comm *ep;                     /* the EP group */
@@ -49,11 +57,7 @@ typedef struct ep_hooks {
     void *stage;                  /* rows in source-rank order, sent or received; grown */
     void *dyr, *dfch, *dgelu;     /* the backward's expert-major scratch; grown */
     long stage_cap, scratch_cap;
-    /* what the run's all-to-alls moved, from the routing (summed over the steps) */
-    double rows_sent, rows_kept;  /* token rows that left the rank, and rows it sent itself */
-    double count_bytes_sent, count_bytes_kept; /* the count exchanges' bytes: to other ranks, to itself */
-    double alltoall_seconds, expert_seconds; /* wall time in the exchanges and in the experts' matmuls */
-    long max_expert_rows;         /* the most slots one local expert ran in one layer's forward (main resets it) */
+    ep_counts counts;             /* what the all-to-alls moved, from the routing, and the times */
 } ep_hooks;
 
 /* The local layout of a layer block: every tensor of g's, the four expert

@@ -57,7 +57,7 @@ static double evaluate(const run_ctx *ctx, const gpt_layout *g, ep_hooks *eh, co
     int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
     comm_stat training[COLL_NKINDS];
     memcpy(training, eh->ep->stats, sizeof training);
-    const ep_hooks counts = *eh;
+    const ep_counts counts = eh->counts;
     double sum = 0;
     for (int b = 0; b < batches; b++) {
         data_batch(&heldout, 0, b, world->rank * rows, rows, T, tokens, targets);
@@ -66,10 +66,7 @@ static double evaluate(const run_ctx *ctx, const gpt_layout *g, ep_hooks *eh, co
         sum += gpt_mean_loss(g, acts);
     }
     memcpy(eh->ep->stats, training, sizeof training);
-    eh->rows_sent = counts.rows_sent, eh->rows_kept = counts.rows_kept;
-    eh->count_bytes_sent = counts.count_bytes_sent, eh->count_bytes_kept = counts.count_bytes_kept;
-    eh->alltoall_seconds = counts.alltoall_seconds, eh->expert_seconds = counts.expert_seconds;
-    eh->max_expert_rows = counts.max_expert_rows;
+    eh->counts = counts;
     comm_allreduce_host(world, &sum, 1);
     return sum / ((double)batches * world->size);
 }
@@ -144,7 +141,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i;
         run_step_begin(&ctx, i);
-        eh.max_expert_rows = 0; /* the last step's is printed */
+        eh.counts.max_expert_rows = 0; /* the last step's is printed */
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows, rows, T, tokens, targets);
         gpt_acts_set_batch(&acts, tokens, targets, T);
         mem_zero(grads, (size_t)P * value_bytes());
@@ -188,10 +185,10 @@ int main(int argc, char **argv) {
      * the counts), and the uniform-routing expectation */
     const double steps = ctx.steps_done > 0 ? ctx.steps_done : 1, vb = (double)value_bytes();
     const double payload = ep.stats[COLL_ALLTOALL].bytes / steps;
-    const double sent = (eh.rows_sent * C * vb + eh.count_bytes_sent) / steps;
-    const double own = (eh.rows_kept * C * vb + eh.count_bytes_kept) / steps;
+    const double sent = (eh.counts.rows_sent * C * vb + eh.counts.count_bytes_sent) / steps;
+    const double own = (eh.counts.rows_kept * C * vb + eh.counts.count_bytes_kept) / steps;
     const double uniform = L * th_ep_alltoall_uniform(N, (long)rows * T, k, C, vb);
-    long max_rows = eh.max_expert_rows;
+    long max_rows = eh.counts.max_expert_rows;
     MPI_Allreduce(MPI_IN_PLACE, &max_rows, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
     const double mean_rows = th_ep_tokens_per_expert_uniform((long)rows * T * N, k, E);
     char extra[512], layout[64];
@@ -215,7 +212,8 @@ int main(int argc, char **argv) {
                "routing, 4 k N_tok C b (N-1)/N x L layers\n", human(payload - own, a), human(sent, b),
                human(uniform, c));
         printf("  time per rank per step (rank 0): all-to-all %.2f ms (waiting for the slowest rank included) | "
-               "experts' matmuls %.2f ms\n", 1e3 * eh.alltoall_seconds / steps, 1e3 * eh.expert_seconds / steps);
+               "experts' matmuls %.2f ms\n", 1e3 * eh.counts.alltoall_seconds / steps,
+               1e3 * eh.counts.expert_seconds / steps);
         printf("  parameters per rank: %ld of %ld (experts at 1/%d)\n", P, g.total, N);
     }
     ckpt_view_free(&view);
