@@ -528,8 +528,8 @@ void run_setup(run_ctx *ctx) {
                  "windows of --seq %d", ctx->data.source, ctx->data.n - ctx->data.train_n, o->batch, o->seq);
     if (!err[0]) ckpt_check_flags(ctx, err, sizeof err); /* --resume, before anything is created */
     if (!err[0] && o->experts && ctx->device == DEVICE_CUDA)
-        snprintf(err, sizeof err, "--experts: the router and the dispatch run on the CPU only so far (no CUDA "
-                 "twins yet): give --device cpu");
+        snprintf(err, sizeof err, "--experts on --device cuda%s: the router and the dispatch run on the CPU only "
+                 "so far (no CUDA twins yet): give --device cpu", strcmp(o->device, "auto") ? "" : " (auto's choice)");
     run_agree_or_exit(err);
     agree_on_data(ctx, err, sizeof err);
     run_agree_or_exit(err);
