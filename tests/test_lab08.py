@@ -114,12 +114,15 @@ def resume():
     half = [a if a != "20" else "10" for a in ARGS] + extra
     first, _, _ = run(LAB, 2, half + ["--save", ck])
     compare_losses("lab08 -n 2 steps 1-10 vs lab01", first["losses"], ref["losses"][:10], 1e-5)
-    evals = []
+    evals, samples = [], []
     for lab, n, more in ((LAB, 4, ["--ep", "2"]), ("lab01_dp", 1, [])):
-        rec, _, _ = run(lab, n, half + more + ["--resume", ck, "--eval"])
+        rec, p, _ = run(lab, n, half + more + ["--resume", ck, "--eval", "--sample", "24"])
         compare_losses(f"{lab} -n {n} {' '.join(more)} resumed, steps 11-20 vs lab01", rec["losses"],
                        ref["losses"][10:], 1e-5)
         evals.append(rec)
+        # --sample gathers the weights through the checkpoint view: every rank's runs of the layout
+        samples.append([line for line in p.stdout.splitlines() if line.startswith("sample after 20 steps")])
+    check(len(samples[0]) == 1 and samples[0] == samples[1], f"--sample: lab08 {samples[0]} vs lab01 {samples[1]}")
     # --eval: the held-out loss over the same global tokens, forward only; its all-to-alls stay out of the counts
     check(abs(evals[0]["eval_loss"] - evals[1]["eval_loss"]) <= 1e-5 * evals[1]["eval_loss"],
           f"--eval: lab08 {evals[0]['eval_loss']} vs lab01 {evals[1]['eval_loss']}")
