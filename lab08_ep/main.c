@@ -122,10 +122,14 @@ int main(int argc, char **argv) {
     }
     const int first = ckpt_resume(&ctx, &view);
     params_from_master(params, master, P);
+    /* the experts' hidden activations live in the hook (the rows a rank receives, not k x its own): the
+     * layer's fch and GELU pieces, and the scratch's, are empty */
+    gpt_part part = gpt_whole_part(&g);
+    part.mlp_width = 0;
     gpt_acts acts;
-    gpt_acts_alloc(&acts, &g, 0, L, rows);
+    gpt_acts_alloc_part(&acts, &g, 0, L, rows, &part);
     gpt_grad_scratch scratch;
-    gpt_scratch_alloc(&scratch, &g, rows);
+    gpt_scratch_alloc_part(&scratch, &g, rows, &part);
     gpt_acts_bind(&acts, &scratch);
     int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
     if (!tokens || !targets) die("out of host memory");
