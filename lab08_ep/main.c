@@ -202,8 +202,12 @@ int main(int argc, char **argv) {
              mean_rows);
     snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
+    const th_precision prec = g_precision == PREC_BF16 ? TH_BF16 : TH_FP32;
+    /* model states per parameter the rank holds: the replicated part and E/N of the experts */
     run_report report = {.layout = layout, .comms = {&world, &ep, &edp}, .n_comms = 3, .params = g.total,
-                         .comm_formula_bytes = -1, .bubble_theory = -1, .extra_json = record, .params_held = P};
+                         .comm_formula_bytes = -1, .bubble_theory = -1, .extra_json = record, .params_held = P,
+                         .states_formula = {th_param_bytes(prec), th_grad_bytes(prec), th_optim_bytes(prec)},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);
     free(record);
     if (world.rank == 0) {

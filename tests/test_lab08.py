@@ -47,6 +47,9 @@ def check_layout(name, rec, ranks, ep, E, k):
     want = params_per_rank(E, ep) * 4
     check(rec["mem_peak_bytes_per_rank"]["params"] == [want] * ranks,
           f"{name}: parameter bytes per rank {rec['mem_peak_bytes_per_rank']['params']} != {want} derived")
+    states = rec["model_state_bytes_per_param"]  # the allocator over the parameters the rank holds
+    check([states["params"], states["grads"], states["optim"]] == states["formula"] == [4, 4, 8],
+          f"{name}: model states per parameter held {states}")
     choices = rec["expert_choices_last_step"]
     for layer in range(L):  # every token chose k experts, counted over all ranks
         check(sum(choices[layer * E:(layer + 1) * E]) == k * B * T, f"{name}: layer {layer} choices {choices}")
