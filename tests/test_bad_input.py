@@ -213,6 +213,17 @@ PER_LAB = {
         (4, ["--cp", "2", "--batch", "3"], "--batch"),  # 2 data-parallel groups
         (3, ["--dry-run", "--seq", "64", "--cp-layout", "contiguous"], "--seq"),
     ] + NO_EXPERTS + NO_TP,
+    "lab08_ep": [
+        (4, ["--ep", "3"], "--ep"),  # 3 does not divide 4 ranks
+        (2, ["--ep", "-1"], "--ep"),
+        (3, ["--batch", "12"], "--experts"),  # the default E = 4 over --ep 3
+        (4, ["--ep", "2", "--experts", "6", "--top-k", "7"], "--top-k"),  # k > E
+        (2, ["--top-k", "5"], "--top-k"),  # k > the default E = 4
+        (2, ["--capacity-factor", "-1"], "--capacity-factor"),
+        (2, ["--experts", "0"], "--experts"),
+        (4, ["--batch", "6"], "--batch"),  # each rank trains its own rows
+        (2, ["--dry-run"], "--dry-run"),  # theory/predict does not count experts yet
+    ] + NO_TP,
 }
 
 

@@ -414,6 +414,20 @@ static void check_context_parallel(void) {
     }
 }
 
+/* lab08's uniform-routing all-to-all, by hand: N = 4, 512 tokens, k = 2, C = 128, fp32:
+ * 4 x 2 x 512 rows of 512 B = 2,097,152 B, 3/4 of it off the rank = 1,572,864 (x 8 layers:
+ * the lesson's 12.58MB); N = 2: half, 1,048,576; one rank: nothing. Tokens per expert:
+ * 2 x 2048 / 4 = 1024 (the lesson's uniform mean). */
+static void check_expert_parallel(void) {
+    th_cp_traffic t4 = th_ep_layer_traffic(4, 512, 2, 128, 4), t2 = th_ep_layer_traffic(2, 512, 2, 128, 4),
+                  t1 = th_ep_layer_traffic(1, 512, 2, 128, 4);
+    CHECK(t4.fwd_sent + t4.bwd_sent == 1572864, "ep all-to-all N=4: %.0f", t4.fwd_sent + t4.bwd_sent);
+    CHECK(t4.fwd_recv == t4.fwd_sent && t4.bwd_recv == t4.bwd_sent, "ep all-to-all: received = sent");
+    CHECK(t2.fwd_sent + t2.bwd_sent == 1048576, "ep all-to-all N=2");
+    CHECK(t1.fwd_sent + t1.bwd_sent == 0, "ep all-to-all N=1");
+    CHECK(th_ep_tokens_per_expert_uniform(2048, 2, 4) == 1024, "ep tokens per expert");
+}
+
 int main(void) {
     device_use(DEVICE_CPU, 0);
     const long shapes[][5] = {{17, 5, 2, 8, 2}, {256, 16, 3, 32, 4}, {256, 7, 4, 24, 6}, {31, 9, 2, 12, 3}};
@@ -432,6 +446,7 @@ int main(void) {
     check_schedules();
     check_against_lists();
     check_context_parallel();
+    check_expert_parallel();
     printf("theory: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

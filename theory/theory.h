@@ -322,6 +322,9 @@ th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, lon
  *   forward  2 k tokens d_model value_bytes (N-1)/N,  backward the same,
  * 4 k N_tok C b (N-1)/N in all (issue 25). Received = sent. 0 for N = 1. */
 th_cp_traffic th_ep_layer_traffic(int N, double tokens, long top_k, long d_model, double value_bytes);
+/* Tokens per expert under uniform routing: k tokens / E of the tokens the
+ * expert's EP group holds (the mean; the max is what capacity bounds). */
+double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts);
 
 /* ---- pipeline schedules ------------------------------------------------------------------- */
 
