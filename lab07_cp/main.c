@@ -72,7 +72,8 @@ int main(int argc, char **argv) {
          "(T/N in a row)", 0, "zigzag|contiguous"},
         {"--cp-algo", FLAG_STRING, &algo_name,
          "how attention sees the other ranks' keys: ring (K/V blocks passed round, merged by log-sum-exp) or "
-         "allgather (K and V gathered whole)", 0, "ring|allgather"},
+         "allgather (K and V gathered whole) or ulysses (all-to-all to a head split and back)", 0,
+         "ring|allgather|ulysses"},
     };
     lab_info lab = {"lab07_cp", "context parallelism: every sequence split over the ranks of a CP group, "
                     "attention's keys and values brought by a ring or an all-gather; data parallel over the groups",
@@ -81,7 +82,8 @@ int main(int argc, char **argv) {
     run_parse(&ctx, argc, argv, &lab);
     const int N = cp_degree > 0 ? cp_degree : ctx.size, dp = ctx.size % N ? 1 : ctx.size / N;
     const th_cp_layout cp_layout = strcmp(layout_name, "contiguous") ? TH_CP_ZIGZAG : TH_CP_CONTIGUOUS;
-    const th_cp_algo algo = strcmp(algo_name, "allgather") ? TH_CP_RING : TH_CP_ALLGATHER;
+    const th_cp_algo algo = !strcmp(algo_name, "allgather") ? TH_CP_ALLGATHER
+                            : !strcmp(algo_name, "ulysses") ? TH_CP_ULYSSES : TH_CP_RING;
     const int chunks = cp_layout == TH_CP_ZIGZAG ? 2 * N : N;
     run_check(&ctx, !ctx.opt.experts, "--experts: lab07 runs a dense MLP (experts are lab08's; lab01_dp and "
               "lab02_zero take --experts)");
@@ -90,6 +92,8 @@ int main(int argc, char **argv) {
               ctx.opt.batch, dp);
     run_check(&ctx, ctx.opt.seq % chunks == 0, "--seq %d is not divisible by the %d chunks of --cp-layout %s "
               "(%s N = %d ranks)", ctx.opt.seq, chunks, layout_name, cp_layout == TH_CP_ZIGZAG ? "2 x" : "", N);
+    run_check(&ctx, algo != TH_CP_ULYSSES || ctx.opt.heads % N == 0, "--cp-algo ulysses: the %d heads (--heads) "
+              "are not divisible by --cp %d (each rank takes heads/N of them)", ctx.opt.heads, N);
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
@@ -134,7 +138,7 @@ int main(int argc, char **argv) {
     params_from_master(params, master, P);
     /* a layer keeps its log-sum-exp (fp32, one per query row and head) where
      * the one-rank layer keeps its attention matrix */
-    const gpt_part part = {ctx.opt.heads, 4 * C, 1, 0, (int)(sizeof(float) / value_bytes())};
+    const gpt_part part = {ctx.opt.heads, 4 * C, 1, 0, cp_att_row(algo, C / ctx.opt.heads)};
     gpt_acts acts;
     gpt_acts_alloc_part(&acts, &local, 0, L, rows, &part);
     acts.positions = cp_positions(&ch);
@@ -190,25 +194,27 @@ int main(int argc, char **argv) {
     }
 
     /* what the summary sets beside the formulas */
-    const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : COLL_ALLGATHER;
+    const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : algo == TH_CP_ULYSSES ? COLL_ALLTOALL : COLL_ALLGATHER;
     const double steps = ctx.steps_done > 0 ? ctx.steps_done : 1;
     double cp_bytes = cp.stats[sent_kind].bytes + (algo == TH_CP_ALLGATHER ? cp.stats[COLL_REDUCE_SCATTER].bytes : 0);
-    if (algo == TH_CP_ALLGATHER) cp_bytes *= (N - 1.0) / N; /* the ring column: what leaves the rank */
+    if (algo != TH_CP_RING) cp_bytes *= (N - 1.0) / N; /* what leaves the rank (the own block stays) */
     const double per_layer = cp_bytes / steps / L;
     const double formula = attention_forwards * tf.fwd_sent + tf.bwd_sent;
-    long *scores = calloc((size_t)cp.size, sizeof(long));
-    long mine = ch.scores;
-    MPI_Allgather(&mine, 1, MPI_LONG, scores, 1, MPI_LONG, cp.mpi);
+    /* per sequence and head of the model: Ulysses's rank counted every score of
+     * its heads/N heads, 1/N of that per head of the model */
+    double *scores = calloc((size_t)cp.size, sizeof(double));
+    double mine = (double)ch.scores / (algo == TH_CP_ULYSSES ? N : 1);
+    MPI_Allgather(&mine, 1, MPI_DOUBLE, scores, 1, MPI_DOUBLE, cp.mpi);
     char extra[1024];
     int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\","
                       "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"scores_per_rank\":[",
                       N, dp, algo_name, layout_name, per_layer, formula);
     for (int r = 0; r < N; r++)
-        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%ld", r ? "," : "", scores[r]);
+        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "", scores[r]);
     at += snprintf(extra + at, sizeof extra - (size_t)at, "],\"scores_per_rank_formula\":[");
     for (int r = 0; r < N; r++)
-        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.0f", r ? "," : "",
-                       th_cp_causal_scores(T, N, r, cp_layout));
+        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "",
+                       th_cp_rank_scores(T, N, r, cp_layout, algo));
     snprintf(extra + at, sizeof extra - (size_t)at, "]");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
@@ -220,9 +226,9 @@ int main(int argc, char **argv) {
         char a[16], b[16], c[16], d[16];
         printf("  unmasked causal scores per sequence and head, counted | formula (theory/context.c):");
         for (int r = 0; r < N; r++)
-            printf(" %ld|%.0f", scores[r], th_cp_causal_scores(T, N, r, cp_layout));
-        printf("\n  K/V traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
-               "%sB%s)\n", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
+            printf(" %.15g|%.15g", scores[r], th_cp_rank_scores(T, N, r, cp_layout, algo));
+        printf("\n  %s traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
+               "%sB%s)\n", algo == TH_CP_ULYSSES ? "all-to-all" : "K/V", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
                attention_forwards > 1 ? ", the forward twice: --recompute" : "");
         printf("  activations per rank: %sB peak (the layers' T x T attention matrix replaced by the log-sum-exp)\n",
                human((double)mem_peak(MEM_ACTS), a));

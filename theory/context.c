@@ -20,6 +20,11 @@ double th_cp_causal_scores(long T, int N, int rank, th_cp_layout layout) {
     return s * s * (2.0 * N - 1) + s * (s + 1);
 }
 
+double th_cp_rank_scores(long T, int N, int rank, th_cp_layout layout, th_cp_algo algo) {
+    if (algo == TH_CP_ULYSSES) return (double)T * (double)(T + 1) / 2 / N; /* all T of heads/N heads */
+    return th_cp_causal_scores(T, N, rank, layout);
+}
+
 th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, long d_model, long kv_dim,
                                   double value_bytes) {
     th_cp_traffic t = {0, 0, 0, 0};

@@ -270,6 +270,11 @@ long th_cp_position(long T, int N, int rank, long i, th_cp_layout layout);
 double th_cp_causal_scores(long T, int N, int rank, th_cp_layout layout);
 
 typedef enum { TH_CP_RING, TH_CP_ALLGATHER, TH_CP_ULYSSES } th_cp_algo;
+/* EXACT: the same per head of the model for an algorithm: ring and allgather
+ * th_cp_causal_scores; ulysses, every rank all T (T+1) / 2 scores of its
+ * heads/N heads, T (T+1) / (2N) per head of the model on every rank, whatever
+ * the layout. */
+double th_cp_rank_scores(long T, int N, int rank, th_cp_layout layout, th_cp_algo algo);
 /* Bytes one rank sends and receives for one layer's attention and one
  * micro-batch of `rows` sequences, the sequence T over N ranks, queries and
  * outputs d_model wide, keys and values kv_dim wide (d_model without
