@@ -4,8 +4,9 @@
  * every row through the whole model (embedding, every layer, the loss), with
  * the whole weights. Only attention needs other ranks' positions (a query sees
  * every earlier key): cp.h's attention hook brings them, by a ring of K/V
- * blocks merged with their log-sum-exp (--cp-algo ring) or by all-gathering
- * K and V (allgather). Activations per rank fall to 1/N, the T^2 attention
+ * blocks merged with their log-sum-exp (--cp-algo ring), by all-gathering
+ * K and V (allgather), or by an all-to-all that hands each rank every
+ * position of heads/N heads for attention and back (ulysses). Activations per rank fall to 1/N, the T^2 attention
  * matrix with them: no rank ever holds more than a (T/N) x (T/N) block of it.
  * --cp N (default: every rank) x data parallelism over the rest.
  *
@@ -76,7 +77,8 @@ int main(int argc, char **argv) {
          "ring|allgather|ulysses"},
     };
     lab_info lab = {"lab07_cp", "context parallelism: every sequence split over the ranks of a CP group, "
-                    "attention's keys and values brought by a ring or an all-gather; data parallel over the groups",
+                    "attention's keys and values brought by a ring or an all-gather, or the heads split by an all-to-all "
+                    "(Ulysses); data parallel over the groups",
                     flags, 3};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
@@ -205,10 +207,13 @@ int main(int argc, char **argv) {
     double *scores = calloc((size_t)cp.size, sizeof(double));
     double mine = (double)ch.scores / (algo == TH_CP_ULYSSES ? N : 1);
     MPI_Allgather(&mine, 1, MPI_DOUBLE, scores, 1, MPI_DOUBLE, cp.mpi);
+    const th_model tm = th_course_model(g.cfg.vocab, T, L, C, g.cfg.heads);
+    const th_opts topts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
+    const double acts_formula = th_cp_acts_bytes(&tm, &topts, rows, N, algo);
     char extra[1024];
     int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\","
-                      "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"scores_per_rank\":[",
-                      N, dp, algo_name, layout_name, per_layer, formula);
+                      "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"acts_bytes_formula\":%.0f,"
+                      "\"scores_per_rank\":[", N, dp, algo_name, layout_name, per_layer, formula, acts_formula);
     for (int r = 0; r < N; r++)
         at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "", scores[r]);
     at += snprintf(extra + at, sizeof extra - (size_t)at, "],\"scores_per_rank_formula\":[");
@@ -230,8 +235,9 @@ int main(int argc, char **argv) {
         printf("\n  %s traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
                "%sB%s)\n", algo == TH_CP_ULYSSES ? "all-to-all" : "K/V", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
                attention_forwards > 1 ? ", the forward twice: --recompute" : "");
-        printf("  activations per rank: %sB peak (the layers' T x T attention matrix replaced by the log-sum-exp)\n",
-               human((double)mem_peak(MEM_ACTS), a));
+        printf("  activations per rank: %sB peak allocated, %sB by theory/context.c (the layers' T x T attention "
+               "matrix replaced by the log-sum-exp%s)\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, b),
+               algo == TH_CP_ULYSSES ? " and the head-split q|k|v and output" : "");
     }
     free(scores);
     ckpt_view_free(&view);

@@ -48,3 +48,15 @@ th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, lon
     t.bwd_recv = t.bwd_sent;
     return t;
 }
+
+double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo) {
+    th_model local = *m; /* a rank's layers run the course's model on T/N positions */
+    local.seq = m->seq / N;
+    const th_acts_parts p = th_course_acts_parts(&local, o, 0, (int)m->layers, rows);
+    if (p.other < 0 || m->seq % N) return -1;
+    const double v = th_param_bytes(o->precision), head_size = (double)(m->d_model / m->heads);
+    /* att [rows,H,T/N] rows of: the log-sum-exp (fp32), and for Ulysses the head-split q|k|v and output */
+    const double row = 4 + (algo == TH_CP_ULYSSES ? 4 * head_size * v : 0);
+    const double att = (double)(((long long)((double)rows * m->heads * local.seq * row) + 63) / 64 * 64);
+    return p.linear + p.other + (o->recompute == TH_RECOMPUTE_NONE ? (double)m->layers * att : 0);
+}

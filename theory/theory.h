@@ -294,6 +294,17 @@ typedef struct th_cp_traffic { double fwd_sent, fwd_recv, bwd_sent, bwd_recv; } 
 th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, long d_model, long kv_dim,
                                   double value_bytes);
 
+/* EXACT: the activations one rank of a CP group allocates for one micro-batch
+ * of `rows` sequences (lab07: gpt_acts_alloc_part over all layers): the
+ * course's layers (th_course_acts_bytes) on T/N positions, except that where a
+ * one-rank layer keeps its attention matrix [rows,H,T,T] a CP layer keeps per
+ * query row and head its fp32 log-sum-exp, and under Ulysses also the
+ * head-split q, k, v and output (4 HS more values: every position of H/N
+ * heads, lab07's cp_att_row); nothing there under --recompute selective or full.
+ * Every piece is per position: 1/N of one rank's for ring and allgather.
+ * -1 where th_course_acts_bytes is, or T not divisible by N. */
+double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo);
+
 /* ---- pipeline schedules ------------------------------------------------------------------- */
 
 typedef enum {
