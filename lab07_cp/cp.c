@@ -25,12 +25,14 @@ static void forward_block(cp_hooks *h, void *out, float *lse, const void *qkv, c
     const int C = heads * HS, T = h->T;
     const void *k = kv, *v = value_at(kv, C);
     const int *q_pos = positions_of(h, h->rank), *k_pos = positions_of(h, src);
+    int ev = trace_begin(CP_BLOCK_OP, TRACE_COMPUTE, -1, NULL); /* the ring's compute per message: cp_ring_hiding */
     if (first) {
         KP->attention_block_forward(out, lse, qkv, k, v, 3 * C, 2 * C, q_pos, k_pos, h->B, T, T, heads, HS);
     } else {
         KP->attention_block_forward(h->out2, h->lse2, qkv, k, v, 3 * C, 2 * C, q_pos, k_pos, h->B, T, T, heads, HS);
         KP->attention_merge(out, lse, h->out2, h->lse2, h->B, T, heads, HS);
     }
+    trace_end(ev);
     h->scores += attention_unmasked_scores(h->pos_host + (long)h->rank * T, T, h->pos_host + (long)src * T, T);
 }
 
@@ -215,6 +217,7 @@ void cp_hooks_init(cp_hooks *h, const gpt_layout *g, comm *cp, th_cp_algo algo, 
     h->rank = cp->rank;
     h->B = B;
     h->T = g->cfg.seq / cp->size;
+    h->cp_width = g->cfg.d_model;
     const long C = g->cfg.d_model, n = (long)h->N * h->T, block = (long)B * h->T * 2 * C;
     const size_t vb = value_bytes();
     h->pos_host = malloc(sizeof(int) * (size_t)n);
@@ -265,4 +268,28 @@ const int *cp_positions(const cp_hooks *h) { return h->pos_host + (long)h->rank 
 int cp_att_row(th_cp_algo algo, int head_size) {
     const int lse = (int)(sizeof(float) / value_bytes());
     return algo == TH_CP_ULYSSES ? lse + 4 * head_size : lse;
+}
+
+double cp_ring_message_seconds(cp_hooks *h, int reps) {
+    if (h->algo != TH_CP_RING || h->N < 2) return 0;
+    const long block = (long)h->B * h->T * 2 * h->cp_width;
+    double t[16];
+    if (reps > 16) reps = 16;
+    for (int i = -1; i < reps; i++) { /* the first: warm-up */
+        comm_request r[2] = {{0}, {0}};
+        MPI_Barrier(h->cp->mpi);
+        const double t0 = now_seconds();
+        ring_post(h, h->kv[0], h->kv[1], block, TAG_KV, r);
+        ring_wait(r);
+        comm_request_free(&r[0]);
+        comm_request_free(&r[1]);
+        if (i >= 0) t[i] = now_seconds() - t0;
+    }
+    for (int i = 1; i < reps; i++) /* the median: insertion sort of a few */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            const double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[reps / 2];
 }

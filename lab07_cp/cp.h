@@ -52,6 +52,7 @@ typedef struct cp_hooks {
     void *out2;             /* one block's output [B,T,C] before the merge */
     float *lse2;            /* and its log-sum-exp [B,heads,T] */
     long scores;            /* unmasked causal scores of the last forward, per sequence and head */
+    int cp_width;           /* C: the width of a K (or V) row */
 } cp_hooks;
 
 /* B rows of `seq` positions over cp's ranks; the buffers at C = d_model. */
@@ -59,6 +60,14 @@ void cp_hooks_init(cp_hooks *h, const gpt_layout *g, comm *cp, th_cp_algo algo, 
 void cp_hooks_free(cp_hooks *h);
 /* The layer's att slot per query row and head (gpt_part.att_row). */
 int cp_att_row(th_cp_algo algo, int head_size);
+/* The ring's block attention (with its merge), a trace event of its own: the
+ * compute that hides one K/V message. */
+#define CP_BLOCK_OP "cp_block_fwd"
+/* The median seconds of one K/V block's ring exchange (send to the next rank,
+ * receive from the previous), `reps` times after a warm-up, every rank of the
+ * CP group at once: the run's measured point-to-point time for its message
+ * size. 0 unless the ring with N > 1. Collective over the CP group. */
+double cp_ring_message_seconds(cp_hooks *h, int reps);
 /* This rank's global positions: T of them. */
 const int *cp_positions(const cp_hooks *h);
 

@@ -189,6 +189,29 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
 
+    /* the ring's hiding condition from this run's measurements: the block
+     * attention's FLOP rate (its trace events over the measured steps; every
+     * forward has N blocks of the same total scores) and one K/V block's
+     * exchange timed after training (its bytes kept out of the counts) */
+    th_cp_ring_hiding hiding = {0, 0, 0, 0};
+    double rate_bw[2] = {0, 0};
+    if (algo == TH_CP_RING && N > 1) {
+        comm_stat training[COLL_NKINDS];
+        memcpy(training, cp.stats, sizeof training);
+        const double message = cp_ring_message_seconds(&ch, 9);
+        memcpy(cp.stats, training, sizeof training);
+        int blocks = 0;
+        const double seconds = trace_op_seconds(CP_BLOCK_OP, ctx.steps_done > 1 ? 1 : 0, &blocks);
+        const double flops = (double)blocks / N * 4.0 * rows * C * (double)ch.scores;
+        rate_bw[0] = seconds > 0 ? flops / seconds : 0;
+        rate_bw[1] = message > 0 ? (double)rows * Tl * 2 * C * vb / message : 0;
+        comm_allreduce_host(&world, rate_bw, 2); /* the ranks' mean */
+        rate_bw[0] /= world.size;
+        rate_bw[1] /= world.size;
+        hiding = th_cp_ring_hiding_of(rows, T, N, C, vb, th_cp_rank_scores(T, N, 0, cp_layout, algo), rate_bw[0],
+                                      rate_bw[1]);
+    }
+
     double eval_loss = -1;
     if (ctx.opt.eval) {
         eval_loss = evaluate(&ctx, &local, &ch, &world, &cp, params, &acts, rows, dp_rank, tokens, targets);
@@ -220,7 +243,11 @@ int main(int argc, char **argv) {
     for (int r = 0; r < N; r++)
         at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "",
                        th_cp_rank_scores(T, N, r, cp_layout, algo));
-    snprintf(extra + at, sizeof extra - (size_t)at, "]");
+    at += snprintf(extra + at, sizeof extra - (size_t)at, "]");
+    if (algo == TH_CP_RING && N > 1)
+        snprintf(extra + at, sizeof extra - (size_t)at, ",\"ring_flops_per_s\":%.6g,\"ring_bytes_per_s\":%.6g,"
+                 "\"ring_block_seconds\":%.6g,\"ring_message_seconds\":%.6g,\"ring_hidden\":%s",
+                 rate_bw[0], rate_bw[1], hiding.block_seconds, hiding.message_seconds, hiding.hidden ? "true" : "false");
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
                          .comm_formula_bytes = comm_formula, .comm_formula = formula_text, .bubble_theory = -1, .extra_json = record,
@@ -238,6 +265,12 @@ int main(int argc, char **argv) {
         printf("  activations per rank: %sB peak allocated, %sB by theory/context.c (the layers' T x T attention "
                "matrix replaced by the log-sum-exp%s)\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, b),
                algo == TH_CP_ULYSSES ? " and the head-split q|k|v and output" : "");
+        if (algo == TH_CP_RING && N > 1)
+            printf("  ring hiding (theory/context.c): a block's attention %.3g ms (%sFLOP/s measured) %s its K/V "
+                   "message %.3g ms (%sB/s measured point-to-point): %s; hidden from T/N >= rate x %g B / bandwidth "
+                   "= %.0f positions per rank (this run: %d)\n", 1e3 * hiding.block_seconds, human(rate_bw[0], c),
+                   hiding.hidden ? ">=" : "<", 1e3 * hiding.message_seconds, human(rate_bw[1], d),
+                   hiding.hidden ? "met" : "not met", vb, hiding.positions_needed, Tl);
     }
     free(scores);
     ckpt_view_free(&view);

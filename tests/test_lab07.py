@@ -111,6 +111,16 @@ def equivalence():
                       and rec["acts_bytes_formula"] == want_acts,
                       f"{name}: activations per rank {rec['mem_peak_bytes_per_rank']['acts']}, theory/context.c "
                       f"{rec['acts_bytes_formula']}, derived here {want_acts}")
+                if algo == "ring" and cp > 1:  # the hiding condition from the run's measured rate and bandwidth
+                    rows = B // (ranks // cp)
+                    flops, msg = 4 * rows * C * want[0] / cp, rows * (T // cp) * 2 * C * 4
+                    blk, sec = rec["ring_block_seconds"], rec["ring_message_seconds"]
+                    check(rec["ring_flops_per_s"] > 0 and rec["ring_bytes_per_s"] > 0
+                          and abs(blk * rec["ring_flops_per_s"] - flops) <= 1e-4 * flops
+                          and abs(sec * rec["ring_bytes_per_s"] - msg) <= 1e-4 * msg
+                          and rec["ring_hidden"] == (blk >= sec),
+                          f"{name}: ring hiding {blk} s block ({flops} FLOPs) vs {sec} s message ({msg} B), "
+                          f"hidden {rec['ring_hidden']}")
                 print(f"{name}: scores {want}, {kv} B per layer, acts {want_acts} B per rank = the formula")
                 if ranks == cp and layout == "zigzag" and algo == "ring":
                     acts[cp] = rec["mem_peak_bytes"]["acts"]

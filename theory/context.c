@@ -60,3 +60,15 @@ double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, t
     const double att = (double)(((long long)((double)rows * m->heads * local.seq * row) + 63) / 64 * 64);
     return p.linear + p.other + (o->recompute == TH_RECOMPUTE_NONE ? (double)m->layers * att : 0);
 }
+
+th_cp_ring_hiding th_cp_ring_hiding_of(long rows, long T, int N, long d_model, double value_bytes,
+                                       double scores_per_rank, double flops_rate, double bandwidth) {
+    th_cp_ring_hiding r = {0, 0, 0, 0};
+    if (N < 2 || flops_rate <= 0 || bandwidth <= 0) return r;
+    /* q k^T and p v: a multiply-add (2 FLOPs) per score and head dimension, each: 4 C per score */
+    r.block_seconds = 4.0 * (double)rows * (double)d_model * scores_per_rank / N / flops_rate;
+    r.message_seconds = (double)rows * (double)(T / N) * 2.0 * (double)d_model * value_bytes / bandwidth;
+    r.positions_needed = flops_rate * value_bytes / bandwidth;
+    r.hidden = r.block_seconds >= r.message_seconds;
+    return r;
+}

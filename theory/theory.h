@@ -305,6 +305,22 @@ th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, lon
  * -1 where th_course_acts_bytes is, or T not divisible by N. */
 double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo);
 
+/* The ring's condition for hiding its messages: while one K/V block is
+ * computed on, the next travels, so the ring costs no time beyond its compute
+ * when a block's attention takes at least as long as its message:
+ *   block_seconds   = 4 C x (the rank's scores per sequence and head) / N
+ *                     x rows / flops_rate  (q k^T and p v, 2 FLOPs a multiply-add)
+ *   message_seconds = rows (T/N) 2C value_bytes / bandwidth  (one K|V block)
+ * With zig-zag a block averages (T/N)^2 / 2 scores, so the condition reads
+ * T/N >= flops_rate x value_bytes / bandwidth = positions_needed: the
+ * positions per rank must outgrow the machine's FLOPs per byte of link. An
+ * H100 at 400 TFLOP/s in bf16 over 400 GB/s NVLink needs ~2,000 positions per
+ * rank, over 50 GB/s InfiniBand ~16,000. hidden: block >= message. All 0 for
+ * N < 2 or a rate or bandwidth not > 0. */
+typedef struct th_cp_ring_hiding { double block_seconds, message_seconds, positions_needed; int hidden; } th_cp_ring_hiding;
+th_cp_ring_hiding th_cp_ring_hiding_of(long rows, long T, int N, long d_model, double value_bytes,
+                                       double scores_per_rank, double flops_rate, double bandwidth);
+
 /* ---- pipeline schedules ------------------------------------------------------------------- */
 
 typedef enum {
