@@ -233,10 +233,11 @@ int main(int argc, char **argv) {
     const th_model tm = th_course_model(g.cfg.vocab, T, L, C, g.cfg.heads);
     const th_opts topts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     const double acts_formula = th_cp_acts_bytes(&tm, &topts, rows, N, algo);
+    const th_states per_param = th_model_states(1, &topts, 0, 1);
     char extra[1024];
     int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\","
-                      "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"acts_bytes_formula\":%.0f,"
-                      "\"scores_per_rank\":[", N, dp, algo_name, layout_name, per_layer, formula, acts_formula);
+                      "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"scores_per_rank\":[",
+                      N, dp, algo_name, layout_name, per_layer, formula);
     for (int r = 0; r < N; r++)
         at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "", scores[r]);
     at += snprintf(extra + at, sizeof extra - (size_t)at, "],\"scores_per_rank_formula\":[");
@@ -251,7 +252,9 @@ int main(int argc, char **argv) {
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     run_report report = {.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
                          .comm_formula_bytes = comm_formula, .comm_formula = formula_text, .bubble_theory = -1, .extra_json = record,
-                         .params_held = P};
+                         .params_held = P, .acts_formula_bytes = acts_formula,
+                         .states_formula = {per_param.params, per_param.grads, per_param.optim},
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
     run_finish(&ctx, &report);
     free(record);
     if (world.rank == 0) {
@@ -262,9 +265,8 @@ int main(int argc, char **argv) {
         printf("\n  %s traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
                "%sB%s)\n", algo == TH_CP_ULYSSES ? "all-to-all" : "K/V", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
                attention_forwards > 1 ? ", the forward twice: --recompute" : "");
-        printf("  activations per rank: %sB peak allocated, %sB by theory/context.c (the layers' T x T attention "
-               "matrix replaced by the log-sum-exp%s)\n", human((double)mem_peak(MEM_ACTS), a), human(acts_formula, b),
-               algo == TH_CP_ULYSSES ? " and the head-split q|k|v and output" : "");
+        printf("  activations per rank: theory/context.c's th_cp_acts_bytes above (the layers' T x T attention "
+               "matrix replaced by the log-sum-exp%s)\n", algo == TH_CP_ULYSSES ? " and the head-split q|k|v and output" : "");
         if (algo == TH_CP_RING && N > 1)
             printf("  ring hiding (theory/context.c): a block's attention %.3g ms (%sFLOP/s measured) %s its K/V "
                    "message %.3g ms (%sB/s measured point-to-point): %s; hidden from T/N >= rate x %g B / bandwidth "

@@ -108,9 +108,9 @@ def equivalence():
                       f"{rec['comm_formula_bytes_per_step']}")
                 want_acts = acts_bytes_per_rank(B // (ranks // cp), cp, algo, heads)
                 check(rec["mem_peak_bytes_per_rank"]["acts"] == [want_acts] * ranks
-                      and rec["acts_bytes_formula"] == want_acts,
+                      and rec["acts_peak_bytes_formula_per_rank"] == [want_acts] * ranks,
                       f"{name}: activations per rank {rec['mem_peak_bytes_per_rank']['acts']}, theory/context.c "
-                      f"{rec['acts_bytes_formula']}, derived here {want_acts}")
+                      f"{rec['acts_peak_bytes_formula_per_rank']}, derived here {want_acts}")
                 if algo == "ring" and cp > 1:  # the hiding condition from the run's measured rate and bandwidth
                     rows = B // (ranks // cp)
                     flops, msg = 4 * rows * C * want[0] / cp, rows * (T // cp) * 2 * C * 4
