@@ -21,6 +21,7 @@
 #include "mem.h"
 #include "model.h"
 #include "optim.h"
+#include "predict.h"
 #include "run.h"
 #include "theory.h"
 #include "trace.h"
@@ -117,9 +118,21 @@ int main(int argc, char **argv) {
     snprintf(formula_text, sizeof formula_text, "%sL x K/V per layer (theory/context.c, %s)%s + ring all-reduce "
              "2(R-1)/R x gradient bytes over all R ranks", ends > 1 ? "2 ends x " : "", algo_name,
              attention_forwards > 1 ? ", the forward's twice (--recompute)" : "");
-    if (ctx.opt.dry_run) /* no prediction of memory and time yet: theory/predict does not know CP */
+    if (ctx.opt.dry_run) { /* theory/predict.h (lab07's part in theory/context.c): memory per category, traffic */
+        const th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
+                             .bf16 = g_precision == PREC_BF16, .batch = B,
+                             .model = th_course_model(256, T, L, C, ctx.opt.heads), .tp = 1, .pp = 1, .dp = dp,
+                             .micro_batches = 1, .recompute = ctx.model.recompute, .cp = N, .cp_algo = algo};
+        if (ctx.rank == 0) {
+            th_print_prediction(stdout, &need, 32);
+            if (algo == TH_CP_ULYSSES && N > 1) /* a kind predict's tables do not have */
+                printf("  and alltoall %.0f calls, payload %.0f per rank per step (theory/context.c)\n",
+                       2 * L * (attention_forwards + 1), /* q|k|v and out each forward, dO and dq|dk|dv back */
+                       (attention_forwards * tf.fwd_sent + tf.bwd_sent) * N / (N - 1) * L);
+        }
         run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                              .comm_formula = formula_text, .bubble_theory = -1});
+    }
     comm world, cp;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     comm_split(&world, world.rank / N, world.rank % N, &cp); /* consecutive ranks share a sequence */
