@@ -167,6 +167,36 @@ def resume():
     print(f"--eval after resuming: lab07 {evals[0]:.6f}, lab01 {evals[1]:.6f}")
 
 
+def dry_run():
+    """--dry-run predicts the run to the byte: every rank's peak per memory
+    category, and per step every kind's calls and payload (Ulysses' all-to-all
+    on a line of its own), against what the same flags then measure."""
+    import re
+    cats = ["params", "grads", "optim", "acts", "comm", "workspace"]
+    cases = [(4, ["--cp", "2", "--cp-algo", "ring"]), (4, ["--cp", "2", "--cp-algo", "ring", "--recompute", "selective"]),
+             (3, ["--cp-algo", "allgather", "--cp-layout", "contiguous", "--recompute", "full"]),
+             (4, ["--cp", "4", "--cp-algo", "ulysses"]), (4, ["--cp", "2", "--cp-algo", "ulysses", "--recompute", "full"]),
+             (2, ["--cp-algo", "ulysses", "--precision", "bf16"]), (2, ["--cp", "1", "--cp-algo", "allgather"])]
+    short = [a if a != "20" else "2" for a in ARGS_ULYSSES]  # 12 heads: Ulysses at 2, 3 and 4 ranks
+    for n, extra in cases:
+        name = f"-n {n} {' '.join(extra)}"
+        _, p, _ = run(LAB, n, short + extra + ["--dry-run"])
+        rec, _, _ = run(LAB, n, short + extra)
+        rows = {int(m[0]): [int(x) for x in m[1].split()[:len(cats)]]
+                for m in re.findall(r"^ +(\d+) +\d+ +\d+ +\d+ +\[\d+,\d+\) +([\d ]+)$", p.stdout, re.M)}
+        check(sorted(rows) == list(range(n)), f"{name}: no memory row per rank in the dry run:\n{p.stdout}")
+        for q in range(n):
+            got = [rec["mem_peak_bytes_per_rank"][c][q] for c in cats]
+            check(rows[q] == got, f"{name}: rank {q} predicted {rows[q]}, allocated {got} ({cats})")
+        kinds = {k: (float(c), float(b)) for k, c, b in
+                 re.findall(r"(\w+) ([\d.]+) calls, payload (\d+)", p.stdout.split("traffic per rank")[1].split("\n")[1])}
+        kinds.update({k: (float(c), float(b)) for k, c, b in re.findall(r"and (alltoall) ([\d.]+) calls, payload (\d+)", p.stdout)})
+        measured = {k: (rec["comm_calls_per_step"][k], rec["comm_bytes_per_step"][k]) for k in rec["comm_bytes_per_step"]
+                    if rec["comm_bytes_per_step"][k] > 0}
+        check(kinds == measured, f"{name}: traffic predicted {kinds}, measured {measured}")
+        print(f"{name}: memory {rows[0]} and traffic {kinds} per rank predicted to the byte")
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "precision": precision, "resume": resume}[sys.argv[1]]()
+    {"equivalence": equivalence, "precision": precision, "resume": resume, "dry_run": dry_run}[sys.argv[1]]()
     print("passed")
