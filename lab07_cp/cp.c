@@ -102,8 +102,10 @@ static void ulysses_forward(cp_hooks *h, void *atty, void *att, const void *qkv,
     const int C = heads * HS, Cn = C / h->N, all = h->N * h->T;
     const ulysses_slot u = ulysses_slot_of(h, att, heads, HS);
     ulysses_to_heads(h, u.qkv, qkv, 3 * C, 3, C);
+    int ev = trace_begin(CP_BLOCK_OP, TRACE_COMPUTE, -1, NULL);
     KP->attention_block_forward(u.out, u.lse, u.qkv, value_at(u.qkv, Cn), value_at(u.qkv, 2 * Cn), 3 * Cn, 3 * Cn,
                                 h->pos_dev, h->pos_dev, h->B, all, all, heads / h->N, HS);
+    trace_end(ev);
     ulysses_to_seq(h, atty, C, u.out, 1, C);
     h->scores = attention_unmasked_scores(h->pos_host, all, h->pos_host, all);
 }
@@ -115,9 +117,11 @@ static void ulysses_backward(cp_hooks *h, void *dqkv, void *datt, const void *da
     void *dout = d.qkv, *dqkv_h = value_at(d.qkv, (long)h->B * all * Cn);
     ulysses_to_heads(h, dout, datty, C, 1, C);
     mem_zero(dqkv_h, (size_t)h->B * all * 3 * Cn * value_bytes());
+    int ev = trace_begin(CP_BLOCK_BWD_OP, TRACE_COMPUTE, -1, NULL);
     KP->attention_block_backward(dqkv_h, value_at(dqkv_h, Cn), value_at(dqkv_h, 2 * Cn), dout, u.out, u.lse, u.qkv,
                                  value_at(u.qkv, Cn), value_at(u.qkv, 2 * Cn), 3 * Cn, 3 * Cn, h->pos_dev, h->pos_dev,
                                  h->B, all, all, heads / h->N, HS);
+    trace_end(ev);
     ulysses_to_seq(h, dqkv, 3 * C, dqkv_h, 3, C);
 }
 
@@ -155,8 +159,10 @@ static void cp_attention_forward(void *ctx, void *atty, void *att, const void *q
 static void backward_block(cp_hooks *h, void *dqkv, void *dkv, const void *datty, const void *atty, const float *lse,
                            const void *qkv, const void *kv, int src, int heads, int HS) {
     const int C = heads * HS, T = h->T;
+    int ev = trace_begin(CP_BLOCK_BWD_OP, TRACE_COMPUTE, -1, NULL);
     KP->attention_block_backward(dqkv, dkv, value_at(dkv, C), datty, atty, lse, qkv, kv, value_at(kv, C), 3 * C,
                                  2 * C, positions_of(h, h->rank), positions_of(h, src), h->B, T, T, heads, HS);
+    trace_end(ev);
 }
 
 static void cp_attention_backward(void *ctx, void *dqkv, void *datt, const void *datty, const void *qkv,

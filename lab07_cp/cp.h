@@ -63,6 +63,7 @@ int cp_att_row(th_cp_algo algo, int head_size);
 /* The ring's block attention (with its merge), a trace event of its own: the
  * compute that hides one K/V message. */
 #define CP_BLOCK_OP "cp_block_fwd"
+#define CP_BLOCK_BWD_OP "cp_block_bwd" /* and its backward: the per-rank attention time */
 /* The median seconds of one K/V block's ring exchange (send to the next rank,
  * receive from the previous), `reps` times after a warm-up, every rank of the
  * CP group at once: the run's measured point-to-point time for its message

@@ -225,6 +225,15 @@ int main(int argc, char **argv) {
                                       rate_bw[1]);
     }
 
+    /* each rank's attention kernels (the blocks, forward and backward) per step:
+     * contiguous chunks leave the last rank the most to do */
+    const int first_measured = ctx.steps_done > 1 ? 1 : 0;
+    const double measured_steps = ctx.steps_done > first_measured ? ctx.steps_done - first_measured : 1;
+    double attention_seconds = (trace_op_seconds(CP_BLOCK_OP, first_measured, NULL) +
+                                trace_op_seconds(CP_BLOCK_BWD_OP, first_measured, NULL)) / measured_steps;
+    double *attention_per_rank = calloc((size_t)cp.size, sizeof(double));
+    MPI_Allgather(&attention_seconds, 1, MPI_DOUBLE, attention_per_rank, 1, MPI_DOUBLE, cp.mpi);
+
     double eval_loss = -1;
     if (ctx.opt.eval) {
         eval_loss = evaluate(&ctx, &local, &ch, &world, &cp, params, &acts, rows, dp_rank, tokens, targets);
@@ -247,7 +256,7 @@ int main(int argc, char **argv) {
     const th_opts topts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     const double acts_formula = th_cp_acts_bytes(&tm, &topts, rows, N, algo);
     const th_states per_param = th_model_states(1, &topts, 0, 1);
-    char extra[1024];
+    char extra[2048];
     int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\","
                       "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"scores_per_rank\":[",
                       N, dp, algo_name, layout_name, per_layer, formula);
@@ -257,6 +266,9 @@ int main(int argc, char **argv) {
     for (int r = 0; r < N; r++)
         at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "",
                        th_cp_rank_scores(T, N, r, cp_layout, algo));
+    at += snprintf(extra + at, sizeof extra - (size_t)at, "],\"attention_seconds_per_rank\":[");
+    for (int r = 0; r < N; r++)
+        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.6g", r ? "," : "", attention_per_rank[r]);
     at += snprintf(extra + at, sizeof extra - (size_t)at, "]");
     if (algo == TH_CP_RING && N > 1)
         snprintf(extra + at, sizeof extra - (size_t)at, ",\"ring_flops_per_s\":%.6g,\"ring_bytes_per_s\":%.6g,"
@@ -275,6 +287,8 @@ int main(int argc, char **argv) {
         printf("  unmasked causal scores per sequence and head, counted | formula (theory/context.c):");
         for (int r = 0; r < N; r++)
             printf(" %.15g|%.15g", scores[r], th_cp_rank_scores(T, N, r, cp_layout, algo));
+        printf("\n  attention kernels per step (forward + backward blocks), ms per rank:");
+        for (int r = 0; r < N; r++) printf(" %.2f", 1e3 * attention_per_rank[r]);
         printf("\n  %s traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
                "%sB%s)\n", algo == TH_CP_ULYSSES ? "all-to-all" : "K/V", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
                attention_forwards > 1 ? ", the forward twice: --recompute" : "");
@@ -288,6 +302,7 @@ int main(int argc, char **argv) {
                    hiding.hidden ? "met" : "not met", vb, hiding.positions_needed, Tl);
     }
     free(scores);
+    free(attention_per_rank);
     ckpt_view_free(&view);
     free(tokens);
     free(targets);
