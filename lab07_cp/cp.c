@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { TAG_KV = 71, TAG_DKV = 72 };
 
@@ -13,6 +14,14 @@ enum { TAG_KV = 71, TAG_DKV = 72 };
  * ld_dst (k|v is 2C contiguous at offset C of each qkv row) */
 static void copy_rows(void *dst, long ld_dst, const void *src, long ld_src, long rows, long width) {
     for (long r = 0; r < rows; r++) mem_copy(value_at(dst, r * ld_dst), value_at(src, r * ld_src), (size_t)width * value_bytes());
+}
+
+/* This thread's CPU seconds: a rank's own work, which wall-clock time
+ * overstates when more ranks than cores take turns (the per-rank chart). */
+static double thread_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* Rank r's global positions, on the device: the causal mask of its block. */
@@ -26,12 +35,14 @@ static void forward_block(cp_hooks *h, void *out, float *lse, const void *qkv, c
     const void *k = kv, *v = value_at(kv, C);
     const int *q_pos = positions_of(h, h->rank), *k_pos = positions_of(h, src);
     int ev = trace_begin(CP_BLOCK_OP, TRACE_COMPUTE, -1, NULL); /* the ring's compute per message: cp_ring_hiding */
+    const double t0 = thread_seconds();
     if (first) {
         KP->attention_block_forward(out, lse, qkv, k, v, 3 * C, 2 * C, q_pos, k_pos, h->B, T, T, heads, HS);
     } else {
         KP->attention_block_forward(h->out2, h->lse2, qkv, k, v, 3 * C, 2 * C, q_pos, k_pos, h->B, T, T, heads, HS);
         KP->attention_merge(out, lse, h->out2, h->lse2, h->B, T, heads, HS);
     }
+    h->attention_cpu_seconds += thread_seconds() - t0;
     trace_end(ev);
     h->scores += attention_unmasked_scores(h->pos_host + (long)h->rank * T, T, h->pos_host + (long)src * T, T);
 }
@@ -103,8 +114,10 @@ static void ulysses_forward(cp_hooks *h, void *atty, void *att, const void *qkv,
     const ulysses_slot u = ulysses_slot_of(h, att, heads, HS);
     ulysses_to_heads(h, u.qkv, qkv, 3 * C, 3, C);
     int ev = trace_begin(CP_BLOCK_OP, TRACE_COMPUTE, -1, NULL);
+    const double t0 = thread_seconds();
     KP->attention_block_forward(u.out, u.lse, u.qkv, value_at(u.qkv, Cn), value_at(u.qkv, 2 * Cn), 3 * Cn, 3 * Cn,
                                 h->pos_dev, h->pos_dev, h->B, all, all, heads / h->N, HS);
+    h->attention_cpu_seconds += thread_seconds() - t0;
     trace_end(ev);
     ulysses_to_seq(h, atty, C, u.out, 1, C);
     h->scores = attention_unmasked_scores(h->pos_host, all, h->pos_host, all);
@@ -118,9 +131,11 @@ static void ulysses_backward(cp_hooks *h, void *dqkv, void *datt, const void *da
     ulysses_to_heads(h, dout, datty, C, 1, C);
     mem_zero(dqkv_h, (size_t)h->B * all * 3 * Cn * value_bytes());
     int ev = trace_begin(CP_BLOCK_BWD_OP, TRACE_COMPUTE, -1, NULL);
+    const double t0 = thread_seconds();
     KP->attention_block_backward(dqkv_h, value_at(dqkv_h, Cn), value_at(dqkv_h, 2 * Cn), dout, u.out, u.lse, u.qkv,
                                  value_at(u.qkv, Cn), value_at(u.qkv, 2 * Cn), 3 * Cn, 3 * Cn, h->pos_dev, h->pos_dev,
                                  h->B, all, all, heads / h->N, HS);
+    h->attention_cpu_seconds += thread_seconds() - t0;
     trace_end(ev);
     ulysses_to_seq(h, dqkv, 3 * C, dqkv_h, 3, C);
 }
@@ -160,8 +175,10 @@ static void backward_block(cp_hooks *h, void *dqkv, void *dkv, const void *datty
                            const void *qkv, const void *kv, int src, int heads, int HS) {
     const int C = heads * HS, T = h->T;
     int ev = trace_begin(CP_BLOCK_BWD_OP, TRACE_COMPUTE, -1, NULL);
+    const double t0 = thread_seconds();
     KP->attention_block_backward(dqkv, dkv, value_at(dkv, C), datty, atty, lse, qkv, kv, value_at(kv, C), 3 * C,
                                  2 * C, positions_of(h, h->rank), positions_of(h, src), h->B, T, T, heads, HS);
+    h->attention_cpu_seconds += thread_seconds() - t0;
     trace_end(ev);
 }
 

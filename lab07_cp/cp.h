@@ -53,6 +53,7 @@ typedef struct cp_hooks {
     float *lse2;            /* and its log-sum-exp [B,heads,T] */
     long scores;            /* unmasked causal scores of the last forward, per sequence and head */
     int cp_width;           /* C: the width of a K (or V) row */
+    double attention_cpu_seconds; /* this thread's CPU time in the attention kernels so far */
 } cp_hooks;
 
 /* B rows of `seq` positions over cp's ranks; the buffers at C = d_model. */

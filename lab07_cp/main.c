@@ -176,6 +176,7 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
     }
 
+    double first_step_attention = 0;
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i;
         run_step_begin(&ctx, i);
@@ -199,6 +200,7 @@ int main(int argc, char **argv) {
         double loss = gpt_mean_loss(&local, &acts); /* over this rank's rows x T/N positions */
         comm_allreduce_host(&world, &loss, 1);
         run_step_end(&ctx, i, loss / world.size, NULL);
+        if (i == 0 && ctx.opt.steps > 1) first_step_attention = ch.attention_cpu_seconds; /* warm-up: left out */
         ckpt_step_done(&ctx, &view, step + 1);
     }
 
@@ -229,8 +231,12 @@ int main(int argc, char **argv) {
      * contiguous chunks leave the last rank the most to do */
     const int first_measured = ctx.steps_done > 1 ? 1 : 0;
     const double measured_steps = ctx.steps_done > first_measured ? ctx.steps_done - first_measured : 1;
-    double attention_seconds = (trace_op_seconds(CP_BLOCK_OP, first_measured, NULL) +
-                                trace_op_seconds(CP_BLOCK_BWD_OP, first_measured, NULL)) / measured_steps;
+    /* on the CPU, the thread's CPU time: wall-clock time would count the turns
+     * ranks take on shared cores; on CUDA, the trace's GPU times */
+    double attention_seconds = ctx.device == DEVICE_CUDA
+        ? (trace_op_seconds(CP_BLOCK_OP, first_measured, NULL) + trace_op_seconds(CP_BLOCK_BWD_OP, first_measured, NULL))
+        : ch.attention_cpu_seconds - first_step_attention;
+    attention_seconds /= measured_steps;
     double *attention_per_rank = calloc((size_t)cp.size, sizeof(double));
     MPI_Allgather(&attention_seconds, 1, MPI_DOUBLE, attention_per_rank, 1, MPI_DOUBLE, cp.mpi);
 
@@ -287,7 +293,7 @@ int main(int argc, char **argv) {
         printf("  unmasked causal scores per sequence and head, counted | formula (theory/context.c):");
         for (int r = 0; r < N; r++)
             printf(" %.15g|%.15g", scores[r], th_cp_rank_scores(T, N, r, cp_layout, algo));
-        printf("\n  attention kernels per step (forward + backward blocks), ms per rank:");
+        printf("\n  attention kernels per step (forward + backward blocks; CPU: thread time), ms per rank:");
         for (int r = 0; r < N; r++) printf(" %.2f", 1e3 * attention_per_rank[r]);
         printf("\n  %s traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
                "%sB%s)\n", algo == TH_CP_ULYSSES ? "all-to-all" : "K/V", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
