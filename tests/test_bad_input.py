@@ -212,6 +212,9 @@ PER_LAB = {
         (3, ["--seq", "64", "--cp-layout", "contiguous"], "--seq"),  # N = 3 chunks
         (4, ["--cp", "2", "--batch", "3"], "--batch"),  # 2 data-parallel groups
         (3, ["--dry-run", "--seq", "64", "--cp-layout", "contiguous"], "--seq"),
+        (3, ["--cp-algo", "ulysses", "--seq", "66"], "--cp-algo"),  # 4 heads over 3 ranks
+        (2, ["--cp-algo", "ulysses", "--heads", "3", "--d-model", "36"], "--cp-algo"),
+        (4, ["--cp-algo", "ulysses", "--cp", "4", "--heads", "2", "--dry-run"], "--cp-algo"),
     ] + NO_EXPERTS + NO_TP,
     "lab08_ep": [
         (4, ["--ep", "3"], "--ep"),  # 3 does not divide 4 ranks

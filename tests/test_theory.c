@@ -412,6 +412,29 @@ static void check_context_parallel(void) {
               "cp traffic case %zu: fwd %.0f/%.0f bwd %.0f/%.0f, by hand %.0f and %.0f", i, t.fwd_sent, t.fwd_recv,
               t.bwd_sent, t.bwd_recv, cases[i].fwd, cases[i].bwd);
     }
+    /* Ulysses: every rank all T(T+1)/2 scores of its H/N heads, 1/N per model head, whatever the layout */
+    CHECK(th_cp_rank_scores(64, 4, 3, TH_CP_CONTIGUOUS, TH_CP_ULYSSES) == 520, "ulysses T=64 N=4: not 2080/4");
+    CHECK(th_cp_rank_scores(64, 4, 3, TH_CP_CONTIGUOUS, TH_CP_RING) == 904, "ring's scores are not causal_scores'");
+    /* the ring's hiding condition, by hand: 1 sequence, T = 8, N = 2, C = 4, fp32,
+     * 18 scores per head on the rank: a block 4 x 4 x 18 / 2 = 144 FLOPs, at 144
+     * FLOP/s one second; its K|V message 4 positions x 8 x 4 B = 128 B, at 64 B/s
+     * two seconds: not hidden; positions needed 144 x 4 / 64 = 9 > T/N = 4 */
+    th_cp_ring_hiding hd = th_cp_ring_hiding_of(1, 8, 2, 4, 4, 18, 144, 64);
+    CHECK(hd.block_seconds == 1 && hd.message_seconds == 2 && hd.positions_needed == 9 && !hd.hidden,
+          "ring hiding by hand: block %g s, message %g s, %g positions, hidden %d", hd.block_seconds,
+          hd.message_seconds, hd.positions_needed, hd.hidden);
+    hd = th_cp_ring_hiding_of(1, 8, 2, 4, 4, 18, 144, 256);
+    CHECK(hd.message_seconds == 0.5 && hd.hidden, "ring hiding at 4x the bandwidth: message %g s", hd.message_seconds);
+    /* the rule of thumb holds with zig-zag's exact scores: T/N at positions_needed
+     * and twice it lands either side of block = message (H100-like numbers) */
+    for (int twice = 0; twice < 2; twice++) {
+        const long T = 4 * 2000L * (1 + twice);
+        hd = th_cp_ring_hiding_of(1, T, 4, 1024, 2, th_cp_causal_scores(T, 4, 0, TH_CP_ZIGZAG), 4e14, 4e11);
+        CHECK(hd.positions_needed == 2000 && hd.hidden && (twice || hd.block_seconds < 1.01 * hd.message_seconds),
+              "ring hiding at T/N = %ld: block %g s, message %g s", T / 4, hd.block_seconds, hd.message_seconds);
+    }
+    hd = th_cp_ring_hiding_of(1, 4 * 1000L, 4, 1024, 2, th_cp_causal_scores(4000, 4, 0, TH_CP_ZIGZAG), 4e14, 4e11);
+    CHECK(!hd.hidden, "ring hiding at T/N = 1000 < 2000 needed: hidden");
 }
 
 /* lab08's uniform-routing all-to-all, by hand: N = 4, 512 tokens, k = 2, C = 128, fp32:

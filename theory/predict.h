@@ -50,6 +50,8 @@ typedef struct th_run {
     /* --sequence-parallel (lab05, lab06 with tp > 1) and --recompute (every
      * lab; common/model's gpt_recompute: none 0, selective 1, full 2) */
     int sequence_parallel, recompute;
+    /* lab07: ranks per context-parallel group (0: all) and --cp-algo (th_cp_algo) */
+    int cp, cp_algo;
 } th_run;
 
 typedef struct th_rank_need {
@@ -63,6 +65,8 @@ typedef struct th_rank_need {
     double calls[TH_NKINDS], payload[TH_NKINDS], ring[TH_NKINDS];
 } th_rank_need;
 
+/* lab07's part (theory/context.c). */
+void th_cp_predict(const th_run *r, th_rank_need *need);
 /* Fills need[0 .. r->ranks). Returns 0, or -1 for a lab it does not know. */
 int th_predict_run(const th_run *r, th_rank_need *need);
 

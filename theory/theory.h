@@ -293,6 +293,11 @@ long th_cp_position(long T, int N, int rank, long i, th_cp_layout layout);
 double th_cp_causal_scores(long T, int N, int rank, th_cp_layout layout);
 
 typedef enum { TH_CP_RING, TH_CP_ALLGATHER, TH_CP_ULYSSES } th_cp_algo;
+/* EXACT: the same per head of the model for an algorithm: ring and allgather
+ * th_cp_causal_scores; ulysses, every rank all T (T+1) / 2 scores of its
+ * heads/N heads, T (T+1) / (2N) per head of the model on every rank, whatever
+ * the layout. */
+double th_cp_rank_scores(long T, int N, int rank, th_cp_layout layout, th_cp_algo algo);
 /* Bytes one rank sends and receives for one layer's attention and one
  * micro-batch of `rows` sequences, the sequence T over N ranks, queries and
  * outputs d_model wide, keys and values kv_dim wide (d_model without
@@ -311,6 +316,33 @@ typedef enum { TH_CP_RING, TH_CP_ALLGATHER, TH_CP_ULYSSES } th_cp_algo;
 typedef struct th_cp_traffic { double fwd_sent, fwd_recv, bwd_sent, bwd_recv; } th_cp_traffic;
 th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, long d_model, long kv_dim,
                                   double value_bytes);
+
+/* EXACT: the activations one rank of a CP group allocates for one micro-batch
+ * of `rows` sequences (lab07: gpt_acts_alloc_part over all layers): the
+ * course's layers (th_course_acts_bytes) on T/N positions, except that where a
+ * one-rank layer keeps its attention matrix [rows,H,T,T] a CP layer keeps per
+ * query row and head its fp32 log-sum-exp, and under Ulysses also the
+ * head-split q, k, v and output (4 HS more values: every position of H/N
+ * heads, lab07's cp_att_row); nothing there under --recompute selective or full.
+ * Every piece is per position: 1/N of one rank's for ring and allgather.
+ * -1 where th_course_acts_bytes is, or T not divisible by N. */
+double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo);
+
+/* The ring's condition for hiding its messages: while one K/V block is
+ * computed on, the next travels, so the ring costs no time beyond its compute
+ * when a block's attention takes at least as long as its message:
+ *   block_seconds   = 4 C x (the rank's scores per sequence and head) / N
+ *                     x rows / flops_rate  (q k^T and p v, 2 FLOPs a multiply-add)
+ *   message_seconds = rows (T/N) 2C value_bytes / bandwidth  (one K|V block)
+ * With zig-zag a block averages (T/N)^2 / 2 scores, so the condition reads
+ * T/N >= flops_rate x value_bytes / bandwidth = positions_needed: the
+ * positions per rank must outgrow the machine's FLOPs per byte of link. An
+ * H100 at 400 TFLOP/s in bf16 over 400 GB/s NVLink needs ~2,000 positions per
+ * rank, over 50 GB/s InfiniBand ~16,000. hidden: block >= message. All 0 for
+ * N < 2 or a rate or bandwidth not > 0. */
+typedef struct th_cp_ring_hiding { double block_seconds, message_seconds, positions_needed; int hidden; } th_cp_ring_hiding;
+th_cp_ring_hiding th_cp_ring_hiding_of(long rows, long T, int N, long d_model, double value_bytes,
+                                       double scores_per_rank, double flops_rate, double bandwidth);
 
 /* ---- expert parallelism (lab08, plan3d): the experts over N ranks --------------------------- */
 
