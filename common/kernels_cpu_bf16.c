@@ -113,29 +113,22 @@ static long rows_per_chunk(long budget, long width) {
 
 /* ---- elementwise ------------------------------------------------------------------------ */
 
-/* GELU is bound by its arithmetic (an exp per element), and the conversions
- * add to it: with AVX2, bf16 GELU cannot beat fp32's. The forward runs the
- * fp32 kernel on L1-sized chunks, widened before and rounded after, which gcc
- * vectorises better than one loop doing all three (measured on a million
- * elements: 0.78 against 0.98 ms; the fp32 kernel alone 0.59). */
-static void gelu_forward_bf16(void *out, const void *inp, long N) {
-    float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
-    for (long i = 0; i < N; i += ELEMS) {
-        long n = min_long(ELEMS, N - i);
-        widen(x, (const bf16 *)inp + i, n);
-        kernels_cpu.gelu_forward(y, x, n);
-        narrow((bf16 *)out + i, y, n);
-    }
-}
+/* GELU is bound by its arithmetic (an exp per element): one loop converts in
+ * registers and runs the fp32 kernel's arithmetic (gelu_value, gelu_slope:
+ * kernels_cpu_math.h), built for AVX2 and AVX-512 like the fp32 kernel
+ * (WITH_AVX512; with AVX-512, 16 lanes, the in-register loop beats widening
+ * L1 chunks for the fp32 kernel). */
+WITH_AVX512(gelu_forward_bf16, (void *out, const void *inp, long N), (out, inp, N), {
+    bf16 *restrict y = out;
+    const bf16 *restrict x = inp;
+    for (long i = 0; i < N; i++) y[i] = round_bf16(gelu_value(wide(x[i])));
+})
 
-/* The backward reads three tensors: there one loop that converts in
- * registers is the faster (1.19 against 1.47 ms; fp32 0.79), with the fp32
- * kernel's arithmetic (gelu_slope, kernels_cpu_math.h). */
-static void gelu_backward_bf16(void *dinp, const void *dout, const void *inp, long N) {
+WITH_AVX512(gelu_backward_bf16, (void *dinp, const void *dout, const void *inp, long N), (dinp, dout, inp, N), {
     bf16 *restrict dx = dinp;
     const bf16 *restrict dy = dout, *restrict x = inp;
     for (long i = 0; i < N; i++) dx[i] = round_bf16(wide(dx[i]) + gelu_slope(wide(x[i])) * wide(dy[i]));
-}
+})
 
 /* The residual adds and the scale are bound by memory: they convert in
  * registers, reading and writing each bf16 tensor once. */
@@ -616,6 +609,7 @@ static long heads_per_call(int T, int HS, long heads) {
 /* q, k, v (parts 0-2 of qkv's rows) or dout (one part) of heads gh0 ..
  * gh0+g-1, numbered b NH + h over the batch, into dense [g, T, HS] blocks:
  * dst + part * g T HS */
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) /* rows of HS: inline copies, not memmove calls */
 static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long row, int parts, long gh0, long g, int T,
                        int NH, int HS) {
     const long blk = g * T * HS;
