@@ -9,9 +9,12 @@
  * what bounds it (plots/bench_bf16.sh part 4 measures it kind by kind):
  *  - memory-bound ones (the residual adds, the bias gradient) convert in
  *    registers, so each bf16 tensor is read and written once;
- *  - arithmetic-bound and row ones (GELU, LayerNorm, the loss, AdamW) widen
- *    L1-sized chunks and run the fp32 kernel on them; the conversions then
- *    add work (with AVX2, about a third of GELU's) but no memory traffic;
+ *  - arithmetic-bound and row ones (LayerNorm, the loss, AdamW; GELU with
+ *    AVX2) widen L1-sized chunks and run the fp32 kernel on them; the
+ *    conversions then add work (with AVX2, about a third of GELU's) but no
+ *    memory traffic; GELU, built for AVX2 and AVX-512 like its fp32 twin
+ *    (kernels_cpu_math.h, WITH_AVX512), converts in registers with AVX-512
+ *    and then costs what fp32's does;
  *  - matrix products, attention's included, run as bf16 products with fp32
  *    sums (oneDNN), or on widened operands (sgemm), below.
  * Sums that run over rows (LayerNorm's dw and db, the bias gradient, dW =
