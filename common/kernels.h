@@ -149,6 +149,13 @@ long attention_unmasked_scores(const int *q_pos, int Tq, const int *k_pos, int T
 
 extern const kernels *K; /* the table in use; set by device_use() */
 extern const kernels kernels_cpu;
+/* The CPU kernels bound by their arithmetic (GELU, fp32 and bf16) are built
+ * for AVX2 and for AVX-512 and give the same bits (kernels_cpu_math.h,
+ * WITH_AVX512). 1: the AVX-512 builds run; 0: the AVX2 ones; -1 (the start):
+ * decided at the first call from the CPU, PL_CPU_ISA=avx2 forcing AVX2.
+ * Tests set it to compare the two. */
+extern int kernels_cpu_use_avx512;
+int kernels_cpu_decide_avx512(void); /* sets and returns it */
 #ifdef PL_HAVE_CUDA
 extern const kernels kernels_cuda;
 /* Allocates the CUDA kernels' fixed scratch (reduction partials) on the current

@@ -18,7 +18,18 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+int kernels_cpu_use_avx512 = -1;
+
+int kernels_cpu_decide_avx512(void) {
+    const char *isa = getenv("PL_CPU_ISA");
+    kernels_cpu_use_avx512 = !(isa && !strcmp(isa, "avx2")) && __builtin_cpu_supports("avx512f") &&
+                             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                             __builtin_cpu_supports("avx512dq");
+    return kernels_cpu_use_avx512;
+}
 
 #define ATT_BLOCK 32   /* rows of the causal score matrix per sgemm (multiple of LANES) */
 
@@ -476,19 +487,15 @@ static void attention_merge_cpu(float *restrict out, float *restrict lse, const 
 
 /* GELU_K, GELU_A and why x * sigmoid(2u): kernels_cpu_math.h */
 
-static void gelu_forward_cpu(float *restrict out, const float *restrict inp, long N) {
-    for (long i = 0; i < N; i++) {
-        float x = inp[i];
-        float u2 = -2.0f * GELU_K * (x + GELU_A * x * x * x);
-        u2 = min_positive_bound(u2, 80.0f);
-        out[i] = x / (1.0f + exp_fast(u2));
-    }
-}
+/* Bound by the exp: built for AVX2 and AVX-512 (WITH_AVX512, the same bits) */
+WITH_AVX512(gelu_forward_cpu, (float *restrict out, const float *restrict inp, long N), (out, inp, N), {
+    for (long i = 0; i < N; i++) out[i] = gelu_value(inp[i]);
+})
 
-static void gelu_backward_cpu(float *restrict dinp, const float *restrict dout,
-                              const float *restrict inp, long N) {
+WITH_AVX512(gelu_backward_cpu, (float *restrict dinp, const float *restrict dout, const float *restrict inp, long N),
+            (dinp, dout, inp, N), {
     for (long i = 0; i < N; i++) dinp[i] += gelu_slope(inp[i]) * dout[i];
-}
+})
 
 /* ---- elementwise ---------------------------------------------------------------- */
 

@@ -9,9 +9,12 @@
  * what bounds it (plots/bench_bf16.sh part 4 measures it kind by kind):
  *  - memory-bound ones (the residual adds, the bias gradient) convert in
  *    registers, so each bf16 tensor is read and written once;
- *  - arithmetic-bound and row ones (GELU, LayerNorm, the loss, AdamW) widen
- *    L1-sized chunks and run the fp32 kernel on them; the conversions then
- *    add work (with AVX2, about a third of GELU's) but no memory traffic;
+ *  - arithmetic-bound and row ones (LayerNorm, the loss, AdamW; GELU with
+ *    AVX2) widen L1-sized chunks and run the fp32 kernel on them; the
+ *    conversions then add work (with AVX2, about a third of GELU's) but no
+ *    memory traffic; GELU, built for AVX2 and AVX-512 like its fp32 twin
+ *    (kernels_cpu_math.h, WITH_AVX512), converts in registers with AVX-512
+ *    and then costs what fp32's does;
  *  - matrix products, attention's included, run as bf16 products with fp32
  *    sums (oneDNN), or on widened operands (sgemm), below.
  * Sums that run over rows (LayerNorm's dw and db, the bias gradient, dW =
@@ -114,11 +117,28 @@ static long rows_per_chunk(long budget, long width) {
 /* ---- elementwise ------------------------------------------------------------------------ */
 
 /* GELU is bound by its arithmetic (an exp per element), and the conversions
- * add to it: with AVX2, bf16 GELU cannot beat fp32's. The forward runs the
- * fp32 kernel on L1-sized chunks, widened before and rounded after, which gcc
- * vectorises better than one loop doing all three (measured on a million
- * elements: 0.78 against 0.98 ms; the fp32 kernel alone 0.59). */
+ * add to it. Built for AVX2 and AVX-512 like the fp32 kernel (WITH_AVX512),
+ * with the fp32 kernel's arithmetic (gelu_value, gelu_slope:
+ * kernels_cpu_math.h), so the result is the fp32 kernel's on the widened
+ * values, rounded once, either way. The forward with AVX-512 converts in
+ * registers (16 lanes: 0.73 against 1.37 ms for a million elements, the fp32
+ * kernel 0.50); with AVX2 it runs the fp32 kernel on L1-sized chunks, widened
+ * before and rounded after, which gcc vectorises better than one loop doing
+ * all three (0.78 against 0.98 ms; fp32 0.59). */
+static inline __attribute__((always_inline)) void gelu_forward_bf16_body(void *out, const void *inp, long N) {
+    bf16 *restrict y = out;
+    const bf16 *restrict x = inp;
+    for (long i = 0; i < N; i++) y[i] = round_bf16(gelu_value(wide(x[i])));
+}
+PL_TARGET_AVX512 static void gelu_forward_bf16_avx512(void *out, const void *inp, long N) {
+    gelu_forward_bf16_body(out, inp, N);
+}
+
 static void gelu_forward_bf16(void *out, const void *inp, long N) {
+    if (cpu_has_avx512()) {
+        gelu_forward_bf16_avx512(out, inp, N);
+        return;
+    }
     float *x = scratch(0, min_long(ELEMS, N)), *y = scratch(1, min_long(ELEMS, N));
     for (long i = 0; i < N; i += ELEMS) {
         long n = min_long(ELEMS, N - i);
@@ -129,13 +149,12 @@ static void gelu_forward_bf16(void *out, const void *inp, long N) {
 }
 
 /* The backward reads three tensors: there one loop that converts in
- * registers is the faster (1.19 against 1.47 ms; fp32 0.79), with the fp32
- * kernel's arithmetic (gelu_slope, kernels_cpu_math.h). */
-static void gelu_backward_bf16(void *dinp, const void *dout, const void *inp, long N) {
+ * registers is the faster with AVX2 too (1.19 against 1.47 ms; fp32 0.79). */
+WITH_AVX512(gelu_backward_bf16, (void *dinp, const void *dout, const void *inp, long N), (dinp, dout, inp, N), {
     bf16 *restrict dx = dinp;
     const bf16 *restrict dy = dout, *restrict x = inp;
     for (long i = 0; i < N; i++) dx[i] = round_bf16(wide(dx[i]) + gelu_slope(wide(x[i])) * wide(dy[i]));
-}
+})
 
 /* The residual adds and the scale are bound by memory: they convert in
  * registers, reading and writing each bf16 tensor once. */
@@ -616,6 +635,7 @@ static long heads_per_call(int T, int HS, long heads) {
 /* q, k, v (parts 0-2 of qkv's rows) or dout (one part) of heads gh0 ..
  * gh0+g-1, numbered b NH + h over the batch, into dense [g, T, HS] blocks:
  * dst + part * g T HS */
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) /* rows of HS: inline copies, not memmove calls */
 static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long row, int parts, long gh0, long g, int T,
                        int NH, int HS) {
     const long blk = g * T * HS;

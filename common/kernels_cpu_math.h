@@ -5,11 +5,39 @@
  * auto-vectoriser (kernels_cpu.c says how). */
 #ifndef PL_KERNELS_CPU_MATH_H
 #define PL_KERNELS_CPU_MATH_H
+#include "kernels.h" /* kernels_cpu_use_avx512 */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #define LANES 8        /* one AVX2 register of floats */
+
+/* ---- one kernel, two instruction sets ------------------------------------------
+ * The build targets x86-64-v3 (AVX2), so the binary runs on any recent x86
+ * CPU. A loop bound by its arithmetic (GELU: an exp per element) runs twice as
+ * many lanes with AVX-512; such a kernel is compiled a second time for
+ * AVX-512 and picked at run time when the CPU has it:
+ *
+ *     WITH_AVX512(gelu_forward_cpu, (float *restrict out, ...), (out, ...), { loop })
+ *
+ * defines gelu_forward_cpu_avx2 and gelu_forward_cpu_avx512 from one body, and
+ * gelu_forward_cpu (static void) calling the one this CPU runs. Both compile
+ * the same per-element arithmetic (the same FMAs: x86-64-v3 has FMA too), so
+ * for an element-wise loop the two give the same bits; only the vector width
+ * differs (tests/test_bf16_kernels.c compares them). A sum would keep its
+ * order only through explicit LANES partial sums. */
+#define PL_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
+static inline int cpu_has_avx512(void) {
+    return kernels_cpu_use_avx512 >= 0 ? kernels_cpu_use_avx512 : kernels_cpu_decide_avx512();
+}
+#define WITH_AVX512(name, params, args, ...)                                                                     \
+    static inline __attribute__((always_inline)) void name##_body params __VA_ARGS__                          \
+    static void name##_avx2 params { name##_body args; }                                                       \
+    PL_TARGET_AVX512 static void name##_avx512 params { name##_body args; }                                    \
+    static void name params {                                                                                   \
+        if (cpu_has_avx512()) name##_avx512 args;                                                               \
+        else name##_avx2 args;                                                                                  \
+    }
 
 /* ---- numbers ------------------------------------------------------------------ */
 
@@ -137,6 +165,13 @@ static inline float sqrt_fast(float v) {
  * kept <= 80 so that the sigmoid stays a normal float (no denormal slow path). */
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
+
+/* x s(2u), s = sigmoid */
+static inline float gelu_value(float x) {
+    float u2 = -2.0f * GELU_K * (x + GELU_A * x * x * x);
+    u2 = min_positive_bound(u2, 80.0f);
+    return x / (1.0f + exp_fast(u2));
+}
 
 /* d/dx [x s(2u)] = s + 2 x s (1 - s) u'(x), with s = sigmoid(2u) */
 static inline float gelu_slope(float x) {

@@ -159,9 +159,12 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     free(mean_p);
 }
 
-/* expert e's four tensors inside a layer block */
+/* expert e's four tensors inside a layer block: fc holds 4C rows of each
+ * expert, fc-proj C (from the shapes, not from E: a block may hold only some
+ * of the experts, lab08's) */
 static const void *expert_tensor(const tensor_info *t, const void *lp, int which, int e) {
-    return value_at(lp, t[which].offset + (long)e * (t[which].rows / t[LAYER_ROUTER_W].rows) * t[which].cols);
+    const long C = t[LAYER_FC_W].cols, rows = which == LAYER_FC_W || which == LAYER_FC_B ? 4 * C : C;
+    return value_at(lp, t[which].offset + (long)e * rows * t[which].cols);
 }
 
 void moe_experts_forward(const tensor_info *t, const void *lp, int e0, int n, const int *count, const int *first,
@@ -217,15 +220,18 @@ void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts 
     st.stats = la->moe_stats;
     moe_route(cfg, h->tensors, lp, la->ln2, &st, N);
     moe_experts_forward(h->tensors, lp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, st.ys);
-    /* combine: the gates times the kept outputs, in choice order */
+    moe_combine(&st, k, C, st.ys, out, N);
+}
+
+void moe_combine(const moe_state *st, int k, int C, const void *ys, void *out, int N) {
     float *acc = malloc((size_t)C * sizeof(float));
     for (long n = 0; n < N; n++) {
         memset(acc, 0, (size_t)C * sizeof(float));
         for (int j = 0; j < k; j++) {
-            int s = st.slot[n * k + j];
+            int s = st->slot[n * k + j];
             if (s < 0) continue;
-            float gt = st.gate[n * k + j];
-            for (int c = 0; c < C; c++) acc[c] += gt * value_get(st.ys, (long)s * C + c);
+            float gt = st->gate[n * k + j];
+            for (int c = 0; c < C; c++) acc[c] += gt * value_get(ys, (long)s * C + c);
         }
         for (int c = 0; c < C; c++) value_set(out, n * C + c, acc[c]);
     }
@@ -236,28 +242,41 @@ void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, v
                       const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N) {
     if (pass != GPT_PASS_FUSED) die("--experts: the backward in two halves (B, W) is not written for experts");
     const gpt_config *cfg = h->cfg;
-    const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq;
+    const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model;
     moe_state st = moe_state_view(la->moe, cfg, N);
     moe_scratch sc = moe_scratch_view(s->moe, cfg, N);
-    /* through the combine: each kept slot's output gradient, each gate's */
+    moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
+    void *dxs;
+    moe_experts_backward(h->tensors, lp, gp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, sc.dys, dfch,
+                         s->dfch_gelu, &dxs);
+    moe_router_backward(h, lp, gp, la->ln2, &st, &sc, dxs, dinp, s->dloss, N);
+}
+
+void moe_combine_backward(const moe_state *st, moe_scratch *sc, int k, int C, const void *ys, const void *dout,
+                          void *dys, int N) {
     for (long n = 0; n < N; n++)
         for (int j = 0; j < k; j++) {
             long i = n * k + j;
-            int sl = st.slot[i];
+            int sl = st->slot[i];
             float dg = 0;
             if (sl >= 0)
                 for (int c = 0; c < C; c++) {
                     float d = value_get(dout, n * C + c);
-                    dg += d * value_get(st.ys, (long)sl * C + c);
-                    value_set(sc.dys, (long)sl * C + c, st.gate[i] * d);
+                    dg += d * value_get(ys, (long)sl * C + c);
+                    value_set(dys, (long)sl * C + c, st->gate[i] * d);
                 }
-            sc.dgate[i] = dg;
+            sc->dgate[i] = dg;
         }
-    void *dxs;
-    moe_experts_backward(h->tensors, lp, gp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, sc.dys, dfch,
-                         s->dfch_gelu, &dxs);
+}
+
+void moe_router_backward(const gpt_layer_hooks *h, const void *lp, void *gp, const void *ln2, const moe_state *stp,
+                         const moe_scratch *scp, const void *dxs, void *dinp, float dloss, int N) {
+    const gpt_config *cfg = h->cfg;
+    const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq;
+    const moe_state st = *stp;
+    const moe_scratch sc = *scp;
     /* through the gates and the aux loss to the router's probabilities, then its softmax */
-    const float aux_scale = cfg->aux_coef * (float)E * s->dloss / (float)cfg->layers;
+    const float aux_scale = cfg->aux_coef * (float)E * dloss / (float)cfg->layers;
     for (long n = 0; n < N; n++) {
         float *dp = sc.dp + n * E, *p = st.probs + n * E;
         const float *f = st.freq + (n / T) * E;
@@ -298,7 +317,7 @@ void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, v
     for (long n = 0; n < N; n++)
         for (int e = 0; e < E; e++) {
             float dl = sc.dp[n * E + e];
-            for (int c = 0; c < C; c++) dw[(long)e * C + c] += dl * value_get(la->ln2, n * C + c);
+            for (int c = 0; c < C; c++) dw[(long)e * C + c] += dl * value_get(ln2, n * C + c);
         }
     for (long i = 0; i < (long)E * C; i++) value_set(dwr, i, value_get(dwr, i) + dw[i]);
     free(dw);

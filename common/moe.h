@@ -77,6 +77,19 @@ void moe_experts_backward(const tensor_info *tensors, const void *lp, void *gp, 
                           const int *first, const void *xs, const void *fch, const void *gelu, const void *dys,
                           void *dfch, void *dgelu, void **dxs);
 
+/* combine: out[n] = sum over n's kept choices, in choice order, of gate x ys[slot]
+ * (ys: the slots' expert outputs, in st's slot order) */
+void moe_combine(const moe_state *st, int k, int C, const void *ys, void *out, int N);
+/* its backward: dys[slot] = gate x dout[n], and sc->dgate (the gates' gradients) */
+void moe_combine_backward(const moe_state *st, moe_scratch *sc, int k, int C, const void *ys, const void *dout,
+                          void *dys, int N);
+/* the rest of the backward, from dxs (the slots' input gradients, st's slot
+ * order): through the gates and the aux loss (weight dloss of a position) to
+ * the router's softmax; dinp = the slots' gradients in choice order + the
+ * router's; the router's weight gradient accumulated into gp */
+void moe_router_backward(const gpt_layer_hooks *h, const void *lp, void *gp, const void *ln2, const moe_state *st,
+                         const moe_scratch *sc, const void *dxs, void *dinp, float dloss, int N);
+
 /* The aux loss of a block's layers: a / L x sum over them of the per-layer
  * sums, / B (its sequences); 0 without experts. And the dropped choices. */
 double moe_aux_loss(const gpt_layout *g, const gpt_acts *a);

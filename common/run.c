@@ -229,6 +229,10 @@ static const flag_spec *find_flag(const lab_info *lab, const char *name, size_t 
     return NULL;
 }
 
+static int experts_default; /* --experts when not given: 0 (dense) unless a lab says otherwise */
+
+void run_default_experts(int experts) { experts_default = experts; }
+
 void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     memset(ctx, 0, sizeof *ctx);
     ctx->lab = *lab;
@@ -240,7 +244,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                        .d_model = tiny->d_model, .heads = tiny->heads, .preset = tiny->name,
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
                        .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none",
-                       .precision = "fp32", .top_k = 2, .aux_loss_coef = 0.01};
+                       .precision = "fp32", .experts = experts_default, .top_k = 2,
+                       .aux_loss_coef = 0.01};
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {
@@ -530,10 +535,8 @@ void run_setup(run_ctx *ctx) {
                  "windows of --seq %d", ctx->data.source, ctx->data.n - ctx->data.train_n, o->batch, o->seq);
     if (!err[0]) ckpt_check_flags(ctx, err, sizeof err); /* --resume, before anything is created */
     if (!err[0] && o->experts && ctx->device == DEVICE_CUDA)
-        snprintf(err, sizeof err, "--experts: the router and the dispatch run on the CPU only so far (no CUDA "
-                 "twins yet): give --device cpu");
-    if (!err[0] && o->experts && o->dry_run)
-        snprintf(err, sizeof err, "--experts: --dry-run's formulas (theory/predict) do not count experts yet");
+        snprintf(err, sizeof err, "--experts on --device cuda%s: the router and the dispatch run on the CPU only "
+                 "so far (no CUDA twins yet): give --device cpu", strcmp(o->device, "auto") ? "" : " (auto's choice)");
     run_agree_or_exit(err);
     agree_on_data(ctx, err, sizeof err);
     run_agree_or_exit(err);
@@ -542,6 +545,9 @@ void run_setup(run_ctx *ctx) {
      * known good, is the --out folder created, so a rejected run leaves nothing
      * behind. */
     if (ctx->rank == 0) check_outputs(ctx, err, sizeof err);
+    /* after the outputs: a lab whose experts are the default (lab08) still names a bad --out or --save */
+    if (!err[0] && o->experts && o->dry_run)
+        snprintf(err, sizeof err, "--experts: --dry-run's formulas (theory/predict) do not count experts yet");
     run_agree_or_exit(err);
     /* --dry-run creates nothing: the checks above are the run's own */
     if (ctx->rank == 0 && !o->dry_run && path_make_folder(o->out) != 0)

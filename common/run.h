@@ -82,6 +82,8 @@ typedef struct run_ctx {
     long tokens_per_step;         /* global batch x seq */
 } run_ctx;
 
+/* Before run_parse: a lab whose model has experts by default (lab08_ep: 4); --help shows it. */
+void run_default_experts(int experts);
 void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab);
 /* Record an error (the first one wins) unless ok. fmt names the flag. */
 void run_check(run_ctx *ctx, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -209,6 +209,16 @@ int pipeline_check_flags(run_ctx *ctx, int argc, char **argv, const char *name, 
 
 void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const stage_model *model,
                    const dataset *data, uint64_t seed, int first_row, int batch, schedule_kind kind, int m, int v) {
+    pipeline_init_sharded(pr, pipe, g, model, data, seed, first_row, batch, kind, m, v, 1, 0);
+}
+
+float *pipeline_slice_master(const pipeline_rank *pr) {
+    return (void *)pr->master == pr->params ? pr->master + pr->slice_begin : pr->master;
+}
+
+void pipeline_init_sharded(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const stage_model *model,
+                           const dataset *data, uint64_t seed, int first_row, int batch, schedule_kind kind, int m,
+                           int v, int opt_shards, int opt_shard) {
     memset(pr, 0, sizeof *pr);
     pr->pipe = pipe;
     pr->rank = pipe->rank;
@@ -235,22 +245,39 @@ void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const sta
         len[c] = end - begin;
         pr->n += len[c];
     }
-    size_t bytes = (size_t)pr->n * sizeof(float), values = (size_t)pr->n * value_bytes();
+    const int sharded = opt_shards > 1;
+    const long slice = sharded ? comm_chunk(pr->n, opt_shards) : pr->n; /* optimizer elements kept */
+    pr->opt_shards = sharded ? opt_shards : 1;
+    pr->opt_shard = sharded ? opt_shard : 0;
+    pr->padded = slice * pr->opt_shards;
+    pr->slice_begin = (long)pr->opt_shard * slice < pr->n ? (long)pr->opt_shard * slice : pr->n;
+    pr->slice_end = pr->slice_begin + slice < pr->n ? pr->slice_begin + slice : pr->n;
+    size_t bytes = (size_t)slice * sizeof(float), values = (size_t)pr->padded * value_bytes();
     pr->params = mem_alloc(values, MEM_PARAMS);
     pr->grads = mem_alloc(values, MEM_GRADS);
-    pr->master = master_alloc(pr->params, pr->n);
+    pr->master = master_alloc(pr->params, slice);
     pr->adam_m = mem_alloc(bytes, MEM_OPTIM);
     pr->adam_v = mem_alloc(bytes, MEM_OPTIM);
+    /* bf16 sharded: the chunks create their whole fp32 weights (what rounds into
+     * the parameters) in scratch, of which the slice is kept as the master */
+    float *init_master = sharded && (void *)pr->master != pr->params
+                             ? mem_alloc((size_t)pr->n * sizeof(float), MEM_WORKSPACE) : NULL;
     pr->chunk = xcalloc((size_t)pr->v, sizeof *pr->chunk);
     for (int c = 0; c < pr->v; c++) {
         int st = schedule_stage_of(s, pr->rank, c), prev = -1, next = -1, chunk;
         if (st > 0) schedule_place(s, st - 1, &prev, &chunk);
         if (st < S - 1) schedule_place(s, st + 1, &next, &chunk);
         long o = pr->offset[c];
-        stage_place place = {st, S, prev, next, value_at(pr->params, o), value_at(pr->grads, o), pr->adam_m + o,
-                             pr->adam_v + o, pr->master + o};
+        stage_place place = {st, S, prev, next, value_at(pr->params, o), value_at(pr->grads, o),
+                             sharded ? NULL : pr->adam_m + o, sharded ? NULL : pr->adam_v + o,
+                             init_master ? init_master + o : pr->master + o};
         stage_init_placed(&pr->chunk[c], pipe, g, model, data, seed, first_row, batch, m, &place);
         if (pr->chunk[c].end - pr->chunk[c].begin != len[c]) die("pipeline_init: chunk %d changed its range", c);
+        if (sharded) pr->chunk[c].master = NULL; /* the slice's master is the caller's to step */
+    }
+    if (init_master) {
+        mem_copy(pr->master, init_master + pr->slice_begin, (size_t)(pr->slice_end - pr->slice_begin) * sizeof(float));
+        mem_free(init_master);
     }
     free(len);
     pr->acts = xcalloc((size_t)pr->v, sizeof *pr->acts);

@@ -61,6 +61,14 @@ typedef struct pipeline_rank {
     void **spare_messages;   /* message buffers not in use, for both plans */
     int n_spare_messages, n_messages_allocated, cap_messages;
     double step_started, other_busy; /* the step's start; compute outside the chunks (optimizer) */
+    /* ZeRO-1 (lab06 --zero-stage 1): the optimizer state of the flat buffers cut
+     * into opt_shards equal slices of comm_chunk(n, opt_shards) elements (the
+     * last one padded), this rank keeping slice opt_shard: adam_m, adam_v (and
+     * in bf16 master) hold that slice alone, params and grads are padded to
+     * `padded` elements for the reduce-scatter and all-gather. Unsharded:
+     * opt_shards 1, the slice [0, n), padded = n. */
+    int opt_shards, opt_shard;
+    long slice_begin, slice_end, padded;
 } pipeline_rank;
 
 /* The flags --schedule NAME, --virtual-stages v (given or not on argv) on p
@@ -76,6 +84,16 @@ int pipeline_check_flags(run_ctx *ctx, int argc, char **argv, const char *name, 
  * backward_input hooks. (kind, p, m, v, layers) must pass schedule_check. */
 void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const stage_model *model,
                    const dataset *data, uint64_t seed, int first_row, int batch, schedule_kind kind, int m, int v);
+/* pipeline_init with the optimizer state sharded over opt_shards ranks, this
+ * one keeping slice opt_shard (the fields above); 1, 0: pipeline_init. The
+ * optimizer step and checkpoint view of a sharded rank are the caller's
+ * (lab06's stage3d.c): the chunks' adam_m, adam_v and master are NULL. */
+void pipeline_init_sharded(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const stage_model *model,
+                           const dataset *data, uint64_t seed, int first_row, int batch, schedule_kind kind, int m,
+                           int v, int opt_shards, int opt_shard);
+/* The fp32 weights AdamW updates for the rank's slice (pr->master in bf16
+ * sharded, else master + slice_begin), and its length. */
+float *pipeline_slice_master(const pipeline_rank *pr);
 void pipeline_free(pipeline_rank *pr);
 
 /* A step: zero the gradients, then run this rank's list (gradients accumulate). */

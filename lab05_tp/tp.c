@@ -221,45 +221,71 @@ void tp_hooks_init(tp_hooks *th, const tp_layout *tl, comm *tp) {
 
 /* ---- optimizer and clipping --------------------------------------------------------- */
 
-void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const void *grads,
-                     double *sharded, double *replicated) {
+/* [a, a + n) cut to the window [from, to): the part left, [*x, *y) (empty: *x == *y). */
+static int window_cut(long a, long n, long from, long to, long *x, long *y) {
+    *x = a > from ? a : from;
+    *y = a + n < to ? a + n : to;
+    return *y > *x;
+}
+
+void tp_grad_squares_window(const tp_layout *tl, grad_norm *norm, int lo, int hi, const void *grads, long from,
+                            long to, double *sharded, double *replicated) {
     const gpt_layout *g = &tl->g;
-    long begin, end;
+    long begin, end, x, y;
     tp_range(tl, lo, hi, &begin, &end);
     enum { SHARDED, REPLICATED }; /* the parts of norm: two sums, one copy */
     grad_norm_begin(norm);
-    if (lo == 0) grad_norm_add(norm, REPLICATED, grads, g->embed_size);
+    if (lo == 0 && window_cut(0, g->embed_size, from, to, &x, &y))
+        grad_norm_add(norm, REPLICATED, value_at(grads, x), y - x);
     for (int l = lo; l < hi; l++) {
-        const void *gp = value_at(grads, tp_layer_offset(tl, l) - begin);
+        const long o = tp_layer_offset(tl, l) - begin;
         for (int i = 0; i < LAYER_NTENSORS; i++)
-            grad_norm_add(norm, tl->sharded[i] ? SHARDED : REPLICATED, value_at(gp, tl->layer[i].offset),
-                          tl->layer[i].rows * tl->layer[i].cols);
+            if (window_cut(o + tl->layer[i].offset, tl->layer[i].rows * tl->layer[i].cols, from, to, &x, &y))
+                grad_norm_add(norm, tl->sharded[i] ? SHARDED : REPLICATED, value_at(grads, x), y - x);
     }
-    if (hi == g->cfg.layers) grad_norm_add(norm, REPLICATED, value_at(grads, tp_head_offset(tl) - begin), g->head_size);
+    if (hi == g->cfg.layers && window_cut(tp_head_offset(tl) - begin, g->head_size, from, to, &x, &y))
+        grad_norm_add(norm, REPLICATED, value_at(grads, x), y - x);
     double sums[2];
     grad_norm_read(norm, sums);
     *sharded = sums[SHARDED];
     *replicated = sums[REPLICATED];
 }
 
-void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, float *params,
-                   const void *grads, float *m, float *v, int t, float grad_scale) {
-    const gpt_layout *g = &tl->g;
+void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const void *grads,
+                     double *sharded, double *replicated) {
     long begin, end;
     tp_range(tl, lo, hi, &begin, &end);
-    /* embedding and head have the full model's shapes: the shared step does them */
-    if (lo == 0) adamw_step(g, cfg, 0, g->embed_size, params, grads, m, v, t, grad_scale);
+    tp_grad_squares_window(tl, norm, lo, hi, grads, 0, end - begin, sharded, replicated);
+}
+
+void tp_adamw_step_window(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, long from, long to,
+                          float *params, const void *grads, float *m, float *v, int t, float grad_scale) {
+    const gpt_layout *g = &tl->g;
+    long begin, end, x, y;
+    tp_range(tl, lo, hi, &begin, &end);
+    /* embedding and head have the full model's shapes: the shared step does
+     * them (their local offsets differ from the model's by a constant) */
+    if (lo == 0 && window_cut(0, g->embed_size, from, to, &x, &y))
+        adamw_step(g, cfg, x, y, params + (x - from), value_at(grads, x), m + (x - from), v + (x - from), t,
+                   grad_scale);
     for (int l = lo; l < hi; l++) {
-        long o = tp_layer_offset(tl, l) - begin;
+        const long o = tp_layer_offset(tl, l) - begin;
         for (int i = 0; i < LAYER_NTENSORS; i++) {
             const tensor_info *ti = &tl->layer[i];
-            long k = o + ti->offset;
-            KP->adamw(params + k, value_at(grads, k), m + k, v + k, ti->rows * ti->cols, cfg->lr, cfg->beta1,
-                      cfg->beta2, cfg->eps, ti->decay ? cfg->weight_decay : 0.0f, t, grad_scale);
+            if (!window_cut(o + ti->offset, ti->rows * ti->cols, from, to, &x, &y)) continue;
+            KP->adamw(params + (x - from), value_at(grads, x), m + (x - from), v + (x - from), y - x, cfg->lr,
+                      cfg->beta1, cfg->beta2, cfg->eps, ti->decay ? cfg->weight_decay : 0.0f, t, grad_scale);
         }
     }
-    if (hi == g->cfg.layers) {
-        long h = tp_head_offset(tl) - begin;
-        adamw_step(g, cfg, gpt_head_offset(g), g->total, params + h, value_at(grads, h), m + h, v + h, t, grad_scale);
-    }
+    const long h = tp_head_offset(tl) - begin, model_h = gpt_head_offset(g);
+    if (hi == g->cfg.layers && window_cut(h, g->head_size, from, to, &x, &y))
+        adamw_step(g, cfg, model_h + (x - h), model_h + (y - h), params + (x - from), value_at(grads, x),
+                   m + (x - from), v + (x - from), t, grad_scale);
+}
+
+void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, float *params,
+                   const void *grads, float *m, float *v, int t, float grad_scale) {
+    long begin, end;
+    tp_range(tl, lo, hi, &begin, &end);
+    tp_adamw_step_window(tl, cfg, lo, hi, 0, end - begin, params, grads, m, v, t, grad_scale);
 }

@@ -152,4 +152,14 @@ void tp_grad_squares(const tp_layout *tl, grad_norm *norm, int lo, int hi, const
 void tp_adamw_step(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, float *params,
                    const void *grads, float *m, float *v, int t, float grad_scale);
 
+/* The same two over a window [from, to) of the range's local elements (ZeRO-1
+ * in lab06: the slice of the buffer whose optimizer state this rank keeps),
+ * each tensor cut at the window's ends. grads is the range's buffer (element 0
+ * is the range's begin); params, m and v hold the window alone (element 0 is
+ * `from`). The whole range, [0, end - begin), is the two above. */
+void tp_grad_squares_window(const tp_layout *tl, grad_norm *norm, int lo, int hi, const void *grads, long from,
+                            long to, double *sharded, double *replicated);
+void tp_adamw_step_window(const tp_layout *tl, const adamw_config *cfg, int lo, int hi, long from, long to,
+                          float *params, const void *grads, float *m, float *v, int t, float grad_scale);
+
 #endif

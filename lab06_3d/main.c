@@ -21,6 +21,13 @@
  * "3D traffic" lines after the summary, one per group kind beside its formula;
  * the bubble per rank beside (p-1)/(m+p-1); memory per rank.
  *
+ * --zero-stage 1 composes lab02's ZeRO-1 over each DP group (as Megatron's
+ * distributed optimizer and DeepSeek-V3 do): the DP all-reduce becomes a
+ * reduce-scatter, each replica keeps the AdamW state of 1/d of its rank's
+ * buffer and updates that slice, and an all-gather hands the replicas the
+ * updated parameters (stage3d_optimizer_step); the summary's "ZeRO-1" lines give
+ * each rank's optimizer bytes beside K x elements / d.
+ *
  * Checkpoints (--save, --resume) hold whole tensors, so a rank's view is its
  * TP shard of its stage's layers (lab05's tp_checkpoint_hold over the stage's
  * range) and a file saved at one grid resumes at any other, or in any lab. */
@@ -68,7 +75,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     const grid_dims defaults = grid_defaults(ranks); /* what --help shows for this rank count */
     int tp = defaults.tp, pp = defaults.pp, dp = defaults.dp, micro_batches = 4, virtual_stages = 2, check_sync = 0;
-    int sequence_parallel = 0;
+    int sequence_parallel = 0, zero_stage = 0;
     const char *schedule_arg = "1f1b";
     flag_spec flags[] = {
         {"--tp", FLAG_INT, &tp, "tensor-parallel degree t, ranks per TP group (omitted: 2 if the ranks allow)", 1, NULL},
@@ -86,9 +93,12 @@ int main(int argc, char **argv) {
         {"--sequence-parallel", FLAG_BOOL, &sequence_parallel,
          "lab05's sequence parallelism in every TP group (needs --tp >= 2; --seq divisible by --tp); pipeline "
          "messages then carry each TP rank's T/t positions", 0, NULL},
+        {"--zero-stage", FLAG_INT, &zero_stage,
+         "0: every DP replica keeps its rank's whole optimizer state; 1: ZeRO-1, the optimizer state (AdamW moments, "
+         "bf16's master weights) sharded over the DP group (needs --dp >= 2)", 0, NULL},
     };
     lab_info lab = {"lab06_3d", "3D parallelism: tensor-parallel layers (lab05) in pipeline stages (lab04), "
-                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, 8};
+                    "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags, (int)(sizeof flags / sizeof flags[0])};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     run_check(&ctx, !ctx.opt.experts, "--experts: expert tensor parallelism is not taught (lab01_dp and lab02_zero "
@@ -104,6 +114,10 @@ int main(int argc, char **argv) {
               "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", dims.pp,
               ctx.opt.layers);
     const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, dims.pp, micro_batches, virtual_stages);
+    run_check(&ctx, zero_stage == 0 || zero_stage == 1, "--zero-stage %d: lab06 shards the optimizer state only "
+              "(0 or 1); lab02_zero has stages 2 and 3", zero_stage);
+    run_check(&ctx, zero_stage == 0 || dims.dp >= 2, "--zero-stage 1 needs --dp of at least 2 (--dp %d: no DP group to "
+              "shard the optimizer state over)", dims.dp);
     run_check(&ctx, ctx.opt.batch % ((long)dims.dp * micro_batches) == 0,
               "--batch %d is not divisible by --dp %d x --micro-batches %d (each replica cuts its B/d rows "
               "into micro-batches)", ctx.opt.batch, dims.dp, micro_batches);
@@ -113,10 +127,10 @@ int main(int argc, char **argv) {
     const int v = schedule_chunks(kind, virtual_stages);
     char layout[72];
     if (kind == SCHEDULE_INTERLEAVED)
-        snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d%s", t, p, d, m, schedule_name(kind), v,
-                 sequence_parallel ? " sp" : "");
-    else snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s%s", t, p, d, m, schedule_name(kind),
-                  sequence_parallel ? " sp" : "");
+        snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d%s%s", t, p, d, m, schedule_name(kind), v,
+                 sequence_parallel ? " sp" : "", zero_stage ? " zero1" : "");
+    else snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s%s%s", t, p, d, m, schedule_name(kind),
+                  sequence_parallel ? " sp" : "", zero_stage ? " zero1" : "");
     const char *comm_formula_text = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives, the formulas below";
     if (ctx.opt.dry_run) { /* the grid map and its warnings (MPI groups only: no NCCL), then theory/predict.h */
         process_grid grid;
@@ -130,6 +144,7 @@ int main(int argc, char **argv) {
         need.micro_batches = m;
         need.schedule = schedule_name(kind);
         need.chunks = v;
+        need.zero_stage = zero_stage;
         need.tensor_parallel = 1;
         need.sequence_parallel = sequence_parallel;
         /* the formula: the prediction's ring bytes, as report3d adds up its formulas */
@@ -151,29 +166,33 @@ int main(int argc, char **argv) {
     stage3d_init(&s3, &tl, &grid.tp);
     const int share = ctx.opt.batch / d;
     pipeline_rank pr; /* lab04: this rank's chunks of the pipeline, TP layers inside */
-    pipeline_init(&pr, &grid.pipe, &tl.g, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, grid.me.dp * share, share,
-                  kind, m, virtual_stages);
+    /* ZeRO-1: the optimizer state of 1/d of the buffer, the slice of this replica */
+    pipeline_init_sharded(&pr, &grid.pipe, &tl.g, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, grid.me.dp * share,
+                          share, kind, m, virtual_stages, zero_stage ? d : 1, grid.me.dp);
     stage3d_alloc_partials(&s3, &pr);
     /* Each micro-batch's loss weight is 1/(B/d x T) (st.dloss): a replica's
      * gradient is that of its own rows' mean, and the DP all-reduce AVERAGES the
      * replicas, as lab01 does: the mean over the whole global batch. */
     dp_grad_sync dp_sync;
-    dp_sync_init(&dp_sync, &grid.dp, pr.grads, 0, pr.n, 0); /* the rank's chunks, one buffer */
+    if (!zero_stage) dp_sync_init(&dp_sync, &grid.dp, pr.grads, 0, pr.n, 0); /* the rank's chunks, one buffer */
     /* lab05's view over lab04's stage: this TP shard of this stage's layers,
      * replicated tensors whole. The d replicas hold the same elements; the
      * lowest rank of them saves them, and on resume every replica loads them. */
     ckpt_view view;
     stage3d_checkpoint_view(&pr, &tl, &view);
     const int first = ckpt_resume(&ctx, &view);
-    params_from_master(pr.params, pr.master, pr.n); /* bf16: round what was resumed */
+    stage3d_params_from_master(&pr, &grid); /* bf16: round what was resumed (ZeRO-1: and gather it) */
     const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
     if (ctx.rank == 0) {
         printf("3D: TP t=%d%s (%d of %d heads, %d of %d MLP units per rank) | PP p=%d stages x %d chunk%s, m=%d "
-               "micro-batches of %d rows, %s | DP d=%d replicas of %d rows | bubble theory %s = %.3f\n",
+               "micro-batches of %d rows, %s | DP d=%d replicas of %d rows%s | bubble theory %s = %.3f\n",
                t, sequence_parallel ? " + SP [the sequence split by t outside the split matrices: pipeline messages "
                "of T/t positions]" : "", tl.heads, ctx.opt.heads, tl.hidden, 4 * ctx.opt.d_model, p, pr.v,
                pr.v == 1 ? "" : "s", m,
-               pr.chunk[0].rows, schedule_name(kind), d, share, schedule_bubble_textbook_text(kind), theory);
+               pr.chunk[0].rows, schedule_name(kind), d, share,
+               zero_stage ? " + ZeRO-1 [each keeps the optimizer state of 1/d of its buffer: reduce-scatter, "
+                            "AdamW on the slice, all-gather]" : "",
+               schedule_bubble_textbook_text(kind), theory);
         fflush(stdout);
     }
 
@@ -182,8 +201,8 @@ int main(int argc, char **argv) {
         run_step_begin(&ctx, i);
         pipeline_step_begin(&pr, step);
         pipeline_run(&pr);                    /* lab04: the schedule's lists, TP layers inside */
-        if (d > 1) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
-        double loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip);
+        if (d > 1 && !zero_stage) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
+        double loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip); /* ZeRO-1: RS, AG */
         char bubble[64];
         run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
@@ -191,7 +210,10 @@ int main(int argc, char **argv) {
     const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel)) : -1;
 
     /* lab01's check over each DP group (the replicas of one (tp, pp) position), all groups agreeing */
-    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, pr.master, pr.n, 0) : 1;
+    /* (ZeRO-1 in bf16: no replica holds the whole master; the parameters' bytes, read as floats, are compared) */
+    const float *weights = pr.opt_shards == 1 || (void *)pr.master == pr.params ? pr.master : (const float *)pr.params;
+    const long weight_floats = weights == pr.master ? pr.n : pr.n * (long)value_bytes() / (long)sizeof(float);
+    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, weights, weight_floats, 0) : 1;
     if (check_sync) {
         MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (ctx.rank == 0)
@@ -201,19 +223,34 @@ int main(int argc, char **argv) {
 
     report3d rep;
     report3d_gather(&rep, &grid, &pr, &ctx);
-    size_t json_len = strlen(grid_json) + (rep.json ? strlen(rep.json) : 0) + 192;
+    size_t json_len = strlen(grid_json) + (rep.json ? strlen(rep.json) : 0) + 256;
     char *extra_json = malloc(json_len);
     if (!extra_json) die("out of host memory");
     snprintf(extra_json, json_len, "\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\","
-             "\"chunks_per_rank\":%d,\"sequence_parallel\":%s,\"replicas_identical\":%s,%s%s%s", t, p, d, m,
-             schedule_name(kind), pr.v, sequence_parallel ? "true" : "false",
+             "\"chunks_per_rank\":%d,\"sequence_parallel\":%s,%s\"replicas_identical\":%s,%s%s%s", t, p,
+             d, m, schedule_name(kind), pr.v, sequence_parallel ? "true" : "false",
+             zero_stage ? "\"zero_stage\":1," : "", /* absent: 0, the record lab06 always wrote */
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
-    lab_finish(&ctx, &view, eval_loss, extra_json, 1,
-               (run_report){.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
-                            .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
-                            .comm_formula = comm_formula_text, .bubble_theory = theory, .params_held = pr.n,
-                            .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)});
+    run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
+                         .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
+                         .comm_formula = comm_formula_text, .bubble_theory = theory, .params_held = pr.n,
+                         .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
+    /* ZeRO-1: theory's model states per element with the optimizer's / d (the
+     * measured figure adds the last slice's padding, the ZeRO-1 lines below);
+     * without it, lab_finish's of a whole replica */
+    char states_text[32];
+    if (zero_stage) {
+        const th_opts state_opts = th_opts_precision(t, g_precision == PREC_BF16);
+        const th_states per_elem = th_model_states(1, &state_opts, zero_stage, d);
+        snprintf(states_text, sizeof states_text, "%g + %g + %g/%d", per_elem.params, per_elem.grads,
+                 th_optim_bytes(state_opts.precision), d);
+        report.states_formula[0] = per_elem.params;
+        report.states_formula[1] = per_elem.grads;
+        report.states_formula[2] = per_elem.optim;
+        report.states_formula_text = states_text;
+    }
+    lab_finish(&ctx, &view, eval_loss, extra_json, !zero_stage, report);
     report3d_print(&rep, &grid);
 
     report3d_free(&rep);

@@ -17,6 +17,7 @@ enum {
     F_LO = GROUP_KINDS * G_FIELDS, F_HI, F_TP, F_PP, F_DP,
     F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_ACTS_PER_MB_F, F_IN_FLIGHT, F_ACTS_F,
     F_ALLREDUCE_RING_F, F_GATHER_RING_F, /* the formulas' ring bytes by kind: all-reduces, all-gathers + reduce-scatters */
+    F_ELEMS, F_OPTIM_F, F_OPTIM_PAD, /* ZeRO-1: the rank's elements, K x elements / d, the last slice's padding */
     F_FIELDS
 };
 
@@ -87,10 +88,17 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
      * one gradient back, each counted once as a send and once as a receive
      * (schedule_remote_links counts the links of every chunk of this rank) */
     formula(row + GROUP_PP * G_FIELDS, th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, msg_bytes));
-    /* DP: one all-reduce of the rank's whole gradient after the flush (none for d = 1) */
-    formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(vb * pr->n, d.dp, 1));
-    row[F_ALLREDUCE_RING_F] = (sp ? partial_f.ring : tp_f.ring) + row[GROUP_DP * G_FIELDS + G_RING_F];
-    row[F_GATHER_RING_F] = sp ? tp_f.ring : 0;
+    /* DP: one all-reduce of the rank's whole gradient after the flush (none for
+     * d = 1); ZeRO-1: a reduce-scatter and an all-gather of the buffer padded to
+     * d equal slices, the same ring bytes as the all-reduce but for the padding */
+    const int zero = pr->opt_shards > 1;
+    if (zero) {
+        th_traffic z = th_zero_traffic(vb * pr->padded, d.dp, 1);
+        z.calls = 2;
+        formula(row + GROUP_DP * G_FIELDS, z);
+    } else formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(vb * pr->n, d.dp, 1));
+    row[F_ALLREDUCE_RING_F] = (sp ? partial_f.ring : tp_f.ring) + (zero ? 0 : row[GROUP_DP * G_FIELDS + G_RING_F]);
+    row[F_GATHER_RING_F] = (sp ? tp_f.ring : 0) + (zero ? row[GROUP_DP * G_FIELDS + G_RING_F] : 0);
     row[F_LO] = st->lo;
     row[F_HI] = st->hi;
     row[F_TP] = g->me.tp;
@@ -108,6 +116,14 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     row[F_ACTS_PER_MB_F] = th_course_acts_bytes(&tm, &opts, st->lo, st->hi, st->rows);
     row[F_IN_FLIGHT] = in_flight;
     row[F_ACTS_F] = pipeline_acts_formula_bytes(pr);
+    /* the optimizer state by theory/'s model states (th_model_states: K bytes
+     * per element, / d under ZeRO-1), and what padding the slices adds */
+    const th_states states = th_model_states((double)pr->n, &opts, zero, d.dp),
+                    padded = th_model_states((double)pr->padded, &opts, zero, d.dp);
+    row[F_PARAMS_F] += padded.params - states.params; /* ZeRO-1: the buffer padded to d slices */
+    row[F_ELEMS] = (double)pr->n;
+    row[F_OPTIM_F] = states.optim;
+    row[F_OPTIM_PAD] = padded.optim - states.optim;
 
     if (g->world.rank == 0) {
         r->rows = malloc(sizeof(double) * F_FIELDS * (size_t)r->ranks);
@@ -128,6 +144,8 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     }
     r->formula_ring_bytes = allreduce_f + gather_f + p2p_f; /* a rank sends as much as it receives */
     r->sequence_parallel = sp;
+    r->zero_stage = zero;
+    r->optim_bytes_per_elem = th_optim_bytes(opts.precision);
     r->recompute_full = opts.recompute == RECOMPUTE_FULL;
 
     textbuf b = {0};
@@ -154,6 +172,12 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     }
     textbuf_printf(&b, "],");
     json_column(&b, "param_bytes_per_rank_formula", r->rows, r->ranks, F_PARAMS_F);
+    if (r->zero_stage) { /* (absent otherwise: a zero-stage 0 record is the one lab06 always wrote) */
+        textbuf_printf(&b, ",");
+        json_column(&b, "optim_bytes_per_rank_formula", r->rows, r->ranks, F_OPTIM_F);
+        textbuf_printf(&b, ",");
+        json_column(&b, "optim_padding_bytes_per_rank", r->rows, r->ranks, F_OPTIM_PAD);
+    }
     textbuf_printf(&b, ",");
     json_column(&b, "acts_bytes_per_micro_batch", r->rows, r->ranks, F_ACTS_PER_MB);
     textbuf_printf(&b, ",");
@@ -177,6 +201,11 @@ void report3d_print(const report3d *r, const process_grid *g) {
         "4 x stage layers x m all-reduces of (B/(d m)) x T x C floats; ring 2(t-1)/t",
         "2 x boundaries x m messages of (B/(d m)) x T x C floats (activation out, gradient back)",
         "1 all-reduce of the rank's gradient (its shard of its stage); ring 2(d-1)/d"};
+    if (r->zero_stage) {
+        titles[GROUP_DP] = "DP RS+AG      ";
+        formulas[GROUP_DP] = "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's buffer padded to d slices; ring "
+                             "(d-1)/d each (DP's all-reduce's bytes)";
+    }
     if (r->recompute_full) formulas[GROUP_TP] = "6 x stage layers x m all-reduces of (B/(d m)) x T x C floats (the "
                                                 "forward's 2 again: --recompute full); ring 2(t-1)/t";
     if (r->sequence_parallel) {
@@ -232,6 +261,19 @@ void report3d_print(const report3d *r, const process_grid *g) {
                human(x[F_ACTS], e), how, x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
                human(x[F_TOTAL], t), 1e3 * x[GROUP_TP * G_FIELDS + G_SECONDS], 1e3 * x[GROUP_PP * G_FIELDS + G_SECONDS],
                1e3 * x[GROUP_DP * G_FIELDS + G_SECONDS]);
+    }
+    if (r->zero_stage) { /* allocator = theory/'s formula, rank by rank */
+        printf("ZeRO-1 over each DP group (d=%d): optimizer state per rank = K x elements / d + the last slice's "
+               "padding, K = %g (%s):\n", d.dp, r->optim_bytes_per_elem, r->optim_bytes_per_elem == 8 ?
+               "AdamW's m and v in fp32" : "fp32 master + AdamW's m and v");
+        for (int q = 0; q < r->ranks; q++) {
+            if (q == 16 && r->ranks > 17) break;
+            const double *x = r->rows + (size_t)q * F_FIELDS;
+            const double want = x[F_OPTIM_F] + x[F_OPTIM_PAD];
+            printf("  rank %d: %.0f B = %g x %.0f / %d = %.2f + %.2f padding%s (unsharded: %.0f B)\n", q,
+                   x[F_OPTIM], r->optim_bytes_per_elem, x[F_ELEMS], d.dp, x[F_OPTIM_F], x[F_OPTIM_PAD],
+                   fabs(x[F_OPTIM] - want) < 0.5 ? "" : " (MISMATCH)", r->optim_bytes_per_elem * x[F_ELEMS]);
+        }
     }
     fflush(stdout);
 }

@@ -22,6 +22,8 @@ typedef struct report3d {
     double formula_ring_bytes; /* the busiest rank's ring traffic by the formulas, as
                                 * run_finish sums the measured one (per kind, max over ranks) */
     int sequence_parallel, recompute_full; /* how the TP groups ran: the lines' formulas */
+    int zero_stage;             /* --zero-stage 1: DP's reduce-scatter + all-gather, the optimizer lines */
+    double optim_bytes_per_elem; /* K: 8 in fp32, 12 in bf16 (theory.h) */
 } report3d;
 
 /* Collective over the grid, after the last step: measures and computes every

@@ -3,6 +3,7 @@
 #include "mem.h"
 #include "sequence_parallel.h"
 #include "trace.h"
+#include <string.h>
 
 /* ---- the stage's model: lab05's layer, part and initialisation --------------------- */
 
@@ -35,20 +36,39 @@ void stage3d_free(stage3d *s) {
     grad_norm_free(&s->norm);
 }
 
+/* Run [local, local + n) -> global cut to the slice [lo, hi) of the rank's
+ * buffer: 0 if they do not meet, else the part left as *at (its offset in a
+ * buffer holding the slice alone), *global and *count. */
+static int run_in_slice(const ckpt_run *run, long base, long lo, long hi, long *at, long *global, long *count) {
+    const long local = base + run->local, a = local > lo ? local : lo, b = local + run->n < hi ? local + run->n : hi;
+    *at = a - lo;
+    *global = run->global + (a - local);
+    *count = b - a;
+    return b > a;
+}
+
 void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v) {
-    ckpt_view_init(v, pr->master, pr->n, pr->adam_m, pr->adam_v, pr->n);
+    /* the moments, and the master weights unless they are the parameters
+     * (fp32), hold the slice [slice_begin, slice_end): all of it unsharded */
+    const int sliced_master = (void *)pr->master != pr->params;
+    const long lo = pr->slice_begin, hi = pr->slice_end;
+    ckpt_view_init(v, pr->master, sliced_master ? hi - lo : pr->n, pr->adam_m, pr->adam_v, hi - lo);
     for (int c = 0; c < pr->v; c++) {
         ckpt_view chunk; /* the chunk alone, its local offsets from its own start */
         const pipeline_stage *st = &pr->chunk[c];
-        ckpt_view_init(&chunk, st->master, st->end - st->begin, st->adam_m, st->adam_v, st->end - st->begin);
+        ckpt_view_init(&chunk, NULL, st->end - st->begin, NULL, NULL, st->end - st->begin);
         tp_checkpoint_hold(tl, pr->chunk[c].lo, pr->chunk[c].hi, &chunk);
         for (int i = 0; i < chunk.params_at.n; i++) {
             const ckpt_run *run = &chunk.params_at.runs[i];
-            ckpt_hold_params(v, pr->offset[c] + run->local, run->global, run->n);
+            long at, global, count;
+            if (!sliced_master) ckpt_hold_params(v, pr->offset[c] + run->local, run->global, run->n);
+            else if (run_in_slice(run, pr->offset[c], lo, hi, &at, &global, &count))
+                ckpt_hold_params(v, at, global, count);
         }
         for (int i = 0; i < chunk.moments_at.n; i++) {
             const ckpt_run *run = &chunk.moments_at.runs[i];
-            ckpt_hold_moments(v, pr->offset[c] + run->local, run->global, run->n);
+            long at, global, count;
+            if (run_in_slice(run, pr->offset[c], lo, hi, &at, &global, &count)) ckpt_hold_moments(v, at, global, count);
         }
         ckpt_view_free(&chunk);
     }
@@ -56,14 +76,31 @@ void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *
 
 /* ---- the step's end ------------------------------------------------------------------ */
 
+/* The part of chunk c inside the rank's optimizer slice, in the chunk's local
+ * offsets [*from, *to) (unsharded: the whole chunk); 0 when they do not meet. */
+static int slice_of_chunk(const pipeline_rank *pr, int c, long *from, long *to) {
+    const long o = pr->offset[c], len = pr->chunk[c].end - pr->chunk[c].begin;
+    *from = (pr->slice_begin > o ? pr->slice_begin : o) - o;
+    *to = (pr->slice_end < o + len ? pr->slice_end : o + len) - o;
+    return *to > *from;
+}
+
 double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip) {
     const tp_layout *tl = s->tl;
+    const int zero = pr->opt_shards > 1;
+    const long slice = pr->padded / pr->opt_shards; /* ZeRO-1's slices' length, the last one padded */
+    const double d = g->dp.size;
     /* SP: the LayerNorms (and embedding, head) of each chunk saw this TP rank's
-     * positions only: sum their partial gradients over the TP group first */
+     * positions only: sum their partial gradients over the TP group first
+     * (ZeRO-1: before the DP sum; over TP then DP is the sum over both) */
     if (tl->seq_parts > 1)
         for (int c = 0; c < pr->v; c++)
             sp_sum_partial_grads(tl, s->tp, pr->chunk[c].lo, pr->chunk[c].hi, pr->chunk[c].grads, s->partial_staging);
+    /* ZeRO-1: in place of the DP all-reduce, each replica receives the SUM over
+     * the replicas of its slice alone (the slice sits at its own offset of the
+     * padded buffer) */
+    if (zero) comm_reduce_scatter(&g->dp, pr->grads, value_at(pr->grads, (long)pr->opt_shard * slice), pr->n);
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* The serial norm counts every element of the model once. A rank holds
@@ -72,13 +109,17 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
      *   - its stage's replicated tensors (embedding, LayerNorms, row-parallel
      *     biases, head): the same on every TP rank, so summed over PP only;
      * and after the DP all-reduce every replica holds the same gradient, so
-     * nothing is summed over DP. The loss lives on the last stage (the same on
-     * its TP ranks): summed over PP, averaged over the DP replicas. */
+     * nothing is summed over DP; under ZeRO-1 each replica squares its own
+     * slice, disjoint from the others', so both kinds are summed over DP too.
+     * The loss lives on the last stage (the same on its TP ranks): summed over
+     * PP, averaged over the DP replicas. */
     double sharded = 0, replicated = 0;
     for (int c = 0; c < pr->v; c++) {
         const pipeline_stage *st = &pr->chunk[c];
+        long from, to;
         double sh, rep;
-        tp_grad_squares(tl, &s->norm, st->lo, st->hi, st->grads, &sh, &rep);
+        if (!slice_of_chunk(pr, c, &from, &to)) continue;
+        tp_grad_squares_window(tl, &s->norm, st->lo, st->hi, st->grads, from, to, &sh, &rep);
         sharded += sh;
         replicated += rep;
     }
@@ -86,6 +127,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     trace_end(ev);
     double over_pp[3] = {sharded, replicated, pipeline_loss_sum(pr) / pr->m};
     comm_allreduce_host(&g->pipe, over_pp, 3);
+    if (zero) comm_allreduce_host(&g->dp, over_pp, 2);
     comm_allreduce_host(&g->tp, &over_pp[0], 1);
     comm_allreduce_host(&g->dp, &over_pp[2], 1);
     if (tl->seq_parts > 1) { /* each TP rank's loss is that of its positions: the mean over the group */
@@ -95,13 +137,37 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     t0 = now_seconds();
-    float scale = clip_scale(over_pp[0] + over_pp[1], (float)clip);
+    /* ZeRO-1's slices hold sums over the replicas: the mean is 1/d of them, its
+     * squared norm 1/d^2 of theirs; the 1/d rides in AdamW's gradient scale */
+    float scale = zero ? (float)(clip_scale((over_pp[0] + over_pp[1]) / (d * d), (float)clip) / d)
+                       : clip_scale(over_pp[0] + over_pp[1], (float)clip);
+    float *master = pipeline_slice_master(pr); /* the fp32 weights of the slice (unsharded: all) */
     for (int c = 0; c < pr->v; c++) {
         pipeline_stage *st = &pr->chunk[c];
-        tp_adamw_step(tl, cfg, st->lo, st->hi, st->master, st->grads, st->adam_m, st->adam_v, st->step + 1, scale);
+        long from, to;
+        if (!slice_of_chunk(pr, c, &from, &to)) continue;
+        const long at = pr->offset[c] + from - pr->slice_begin; /* the window's place in the slice */
+        tp_adamw_step_window(tl, cfg, st->lo, st->hi, from, to, master + at, st->grads, pr->adam_m + at,
+                             pr->adam_v + at, st->step + 1, scale);
     }
-    params_from_master(pr->params, pr->master, pr->n);
+    params_from_master(value_at(pr->params, pr->slice_begin), master, pr->slice_end - pr->slice_begin);
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
-    return over_pp[2] / g->dp.size;
+    /* ZeRO-1: everyone's updated slices (this rank's already sits at its place) */
+    if (zero) comm_allgather(&g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    return over_pp[2] / d;
+}
+
+void stage3d_params_from_master(pipeline_rank *pr, process_grid *g) {
+    if (pr->opt_shards == 1) {
+        params_from_master(pr->params, pr->master, pr->n);
+        return;
+    }
+    if ((void *)pr->master == pr->params) return; /* fp32: every replica loaded the whole parameters */
+    const long slice = pr->padded / pr->opt_shards;
+    params_from_master(value_at(pr->params, pr->slice_begin), pr->master, pr->slice_end - pr->slice_begin);
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, g->dp.stats, sizeof training);
+    comm_allgather(&g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    memcpy(g->dp.stats, training, sizeof training);
 }

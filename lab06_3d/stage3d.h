@@ -39,16 +39,24 @@ void stage3d_init(stage3d *s, const tp_layout *tl, comm *tp);
 void stage3d_alloc_partials(stage3d *s, const pipeline_rank *pr);
 void stage3d_free(stage3d *s);
 
-/* After the DP all-reduce: with sequence parallelism first sum the partial
- * gradients over the TP group (sp_sum_partial_grads, chunk by chunk); clip by
- * the norm of the whole model's gradient, every element counted once, and step
- * AdamW on this rank's chunks. Collective over the grid. Returns the step's
- * mean loss over the global batch. */
+/* The step's end, collective over the grid. With sequence parallelism first
+ * sum the partial gradients over the TP group (sp_sum_partial_grads, chunk by
+ * chunk); clip by the norm of the whole model's gradient, every element counted
+ * once, and step AdamW; returns the step's mean loss over the global batch.
+ * Unsharded (pipeline_init) it follows the DP all-reduce and steps the rank's
+ * chunks. Under ZeRO-1 (pipeline_init_sharded over the DP group) it replaces
+ * that all-reduce: the gradients are reduce-scattered over DP (each replica
+ * keeps the sum of its slice), the norm's squares of the slices are summed
+ * over DP too, AdamW steps the slice, and the parameters are all-gathered. */
 double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
                               double clip);
+/* After a resume (or at start): the parameters from the fp32 weights (bf16
+ * rounding; sharded, then all-gathered over DP, left out of the traffic). */
+void stage3d_params_from_master(pipeline_rank *pr, process_grid *g);
 
 /* The checkpoint view of the rank's chunks: lab05's tp_checkpoint_hold of each
- * chunk's layers, moved to where the chunk sits in the rank's buffers. */
+ * chunk's layers, moved to where the chunk sits in the rank's buffers; under
+ * ZeRO-1 the moments (and in bf16 the master weights) of the slice alone. */
 void stage3d_checkpoint_view(pipeline_rank *pr, const tp_layout *tl, ckpt_view *v);
 
 #endif

@@ -25,7 +25,15 @@
  * --cp-algo allgather: K and V all-gathered before attention (every rank holds
  * the whole sequence's, N x the memory of one block), the same blocks merged in
  * the ring's order; backward: all-gathered again, dK and dV of every block
- * reduce-scattered to their owners. */
+ * reduce-scattered to their owners.
+ *
+ * --cp-algo ulysses (DeepSpeed-Ulysses; Megatron's `a2a`): an all-to-all
+ * turns this rank's positions of every head into every position of heads/N
+ * heads, attention runs as one rank's would on those heads (one block, the
+ * causal mask by the gathered global positions), and a second all-to-all turns
+ * the output back. Backward: dO to the head split, dQ, dK, dV back. The layer's
+ * att slot keeps the head-split q|k|v and output beside the log-sum-exp, so
+ * the backward needs no all-to-all of them again (cp_att_row). */
 #ifndef LAB07_CP_H
 #define LAB07_CP_H
 #include "comm.h"
@@ -40,14 +48,28 @@ typedef struct cp_hooks {
     int *pos_host, *pos_dev; /* N x T: every rank's global positions (host and device) */
     void *kv[2], *dkv[2];   /* ring: [B,T,2C] blocks (k|v per row), double-buffered */
     void *kv_all, *dkv_all; /* allgather: N of those blocks */
+    void *a2a_send, *a2a_recv; /* ulysses: the all-to-all's staging, [B,T,3C] */
     void *out2;             /* one block's output [B,T,C] before the merge */
     float *lse2;            /* and its log-sum-exp [B,heads,T] */
     long scores;            /* unmasked causal scores of the last forward, per sequence and head */
+    int cp_width;           /* C: the width of a K (or V) row */
+    double attention_cpu_seconds; /* this thread's CPU time in the attention kernels so far */
 } cp_hooks;
 
 /* B rows of `seq` positions over cp's ranks; the buffers at C = d_model. */
 void cp_hooks_init(cp_hooks *h, const gpt_layout *g, comm *cp, th_cp_algo algo, th_cp_layout layout, int B);
 void cp_hooks_free(cp_hooks *h);
+/* The layer's att slot per query row and head (gpt_part.att_row). */
+int cp_att_row(th_cp_algo algo, int head_size);
+/* The ring's block attention (with its merge), a trace event of its own: the
+ * compute that hides one K/V message. */
+#define CP_BLOCK_OP "cp_block_fwd"
+#define CP_BLOCK_BWD_OP "cp_block_bwd" /* and its backward: the per-rank attention time */
+/* The median seconds of one K/V block's ring exchange (send to the next rank,
+ * receive from the previous), `reps` times after a warm-up, every rank of the
+ * CP group at once: the run's measured point-to-point time for its message
+ * size. 0 unless the ring with N > 1. Collective over the CP group. */
+double cp_ring_message_seconds(cp_hooks *h, int reps);
 /* This rank's global positions: T of them. */
 const int *cp_positions(const cp_hooks *h);
 

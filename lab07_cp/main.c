@@ -4,8 +4,9 @@
  * every row through the whole model (embedding, every layer, the loss), with
  * the whole weights. Only attention needs other ranks' positions (a query sees
  * every earlier key): cp.h's attention hook brings them, by a ring of K/V
- * blocks merged with their log-sum-exp (--cp-algo ring) or by all-gathering
- * K and V (allgather). Activations per rank fall to 1/N, the T^2 attention
+ * blocks merged with their log-sum-exp (--cp-algo ring), by all-gathering
+ * K and V (allgather), or by an all-to-all that hands each rank every
+ * position of heads/N heads for attention and back (ulysses). Activations per rank fall to 1/N, the T^2 attention
  * matrix with them: no rank ever holds more than a (T/N) x (T/N) block of it.
  * --cp N (default: every rank) x data parallelism over the rest.
  *
@@ -73,16 +74,19 @@ int main(int argc, char **argv) {
          "(T/N in a row)", 0, "zigzag|contiguous"},
         {"--cp-algo", FLAG_STRING, &algo_name,
          "how attention sees the other ranks' keys: ring (K/V blocks passed round, merged by log-sum-exp) or "
-         "allgather (K and V gathered whole)", 0, "ring|allgather"},
+         "allgather (K and V gathered whole) or ulysses (all-to-all to a head split and back)", 0,
+         "ring|allgather|ulysses"},
     };
     lab_info lab = {"lab07_cp", "context parallelism: every sequence split over the ranks of a CP group, "
-                    "attention's keys and values brought by a ring or an all-gather; data parallel over the groups",
+                    "attention's keys and values brought by a ring or an all-gather, or the heads split by an all-to-all "
+                    "(Ulysses); data parallel over the groups",
                     flags, 3};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     const int N = cp_degree > 0 ? cp_degree : ctx.size, dp = ctx.size % N ? 1 : ctx.size / N;
     const th_cp_layout cp_layout = strcmp(layout_name, "contiguous") ? TH_CP_ZIGZAG : TH_CP_CONTIGUOUS;
-    const th_cp_algo algo = strcmp(algo_name, "allgather") ? TH_CP_RING : TH_CP_ALLGATHER;
+    const th_cp_algo algo = !strcmp(algo_name, "allgather") ? TH_CP_ALLGATHER
+                            : !strcmp(algo_name, "ulysses") ? TH_CP_ULYSSES : TH_CP_RING;
     const int chunks = cp_layout == TH_CP_ZIGZAG ? 2 * N : N;
     run_check(&ctx, !ctx.opt.experts, "--experts: lab07 runs a dense MLP (experts are lab08's; lab01_dp and "
               "lab02_zero take --experts)");
@@ -91,6 +95,8 @@ int main(int argc, char **argv) {
               ctx.opt.batch, dp);
     run_check(&ctx, ctx.opt.seq % chunks == 0, "--seq %d is not divisible by the %d chunks of --cp-layout %s "
               "(%s N = %d ranks)", ctx.opt.seq, chunks, layout_name, cp_layout == TH_CP_ZIGZAG ? "2 x" : "", N);
+    run_check(&ctx, algo != TH_CP_ULYSSES || ctx.opt.heads % N == 0, "--cp-algo ulysses: the %d heads (--heads) "
+              "are not divisible by --cp %d (each rank takes heads/N of them)", ctx.opt.heads, N);
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
@@ -112,9 +118,21 @@ int main(int argc, char **argv) {
     snprintf(formula_text, sizeof formula_text, "%sL x K/V per layer (theory/context.c, %s)%s + ring all-reduce "
              "2(R-1)/R x gradient bytes over all R ranks", ends > 1 ? "2 ends x " : "", algo_name,
              attention_forwards > 1 ? ", the forward's twice (--recompute)" : "");
-    if (ctx.opt.dry_run) /* no prediction of memory and time yet: theory/predict does not know CP */
+    if (ctx.opt.dry_run) { /* theory/predict.h (lab07's part in theory/context.c): memory per category, traffic */
+        th_run need = lab_run_config(&ctx);
+        need.dp = dp;
+        need.cp = N;
+        need.cp_algo = algo;
+        if (ctx.rank == 0) { /* printed here, not by lab_dry_run_exit: Ulysses adds a line below the tables */
+            th_print_prediction(stdout, &need, 32);
+            if (algo == TH_CP_ULYSSES && N > 1) /* a kind predict's tables do not have */
+                printf("  and alltoall %.0f calls, payload %.0f per rank per step (theory/context.c)\n",
+                       2 * L * (attention_forwards + 1), /* q|k|v and out each forward, dO and dq|dk|dv back */
+                       (attention_forwards * tf.fwd_sent + tf.bwd_sent) * N / (N - 1) * L);
+        }
         lab_dry_run_exit(&ctx, NULL, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                                   .comm_formula = formula_text, .bubble_theory = -1});
+    }
     comm world, cp;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     comm_split(&world, world.rank / N, world.rank % N, &cp); /* consecutive ranks share a sequence */
@@ -132,7 +150,7 @@ int main(int argc, char **argv) {
     params_from_master(ms.params, ms.master, P);
     /* a layer keeps its log-sum-exp (fp32, one per query row and head) where
      * the one-rank layer keeps its attention matrix */
-    const gpt_part part = {ctx.opt.heads, 4 * C, 1, 0, (int)(sizeof(float) / value_bytes())};
+    const gpt_part part = {ctx.opt.heads, 4 * C, 1, 0, cp_att_row(algo, C / ctx.opt.heads)};
     gpt_acts acts;
     gpt_acts_alloc_part(&acts, &local, 0, L, rows, &part);
     acts.positions = cp_positions(&ch);
@@ -155,6 +173,7 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
     }
 
+    double first_step_attention = 0;
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i;
         run_step_begin(&ctx, i);
@@ -178,52 +197,107 @@ int main(int argc, char **argv) {
         double loss = gpt_mean_loss(&local, &acts); /* over this rank's rows x T/N positions */
         comm_allreduce_host(&world, &loss, 1);
         run_step_end(&ctx, i, loss / world.size, NULL);
+        if (i == 0 && ctx.opt.steps > 1) first_step_attention = ch.attention_cpu_seconds; /* warm-up: left out */
         ckpt_step_done(&ctx, &view, step + 1);
     }
+
+    /* the ring's hiding condition from this run's measurements: the block
+     * attention's FLOP rate (its trace events over the measured steps; every
+     * forward has N blocks of the same total scores) and one K/V block's
+     * exchange timed after training (its bytes kept out of the counts) */
+    th_cp_ring_hiding hiding = {0, 0, 0, 0};
+    double rate_bw[2] = {0, 0};
+    if (algo == TH_CP_RING && N > 1) {
+        comm_stat training[COLL_NKINDS];
+        memcpy(training, cp.stats, sizeof training);
+        const double message = cp_ring_message_seconds(&ch, 9);
+        memcpy(cp.stats, training, sizeof training);
+        int blocks = 0;
+        const double seconds = trace_op_seconds(CP_BLOCK_OP, ctx.steps_done > 1 ? 1 : 0, &blocks);
+        const double flops = (double)blocks / N * 4.0 * rows * C * (double)ch.scores;
+        rate_bw[0] = seconds > 0 ? flops / seconds : 0;
+        rate_bw[1] = message > 0 ? (double)rows * Tl * 2 * C * vb / message : 0;
+        comm_allreduce_host(&world, rate_bw, 2); /* the ranks' mean */
+        rate_bw[0] /= world.size;
+        rate_bw[1] /= world.size;
+        hiding = th_cp_ring_hiding_of(rows, T, N, C, vb, th_cp_rank_scores(T, N, 0, cp_layout, algo), rate_bw[0],
+                                      rate_bw[1]);
+    }
+
+    /* each rank's attention kernels (the blocks, forward and backward) per step:
+     * contiguous chunks leave the last rank the most to do */
+    const int first_measured = ctx.steps_done > 1 ? 1 : 0;
+    const double measured_steps = ctx.steps_done > first_measured ? ctx.steps_done - first_measured : 1;
+    /* on the CPU, the thread's CPU time: wall-clock time would count the turns
+     * ranks take on shared cores; on CUDA, the trace's GPU times */
+    double attention_seconds = ctx.device == DEVICE_CUDA
+        ? (trace_op_seconds(CP_BLOCK_OP, first_measured, NULL) + trace_op_seconds(CP_BLOCK_BWD_OP, first_measured, NULL))
+        : ch.attention_cpu_seconds - first_step_attention;
+    attention_seconds /= measured_steps;
+    double *attention_per_rank = calloc((size_t)cp.size, sizeof(double));
+    MPI_Allgather(&attention_seconds, 1, MPI_DOUBLE, attention_per_rank, 1, MPI_DOUBLE, cp.mpi);
 
     const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &local, &ch, &world, &cp, ms.params,
                                                                            &acts, rows, dp_rank, tokens, targets)) : -1;
 
     /* what the summary sets beside the formulas */
-    const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : COLL_ALLGATHER;
+    const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : algo == TH_CP_ULYSSES ? COLL_ALLTOALL : COLL_ALLGATHER;
     const double steps = ctx.steps_done > 0 ? ctx.steps_done : 1;
     double cp_bytes = cp.stats[sent_kind].bytes + (algo == TH_CP_ALLGATHER ? cp.stats[COLL_REDUCE_SCATTER].bytes : 0);
-    if (algo == TH_CP_ALLGATHER) cp_bytes *= (N - 1.0) / N; /* the ring column: what leaves the rank */
+    if (algo != TH_CP_RING) cp_bytes *= (N - 1.0) / N; /* what leaves the rank (the own block stays) */
     const double per_layer = cp_bytes / steps / L;
     const double formula = attention_forwards * tf.fwd_sent + tf.bwd_sent;
-    long *scores = calloc((size_t)cp.size, sizeof(long));
-    long mine = ch.scores;
-    MPI_Allgather(&mine, 1, MPI_LONG, scores, 1, MPI_LONG, cp.mpi);
-    char extra[1024];
+    /* per sequence and head of the model: Ulysses's rank counted every score of
+     * its heads/N heads, 1/N of that per head of the model */
+    double *scores = calloc((size_t)cp.size, sizeof(double));
+    double mine = (double)ch.scores / (algo == TH_CP_ULYSSES ? N : 1);
+    MPI_Allgather(&mine, 1, MPI_DOUBLE, scores, 1, MPI_DOUBLE, cp.mpi);
+    const th_model tm = th_course_model(g.cfg.vocab, T, L, C, g.cfg.heads);
+    const th_opts topts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
+    const double acts_formula = th_cp_acts_bytes(&tm, &topts, rows, N, algo);
+    char extra[2048];
     int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\","
                       "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"scores_per_rank\":[",
                       N, dp, algo_name, layout_name, per_layer, formula);
     for (int r = 0; r < N; r++)
-        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%ld", r ? "," : "", scores[r]);
+        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "", scores[r]);
     at += snprintf(extra + at, sizeof extra - (size_t)at, "],\"scores_per_rank_formula\":[");
     for (int r = 0; r < N; r++)
-        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.0f", r ? "," : "",
-                       th_cp_causal_scores(T, N, r, cp_layout));
-    snprintf(extra + at, sizeof extra - (size_t)at, "]");
-    char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
-    run_report report = {.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
-                         .comm_formula_bytes = comm_formula, .comm_formula = formula_text, .bubble_theory = -1, .extra_json = record,
-                         .params_held = P};
-    run_finish(&ctx, &report);
-    free(record);
+        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "",
+                       th_cp_rank_scores(T, N, r, cp_layout, algo));
+    at += snprintf(extra + at, sizeof extra - (size_t)at, "],\"attention_seconds_per_rank\":[");
+    for (int r = 0; r < N; r++)
+        at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.6g", r ? "," : "", attention_per_rank[r]);
+    at += snprintf(extra + at, sizeof extra - (size_t)at, "]");
+    if (algo == TH_CP_RING && N > 1)
+        snprintf(extra + at, sizeof extra - (size_t)at, ",\"ring_flops_per_s\":%.6g,\"ring_bytes_per_s\":%.6g,"
+                 "\"ring_block_seconds\":%.6g,\"ring_message_seconds\":%.6g,\"ring_hidden\":%s",
+                 rate_bw[0], rate_bw[1], hiding.block_seconds, hiding.message_seconds, hiding.hidden ? "true" : "false");
+    lab_finish(&ctx, &view, eval_loss, extra, 1,
+               (run_report){.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
+                            .comm_formula_bytes = comm_formula, .comm_formula = formula_text, .bubble_theory = -1,
+                            .params_held = P, .acts_formula_bytes = acts_formula});
     if (world.rank == 0) {
         char a[16], b[16], c[16], d[16];
         printf("  unmasked causal scores per sequence and head, counted | formula (theory/context.c):");
         for (int r = 0; r < N; r++)
-            printf(" %ld|%.0f", scores[r], th_cp_causal_scores(T, N, r, cp_layout));
-        printf("\n  K/V traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
-               "%sB%s)\n", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
+            printf(" %.15g|%.15g", scores[r], th_cp_rank_scores(T, N, r, cp_layout, algo));
+        printf("\n  attention kernels per step (forward + backward blocks; CPU: thread time), ms per rank:");
+        for (int r = 0; r < N; r++) printf(" %.2f", 1e3 * attention_per_rank[r]);
+        printf("\n  %s traffic per layer per rank: %sB sent measured, %sB by the formula (forward %sB + backward "
+               "%sB%s)\n", algo == TH_CP_ULYSSES ? "all-to-all" : "K/V", human(per_layer, a), human(formula, b), human(tf.fwd_sent, c), human(tf.bwd_sent, d),
                attention_forwards > 1 ? ", the forward twice: --recompute" : "");
-        printf("  activations per rank: %sB peak (the layers' T x T attention matrix replaced by the log-sum-exp)\n",
-               human((double)mem_peak(MEM_ACTS), a));
+        printf("  activations per rank: theory/context.c's th_cp_acts_bytes above (the layers' T x T attention "
+               "matrix replaced by the log-sum-exp%s)\n", algo == TH_CP_ULYSSES ? " and the head-split q|k|v and output" : "");
+        if (algo == TH_CP_RING && N > 1)
+            printf("  ring hiding (theory/context.c): a block's attention %.3g ms (%sFLOP/s measured) %s its K/V "
+                   "message %.3g ms (%sB/s measured point-to-point): %s; hidden from T/N >= rate x %g B / bandwidth "
+                   "= %.0f positions per rank (this run: %d)\n", 1e3 * hiding.block_seconds, human(rate_bw[0], c),
+                   hiding.hidden ? ">=" : "<", 1e3 * hiding.message_seconds, human(rate_bw[1], d),
+                   hiding.hidden ? "met" : "not met", vb, hiding.positions_needed, Tl);
     }
     free(scores);
-    ckpt_view_free(&view);
+    free(attention_per_rank);
     free(tokens);
     free(targets);
     gpt_scratch_free(&scratch);

@@ -291,6 +291,8 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
         !read_choice(rec, "", "schedule", "gpipe|1f1b|interleaved|zb-h1|zb-v", need ? "gpipe" : NULL, &sched, why, len))
         return 0;
     if (is_lab(r, "lab02_zero") && !read_count(rec, "", "zero_stage", 1, 3, 0, &zero, why, len)) return 0;
+    /* lab06's --zero-stage 1 (ZeRO-1 over each DP group); a record without it ran without */
+    if (is_lab(r, "lab06_3d") && !read_count(rec, "", "zero_stage", 0, 1, 0, &zero, why, len)) return 0;
     if (is_lab(r, "lab06_3d") && (!read_count(rec, "", "tp", 1, MAX_RANKS, 0, &tp, why, len) ||
                                   !read_count(rec, "", "pp", 1, MAX_RANKS, 0, &pp, why, len) ||
                                   !read_count(rec, "", "dp", 1, MAX_RANKS, 0, &dp, why, len)))

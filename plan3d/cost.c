@@ -11,9 +11,20 @@ double link_time(double ring_bytes, int latency_steps, double gbs, double us) {
 const char *layout_problem(const th_model *m, const cluster *c, const training *tr, const layout *l, char *buf, int len) {
     buf[0] = 0;
     const int chunks = th_schedule_chunks(l->schedule, l->vp);
-    if ((long)l->tp * l->pp * l->dp != c->gpus)
-        snprintf(buf, len, "--tp %d x --pp %d x --dp %d = %ld is not --gpus %d", l->tp, l->pp, l->dp,
-                 (long)l->tp * l->pp * l->dp, c->gpus);
+    const int cp = l->cp > 1 ? l->cp : 1, ep = l->ep > 1 ? l->ep : 1;
+    if ((long)l->tp * cp * l->pp * l->dp != c->gpus)
+        snprintf(buf, len, "--tp %d x --cp %d x --pp %d x --dp %d = %ld is not --gpus %d", l->tp, cp, l->pp, l->dp,
+                 (long)l->tp * cp * l->pp * l->dp, c->gpus);
+    else if (m->seq % (2L * cp))
+        snprintf(buf, len, "--cp %d does not divide --seq %ld into 2 x %d chunks (the ring's zig-zag layout)", cp,
+                 m->seq, cp);
+    else if (ep > 1 && m->experts <= 0)
+        snprintf(buf, len, "--ep %d needs a model with experts (--model mixtral-8x7b or deepseek-v3)", ep);
+    else if (ep > 1 && m->experts % ep)
+        snprintf(buf, len, "--ep %d does not divide the %ld routed experts", ep, m->experts);
+    else if (((long)cp * l->dp) % ep)
+        snprintf(buf, len, "--ep %d does not divide --cp %d x --dp %d (the EP group is carved from the DP x CP ranks)",
+                 ep, cp, l->dp);
     else if (m->heads % l->tp)
         snprintf(buf, len, "--tp %d does not divide --heads %ld (each TP rank computes whole heads)", l->tp, m->heads);
     else if (m->ffn % l->tp)
@@ -52,22 +63,29 @@ static void split_layers(const th_model *m, int n_chunks, double layer_cost, dou
 
 /* The course's exact formulas apply to its own model in fp32 (theory.h). */
 static int course_exact(const th_model *m, const th_opts *o) {
-    return th_course_acts_bytes(m, o, 0, 1, 1) >= 0;
+    return th_course_acts_bytes(m, o, 0, 1, 1) >= 0 && o->cp <= 1 && o->ep <= 1 && m->experts <= 0;
 }
 
 void estimate_layout(const th_model *m, const cluster *c, const training *tr, const layout *l, estimate *e) {
     *e = (estimate){.l = *l};
     const int p = l->pp, t = l->tp, d = l->dp, M = l->micro_batches, v = th_schedule_chunks(l->schedule, l->vp);
+    const int cp = l->cp > 1 ? l->cp : 1, ep = l->ep > 1 ? l->ep : 1;
+    e->l.cp = cp;
+    e->l.ep = ep;
     const int n_chunks = p * v, L = (int)m->layers;
-    const double T = (double)m->seq, C = (double)m->d_model, b = l->micro_batch, tokens = b * T;
+    /* a rank's tokens: its T / cp positions of b sequences */
+    const double T = (double)m->seq, C = (double)m->d_model, b = l->micro_batch, tokens = b * T / cp;
     const th_opts o = {.precision = tr->precision, .tp = t, .vocab_parallel = 1, .sequence_parallel = l->sp,
-                       .recompute = l->recompute};
+                       .recompute = l->recompute, .cp = cp, .ep = ep};
     th_opts lab = o;
     lab.vocab_parallel = 0; /* the labs replicate embedding and head */
     const int exact = course_exact(m, &lab);
     const th_opts *mo = exact ? &lab : &o;
     const th_params pc = th_param_counts(m);
+    /* what a token runs of one layer on a TP rank (its k experts with experts) */
     const double layer_local = pc.layer - pc.layer_sharded + pc.layer_sharded / t;
+    const double moe_run = pc.layer_active - pc.layer_sharded + pc.layer_sharded / t;
+    const double dense_run = pc.dense_layer - pc.dense_layer_sharded + pc.dense_layer_sharded / t;
     const double head_local = th_stage_params(m, mo, L, L);
     const double act_bytes = tr->precision == PREC_BF16 ? 2 : 4;
 
@@ -77,34 +95,52 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
         double busy = c->gpus * (1 - th_bubble_unit(l->schedule, p, M, l->vp));
         if (busy > c->cores) rate *= c->cores / busy;
     }
-    const double layer_fwd = tokens * 2 * layer_local, attn_fwd = tokens * 4 * T * C / t, head_fwd = tokens * 2 * head_local;
+    /* attention's core: each of a rank's queries meets all T keys (over the ring with CP) */
+    const double moe_fwd = tokens * 2 * moe_run, dense_fwd = tokens * 2 * dense_run;
+    const double attn_fwd = tokens * 4 * T * C / t, head_fwd = tokens * 2 * head_local;
 
     int *layers = malloc(sizeof(int) * (size_t)n_chunks), *first = malloc(sizeof(int) * (size_t)n_chunks);
     if (!layers || !first) { fprintf(stderr, "error: out of memory\n"); exit(1); }
-    split_layers(m, n_chunks, layer_fwd + attn_fwd, v == 1 ? head_fwd : 0, layers);
+    split_layers(m, n_chunks, (m->experts > 0 ? moe_fwd : dense_fwd) + attn_fwd, v == 1 ? head_fwd : 0, layers);
     for (int k = 0, at = 0; k < n_chunks; at += layers[k], k++) first[k] = at;
 
-    /* links: TP groups are consecutive ranks, DP groups t apart, pipeline
-     * neighbours t x d apart (Megatron's numbering, lab06's grid.h) */
+    /* links: TP groups are consecutive ranks, CP groups t apart, DP groups t cp
+     * apart, pipeline neighbours t cp d apart (Megatron's numbering, lab06's
+     * grid.h); an EP group is ep consecutive ranks of the DP x CP group */
     const int G = c->gpus_per_node;
     const double tp_gbs = t <= G ? c->intra_gbs : c->inter_gbs, tp_us = t <= G ? c->intra_us : c->inter_us;
-    const int dp_inside = (long)t * d <= G, pp_inside = (long)t * d * p <= G;
+    const int dp_inside = (long)t * cp * d <= G, pp_inside = (long)t * cp * d * p <= G, cp_inside = (long)t * cp <= G;
     const double act = tokens * C * act_bytes;                 /* one TP collective's buffer */
     const double tp_one = t > 1 ? link_time(comm_ring_factor(COLL_ALLREDUCE, t) * act, 2 * (t - 1), tp_gbs, tp_us) : 0;
     const double msg = act / (t > 1 ? t : 1);                   /* Megatron sends 1/t per TP rank */
     const double pp_one = p > 1 ? link_time(msg, 1, pp_inside ? c->intra_gbs : c->inter_gbs,
                                             pp_inside ? c->intra_us : c->inter_us) : 0;
+    /* CP: a TP rank's heads' K and V travel the ring; exposed what the core's compute leaves */
+    const long kv_dim = m->d_model * m->kv_heads / m->heads, kv_local = kv_dim / t > 0 ? kv_dim / t : 1;
+    const th_cp_traffic cpt = th_cp_layer_traffic(TH_CP_RING, cp, (long)b, m->seq, m->d_model, kv_local, act_bytes);
+    const double cp_gbs = cp_inside ? c->intra_gbs : c->inter_gbs, cp_us = cp_inside ? c->intra_us : c->inter_us;
+    const double cp_fwd = cp > 1 ? fmax(0, link_time(cpt.fwd_sent, cp - 1, cp_gbs, cp_us) - attn_fwd / rate) : 0;
+    const double cp_bwd = cp > 1 ? fmax(0, link_time(cpt.bwd_sent, 2 * cp - 1, cp_gbs, cp_us) - 2 * attn_fwd / rate) : 0;
+    /* EP: the all-to-alls of a MoE layer; of a rank's ep-1 peers, those in its node take NVLink */
+    const th_cp_traffic ept = th_ep_layer_traffic(ep, tokens / (l->sp ? t : 1), m->top_k, m->d_model, act_bytes);
+    const int ep_in_node = (int)fmin(ep, fmax(1, G / t));
+    const double out_share = ep > 1 ? (double)(ep - ep_in_node) / (ep - 1) : 0;
+    const double ep_one = ep > 1 ? fmax(link_time(out_share * ept.fwd_sent / 2, 0, c->inter_gbs, 0),
+                                        link_time((1 - out_share) * ept.fwd_sent / 2, 0, c->intra_gbs, 0)) +
+                                       (out_share > 0 ? c->inter_us : c->intra_us) * 1e-6 : 0;
 
-    double worst = -1, most_params = 0;
+    double worst = -1, most_params = 0, most_experts = 0;
     e->mem_limit = c->mem_gib * 1073741824.0 * (1 - tr->headroom);
     for (int r = 0; r < p; r++) {
-        int nl = 0, has_head = 0;
-        double params = 0, acts = 0;
+        int nl = 0, n_moe = 0, has_head = 0;
+        double params = 0, experts = 0, acts = 0;
         for (int k = 0; k < v; k++) { /* rank r's chunks, placed as lab04 places them */
             const int st = th_chunk_stage(l->schedule, p, r, k), lo = first[st], hi = lo + layers[st];
             nl += hi - lo;
+            n_moe += th_moe_layers(m, lo, hi);
             has_head |= hi == L;
             params += th_stage_params(m, mo, lo, hi);
+            experts += th_stage_expert_params(m, mo, lo, hi);
             /* the chunk's own pool of blocks (lab04's executor): its blocks in flight x their bytes */
             int n_acts, n_wgrads;
             th_chunk_in_flight(l->schedule, p, M, v, r, k, &n_acts, &n_wgrads);
@@ -113,25 +149,33 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
             if (exact) acts += n_wgrads * th_course_wgrads_bytes(m, &lab, lo, hi, (long)b);
         }
         /* time of one micro-batch on this rank */
-        double fwd = nl * layer_fwd + (has_head ? head_fwd : 0), core = nl * attn_fwd;
+        double fwd = n_moe * moe_fwd + (nl - n_moe) * dense_fwd + (has_head ? head_fwd : 0), core = nl * attn_fwd;
         double tF = (fwd + core) / rate, tB = (fwd + 2 * core) / rate, tW = fwd / rate;
         double tp_calls_fwd = 2.0 * nl, tp_calls_bwd = 2.0 * nl;
-        if (l->recompute == RECOMPUTE_FULL) { tB += tF; tp_calls_bwd += 2.0 * nl; }
+        const double ep_exposed = 2.0 * n_moe * ep_one * (1 - tr->ep_overlap);
+        double cp_f = nl * cp_fwd, cp_b = nl * cp_bwd, ep_f = ep_exposed, ep_b = ep_exposed;
+        if (l->recompute == RECOMPUTE_FULL) { tB += tF; tp_calls_bwd += 2.0 * nl; cp_b += cp_f; ep_b += ep_f; }
         else if (l->recompute == RECOMPUTE_SELECTIVE) tB += core / rate;
         double compute = tF + tB + tW, tp_time = (tp_calls_fwd + tp_calls_bwd) * tp_one, pp_time = 2.0 * v * pp_one;
-        tF += tp_calls_fwd * tp_one + v * pp_one;
-        tB += tp_calls_bwd * tp_one + v * pp_one;
+        tF += tp_calls_fwd * tp_one + v * pp_one + cp_f + ep_f;
+        tB += tp_calls_bwd * tp_one + v * pp_one + cp_b + ep_b;
         if (tF + tB + tW > worst) {
             worst = tF + tB + tW;
             e->tF = tF; e->tB = tB; e->tW = tW;
             e->t_compute = M * compute; e->t_tp = M * tp_time; e->t_pp = M * pp_time;
+            e->t_cp = M * (cp_f + cp_b); e->t_ep = M * (ep_f + ep_b);
             e->stage_layers_max = nl;
+            e->cp_bytes = M * nl * (cpt.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * cpt.bwd_sent);
+            e->ep_bytes = M * n_moe * (ept.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * ept.bwd_sent);
         }
-        most_params = fmax(most_params, params);
-        /* memory of this rank */
-        th_states s = th_model_states(params, mo, tr->zero_stage, d);
+        most_params = fmax(most_params, params - experts);
+        most_experts = fmax(most_experts, experts);
+        /* memory of this rank: the dense parameters' states over the DP x CP
+         * group, the experts' over the ranks holding the same experts */
+        th_states s = th_model_states(params - experts, mo, tr->zero_stage, d * cp);
+        th_states sx = th_model_states(experts, mo, tr->zero_stage, d * cp / ep);
         th_states buf = th_zero_buffers(layer_local, mo, tr->zero_stage);
-        double mem[MEM_NCAT] = {s.params + buf.params, s.grads + buf.grads, s.optim,
+        double mem[MEM_NCAT] = {s.params + sx.params + buf.params, s.grads + sx.grads + buf.grads, s.optim + sx.optim,
                              acts,
                              r < p - 1 ? act : 0, /* the received gradient of the output (lab03's dout) */
                              exact ? th_course_scratch_bytes(m, &lab, (long)b) : 0};
@@ -140,6 +184,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
         if (total > e->mem_total) {
             e->mem_total = total;
             e->fullest_stage = r;
+            e->expert_params = experts;
             for (int k = 0; k < MEM_NCAT; k++) e->mem[k] = mem[k];
         }
     }
@@ -149,19 +194,23 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
 
     double pipe = th_pipeline_step_time(l->schedule, p, M, l->vp, e->tF, e->tB, e->tW);
     e->t_bubble = th_bubble_time(l->schedule, p, M, l->vp, e->tF, e->tB, e->tW);
-    /* DP: the gradient of the rank's shard; ZeRO 3 gathers the parameters for
-     * every micro-batch's forward and backward */
+    /* DP: the gradient of the rank's shard over the DP x CP group (the experts'
+     * over cp d / ep ranks); ZeRO 3 gathers the parameters for every
+     * micro-batch's forward and backward */
     const double dp_gbs = dp_inside ? c->intra_gbs : c->inter_gbs, dp_us = dp_inside ? c->intra_us : c->inter_us;
-    const double grad = th_grad_bytes(tr->precision) * most_params;
-    e->dp_bytes = comm_ring_factor(COLL_ALLREDUCE, d) * grad;
-    double t_dp = d > 1 ? link_time(e->dp_bytes, 2 * (d - 1), dp_gbs, dp_us) : 0;
-    if (tr->zero_stage >= 3 && d > 1) {
-        double gather = comm_ring_factor(COLL_ALLGATHER, d) * th_param_bytes(tr->precision) * most_params;
+    const int dpc = d * cp, edp = d * cp / ep;
+    const double grad = th_grad_bytes(tr->precision) * most_params, xgrad = th_grad_bytes(tr->precision) * most_experts;
+    e->dp_bytes = comm_ring_factor(COLL_ALLREDUCE, dpc) * grad + comm_ring_factor(COLL_ALLREDUCE, edp) * xgrad;
+    double t_dp = (dpc > 1 ? link_time(comm_ring_factor(COLL_ALLREDUCE, dpc) * grad, 2 * (dpc - 1), dp_gbs, dp_us) : 0) +
+                  (edp > 1 && xgrad > 0 ? link_time(comm_ring_factor(COLL_ALLREDUCE, edp) * xgrad, 2 * (edp - 1), dp_gbs, dp_us) : 0);
+    if (tr->zero_stage >= 3 && dpc > 1) {
+        double gather = comm_ring_factor(COLL_ALLGATHER, dpc) * th_param_bytes(tr->precision) * most_params +
+                        comm_ring_factor(COLL_ALLGATHER, edp) * th_param_bytes(tr->precision) * most_experts;
         e->dp_bytes += 2.0 * M * gather;
-        t_dp += 2.0 * M * link_time(gather, d - 1, dp_gbs, dp_us);
+        t_dp += 2.0 * M * link_time(gather, dpc - 1, dp_gbs, dp_us);
     }
     e->t_dp = (1 - tr->dp_overlap) * t_dp;
-    double shard = most_params / (tr->zero_stage >= 1 ? d : 1);
+    double shard = tr->zero_stage >= 1 ? most_params / dpc + most_experts / edp : most_params + most_experts;
     e->t_optim = c->hbm_gbs > 0 ? 28.0 * shard / (c->hbm_gbs * 1e9) : 0;
     e->t_step = pipe + e->t_dp + e->t_optim;
     e->tp_bytes = M * (l->recompute == RECOMPUTE_FULL ? 6.0 : 4.0) * e->stage_layers_max *

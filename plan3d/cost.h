@@ -18,6 +18,23 @@
  *             the same bytes; ZeRO 3 also gathers the parameters twice per
  *             micro-batch) over the DP group's link, minus the overlapped share
  *   optimizer 28 bytes of memory traffic per parameter of the rank's shard
+ *   CP        context parallelism as a ring over zig-zag chunks (lab07's
+ *             default; Llama 3 all-gathers K and V instead, the same forward
+ *             bytes): per layer and micro-batch theory's th_cp_layer_traffic
+ *             over the CP group's link, of which only what the attention
+ *             core's compute cannot hide is on the critical path (the ring's
+ *             condition: a block's compute >= its message)
+ *   EP        per MoE layer and micro-batch two all-to-alls forward
+ *             (dispatch, combine) and two backward, theory's
+ *             th_ep_layer_traffic under uniform routing; the bytes bound for
+ *             other nodes go over the NIC, the rest over NVLink, at the same
+ *             time; one latency per all-to-all (its sends run at once); the
+ *             share --ep-overlap says is hidden (DeepSeek-V3's DualPipe runs
+ *             one micro-batch's all-to-all during another's compute: 1)
+ * Rank order (Megatron's): TP fastest, then CP, then DP, then PP; the EP
+ * group is ep consecutive ranks of the DP x CP group (stride t), so EP must
+ * divide the routed experts and cp x dp; the expert-data-parallel group, the
+ * ranks holding the same experts, is cp x dp / ep.
  * A link's collective over n ranks: 2(n-1) x latency + ring bytes / bandwidth. */
 #ifndef PLAN3D_COST_H
 #define PLAN3D_COST_H
@@ -29,11 +46,15 @@ typedef struct training {
     precision precision;
     int zero_stage;          /* 0..3 over the DP group */
     double dp_overlap;       /* 0..1: the share of DP traffic hidden behind the backward */
+    double ep_overlap;       /* 0..1: the share of EP all-to-all hidden behind other micro-batches' compute
+                              * (DeepSeek-V3's DualPipe hides it all; a plain schedule none) */
     double headroom;         /* 0..1: memory kept free (CUDA context, NCCL buffers, fragmentation) */
 } training;
 
 typedef struct layout {
     int tp, pp, dp;
+    int cp;                  /* context-parallel degree: each rank holds T / cp of every sequence */
+    int ep;                  /* expert-parallel degree (1 for a dense model): E / ep experts a rank */
     int micro_batch;         /* b: sequences per micro-batch */
     int micro_batches;       /* m = global batch / (d b) */
     th_schedule schedule;
@@ -50,9 +71,12 @@ typedef struct estimate {
     int fits;
     double tF, tB, tW;        /* one micro-batch on the slowest rank, with its TP and PP traffic */
     double t_compute, t_tp, t_pp, t_bubble, t_dp, t_optim, t_step; /* seconds per step */
+    double t_cp, t_ep;        /* exposed CP and EP traffic per step (in the pipeline's slots) */
+    double expert_params;     /* routed-expert parameters on the fullest rank */
     double tokens_per_s, model_flops, hw_flops; /* FLOPs per step, all GPUs */
     double mfu;               /* model FLOPs / (step x GPUs x peak) */
     double tp_bytes, pp_bytes, dp_bytes; /* ring bytes per GPU per step */
+    double cp_bytes, ep_bytes;           /* bytes sent per GPU per step, CP's ring and EP's all-to-alls */
 } estimate;
 
 /* "" if the layout can run the model on the cluster, else why not (one line

@@ -49,8 +49,8 @@ typedef struct option {
  * (10 s at 10^9 GPUs, 0.2 s at 10^6) and balances every split of the layers
  * over the stages of each layout (11 s at 10^5 layers, 0.8 s at 4096). */
 static long count_limit(const char *flag, const char **why) {
-    static const char *const gpu_flags[] = {"--gpus", "--gpus-per-node", "--tp", "--pp", "--dp"};
-    for (int i = 0; i < 5; i++)
+    static const char *const gpu_flags[] = {"--gpus", "--gpus-per-node", "--tp", "--pp", "--dp", "--cp", "--ep"};
+    for (int i = 0; i < 7; i++)
         if (!strcmp(flag, gpu_flags[i])) {
             *why = " (the search tries every t x p x d split of the GPUs; the largest published run has 16384)";
             return 1000000;
@@ -123,7 +123,7 @@ static int opts_given(const option *opts, int n, const char *name) {
 }
 
 static void usage(const option *opts, int n) {
-    printf("plan3d: lay out a model on a cluster (TP x PP x DP, micro-batches, schedule, SP, recomputation) from the\n"
+    printf("plan3d: lay out a model on a cluster (TP x CP x PP x DP and EP, micro-batches, schedule, SP, recomputation) from the\n"
            "formulas the labs check (theory/), and check those formulas against the labs' records and published runs.\n\n"
            "  ./plan3d                                     llama3-70b on 64 H100s, the best layouts\n"
            "  ./plan3d --model gpt3-175b --cluster a100-80gb --gpus 1024 --explain\n"
@@ -141,10 +141,15 @@ static void usage(const option *opts, int n) {
     printf("\nmodel presets (--model):\n");
     for (int i = 0; i < n_model_presets; i++) {
         th_params p = th_param_counts(&model_presets[i].m);
-        printf("  %-14s %8.4g B  %s\n", model_presets[i].name, p.total / 1e9, model_presets[i].about);
+        if (model_presets[i].m.experts > 0)
+            printf("  %-14s %8.4g B  (%.4g B active) %s\n", model_presets[i].name, p.total / 1e9, p.active / 1e9,
+                   model_presets[i].about);
+        else printf("  %-14s %8.4g B  %s\n", model_presets[i].name, p.total / 1e9, model_presets[i].about);
     }
     printf("  (Llama's GQA, SwiGLU, RMSNorm and untied head are modelled; BLOOM's ALiBi has no parameters; every other\n"
-           "   preset is the GPT shape. Numbers of 0 in the shape flags keep the preset's.)\ncluster presets (--cluster):\n");
+           "   preset is the GPT shape. MoE presets: total and active (per token) parameters; DeepSeek-V3's MLA attention\n"
+           "   is modelled as standard multi-head attention of the same heads and width. Numbers of 0 in the shape flags\n"
+           "   keep the preset's.)\ncluster presets (--cluster):\n");
     for (int i = 0; i < n_cluster_presets; i++) printf("  %-10s %s\n", cluster_presets[i].name, cluster_presets[i].source);
 }
 
@@ -153,10 +158,10 @@ int main(int argc, char **argv) {
     const char *sp = "any", *recompute = "any", *json = NULL, *check_dir = NULL, *published = NULL;
     const char *calibration = "calibration.json";
     int gpus = 64, gpn = 0, layers = 0, d_model = 0, heads = 0, kv_heads = 0, seq = 0, vocab = 0, ffn = 0;
-    int global_batch = 512, zero = 1, tp = 0, pp = 0, dp = 0, micro_batch = 0, vp = 0, top = 5;
+    int global_batch = 512, zero = 1, tp = 0, pp = 0, dp = 0, micro_batch = 0, vp = 0, top = 5, cpd = 0, ep = 0;
     int explain = 0, calibrate = 0, across = 0, help = 0;
     double mem = 0, tflops = 0, eff = 0, intra_gbs = 0, intra_us = 0, inter_gbs = 0, inter_us = 0, hbm = 0;
-    double overlap = 0, headroom = 0.1;
+    double overlap = 0, headroom = 0.1, ep_overlap = 0;
     option opts[] = {
         {"--model", OPT_STRING, &model_name, "a model preset (listed below)", 0, NULL, 0},
         {"--layers", OPT_INT, &layers, "override the preset: layers", 0, NULL, 0},
@@ -181,10 +186,13 @@ int main(int argc, char **argv) {
         {"--precision", OPT_STRING, &precision, "fp32 (the labs) or bf16 mixed precision (16 bytes of state per parameter)", 0, "fp32|bf16", 0},
         {"--zero-stage", OPT_INT, &zero, "ZeRO over the DP group: 0 none, 1 optimizer, 2 + gradients, 3 + parameters", 0, NULL, 0},
         {"--dp-overlap", OPT_DOUBLE, &overlap, "share of the DP traffic hidden behind the backward, 0..1", 0, NULL, 0},
+        {"--ep-overlap", OPT_DOUBLE, &ep_overlap, "share of the EP all-to-all hidden behind compute, 0..1", 0, NULL, 0},
         {"--mem-headroom", OPT_DOUBLE, &headroom, "share of GPU memory kept free (context, NCCL, fragmentation), 0..1", 0, NULL, 0},
         {"--tp", OPT_INT, &tp, "fix the tensor-parallel degree (0: search)", 0, NULL, 0},
         {"--pp", OPT_INT, &pp, "fix the pipeline stages (0: search)", 0, NULL, 0},
         {"--dp", OPT_INT, &dp, "fix the data-parallel replicas (0: search)", 0, NULL, 0},
+        {"--cp", OPT_INT, &cpd, "fix the context-parallel degree: every sequence over cp ranks, a ring (0: search)", 0, NULL, 0},
+        {"--ep", OPT_INT, &ep, "fix the expert-parallel degree: divides the routed experts and cp x dp (0: search)", 0, NULL, 0},
         {"--micro-batch", OPT_INT, &micro_batch, "fix the sequences per micro-batch (0: search)", 0, NULL, 0},
         {"--schedule", OPT_STRING, &schedule, "fix the pipeline schedule", 0, "any|gpipe|1f1b|interleaved|zb-h1|zb-v", 0},
         {"--vp", OPT_INT, &vp, "fix the chunks per rank of --schedule interleaved (0: search)", 0, NULL, 0},
@@ -242,17 +250,27 @@ int main(int argc, char **argv) {
     if (inter_gbs) c.inter_gbs = inter_gbs;
     if (inter_us) c.inter_us = inter_us;
     if (hbm) c.hbm_gbs = hbm;
-    training tr = {global_batch, !strcmp(precision, "bf16") ? PREC_BF16 : PREC_FP32, zero, overlap, headroom};
+    training tr = {global_batch, !strcmp(precision, "bf16") ? PREC_BF16 : PREC_FP32, zero, overlap, ep_overlap, headroom};
     if (tflops) *(tr.precision == PREC_BF16 ? &c.bf16_tflops : &c.fp32_tflops) = tflops;
     if (zero > 3) bad_input("--zero-stage %d: must be 0, 1, 2 or 3", zero);
     if (overlap > 1) bad_input("--dp-overlap %g: must be between 0 and 1", overlap);
+    if (ep_overlap > 1) bad_input("--ep-overlap %g: must be between 0 and 1", ep_overlap);
     if (headroom >= 1) bad_input("--mem-headroom %g: must be below 1", headroom);
     if (c.efficiency > 1) bad_input("--efficiency %g: must be at most 1", c.efficiency);
 
     constraints k = {tp, pp, dp, micro_batch, vp, th_schedule_parse(schedule), !strcmp(sp, "any") ? -1 : !strcmp(sp, "on"),
                      !strcmp(recompute, "any") ? -1 : !strcmp(recompute, "none") ? 0 : !strcmp(recompute, "selective") ? 1 : 2,
-                     across};
+                     across, cpd, ep};
     /* fixed knobs: the rules a layout must keep, named by their flags */
+    if (ep > 1 && m.experts <= 0)
+        bad_input("--ep %d needs a model with experts (--model mixtral-8x7b or deepseek-v3)", ep);
+    if (ep && m.experts > 0 && m.experts % ep)
+        bad_input("--ep %d does not divide the %ld routed experts of --model %s", ep, m.experts, mp->name);
+    if (cpd && c.gpus % cpd) bad_input("--cp %d does not divide --gpus %d", cpd, c.gpus);
+    if (cpd > 1 && m.seq % (2L * cpd))
+        bad_input("--cp %d does not divide --seq %ld into 2 x %d chunks (the ring's zig-zag layout)", cpd, m.seq, cpd);
+    if (ep && cpd && dp && ((long)cpd * dp) % ep)
+        bad_input("--ep %d does not divide --cp %d x --dp %d (the EP group is carved from the DP x CP ranks)", ep, cpd, dp);
     if (tp && c.gpus % tp) bad_input("--tp %d does not divide --gpus %d", tp, c.gpus);
     if (tp && m.heads % tp) bad_input("--tp %d does not divide --heads %ld (each TP rank computes whole heads)", tp, m.heads);
     if (tp > c.gpus_per_node && !across)
@@ -265,17 +283,18 @@ int main(int argc, char **argv) {
     if (pp && (long)pp * chunks > m.layers)
         bad_input("--pp %d x %d chunk%s per rank is more than --layers %ld: every chunk needs a layer", pp, chunks,
                   chunks == 1 ? "" : "s", m.layers);
-    long fixed = (long)(tp ? tp : 1) * (pp ? pp : 1) * (dp ? dp : 1);
+    long fixed = (long)(tp ? tp : 1) * (cpd ? cpd : 1) * (pp ? pp : 1) * (dp ? dp : 1);
     if (fixed > c.gpus || c.gpus % fixed) { /* name only the flags given */
-        char text[96] = "";
-        const char *names[3] = {"--tp", "--pp", "--dp"};
-        const int values[3] = {tp, pp, dp};
-        for (int i = 0; i < 3; i++)
+        char text[128] = "";
+        const char *names[4] = {"--tp", "--cp", "--pp", "--dp"};
+        const int values[4] = {tp, cpd, pp, dp};
+        for (int i = 0; i < 4; i++)
             if (values[i]) snprintf(text + strlen(text), sizeof text - strlen(text), "%s%s %d", text[0] ? " x " : "",
                                     names[i], values[i]);
         bad_input("%s does not divide --gpus %d", text, c.gpus);
     }
-    if (tp && pp && dp && (long)tp * pp * dp != c.gpus) bad_input("--tp %d x --pp %d x --dp %d is not --gpus %d", tp, pp, dp, c.gpus);
+    if (tp && pp && dp && cpd && (long)tp * cpd * pp * dp != c.gpus)
+        bad_input("--tp %d x --cp %d x --pp %d x --dp %d is not --gpus %d", tp, cpd, pp, dp, c.gpus);
     if (dp && micro_batch && global_batch % ((long)dp * micro_batch))
         bad_input("--global-batch %d is not divisible by --dp %d x --micro-batch %d", global_batch, dp, micro_batch);
     if (dp && global_batch % dp) bad_input("--global-batch %d is not divisible by --dp %d", global_batch, dp);
@@ -307,6 +326,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     plan_print_winner(stdout, &r.all[0], &c);
+    plan_print_why(stdout, &r, &k);
     plan_free(&r);
     return 0;
 }

@@ -8,8 +8,12 @@ static const double GiB = 1073741824.0;
 const char *layout_text(const layout *l, char *buf, int len) {
     char v[16] = "";
     if (l->schedule == TH_SCHED_INTERLEAVED) snprintf(v, sizeof v, " v=%d", l->vp);
-    snprintf(buf, len, "tp=%d pp=%d dp=%d b=%d m=%d %s%s%s recompute=%s", l->tp, l->pp, l->dp, l->micro_batch,
-             l->micro_batches, th_schedule_names[l->schedule], v, l->sp ? " sp" : "", recompute_names[l->recompute]);
+    char cp[16] = "", ep[16] = "";
+    if (l->cp > 1) snprintf(cp, sizeof cp, " cp=%d", l->cp);
+    if (l->ep > 1) snprintf(ep, sizeof ep, " ep=%d", l->ep);
+    snprintf(buf, len, "tp=%d%s pp=%d dp=%d%s b=%d m=%d %s%s%s recompute=%s", l->tp, cp, l->pp, l->dp, ep,
+             l->micro_batch, l->micro_batches, th_schedule_names[l->schedule], v, l->sp ? " sp" : "",
+             recompute_names[l->recompute]);
     return buf;
 }
 
@@ -30,41 +34,55 @@ static void push(plan_result *r, int *cap, const estimate *e) {
     r->all[r->n++] = *e;
 }
 
+/* Every micro-batch, schedule, SP and recomputation of one t x cp x p x d (x ep) split. */
+static void search_one(const th_model *m, const cluster *c, const training *tr, const constraints *k, plan_result *r,
+                       int *cap, int t, int cp, int p, int d, int ep) {
+    static const int batches[] = {1, 2, 4, 8, 16, 32}, chunks[] = {2, 3, 4, 6, 8};
+    for (int bi = 0; bi < 6; bi++) {
+        int b = k->micro_batch ? k->micro_batch : batches[bi];
+        if (k->micro_batch && bi) break;
+        for (int s = 0; s < TH_NSCHED; s++) {
+            if (k->schedule >= 0 ? s != k->schedule : (p == 1 && s != TH_SCHED_1F1B)) continue;
+            for (int vi = 0; vi < 5; vi++) {
+                int v = s != TH_SCHED_INTERLEAVED ? 1 : k->vp ? k->vp : chunks[vi];
+                if ((s != TH_SCHED_INTERLEAVED || k->vp) && vi) break;
+                for (int sp = 0; sp <= 1; sp++) {
+                    if (k->sp >= 0 ? sp != k->sp : (sp && t == 1)) continue;
+                    for (int rc = 0; rc < 3; rc++) {
+                        if (k->recompute >= 0 && rc != k->recompute) continue;
+                        layout l = {t, p, d, cp, ep, b, 0, s, v, sp, rc};
+                        l.micro_batches = d * b > 0 ? (int)(tr->global_batch / ((long)d * b)) : 0;
+                        char why[200];
+                        if (layout_problem(m, c, tr, &l, why, sizeof why)[0]) { r->rejected_shape++; continue; }
+                        estimate e;
+                        estimate_layout(m, c, tr, &l, &e);
+                        push(r, cap, &e);
+                        r->n_fit += e.fits;
+                    }
+                }
+            }
+        }
+    }
+}
+
 void plan_search(const th_model *m, const cluster *c, const training *tr, const constraints *k, plan_result *r) {
     memset(r, 0, sizeof *r);
     int cap = 0;
-    static const int batches[] = {1, 2, 4, 8, 16, 32}, chunks[] = {2, 3, 4, 6, 8};
     for (int t = 1; t <= c->gpus; t++) {
         if (c->gpus % t || (k->tp && t != k->tp)) continue;
         /* a TP group inside a node must not straddle two: t divides the node's GPUs */
         if (!k->tp && !k->tp_across_nodes && (t > c->gpus_per_node || c->gpus_per_node % t)) continue;
-        for (int p = 1; p <= c->gpus / t; p++) {
-            if ((c->gpus / t) % p || (k->pp && p != k->pp) || p > m->layers) continue;
-            int d = c->gpus / (t * p);
-            if (k->dp && d != k->dp) continue;
-            for (int bi = 0; bi < 6; bi++) {
-                int b = k->micro_batch ? k->micro_batch : batches[bi];
-                if (k->micro_batch && bi) break;
-                for (int s = 0; s < TH_NSCHED; s++) {
-                    if (k->schedule >= 0 ? s != k->schedule : (p == 1 && s != TH_SCHED_1F1B)) continue;
-                    for (int vi = 0; vi < 5; vi++) {
-                        int v = s != TH_SCHED_INTERLEAVED ? 1 : k->vp ? k->vp : chunks[vi];
-                        if ((s != TH_SCHED_INTERLEAVED || k->vp) && vi) break;
-                        for (int sp = 0; sp <= 1; sp++) {
-                            if (k->sp >= 0 ? sp != k->sp : (sp && t == 1)) continue;
-                            for (int rc = 0; rc < 3; rc++) {
-                                if (k->recompute >= 0 && rc != k->recompute) continue;
-                                layout l = {t, p, d, b, 0, s, v, sp, rc};
-                                l.micro_batches = d * b > 0 ? (int)(tr->global_batch / ((long)d * b)) : 0;
-                                char why[200];
-                                if (layout_problem(m, c, tr, &l, why, sizeof why)[0]) { r->rejected_shape++; continue; }
-                                estimate e;
-                                estimate_layout(m, c, tr, &l, &e);
-                                push(r, &cap, &e);
-                                r->n_fit += e.fits;
-                            }
-                        }
-                    }
+        for (int cp = 1; cp <= c->gpus / t; cp++) {
+            /* the ring's zig-zag layout cuts the sequence into 2 cp chunks */
+            if ((c->gpus / t) % cp || (k->cp && cp != k->cp) || (cp > 1 && m->seq % (2L * cp))) continue;
+            for (int p = 1; p <= c->gpus / (t * cp); p++) {
+                if ((c->gpus / (t * cp)) % p || (k->pp && p != k->pp) || p > m->layers) continue;
+                int d = c->gpus / (t * cp * p);
+                if (k->dp && d != k->dp) continue;
+                /* EP: a divisor of the routed experts and of the DP x CP ranks (1 for a dense model) */
+                for (int ep = 1; ep <= (m->experts > 0 ? m->experts : 1); ep++) {
+                    if ((k->ep ? ep != k->ep : m->experts > 0 && m->experts % ep) || ((long)d * cp) % ep) continue;
+                    search_one(m, c, tr, k, r, &cap, t, cp, p, d, ep);
                 }
             }
         }
@@ -83,6 +101,12 @@ void plan_print_header(FILE *f, const char *name, const th_model *m, const clust
     fprintf(f, "model    %s: %.4g B parameters | %ld layers, d_model %ld, %ld heads (%ld K/V), ffn %ld%s, seq %ld, vocab %ld\n",
             name, pc.total / 1e9, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->gated_mlp ? " (SwiGLU)" : "",
             m->seq, m->vocab);
+    if (m->experts > 0)
+        fprintf(f, "experts  %ld routed, top-%ld, %ld shared, each ffn %ld, %ld of %ld layers MoE | %.4g B total, "
+                   "%.4g B active per token (%.3g B of routed experts per MoE layer)\n",
+                m->experts, m->top_k, m->shared_experts, m->ffn_expert > 0 ? m->ffn_expert : m->ffn,
+                (long)th_moe_layers(m, 0, (int)m->layers), m->layers, pc.total / 1e9, pc.active / 1e9,
+                pc.layer_experts / 1e9);
     fprintf(f, "cluster  %d x %s, %d per node | %.4g GiB, %.4g TFLOP/s dense %s at efficiency %.2f | inside %.4g GB/s %.3g us, "
                "between %.4g GB/s %.3g us per GPU\n",
             c->gpus, c->name, c->gpus_per_node, c->mem_gib, peak, tr->precision == PREC_BF16 ? "bf16" : "fp32",
@@ -98,18 +122,18 @@ void plan_print_header(FILE *f, const char *name, const th_model *m, const clust
 void plan_print_table(FILE *f, const plan_result *r, int top) {
     fprintf(f, "\n%d layouts: %d fit, %d do not (and %ld combinations cannot divide the model or batch)\n", r->n, r->n_fit,
             r->n - r->n_fit, r->rejected_shape);
-    fprintf(f, "  #  tp  pp   dp  b    m schedule     v sp recompute | params  grads  optim   acts  total GiB |"
-               " step s = compute +    TP +    PP + bubble +    DP +   opt |  tok/s    MFU\n");
+    fprintf(f, "  #  tp  cp  pp   dp  ep  b    m schedule     v sp recompute | params  grads  optim   acts  total GiB |"
+               " step s = compute +    TP +  CP +  EP +    PP + bubble +    DP +   opt |  tok/s    MFU\n");
     for (int i = 0; i < r->n && i < top; i++) {
         const estimate *e = &r->all[i];
         const layout *l = &e->l;
-        fprintf(f, "%3d %3d %3d %4d %2d %4d %-12s %1d %2s %-9s | %6.1f %6.1f %6.1f %6.1f %6.1f%s    | %6.2f = %7.2f %7.2f %7.2f %6.2f "
-                   "%7.2f %5.2f | %6.3g %5.1f%%\n",
-                i + 1, l->tp, l->pp, l->dp, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule],
+        fprintf(f, "%3d %3d %3d %3d %4d %3d %2d %4d %-12s %1d %2s %-9s | %6.1f %6.1f %6.1f %6.1f %6.1f%s    | %6.2f = %7.2f "
+                   "%7.2f %5.2f %5.2f %7.2f %6.2f %7.2f %5.2f | %6.3g %5.1f%%\n",
+                i + 1, l->tp, l->cp, l->pp, l->dp, l->ep, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule],
                 l->vp, l->sp ? "on" : "-", recompute_names[l->recompute], e->mem[MEM_PARAMS] / GiB,
                 e->mem[MEM_GRADS] / GiB, e->mem[MEM_OPTIM] / GiB, e->mem[MEM_ACTS] / GiB, e->mem_total / GiB,
-                e->fits ? " " : "!", e->t_step, e->t_compute, e->t_tp, e->t_pp, e->t_bubble, e->t_dp, e->t_optim,
-                e->tokens_per_s, 100 * e->mfu);
+                e->fits ? " " : "!", e->t_step, e->t_compute, e->t_tp, e->t_cp, e->t_ep, e->t_pp, e->t_bubble, e->t_dp,
+                e->t_optim, e->tokens_per_s, 100 * e->mfu);
     }
 }
 
@@ -125,21 +149,76 @@ void plan_print_winner(FILE *f, const estimate *e, const cluster *c) {
     fprintf(f, "  one micro-batch on the busiest stage (%d layers): forward %.1f ms, input-gradient %.1f ms, weight-gradient "
                "%.1f ms (TP and PP traffic included)\n",
             e->stage_layers_max, 1e3 * e->tF, 1e3 * e->tB, 1e3 * e->tW);
-    fprintf(f, "  step %.3f s: compute %.3f (at %.0f%% of peak) + TP %.3f + PP %.3f + bubble %.3f (%.1f%% of the step) + "
-               "exposed DP %.3f + optimizer %.3f\n",
-            e->t_step, e->t_compute, 100 * c->efficiency, e->t_tp, e->t_pp, e->t_bubble, 100 * e->t_bubble / e->t_step,
-            e->t_dp, e->t_optim);
-    fprintf(f, "  traffic per GPU per step (ring bytes): TP %.3g GB, PP %.3g GB, DP %.3g GB\n", e->tp_bytes / 1e9,
-            e->pp_bytes / 1e9, e->dp_bytes / 1e9);
+    fprintf(f, "  step %.3f s: compute %.3f (at %.0f%% of peak) + TP %.3f + CP %.3f + EP %.3f + PP %.3f + bubble %.3f "
+               "(%.1f%% of the step) + exposed DP %.3f + optimizer %.3f\n",
+            e->t_step, e->t_compute, 100 * c->efficiency, e->t_tp, e->t_cp, e->t_ep, e->t_pp, e->t_bubble,
+            100 * e->t_bubble / e->t_step, e->t_dp, e->t_optim);
+    fprintf(f, "  traffic per GPU per step (ring bytes): TP %.3g GB, CP %.3g GB (ring attention, K and V forward, dK and "
+               "dV back), EP %.3g GB (all-to-all), PP %.3g GB, DP %.3g GB\n",
+            e->tp_bytes / 1e9, e->cp_bytes / 1e9, e->ep_bytes / 1e9, e->pp_bytes / 1e9, e->dp_bytes / 1e9);
+    if (e->l.ep > 1 || e->expert_params > 0)
+        fprintf(f, "  experts: %.3g B routed-expert parameters on the fullest GPU (1/%d of its stage's), their states "
+                   "over %d ranks holding the same experts\n",
+                e->expert_params / 1e9, e->l.ep, e->l.dp * e->l.cp / e->l.ep);
     fprintf(f, "  %.4g tokens/s, %.1f TFLOP/s per GPU of model FLOPs (%.1f with recomputation), MFU %.1f%%\n",
             e->tokens_per_s, e->model_flops / e->t_step / c->gpus / 1e12, e->hw_flops / e->t_step / c->gpus / 1e12,
             100 * e->mfu);
+}
+
+/* The best layout (fitting first) whose key is 1, else NULL. */
+static const estimate *best_with(const plan_result *r, int (*ok)(const layout *l)) {
+    for (int i = 0; i < r->n; i++)
+        if (ok(&r->all[i].l)) return &r->all[i];
+    return NULL;
+}
+static int no_cp(const layout *l) { return l->cp == 1; }
+static int no_ep(const layout *l) { return l->ep == 1; }
+
+/* cat: the memory category the knob divides (CP: activations), or -1: the model states (EP: the experts') */
+static double mem_of(const estimate *e, int cat) {
+    return cat >= 0 ? e->mem[cat] : e->mem[MEM_PARAMS] + e->mem[MEM_GRADS] + e->mem[MEM_OPTIM];
+}
+
+static void why_one(FILE *f, const plan_result *r, const char *name, int value, int (*without)(const layout *l), int cat,
+                    const char *what) {
+    const estimate *w = &r->all[0], *b = best_with(r, without);
+    char lt[160];
+    if (value <= 1) return;
+    if (!b) {
+        fprintf(f, "  why %s=%d: no layout without it divides the model and the GPUs\n", name, value);
+        return;
+    }
+    layout_text(&b->l, lt, sizeof lt);
+    if (!b->fits)
+        fprintf(f, "  why %s=%d: without it nothing fits: the closest layout (%s) needs %.1f GiB per GPU, its %s %.1f GiB, "
+                   "of %.1f usable; with %s=%d the %s take %.1f GiB\n",
+                name, value, lt, b->mem_total / GiB, what, mem_of(b, cat) / GiB, b->mem_limit / GiB, name, value, what,
+                mem_of(w, cat) / GiB);
+    else {
+        /* does memory force recomputation without the knob? */
+        int only_full = 1;
+        for (int i = 0; i < r->n; i++)
+            if (without(&r->all[i].l) && r->all[i].fits && r->all[i].l.recompute != RECOMPUTE_FULL) only_full = 0;
+        fprintf(f, "  why %s=%d: the best layout without it (%s, %s %.1f GiB) takes %.3f s a step, %.0f%% more than "
+                   "%.3f s (%s here %.1f GiB)%s\n",
+                name, value, lt, what, mem_of(b, cat) / GiB, b->t_step, 100 * (b->t_step / w->t_step - 1), w->t_step, what,
+                mem_of(w, cat) / GiB,
+                only_full && w->l.recompute != RECOMPUTE_FULL ? "; without it only full recomputation fits" : "");
+    }
+}
+
+void plan_print_why(FILE *f, const plan_result *r, const constraints *k) {
+    if (!r->n_fit) return;
+    if (!k->cp) why_one(f, r, "cp", r->all[0].l.cp, no_cp, MEM_ACTS, "activations");
+    if (!k->ep) why_one(f, r, "ep", r->all[0].l.ep, no_ep, -1, "model states");
 }
 
 /* For one knob, the best layout at each of its values. */
 typedef int (*knob_fn)(const layout *l);
 static int knob_tp(const layout *l) { return l->tp; }
 static int knob_pp(const layout *l) { return l->pp; }
+static int knob_cp(const layout *l) { return l->cp; }
+static int knob_ep(const layout *l) { return l->ep; }
 static int knob_b(const layout *l) { return l->micro_batch; }
 static int knob_sched(const layout *l) { return l->schedule * 100 + (l->schedule == TH_SCHED_INTERLEAVED ? l->vp : 0); }
 static int knob_sp(const layout *l) { return l->sp; }
@@ -178,19 +257,24 @@ static void explain_knob(FILE *f, const plan_result *r, const char *name, knob_f
 
 void plan_print_explain(FILE *f, const plan_result *r) {
     fprintf(f, "\nhow the best was reached: %d layouts estimated (every t dividing the GPUs and the heads, within a node "
-               "unless --tp-across-nodes; every p; d the rest; micro-batches of 1-32 sequences; each schedule; SP on and "
+               "unless --tp-across-nodes; every cp dividing the sequence into 2 cp chunks; every p; d the rest; every ep "
+               "dividing the experts and cp x d; micro-batches of 1-32 sequences; each schedule; SP on and "
                "off; three recomputation modes); %d fit. For each knob, the best layout with that value (its step time, "
                "or how far the best of them is over the memory):\n", r->n, r->n_fit);
     explain_knob(f, r, "tp", knob_tp);
+    explain_knob(f, r, "cp", knob_cp);
     explain_knob(f, r, "pp", knob_pp);
+    explain_knob(f, r, "ep", knob_ep);
     explain_knob(f, r, "micro-batch", knob_b);
     explain_knob(f, r, "schedule", knob_sched);
     explain_knob(f, r, "sp", knob_sp);
     explain_knob(f, r, "recompute", knob_rc);
     if (r->n_fit) {
         const estimate *w = &r->all[0];
-        fprintf(f, "  the winner's step: %.0f%% compute, %.0f%% TP, %.0f%% PP, %.0f%% bubble, %.0f%% DP, %.0f%% optimizer\n",
-                100 * w->t_compute / w->t_step, 100 * w->t_tp / w->t_step, 100 * w->t_pp / w->t_step,
+        fprintf(f, "  the winner's step: %.0f%% compute, %.0f%% TP, %.0f%% CP, %.0f%% EP, %.0f%% PP, %.0f%% bubble, %.0f%% DP, "
+                   "%.0f%% optimizer\n",
+                100 * w->t_compute / w->t_step, 100 * w->t_tp / w->t_step, 100 * w->t_cp / w->t_step,
+                100 * w->t_ep / w->t_step, 100 * w->t_pp / w->t_step,
                 100 * w->t_bubble / w->t_step, 100 * w->t_dp / w->t_step, 100 * w->t_optim / w->t_step);
     }
 }
@@ -200,9 +284,9 @@ int plan_write_json(const char *path, const char *name, const th_model *m, const
     FILE *f = fopen(path, "w");
     if (!f) return 0;
     th_params pc = th_param_counts(m);
-    fprintf(f, "{\"model\":{\"name\":\"%s\",\"params\":%.0f,\"layers\":%ld,\"d_model\":%ld,\"heads\":%ld,\"kv_heads\":%ld,"
+    fprintf(f, "{\"model\":{\"name\":\"%s\",\"params\":%.0f,\"active_params\":%.0f,\"flops_per_token\":%.6g,\"experts\":%ld,\"layers\":%ld,\"d_model\":%ld,\"heads\":%ld,\"kv_heads\":%ld,"
                "\"ffn\":%ld,\"seq\":%ld,\"vocab\":%ld},\n",
-            name, pc.total, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->seq, m->vocab);
+            name, pc.total, pc.active, th_flops_per_token(m), m->experts, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->seq, m->vocab);
     fprintf(f, "\"cluster\":{\"name\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,\"mem_gib\":%g,\"efficiency\":%g},\n", c->name,
             c->gpus, c->gpus_per_node, c->mem_gib, c->efficiency);
     fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d},\n\"layouts\":[", tr->global_batch,
@@ -211,16 +295,16 @@ int plan_write_json(const char *path, const char *name, const th_model *m, const
         const estimate *e = &r->all[i];
         const layout *l = &e->l;
         char lt[160];
-        fprintf(f, "%s\n{\"rank\":%d,\"winner\":%s,\"label\":\"%s\",\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%d,"
+        fprintf(f, "%s\n{\"rank\":%d,\"winner\":%s,\"label\":\"%s\",\"tp\":%d,\"cp\":%d,\"pp\":%d,\"dp\":%d,\"ep\":%d,\"micro_batch\":%d,"
                    "\"micro_batches\":%d,\"schedule\":\"%s\",\"vp\":%d,\"sp\":%d,\"recompute\":\"%s\",\"fits\":%s,\"mem_bytes\":{",
-                i ? "," : "", i + 1, i == 0 && e->fits ? "true" : "false", layout_text(l, lt, sizeof lt), l->tp, l->pp,
-                l->dp, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule], l->vp, l->sp,
+                i ? "," : "", i + 1, i == 0 && e->fits ? "true" : "false", layout_text(l, lt, sizeof lt), l->tp, l->cp, l->pp,
+                l->dp, l->ep, l->micro_batch, l->micro_batches, th_schedule_names[l->schedule], l->vp, l->sp,
                 recompute_names[l->recompute], e->fits ? "true" : "false");
         for (int k = 0; k < MEM_NCAT; k++) fprintf(f, "%s\"%s\":%.0f", k ? "," : "", mem_category_names[k], e->mem[k]);
         fprintf(f, "},\"mem_total_bytes\":%.0f,\"mem_limit_bytes\":%.0f,\"step_s\":%.6g,\"compute_s\":%.6g,\"tp_s\":%.6g,"
-                   "\"pp_s\":%.6g,\"bubble_s\":%.6g,\"dp_s\":%.6g,\"optimizer_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.4f}",
+                   "\"pp_s\":%.6g,\"bubble_s\":%.6g,\"dp_s\":%.6g,\"optimizer_s\":%.6g,\"cp_s\":%.6g,\"ep_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.4f}",
                 e->mem_total, e->mem_limit, e->t_step, e->t_compute, e->t_tp, e->t_pp, e->t_bubble, e->t_dp, e->t_optim,
-                e->tokens_per_s, e->mfu);
+                e->t_cp, e->t_ep, e->tokens_per_s, e->mfu);
     }
     fprintf(f, "\n]}\n");
     return fclose(f) == 0;

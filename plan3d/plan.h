@@ -11,6 +11,7 @@ typedef struct constraints {
     int sp;                  /* 0, 1, -1: any */
     int recompute;           /* recompute_mode, -1: any */
     int tp_across_nodes;     /* allow t > GPUs per node */
+    int cp, ep;              /* context- and expert-parallel degrees, 0: search (ep: 1 for a dense model) */
 } constraints;
 
 typedef struct plan_result {
@@ -28,12 +29,15 @@ void plan_free(plan_result *r);
 void plan_print_header(FILE *f, const char *model_name, const th_model *m, const cluster *c, const training *tr);
 void plan_print_table(FILE *f, const plan_result *r, int top);
 void plan_print_winner(FILE *f, const estimate *e, const cluster *c);
+/* Why the winner's CP and EP where the search chose them: the best layout
+ * without them, what it needs or takes. */
+void plan_print_why(FILE *f, const plan_result *r, const constraints *k);
 void plan_print_explain(FILE *f, const plan_result *r);
 /* The table for plots: every layout and which one won. */
 int plan_write_json(const char *path, const char *model_name, const th_model *m, const cluster *c,
                     const training *tr, const plan_result *r);
 
-/* "tp=8 pp=4 dp=2 b=1 m=64 interleaved v=2 sp selective" */
+/* "tp=8 pp=4 dp=2 b=1 m=64 interleaved v=2 sp selective"; cp=N and ep=N where above 1 */
 const char *layout_text(const layout *l, char *buf, int len);
 
 #endif

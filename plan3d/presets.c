@@ -29,6 +29,21 @@ const model_preset model_presets[] = {
     {"megatron-530b", GPT(105, 20480, 128, 2048, 51200), "Megatron-LM 2021, Table 1: 529.6B"},
     {"megatron-1t", GPT(128, 25600, 160, 2048, 51200), "Megatron-LM 2021, Table 1: 1008B"},
     {"mt-nlg-530b", GPT(105, 20480, 128, 2048, 50272), "MT-NLG 530B (Smith et al. 2022, section 2)"},
+    /* Mixture of experts. Mixtral: every layer's MLP is 8 SwiGLU experts of
+     * Mistral 7B's width, top-2 (Jiang et al. 2024, arXiv 2401.04088, Table 1:
+     * 46.7B total, 12.9B active). DeepSeek-V3 (arXiv 2412.19437, section 4.2):
+     * 256 routed experts of width 2048, top-8, 1 shared expert, the first 3
+     * layers dense (18432), 671B total, 37B active. Its multi-head latent
+     * attention (low-rank K/V and Q projections) is not modelled: standard
+     * multi-head attention of its 128 heads over d_model 7168 stands in
+     * (205M parameters a layer where MLA has 187M; 1.1B more over 61 layers). */
+    {"mixtral-8x7b", {.vocab = 32000, .seq = 32768, .layers = 32, .d_model = 4096, .heads = 32, .kv_heads = 8,
+                      .ffn = 14336, .gated_mlp = 1, .experts = 8, .top_k = 2},
+     "Mixtral 8x7B (arXiv 2401.04088, Table 1): 8 SwiGLU experts top-2 per layer, GQA, RoPE, untied head"},
+    {"deepseek-v3", {.vocab = 129280, .seq = 4096, .layers = 61, .d_model = 7168, .heads = 128, .kv_heads = 128,
+                     .ffn = 18432, .gated_mlp = 1, .experts = 256, .top_k = 8, .ffn_expert = 2048,
+                     .shared_experts = 1, .dense_layers = 3},
+     "DeepSeek-V3 (arXiv 2412.19437): 256 routed experts top-8 + 1 shared (width 2048), first 3 layers dense; MLA as MHA"},
     /* ALiBi: no position table; the extra LayerNorm after the embedding is left out */
     {"bloom-176b", {.vocab = 250880, .seq = 2048, .layers = 70, .d_model = 14336, .heads = 112, .kv_heads = 112,
                     .ffn = 4 * 14336, .biases = 1, .learned_positions = 0, .tied_head = 1},
@@ -63,6 +78,11 @@ const cluster cluster_presets[] = {
      "DGX H100 nodes: NVLink 4 inside (900 GB/s both ways), 8 x NDR 400 Gb/s InfiniBand between"},
     {"h200", 8, 8, 131.3, 989, 495, 0.57, 450, 3, 50, 8, 4800, 0,
      "H200 SXM nodes (141 GB = 131.3 GiB): the H100's compute and links, HBM3e 4.8 TB/s"},
+    /* DeepSeek-V3's cluster (arXiv 2412.19437, section 3.2.2): NVLink 160 GB/s
+     * and InfiniBand 50 GB/s per GPU as the report states them; the H800's
+     * compute is the H100's */
+    {"h800", 8, 8, 80, 989, 495, 0.57, 160, 3, 50, 8, 3350, 0,
+     "H800 SXM nodes (DeepSeek-V3's): H100 compute, NVLink 160 GB/s and InfiniBand 50 GB/s per GPU as its report gives"},
     /* the machine the labs run on, as plan3d --calibrate measured it (--calibration) */
     {"cpu", 2, 2, 8, 0, 0, 1.0, 0, 0, 0, 0, 0, 2, "this machine's cores as ranks, measured by plan3d --calibrate"},
 };

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { ID, MODEL, CLUSTER, GPUS, INTER, TP, PP, DP, BATCH, MB, SCHED, RECOMP, SP, ZERO, OVERLAP, FLOPS, TFLOPS, SOURCE,
+enum { ID, MODEL, CLUSTER, GPUS, INTER, TP, PP, DP, CP, EP, SEQ, BATCH, MB, SCHED, RECOMP, SP, ZERO, OVERLAP, EP_OVERLAP, FLOPS, TFLOPS, SOURCE,
        VERIFIED, COLUMNS };
 
 /* The line's cells (the first COLUMNS into cols); returns how many it has. */
@@ -31,13 +31,14 @@ static int split_tabs(char *line, char **cols) {
 }
 
 static const char *const column_names[COLUMNS] = {
-    "id", "model", "cluster", "gpus", "inter_gbs", "tp", "pp", "dp", "global_batch", "micro_batch", "schedule",
-    "recompute", "sp", "zero", "dp_overlap", "flops", "tflops", "source", "verified"};
+    "id", "model", "cluster", "gpus", "inter_gbs", "tp", "pp", "dp", "cp", "ep", "seq", "global_batch", "micro_batch", "schedule",
+    "recompute", "sp", "zero", "dp_overlap", "ep_overlap", "flops", "tflops", "source", "verified"};
 
 /* A row, every cell checked: the file is the user's to extend. */
 typedef struct row {
     char *c[COLUMNS];
     const model_preset *mp;
+    th_model m;              /* the preset's, at the row's sequence length */
     cluster cl;
     training tr;
     constraints k;
@@ -100,26 +101,31 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     const cluster *cp = find_cluster(w->c[CLUSTER]);
     if (!cp) return bad_cell(path, lineno, CLUSTER, w->c[CLUSTER], "is not a cluster preset (plan3d --help lists them)");
     w->cl = *cp;
-    long gpus, tp, pp, dp, batch, mb, zero;
+    long gpus, tp, pp, dp, cpd, ep, seq, batch, mb, zero;
     int sched, recompute, sp, flops;
-    double overlap;
+    double overlap, ep_overlap;
     if (!cell_count(path, lineno, w, GPUS, 1, 1000000, 0, &gpus) ||
         (strcmp(w->c[INTER], "-") && !cell_number(path, lineno, w, INTER, 0, 1, 1e6, &w->cl.inter_gbs)) ||
         !cell_count(path, lineno, w, TP, 1, gpus, 1, &tp) || !cell_count(path, lineno, w, PP, 1, gpus, 1, &pp) ||
-        !cell_count(path, lineno, w, DP, 1, gpus, 1, &dp) ||
+        !cell_count(path, lineno, w, DP, 1, gpus, 1, &dp) || !cell_count(path, lineno, w, CP, 1, gpus, 1, &cpd) ||
+        !cell_count(path, lineno, w, EP, 1, gpus, 1, &ep) ||
+        !cell_count(path, lineno, w, SEQ, 1, 10000000, 1, &seq) ||
         !cell_count(path, lineno, w, BATCH, 1, 1000000000, 0, &batch) ||
         !cell_count(path, lineno, w, MB, 1, batch, 1, &mb) ||
         !cell_choice(path, lineno, w, SCHED, "gpipe|1f1b|interleaved|zb-h1|zb-v", 1, &sched) ||
         !cell_choice(path, lineno, w, RECOMP, "none|selective|full", 1, &recompute) ||
         !cell_choice(path, lineno, w, SP, "off|on", 1, &sp) || !cell_count(path, lineno, w, ZERO, 0, 3, 0, &zero) ||
         !cell_number(path, lineno, w, OVERLAP, 0, 0, 1, &overlap) ||
+        !cell_number(path, lineno, w, EP_OVERLAP, 0, 0, 1, &ep_overlap) ||
         !cell_choice(path, lineno, w, FLOPS, "hw|model", 0, &flops) ||
         !cell_number(path, lineno, w, TFLOPS, 0, 1, 1e6, &w->tflops))
         return 0;
+    w->m = w->mp->m;
+    if (seq) w->m.seq = seq;
     w->cl.gpus = (int)gpus;
     if (w->cl.gpus_per_node > w->cl.gpus) w->cl.gpus_per_node = w->cl.gpus;
-    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, 0.1};
-    w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, 0, sched, sp, recompute, 0};
+    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1};
+    w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, 0, sched, sp, recompute, 0, (int)cpd, (int)ep};
     return 1;
 }
 
@@ -152,7 +158,7 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
     cluster cl = w->cl;
     /* the schedules of their time: 1F1B or Megatron's interleaving when the row does not say */
     plan_result r;
-    plan_search(&w->mp->m, &cl, &w->tr, &k, &r);
+    plan_search(&w->m, &cl, &w->tr, &k, &r);
     /* the fastest that fits; where our memory model says none does (the
      * run did), the fastest of all, marked */
     int pick = -1;
@@ -173,7 +179,8 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
     double predicted = flops / e->t_step / cl.gpus / 1e12, reported = w->tflops;
     double err = predicted / reported - 1;
     char lt[160];
-    printf("%-17s %6d %2d %3d %4d   | %9.0f %9.0f %+6.1f%% | %s (%.1f GiB%s)\n", c[ID], cl.gpus, e->l.tp, e->l.pp, e->l.dp,
+    printf("%-17s %6d %2d %2d %3d %4d %3d | %9.0f %9.0f %+6.1f%% | %s (%.1f GiB%s)\n", c[ID], cl.gpus, e->l.tp, e->l.cp,
+           e->l.pp, e->l.dp, e->l.ep,
            reported, predicted, 100 * err, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
            e->fits ? "" : ", does NOT fit: the memory model is off for this row");
     json_array_append_new(t->out, json_pack("{s:s,s:i,s:f,s:f,s:f,s:s,s:b,s:f,s:s}", "id", c[ID], "gpus", cl.gpus,
@@ -211,7 +218,7 @@ int predict_published(const char *path, const char *json_path) {
         return status;
     }
     tally t = {.out = json_array()};
-    printf("%-17s %6s %-14s | %9s %9s %7s | %s\n", "run", "GPUs", "tp pp dp", "reported", "predicted", "error",
+    printf("%-17s %6s %-17s | %9s %9s %7s | %s\n", "run", "GPUs", "tp cp pp   dp  ep", "reported", "predicted", "error",
            "the layout plan3d completes it with (memory per GPU)");
     status = for_each_row(f, path, predict_row, &t, &rows);
     fclose(f);

@@ -105,6 +105,9 @@ nongemm = {p: sum(v for k, v in med[p].items() if k != "gemm") for p in med}
 line("not gemm", nongemm["fp32"], nongemm["bf16"])
 line("whole step", sum(med["fp32"].values()), sum(med["bf16"].values()))
 print(f"median step (ms) fp32 {step['fp32']:.1f}, bf16 {step['bf16']:.1f}; tok/s bf16/fp32 per round, median {ratio:.2f}")
+whole = {p: sum(med[p].values()) for p in med}
+print(f"ceiling: fp32 step / bf16 GEMMs alone = {whole['fp32'] / med['bf16']['gemm']:.2f} (bf16/fp32 if nothing but the "
+      f"linear layers' GEMMs took time); with attention too: {whole['fp32'] / (med['bf16']['gemm'] + med['bf16']['attention']):.2f}")
 print("(timed calls: each bracketed by a trace event, a few percent slower than a plain run; part 3 has the plain tok/s)")
 PY
 fi

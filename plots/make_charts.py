@@ -41,8 +41,11 @@ SIZES = {
     "quick": dict(pipe="--layers 8 --d-model 32 --heads 4 --seq 16", pipe_steps=2, micro=(1, 8),
                   std="--layers 4 --d-model 32 --heads 4 --seq 16", std_steps=3, batch=16,
                   acts_micro=(1, 8), acts_rows=2,
-                  sp="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --steps 1"),
+                  sp="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --steps 1",
+                  cp="--layers 2 --d-model 32 --heads 4 --batch 4 --steps 2", cp_seq=(16, 32)),
 }
+# lab07's long-sequence sweep: a tiny model, so the sequence is what grows
+SIZES["full"].update(cp="--layers 2 --d-model 64 --heads 4 --batch 4 --steps 4", cp_seq=(128, 256, 512, 1024))
 
 
 # lab04's schedules in the bubble and timeline charts, and the m each can run at
@@ -101,6 +104,11 @@ def sweep(z):
         for sp in ((False,) if t == 1 else (False, True)):
             for mode in ("none", "selective", "full"):
                 runs.append(("sp", "lab05_tp", t, f"{z['sp']} --recompute {mode}" + (" --sequence-parallel" if sp else "")))
+    # chart 3d: lab07 as T grows at CP = 1, 2, 4 (zig-zag ring); contiguous at the longest T for the imbalance
+    for T in z["cp_seq"]:
+        for n in (1, 2, 4):
+            runs.append(("cp", "lab07_cp", n, f"{z['cp']} --seq {T}"))
+    runs.append(("cp", "lab07_cp", 4, f"{z['cp']} --seq {z['cp_seq'][-1]} --cp-layout contiguous"))
     return runs
 
 
@@ -183,7 +191,8 @@ def timeline_table(files, names, path):
 
 # ---- the planner's chart: one model's layouts on a cluster (plan3d --json) ----
 
-PLAN_ARGS = ["--model", "llama3-70b", "--cluster", "h100", "--gpus", "64", "--global-batch", "512"]
+# --cp 1: the chart is lab06's three dimensions, TP x PP with DP the rest (plan3d also searches CP)
+PLAN_ARGS = ["--model", "llama3-70b", "--cluster", "h100", "--gpus", "64", "--global-batch", "512", "--cp", "1"]
 
 
 def plan_table(build, path, args=PLAN_ARGS):
@@ -294,6 +303,17 @@ def chart_list(pipe_recs, note):
          "head's (the all-gathered LayerNorm outputs stay whole); selective drops att; full keeps one [B,T/t,C] per "
          "layer. The recomputation's one-layer set is the workspace's, not in these bars. Korthikanti et al. 2022's "
          "Table 2, measured on this model (lab05_tp/part2-sequence-parallel.md)."),
+        ("cpseq", "Long sequences: context parallelism per rank as T grows", "cpseq.gp", {"src": "cpseq.tsv"},
+         "cpseq.tsv", "cp",
+         "lab07_cp (ring, zig-zag) at CP = 1, 2, 4 on a tiny model as the sequence T grows. Left: the activation peak "
+         "per rank (points: the allocator; lines: theory/context.c's th_cp_acts_bytes, which they meet exactly): every "
+         "piece is per position, so CP = N divides it by N at every T, and the longest T that fits a memory cap grows "
+         "N-fold. Middle: the median step time. Right: each rank's attention kernel time per step (forward and "
+         "backward blocks; on a CPU the thread's CPU time) at CP = 4 and the longest T: contiguous chunks leave the "
+         "last rank 7 times the first one's causal scores (1:3:5:7), zig-zag gives every rank the same scores, and "
+         "the same time once a chunk spans whole key tiles (the CPU kernel skips a 32 x 128 tile only when all of it "
+         "is masked: at T/N = 64 rank r still computes r + 5 tiles). Times are measured on a shared CPU "
+         f"{'with more ranks than the ' + str(CORES) + ' cores' if CORES < 4 else ''}: compare within one run."),
         ("throughput", "Throughput of every lab and layout", "throughput.gp", {"src": "throughput.tsv"},
          "throughput.tsv", "std",
          "Tokens per second (median step after the first), every lab and layout at the same model and global batch; "
@@ -421,7 +441,7 @@ def main():
         note = f"p = 4 ran 4 ranks on {CORES} cores (oversubscribed): its measured bubble can sit above the theory" \
             if on_cpu and CORES < 4 else ""
         for group, only in (("pipe", ("bubble",)), ("std", ("memory", "throughput", "loss", "comm")),
-                            ("acts", ("acts",)), ("sp", ("spacts",)), ("prec", ("precision",))):
+                            ("acts", ("acts",)), ("sp", ("spacts",)), ("prec", ("precision",)), ("cp", ("cpseq",))):
             path = os.path.join("runs", group, "records.jsonl")
             if os.path.exists(path):
                 records_to_tsv.convert([path], ".", note if group == "pipe" else "", only)

@@ -122,10 +122,10 @@ def read_records(paths):
     recs = []
     for path in paths:
         recs += read_file(path)
-    # the last run of a lab, layout and batch wins
+    # the last run of a lab, layout, batch and sequence length wins
     latest = {}
     for r in recs:
-        latest[(r["lab"], r["layout"], r["config"]["batch"], precision(r))] = r
+        latest[(r["lab"], r["layout"], r["config"]["batch"], r["config"]["seq"], precision(r))] = r
     return list(latest.values())
 
 
@@ -313,14 +313,38 @@ def spacts(recs):
         ["run", "t", "sp", "recompute", "quadratic", "linear", "other", "measured", "formula", "quadratic_share"], rows
 
 
-CHARTS = ("bubble", "memory", "acts", "throughput", "loss", "comm", "spacts", "precision")
+def cpseq(recs):
+    """lab07's activation peak per rank (measured and formula) and step time
+    against T at every CP degree (zig-zag ring runs), then each rank's attention
+    kernel time at the largest CP degree and T, zig-zag and contiguous."""
+    runs = [r for r in recs if r["lab"] == "lab07_cp" and r["cp_algo"] == "ring" and r["dp"] == 1]
+    runs.sort(key=lambda r: (r["cp_layout"], r["cp"], r["config"]["seq"]))
+    top = max(runs, key=lambda r: (r["cp"], r["config"]["seq"]), default=None)
+    rows = []
+    for r in runs:
+        att = r["attention_seconds_per_rank"]
+        at_top = r["cp"] == top["cp"] and r["config"]["seq"] == top["config"]["seq"]
+        if r["cp_layout"] != "zigzag" and not at_top:
+            continue
+        rows.append((f"cp={r['cp']} {r['cp_layout']} T={r['config']['seq']}", r["cp"], r["cp_layout"], r["config"]["seq"],
+                     max(r["mem_peak_bytes_per_rank"]["acts"]), max(r["acts_peak_bytes_formula_per_rank"]),
+                     r["step_ms_median"], int(at_top), *[1e3 * x for x in att[:4]] + [0] * (4 - len(att[:4]))))
+    c = runs[0]["config"] if runs else {"layers": 0, "d_model": 0, "heads": 0, "batch": 0}
+    sub = (f"{runs[0]['device'] if runs else '?'}, model L{c['layers']} C{c['d_model']} H{c['heads']}, T varies, "
+           f"global batch {c['batch']}, lab07_cp ring, per rank")
+    return runs, {"subtitle": sub}, \
+        ["run", "cp", "layout", "T", "acts_measured", "acts_formula", "step_ms", "imbalance_row",
+         "att_ms_r0", "att_ms_r1", "att_ms_r2", "att_ms_r3"], rows
+
+
+CHARTS = ("bubble", "memory", "acts", "throughput", "loss", "comm", "spacts", "precision", "cpseq")
 
 
 def tables(recs, note="", only=None):
     """{name: (meta, header, rows, runs)} of every chart the records have runs for. A
     chart that cannot read a record raises RecordsError naming the record's line."""
     makers = {"bubble": lambda r: bubble(r, note), "memory": memory, "acts": acts, "throughput": throughput,
-              "loss": loss, "comm": comm, "spacts": spacts, "precision": precision_loss}
+              "loss": loss, "comm": comm, "spacts": spacts, "precision": precision_loss, "cpseq": cpseq}
     made = {}
     for name in CHARTS:
         if only and name not in only:

@@ -1,4 +1,4 @@
-foreach(case equivalence schedules sequence_parallel grid bad_input)
+foreach(case equivalence schedules sequence_parallel zero1 grid bad_input)
   add_lab_test(lab06_${case} test_lab06.py ${case})
 endforeach()
 # Several hosts, pretended on one machine: preloaded, this makes

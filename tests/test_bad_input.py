@@ -212,7 +212,21 @@ PER_LAB = {
         (3, ["--seq", "64", "--cp-layout", "contiguous"], "--seq"),  # N = 3 chunks
         (4, ["--cp", "2", "--batch", "3"], "--batch"),  # 2 data-parallel groups
         (3, ["--dry-run", "--seq", "64", "--cp-layout", "contiguous"], "--seq"),
+        (3, ["--cp-algo", "ulysses", "--seq", "66"], "--cp-algo"),  # 4 heads over 3 ranks
+        (2, ["--cp-algo", "ulysses", "--heads", "3", "--d-model", "36"], "--cp-algo"),
+        (4, ["--cp-algo", "ulysses", "--cp", "4", "--heads", "2", "--dry-run"], "--cp-algo"),
     ] + NO_EXPERTS + NO_TP,
+    "lab08_ep": [
+        (4, ["--ep", "3"], "--ep"),  # 3 does not divide 4 ranks
+        (2, ["--ep", "-1"], "--ep"),
+        (3, ["--batch", "12"], "--experts"),  # the default E = 4 over --ep 3
+        (4, ["--ep", "2", "--experts", "6", "--top-k", "7"], "--top-k"),  # k > E
+        (2, ["--top-k", "5"], "--top-k"),  # k > the default E = 4
+        (2, ["--capacity-factor", "-1"], "--capacity-factor"),
+        (2, ["--experts", "0"], "--experts"),
+        (4, ["--batch", "6"], "--batch"),  # each rank trains its own rows
+        (2, ["--dry-run"], "--dry-run"),  # theory/predict does not count experts yet
+    ] + NO_TP,
 }
 
 

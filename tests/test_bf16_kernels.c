@@ -325,6 +325,58 @@ static void test_elementwise(long N) {
     free_pair(x); free_pair(y); free_pair(out); free_pair(dinp); free_pair(acc); free_pair(twin);
 }
 
+/* The kernels built for AVX2 and AVX-512 (GELU, kernels_cpu_math.h's
+ * WITH_AVX512) give the same bits under both, fp32 and bf16, on ordinary
+ * values and on the edges (signed zeros, subnormals, infinities, NaN, GELU's
+ * clamps); and the bf16 GELU, which converts in registers, is exactly the fp32
+ * kernel on the widened values, rounded once. */
+static void test_isa_builds(long N) {
+    if (!kernels_cpu_decide_avx512()) {
+        printf("%-62s skipped: this CPU has no AVX-512 (or PL_CPU_ISA=avx2)\n", "AVX2 and AVX-512 builds: the same bits");
+        return;
+    }
+    static const float edges[] = {0.0f, -0.0f, 1e-40f, -1e-40f, 1e-30f, -3.0f, 3.0f, 40.0f, -40.0f, 1e30f, -1e30f,
+                                  INFINITY, -INFINITY, NAN, -NAN, 88.7f, -88.7f, 9.5f, -9.5f};
+    const long E = (long)(sizeof edges / sizeof edges[0]);
+    pair x = rand_pair(N, -12, 12), dy = rand_pair(N, -2, 2), d0 = rand_pair(N, -1, 1);
+    for (long i = 0; i < E && i < N; i++) x.b[i] = bf16_from_float(edges[i]), x.f[i] = float_from_bf16(x.b[i]);
+    float *f[2][2];
+    bf16 *b[2][2];
+    for (int isa = 0; isa < 2; isa++) {
+        kernels_cpu_use_avx512 = isa;
+        for (int k = 0; k < 2; k++) {
+            f[isa][k] = xalloc((size_t)N * 4);
+            b[isa][k] = xalloc((size_t)N * 2);
+        }
+        kernels_cpu.gelu_forward(f[isa][0], x.f, N);
+        memcpy(f[isa][1], d0.f, (size_t)N * 4);
+        kernels_cpu.gelu_backward(f[isa][1], dy.f, x.f, N);
+        KP->gelu_forward(b[isa][0], x.b, N);
+        memcpy(b[isa][1], d0.b, (size_t)N * 2);
+        KP->gelu_backward(b[isa][1], dy.b, x.b, N);
+    }
+    kernels_cpu_use_avx512 = -1;
+    const char *what[2] = {"gelu_forward", "gelu_backward"};
+    char name[96];
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "%s N%ld fp32, AVX2 vs AVX-512: bits differ", what[k], N);
+        report(name, memcmp(f[0][k], f[1][k], (size_t)N * 4) != 0, 0);
+        snprintf(name, sizeof name, "%s N%ld bf16, AVX2 vs AVX-512: bits differ", what[k], N);
+        report(name, memcmp(b[0][k], b[1][k], (size_t)N * 2) != 0, 0);
+        /* bf16 = the fp32 kernel on the widened values, rounded once (NaN: any NaN) */
+        long off = 0;
+        for (long i = 0; i < N; i++) {
+            bf16 want = bf16_from_float(f[1][k][i]);
+            if (b[1][k][i] != want && !(isnan(f[1][k][i]) && isnan(float_from_bf16(b[1][k][i])))) off++;
+        }
+        snprintf(name, sizeof name, "%s N%ld bf16 != round(fp32 kernel): elements", what[k], N);
+        report(name, (double)off, 0);
+    }
+    for (int isa = 0; isa < 2; isa++)
+        for (int k = 0; k < 2; k++) free(f[isa][k]), free(b[isa][k]);
+    free_pair(x); free_pair(dy); free_pair(d0);
+}
+
 typedef struct { int N, V; const float *logits, *R; float *losses, *probs; const int *targets; } ce_ctx;
 static double ce_loss(void *p) {
     ce_ctx *c = p;
@@ -535,6 +587,7 @@ int main(void) {
     test_attention_block(2, 20, 3, 16);
     test_elementwise(1000);
     test_elementwise(40000); /* several chunks */
+    test_isa_builds(40007);  /* an odd length: the loops' scalar tails too */
     test_crossentropy(9, 17);
     test_crossentropy(300, 256);
     test_encoder(2, 5, 6, 11);

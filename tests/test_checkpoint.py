@@ -6,7 +6,8 @@
              whatever the layout and leaves the training figures alone
   resume_lab06
              the same for lab06 at t x p x d = 2 x 2 x 1, its checkpoint continued
-             by lab01 -n 1, lab02 --zero-stage 3 -n 2 and lab06 at 1 x 2 x 2; a
+             by lab01 -n 1, lab02 --zero-stage 3 -n 2 and lab06 at 1 x 2 x 2 (also
+             with --zero-stage 1: the moments sharded over DP); a
              lab06 checkpoint with other --layers / --d-model flags is refused
   format     the file is plain safetensors: the header parses with json, the tensor
              names, shapes and offsets are the documented ones, the checksum is format
@@ -122,9 +123,11 @@ def resume_lab06():
     lab, n, flags = LAB06
     saved = exact_resume(tmp, lab, n, flags, ref)
     # shards and stages put back together: other labs, and lab06 at another grid
-    # (two DP replicas load the same elements), continue the serial curve
+    # (two DP replicas load the same elements; under ZeRO-1 each its slice of the
+    # moments), continue the serial curve
     for other, m, other_flags in [("lab01_dp", 1, []), ("lab02_zero", 2, ["--zero-stage", "3"]),
-                                  ("lab06_3d", 4, ["--tp", "1", "--pp", "2", "--dp", "2"])]:
+                                  ("lab06_3d", 4, ["--tp", "1", "--pp", "2", "--dp", "2"]),
+                                  ("lab06_3d", 4, ["--tp", "1", "--pp", "2", "--dp", "2", "--zero-stage", "1"])]:
         rec, _, _ = run(other, m, MODEL + other_flags + ["--steps", "10", "--resume", saved])
         compare_losses(f"saved by {lab} -n {n} {' '.join(flags)}, resumed by {other} -n {m} {' '.join(other_flags)}",
                        rec["losses"], ref["losses"][10:], 1e-5)

@@ -11,7 +11,13 @@ group's traffic by the formula (SP: TP's bytes as all-gathers and
 reduce-scatters, a TP rank's T/t positions in each pipeline message, one
 all-reduce of each chunk's partial gradients), activation peaks = the formula.
 
-usage: test_lab06.py equivalence|schedules|sequence_parallel|grid|bad_input|cuda"""
+--zero-stage 1 (ZeRO-1 over each DP group): lab01's losses at several grids,
+with SP, with the clip biting, in bf16, at d = 5 (padded slices); the DP group's reduce-scatter and
+all-gather of the padded buffer; optimizer bytes per rank = 8 x elements / d
+plus the last slice's padding; plan3d --check predicts the records exactly;
+checkpoints cross zero stages and grids.
+
+usage: test_lab06.py equivalence|schedules|sequence_parallel|zero1|grid|bad_input|cuda"""
 import json
 import os
 import subprocess
@@ -234,6 +240,88 @@ def sequence_parallel():
         print(f"  {name}: traffic per group and activation peaks {rec['mem_peak_bytes_per_rank']['acts']} = formulas")
 
 
+def check_zero1_record(rec, t, p, d, name, vb=4, optim_k=8):
+    """ZeRO-1's figures on every rank: the buffer padded to d equal slices, one
+    reduce-scatter and one all-gather of it over DP, the optimizer state one slice."""
+    traffic, mem = rec["traffic_per_group"]["dp"], rec["mem_peak_bytes_per_rank"]
+    check(rec["zero_stage"] == 1, f"{name}: record says zero_stage {rec['zero_stage']}")
+    for r in range(t * p * d):
+        _, pp, _ = coord(r, t, p, d)
+        n = local_params(t, p, pp)
+        slice_elems = -(-n // d)  # comm_chunk: ceil(n / d)
+        padded = slice_elems * d
+        check(traffic["calls"][r] == traffic["calls_formula"][r] == 2 and
+              abs(traffic["payload_bytes"][r] - 2 * vb * padded) < 0.5 and
+              abs(traffic["ring_bytes"][r] - 2 * vb * padded * (d - 1) / d) < 0.5,
+              f"{name} rank {r}: DP calls {traffic['calls'][r]}, payload {traffic['payload_bytes'][r]} (want 2 x "
+              f"{vb} x {padded})")
+        check((mem["params"][r], mem["grads"][r], mem["optim"][r]) == (vb * padded, vb * padded, optim_k * slice_elems),
+              f"{name} rank {r}: params/grads/optim {mem['params'][r]} {mem['grads'][r]} {mem['optim'][r]}, want "
+              f"{vb * padded} {vb * padded} {optim_k * slice_elems}")
+        formula, padding = rec["optim_bytes_per_rank_formula"][r], rec["optim_padding_bytes_per_rank"][r]
+        check(abs(formula - optim_k * n / d) < 1e-6 and abs(formula + padding - mem["optim"][r]) < 1e-6,
+              f"{name} rank {r}: optimizer formula {formula} + padding {padding} != allocator {mem['optim'][r]}")
+    print(f"  {name}: optimizer bytes per rank {mem['optim']} = {optim_k} x elements / {d} + padding; DP "
+          f"2 calls of the padded buffer")
+
+
+def zero1():
+    """--zero-stage 1 against lab01 -n 1 (the bound of equivalence), its figures,
+    plan3d --check on its records, and the one-line refusals."""
+    out = tempfile.mkdtemp(prefix="pl-zero1-")
+    ref, _, _ = run("lab01_dp", 1, ARGS)
+    for (t, p, d), extra in (((2, 1, 2), []), ((1, 2, 2), []), ((2, 2, 2), []), ((1, 1, 4), []),
+                             ((2, 1, 2), ["--sequence-parallel"]), ((1, 2, 2), ["--schedule", "zb-v", "--micro-batches", "4"])):
+        args = ARGS + grid_args(t, p, d) + ["--zero-stage", "1", "--check-sync"] + extra
+        rec, proc, _ = run(LAB, t * p * d, args, out=out)
+        name = f"lab06 {t}x{p}x{d} --zero-stage 1 {' '.join(extra)}".strip()
+        compare_losses(f"{name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+        check(rec["replicas_identical"] is True, f"{name}: replicas_identical {rec['replicas_identical']}")
+        check("ZeRO-1 over each DP group" in proc.stdout and "MISMATCH" not in proc.stdout,
+              f"{name}: the ZeRO-1 lines are missing or say MISMATCH")
+        if "--schedule" not in extra:  # zb-v's chunks: local_params is one chunk's
+            check_zero1_record(rec, t, p, d, name)
+    # d = 5 does not divide a rank's 236928 elements: the last slice is padded,
+    # and the allocator counts the padding the formula's line adds
+    args10 = [x if x != str(B) else "10" for x in ARGS]  # --batch 10: 10 / (5 x 2) rows per micro-batch
+    ref10, _, _ = run("lab01_dp", 1, args10)
+    rec, _, _ = run(LAB, 5, args10 + grid_args(1, 1, 5) + ["--zero-stage", "1"], out=out)
+    compare_losses("lab06 1x1x5 --zero-stage 1 --batch 10 vs lab01 -n 1", rec["losses"], ref10["losses"], 1e-5)
+    check(min(rec["optim_padding_bytes_per_rank"]) > 0, "1x1x5: this model's elements must need padding")
+    check_zero1_record(rec, 1, 1, 5, "lab06 1x1x5 --zero-stage 1 (padded)")
+    # the clip biting: the global norm over the slices (TP- and DP-summed as they must be)
+    clip = ["--clip", "0.05"]
+    clipped_ref, _, _ = run("lab01_dp", 1, ARGS + clip)
+    rec, _, _ = run(LAB, 8, ARGS + clip + grid_args(2, 2, 2) + ["--zero-stage", "1"], out=out)
+    compare_losses("lab06 2x2x2 --zero-stage 1 --clip 0.05 vs lab01 -n 1", rec["losses"], clipped_ref["losses"], 1e-5)
+    # AdamW all but cancels a uniform scale, so the clip moves the curve little;
+    # it must move it by more than the bound, or the comparison could not tell
+    moved = max(abs(a - b) / b for a, b in zip(clipped_ref["losses"], ref["losses"]))
+    print(f"  --clip 0.05 moves lab01's curve by {moved:.2e} (relative), beyond the bound 1e-5")
+    check(moved > 1e-5, f"--clip 0.05 moved lab01's curve by {moved:.2e} only: the clip is not tested")
+    # bf16: the master weights sharded too (K = 12), within test_bf16's bound of lab01's bf16 run
+    bf16 = ["--precision", "bf16"]
+    bf16_ref, _, _ = run("lab01_dp", 1, ARGS + bf16)
+    rec, _, _ = run(LAB, 4, ARGS + bf16 + grid_args(1, 2, 2) + ["--zero-stage", "1", "--check-sync"], out=out)
+    compare_losses("bf16 lab06 1x2x2 --zero-stage 1 vs bf16 lab01 -n 1", rec["losses"], bf16_ref["losses"], 5e-4)
+    check_zero1_record(rec, 1, 2, 2, "bf16 lab06 1x2x2 --zero-stage 1", vb=2, optim_k=12)
+    p3 = subprocess.run([program("plan3d"), "--check", out], capture_output=True, text=True)
+    print(p3.stdout[-1500:])
+    check(p3.returncode == 0, f"plan3d --check of the ZeRO-1 records: exit {p3.returncode} (a figure differs)")
+    # checkpoints: the optimizer's slices saved as whole tensors, resumed at another zero stage and grid
+    ck = os.path.join(out, "zero1.safetensors")
+    run(LAB, 4, ARGS[:1] + ["10"] + ARGS[2:] + grid_args(1, 2, 2) + ["--zero-stage", "1", "--save", ck])
+    for n, flags in ((1, []), (4, grid_args(2, 2, 1)), (4, grid_args(2, 1, 2) + ["--zero-stage", "1"])):
+        lab = LAB if flags else "lab01_dp"
+        rec, _, _ = run(lab, n, ARGS[:1] + ["10"] + ARGS[2:] + flags + ["--resume", ck])
+        compare_losses(f"saved by lab06 1x2x2 --zero-stage 1, resumed by {lab} -n {n} {' '.join(flags)}",
+                       rec["losses"], ref["losses"][10:], 1e-5)
+    for n, args, needle in ((4, grid_args(2, 1, 2) + ["--zero-stage", "2"], "--zero-stage 2"),
+                            (4, grid_args(2, 2, 1) + ["--zero-stage", "1"], "--zero-stage 1"),
+                            (2, ["--zero-stage", "-1"], "--zero-stage")):
+        check_rejected(LAB, n, args, needle)
+
+
 def run_on_fake_hosts(ranks_per_host, args):
     """lab06 on 8 ranks that MPI_Get_processor_name places on hosts of
     ranks_per_host consecutive ranks (lab06_3d/fake_hosts.c, preloaded)."""
@@ -333,5 +421,5 @@ def cuda():
 
 if __name__ == "__main__":
     {"equivalence": equivalence, "schedules": schedules, "sequence_parallel": sequence_parallel, "grid": grid,
-     "bad_input": bad_input, "cuda": cuda}[sys.argv[1]]()
+     "bad_input": bad_input, "cuda": cuda, "zero1": zero1}[sys.argv[1]]()
     print("passed")

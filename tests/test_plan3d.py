@@ -12,10 +12,12 @@
              of the calibrated prediction; needs the machine
              to itself (CTest runs it alone; it reports "skipped" when other
              programs keep the cores busy)
-  plan       the presets' parameter counts against their papers; the planner on
-             Llama-3-70B and GPT-3 175B: a winner that fits, TP inside a node, PP
-             where memory forces it, the JSON table, --explain; nothing fitting
-             exits 1 with the shortfall
+  plan       the presets' parameter counts against their papers (MoE: total and
+             active); the planner on Llama-3-70B and GPT-3 175B: a winner that
+             fits, TP inside a node, PP where memory forces it, the JSON table,
+             --explain; nothing fitting exits 1 with the shortfall; Llama-3-70B
+             at 128K tokens picks CP > 1 and says why; DeepSeek-V3's published
+             layout (2048 H800, PP 16, EP 64, ZeRO-1, no TP) fits, its memory printed
   published  every published run predicted within 25 % (plan3d/published_runs.tsv)
   bad_input  unknown presets, layouts that cannot divide the model, values beyond the
              stated limits: one line, status 2
@@ -182,12 +184,18 @@ def case_plan():
     h = plan3d(["--help"])
     presets = h.stdout.split("model presets (--model):\n")[1].split("\n  (")[0].splitlines()
     sizes = {l.split()[0]: float(l.split()[1]) for l in presets}  # "  name  size B  about"
-    published = {"gpt3-175b": 174.6, "llama3-8b": 8.03, "llama3-70b": 70.55, "llama3-405b": 405.9,
+    active = {l.split()[0]: float(l.split("(")[1].split()[0]) for l in presets if "B active)" in l}
+    published = {"mixtral-8x7b": 46.7, "deepseek-v3": 671,"gpt3-175b": 174.6, "llama3-8b": 8.03, "llama3-70b": 70.55, "llama3-405b": 405.9,
                  "megatron-18b": 18.4, "megatron-39b": 39.1, "megatron-76b": 76.1, "megatron-145b": 145.6,
                  "megatron-310b": 310.1, "megatron-530b": 529.6, "megatron-1t": 1008, "bloom-176b": 176.2}
     for name, want in published.items():
         check(name in sizes and abs(sizes[name] - want) <= 0.005 * want,
               f"{name}: {sizes.get(name)} B parameters, its paper says {want} B")
+    # active parameters per token: Mixtral 12.9B (its paper); DeepSeek-V3 37B, where plan3d's standard multi-head
+    # attention in place of MLA has 1.1B more (205M a layer, MLA 187M) and the report rounds: within 5 %
+    for name, want, within in [("mixtral-8x7b", 12.9, 0.01), ("deepseek-v3", 37, 0.05)]:
+        check(name in active and abs(active[name] - want) <= within * want,
+              f"{name}: {active.get(name)} B active parameters, its paper says {want} B")
     js = os.path.join(tempfile.mkdtemp(prefix="pl-plan-"), "plan.json")
     p = plan3d(["--model", "llama3-70b", "--cluster", "h100", "--gpus", "64", "--global-batch", "512", "--explain",
                 "--json", js])
@@ -199,7 +207,8 @@ def case_plan():
     check(len(win) == 1 and win[0] is lay[0], "one winner, listed first")
     w = win[0]
     check(w["fits"] and w["mem_total_bytes"] <= w["mem_limit_bytes"] <= 80 * 2**30, "the winner fits in 80 GiB")
-    check(w["tp"] <= 8 and w["tp"] * w["pp"] * w["dp"] == 64, "TP inside a node, t x p x d = 64")
+    check(w["tp"] <= 8 and w["tp"] * w["cp"] * w["pp"] * w["dp"] == 64 and w["ep"] == 1,
+          "TP inside a node, t x cp x p x d = 64, no EP for a dense model")
     check(all(x["step_s"] >= w["step_s"] for x in lay if x["fits"]), "no fitting layout is faster than the winner")
     check(any(not x["fits"] for x in lay), "some layouts do not fit (70B in bf16 needs 1.1 TB of model states)")
     check("how the best was reached" in p.stdout and "recompute" in p.stdout, "--explain shows the knobs")
@@ -213,6 +222,52 @@ def case_plan():
     check(w3["winner"] and w3["tp"] <= 8 and w3["pp"] > 1, f"GPT-3 175B: TP in a node and PP across: {w3['label']}")
     tp8_alone = [x for x in json.load(open(js2))["layouts"] if x["tp"] == 8 and x["pp"] == 1]
     check(tp8_alone and not any(x["fits"] for x in tp8_alone), "GPT-3 175B at TP 8 without PP must not fit")
+    # 128K tokens a sequence: the sequence must be split. Without CP only full recomputation fits (Korthikanti's
+    # 2 sbh/t a layer); with CP every other layout's activations shrink cp times, and the planner says why
+    js3 = js + ".128k"
+    q = plan3d(["--model", "llama3-70b", "--gpus", "512", "--seq", "131072", "--global-batch", "128", "--top", "3",
+                "--json", js3])
+    print(q.stdout[-1500:])
+    check(q.returncode == 0, f"llama3-70b at 128K: status {q.returncode}: {q.stderr}")
+    lay = json.load(open(js3))["layouts"]
+    w = lay[0]
+    check(w["winner"] and w["fits"] and w["cp"] > 1, f"128K: the winner splits the sequence: {w['label']}")
+    check(not any(x["fits"] for x in lay if x["cp"] == 1 and x["recompute"] != "full"),
+          "128K without CP: only full recomputation fits")
+    check(any(x["fits"] for x in lay if x["cp"] > 1 and x["recompute"] != "full"), "128K with CP: selective fits")
+    check(f"why cp={w['cp']}:" in q.stdout and "without it only full recomputation fits" in q.stdout,
+          "the planner says why it chose CP")
+    # the same sequence over cp ranks: under 1F1B with at least p micro-batches (p of them in flight on the first
+    # stage whatever m is), a layout's activations per GPU are 1/cp of the same layout's without CP
+    def knobs(x):
+        return (x["tp"], x["pp"], x["micro_batch"], x["sp"], x["recompute"])
+    one_f = [x for x in lay if x["schedule"] == "1f1b" and x["micro_batches"] >= x["pp"] > 1]
+    same = {knobs(x): x for x in one_f if x["cp"] == 1}
+    pairs = [(x, same[knobs(x)]) for x in one_f if x["cp"] > 1 and knobs(x) in same]
+    check(len(pairs) >= 5, f"layouts with and without CP to compare: {len(pairs)}")
+    for x, y in pairs:
+        ratio = y["mem_bytes"]["acts"] / x["mem_bytes"]["acts"]
+        check(abs(ratio - x["cp"]) <= 1e-9 * x["cp"], f"{x['label']}: activations 1/{ratio:.4f} of {y['label']}'s, "
+                                                       f"not 1/{x['cp']}")
+    # DeepSeek-V3's published layout: 2048 H800, PP 16, EP 64, ZeRO-1 over DP 128, no TP. Per GPU: 1/64 of its
+    # stage's routed experts, their states over the 128/64 = 2 ranks holding the same ones
+    js4 = js + ".dsv3"
+    ds = plan3d(["--model", "deepseek-v3", "--cluster", "h800", "--gpus", "2048", "--tp", "1", "--cp", "1", "--pp", "16",
+                 "--dp", "128", "--ep", "64", "--zero-stage", "1", "--global-batch", "15360", "--top", "1",
+                 "--json", js4])
+    print(ds.stdout[-1800:])
+    check(ds.returncode == 0, f"DeepSeek-V3's layout: status {ds.returncode}: {ds.stderr}")
+    t4 = json.load(open(js4))
+    w = t4["layouts"][0]
+    check(w["winner"] and w["fits"] and (w["tp"], w["pp"], w["dp"], w["ep"]) == (1, 16, 128, 64),
+          f"DeepSeek-V3's layout fits: {w['label']}")
+    check("memory per GPU" in ds.stdout and "over 2 ranks holding the same experts" in ds.stdout,
+          "its memory per GPU and the expert-data-parallel group printed")
+    expert_layer = 256 * 3 * 7168 * 2048  # routed experts of one MoE layer, SwiGLU: 11.27B
+    got = float(ds.stdout.split("experts: ")[1].split(" B")[0]) * 1e9
+    check(any(abs(got - n * expert_layer / 64) <= 0.005 * got for n in range(1, 6)),
+          f"routed-expert parameters per GPU {got:.4g}: a whole number of MoE layers x 11.27B / 64")
+    check(abs(t4["model"]["params"] - 671e9) <= 0.01 * 671e9, f"DeepSeek-V3 {t4['model']['params']:.4g} parameters")
     # nothing fits: 70B on one node in fp32, ZeRO 0: status 1 and the smallest shortfall
     n = plan3d(["--model", "llama3-70b", "--cluster", "a100-80gb", "--gpus", "8", "--precision", "fp32",
                 "--zero-stage", "0", "--global-batch", "8"])
@@ -228,7 +283,10 @@ def case_published():
     print(p.stdout)
     check(p.returncode == 0, f"status {p.returncode}: {p.stderr}")
     rows = json.load(open(js))["runs"]
-    check(len(rows) >= 10, f"at least 10 published runs, got {len(rows)}")
+    check(len(rows) >= 15, f"at least 15 published runs, got {len(rows)}")
+    ids = {r["id"]: r for r in rows}
+    check("cp=16" in ids["llama3-405b-128k"]["layout"], "Llama 3's 128K row runs at CP 16")
+    check("ep=64" in ids["deepseek-v3"]["layout"] and ids["deepseek-v3"]["fits"], "DeepSeek-V3's row: EP 64, fits")
     for r in rows:
         check(abs(r["error"]) <= 0.25, f"{r['id']}: predicted {r['predicted_tflops']:.0f} TFLOP/s, reported "
                                       f"{r['reported_tflops']:.0f} ({100 * r['error']:+.1f} %)")
@@ -256,6 +314,13 @@ def case_bad_input():
         (["--gpus", "2000000"], "from 1 to 1000000"),
         (["--tp", "99999999999"], "from 0 to 1000000"),
         (["--layers", "5000"], "from 0 to 4096"),
+        (["--model", "mixtral-8x7b", "--ep", "3"], "--ep 3 does not divide the 8 routed experts"),
+        (["--ep", "2"], "--ep 2 needs a model with experts"),
+        (["--model", "deepseek-v3", "--cluster", "h800", "--gpus", "2048", "--cp", "1", "--dp", "2", "--ep", "64"],
+         "--ep 64 does not divide --cp 1 x --dp 2"),
+        (["--cp", "3"], "--cp 3 does not divide --gpus 64"),
+        (["--cp", "16", "--seq", "8200"], "--cp 16 does not divide --seq 8200"),
+        (["--ep-overlap", "1.5"], "--ep-overlap"),
         (["--check", "/nonexistent"], "--check"),
         (["--published", "/nonexistent.tsv"], "--published"),
     ]
@@ -361,11 +426,12 @@ def case_bad_files():
         return path
 
     line_no = f"line {first + 1}"
-    for col, value, needle in [(3, "many", "column 4 (gpus): 'many'"), (13, "4", "column 14 (zero): '4'"),
-                               (16, "0", "column 17 (tflops): '0'"), (16, "fast", "column 17 (tflops)"),
-                               (5, "8x", "column 6 (tp)"), (10, "zb-h2", "column 11 (schedule)"),
-                               (14, "1.5", "column 15 (dp_overlap)"), (1, "gpt5", "column 2 (model)"),
-                               (None, "extra", "20 columns, 19 expected")]:
+    for col, value, needle in [(3, "many", "column 4 (gpus): 'many'"), (16, "4", "column 17 (zero): '4'"),
+                               (20, "0", "column 21 (tflops): '0'"), (20, "fast", "column 21 (tflops)"),
+                               (5, "8x", "column 6 (tp)"), (13, "zb-h2", "column 14 (schedule)"),
+                               (17, "1.5", "column 18 (dp_overlap)"), (18, "-1", "column 19 (ep_overlap)"),
+                               (8, "0", "column 9 (cp)"), (9, "x", "column 10 (ep)"), (10, "0", "column 11 (seq)"),
+                               (1, "gpt5", "column 2 (model)"), (None, "extra", "24 columns, 23 expected")]:
         cases.append((["--published", published(col, value), "--json", js], f"{line_no}{',' if col is not None else ':'} {needle}"))
     cases += [
         (["--published", fifo], "FIFO"),

@@ -201,6 +201,56 @@ static void check_published(void) {
     CHECK(n > 70.5e9 && n < 70.6e9, "llama3-70b: %.4g parameters", n);
 }
 
+/* plan3d's fourth and fifth dimensions: DeepSeek-V3's fine-grained MoE (671B
+ * total, 37B active per its report; MLA counted as multi-head attention), its
+ * layers' parameters over stages and EP ranks, the all-to-all's bytes, and CP
+ * dividing the published activations. */
+static void check_cp_ep(void) {
+    th_model m = {.vocab = 129280, .seq = 4096, .layers = 61, .d_model = 7168, .heads = 128, .kv_heads = 128,
+                  .ffn = 18432, .gated_mlp = 1, .experts = 256, .top_k = 8, .ffn_expert = 2048, .shared_experts = 1,
+                  .dense_layers = 3};
+    const th_params p = th_param_counts(&m);
+    const double C = 7168, expert = 3 * C * 2048, attn = 4 * C * C, norms = 2 * C;
+    CHECK(p.layer_experts == 256 * expert, "deepseek-v3: routed experts of a layer %.4g", p.layer_experts);
+    CHECK(p.layer == attn + norms + 257 * expert + 256 * C, "deepseek-v3: a MoE layer by hand");
+    CHECK(p.dense_layer == attn + norms + 3 * C * 18432, "deepseek-v3: a dense layer by hand");
+    CHECK(p.layer_active == attn + norms + 9 * expert + 256 * C, "deepseek-v3: a MoE layer's active parameters");
+    CHECK(fabs(p.total - 671e9) < 0.01 * 671e9, "deepseek-v3: %.4g parameters, its report 671B", p.total);
+    CHECK(fabs(p.active - 37e9) < 0.05 * 37e9, "deepseek-v3: %.4g active, its report 37B (MLA as MHA)", p.active);
+    /* the stages' parameters add up to the model's; at EP e every rank holds 1/e of the routed experts */
+    for (int ep = 1; ep <= 64; ep *= 8) {
+        th_opts o = {.precision = PREC_BF16, .tp = 1, .ep = ep};
+        double sum = 0, experts = 0;
+        for (int s = 0; s < 16; s++) {
+            int lo, hi;
+            th_stage_layers(61, 16, s, &lo, &hi);
+            sum += th_stage_params(&m, &o, lo, hi);
+            experts += th_stage_expert_params(&m, &o, lo, hi);
+        }
+        CHECK(fabs(experts - 58 * p.layer_experts / ep) < 1, "ep %d: routed experts per rank %.4g", ep, experts);
+        CHECK(fabs(sum - (p.total - 58 * p.layer_experts * (1 - 1.0 / ep))) < 1e-9 * p.total,
+              "ep %d: the stages hold %.6g", ep, sum);
+    }
+    CHECK(th_moe_layers(&m, 0, 3) == 0 && th_moe_layers(&m, 2, 5) == 2 && th_moe_layers(&m, 0, 61) == 58,
+          "the first 3 layers dense");
+    /* the all-to-all under uniform routing: 4 k N_tok C b (N-1)/N a layer, forward and backward */
+    for (int N = 1; N <= 64; N *= 4) {
+        th_cp_traffic t = th_ep_layer_traffic(N, 4096, 8, 7168, 2);
+        double want = 4.0 * 8 * 4096 * 7168 * 2 * (N - 1) / N;
+        CHECK(fabs(t.fwd_sent + t.bwd_sent - want) <= 1e-12 * want && t.fwd_recv == t.fwd_sent,
+              "all-to-all at N = %d: %.6g bytes, 4 k N C b (N-1)/N = %.6g", N, t.fwd_sent + t.bwd_sent, want);
+    }
+    /* CP: every rank keeps T/N positions of every layer, s x s scores as (s/N) x s */
+    th_model l = {.vocab = 128256, .seq = 131072, .layers = 80, .d_model = 8192, .heads = 64, .kv_heads = 8,
+                  .ffn = 28672, .gated_mlp = 1};
+    for (int r = 0; r < 3; r++) {
+        th_opts o = {.precision = PREC_BF16, .tp = 8, .sequence_parallel = 1, .recompute = (recompute_mode)r}, c = o;
+        c.cp = 16;
+        double one = th_published_acts_bytes(&l, &o, 0, 80, 1), split = th_published_acts_bytes(&l, &c, 0, 80, 1);
+        CHECK(fabs(one / split - 16) < 1e-12, "recompute %d: activations at CP 16 are 1/%.6g", r, one / split);
+    }
+}
+
 /* The activation blocks a chunk holds at its peak, counted on lab04's list of
  * the rank: an F adds one, the backward (W where split) removes it; a split
  * B adds a weight-gradient block, its W removes it. */
@@ -362,6 +412,43 @@ static void check_context_parallel(void) {
               "cp traffic case %zu: fwd %.0f/%.0f bwd %.0f/%.0f, by hand %.0f and %.0f", i, t.fwd_sent, t.fwd_recv,
               t.bwd_sent, t.bwd_recv, cases[i].fwd, cases[i].bwd);
     }
+    /* Ulysses: every rank all T(T+1)/2 scores of its H/N heads, 1/N per model head, whatever the layout */
+    CHECK(th_cp_rank_scores(64, 4, 3, TH_CP_CONTIGUOUS, TH_CP_ULYSSES) == 520, "ulysses T=64 N=4: not 2080/4");
+    CHECK(th_cp_rank_scores(64, 4, 3, TH_CP_CONTIGUOUS, TH_CP_RING) == 904, "ring's scores are not causal_scores'");
+    /* the ring's hiding condition, by hand: 1 sequence, T = 8, N = 2, C = 4, fp32,
+     * 18 scores per head on the rank: a block 4 x 4 x 18 / 2 = 144 FLOPs, at 144
+     * FLOP/s one second; its K|V message 4 positions x 8 x 4 B = 128 B, at 64 B/s
+     * two seconds: not hidden; positions needed 144 x 4 / 64 = 9 > T/N = 4 */
+    th_cp_ring_hiding hd = th_cp_ring_hiding_of(1, 8, 2, 4, 4, 18, 144, 64);
+    CHECK(hd.block_seconds == 1 && hd.message_seconds == 2 && hd.positions_needed == 9 && !hd.hidden,
+          "ring hiding by hand: block %g s, message %g s, %g positions, hidden %d", hd.block_seconds,
+          hd.message_seconds, hd.positions_needed, hd.hidden);
+    hd = th_cp_ring_hiding_of(1, 8, 2, 4, 4, 18, 144, 256);
+    CHECK(hd.message_seconds == 0.5 && hd.hidden, "ring hiding at 4x the bandwidth: message %g s", hd.message_seconds);
+    /* the rule of thumb holds with zig-zag's exact scores: T/N at positions_needed
+     * and twice it lands either side of block = message (H100-like numbers) */
+    for (int twice = 0; twice < 2; twice++) {
+        const long T = 4 * 2000L * (1 + twice);
+        hd = th_cp_ring_hiding_of(1, T, 4, 1024, 2, th_cp_causal_scores(T, 4, 0, TH_CP_ZIGZAG), 4e14, 4e11);
+        CHECK(hd.positions_needed == 2000 && hd.hidden && (twice || hd.block_seconds < 1.01 * hd.message_seconds),
+              "ring hiding at T/N = %ld: block %g s, message %g s", T / 4, hd.block_seconds, hd.message_seconds);
+    }
+    hd = th_cp_ring_hiding_of(1, 4 * 1000L, 4, 1024, 2, th_cp_causal_scores(4000, 4, 0, TH_CP_ZIGZAG), 4e14, 4e11);
+    CHECK(!hd.hidden, "ring hiding at T/N = 1000 < 2000 needed: hidden");
+}
+
+/* lab08's uniform-routing all-to-all, by hand: N = 4, 512 tokens, k = 2, C = 128, fp32:
+ * 4 x 2 x 512 rows of 512 B = 2,097,152 B, 3/4 of it off the rank = 1,572,864 (x 8 layers:
+ * the lesson's 12.58MB); N = 2: half, 1,048,576; one rank: nothing. Tokens per expert:
+ * 2 x 2048 / 4 = 1024 (the lesson's uniform mean). */
+static void check_expert_parallel(void) {
+    th_cp_traffic t4 = th_ep_layer_traffic(4, 512, 2, 128, 4), t2 = th_ep_layer_traffic(2, 512, 2, 128, 4),
+                  t1 = th_ep_layer_traffic(1, 512, 2, 128, 4);
+    CHECK(t4.fwd_sent + t4.bwd_sent == 1572864, "ep all-to-all N=4: %.0f", t4.fwd_sent + t4.bwd_sent);
+    CHECK(t4.fwd_recv == t4.fwd_sent && t4.bwd_recv == t4.bwd_sent, "ep all-to-all: received = sent");
+    CHECK(t2.fwd_sent + t2.bwd_sent == 1048576, "ep all-to-all N=2");
+    CHECK(t1.fwd_sent + t1.bwd_sent == 0, "ep all-to-all N=1");
+    CHECK(th_ep_tokens_per_expert_uniform(2048, 2, 4) == 1024, "ep tokens per expert");
 }
 
 int main(void) {
@@ -378,9 +465,11 @@ int main(void) {
     check_course_options(17, 12, 3, 24, 4);
     check_course_options(256, 8, 2, 16, 2);
     check_published();
+    check_cp_ep();
     check_schedules();
     check_against_lists();
     check_context_parallel();
+    check_expert_parallel();
     printf("theory: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

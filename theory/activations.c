@@ -113,10 +113,11 @@ double th_sp_partial_params(const th_model *m, int lo, int hi) {
     return n;
 }
 
-double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b) {
+/* One layer, dense (moe 0) or with experts (moe 1). */
+static double published_layer(const th_model *m, const th_opts *o, long b, int moe) {
     const double s = (double)m->seq, h = (double)m->d_model, a = (double)m->heads, B = (double)b;
-    const double t = o->tp > 0 ? o->tp : 1, sbh = s * B * h;
-    if (o->recompute == RECOMPUTE_FULL) return 2 * sbh / (o->sequence_parallel ? t : 1); /* the layer's input */
+    const double t = o->tp > 0 ? o->tp : 1, sbh = s * B * h, cp = o->cp > 1 ? o->cp : 1;
+    if (o->recompute == RECOMPUTE_FULL) return 2 * sbh / (o->sequence_parallel ? t : 1) / cp; /* the layer's input */
     /* Korthikanti et al. 2022, section 4: LayerNorm inputs 4, the inputs of QKV
      * and of the MLP 2 + 2, two dropout masks 1 + 1: 10 sbh that TP does not
      * split (SP does); Q and K 4, V 2, the projection's input 2: 8 sbh in
@@ -124,18 +125,28 @@ double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b
      * 2 x 2 x 4h: 16 sbh; the s x s scores, softmax and dropout: 5 a s^2 b. */
     const double kv = (double)m->kv_heads / a;
     const double attention = sbh * (4 + 4 * kv);
-    const double mlp = s * B * (double)m->ffn * (m->gated_mlp ? 6 : 4);
+    double mlp = s * B * (double)m->ffn * (m->gated_mlp ? 6 : 4);
+    if (moe) { /* k routed + shared experts' MLPs, the k dispatched inputs, the router's probabilities */
+        const double Fe = (double)(m->ffn_expert > 0 ? m->ffn_expert : m->ffn);
+        const double runs = (double)(m->top_k + m->shared_experts);
+        mlp = s * B * (runs * Fe * (m->gated_mlp ? 6 : 4) + 2.0 * (double)m->top_k * h + 4.0 * (double)m->experts);
+    }
     const double scores = o->recompute == RECOMPUTE_SELECTIVE ? 0 : 5 * a * s * s * B;
     const double split = attention + mlp + scores, unsplit = 10 * sbh;
-    return o->sequence_parallel ? (unsplit + split) / t : unsplit + split / t;
+    return (o->sequence_parallel ? (unsplit + split) / t : unsplit + split / t) / cp;
+}
+
+double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b) {
+    return published_layer(m, o, b, m->experts > 0);
 }
 
 double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long b) {
     const double s = (double)m->seq, h = (double)m->d_model, B = (double)b;
-    const double t = o->tp > 0 ? o->tp : 1, sp = o->sequence_parallel ? t : 1;
-    double bytes = (double)(hi - lo) * th_published_layer_acts_bytes(m, o, b);
-    if (lo == 0) bytes += s * B * h / sp;                                   /* embedding dropout mask */
-    if (hi == m->layers) bytes += 2 * s * B * h / sp + 4 * s * B * (double)m->vocab / t; /* lnf, logits */
+    const double t = o->tp > 0 ? o->tp : 1, sp = o->sequence_parallel ? t : 1, cp = o->cp > 1 ? o->cp : 1;
+    const int moe = th_moe_layers(m, lo, hi);
+    double bytes = (double)moe * published_layer(m, o, b, 1) + (double)(hi - lo - moe) * published_layer(m, o, b, 0);
+    if (lo == 0) bytes += s * B * h / sp / cp;                                   /* embedding dropout mask */
+    if (hi == m->layers) bytes += (2 * s * B * h / sp + 4 * s * B * (double)m->vocab / t) / cp; /* lnf, logits */
     return bytes;
 }
 

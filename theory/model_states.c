@@ -42,25 +42,52 @@ th_params th_param_counts(const th_model *m) {
     p.layer_sharded = qkv + C * C + mlp_in + F * C;
     p.layer = p.layer_sharded + 2 * norm + b * C /* attention projection bias */ + b * C /* MLP's last bias */;
     p.layer_active = p.layer;
+    p.dense_layer = p.layer;
+    p.dense_layer_sharded = p.layer_sharded;
     if (m->experts > 0) { /* E MLPs and the router E x C, of which a token runs k MLPs and the router */
-        const double mlp = mlp_in + F * C + b * C, E = (double)m->experts, router = E * C;
-        p.layer_active = p.layer + ((double)m->top_k - 1) * mlp + router;
-        p.layer += (E - 1) * mlp + router;
-        p.layer_sharded += (E - 1) * (mlp - b * C) + router; /* not split by TP (no expert TP): for reference */
+        const double Fe = m->ffn_expert > 0 ? (double)m->ffn_expert : F;
+        const double mlp_e_in = (m->gated_mlp ? 2 : 1) * (C * Fe + b * Fe);
+        const double mlp_dense = mlp_in + F * C + b * C, mlp = mlp_e_in + Fe * C + b * C;
+        const double E = (double)m->experts, router = E * C, shared = (double)m->shared_experts * mlp;
+        const double moe = p.layer - mlp_dense; /* the layer without its MLP */
+        p.layer_experts = E * mlp;
+        p.layer_active = moe + ((double)m->top_k) * mlp + shared + router;
+        p.layer = moe + p.layer_experts + shared + router;
+        /* TP splits attention's matrices only: the experts, the shared ones and
+         * the router are whole on every TP rank (no expert tensor parallelism) */
+        p.layer_sharded = qkv + C * C;
     }
     p.embed = V * C + (m->learned_positions ? T * C : 0);
     p.head_matrix = V * C;
     p.head = norm + p.head_matrix;
-    p.total = p.embed + (double)m->layers * p.layer + p.head - (m->tied_head ? p.head_matrix : 0);
-    p.active = p.total - (double)m->layers * (p.layer - p.layer_active);
+    const double n_dense = m->experts > 0 ? (double)m->dense_layers : 0, n_moe = (double)m->layers - n_dense;
+    p.total = p.embed + n_moe * p.layer + n_dense * p.dense_layer + p.head - (m->tied_head ? p.head_matrix : 0);
+    p.active = p.total - n_moe * (p.layer - p.layer_active);
     return p;
+}
+
+int th_moe_layers(const th_model *m, int lo, int hi) {
+    if (m->experts <= 0) return 0;
+    const int first = lo > m->dense_layers ? lo : (int)m->dense_layers;
+    return hi > first ? hi - first : 0;
+}
+
+double th_stage_expert_params(const th_model *m, const th_opts *o, int lo, int hi) {
+    const double ep = o->ep > 1 ? o->ep : 1;
+    return th_moe_layers(m, lo, hi) * th_param_counts(m).layer_experts / ep;
 }
 
 double th_stage_params(const th_model *m, const th_opts *o, int lo, int hi) {
     const th_params p = th_param_counts(m);
     const double t = o->tp > 0 ? o->tp : 1, vocab_split = o->vocab_parallel ? t : 1;
     const double C = (double)m->d_model;
-    double n = (double)(hi - lo) * (p.layer - p.layer_sharded + p.layer_sharded / t);
+    const int moe = th_moe_layers(m, lo, hi), dense = hi - lo - moe;
+    /* dense layers (every layer of a dense model): the sharded part / t; MoE
+     * layers: attention's matrices / t, the routed experts / ep */
+    double n = (double)dense * (p.dense_layer - p.dense_layer_sharded + p.dense_layer_sharded / t);
+    if (moe)
+        n += (double)moe * (p.layer - p.layer_experts - p.layer_sharded + p.layer_sharded / t) +
+             th_stage_expert_params(m, o, lo, hi);
     if (lo == 0) /* the token table, split over t when vocab-parallel; positions whole */
         n += (double)m->vocab * C / vocab_split + (m->learned_positions ? (double)m->seq * C : 0);
     if (hi == m->layers) {
@@ -78,13 +105,16 @@ double th_flops_per_token(const th_model *m) {
     /* every parameter of a matrix product does a multiply-add per token forward
      * (2 FLOPs) and two backward (input and weight gradients): 6; the attention
      * scores and their use of V add 2 x 2 T C per layer forward, 12 T C in all */
-    return 6.0 * (L * p.layer_active + p.head) + 12.0 * L * T * C;
+    const double n_dense = m->experts > 0 ? (double)m->dense_layers : 0;
+    return 6.0 * ((L - n_dense) * p.layer_active + n_dense * p.dense_layer + p.head) + 12.0 * L * T * C;
 }
 
 double th_recompute_flops_per_token(const th_model *m, recompute_mode r) {
     const th_params p = th_param_counts(m);
     const double L = (double)m->layers, T = (double)m->seq, C = (double)m->d_model;
-    if (r == RECOMPUTE_FULL) return 2.0 * L * p.layer + 4.0 * L * T * C;
+    /* a second forward of the layers runs what a token runs: the active parameters */
+    const double n_dense = m->experts > 0 ? (double)m->dense_layers : 0;
+    if (r == RECOMPUTE_FULL) return 2.0 * ((L - n_dense) * p.layer_active + n_dense * p.dense_layer) + 4.0 * L * T * C;
     if (r == RECOMPUTE_SELECTIVE) return 4.0 * L * T * C;
     return 0;
 }

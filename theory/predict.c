@@ -137,14 +137,30 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         } else if (t > 1) {
             count(x, COLL_ALLREDUCE, tp_calls, act, t);
         }
-        add_traffic(x, COLL_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
+        if (r->zero_stage == 1 && d > 1) {
+            /* lab06's ZeRO-1: params and grads padded to d slices of comm_chunk
+             * elements, the optimizer state one slice (th_model_states), a
+             * reduce-scatter and an all-gather of the padded buffer; in bf16
+             * the whole fp32 weights exist once, at set-up, in workspace */
+            const double padded = ceil(x->params / d) * d;
+            const th_opts po = th_opts_precision(t, r->bf16);
+            const th_states st = th_model_states(padded, &po, 1, d);
+            x->mem[MEM_PARAMS] = st.params;
+            x->mem[MEM_GRADS] = st.grads;
+            x->mem[MEM_OPTIM] = st.optim;
+            if (r->bf16 && x->mem[MEM_WORKSPACE] >= 0) x->mem[MEM_WORKSPACE] += 4 * x->params;
+            count(x, COLL_REDUCE_SCATTER, 1, value_bytes_of(r) * padded, d);
+            count(x, COLL_ALLGATHER, 1, value_bytes_of(r) * padded, d);
+        } else add_traffic(x, COLL_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
     }
 }
 
 int th_predict_run(const th_run *r, th_rank_need *need) {
-    /* data parallelism alone (lab01, lab02; a one-stage lab03 is the same run) has
-     * units and ZeRO's shards; anything with stages, a schedule or TP layers is a grid */
-    if (r->pp == 1 && !r->schedule && !r->tensor_parallel) predict_data_parallel(r, need);
+    /* context-parallel layers (lab07) have their own part; data parallelism
+     * alone (lab01, lab02; a one-stage lab03 is the same run) has units and
+     * ZeRO's shards; anything with stages, a schedule or TP layers is a grid */
+    if (r->cp > 0) th_cp_predict(r, need);
+    else if (r->pp == 1 && !r->schedule && !r->tensor_parallel) predict_data_parallel(r, need);
     else predict_grid(r, need);
     return 0;
 }

@@ -45,7 +45,9 @@ typedef struct th_run {
      * the gradient they receive; or no pipeline at all) */
     const char *schedule;
     int chunks;             /* interleaved's model chunks per rank (--virtual-stages; 0: its default 2) */
-    int zero_stage;         /* ZeRO (lab02): 1..3, the model states sharded over dp; 0: none */
+    /* ZeRO: lab02 1..3, the model states sharded over dp; lab06 0 or 1 (ZeRO-1
+     * over each DP group); 0: none */
+    int zero_stage;
     /* the layers are lab05's tensor-parallel ones (lab05, lab06), at any tp
      * (1 included): the gradient norm is summed in two parts on the device */
     int tensor_parallel;
@@ -58,6 +60,9 @@ typedef struct th_run {
     /* --sequence-parallel (lab05, lab06 with tp > 1) and --recompute (every
      * lab: recompute_mode) */
     int sequence_parallel, recompute;
+    /* ranks per context-parallel group: > 0, the layers are lab07's, attention
+     * split over cp ranks (1 included) by --cp-algo (th_cp_algo); 0: none */
+    int cp, cp_algo;
 } th_run;
 
 typedef struct th_rank_need {
@@ -71,6 +76,8 @@ typedef struct th_rank_need {
     double calls[TH_PREDICTED_KINDS], payload[TH_PREDICTED_KINDS], ring[TH_PREDICTED_KINDS];
 } th_rank_need;
 
+/* lab07's part (theory/context.c). */
+void th_cp_predict(const th_run *r, th_rank_need *need);
 /* Fills need[0 .. r->ranks). Returns 0. */
 int th_predict_run(const th_run *r, th_rank_need *need);
 

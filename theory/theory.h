@@ -49,6 +49,11 @@ typedef struct th_model {
     int tied_head;         /* the head reuses the token embedding (GPT-3, BLOOM) */
     long experts, top_k;   /* mixture of experts: every MLP is `experts` MLPs and a router
                             * [experts, d_model] sending each token to top_k; 0: dense */
+    /* DeepSeek's fine-grained MoE (plan3d's presets; the labs leave these 0):
+     * each routed expert ffn_expert wide (0: ffn), shared_experts more of that
+     * width that every token runs, and the first dense_layers layers keep a
+     * dense MLP ffn wide. */
+    long ffn_expert, shared_experts, dense_layers;
 } th_model;
 
 /* The course's model: vocab 256, wpe, biases, 4C MLP, untied head. */
@@ -65,6 +70,8 @@ typedef struct th_opts {
                               * 0: replicated on every TP rank, as lab05 does */
     int sequence_parallel;   /* Megatron's SP: exact for the course (lab05, lab06 --sequence-parallel) */
     recompute_mode recompute; /* --recompute: exact for the course (every lab) */
+    int cp;                  /* context-parallel degree (0 or 1: none): the published activations / cp */
+    int ep;                  /* expert-parallel degree (0 or 1: none): a rank holds experts / ep */
 } th_opts;
 
 /* fp32, t = 1, no SP, no recomputation: a one-rank lab. */
@@ -84,12 +91,16 @@ double th_optim_bytes(precision p);   /* AdamW: 8 (m, v), or 12 (fp32 master, m,
 typedef struct th_params {
     double embed;           /* token (+ position) embedding */
     double layer;           /* one layer */
-    double layer_sharded;   /* of which TP splits over t (the matrices, column-parallel biases) */
+    double layer_sharded;   /* of which TP splits over t (the matrices, column-parallel biases;
+                             * with experts attention's matrices only: no expert TP) */
     double head;            /* final norm + the head matrix (counted even when tied) */
     double head_matrix;     /* vocab x d_model */
     double total;           /* the model's parameters (a tied head counted once) */
     double layer_active;    /* of one layer, those a token runs: k of the E experts' MLPs (= layer dense) */
     double active;          /* of the model, those a token runs (= total dense) */
+    double layer_experts;   /* of one layer, the routed experts' MLPs (what EP splits; 0 dense) */
+    double dense_layer;     /* one of the first dense_layers layers (= layer without experts) */
+    double dense_layer_sharded; /* of which TP splits (= layer_sharded without experts) */
 } th_params;
 
 th_params th_param_counts(const th_model *m);
@@ -100,6 +111,12 @@ th_params th_param_counts(const th_model *m);
  * stages), each layer's replicated part whole and its sharded part / t.
  * For the course's model this is lab05's tp_range, and gpt_range at t = 1. */
 double th_stage_params(const th_model *m, const th_opts *o, int lo, int hi);
+/* Of th_stage_params, the routed experts' parameters, o->ep (EP ranks) holding
+ * experts / ep each: their gradients are summed over the expert-data-parallel
+ * group (the ranks holding the same experts), not over all the DP ranks. */
+double th_stage_expert_params(const th_model *m, const th_opts *o, int lo, int hi);
+/* MoE layers among [lo, hi) (the layers past dense_layers; 0 for a dense model). */
+int th_moe_layers(const th_model *m, int lo, int hi);
 
 /* Training FLOPs per token, forward and backward: 6 x the parameters of every
  * matrix product (the layers and the head; the embedding is a lookup) plus
@@ -211,6 +228,12 @@ double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b
  * theoretical_memory_usage.py): the first stage's embedding output (sbh bytes)
  * and the last stage's final norm output (2 sbh) and fp32 logits (4 sbV / t). */
 double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long b);
+/* Context parallelism (o->cp = N) splits every layer's sequence: each rank
+ * keeps the activations of its T/N positions, the s x s scores as (s/N) x s,
+ * so both functions divide by N (Llama 3's CP, section 3.3.2). With experts a
+ * token's MLP activations are those of its k routed and shared experts, each
+ * ffn_expert wide, plus the dispatched copy of its input k times (2 k h bytes)
+ * and the router's fp32 probabilities (4 E); the first dense_layers keep ffn. */
 
 /* ---- traffic ---------------------------------------------------------------------------- */
 
@@ -263,6 +286,11 @@ long th_cp_position(long T, int N, int rank, long i, th_cp_layout layout);
 double th_cp_causal_scores(long T, int N, int rank, th_cp_layout layout);
 
 typedef enum { TH_CP_RING, TH_CP_ALLGATHER, TH_CP_ULYSSES } th_cp_algo;
+/* EXACT: the same per head of the model for an algorithm: ring and allgather
+ * th_cp_causal_scores; ulysses, every rank all T (T+1) / 2 scores of its
+ * heads/N heads, T (T+1) / (2N) per head of the model on every rank, whatever
+ * the layout. */
+double th_cp_rank_scores(long T, int N, int rank, th_cp_layout layout, th_cp_algo algo);
 /* Bytes one rank sends and receives for one layer's attention and one
  * micro-batch of `rows` sequences, the sequence T over N ranks, queries and
  * outputs d_model wide, keys and values kv_dim wide (d_model without
@@ -281,6 +309,47 @@ typedef enum { TH_CP_RING, TH_CP_ALLGATHER, TH_CP_ULYSSES } th_cp_algo;
 typedef struct th_cp_traffic { double fwd_sent, fwd_recv, bwd_sent, bwd_recv; } th_cp_traffic;
 th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, long d_model, long kv_dim,
                                   double value_bytes);
+
+/* EXACT: the activations one rank of a CP group allocates for one micro-batch
+ * of `rows` sequences (lab07: gpt_acts_alloc_part over all layers): the
+ * course's layers (th_course_acts_bytes) on T/N positions, except that where a
+ * one-rank layer keeps its attention matrix [rows,H,T,T] a CP layer keeps per
+ * query row and head its fp32 log-sum-exp, and under Ulysses also the
+ * head-split q, k, v and output (4 HS more values: every position of H/N
+ * heads, lab07's cp_att_row); nothing there under --recompute selective or full.
+ * Every piece is per position: 1/N of one rank's for ring and allgather.
+ * -1 where th_course_acts_bytes is, or T not divisible by N. */
+double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo);
+
+/* The ring's condition for hiding its messages: while one K/V block is
+ * computed on, the next travels, so the ring costs no time beyond its compute
+ * when a block's attention takes at least as long as its message:
+ *   block_seconds   = 4 C x (the rank's scores per sequence and head) / N
+ *                     x rows / flops_rate  (q k^T and p v, 2 FLOPs a multiply-add)
+ *   message_seconds = rows (T/N) 2C value_bytes / bandwidth  (one K|V block)
+ * With zig-zag a block averages (T/N)^2 / 2 scores, so the condition reads
+ * T/N >= flops_rate x value_bytes / bandwidth = positions_needed: the
+ * positions per rank must outgrow the machine's FLOPs per byte of link. An
+ * H100 at 400 TFLOP/s in bf16 over 400 GB/s NVLink needs ~2,000 positions per
+ * rank, over 50 GB/s InfiniBand ~16,000. hidden: block >= message. All 0 for
+ * N < 2 or a rate or bandwidth not > 0. */
+typedef struct th_cp_ring_hiding { double block_seconds, message_seconds, positions_needed; int hidden; } th_cp_ring_hiding;
+th_cp_ring_hiding th_cp_ring_hiding_of(long rows, long T, int N, long d_model, double value_bytes,
+                                       double scores_per_rank, double flops_rate, double bandwidth);
+
+/* ---- expert parallelism (lab08, plan3d): the experts over N ranks --------------------------- */
+
+/* Bytes one rank sends per MoE layer and micro-batch when its tokens tokens
+ * each go to top_k experts spread evenly over N ranks, routing uniform:
+ * every all-to-all moves k tokens x d_model values of each token, of which
+ * (N-1)/N leave the rank; the forward dispatches and combines (2), the
+ * backward sends the gradients both ways (2):
+ *   forward  2 k tokens d_model value_bytes (N-1)/N,  backward the same,
+ * 4 k N_tok C b (N-1)/N in all (issue 25). Received = sent. 0 for N = 1. */
+th_cp_traffic th_ep_layer_traffic(int N, double tokens, long top_k, long d_model, double value_bytes);
+/* Tokens per expert under uniform routing: k tokens / E of the tokens the
+ * expert's EP group holds (the mean; the max is what capacity bounds). */
+double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts);
 
 /* ---- pipeline schedules ------------------------------------------------------------------- */
 

@@ -30,3 +30,12 @@ th_traffic th_pp_traffic(int boundaries, int micro_batches, int chunks, double a
     const double messages = 2.0 * boundaries * micro_batches * (chunks > 0 ? chunks : 1);
     return (th_traffic){messages, messages * act_bytes, messages * act_bytes};
 }
+
+th_cp_traffic th_ep_layer_traffic(int N, double tokens, long top_k, long d_model, double value_bytes) {
+    th_cp_traffic t = {0, 0, 0, 0};
+    if (N <= 1) return t;
+    /* dispatch and combine, each k copies of every token's d_model values, (N-1)/N of them to other ranks */
+    const double one = (double)top_k * tokens * (double)d_model * value_bytes * (N - 1) / N;
+    t.fwd_sent = t.fwd_recv = t.bwd_sent = t.bwd_recv = 2 * one;
+    return t;
+}

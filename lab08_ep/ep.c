@@ -1,0 +1,255 @@
+/* Expert parallelism: lab08's MLP hook (ep.h). */
+#include "ep.h"
+#include "device.h"
+#include "kernels.h"
+#include "mem.h"
+#include "moe.h"
+#include "trace.h"
+#include <stdlib.h>
+#include <string.h>
+
+static int is_expert_tensor(int i) {
+    return i == LAYER_FC_W || i == LAYER_FC_B || i == LAYER_FCPROJ_W || i == LAYER_FCPROJ_B;
+}
+
+void ep_layout(const gpt_layout *g, int N, int rank, tensor_info *tensors, long *layer_size) {
+    (void)rank; /* every rank's block has the same shape; which experts fill it is ep_runs' */
+    const long local = g->cfg.experts / N, E = g->cfg.experts;
+    long off = 0;
+    for (int i = 0; i < LAYER_NTENSORS; i++) {
+        tensors[i] = g->layer[i];
+        if (is_expert_tensor(i)) tensors[i].rows = g->layer[i].rows / E * local;
+        tensors[i].offset = off;
+        off += tensors[i].rows * tensors[i].cols;
+    }
+    *layer_size = off;
+}
+
+int ep_runs(const gpt_layout *g, const tensor_info *tensors, long layer_size, int N, int rank, ep_run *runs) {
+    const long E = g->cfg.experts, local = E / N;
+    int n = 0;
+#define RUN(l, gl, len, ex) do { if (runs) runs[n] = (ep_run){l, gl, len, ex}; n++; } while (0)
+    RUN(0, 0, g->embed_size, 0);
+    for (int l = 0; l < g->cfg.layers; l++) {
+        const long lb = g->embed_size + (long)l * layer_size, gb = gpt_layer_offset(g, l);
+        /* LayerNorms and attention: the block's first tensors, one run */
+        RUN(lb, gb, tensors[LAYER_FC_W].offset, 0);
+        for (int i = LAYER_FC_W; i <= LAYER_FCPROJ_B; i++) { /* this rank's experts: a run of each tensor */
+            const long per_expert = g->layer[i].rows / E * g->layer[i].cols;
+            RUN(lb + tensors[i].offset, gb + g->layer[i].offset + rank * local * per_expert, local * per_expert, 1);
+        }
+        RUN(lb + tensors[LAYER_ROUTER_W].offset, gb + g->layer[LAYER_ROUTER_W].offset,
+            g->layer[LAYER_ROUTER_W].rows * g->layer[LAYER_ROUTER_W].cols, 0);
+    }
+    RUN(g->embed_size + (long)g->cfg.layers * layer_size, gpt_head_offset(g), g->head_size, 0);
+#undef RUN
+    return n;
+}
+
+/* ---- buffers that grow with the step's routing ------------------------------------- */
+
+static void *regrow(void *old, long rows, long width, mem_category cat) {
+    mem_free(old);
+    return mem_alloc((size_t)(rows > 0 ? rows : 1) * (size_t)width * value_bytes(), cat);
+}
+
+static void layer_reserve(ep_hooks *e, ep_layer *ly, long rows) {
+    if (ly->xr && rows <= ly->rows_cap) return; /* allocated once even when no row comes */
+    const long C = e->hooks.cfg->d_model;
+    ly->xr = regrow(ly->xr, rows, C, MEM_ACTS);
+    ly->fch = regrow(ly->fch, rows, 4 * C, MEM_ACTS);
+    ly->gelu = regrow(ly->gelu, rows, 4 * C, MEM_ACTS);
+    ly->yr = regrow(ly->yr, rows, C, MEM_ACTS);
+    ly->rows_cap = rows;
+}
+
+static void stage_reserve(ep_hooks *e, long rows) {
+    if (e->stage && rows <= e->stage_cap) return;
+    e->stage = regrow(e->stage, rows, e->hooks.cfg->d_model, MEM_COMM);
+    e->stage_cap = rows;
+}
+
+static void scratch_reserve(ep_hooks *e, long rows) {
+    if (e->dyr && rows <= e->scratch_cap) return;
+    const long C = e->hooks.cfg->d_model;
+    e->dyr = regrow(e->dyr, rows, C, MEM_WORKSPACE);
+    e->dfch = regrow(e->dfch, rows, 4 * C, MEM_WORKSPACE);
+    e->dgelu = regrow(e->dgelu, rows, 4 * C, MEM_WORKSPACE);
+    e->scratch_cap = rows;
+}
+
+/* ---- the exchanges -------------------------------------------------------------- */
+
+static int layer_of(const ep_hooks *e, const void *lp) {
+    const long at = (long)(((const char *)lp - (const char *)e->params) / (long)value_bytes());
+    return (int)((at - e->embed_size) / e->layer_size);
+}
+
+/* Rows of a layer's slots between the ranks: `rows_to[p]` rows from `send`
+ * (packed in rank order) to EP rank p, `rows_from[p]` from p into `recv`.
+ * Counts what leaves the rank. */
+static void exchange_rows(ep_hooks *e, const void *send, const long *rows_to, void *recv, const long *rows_from) {
+    const long C = e->hooks.cfg->d_model;
+    long *vals = malloc(sizeof(long) * 2 * (size_t)e->N);
+    if (!vals) die("out of host memory");
+    for (int p = 0; p < e->N; p++) {
+        vals[p] = rows_to[p] * C;
+        vals[e->N + p] = rows_from[p] * C;
+        if (p == e->rank) e->counts.rows_kept += (double)rows_to[p];
+        else e->counts.rows_sent += (double)rows_to[p];
+    }
+    const double t0 = MPI_Wtime();
+    comm_alltoallv(e->ep, send, vals, NULL, recv, vals + e->N, NULL);
+    e->counts.alltoall_seconds += MPI_Wtime() - t0;
+    free(vals);
+}
+
+/* Between the stage (rows by source rank, then local expert) and the
+ * expert-major order (by local expert, then source rank: global token order). */
+static void reorder(const ep_hooks *e, const ep_layer *ly, const void *from, void *to, int to_expert_major) {
+    const int El = e->local_experts;
+    const size_t row = (size_t)e->hooks.cfg->d_model * value_bytes();
+    long at = 0;
+    for (int src = 0; src < e->N; src++)
+        for (int j = 0; j < El; j++) {
+            long expert_at = ly->first[j], n = ly->recv[src * El + j];
+            for (int s = 0; s < src; s++) expert_at += ly->recv[s * El + j];
+            const long a = to_expert_major ? at : expert_at, b = to_expert_major ? expert_at : at;
+            memcpy((char *)to + b * row, (const char *)from + a * row, (size_t)n * row);
+            at += n;
+        }
+}
+
+/* rows this rank sends to each EP rank (its slots of that rank's experts), and
+ * receives from each (the layer's recv counts) */
+static void rows_per_rank(const ep_hooks *e, const ep_layer *ly, const int *count, long *to, long *from) {
+    const int El = e->local_experts;
+    for (int p = 0; p < e->N; p++) {
+        to[p] = from[p] = 0;
+        for (int j = 0; j < El; j++) to[p] += count[p * El + j], from[p] += ly->recv[p * El + j];
+    }
+}
+
+static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N) {
+    ep_hooks *e = h->ctx;
+    const gpt_config *cfg = h->cfg;
+    const int El = e->local_experts, k = cfg->top_k, C = cfg->d_model;
+    ep_layer *ly = &e->layer[layer_of(e, lp)];
+    moe_state st = moe_state_view(la->moe, cfg, N);
+    st.stats = la->moe_stats;
+    moe_route(cfg, h->tensors, lp, la->ln2, &st, N); /* the one-rank run's decisions: per sequence */
+    /* counts first: how many rows each rank will send to each of my experts */
+    int ev = trace_begin("ep_counts", TRACE_COMM, -1, NULL);
+    const long ints = (long)El * (long)(sizeof(int) / value_bytes()); /* El ints, as values */
+    double t0 = MPI_Wtime();
+    comm_alltoall(e->ep, st.count, ly->recv, ints);
+    e->counts.alltoall_seconds += MPI_Wtime() - t0;
+    e->counts.count_bytes_sent += (double)(e->N - 1) * El * sizeof(int);
+    e->counts.count_bytes_kept += (double)El * sizeof(int);
+    trace_end(ev);
+    long total = 0;
+    for (int j = 0; j < El; j++) {
+        ly->first[j] = (int)total, ly->count[j] = 0;
+        for (int src = 0; src < e->N; src++) ly->count[j] += ly->recv[src * El + j];
+        total += ly->count[j];
+        if (ly->count[j] > e->counts.max_expert_rows) e->counts.max_expert_rows = ly->count[j];
+    }
+    layer_reserve(e, ly, total);
+    stage_reserve(e, total > (long)k * N ? total : (long)k * N);
+    long *to = malloc(sizeof(long) * 2 * (size_t)e->N);
+    if (!to) die("out of host memory");
+    long *from = to + e->N;
+    rows_per_rank(e, ly, st.count, to, from);
+    ev = trace_begin("ep_dispatch", TRACE_COMM, -1, NULL);
+    exchange_rows(e, st.xs, to, e->stage, from); /* st.xs: sorted by expert, so packed by rank */
+    trace_end(ev);
+    reorder(e, ly, e->stage, ly->xr, 1);
+    ev = trace_begin("experts", TRACE_COMPUTE, -1, NULL);
+    t0 = MPI_Wtime();
+    moe_experts_forward(h->tensors, lp, 0, El, ly->count, ly->first, ly->xr, ly->fch, ly->gelu, ly->yr);
+    e->counts.expert_seconds += MPI_Wtime() - t0;
+    trace_end(ev);
+    reorder(e, ly, ly->yr, e->stage, 0);
+    ev = trace_begin("ep_return", TRACE_COMM, -1, NULL);
+    exchange_rows(e, e->stage, from, st.ys, to); /* back where each slot came from */
+    trace_end(ev);
+    free(to);
+    moe_combine(&st, k, C, st.ys, out, N);
+}
+
+static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const layer_acts *la,
+                            const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N) {
+    (void)dfch;
+    if (pass != GPT_PASS_FUSED) die("lab08: the backward in two halves (B, W) is not written for experts");
+    ep_hooks *e = h->ctx;
+    const gpt_config *cfg = h->cfg;
+    const int El = e->local_experts, k = cfg->top_k, C = cfg->d_model;
+    const ep_layer *ly = &e->layer[layer_of(e, lp)];
+    moe_state st = moe_state_view(la->moe, cfg, N);
+    moe_scratch sc = moe_scratch_view(s->moe, cfg, N);
+    moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
+    long total = 0;
+    for (int j = 0; j < El; j++) total += ly->count[j];
+    scratch_reserve(e, total);
+    long *to = malloc(sizeof(long) * 2 * (size_t)e->N);
+    if (!to) die("out of host memory");
+    long *from = to + e->N;
+    rows_per_rank(e, ly, st.count, to, from);
+    /* the slots' output gradients travel as their rows did */
+    int ev = trace_begin("ep_dispatch", TRACE_COMM, -1, NULL);
+    exchange_rows(e, sc.dys, to, e->stage, from);
+    trace_end(ev);
+    reorder(e, ly, e->stage, e->dyr, 1);
+    void *dxr;
+    ev = trace_begin("experts", TRACE_COMPUTE, -1, NULL);
+    const double t0 = MPI_Wtime();
+    moe_experts_backward(h->tensors, lp, gp, 0, El, ly->count, ly->first, ly->xr, ly->fch, ly->gelu, e->dyr,
+                         e->dfch, e->dgelu, &dxr);
+    e->counts.expert_seconds += MPI_Wtime() - t0;
+    trace_end(ev);
+    reorder(e, ly, dxr, e->stage, 0);
+    ev = trace_begin("ep_return", TRACE_COMM, -1, NULL);
+    exchange_rows(e, e->stage, from, sc.dys, to); /* the slots' input gradients, home (sc.dys is spent) */
+    trace_end(ev);
+    free(to);
+    moe_router_backward(h, lp, gp, la->ln2, &st, &sc, sc.dys, dinp, s->dloss, N);
+}
+
+void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep, const void *params) {
+    memset(h, 0, sizeof *h);
+    h->ep = ep;
+    h->N = ep->size;
+    h->rank = ep->rank;
+    h->local_experts = g->cfg.experts / ep->size;
+    h->layers = g->cfg.layers;
+    h->params = params;
+    h->embed_size = g->embed_size;
+    ep_layout(g, h->N, h->rank, h->tensors, &h->layer_size);
+    h->hooks = gpt_default_hooks(g);
+    h->hooks.ctx = h;
+    h->hooks.tensors = h->tensors;
+    h->hooks.layer_size = h->layer_size;
+    h->hooks.mlp_forward = ep_mlp_forward;
+    h->hooks.mlp_backward = ep_mlp_backward;
+    h->layer = calloc((size_t)h->layers, sizeof(ep_layer));
+    if (!h->layer) die("out of host memory");
+    for (int l = 0; l < h->layers; l++) {
+        ep_layer *ly = &h->layer[l];
+        /* ints, but moved by comm_alltoall as values: room for whole values */
+        ly->recv = calloc((size_t)h->N * h->local_experts + 2, sizeof(int));
+        ly->count = calloc((size_t)h->local_experts, sizeof(int));
+        ly->first = calloc((size_t)h->local_experts, sizeof(int));
+        if (!ly->recv || !ly->count || !ly->first) die("out of host memory");
+    }
+}
+
+void ep_hooks_free(ep_hooks *h) {
+    for (int l = 0; l < h->layers; l++) {
+        ep_layer *ly = &h->layer[l];
+        mem_free(ly->xr), mem_free(ly->fch), mem_free(ly->gelu), mem_free(ly->yr);
+        free(ly->recv), free(ly->count), free(ly->first);
+    }
+    free(h->layer);
+    mem_free(h->stage), mem_free(h->dyr), mem_free(h->dfch), mem_free(h->dgelu);
+}
+

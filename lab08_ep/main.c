@@ -1,0 +1,230 @@
+/* lab08_ep: expert parallelism.
+ *
+ * A mixture-of-experts GPT (common/moe.h: every MLP is E experts and a router
+ * sending each token to k of them) whose experts are spread over the N ranks
+ * of an EP group, E/N each. Each rank trains its own rows of the batch (data
+ * parallel over all ranks for everything but the experts); in every layer a
+ * token's rows travel to the ranks holding its experts and back by all-to-all
+ * (ep.h). Replicated weights (attention, router, embeddings, head) are summed
+ * over all ranks; an expert's gradient over the ranks holding that expert, the
+ * expert-data-parallel (EDP) group. --ep N (default: every rank) x EDP over
+ * the rest; --experts defaults to 4 here.
+ *
+ * What to look at: `loss` (equal to `lab01_dp -n 1 --experts E`, capacity and
+ * drops included: they are decided per sequence), the groups, the tokens per
+ * expert, and the all-to-all bytes per rank beside the exact count from the
+ * step's routing and the uniform-routing expectation (theory/expert_parallel.c). */
+#include "checkpoint.h"
+#include "comm.h"
+#include "ep.h"
+#include "kernels.h"
+#include "lab_run.h"
+#include "mem.h"
+#include "model.h"
+#include "optim.h"
+#include "run.h"
+#include "theory.h"
+#include "trace.h"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The groups, as lab06 prints its grid: EP groups exchange tokens, EDP groups sum expert gradients. */
+static void print_groups(int ranks, int N, int E) {
+    printf("  EP groups (all-to-all of tokens in every layer):");
+    for (int d = 0; d < ranks / N; d++) {
+        printf(" [");
+        for (int q = 0; q < N; q++) printf("%s%d", q ? " " : "", d * N + q);
+        printf("]");
+    }
+    printf("\n  EDP groups (all-reduce of the experts' gradients):");
+    for (int q = 0; q < N; q++) {
+        printf(" [");
+        for (int d = 0; d < ranks / N; d++) printf("%s%d", d ? " " : "", d * N + q);
+        if (E / N == 1) printf("] expert %d", q);
+        else printf("] experts %d-%d", q * (E / N), (q + 1) * (E / N) - 1);
+    }
+    printf("\n  replicated (attention, router, embeddings, head): all-reduced over all %d ranks\n", ranks);
+}
+
+/* --eval: the mean loss over the held-out batches, forward only, laid out as
+ * in training. Its all-to-alls stay out of the counts, so the record's per-step
+ * figures are the training's. */
+static double evaluate(const run_ctx *ctx, const gpt_layout *g, ep_hooks *eh, comm *world, const void *params,
+                       gpt_acts *acts, int rows, int *tokens, int *targets) {
+    const int T = ctx->opt.seq;
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
+    comm_stat training[COLL_NKINDS];
+    memcpy(training, eh->ep->stats, sizeof training);
+    const ep_counts counts = eh->counts;
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        data_batch(&heldout, 0, b, world->rank * rows, rows, T, tokens, targets);
+        gpt_acts_set_batch(acts, tokens, targets, T);
+        gpt_forward_with(g, &eh->hooks, params, acts);
+        sum += gpt_mean_loss(g, acts);
+    }
+    memcpy(eh->ep->stats, training, sizeof training);
+    eh->counts = counts;
+    comm_allreduce_host(world, &sum, 1);
+    return sum / ((double)batches * world->size);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int ep_degree = 0;
+    flag_spec flags[] = {
+        {"--ep", FLAG_INT, &ep_degree,
+         "ranks in each expert-parallel group, each holding E/N experts (0: all of them); expert data "
+         "parallelism over the groups", 0, NULL},
+    };
+    lab_info lab = {"lab08_ep", "expert parallelism: the experts of every MoE layer spread over the ranks of an EP "
+                    "group, tokens sent to them and back by all-to-all", flags, 1};
+    run_ctx ctx;
+    run_default_experts(4);
+    run_parse(&ctx, argc, argv, &lab);
+    const int E = ctx.opt.experts, N = ep_degree > 0 ? ep_degree : ctx.size;
+    const int dp = ctx.size % N ? 1 : ctx.size / N;
+    run_check(&ctx, E > 0, "--experts %d: lab08 spreads experts over ranks (give E >= 1)", E);
+    run_check(&ctx, ctx.size % N == 0, "--ep %d does not divide the %d ranks", N, ctx.size);
+    run_check(&ctx, E % N == 0, "--experts %d is not divisible by --ep %d (each rank holds E/N experts)", E, N);
+    run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks (each trains its "
+              "own rows)", ctx.opt.batch, ctx.size);
+    run_setup(&ctx); /* --dry-run is refused there: theory/predict does not count experts */
+
+    const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
+    const int rows = B / ctx.size, k = ctx.opt.top_k;
+    gpt_layout g; /* the model; a rank's buffer holds its layout (ep.h): E/N experts per layer */
+    gpt_layout_init(&g, &ctx.model);
+    comm world, ep, edp;
+    comm_init(&world, MPI_COMM_WORLD, ctx.backend);
+    comm_split(&world, world.rank / N, world.rank % N, &ep);  /* consecutive ranks: consecutive rows */
+    comm_split(&world, world.rank % N, world.rank / N, &edp); /* the ranks holding the same experts */
+    ep_hooks eh;
+    ep_hooks_init(&eh, &g, &ep, NULL);
+    const long P = g.embed_size + (long)L * eh.layer_size + g.head_size; /* this rank's elements */
+    const int n_runs = ep_runs(&g, eh.tensors, eh.layer_size, N, ep.rank, NULL);
+    ep_run *runs = malloc(sizeof(ep_run) * (size_t)n_runs);
+    if (!runs) die("out of host memory");
+    ep_runs(&g, eh.tensors, eh.layer_size, N, ep.rank, runs);
+    model_states ms; /* the rank's elements: the model's values (precision.h), the fp32 weights and AdamW's moments */
+    model_states_alloc(&ms, P);
+    eh.params = ms.params;
+    ckpt_view view; /* the runs of the global layout this rank holds */
+    ckpt_view_init(&view, ms.master, P, ms.adam_m, ms.adam_v, P);
+    for (int r = 0; r < n_runs; r++) { /* each run's initial values are the one-rank run's */
+        gpt_init_params(&g, (uint64_t)ctx.opt.seed, runs[r].global, runs[r].global + runs[r].n, ms.master + runs[r].local);
+        ckpt_hold(&view, runs[r].local, runs[r].global, runs[r].n);
+    }
+    const int first = ckpt_resume(&ctx, &view);
+    params_from_master(ms.params, ms.master, P);
+    /* the experts' hidden activations live in the hook (the rows a rank receives, not k x its own): the
+     * layer's fch and GELU pieces, and the scratch's, are empty */
+    gpt_part part = gpt_whole_part(&g);
+    part.mlp_width = 0;
+    gpt_acts acts;
+    gpt_acts_alloc_part(&acts, &g, 0, L, rows, &part);
+    gpt_grad_scratch scratch;
+    gpt_scratch_alloc_part(&scratch, &g, rows, &part);
+    gpt_acts_bind(&acts, &scratch);
+    int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
+    if (!tokens || !targets) die("out of host memory");
+
+    if (world.rank == 0) {
+        printf("expert parallel: ep=%d x edp=%d | %d experts, %d per rank, top-%d, capacity %s | %d rows of %d "
+               "per rank\n", N, dp, E, E / N, k, ctx.model.capacity_factor > 0 ? "ceil(k T F / E) per sequence"
+               : "unlimited (F = 0)", rows, B);
+        print_groups(ctx.size, N, E);
+        fflush(stdout);
+    }
+
+    for (int i = 0; i < ctx.opt.steps; i++) {
+        const int step = first + i;
+        run_step_begin(&ctx, i);
+        eh.counts.max_expert_rows = 0; /* the last step's is printed */
+        data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows, rows, T, tokens, targets);
+        gpt_acts_set_batch(&acts, tokens, targets, T);
+        mem_zero(ms.grads, (size_t)P * value_bytes());
+        gpt_forward_with(&g, &eh.hooks, ms.params, &acts);
+        gpt_backward_with(&g, &eh.hooks, ms.params, ms.grads, &acts, &scratch, NULL, 1.0f / ((float)B * T), NULL, NULL);
+        /* replicated weights: every rank's share, summed over all; an expert's over its EDP group */
+        int ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
+        for (int r = 0; r < n_runs; r++)
+            comm_allreduce(runs[r].expert ? &edp : &world, value_at(ms.grads, runs[r].local), runs[r].n, 0);
+        trace_end(ev);
+
+        ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
+        double squares[2] = {0, 0}; /* replicated (the same on every rank), and this rank's experts */
+        for (int r = 0; r < n_runs; r++)
+            squares[runs[r].expert] += KP->sum_squares(value_at(ms.grads, runs[r].local), runs[r].n);
+        comm_allreduce_host(&ep, squares + 1, 1); /* every expert once: over one EP group */
+        const float scale = clip_scale(squares[0] + squares[1], (float)ctx.opt.clip);
+        for (int r = 0; r < n_runs; r++) {
+            const ep_run *u = &runs[r];
+            adamw_step(&g, &ctx.adamw, u->global, u->global + u->n, ms.master + u->local, value_at(ms.grads, u->local),
+                       ms.adam_m + u->local, ms.adam_v + u->local, step + 1, scale);
+        }
+        params_from_master(ms.params, ms.master, P);
+        trace_end(ev);
+
+        double loss = gpt_mean_loss(&g, &acts); /* this rank's rows, with the aux loss */
+        comm_allreduce_host(&world, &loss, 1);
+        run_experts_step(&ctx, &world, &g, &acts, i);
+        run_step_end(&ctx, i, loss / world.size, NULL);
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+
+    const double eval_loss =
+        ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &g, &eh, &world, ms.params, &acts, rows, tokens, targets)) : -1;
+
+    /* the all-to-all per rank per step: measured by comm (payload, the own block
+     * included), the exact count from the routing (rows that left the rank, and
+     * the counts), and the uniform-routing expectation */
+    const double steps = ctx.steps_done > 0 ? ctx.steps_done : 1, vb = (double)value_bytes();
+    const double payload = ep.stats[COLL_ALLTOALL].bytes / steps;
+    const double sent = (eh.counts.rows_sent * C * vb + eh.counts.count_bytes_sent) / steps;
+    const double own = (eh.counts.rows_kept * C * vb + eh.counts.count_bytes_kept) / steps;
+    const th_cp_traffic per_layer = th_ep_layer_traffic(N, (double)rows * T, k, C, vb);
+    const double uniform = L * (per_layer.fwd_sent + per_layer.bwd_sent);
+    long max_rows = eh.counts.max_expert_rows;
+    MPI_Allreduce(MPI_IN_PLACE, &max_rows, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    const double mean_rows = th_ep_tokens_per_expert_uniform((long)rows * T * N, k, E);
+    char extra[512], layout[64];
+    snprintf(extra, sizeof extra, "\"ep\":%d,\"edp\":%d,\"alltoall_payload_per_step\":%.0f,"
+             "\"alltoall_sent_per_step\":%.0f,\"alltoall_own_per_step\":%.0f,\"alltoall_uniform_per_step\":%.0f,"
+             "\"expert_rows_max\":%ld,\"expert_rows_uniform\":%.3f", N, dp, payload, sent, own, uniform, max_rows,
+             mean_rows);
+    snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
+    /* model states per parameter the rank holds: the replicated part and E/N of the experts */
+    lab_finish(&ctx, &view, eval_loss, extra, 1,
+               (run_report){.layout = layout, .comms = {&world, &ep, &edp}, .n_comms = 3, .params = g.total,
+                            .comm_formula_bytes = -1, .bubble_theory = -1, .params_held = P});
+    if (world.rank == 0) {
+        char a[16], b[16], c[16];
+        printf("  tokens per expert per layer: max %ld (the last step, any rank's expert and layer) | "
+               "mean %.1f under uniform routing (k x %d tokens of an EP group / E)\n", max_rows, mean_rows,
+               rows * T * N);
+        printf("  all-to-all per rank per step: %sB left the rank (measured: comm's payload less the own block) | "
+               "%sB exact from this run's routing (rows to other ranks x C x b, and the counts) | %sB under uniform "
+               "routing, 4 k N_tok C b (N-1)/N x L layers\n", human(payload - own, a), human(sent, b),
+               human(uniform, c));
+        printf("  time per rank per step (rank 0): all-to-all %.2f ms (waiting for the slowest rank included) | "
+               "experts' matmuls %.2f ms\n", 1e3 * eh.counts.alltoall_seconds / steps,
+               1e3 * eh.counts.expert_seconds / steps);
+        printf("  parameters per rank: %ld of %ld (experts at 1/%d)\n", P, g.total, N);
+    }
+    free(runs);
+    free(tokens);
+    free(targets);
+    gpt_scratch_free(&scratch);
+    gpt_acts_free(&acts);
+    ep_hooks_free(&eh);
+    model_states_free(&ms);
+    comm_free(&edp);
+    comm_free(&ep);
+    comm_free(&world);
+    MPI_Finalize();
+    return 0;
+}

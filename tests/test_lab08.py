@@ -1,0 +1,139 @@
+"""lab08_ep against its promises: every expert-parallel layout (EP degree x
+expert data parallelism, E/N experts per rank) trains as `lab01 -n 1
+--experts E` does, with top-1 and top-2, with and without dropping (capacity
+is decided per sequence, so the same choices drop at every layout); the
+all-to-all bytes comm measured are the exact count from the routing; the
+uniform-routing expectation is 4 k N_tok C b (N-1)/N per layer, derived here;
+a rank holds the replicated weights and E/N of the experts.
+
+usage: test_lab08.py equivalence|sweep|precision|resume"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from labtest import check, compare_losses, run  # noqa: E402
+
+LAB = "lab08_ep"
+# odd shapes on purpose: C = 36 (not a multiple of 8), 3 heads; batch 12 divides over 1-4 ranks
+L, C, H, B, T = 2, 36, 3, 12, 24
+ARGS = ["--steps", "20", "--layers", str(L), "--d-model", str(C), "--heads", str(H),
+        "--batch", str(B), "--seq", str(T)]
+ROUTING = {"k2": ["--top-k", "2"], "k1": ["--top-k", "1"],
+           "k2-drop": ["--top-k", "2", "--capacity-factor", "1.0"], "k1-drop": ["--top-k", "1", "--capacity-factor", "1.0"]}
+
+
+def params_per_rank(E, N):
+    """Elements a rank holds, derived here: embeddings, head, per layer the
+    LayerNorms, attention and router whole, and E/N experts' MLPs."""
+    V = 256
+    attention = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C
+    expert = 4 * C * C + 4 * C + 4 * C * C + C
+    return V * C + T * C + L * (attention + E * C + E // N * expert) + 2 * C + V * C
+
+
+def check_layout(name, rec, ranks, ep, E, k):
+    check((rec["ep"], rec["edp"]) == (ep, ranks // ep), f"{name}: groups {rec['ep']} x {rec['edp']}")
+    # comm's counter (payload, own block included) = the routing's rows and counts, to others and to itself
+    # (per-step means printed to the byte: each rounded once)
+    check(abs(rec["alltoall_payload_per_step"] - rec["alltoall_sent_per_step"] - rec["alltoall_own_per_step"]) <= 1,
+          f"{name}: all-to-all payload {rec['alltoall_payload_per_step']} != sent {rec['alltoall_sent_per_step']}"
+          f" + own {rec['alltoall_own_per_step']}")
+    if ep == 1:
+        check(rec["alltoall_sent_per_step"] == 0, f"{name}: one rank per EP group sends nothing")
+    tokens = B // ranks * T
+    uniform = L * 4 * k * tokens * C * 4 * (ep - 1) / ep
+    check(abs(rec["alltoall_uniform_per_step"] - uniform) <= 0.5,
+          f"{name}: uniform all-to-all {rec['alltoall_uniform_per_step']} != {uniform} derived")
+    want = params_per_rank(E, ep) * 4
+    check(rec["mem_peak_bytes_per_rank"]["params"] == [want] * ranks,
+          f"{name}: parameter bytes per rank {rec['mem_peak_bytes_per_rank']['params']} != {want} derived")
+    states = rec["model_state_bytes_per_param"]  # the allocator over the parameters the rank holds
+    check([states["params"], states["grads"], states["optim"]] == states["formula"] == [4, 4, 8],
+          f"{name}: model states per parameter held {states}")
+    choices = rec["expert_choices_last_step"]
+    for layer in range(L):  # every token chose k experts, counted over all ranks
+        check(sum(choices[layer * E:(layer + 1) * E]) == k * B * T, f"{name}: layer {layer} choices {choices}")
+
+
+def sweep(cases):
+    refs = {}
+    for ranks, ep, E, routings in cases:
+        for r in routings:
+            extra = ["--experts", str(E)] + ROUTING[r]
+            if (E, r) not in refs:
+                refs[(E, r)], _, _ = run("lab01_dp", 1, ARGS + extra)
+            ref = refs[(E, r)]
+            name = f"-n {ranks} --ep {ep} E={E} {r}"
+            rec, _, _ = run(LAB, ranks, ARGS + extra + ["--ep", str(ep)])
+            # expert gradients are summed in the EP group, then over EDP: another rounding
+            # order than lab01's one matrix, not bitwise
+            compare_losses(f"lab08 {name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            compare_losses(f"lab08 {name} aux loss vs lab01 -n 1", rec["aux_losses"], ref["aux_losses"], 1e-4)
+            check(rec["dropped_per_step"] == ref["dropped_per_step"],
+                  f"{name}: dropped choices {rec['dropped_per_step']} != lab01's {ref['dropped_per_step']}")
+            if "drop" in r:
+                check(sum(ref["dropped_per_step"]) > 0, f"{name}: F = 1.0 should drop some choices here")
+            else:
+                check(sum(rec["dropped_per_step"]) == 0, f"{name}: F = 0 drops nothing")
+            check_layout(name, rec, ranks, ep, E, int(ROUTING[r][1]))
+            print(f"{name}: a2a sent {rec['alltoall_sent_per_step']} B/step (uniform "
+                  f"{rec['alltoall_uniform_per_step']:.0f}), dropped {sum(rec['dropped_per_step']):.0f}")
+
+
+def equivalence():
+    """Every layout of 1-4 ranks once, the four routings spread over them (< 2 minutes on 2 cores)."""
+    sweep([(1, 1, 4, ["k2-drop"]), (2, 2, 4, ["k1", "k2-drop"]), (2, 1, 4, ["k1-drop"]),
+           (3, 3, 3, ["k2", "k1-drop"]), (3, 3, 6, ["k2-drop"]),
+           (4, 4, 4, ["k2", "k1-drop"]), (4, 2, 4, ["k1", "k2-drop"]), (4, 1, 4, ["k2"])])
+
+
+def sweep_all():
+    """Every layout with every routing (label long)."""
+    every = list(ROUTING)
+    sweep([(1, 1, 4, every), (2, 2, 4, every), (2, 1, 4, every), (3, 3, 3, every), (3, 3, 6, every),
+           (3, 1, 6, every), (4, 4, 4, every), (4, 2, 4, every), (4, 4, 8, every), (4, 1, 4, every)])
+
+
+def precision():
+    """--recompute selective and full reproduce none bit for bit (the forward and its
+    all-to-alls run again); bf16 trains as lab01's bf16 does."""
+    base, _, _ = run(LAB, 2, ARGS)
+    for mode in ("selective", "full"):
+        rec, _, _ = run(LAB, 2, ARGS + ["--recompute", mode])
+        check(rec["losses"] == base["losses"], f"--recompute {mode}: losses differ from none")
+        print(f"--recompute {mode}: bit-identical losses")
+    ref, _, _ = run("lab01_dp", 1, ARGS + ["--experts", "4", "--precision", "bf16"])
+    rec, _, _ = run(LAB, 2, ARGS + ["--precision", "bf16"])
+    compare_losses("lab08 -n 2 bf16 vs lab01 -n 1 bf16", rec["losses"], ref["losses"], 2e-3)
+
+
+def resume():
+    """--save at ep = 2, --resume at ep = 2 x edp = 2 and in lab01: a rank holds its
+    experts' runs of the global layout, so any layout continues the same run."""
+    import tempfile
+    ck = os.path.join(tempfile.mkdtemp(prefix="pl-l8ck-"), "ck.safetensors")
+    extra = ["--experts", "4", "--capacity-factor", "1.0"]
+    ref, _, _ = run("lab01_dp", 1, ARGS + extra)
+    half = [a if a != "20" else "10" for a in ARGS] + extra
+    first, _, _ = run(LAB, 2, half + ["--save", ck])
+    compare_losses("lab08 -n 2 steps 1-10 vs lab01", first["losses"], ref["losses"][:10], 1e-5)
+    evals, samples = [], []
+    for lab, n, more in ((LAB, 4, ["--ep", "2"]), ("lab01_dp", 1, [])):
+        rec, p, _ = run(lab, n, half + more + ["--resume", ck, "--eval", "--sample", "24"])
+        compare_losses(f"{lab} -n {n} {' '.join(more)} resumed, steps 11-20 vs lab01", rec["losses"],
+                       ref["losses"][10:], 1e-5)
+        evals.append(rec)
+        # --sample gathers the weights through the checkpoint view: every rank's runs of the layout
+        samples.append([line for line in p.stdout.splitlines() if line.startswith("sample after 20 steps")])
+    check(len(samples[0]) == 1 and samples[0] == samples[1], f"--sample: lab08 {samples[0]} vs lab01 {samples[1]}")
+    # --eval: the held-out loss over the same global tokens, forward only; its all-to-alls stay out of the counts
+    check(abs(evals[0]["eval_loss"] - evals[1]["eval_loss"]) <= 1e-5 * evals[1]["eval_loss"],
+          f"--eval: lab08 {evals[0]['eval_loss']} vs lab01 {evals[1]['eval_loss']}")
+    check(abs(evals[0]["alltoall_payload_per_step"] - evals[0]["alltoall_sent_per_step"]
+              - evals[0]["alltoall_own_per_step"]) <= 1, "--eval: the all-to-all counts disagree")
+    print(f"--eval after resuming: lab08 {evals[0]['eval_loss']:.6f}, lab01 {evals[1]['eval_loss']:.6f}")
+
+
+if __name__ == "__main__":
+    {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume}[sys.argv[1]]()
+    print("passed")
