@@ -239,7 +239,7 @@ int main(int argc, char **argv) {
     /* ZeRO-1: theory's model states per element with the optimizer's / d (the
      * measured figure adds the last slice's padding, the ZeRO-1 lines below);
      * without it, lab_finish's of a whole replica */
-    char states_text[32];
+    char states_text[64];
     if (zero_stage) {
         const th_opts state_opts = th_opts_precision(t, g_precision == PREC_BF16);
         const th_states per_elem = th_model_states(1, &state_opts, zero_stage, d);
