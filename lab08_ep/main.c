@@ -103,6 +103,7 @@ int main(int argc, char **argv) {
     comm_split(&world, world.rank % N, world.rank / N, &edp); /* the ranks holding the same experts */
     ep_hooks eh;
     ep_hooks_init(&eh, &g, &ep, NULL);
+    eh.reserve_rows = ep_received_rows_bound(&g.cfg, N, rows); /* F > 0: sized once, from the config */
     const long P = g.embed_size + (long)L * eh.layer_size + g.head_size; /* this rank's elements */
     const int n_runs = ep_runs(&g, eh.tensors, eh.layer_size, N, ep.rank, NULL);
     ep_run *runs = malloc(sizeof(ep_run) * (size_t)n_runs);
@@ -204,11 +205,23 @@ int main(int argc, char **argv) {
     snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     const th_precision prec = g_precision == PREC_BF16 ? TH_BF16 : TH_FP32;
+    /* activations: F > 0, the received rows' buffers at the capacity's bound (the config alone); F = 0,
+     * at the most rows this rank received in each layer (the routing decides) */
+    th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
+    tm.experts = E, tm.top_k = k;
+    const th_opts acts_opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
+    double *received = malloc(sizeof(double) * (size_t)L);
+    if (!received) die("out of host memory");
+    const double bound = th_ep_received_rows_bound(rows, T, k, E, N, ctx.model.capacity_factor);
+    for (int l = 0; l < L; l++) received[l] = ctx.model.capacity_factor > 0 ? bound : (double)eh.layer[l].rows_cap;
+    const double acts_formula = th_ep_acts_bytes(&tm, &acts_opts, rows, received);
+    free(received);
     /* model states per parameter the rank holds: the replicated part and E/N of the experts */
     run_report report = {.layout = layout, .comms = {&world, &ep, &edp}, .n_comms = 3, .params = g.total,
                          .comm_formula_bytes = -1, .bubble_theory = -1, .extra_json = record, .params_held = P,
                          .states_formula = {th_param_bytes(prec), th_grad_bytes(prec), th_optim_bytes(prec)},
-                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8"};
+                         .states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8",
+                         .acts_formula_bytes = acts_formula};
     run_finish(&ctx, &report);
     free(record);
     if (world.rank == 0) {
@@ -224,6 +237,12 @@ int main(int argc, char **argv) {
                "experts' matmuls %.2f ms\n", 1e3 * eh.counts.alltoall_seconds / steps,
                1e3 * eh.counts.expert_seconds / steps);
         printf("  parameters per rank: %ld of %ld (experts at 1/%d)\n", P, g.total, N);
+        if (ctx.model.capacity_factor > 0)
+            printf("  activations: received rows sized to the capacity bound, %.0f per layer (config alone, "
+                   "th_ep_received_rows_bound)\n", bound);
+        else
+            printf("  activations: received rows sized to the most this rank received per layer (F = 0: the "
+                   "routing decides; bound without capacity %.0f)\n", th_ep_received_rows_bound(rows, T, k, E, N, 0));
     }
     ckpt_view_free(&view);
     free(runs);

@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, run  # noqa: E402
+from labtest import _pad, acts_bytes, check, compare_losses, run  # noqa: E402
 
 LAB = "lab08_ep"
 # odd shapes on purpose: C = 36 (not a multiple of 8), 3 heads; batch 12 divides over 1-4 ranks
@@ -29,6 +29,41 @@ def params_per_rank(E, N):
     attention = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C
     expert = 4 * C * C + 4 * C + 4 * C * C + C
     return V * C + T * C + L * (attention + E * C + E // N * expert) + 2 * C + V * C
+
+
+def acts_per_rank(ranks, ep, E, k, received):
+    """fp32 activation bytes a rank allocates, derived here: lab01's layers less each layer's
+    fch and GELU [N,4C] (the experts' hidden rows live in lab08's hook), plus per layer the
+    router state (probs [N,E]; choice, gate, slot [N,k]; count, first [E]; freq [rows,E];
+    xs, ys [N k,C]) and its 4 + E statistics, plus `received` rows of xr, yr [.,C] and fch,
+    GELU [.,4C] (separate allocations, counted unpadded)."""
+    rows = B // ranks
+    N = rows * T
+    router = _pad(N * E) + 3 * _pad(N * k) + 2 * _pad(E) + _pad(rows * E) + 2 * _pad(N * k * C)
+    layer = router - 2 * _pad(N * 4 * C) + _pad(4 + E)
+    return acts_bytes(rows, T, C, H, L) + 4 * L * layer + L * max(received, 1) * 10 * C * 4
+
+
+def received_bound(ranks, ep, E, k, F):
+    """The most slot rows a rank receives per layer: per sequence of each of the ep ranks,
+    min(cap, T) for each of its E/ep experts (cap = ceil(k T F / E); T without one), k T in all."""
+    cap = min(-(-k * T * F // E), T) if F > 0 else T
+    return ep * (B // ranks) * min(E // ep * cap, k * T)
+
+
+def check_acts(name, rec, ranks, ep, E, k, F):
+    """allocator = theory.h = derived here: exact from the config with a capacity (the
+    buffers are sized to its bound); without one the routing decides, between 1 row and
+    the capacity-free bound per layer."""
+    measured, formula = rec["mem_peak_bytes_per_rank"]["acts"], rec["acts_peak_bytes_formula_per_rank"]
+    check(measured == formula, f"{name}: activations measured {measured} != theory.h {formula}")
+    bound = received_bound(ranks, ep, E, k, F)
+    if F > 0:
+        want = acts_per_rank(ranks, ep, E, k, bound)
+        check(measured == [want] * ranks, f"{name}: activations {measured} != {want} derived from the config")
+    else:
+        lo, hi = acts_per_rank(ranks, ep, E, k, 1), acts_per_rank(ranks, ep, E, k, bound)
+        check(all(lo <= m <= hi for m in measured), f"{name}: activations {measured} outside [{lo}, {hi}]")
 
 
 def check_layout(name, rec, ranks, ep, E, k):
@@ -76,6 +111,7 @@ def sweep(cases):
             else:
                 check(sum(rec["dropped_per_step"]) == 0, f"{name}: F = 0 drops nothing")
             check_layout(name, rec, ranks, ep, E, int(ROUTING[r][1]))
+            check_acts(name, rec, ranks, ep, E, int(ROUTING[r][1]), 1.0 if "drop" in r else 0)
             print(f"{name}: a2a sent {rec['alltoall_sent_per_step']} B/step (uniform "
                   f"{rec['alltoall_uniform_per_step']:.0f}), dropped {sum(rec['dropped_per_step']):.0f}")
 
@@ -101,9 +137,15 @@ def precision():
     for mode in ("selective", "full"):
         rec, _, _ = run(LAB, 2, ARGS + ["--recompute", mode])
         check(rec["losses"] == base["losses"], f"--recompute {mode}: losses differ from none")
+        acts = rec["mem_peak_bytes_per_rank"]["acts"]
+        check(acts == rec["acts_peak_bytes_formula_per_rank"] and all(
+            a < b for a, b in zip(acts, base["mem_peak_bytes_per_rank"]["acts"])),  # the same routing: less kept
+              f"--recompute {mode}: activations {acts} vs theory.h {rec['acts_peak_bytes_formula_per_rank']}")
         print(f"--recompute {mode}: bit-identical losses")
-    ref, _, _ = run("lab01_dp", 1, ARGS + ["--experts", "4", "--precision", "bf16"])
-    rec, _, _ = run(LAB, 2, ARGS + ["--precision", "bf16"])
+    ref, _, _ = run("lab01_dp", 1, ARGS + ["--experts", "4", "--precision", "bf16", "--capacity-factor", "1.25"])
+    rec, _, _ = run(LAB, 2, ARGS + ["--precision", "bf16", "--capacity-factor", "1.25"])
+    check(rec["mem_peak_bytes_per_rank"]["acts"] == rec["acts_peak_bytes_formula_per_rank"],
+          f"bf16: activations {rec['mem_peak_bytes_per_rank']['acts']} vs {rec['acts_peak_bytes_formula_per_rank']}")
     compare_losses("lab08 -n 2 bf16 vs lab01 -n 1 bf16", rec["losses"], ref["losses"], 2e-3)
 
 
