@@ -155,7 +155,8 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
         if (ly->count[j] > e->counts.max_expert_rows) e->counts.max_expert_rows = ly->count[j];
     }
     layer_reserve(e, ly, total > e->reserve_rows ? total : e->reserve_rows);
-    stage_reserve(e, total > (long)k * N ? total : (long)k * N);
+    const long stage_rows = total > (long)k * N ? total : (long)k * N;
+    stage_reserve(e, stage_rows > e->reserve_rows ? stage_rows : e->reserve_rows);
     long *to = malloc(sizeof(long) * 2 * (size_t)e->N);
     if (!to) die("out of host memory");
     long *from = to + e->N;
@@ -190,7 +191,7 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
     long total = 0;
     for (int j = 0; j < El; j++) total += ly->count[j];
-    scratch_reserve(e, total);
+    scratch_reserve(e, total > e->reserve_rows ? total : e->reserve_rows);
     long *to = malloc(sizeof(long) * 2 * (size_t)e->N);
     if (!to) die("out of host memory");
     long *from = to + e->N;

@@ -22,6 +22,7 @@
 #include "model.h"
 #include "optim.h"
 #include "run.h"
+#include "predict.h"
 #include "theory.h"
 #include "trace.h"
 #include <stdint.h>
@@ -91,10 +92,34 @@ int main(int argc, char **argv) {
     run_check(&ctx, E % N == 0, "--experts %d is not divisible by --ep %d (each rank holds E/N experts)", E, N);
     run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks (each trains its "
               "own rows)", ctx.opt.batch, ctx.size);
-    run_setup(&ctx); /* --dry-run is refused there: theory/predict does not count experts */
+    run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     const int rows = B / ctx.size, k = ctx.opt.top_k;
+    if (ctx.opt.dry_run) { /* theory/predict.h (lab08's part in theory/expert_parallel.c) */
+        th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
+                       .bf16 = g_precision == PREC_BF16, .batch = B,
+                       .model = th_course_model(ctx.model.vocab, T, L, C, ctx.opt.heads), .tp = 1, .pp = 1, .dp = dp,
+                       .micro_batches = 1, .recompute = ctx.model.recompute, .ep = N,
+                       .capacity_factor = ctx.model.capacity_factor};
+        need.model.experts = E, need.model.top_k = k;
+        const int capped = ctx.model.capacity_factor > 0;
+        if (ctx.rank == 0) {
+            th_print_prediction(stdout, &need, 32);
+            const th_ep_alltoall a2a = th_ep_alltoall_per_step(&need);
+            printf("  and alltoall %.0f calls, payload %.0f per rank per step under uniform routing, at most %.0f "
+                   "(theory/expert_parallel.c: the return rows are the routing's; %s)\n", a2a.calls, a2a.payload,
+                   a2a.payload_max, capped ? "with F > 0 dropped slots do not travel, so both bound it"
+                   : "F = 0: the EP group's mean is the uniform figure exactly");
+            printf("  memory: the received rows' buffers (acts, comm, workspace) at %.0f rows per layer, %s\n",
+                   th_ep_received_rows_bound(rows, T, k, E, N, ctx.model.capacity_factor), capped
+                   ? "the capacity's bound: exact (lab08 sizes them so)"
+                   : "the capacity-free bound (F = 0): an upper bound, the run allocates what its routing needs");
+        }
+        char layout[64];
+        snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
+        run_dry_run_exit(&ctx, &(run_report){.layout = layout, .comm_formula_bytes = -1, .bubble_theory = -1});
+    }
     gpt_layout g; /* the model; a rank's buffer holds its layout (ep.h): E/N experts per layer */
     gpt_layout_init(&g, &ctx.model);
     comm world, ep, edp;

@@ -6,7 +6,7 @@ all-to-all bytes comm measured are the exact count from the routing; the
 uniform-routing expectation is 4 k N_tok C b (N-1)/N per layer, derived here;
 a rank holds the replicated weights and E/N of the experts.
 
-usage: test_lab08.py equivalence|sweep|precision|resume"""
+usage: test_lab08.py equivalence|sweep|precision|resume|dry_run"""
 import os
 import sys
 
@@ -176,6 +176,47 @@ def resume():
     print(f"--eval after resuming: lab08 {evals[0]['eval_loss']:.6f}, lab01 {evals[1]['eval_loss']:.6f}")
 
 
+def dry_run():
+    """--dry-run predicts the run: with a capacity every rank's peak per memory category to the
+    byte (the received rows' buffers are sized to its bound); with F = 0 the capacity-free bound,
+    which the run stays under. Per step the all-reduce's calls and payload exactly, the
+    all-to-all's calls exactly and its payload between the uniform figure and the bound (the
+    return rows are the routing's; the busiest rank is recorded, at least the EP group's mean)."""
+    import re
+    cats = ["params", "grads", "optim", "acts", "comm", "workspace"]
+    cases = [(4, ["--ep", "2", "--capacity-factor", "1.0"]), (2, ["--top-k", "1", "--capacity-factor", "1.25"]),
+             (3, ["--experts", "3", "--capacity-factor", "1.25", "--recompute", "full"]),
+             (4, ["--capacity-factor", "1.0", "--recompute", "selective", "--precision", "bf16"]),
+             (4, ["--ep", "1", "--capacity-factor", "2"]), (1, ["--capacity-factor", "1.0"]),
+             (2, []), (4, ["--experts", "8", "--recompute", "full"])]
+    short = [a if a != "20" else "2" for a in ARGS]
+    for n, extra in cases:
+        name = f"-n {n} {' '.join(extra)}"
+        _, p, _ = run(LAB, n, short + extra + ["--dry-run"])
+        rec, _, _ = run(LAB, n, short + extra)
+        capped = "--capacity-factor" in extra
+        rows = {int(m[0]): [int(x) for x in m[1].split()[:len(cats)]]
+                for m in re.findall(r"^ +(\d+) +\d+ +\d+ +\d+ +\[\d+,\d+\) +([\d ]+)$", p.stdout, re.M)}
+        check(sorted(rows) == list(range(n)), f"{name}: no memory row per rank in the dry run:\n{p.stdout}")
+        for q in range(n):
+            got = [rec["mem_peak_bytes_per_rank"][c][q] for c in cats]
+            ok = rows[q] == got if capped else all(g <= w for g, w in zip(got, rows[q])) and got[:3] == rows[q][:3]
+            check(ok, f"{name}: rank {q} predicted {rows[q]}, allocated {got} ({cats})")
+        table = p.stdout.split("traffic per rank")[1].split("\n")[1]
+        kinds = {k: (float(c), float(b)) for k, c, b in re.findall(r"(\w+) ([\d.]+) calls, payload (\d+)", table)}
+        calls, uniform, most = (float(x) for x in re.search(
+            r"and alltoall ([\d.]+) calls, payload (\d+) per rank per step under uniform routing, at most (\d+)",
+            p.stdout).groups())
+        measured = {k: (rec["comm_calls_per_step"][k], rec["comm_bytes_per_step"][k]) for k in rec["comm_bytes_per_step"]}
+        a2a_calls, a2a_bytes = measured.pop("alltoall", (0, 0))
+        check(kinds == measured, f"{name}: traffic predicted {kinds}, measured {measured}")
+        check(a2a_calls == calls, f"{name}: all-to-all calls predicted {calls}, measured {a2a_calls}")
+        low = 0 if capped else uniform  # dropped slots do not travel
+        check(low <= a2a_bytes <= most, f"{name}: all-to-all payload {a2a_bytes} outside [{low}, {most}]")
+        print(f"{name}: memory {'exact' if capped else 'under the bound'} {rows[0]}; all-reduce {kinds}; "
+              f"all-to-all {a2a_bytes} in [{low:.0f}, {most:.0f}]")
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume}[sys.argv[1]]()
+    {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume, "dry_run": dry_run}[sys.argv[1]]()
     print("passed")

@@ -165,6 +165,7 @@ int th_predict_run(const th_run *r, th_rank_need *need) {
     if (is(r, "lab01_dp") || is(r, "lab02_zero")) predict_data_parallel(r, need);
     else if (is(r, "lab03_pp_naive") || is(r, "lab04_1f1b") || is(r, "lab05_tp") || is(r, "lab06_3d")) predict_grid(r, need);
     else if (is(r, "lab07_cp")) th_cp_predict(r, need);
+    else if (is(r, "lab08_ep")) th_ep_predict(r, need);
     else return -1;
     return 0;
 }

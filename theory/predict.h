@@ -52,6 +52,10 @@ typedef struct th_run {
     int sequence_parallel, recompute;
     /* lab07: ranks per context-parallel group (0: all) and --cp-algo (th_cp_algo) */
     int cp, cp_algo;
+    /* lab08: ranks per expert-parallel group (0: all) and --capacity-factor (0: none);
+     * model.experts and model.top_k give the routing */
+    int ep;
+    double capacity_factor;
 } th_run;
 
 typedef struct th_rank_need {
@@ -67,6 +71,14 @@ typedef struct th_rank_need {
 
 /* lab07's part (theory/context.c). */
 void th_cp_predict(const th_run *r, th_rank_need *need);
+/* lab08's part (theory/expert_parallel.c). Its all-to-alls are a kind the
+ * tables do not have: th_ep_alltoall_per_step gives their calls and payload. */
+void th_ep_predict(const th_run *r, th_rank_need *need);
+/* payload: under uniform routing (the return rows k N_tok); payload_max: the
+ * return rows at th_ep_received_rows_bound. Both count the dispatched slots
+ * undropped. */
+typedef struct th_ep_alltoall { double calls, payload, payload_max; } th_ep_alltoall;
+th_ep_alltoall th_ep_alltoall_per_step(const th_run *r);
 /* Fills need[0 .. r->ranks). Returns 0, or -1 for a lab it does not know. */
 int th_predict_run(const th_run *r, th_rank_need *need);
 
