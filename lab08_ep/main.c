@@ -96,25 +96,27 @@ int main(int argc, char **argv) {
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     const int rows = B / ctx.size, k = ctx.opt.top_k;
+    /* the received rows' buffers are sized by the config when the capacity is per sequence (ep.h) */
+    const int sized = ctx.model.capacity_factor > 0 && !ctx.model.capacity_per_rank;
     if (ctx.opt.dry_run) { /* theory/predict.h (lab08's part in theory/expert_parallel.c) */
         th_run need = {.lab = lab.name, .ranks = ctx.size, .cuda = ctx.device == DEVICE_CUDA,
                        .bf16 = g_precision == PREC_BF16, .batch = B,
                        .model = th_course_model(ctx.model.vocab, T, L, C, ctx.opt.heads), .tp = 1, .pp = 1, .dp = dp,
                        .micro_batches = 1, .recompute = ctx.model.recompute, .ep = N,
-                       .capacity_factor = ctx.model.capacity_factor};
+                       .capacity_factor = sized ? ctx.model.capacity_factor : 0};
         need.model.experts = E, need.model.top_k = k;
-        const int capped = ctx.model.capacity_factor > 0;
         if (ctx.rank == 0) {
             th_print_prediction(stdout, &need, 32);
             const th_ep_alltoall a2a = th_ep_alltoall_per_step(&need);
             printf("  and alltoall %.0f calls, payload %.0f per rank per step under uniform routing, at most %.0f "
                    "(theory/expert_parallel.c: the return rows are the routing's; %s)\n", a2a.calls, a2a.payload,
-                   a2a.payload_max, capped ? "with F > 0 dropped slots do not travel, so both bound it"
+                   a2a.payload_max, sized ? "with F > 0 dropped slots do not travel, so both bound it"
                    : "F = 0: the EP group's mean is the uniform figure exactly");
             printf("  memory: the received rows' buffers (acts, comm, workspace) at %.0f rows per layer, %s\n",
-                   th_ep_received_rows_bound(rows, T, k, E, N, ctx.model.capacity_factor), capped
+                   th_ep_received_rows_bound(rows, T, k, E, N, sized ? ctx.model.capacity_factor : 0), sized
                    ? "the capacity's bound: exact (lab08 sizes them so)"
-                   : "the capacity-free bound (F = 0): an upper bound, the run allocates what its routing needs");
+                   : "the capacity-free bound (F = 0 or a capacity per rank): an upper bound, the run allocates what its routing "
+                     "needs");
         }
         char layout[64];
         snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
@@ -162,8 +164,8 @@ int main(int argc, char **argv) {
 
     if (world.rank == 0) {
         printf("expert parallel: ep=%d x edp=%d | %d experts, %d per rank, top-%d, capacity %s | %d rows of %d "
-               "per rank\n", N, dp, E, E / N, k, ctx.model.capacity_factor > 0 ? "ceil(k T F / E) per sequence"
-               : "unlimited (F = 0)", rows, B);
+               "per rank\n", N, dp, E, E / N, k, ctx.model.capacity_factor <= 0 ? "unlimited (F = 0)"
+               : ctx.model.capacity_per_rank ? "ceil(k (B/N) T F / E) per rank's rows" : "ceil(k T F / E) per sequence", rows, B);
         print_groups(ctx.size, N, E);
         fflush(stdout);
     }
@@ -238,7 +240,7 @@ int main(int argc, char **argv) {
     double *received = malloc(sizeof(double) * (size_t)L);
     if (!received) die("out of host memory");
     const double bound = th_ep_received_rows_bound(rows, T, k, E, N, ctx.model.capacity_factor);
-    for (int l = 0; l < L; l++) received[l] = ctx.model.capacity_factor > 0 ? bound : (double)eh.layer[l].rows_cap;
+    for (int l = 0; l < L; l++) received[l] = sized ? bound : (double)eh.layer[l].rows_cap;
     const double acts_formula = th_ep_acts_bytes(&tm, &acts_opts, rows, received);
     free(received);
     /* model states per parameter the rank holds: the replicated part and E/N of the experts */
@@ -262,7 +264,7 @@ int main(int argc, char **argv) {
                "experts' matmuls %.2f ms\n", 1e3 * eh.counts.alltoall_seconds / steps,
                1e3 * eh.counts.expert_seconds / steps);
         printf("  parameters per rank: %ld of %ld (experts at 1/%d)\n", P, g.total, N);
-        if (ctx.model.capacity_factor > 0)
+        if (sized)
             printf("  activations: received rows sized to the capacity bound, %.0f per layer (config alone, "
                    "th_ep_received_rows_bound)\n", bound);
         else

@@ -93,6 +93,7 @@ SHARED = [
     (2, ["--experts", "4", "--capacity-factor", "-1"], "--capacity-factor"),
     (2, ["--experts", "4", "--aux-loss-coef", "-0.5"], "--aux-loss-coef"),
     (2, ["--dry-run", "--experts", "4"], "--experts"),
+    (2, ["--capacity-scope", "token"], "--capacity-scope"),
 ]
 # one MPI tag per message of a step, 2 p v m of them: 2 ranks x 4 chunks x 2048 micro-batches is 32768,
 # beyond the 32767 tags MPI guarantees; 2046 micro-batches (32736 messages) run (tags_boundary)

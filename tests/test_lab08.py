@@ -6,7 +6,7 @@ all-to-all bytes comm measured are the exact count from the routing; the
 uniform-routing expectation is 4 k N_tok C b (N-1)/N per layer, derived here;
 a rank holds the replicated weights and E/N of the experts.
 
-usage: test_lab08.py equivalence|sweep|precision|resume|dry_run"""
+usage: test_lab08.py equivalence|sweep|precision|resume|dry_run|capacity_scope"""
 import os
 import sys
 
@@ -176,6 +176,36 @@ def resume():
     print(f"--eval after resuming: lab08 {evals[0]['eval_loss']:.6f}, lab01 {evals[1]['eval_loss']:.6f}")
 
 
+def capacity_scope():
+    """The negative experiment: a capacity per sequence (the default) drops the same choices at
+    every layout, so -n 4 trains as -n 1; --capacity-scope rank counts a rank's own B/N rows,
+    so the drops, and with them the losses, change with the number of ranks (and -n 1 with a
+    rank's capacity is lab01 -n 1's, the whole batch one rank's rows)."""
+    extra = ["--experts", "4", "--capacity-factor", "1.0"]
+    short = [a if a != "20" else "8" for a in ARGS] + extra
+    runs = {}
+    for scope in ("sequence", "rank"):
+        for n in (1, 4):
+            runs[(scope, n)], _, _ = run(LAB, n, short + ["--capacity-scope", scope])
+            rec = runs[(scope, n)]
+            check(rec["mem_peak_bytes_per_rank"]["acts"] == rec["acts_peak_bytes_formula_per_rank"],
+                  f"--capacity-scope {scope} -n {n}: activations {rec['mem_peak_bytes_per_rank']['acts']} vs "
+                  f"theory.h {rec['acts_peak_bytes_formula_per_rank']}")
+    one, four = runs[("sequence", 1)], runs[("sequence", 4)]
+    compare_losses("per sequence: -n 4 vs -n 1", four["losses"], one["losses"], 1e-5)
+    check(four["dropped_per_step"] == one["dropped_per_step"], "per sequence: the same drops at -n 1 and -n 4")
+    one, four = runs[("rank", 1)], runs[("rank", 4)]
+    gap = max(abs(a - b) for a, b in zip(one["losses"], four["losses"]))
+    check(four["dropped_per_step"] != one["dropped_per_step"] and gap > 1e-4,
+          f"per rank: -n 4 should drop otherwise than -n 1 (drops {four['dropped_per_step']} vs "
+          f"{one['dropped_per_step']}, losses differ by {gap:.2e})")
+    ref, _, _ = run("lab01_dp", 1, short + ["--capacity-scope", "rank"])
+    compare_losses("per rank: lab08 -n 1 vs lab01 -n 1", one["losses"], ref["losses"], 1e-5)
+    print(f"per sequence: -n 4 = -n 1 (drops {runs[('sequence', 1)]['dropped_per_step'][-1]:.0f} in the last step); per rank: drops "
+          f"{runs[('rank', 1)]['dropped_per_step']} at -n 1 vs {four['dropped_per_step']} at -n 4, losses differ by "
+          f"up to {gap:.2e}")
+
+
 def dry_run():
     """--dry-run predicts the run: with a capacity every rank's peak per memory category to the
     byte (the received rows' buffers are sized to its bound); with F = 0 the capacity-free bound,
@@ -218,5 +248,6 @@ def dry_run():
 
 
 if __name__ == "__main__":
-    {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume, "dry_run": dry_run}[sys.argv[1]]()
+    {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume, "dry_run": dry_run,
+     "capacity_scope": capacity_scope}[sys.argv[1]]()
     print("passed")
