@@ -170,6 +170,9 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
 
+    /* the busiest expert's rows of each step (any rank, layer): the load the plots draw over the steps */
+    long *max_rows_per_step = calloc((size_t)ctx.opt.steps + 1, sizeof(long));
+    if (!max_rows_per_step) die("out of host memory");
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i;
         run_step_begin(&ctx, i);
@@ -202,6 +205,7 @@ int main(int argc, char **argv) {
         double loss = gpt_mean_loss(&g, &acts); /* this rank's rows, with the aux loss */
         comm_allreduce_host(&world, &loss, 1);
         run_experts_step(&ctx, &world, &g, &acts, i);
+        max_rows_per_step[i] = eh.counts.max_expert_rows;
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
@@ -223,12 +227,26 @@ int main(int argc, char **argv) {
     const double uniform = L * (per_layer.fwd_sent + per_layer.bwd_sent);
     long max_rows = eh.counts.max_expert_rows;
     MPI_Allreduce(MPI_IN_PLACE, &max_rows, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    const int done = ctx.steps_done < ctx.opt.steps ? ctx.steps_done : ctx.opt.steps;
+    MPI_Allreduce(MPI_IN_PLACE, max_rows_per_step, done + 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    char *per_step = malloc(24 * ((size_t)done + 1) + 2);
+    if (!per_step) die("out of host memory");
+    size_t at = 0;
+    for (int i = 0; i < done; i++) at += (size_t)sprintf(per_step + at, "%s%ld", i ? "," : "", max_rows_per_step[i]);
+    per_step[at] = 0;
     const double mean_rows = th_ep_tokens_per_expert_uniform((long)rows * T * N, k, E);
-    char extra[512], layout[64];
-    snprintf(extra, sizeof extra, "\"ep\":%d,\"edp\":%d,\"alltoall_payload_per_step\":%.0f,"
+    char layout[64];
+    char *extra = malloc(1024 + at);
+    if (!extra) die("out of host memory");
+    /* times: rank 0's, per step */
+    snprintf(extra, 1024 + at, "\"ep\":%d,\"edp\":%d,\"alltoall_payload_per_step\":%.0f,"
              "\"alltoall_sent_per_step\":%.0f,\"alltoall_own_per_step\":%.0f,\"alltoall_uniform_per_step\":%.0f,"
-             "\"expert_rows_max\":%ld,\"expert_rows_uniform\":%.3f", N, dp, payload, sent, own, uniform, max_rows,
-             mean_rows);
+             "\"expert_rows_max\":%ld,\"expert_rows_uniform\":%.3f,\"expert_rows_max_per_step\":[%s],"
+             "\"alltoall_ms_per_step\":%.4f,\"experts_ms_per_step\":%.4f", N, dp, payload, sent, own, uniform,
+             max_rows, mean_rows, per_step, 1e3 * eh.counts.alltoall_seconds / steps,
+             1e3 * eh.counts.expert_seconds / steps);
+    free(per_step);
+    free(max_rows_per_step);
     snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
     char *record = ckpt_record_json(&ctx, &view, eval_loss, extra);
     const th_precision prec = g_precision == PREC_BF16 ? TH_BF16 : TH_FP32;
@@ -251,6 +269,7 @@ int main(int argc, char **argv) {
                          .acts_formula_bytes = acts_formula};
     run_finish(&ctx, &report);
     free(record);
+    free(extra);
     if (world.rank == 0) {
         char a[16], b[16], c[16];
         printf("  tokens per expert per layer: max %ld (the last step, any rank's expert and layer) | "
