@@ -47,6 +47,10 @@ typedef struct gpt_config {
      * per expert and sequence, aux_coef weighting Switch's load-balancing loss */
     int experts, top_k;
     float capacity_factor, aux_coef;
+    /* 1: the capacity counts a rank's own tokens, ceil(k B T F / E) per expert
+     * over its B rows, not per sequence: lab08's negative experiment (drops
+     * then depend on how the batch is split over ranks) */
+    int capacity_per_rank;
 } gpt_config;
 
 /* The tensors inside one layer block, in order. */

@@ -80,7 +80,10 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
                int N) {
     const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq, B = N / T;
     const void *wr = value_at(lp, tensors[LAYER_ROUTER_W].offset);
-    const int cap = moe_capacity(cfg);
+    /* per sequence, or (--capacity-scope rank) over the B rows this call routes */
+    const int cap = cfg->capacity_per_rank && cfg->experts > 0 && cfg->capacity_factor > 0
+                        ? (int)ceil((double)cfg->top_k * N * (double)cfg->capacity_factor / E)
+                        : moe_capacity(cfg);
     double aux = 0;
     long dropped = 0;
     for (int n = 0; n < N; n++) {
@@ -115,7 +118,7 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     memset(st->count, 0, (size_t)E * sizeof(int));
     for (int b = 0; b < B; b++) {
         float *f = st->freq + (long)b * E;
-        memset(used, 0, (size_t)E * sizeof(int));
+        if (!cfg->capacity_per_rank || b == 0) memset(used, 0, (size_t)E * sizeof(int));
         memset(f, 0, (size_t)E * sizeof(float));
         for (int e = 0; e < E; e++) mean_p[e] = 0;
         for (int t = 0; t < T; t++) {

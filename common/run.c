@@ -54,6 +54,9 @@ static flag_spec shared_flags[] = {
      "the k, top-1 gates by the probability itself)", 1, NULL},
     {"--capacity-factor", FLAG_FLOAT, NULL, "with --experts: each expert takes at most ceil(k T F / E) tokens of a "
      "sequence, in position order; the rest are dropped (0: none dropped)", 0, NULL},
+    {"--capacity-scope", FLAG_STRING, NULL, "with --capacity-factor: what the capacity counts, each sequence's "
+     "tokens (the same drops at every layout), or a rank's own B/N rows, ceil(k (B/N) T F / E) (drops that change "
+     "with the number of ranks: the negative experiment)", 0, "sequence|rank"},
     {"--aux-loss-coef", FLAG_FLOAT, NULL, "with --experts: weight a of Switch's load-balancing loss (a under uniform "
      "routing), added to the loss", 0, NULL},
     {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
@@ -72,7 +75,7 @@ static void bind_shared(run_options *o) {
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
                               &o->resume, &o->eval, &o->recompute, &o->precision, &o->experts, &o->top_k,
-                              &o->capacity_factor, &o->aux_loss_coef, &o->dry_run,
+                              &o->capacity_factor, &o->capacity_scope, &o->aux_loss_coef, &o->dry_run,
                               &o->sample, &o->prompt, &o->temperature};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
@@ -245,7 +248,7 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
                        .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none",
                        .precision = "fp32", .experts = experts_default, .top_k = 2,
-                       .aux_loss_coef = 0.01};
+                       .aux_loss_coef = 0.01, .capacity_scope = "sequence"};
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {
@@ -304,7 +307,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                               .d_model = o->d_model, .heads = o->heads,
                               .recompute = gpt_recompute_parse(o->recompute), /* a choice: never -1 */
                               .experts = o->experts, .top_k = o->top_k,
-                              .capacity_factor = (float)o->capacity_factor, .aux_coef = (float)o->aux_loss_coef};
+                              .capacity_factor = (float)o->capacity_factor, .aux_coef = (float)o->aux_loss_coef,
+                              .capacity_per_rank = !strcmp(o->capacity_scope, "rank")};
     ctx->adamw = (adamw_config){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                 .weight_decay = (float)o->weight_decay};
     ctx->tokens_per_step = (long)o->batch * o->seq;
@@ -546,8 +550,9 @@ void run_setup(run_ctx *ctx) {
      * behind. */
     if (ctx->rank == 0) check_outputs(ctx, err, sizeof err);
     /* after the outputs: a lab whose experts are the default (lab08) still names a bad --out or --save */
-    if (!err[0] && o->experts && o->dry_run)
-        snprintf(err, sizeof err, "--experts: --dry-run's formulas (theory/predict) do not count experts yet");
+    /* theory/predict counts experts for the lab built around them (lab08, whose default they are) only */
+    if (!err[0] && o->experts && o->dry_run && !experts_default)
+        snprintf(err, sizeof err, "--experts: --dry-run's formulas (theory/predict) count experts in lab08_ep only");
     run_agree_or_exit(err);
     /* --dry-run creates nothing: the checks above are the run's own */
     if (ctx->rank == 0 && !o->dry_run && path_make_folder(o->out) != 0)

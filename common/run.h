@@ -43,6 +43,7 @@ typedef struct run_options {
     const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
     int experts, top_k;        /* --experts, --top-k (gpt_config, moe.h) */
     double capacity_factor, aux_loss_coef; /* --capacity-factor, --aux-loss-coef */
+    const char *capacity_scope; /* --capacity-scope sequence|rank (gpt_config.capacity_per_rank) */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
     int sample;                /* --sample N: bytes the model writes before and after training (sample.h) */
     const char *prompt;        /* --prompt: what it continues (NULL: the data's first line) */

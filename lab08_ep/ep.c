@@ -154,8 +154,9 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
         total += ly->count[j];
         if (ly->count[j] > e->counts.max_expert_rows) e->counts.max_expert_rows = ly->count[j];
     }
-    layer_reserve(e, ly, total);
-    stage_reserve(e, total > (long)k * N ? total : (long)k * N);
+    layer_reserve(e, ly, total > e->reserve_rows ? total : e->reserve_rows);
+    const long stage_rows = total > (long)k * N ? total : (long)k * N;
+    stage_reserve(e, stage_rows > e->reserve_rows ? stage_rows : e->reserve_rows);
     long *to = malloc(sizeof(long) * 2 * (size_t)e->N);
     if (!to) die("out of host memory");
     long *from = to + e->N;
@@ -190,7 +191,7 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
     long total = 0;
     for (int j = 0; j < El; j++) total += ly->count[j];
-    scratch_reserve(e, total);
+    scratch_reserve(e, total > e->reserve_rows ? total : e->reserve_rows);
     long *to = malloc(sizeof(long) * 2 * (size_t)e->N);
     if (!to) die("out of host memory");
     long *from = to + e->N;
@@ -213,6 +214,13 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     trace_end(ev);
     free(to);
     moe_router_backward(h, lp, gp, la->ln2, &st, &sc, sc.dys, dinp, s->dloss, N);
+}
+
+long ep_received_rows_bound(const gpt_config *cfg, int N, long rows) {
+    const long cap = moe_capacity(cfg), T = cfg->seq, El = cfg->experts / N, k = cfg->top_k;
+    if (cap <= 0 || cfg->capacity_per_rank) return 0; /* per rank: the routing decides, as under F = 0 */
+    const long per_expert = cap < T ? cap : T;
+    return (long)N * rows * (El * per_expert < k * T ? El * per_expert : k * T);
 }
 
 void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep, const void *params) {

@@ -57,6 +57,8 @@ typedef struct ep_hooks {
     void *stage;                  /* rows in source-rank order, sent or received; grown */
     void *dyr, *dfch, *dgelu;     /* the backward's expert-major scratch; grown */
     long stage_cap, scratch_cap;
+    long reserve_rows;            /* > 0: every layer's buffers hold this many rows from the first
+                                   * step on (the capacity's bound, ep_received_rows_bound) */
     ep_counts counts;             /* what the all-to-alls moved, from the routing, and the times */
 } ep_hooks;
 
@@ -70,6 +72,13 @@ void ep_layout(const gpt_layout *g, int N, int rank, tensor_info *tensors, long 
  * NULL to count them. */
 typedef struct ep_run { long local, global, n; int expert; } ep_run;
 int ep_runs(const gpt_layout *g, const tensor_info *tensors, long layer_size, int N, int rank, ep_run *runs);
+
+/* The most slot rows one rank can receive per layer when `rows` sequences of
+ * each of the N EP ranks are routed: per sequence, min(E/N x min(capacity, T),
+ * k T) slots go to one rank's experts (a token picks an expert at most once).
+ * With a capacity factor (F > 0) the buffers are sized to it, so the
+ * activations do not depend on the routing; 0 under F = 0 (they grow). */
+long ep_received_rows_bound(const gpt_config *cfg, int N, long rows);
 
 void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep, const void *params);
 void ep_hooks_free(ep_hooks *h);

@@ -23,6 +23,7 @@
 #include "model.h"
 #include "optim.h"
 #include "run.h"
+#include "predict.h"
 #include "theory.h"
 #include "trace.h"
 #include <stdint.h>
@@ -92,10 +93,35 @@ int main(int argc, char **argv) {
     run_check(&ctx, E % N == 0, "--experts %d is not divisible by --ep %d (each rank holds E/N experts)", E, N);
     run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks (each trains its "
               "own rows)", ctx.opt.batch, ctx.size);
-    run_setup(&ctx); /* --dry-run is refused there: theory/predict does not count experts */
+    run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     const int rows = B / ctx.size, k = ctx.opt.top_k;
+    /* the received rows' buffers are sized by the config when the capacity is per sequence (ep.h) */
+    const int sized = ctx.model.capacity_factor > 0 && !ctx.model.capacity_per_rank;
+    if (ctx.opt.dry_run) { /* theory/predict.h (lab08's part in theory/expert_parallel.c) */
+        th_run need = lab_run_config(&ctx);
+        need.dp = dp;
+        need.ep = N;
+        need.capacity_factor = sized ? ctx.model.capacity_factor : 0;
+        need.model.experts = E, need.model.top_k = k;
+        if (ctx.rank == 0) {
+            th_print_prediction(stdout, &need, 32);
+            const th_ep_alltoall a2a = th_ep_alltoall_per_step(&need);
+            printf("  and alltoall %.0f calls, payload %.0f per rank per step under uniform routing, at most %.0f "
+                   "(theory/expert_parallel.c: the return rows are the routing's; %s)\n", a2a.calls, a2a.payload,
+                   a2a.payload_max, sized ? "with F > 0 dropped slots do not travel, so both bound it"
+                   : "F = 0: the EP group's mean is the uniform figure exactly");
+            printf("  memory: the received rows' buffers (acts, comm, workspace) at %.0f rows per layer, %s\n",
+                   th_ep_received_rows_bound(rows, T, k, E, N, sized ? ctx.model.capacity_factor : 0), sized
+                   ? "the capacity's bound: exact (lab08 sizes them so)"
+                   : "the capacity-free bound (F = 0 or a capacity per rank): an upper bound, the run allocates what its routing "
+                     "needs");
+        }
+        char layout[64];
+        snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
+        lab_dry_run_exit(&ctx, NULL, (run_report){.layout = layout, .comm_formula_bytes = -1, .bubble_theory = -1});
+    }
     gpt_layout g; /* the model; a rank's buffer holds its layout (ep.h): E/N experts per layer */
     gpt_layout_init(&g, &ctx.model);
     comm world, ep, edp;
@@ -104,6 +130,7 @@ int main(int argc, char **argv) {
     comm_split(&world, world.rank % N, world.rank / N, &edp); /* the ranks holding the same experts */
     ep_hooks eh;
     ep_hooks_init(&eh, &g, &ep, NULL);
+    eh.reserve_rows = ep_received_rows_bound(&g.cfg, N, rows); /* F > 0: sized once, from the config */
     const long P = g.embed_size + (long)L * eh.layer_size + g.head_size; /* this rank's elements */
     const int n_runs = ep_runs(&g, eh.tensors, eh.layer_size, N, ep.rank, NULL);
     ep_run *runs = malloc(sizeof(ep_run) * (size_t)n_runs);
@@ -134,12 +161,15 @@ int main(int argc, char **argv) {
 
     if (world.rank == 0) {
         printf("expert parallel: ep=%d x edp=%d | %d experts, %d per rank, top-%d, capacity %s | %d rows of %d "
-               "per rank\n", N, dp, E, E / N, k, ctx.model.capacity_factor > 0 ? "ceil(k T F / E) per sequence"
-               : "unlimited (F = 0)", rows, B);
+               "per rank\n", N, dp, E, E / N, k, ctx.model.capacity_factor <= 0 ? "unlimited (F = 0)"
+               : ctx.model.capacity_per_rank ? "ceil(k (B/N) T F / E) per rank's rows" : "ceil(k T F / E) per sequence", rows, B);
         print_groups(ctx.size, N, E);
         fflush(stdout);
     }
 
+    /* the busiest expert's rows of each step (any rank, layer): the load the plots draw over the steps */
+    long *max_rows_per_step = calloc((size_t)ctx.opt.steps + 1, sizeof(long));
+    if (!max_rows_per_step) die("out of host memory");
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i;
         run_step_begin(&ctx, i);
@@ -172,6 +202,7 @@ int main(int argc, char **argv) {
         double loss = gpt_mean_loss(&g, &acts); /* this rank's rows, with the aux loss */
         comm_allreduce_host(&world, &loss, 1);
         run_experts_step(&ctx, &world, &g, &acts, i);
+        max_rows_per_step[i] = eh.counts.max_expert_rows;
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
@@ -190,17 +221,44 @@ int main(int argc, char **argv) {
     const double uniform = L * (per_layer.fwd_sent + per_layer.bwd_sent);
     long max_rows = eh.counts.max_expert_rows;
     MPI_Allreduce(MPI_IN_PLACE, &max_rows, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    const int done = ctx.steps_done < ctx.opt.steps ? ctx.steps_done : ctx.opt.steps;
+    MPI_Allreduce(MPI_IN_PLACE, max_rows_per_step, done + 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    char *per_step = malloc(24 * ((size_t)done + 1) + 2);
+    if (!per_step) die("out of host memory");
+    size_t at = 0;
+    for (int i = 0; i < done; i++) at += (size_t)sprintf(per_step + at, "%s%ld", i ? "," : "", max_rows_per_step[i]);
+    per_step[at] = 0;
     const double mean_rows = th_ep_tokens_per_expert_uniform((long)rows * T * N, k, E);
-    char extra[512], layout[64];
-    snprintf(extra, sizeof extra, "\"ep\":%d,\"edp\":%d,\"alltoall_payload_per_step\":%.0f,"
+    char layout[64];
+    char *extra = malloc(1024 + at);
+    if (!extra) die("out of host memory");
+    /* times: rank 0's, per step */
+    snprintf(extra, 1024 + at, "\"ep\":%d,\"edp\":%d,\"alltoall_payload_per_step\":%.0f,"
              "\"alltoall_sent_per_step\":%.0f,\"alltoall_own_per_step\":%.0f,\"alltoall_uniform_per_step\":%.0f,"
-             "\"expert_rows_max\":%ld,\"expert_rows_uniform\":%.3f", N, dp, payload, sent, own, uniform, max_rows,
-             mean_rows);
+             "\"expert_rows_max\":%ld,\"expert_rows_uniform\":%.3f,\"expert_rows_max_per_step\":[%s],"
+             "\"alltoall_ms_per_step\":%.4f,\"experts_ms_per_step\":%.4f", N, dp, payload, sent, own, uniform,
+             max_rows, mean_rows, per_step, 1e3 * eh.counts.alltoall_seconds / steps,
+             1e3 * eh.counts.expert_seconds / steps);
+    free(per_step);
+    free(max_rows_per_step);
     snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
+    /* activations: F > 0, the received rows' buffers at the capacity's bound (the config alone); F = 0,
+     * at the most rows this rank received in each layer (the routing decides) */
+    th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
+    tm.experts = E, tm.top_k = k;
+    const th_opts acts_opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
+    double *received = malloc(sizeof(double) * (size_t)L);
+    if (!received) die("out of host memory");
+    const double bound = th_ep_received_rows_bound(rows, T, k, E, N, ctx.model.capacity_factor);
+    for (int l = 0; l < L; l++) received[l] = sized ? bound : (double)eh.layer[l].rows_cap;
+    const double acts_formula = th_ep_acts_bytes(&tm, &acts_opts, rows, received);
+    free(received);
     /* model states per parameter the rank holds: the replicated part and E/N of the experts */
     lab_finish(&ctx, &view, eval_loss, extra, 1,
                (run_report){.layout = layout, .comms = {&world, &ep, &edp}, .n_comms = 3, .params = g.total,
-                            .comm_formula_bytes = -1, .bubble_theory = -1, .params_held = P});
+                            .comm_formula_bytes = -1, .bubble_theory = -1, .params_held = P,
+                            .acts_formula_bytes = acts_formula});
+    free(extra);
     if (world.rank == 0) {
         char a[16], b[16], c[16];
         printf("  tokens per expert per layer: max %ld (the last step, any rank's expert and layer) | "
@@ -214,6 +272,12 @@ int main(int argc, char **argv) {
                "experts' matmuls %.2f ms\n", 1e3 * eh.counts.alltoall_seconds / steps,
                1e3 * eh.counts.expert_seconds / steps);
         printf("  parameters per rank: %ld of %ld (experts at 1/%d)\n", P, g.total, N);
+        if (sized)
+            printf("  activations: received rows sized to the capacity bound, %.0f per layer (config alone, "
+                   "th_ep_received_rows_bound)\n", bound);
+        else
+            printf("  activations: received rows sized to the most this rank received per layer (F = 0: the "
+                   "routing decides; bound without capacity %.0f)\n", th_ep_received_rows_bound(rows, T, k, E, N, 0));
     }
     free(runs);
     free(tokens);

@@ -42,10 +42,13 @@ SIZES = {
                   std="--layers 4 --d-model 32 --heads 4 --seq 16", std_steps=3, batch=16,
                   acts_micro=(1, 8), acts_rows=2,
                   sp="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --steps 1",
-                  cp="--layers 2 --d-model 32 --heads 4 --batch 4 --steps 2", cp_seq=(16, 32)),
+                  cp="--layers 2 --d-model 32 --heads 4 --batch 4 --steps 2", cp_seq=(16, 32),
+                  ep="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 8", ep_steps=(2, 4)),
 }
 # lab07's long-sequence sweep: a tiny model, so the sequence is what grows
 SIZES["full"].update(cp="--layers 2 --d-model 64 --heads 4 --batch 4 --steps 4", cp_seq=(128, 256, 512, 1024))
+# lab08's: a tiny model, E = 4 top-2; the load over ep_steps[1] steps, the all-to-all over ep_steps[0]
+SIZES["full"].update(ep="--layers 2 --d-model 64 --heads 4 --seq 64 --batch 16", ep_steps=(3, 40))
 
 
 # lab04's schedules in the bubble and timeline charts, and the m each can run at
@@ -109,6 +112,11 @@ def sweep(z):
         for n in (1, 2, 4):
             runs.append(("cp", "lab07_cp", n, f"{z['cp']} --seq {T}"))
     runs.append(("cp", "lab07_cp", 4, f"{z['cp']} --seq {z['cp_seq'][-1]} --cp-layout contiguous"))
+    # chart 3e: lab08, the busiest expert over the steps at three aux-loss weights; the all-to-all at EP = 1, 2, 4
+    for aux in (0, 0.01, 0.1):
+        runs.append(("ep", "lab08_ep", 4, f"{z['ep']} --steps {z['ep_steps'][1]} --aux-loss-coef {aux}"))
+    for n in (1, 2, 4):
+        runs.append(("ep", "lab08_ep", n, f"{z['ep']} --steps {z['ep_steps'][0]}"))
     return runs
 
 
@@ -314,6 +322,16 @@ def chart_list(pipe_recs, note):
          "the same time once a chunk spans whole key tiles (the CPU kernel skips a 32 x 128 tile only when all of it "
          "is masked: at T/N = 64 rank r still computes r + 5 tiles). Times are measured on a shared CPU "
          f"{'with more ranks than the ' + str(CORES) + ' cores' if CORES < 4 else ''}: compare within one run."),
+        ("epload", "Expert parallelism: the experts' load and the all-to-all", "epload.gp", {"src": "epload.tsv"},
+         "epload.tsv", "ep",
+         "lab08_ep (E = 4, top-2, no capacity) on a tiny model. Left: the busiest expert's tokens in each step (any "
+         "rank's expert, any layer) over the uniform mean k N_tok / E, at -n 4 with Switch's load-balancing loss "
+         "weighted 0, 0.01 and 0.1: the all-to-all and the busiest rank's matmuls are sized by this ratio, not by "
+         "the mean. Middle: the bytes that left a rank per step (points: the routing's exact count, which comm's "
+         "counter meets; line: uniform routing's 4 k N_tok C b (N-1)/N x L) at EP = 1, 2, 4 with the global batch "
+         "fixed: N_tok falls as 1/N while (N-1)/N grows. Right: rank 0's all-to-all time (waiting for the slowest "
+         "rank included) and its experts' matmul time per step. Times are measured on a shared CPU"
+         f"{' with more ranks than the ' + str(CORES) + ' cores' if CORES < 4 else ''}: compare within one run."),
         ("throughput", "Throughput of every lab and layout", "throughput.gp", {"src": "throughput.tsv"},
          "throughput.tsv", "std",
          "Tokens per second (median step after the first), every lab and layout at the same model and global batch; "
@@ -441,7 +459,8 @@ def main():
         note = f"p = 4 ran 4 ranks on {CORES} cores (oversubscribed): its measured bubble can sit above the theory" \
             if on_cpu and CORES < 4 else ""
         for group, only in (("pipe", ("bubble",)), ("std", ("memory", "throughput", "loss", "comm")),
-                            ("acts", ("acts",)), ("sp", ("spacts",)), ("prec", ("precision",)), ("cp", ("cpseq",))):
+                            ("acts", ("acts",)), ("sp", ("spacts",)), ("prec", ("precision",)), ("cp", ("cpseq",)),
+                            ("ep", ("epload",))):
             path = os.path.join("runs", group, "records.jsonl")
             if os.path.exists(path):
                 records_to_tsv.convert([path], ".", note if group == "pipe" else "", only)

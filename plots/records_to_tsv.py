@@ -122,10 +122,12 @@ def read_records(paths):
     recs = []
     for path in paths:
         recs += read_file(path)
-    # the last run of a lab, layout, batch and sequence length wins
+    # the last run of a lab, layout, batch and sequence length wins (with experts, of its step
+    # count and aux-loss weight too: lab08's load chart varies them at one layout)
     latest = {}
     for r in recs:
-        latest[(r["lab"], r["layout"], r["config"]["batch"], r["config"]["seq"], precision(r))] = r
+        moe = (r["config"]["steps"], r["config"]["aux_loss_coef"]) if r["config"].get("experts") else ()
+        latest[(r["lab"], r["layout"], r["config"]["batch"], r["config"]["seq"], precision(r), *moe)] = r
     return list(latest.values())
 
 
@@ -337,14 +339,40 @@ def cpseq(recs):
          "att_ms_r0", "att_ms_r1", "att_ms_r2", "att_ms_r3"], rows
 
 
-CHARTS = ("bubble", "memory", "acts", "throughput", "loss", "comm", "spacts", "precision", "cpseq")
+def epload(recs):
+    """lab08's expert load and all-to-all. The runs with the most steps (one EP layout, the
+    aux-loss weight varied): a row per step, the busiest expert's rows (any rank and layer)
+    over the uniform mean k N_tok / E. The others (the EP degree varied): a row per run, the
+    all-to-all bytes that left rank 0 per step (the routing's exact count, and uniform
+    routing's 4 k N_tok C b (N-1)/N x L) and rank 0's all-to-all and expert-matmul time."""
+    runs = [r for r in recs if r["lab"] == "lab08_ep"]
+    longest = max((r["config"]["steps"] for r in runs), default=0)
+    runs.sort(key=lambda r: (r["config"]["steps"] != longest, r["config"]["aux_loss_coef"], r["ep"]))
+    rows = []
+    for r in runs:
+        a = r["config"]["aux_loss_coef"]
+        if r["config"]["steps"] == longest:
+            for i, m in enumerate(r["expert_rows_max_per_step"]):
+                rows.append((f"load aux={a:g}", "load", a, r["ep"], i + 1, m / r["expert_rows_uniform"], "NaN", "NaN",
+                             "NaN", "NaN"))
+        else:
+            rows.append((f"ep={r['ep']}", "scale", a, r["ep"], "NaN", "NaN", r["alltoall_sent_per_step"],
+                         r["alltoall_uniform_per_step"], r["alltoall_ms_per_step"], r["experts_ms_per_step"]))
+    c = runs[0]["config"] if runs else {"experts": 0, "top_k": 0}
+    sub = f"{subtitle(runs, False)}, E = {c['experts']}, top-{c['top_k']}, lab08_ep"
+    return runs, {"subtitle": sub}, \
+        ["run", "kind", "aux", "ep", "step", "load_ratio", "a2a_sent", "a2a_uniform", "a2a_ms", "experts_ms"], rows
+
+
+CHARTS = ("bubble", "memory", "acts", "throughput", "loss", "comm", "spacts", "precision", "cpseq", "epload")
 
 
 def tables(recs, note="", only=None):
     """{name: (meta, header, rows, runs)} of every chart the records have runs for. A
     chart that cannot read a record raises RecordsError naming the record's line."""
     makers = {"bubble": lambda r: bubble(r, note), "memory": memory, "acts": acts, "throughput": throughput,
-              "loss": loss, "comm": comm, "spacts": spacts, "precision": precision_loss, "cpseq": cpseq}
+              "loss": loss, "comm": comm, "spacts": spacts, "precision": precision_loss, "cpseq": cpseq,
+              "epload": epload}
     made = {}
     for name in CHARTS:
         if only and name not in only:

@@ -6,12 +6,12 @@ all-to-all bytes comm measured are the exact count from the routing; the
 uniform-routing expectation is 4 k N_tok C b (N-1)/N per layer, derived here;
 a rank holds the replicated weights and E/N of the experts.
 
-usage: test_lab08.py equivalence|sweep|precision|resume"""
+usage: test_lab08.py equivalence|sweep|precision|resume|dry_run|capacity_scope"""
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, run  # noqa: E402
+from labtest import _pad, acts_bytes, check, compare_losses, run  # noqa: E402
 
 LAB = "lab08_ep"
 # odd shapes on purpose: C = 36 (not a multiple of 8), 3 heads; batch 12 divides over 1-4 ranks
@@ -29,6 +29,41 @@ def params_per_rank(E, N):
     attention = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C
     expert = 4 * C * C + 4 * C + 4 * C * C + C
     return V * C + T * C + L * (attention + E * C + E // N * expert) + 2 * C + V * C
+
+
+def acts_per_rank(ranks, ep, E, k, received):
+    """fp32 activation bytes a rank allocates, derived here: lab01's layers less each layer's
+    fch and GELU [N,4C] (the experts' hidden rows live in lab08's hook), plus per layer the
+    router state (probs [N,E]; choice, gate, slot [N,k]; count, first [E]; freq [rows,E];
+    xs, ys [N k,C]) and its 4 + E statistics, plus `received` rows of xr, yr [.,C] and fch,
+    GELU [.,4C] (separate allocations, counted unpadded)."""
+    rows = B // ranks
+    N = rows * T
+    router = _pad(N * E) + 3 * _pad(N * k) + 2 * _pad(E) + _pad(rows * E) + 2 * _pad(N * k * C)
+    layer = router - 2 * _pad(N * 4 * C) + _pad(4 + E)
+    return acts_bytes(rows, T, C, H, L) + 4 * L * layer + L * max(received, 1) * 10 * C * 4
+
+
+def received_bound(ranks, ep, E, k, F):
+    """The most slot rows a rank receives per layer: per sequence of each of the ep ranks,
+    min(cap, T) for each of its E/ep experts (cap = ceil(k T F / E); T without one), k T in all."""
+    cap = min(-(-k * T * F // E), T) if F > 0 else T
+    return ep * (B // ranks) * min(E // ep * cap, k * T)
+
+
+def check_acts(name, rec, ranks, ep, E, k, F):
+    """allocator = theory.h = derived here: exact from the config with a capacity (the
+    buffers are sized to its bound); without one the routing decides, between 1 row and
+    the capacity-free bound per layer."""
+    measured, formula = rec["mem_peak_bytes_per_rank"]["acts"], rec["acts_peak_bytes_formula_per_rank"]
+    check(measured == formula, f"{name}: activations measured {measured} != theory.h {formula}")
+    bound = received_bound(ranks, ep, E, k, F)
+    if F > 0:
+        want = acts_per_rank(ranks, ep, E, k, bound)
+        check(measured == [want] * ranks, f"{name}: activations {measured} != {want} derived from the config")
+    else:
+        lo, hi = acts_per_rank(ranks, ep, E, k, 1), acts_per_rank(ranks, ep, E, k, bound)
+        check(all(lo <= m <= hi for m in measured), f"{name}: activations {measured} outside [{lo}, {hi}]")
 
 
 def check_layout(name, rec, ranks, ep, E, k):
@@ -76,6 +111,7 @@ def sweep(cases):
             else:
                 check(sum(rec["dropped_per_step"]) == 0, f"{name}: F = 0 drops nothing")
             check_layout(name, rec, ranks, ep, E, int(ROUTING[r][1]))
+            check_acts(name, rec, ranks, ep, E, int(ROUTING[r][1]), 1.0 if "drop" in r else 0)
             print(f"{name}: a2a sent {rec['alltoall_sent_per_step']} B/step (uniform "
                   f"{rec['alltoall_uniform_per_step']:.0f}), dropped {sum(rec['dropped_per_step']):.0f}")
 
@@ -101,9 +137,15 @@ def precision():
     for mode in ("selective", "full"):
         rec, _, _ = run(LAB, 2, ARGS + ["--recompute", mode])
         check(rec["losses"] == base["losses"], f"--recompute {mode}: losses differ from none")
+        acts = rec["mem_peak_bytes_per_rank"]["acts"]
+        check(acts == rec["acts_peak_bytes_formula_per_rank"] and all(
+            a < b for a, b in zip(acts, base["mem_peak_bytes_per_rank"]["acts"])),  # the same routing: less kept
+              f"--recompute {mode}: activations {acts} vs theory.h {rec['acts_peak_bytes_formula_per_rank']}")
         print(f"--recompute {mode}: bit-identical losses")
-    ref, _, _ = run("lab01_dp", 1, ARGS + ["--experts", "4", "--precision", "bf16"])
-    rec, _, _ = run(LAB, 2, ARGS + ["--precision", "bf16"])
+    ref, _, _ = run("lab01_dp", 1, ARGS + ["--experts", "4", "--precision", "bf16", "--capacity-factor", "1.25"])
+    rec, _, _ = run(LAB, 2, ARGS + ["--precision", "bf16", "--capacity-factor", "1.25"])
+    check(rec["mem_peak_bytes_per_rank"]["acts"] == rec["acts_peak_bytes_formula_per_rank"],
+          f"bf16: activations {rec['mem_peak_bytes_per_rank']['acts']} vs {rec['acts_peak_bytes_formula_per_rank']}")
     compare_losses("lab08 -n 2 bf16 vs lab01 -n 1 bf16", rec["losses"], ref["losses"], 2e-3)
 
 
@@ -134,6 +176,78 @@ def resume():
     print(f"--eval after resuming: lab08 {evals[0]['eval_loss']:.6f}, lab01 {evals[1]['eval_loss']:.6f}")
 
 
+def capacity_scope():
+    """The negative experiment: a capacity per sequence (the default) drops the same choices at
+    every layout, so -n 4 trains as -n 1; --capacity-scope rank counts a rank's own B/N rows,
+    so the drops, and with them the losses, change with the number of ranks (and -n 1 with a
+    rank's capacity is lab01 -n 1's, the whole batch one rank's rows)."""
+    extra = ["--experts", "4", "--capacity-factor", "1.0"]
+    short = [a if a != "20" else "8" for a in ARGS] + extra
+    runs = {}
+    for scope in ("sequence", "rank"):
+        for n in (1, 4):
+            runs[(scope, n)], _, _ = run(LAB, n, short + ["--capacity-scope", scope])
+            rec = runs[(scope, n)]
+            check(rec["mem_peak_bytes_per_rank"]["acts"] == rec["acts_peak_bytes_formula_per_rank"],
+                  f"--capacity-scope {scope} -n {n}: activations {rec['mem_peak_bytes_per_rank']['acts']} vs "
+                  f"theory.h {rec['acts_peak_bytes_formula_per_rank']}")
+    one, four = runs[("sequence", 1)], runs[("sequence", 4)]
+    compare_losses("per sequence: -n 4 vs -n 1", four["losses"], one["losses"], 1e-5)
+    check(four["dropped_per_step"] == one["dropped_per_step"], "per sequence: the same drops at -n 1 and -n 4")
+    one, four = runs[("rank", 1)], runs[("rank", 4)]
+    gap = max(abs(a - b) for a, b in zip(one["losses"], four["losses"]))
+    check(four["dropped_per_step"] != one["dropped_per_step"] and gap > 1e-4,
+          f"per rank: -n 4 should drop otherwise than -n 1 (drops {four['dropped_per_step']} vs "
+          f"{one['dropped_per_step']}, losses differ by {gap:.2e})")
+    ref, _, _ = run("lab01_dp", 1, short + ["--capacity-scope", "rank"])
+    compare_losses("per rank: lab08 -n 1 vs lab01 -n 1", one["losses"], ref["losses"], 1e-5)
+    print(f"per sequence: -n 4 = -n 1 (drops {runs[('sequence', 1)]['dropped_per_step'][-1]:.0f} in the last step); per rank: drops "
+          f"{runs[('rank', 1)]['dropped_per_step']} at -n 1 vs {four['dropped_per_step']} at -n 4, losses differ by "
+          f"up to {gap:.2e}")
+
+
+def dry_run():
+    """--dry-run predicts the run: with a capacity every rank's peak per memory category to the
+    byte (the received rows' buffers are sized to its bound); with F = 0 the capacity-free bound,
+    which the run stays under. Per step the all-reduce's calls and payload exactly, the
+    all-to-all's calls exactly and its payload between the uniform figure and the bound (the
+    return rows are the routing's; the busiest rank is recorded, at least the EP group's mean)."""
+    import re
+    cats = ["params", "grads", "optim", "acts", "comm", "workspace"]
+    cases = [(4, ["--ep", "2", "--capacity-factor", "1.0"]), (2, ["--top-k", "1", "--capacity-factor", "1.25"]),
+             (3, ["--experts", "3", "--capacity-factor", "1.25", "--recompute", "full"]),
+             (4, ["--capacity-factor", "1.0", "--recompute", "selective", "--precision", "bf16"]),
+             (4, ["--ep", "1", "--capacity-factor", "2"]), (1, ["--capacity-factor", "1.0"]),
+             (2, []), (4, ["--experts", "8", "--recompute", "full"])]
+    short = [a if a != "20" else "2" for a in ARGS]
+    for n, extra in cases:
+        name = f"-n {n} {' '.join(extra)}"
+        _, p, _ = run(LAB, n, short + extra + ["--dry-run"])
+        rec, _, _ = run(LAB, n, short + extra)
+        capped = "--capacity-factor" in extra
+        rows = {int(m[0]): [int(x) for x in m[1].split()[:len(cats)]]
+                for m in re.findall(r"^ +(\d+) +\d+ +\d+ +\d+ +\[\d+,\d+\) +([\d ]+)$", p.stdout, re.M)}
+        check(sorted(rows) == list(range(n)), f"{name}: no memory row per rank in the dry run:\n{p.stdout}")
+        for q in range(n):
+            got = [rec["mem_peak_bytes_per_rank"][c][q] for c in cats]
+            ok = rows[q] == got if capped else all(g <= w for g, w in zip(got, rows[q])) and got[:3] == rows[q][:3]
+            check(ok, f"{name}: rank {q} predicted {rows[q]}, allocated {got} ({cats})")
+        table = p.stdout.split("traffic per rank")[1].split("\n")[1]
+        kinds = {k: (float(c), float(b)) for k, c, b in re.findall(r"(\w+) ([\d.]+) calls, payload (\d+)", table)}
+        calls, uniform, most = (float(x) for x in re.search(
+            r"and alltoall ([\d.]+) calls, payload (\d+) per rank per step under uniform routing, at most (\d+)",
+            p.stdout).groups())
+        measured = {k: (rec["comm_calls_per_step"][k], rec["comm_bytes_per_step"][k]) for k in rec["comm_bytes_per_step"]}
+        a2a_calls, a2a_bytes = measured.pop("alltoall", (0, 0))
+        check(kinds == measured, f"{name}: traffic predicted {kinds}, measured {measured}")
+        check(a2a_calls == calls, f"{name}: all-to-all calls predicted {calls}, measured {a2a_calls}")
+        low = 0 if capped else uniform  # dropped slots do not travel
+        check(low <= a2a_bytes <= most, f"{name}: all-to-all payload {a2a_bytes} outside [{low}, {most}]")
+        print(f"{name}: memory {'exact' if capped else 'under the bound'} {rows[0]}; all-reduce {kinds}; "
+              f"all-to-all {a2a_bytes} in [{low:.0f}, {most:.0f}]")
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume}[sys.argv[1]]()
+    {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume, "dry_run": dry_run,
+     "capacity_scope": capacity_scope}[sys.argv[1]]()
     print("passed")

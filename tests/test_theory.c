@@ -449,6 +449,16 @@ static void check_expert_parallel(void) {
     CHECK(t2.fwd_sent + t2.bwd_sent == 1048576, "ep all-to-all N=2");
     CHECK(t1.fwd_sent + t1.bwd_sent == 0, "ep all-to-all N=1");
     CHECK(th_ep_tokens_per_expert_uniform(2048, 2, 4) == 1024, "ep tokens per expert");
+    /* received rows, by hand (the lesson's tiny model: 8 rows of T = 64 per rank, k = 2, E = 4):
+     * F = 1.0, cap = 32 per expert and sequence: --ep 4, one expert each, 4 x 8 x 32 = 1024; --ep 2,
+     * two each, 2 x 8 x 64 = 1024; F = 0: min(E/N T, k T) per sequence, 4 x 8 x 64 = 2048 at --ep 4,
+     * 2 x 8 x min(128, 128) = 2048 at --ep 2; F = 3.0: cap 96 > T, so T: as F = 0 */
+    CHECK(th_ep_received_rows_bound(8, 64, 2, 4, 4, 1.0) == 1024, "ep received rows F=1 N=4");
+    CHECK(th_ep_received_rows_bound(8, 64, 2, 4, 2, 1.0) == 1024, "ep received rows F=1 N=2");
+    CHECK(th_ep_received_rows_bound(8, 64, 2, 4, 4, 0) == 2048, "ep received rows F=0 N=4");
+    CHECK(th_ep_received_rows_bound(8, 64, 2, 4, 2, 0) == 2048, "ep received rows F=0 N=2");
+    CHECK(th_ep_received_rows_bound(8, 64, 2, 4, 4, 3.0) == 2048, "ep received rows F=3 (cap past T)");
+    CHECK(th_ep_received_rows_bound(8, 64, 1, 8, 2, 1.25) == 2 * 8 * 4 * 10, "ep received rows top-1 E=8: cap 10, 4 each");
 }
 
 int main(void) {

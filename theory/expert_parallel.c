@@ -1,7 +1,127 @@
 /* Expert parallelism (lab08): what uniform routing predicts (its all-to-all
  * bytes are th_ep_layer_traffic, in traffic.c beside the other collectives). */
+#include "predict.h"
 #include "theory.h"
+#include <math.h>
+#include <stdlib.h>
 
 double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts) {
     return (double)top_k * (double)tokens / experts;
+}
+
+double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, int N, double capacity_factor) {
+    const double El = experts / N, T = (double)seq, k = top_k;
+    /* capacity per expert and sequence, as common/moe.c's moe_capacity; none: T (a token picks an expert once) */
+    double cap = capacity_factor > 0 ? ceil(k * T * capacity_factor / experts) : T;
+    if (cap > T) cap = T;
+    return (double)N * (double)rows * fmin(El * cap, k * T);
+}
+
+static double pad64(double bytes) { return (double)(((long long)bytes + 63) / 64 * 64); }
+
+/* common/moe.c's moe_state for N positions: probs [N,E], choice, gate, slot
+ * [N,k], count, first [E], freq [rows,E] (fp32 / ints), xs, ys [N k, C] values */
+static double moe_state_bytes_of(const th_model *m, double rows, double v) {
+    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
+    return pad64(4 * N * E) + 3 * pad64(4 * N * k) + 2 * pad64(4 * E) + pad64(4 * rows * E) +
+           2 * pad64(v * N * k * (double)m->d_model);
+}
+
+double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received) {
+    const double dense = th_course_acts_bytes(m, o, 0, (int)m->layers, rows);
+    if (dense < 0 || m->experts <= 0) return -1;
+    const double v = th_param_bytes(o->precision), N = (double)rows * (double)m->seq, L = (double)m->layers;
+    double bytes = dense;
+    if (o->recompute != RECOMPUTE_FULL) /* the layer's fch and GELU pieces are empty; the router's state kept */
+        bytes += L * (moe_state_bytes_of(m, (double)rows, v) - 2 * pad64(v * N * (double)m->ffn));
+    bytes += L * pad64(4 * (4 + (double)m->experts)); /* the aux-loss statistics, kept under every mode */
+    for (int l = 0; l < m->layers; l++) /* xr [r,C], fch, gelu [r,ffn], yr [r,C]: each its own allocation */
+        bytes += fmax(received[l], 1) * (2 * (double)m->d_model + 2 * (double)m->ffn) * v;
+    return bytes;
+}
+
+/* ---- --dry-run (theory/predict.h) ------------------------------------------------------- */
+
+/* What lab08 allocates and moves, from its flags. The received rows' buffers
+ * (activations xr, fch, GELU, yr per layer; the backward's dyr, dfch, dGELU,
+ * workspace; the exchange's stage, comm) hold th_ep_received_rows_bound rows:
+ * exact with a capacity (lab08 sizes them so), the capacity-free bound under
+ * F = 0, where the routing decides and the run allocates at most this. */
+void th_ep_predict(const th_run *r, th_rank_need *need) {
+    const int N = r->ep > 0 ? r->ep : r->ranks, edp = r->ranks / N;
+    const th_model *m = &r->model;
+    const th_opts o = th_opts_run(1, 0, r->recompute, r->bf16);
+    th_opts held = o;
+    held.ep = N;
+    const double v = th_param_bytes(o.precision), L = (double)m->layers, C = (double)m->d_model;
+    const double E = (double)m->experts, k = (double)m->top_k, F = (double)m->ffn;
+    const long rows = r->batch / r->ranks;
+    const double Npos = (double)rows * (double)m->seq;
+    const double psi = th_stage_params(m, &held, 0, (int)m->layers);
+    const double experts_held = th_stage_expert_params(m, &held, 0, (int)m->layers);
+    const double received = th_ep_received_rows_bound(rows, m->seq, (int)m->top_k, (int)m->experts, N,
+                                                      r->capacity_factor);
+    double *per_layer = malloc(sizeof(double) * (size_t)m->layers);
+    for (int l = 0; l < m->layers; l++) per_layer[l] = received;
+    const double acts = th_ep_acts_bytes(m, &o, rows, per_layer);
+    free(per_layer);
+    /* the backward scratch with the layer's MLP pieces empty (dfch, dGELU [N,ffn]; and under --recompute
+     * full the recomputed layer's fch, GELU, with the router state and statistics instead), the router's
+     * backward (dys [N k,C], dgate [N,k], dp [N,E]), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */
+    double workspace = th_course_scratch_bytes(m, &o, rows) - 2 * pad64(v * Npos * F) +
+                       pad64(v * Npos * k * C) + pad64(4 * Npos * k) + pad64(4 * Npos * E) +
+                       fmax(received, 1) * (C + 2 * F) * v;
+    if (r->recompute == RECOMPUTE_FULL)
+        workspace += moe_state_bytes_of(m, (double)rows, v) + pad64(4 * (4 + E)) - 2 * pad64(v * Npos * F);
+    const double stage = fmax(fmax(received, k * Npos), 1) * C * v; /* sent and received rows, by rank */
+    const th_states s = th_model_states(psi, &o, 0, 1);
+    const double replicated = psi - experts_held;
+    for (int q = 0; q < r->ranks; q++) {
+        th_rank_need *x = &need[q];
+        *x = (th_rank_need){.dp = q / N, .lo = 0, .hi = (int)m->layers, .rows = rows, .params = psi, .acts_in_flight = 1};
+        x->mem[MEM_PARAMS] = s.params;
+        x->mem[MEM_GRADS] = s.grads;
+        x->mem[MEM_OPTIM] = s.optim;
+        x->mem[MEM_ACTS] = acts;
+        x->mem[MEM_COMM] = stage;
+        x->mem[MEM_WORKSPACE] = r->cuda ? -1 : workspace;
+        /* the gradients: the replicated runs over every rank (the embedding, each layer's attention part
+         * and router, the head: 2 + 2L calls), the expert runs over the EDP group (4 tensors a layer) */
+        if (r->ranks > 1) {
+            x->calls[COLL_ALLREDUCE] += 2 + 2 * L;
+            x->payload[COLL_ALLREDUCE] += v * replicated;
+            x->ring[COLL_ALLREDUCE] += v * replicated * comm_ring_factor(COLL_ALLREDUCE, r->ranks);
+        }
+        if (edp > 1) {
+            x->calls[COLL_ALLREDUCE] += 4 * L;
+            x->payload[COLL_ALLREDUCE] += v * experts_held;
+            x->ring[COLL_ALLREDUCE] += v * experts_held * comm_ring_factor(COLL_ALLREDUCE, edp);
+        }
+    }
+}
+
+/* Per layer: the forward's counts (E/N ints to every EP rank) and two row
+ * exchanges, dispatch (the rank's own slots out) and return (the rows its
+ * experts ran, back); the backward's two the same way; --recompute full runs
+ * the forward's again (selective recomputes attention only). The own block is
+ * in the payload, as comm counts it; a group of one moves nothing. The own
+ * slots are k N_tok rows with nothing dropped; the rows the experts ran are
+ * the routing's: k N_tok under uniform routing (with F = 0 the EP group's mean
+ * exactly: every slot is run once), at most th_ep_received_rows_bound. */
+th_ep_alltoall th_ep_alltoall_per_step(const th_run *r) {
+    const int N = r->ep > 0 ? r->ep : r->ranks;
+    th_ep_alltoall a = {0, 0, 0};
+    if (N < 2) return a;
+    const th_model *m = &r->model;
+    const double v = r->bf16 ? 2 : 4, L = (double)m->layers, C = (double)m->d_model;
+    const double forwards = r->recompute == RECOMPUTE_FULL ? 2 : 1;
+    const long rows = r->batch / r->ranks;
+    const double counts = (double)N * (double)(m->experts / N) * 4;
+    const double own = (double)rows * (double)m->seq * (double)m->top_k * C * v;
+    const double most = th_ep_received_rows_bound(rows, m->seq, (int)m->top_k, (int)m->experts, N,
+                                                  r->capacity_factor) * C * v;
+    a.calls = L * (3 * forwards + 2);
+    a.payload = L * (forwards * (counts + 2 * own) + 2 * own);
+    a.payload_max = L * (forwards * (counts + own + most) + own + most);
+    return a;
 }

@@ -156,10 +156,12 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
 }
 
 int th_predict_run(const th_run *r, th_rank_need *need) {
-    /* context-parallel layers (lab07) have their own part; data parallelism
-     * alone (lab01, lab02; a one-stage lab03 is the same run) has units and
-     * ZeRO's shards; anything with stages, a schedule or TP layers is a grid */
+    /* context-parallel layers (lab07) and expert-parallel MLPs (lab08) have
+     * their own parts; data parallelism alone (lab01, lab02; a one-stage lab03
+     * is the same run) has units and ZeRO's shards; anything with stages, a
+     * schedule or TP layers is a grid */
     if (r->cp > 0) th_cp_predict(r, need);
+    else if (r->ep > 0) th_ep_predict(r, need);
     else if (r->pp == 1 && !r->schedule && !r->tensor_parallel) predict_data_parallel(r, need);
     else predict_grid(r, need);
     return 0;

@@ -63,6 +63,10 @@ typedef struct th_run {
     /* ranks per context-parallel group: > 0, the layers are lab07's, attention
      * split over cp ranks (1 included) by --cp-algo (th_cp_algo); 0: none */
     int cp, cp_algo;
+    /* > 0: the MLPs are lab08's experts over ep ranks; --capacity-factor (0: none);
+     * model.experts and model.top_k give the routing */
+    int ep;
+    double capacity_factor;
 } th_run;
 
 typedef struct th_rank_need {
@@ -78,6 +82,14 @@ typedef struct th_rank_need {
 
 /* lab07's part (theory/context.c). */
 void th_cp_predict(const th_run *r, th_rank_need *need);
+/* lab08's part (theory/expert_parallel.c). Its all-to-alls are a kind the
+ * tables do not have: th_ep_alltoall_per_step gives their calls and payload. */
+void th_ep_predict(const th_run *r, th_rank_need *need);
+/* payload: under uniform routing (the return rows k N_tok); payload_max: the
+ * return rows at th_ep_received_rows_bound. Both count the dispatched slots
+ * undropped. */
+typedef struct th_ep_alltoall { double calls, payload, payload_max; } th_ep_alltoall;
+th_ep_alltoall th_ep_alltoall_per_step(const th_run *r);
 /* Fills need[0 .. r->ranks). Returns 0. */
 int th_predict_run(const th_run *r, th_rank_need *need);
 

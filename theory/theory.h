@@ -350,6 +350,24 @@ th_cp_traffic th_ep_layer_traffic(int N, double tokens, long top_k, long d_model
 /* Tokens per expert under uniform routing: k tokens / E of the tokens the
  * expert's EP group holds (the mean; the max is what capacity bounds). */
 double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts);
+/* The most slot rows one EP rank receives per MoE layer and step, `rows`
+ * sequences on each of the N ranks: per sequence at most min(cap, T) slots go
+ * to each of its E/N experts (cap = ceil(k T F / E), the capacity per expert
+ * and sequence; a token picks an expert once, so T without capacity, F = 0:
+ * the capacity-free bound) and k T in all. lab08 sizes its received-row
+ * buffers to this when F > 0. */
+double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, int N, double capacity_factor);
+/* EXACT: one lab08 rank's activations (MEM_ACTS) for `rows` sequences, m the
+ * course's model with experts and top_k set: th_course_acts_bytes without each
+ * layer's fch and GELU pieces [N,ffn] (the experts' hidden rows live in the
+ * hook), plus per layer moe.c's router state (probs [N,E], choice, gate, slot
+ * [N,k], count, first [E], freq [rows,E], xs, ys [N k, C]; not kept under
+ * --recompute full) and its statistics (4 + E floats, always), plus the rows
+ * received[l] layer l's buffers hold (at least 1): xr, yr [r,C], fch, GELU
+ * [r,ffn]. With F > 0 received[l] is th_ep_received_rows_bound for every
+ * layer; with F = 0 the most rows the run routed to the rank in that layer.
+ * -1 where th_course_acts_bytes is, or without experts. */
+double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received);
 
 /* ---- pipeline schedules ------------------------------------------------------------------- */
 
