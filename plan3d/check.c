@@ -43,6 +43,7 @@ typedef struct run {
     int T, L, C, H;             /* cfg.model's shape */
     double bucket_mb, step_ms;  /* the record's bucket_mb and step_ms_median */
     double vb;                  /* bytes of one of the model's values: 4, or 2 in bf16 */
+    int routing_sized;          /* lab08 without a per-sequence capacity: its received rows' buffers are the routing's */
 } run;
 
 typedef struct timing {
@@ -144,7 +145,8 @@ enum { MAX_RANKS = 65536, MAX_LAYERS = 65536 };
 #define RECORDS_MAX_BYTES (1LL << 30) /* records.jsonl: a million runs' records */
 #define MAX_FLAG 1000000000L                     /* the labs' largest value of a count flag */
 static const double MAX_RUN_BYTES = 1125899906842624.0; /* 2^50 = 1 PiB */
-static const char *const lab_names[] = {"lab01_dp", "lab02_zero", "lab03_pp_naive", "lab04_1f1b", "lab05_tp", "lab06_3d"};
+static const char *const lab_names[] = {"lab01_dp",  "lab02_zero", "lab03_pp_naive", "lab04_1f1b",
+                                        "lab05_tp", "lab06_3d",   "lab07_cp",       "lab08_ep"};
 
 static int problem(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int problem(char *why, size_t len, const char *fmt, ...) {
@@ -257,7 +259,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
         if (!strcmp(json_string_value(lab), lab_names[i])) r->lab = lab_names[i];
     if (!r->lab)
         return problem(why, len, "lab %s: not a lab plan3d checks (lab01_dp, lab02_zero, lab03_pp_naive, lab04_1f1b, "
-                       "lab05_tp, lab06_3d)", shown(lab, text, sizeof text));
+                       "lab05_tp, lab06_3d, lab07_cp, lab08_ep)", shown(lab, text, sizeof text));
     long ranks, B, T, L, C, H, m, chunks, tp = 1, pp = 1, dp = 1, zero = 0;
     json_t *cfg = json_object_get(rec, "config");
     if (!json_is_object(cfg)) return problem(why, len, cfg ? "config: must be an object" : "config is missing");
@@ -297,11 +299,40 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
                                   !read_count(rec, "", "pp", 1, MAX_RANKS, 0, &pp, why, len) ||
                                   !read_count(rec, "", "dp", 1, MAX_RANKS, 0, &dp, why, len)))
         return 0;
+    /* lab07: --cp ranks per CP group, data parallel over the rest; lab08: --ep
+     * ranks per EP group, every rank its own rows (the routing's config is the
+     * record's config: experts, top_k, capacity_factor; capacity_scope beside) */
+    long cp = 0, ep = 0, experts = 0, top_k = 0;
+    int cp_algo = 0, scope = 0;
+    double capacity = 0;
+    if (is_lab(r, "lab07_cp") &&
+        (!read_count(rec, "", "cp", 1, ranks, 0, &cp, why, len) ||
+         !read_choice(rec, "", "cp_algo", "ring|allgather|ulysses", NULL, &cp_algo, why, len)))
+        return 0;
+    if (cp && ranks % cp) return problem(why, len, "cp %ld does not divide ranks %ld", cp, ranks);
+    if (cp && T % cp) return problem(why, len, "config.seq %ld is not divisible by cp %ld", T, cp);
+    if (is_lab(r, "lab08_ep") &&
+        (!read_count(rec, "", "ep", 1, ranks, 0, &ep, why, len) ||
+         !read_count(cfg, "config.", "experts", 1, MAX_LAYERS, 0, &experts, why, len) ||
+         !read_count(cfg, "config.", "top_k", 1, MAX_LAYERS, 0, &top_k, why, len) ||
+         !read_number(cfg, "capacity_factor", 0, 0, &capacity, why, len) ||
+         !read_choice(rec, "", "capacity_scope", "sequence|rank", "sequence", &scope, why, len)))
+        return 0;
+    if (ep && (ranks % ep || experts % ep || top_k > experts))
+        return problem(why, len, "ep %ld, config.experts %ld, config.top_k %ld: ep must divide ranks %ld and the "
+                       "experts, top_k be at most the experts", ep, experts, top_k, ranks);
+    if (cp) dp = ranks / cp;
+    r->cfg.cp = (int)cp; r->cfg.cp_algo = cp_algo; r->cfg.ep = (int)ep;
+    r->cfg.model.experts = experts; r->cfg.model.top_k = top_k;
+    /* a per-rank capacity sizes the buffers by the routing, as no capacity does */
+    r->cfg.capacity_factor = scope == 0 ? capacity : 0;
+    r->routing_sized = ep && r->cfg.capacity_factor == 0;
+    if (ep) tp = pp = 1, dp = ranks; /* every rank its own rows: the product below is ranks */
     if (is_lab(r, "lab03_pp_naive") || is_lab(r, "lab04_1f1b")) pp = ranks;
     if (is_lab(r, "lab05_tp")) tp = ranks;
     if (is_lab(r, "lab01_dp") || is_lab(r, "lab02_zero")) dp = ranks;
-    if (tp * pp * dp != ranks)
-        return problem(why, len, "tp %ld x pp %ld x dp %ld is not ranks %ld", tp, pp, dp, ranks);
+    if (tp * pp * dp * (cp ? cp : 1) != ranks)
+        return problem(why, len, "tp %ld x pp %ld x dp %ld%s is not ranks %ld", tp, pp, dp, cp ? " x cp" : "", ranks);
     if (H % tp) return problem(why, len, "config.heads %ld is not divisible by the %ld TP ranks", H, tp);
     if (B % (dp * m)) return problem(why, len, "config.batch %ld is not divisible by %ld data-parallel ranks x %ld "
                                      "micro-batches", B, dp, m);
@@ -377,7 +408,8 @@ typedef struct tally { int records, exact, mem_checked, mem_exact, bytes_checked
 
 static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, json_t *out) {
     run r = *rp;
-    int is_grid = strcmp(r.lab, "lab01_dp") && strcmp(r.lab, "lab02_zero");
+    const int own_part = r.cfg.cp > 0 || r.cfg.ep > 0; /* lab07's and lab08's layers: predicted, not timed */
+    int is_grid = !own_part && strcmp(r.lab, "lab01_dp") && strcmp(r.lab, "lab02_zero");
 
     /* ranks beyond the cores share them, in proportion to how busy they are */
     timing tm = *tm0;
@@ -385,8 +417,12 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     th_rank_need *pr = calloc((size_t)r.cfg.ranks, sizeof *pr);
     double *busy = calloc((size_t)r.cfg.ranks, sizeof *busy);
     if (!pr || !busy) { fprintf(stderr, "error: out of memory for %d ranks\n", r.cfg.ranks); exit(1); }
-    if (r.cfg.pp == 1 && !r.cfg.schedule && !r.cfg.tensor_parallel) shard_figures(&r, &r.cfg); /* data parallelism's units */
+    if (!own_part && r.cfg.pp == 1 && !r.cfg.schedule && !r.cfg.tensor_parallel)
+        shard_figures(&r, &r.cfg); /* data parallelism's units */
     th_predict_run(&r.cfg, pr);
+    if (own_part) tm.cal = NULL; /* plan3d's step-time model has no CP or EP part */
+    if (r.routing_sized) /* the prediction there is a bound, not the run's figure */
+        for (int q = 0; q < r.cfg.ranks; q++) pr[q].mem[MEM_ACTS] = pr[q].mem[MEM_COMM] = pr[q].mem[MEM_WORKSPACE] = -1;
     if (is_grid) bubble_unit = th_bubble_unit(th_schedule_parse(r.schedule), r.cfg.pp, r.cfg.micro_batches, 1);
     tm.share = 1;
     if (tm.cal && tm.cal->cores > 0) {

@@ -104,18 +104,27 @@ def case_check():
         ("lab04_1f1b", 2, TINY + ["--micro-batches", "4", "--schedule", "zb-v", "--layers", "4"]),
         ("lab06_3d", 4, TINY + ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "4", "--schedule", "zb-v",
                                 "--layers", "4"]),
+        # context parallelism (theory/context.c) and experts over ranks (theory/expert_parallel.c); lab08's
+        # received rows are sized by the capacity with --capacity-factor, by the routing without one
+        ("lab07_cp", 2, TINY), ("lab07_cp", 4, TINY + ["--cp", "2", "--cp-algo", "ulysses"]),
+        ("lab07_cp", 2, TINY + ["--cp-algo", "allgather", "--recompute", "selective"]),
+        ("lab08_ep", 2, TINY + ["--capacity-factor", "1.0"]),
+        ("lab08_ep", 4, TINY + ["--ep", "2", "--top-k", "1", "--capacity-factor", "1.25"]),
+        ("lab08_ep", 2, TINY),
     ])
     js = os.path.join(out, "check.json")
     p = plan3d(["--check", out, "--calibration", os.path.join(out, "none.json"), "--json", js])
     print(p.stdout)
     check(p.returncode == 0, f"plan3d --check: status {p.returncode}: {p.stdout[-2000:]} {p.stderr}")
     runs = json.load(open(js))["runs"]
-    check(len(runs) == 19, f"19 runs checked, got {len(runs)}")
+    check(len(runs) == 25, f"25 runs checked, got {len(runs)}")
     labs = {r["lab"] for r in runs}
-    check(len(labs) == 6, f"every lab checked: {sorted(labs)}")
+    check(len(labs) == 8, f"every lab checked: {sorted(labs)}")
     for r in runs:
         # every category on every rank; lab04's executor's message pool (comm) is not predicted yet
         categories = 5 if r["lab"] in ("lab04_1f1b", "lab06_3d") else 6
+        if r is runs[-1]:  # lab08 without a capacity: the routing sizes acts, comm and workspace
+            categories = 3  # params, grads and optim are predicted
         check(r["exact"] and r["mem_exact"] == r["mem_checked"] == categories * r["ranks"],
               f"{r['lab']} {r['layout']}: memory {r['mem_exact']}/{r['mem_checked']} exact")
         # every kind that moved bytes (a group of one moves none: lab01 -n 1 has no kind to check)
@@ -123,7 +132,7 @@ def case_check():
               f"{r['lab']} {r['layout']}: traffic not exact: {r['traffic']}")
     # a change to a record's measurement must show as a mismatch (the check can fail)
     lines = open(os.path.join(out, "records.jsonl")).read().splitlines()
-    rec = json.loads(lines[-1])
+    rec = json.loads(lines[-3])  # lab08 with a capacity: its activations are predicted from the config
     rec["mem_peak_bytes_per_rank"]["acts"][0] += 64
     bad = tempfile.mkdtemp(prefix="pl-plan-bad-")
     with open(os.path.join(bad, "records.jsonl"), "w") as f:
