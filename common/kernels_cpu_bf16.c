@@ -487,27 +487,16 @@ static void dnnl_run(long M, long K, long N, const void *src, const long ss[2], 
     dnnl_exec(&key, src, wei, dst, bias);
 }
 
-/* `batch` row-major matrices, fp32 out: dst[b] (+)= src[b] @ wei[b], where
- * src[b] is [M,K] (or its transpose, stored [K,M], when src_t), wei[b] is
- * [K,N] (or the transpose, stored [N,K], when wei_t); each is a block of a
- * bigger row-major matrix: ld is that matrix's row length, bs the distance
- * from one batch entry to the next. Attention's products. */
-typedef struct { const void *p; long ld, bs; } dnnl_view;
-static void dnnl_batched_views(long batch, long M, long K, long N, dnnl_view src, int src_t, dnnl_view wei,
-                               int wei_t, dnnl_view dst, int accumulate) {
-    const cached_matmul key = {.batch = batch, .M = M, .K = K, .N = N,
-                               .src_s = {src.bs, src_t ? 1 : src.ld, src_t ? src.ld : 1},
-                               .wei_s = {wei.bs, wei_t ? 1 : wei.ld, wei_t ? wei.ld : 1},
-                               .dst_s = {dst.bs, dst.ld, 1}, .dst_f32 = 1, .accumulate = accumulate};
-    dnnl_exec(&key, src.p, wei.p, (void *)(uintptr_t)dst.p, NULL);
-}
-
-/* The same on dense matrices: src [M,K] ([K,M] when src_t), wei [K,N] ([N,K]
- * when wei_t), dst [M,N], each batch entry right after the last. */
+/* `batch` dense row-major matrices, fp32 out: dst[b] (+)= src[b] @ wei[b], where
+ * src[b] is [M,K] (or its transpose stored [K,M] when src_t), wei[b] is [K,N]
+ * (or the transpose, stored [N,K], when wei_t). Attention's products. */
 static void dnnl_batched(long batch, long M, long K, long N, const bf16 *src, int src_t, const bf16 *wei, int wei_t,
                          float *dst, int accumulate) {
-    dnnl_batched_views(batch, M, K, N, (dnnl_view){src, src_t ? M : K, M * K}, src_t,
-                       (dnnl_view){wei, wei_t ? K : N, K * N}, wei_t, (dnnl_view){dst, N, M * N}, accumulate);
+    const cached_matmul key = {.batch = batch, .M = M, .K = K, .N = N,
+                               .src_s = {M * K, src_t ? 1 : K, src_t ? M : 1},
+                               .wei_s = {K * N, wei_t ? 1 : N, wei_t ? K : 1},
+                               .dst_s = {M * N, N, 1}, .dst_f32 = 1, .accumulate = accumulate};
+    dnnl_exec(&key, src, wei, dst, NULL);
 }
 #endif
 
@@ -710,54 +699,6 @@ static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long row, i
     }
 }
 
-/* The causal products without their masked block. The T x T matrices
- * (scores, P, dS) are lower triangular: cut rows and columns at h = T/2 and
- * the top-right h x (T - h) block is zero (or, for the scores, never read by
- * the softmax), so each product runs as two oneDNN calls that leave it out, a
- * quarter of the multiply-adds fewer. Under T = 16 one call is cheaper. The
- * terms left out were products with 0, which added nothing. */
-enum { CAUSAL_SPLIT_MIN_T = 16 };
-
-/* S[g,T,T] = X[g,T,HS] Y[g,T,HS]^T where s <= t (the masked block left unwritten) */
-static void causal_scores(long g, int T, int HS, const bf16 *X, const bf16 *Y, float *S) {
-    const long h = T / 2, TT = (long)T * T, TH = (long)T * HS;
-    if (T < CAUSAL_SPLIT_MIN_T) {
-        dnnl_batched(g, T, HS, T, X, 0, Y, 1, S, 0);
-        return;
-    }
-    dnnl_batched_views(g, h, HS, h, (dnnl_view){X, HS, TH}, 0, (dnnl_view){Y, HS, TH}, 1, (dnnl_view){S, T, TT}, 0);
-    dnnl_batched_views(g, T - h, HS, T, (dnnl_view){X + h * HS, HS, TH}, 0, (dnnl_view){Y, HS, TH}, 1,
-                       (dnnl_view){S + h * T, T, TT}, 0);
-}
-
-/* O[g,T,HS] (+)= A[g,T,T] Z[g,T,HS], A lower triangular: rows t < h need
- * A's columns < h only */
-static void causal_times(long g, int T, int HS, const bf16 *A, const bf16 *Z, float *O, int accumulate) {
-    const long h = T / 2, TT = (long)T * T, TH = (long)T * HS;
-    if (T < CAUSAL_SPLIT_MIN_T) {
-        dnnl_batched(g, T, T, HS, A, 0, Z, 0, O, accumulate);
-        return;
-    }
-    dnnl_batched_views(g, h, h, HS, (dnnl_view){A, T, TT}, 0, (dnnl_view){Z, HS, TH}, 0, (dnnl_view){O, HS, TH},
-                       accumulate);
-    dnnl_batched_views(g, T - h, T, HS, (dnnl_view){A + h * T, T, TT}, 0, (dnnl_view){Z, HS, TH}, 0,
-                       (dnnl_view){O + h * HS, HS, TH}, accumulate);
-}
-
-/* O[g,T,HS] (+)= A[g,T,T]^T Z[g,T,HS], A lower triangular: rows s >= h of
- * the result need A's rows >= h (and Z's) only */
-static void causal_transposed_times(long g, int T, int HS, const bf16 *A, const bf16 *Z, float *O, int accumulate) {
-    const long h = T / 2, TT = (long)T * T, TH = (long)T * HS;
-    if (T < CAUSAL_SPLIT_MIN_T) {
-        dnnl_batched(g, T, T, HS, A, 1, Z, 0, O, accumulate);
-        return;
-    }
-    dnnl_batched_views(g, h, T, HS, (dnnl_view){A, T, TT}, 1, (dnnl_view){Z, HS, TH}, 0, (dnnl_view){O, HS, TH},
-                       accumulate);
-    dnnl_batched_views(g, T - h, T - h, HS, (dnnl_view){A + h * T + h, T, TT}, 1, (dnnl_view){Z + h * HS, HS, TH}, 0,
-                       (dnnl_view){O + h * HS, HS, TH}, accumulate);
-}
-
 /* x[0..n) -> hi = bf16(x), lo = bf16(x - hi); zero from n to T */
 static void split_row(bf16 *restrict hi, bf16 *restrict lo, const float *restrict x, int n, int T) {
     for (int i = 0; i < n; i++) {
@@ -777,7 +718,7 @@ static void attention_forward_onednn(bf16 *out, bf16 *att, const bf16 *qkv, int 
         const long g = G < heads - gh0 ? G : heads - gh0, blk = g * T * HS;
         bf16 *P = att + gh0 * TT;
         copy_heads(hd, qkv, 3 * C, 3, gh0, g, T, NH, HS);
-        causal_scores(g, T, HS, hd, hd + blk, S); /* S = q k^T */
+        dnnl_batched(g, T, HS, T, hd, 0, hd + blk, 1, S, 0); /* S = q k^T */
         for (long r = 0; r < g * T; r++) { /* row t = r % T of a head: the causal softmax */
             float *x = S + r * T;
             const int n = (int)(r % T) + 1;
@@ -788,8 +729,8 @@ static void attention_forward_onednn(bf16 *out, bf16 *att, const bf16 *qkv, int 
             for (int i = 0; i < n; i++) x[i] *= inv;
             split_row(P + r * T, lo + r * T, x, n, T);
         }
-        causal_times(g, T, HS, P, hd + 2 * blk, O, 0); /* O = P v */
-        causal_times(g, T, HS, lo, hd + 2 * blk, O, 1);
+        dnnl_batched(g, T, T, HS, P, 0, hd + 2 * blk, 0, O, 0); /* O = P v */
+        dnnl_batched(g, T, T, HS, lo, 0, hd + 2 * blk, 0, O, 1);
         for (long j = 0; j < g; j++) {
             const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
             for (long t = 0; t < T; t++) narrow(out + (b * T + t) * C + h * HS, O + (j * T + t) * HS, HS);
@@ -811,7 +752,7 @@ static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *
         float *dq = D, *dk = D + blk, *dv = D + 2 * blk;
         copy_heads(hd, qkv, 3 * C, 3, gh0, g, T, NH, HS);
         copy_heads(hd + 3 * blk, dout, C, 1, gh0, g, T, NH, HS);
-        causal_scores(g, T, HS, dO, v, dP); /* dP = dout v^T */
+        dnnl_batched(g, T, HS, T, dO, 0, v, 1, dP, 0); /* dP = dout v^T */
         for (long r = 0; r < g * T; r++) { /* back through the softmax: dS = P (dP - sum P dP), scaled */
             const bf16 *p = P + r * T;
             float *x = dP + r * T;
@@ -825,11 +766,11 @@ static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *
             for (i = 0; i < n; i++) x[i] = wide(p[i]) * (x[i] - sum) * scale;
             split_row(hi + r * T, lo + r * T, x, n, T);
         }
-        causal_times(g, T, HS, hi, k, dq, 0); /* dq = dS k */
-        causal_times(g, T, HS, lo, k, dq, 1);
-        causal_transposed_times(g, T, HS, hi, q, dk, 0); /* dk = dS^T q */
-        causal_transposed_times(g, T, HS, lo, q, dk, 1);
-        causal_transposed_times(g, T, HS, P, dO, dv, 0); /* dv = P^T dout */
+        dnnl_batched(g, T, T, HS, hi, 0, k, 0, dq, 0); /* dq = dS k */
+        dnnl_batched(g, T, T, HS, lo, 0, k, 0, dq, 1);
+        dnnl_batched(g, T, T, HS, hi, 1, q, 0, dk, 0); /* dk = dS^T q */
+        dnnl_batched(g, T, T, HS, lo, 1, q, 0, dk, 1);
+        dnnl_batched(g, T, T, HS, P, 1, dO, 0, dv, 0); /* dv = P^T dout */
         for (long j = 0; j < g; j++) { /* dqkv += dq | dk | dv, added in fp32, rounded once */
             const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
             for (long t = 0; t < T; t++)
