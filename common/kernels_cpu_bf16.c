@@ -721,10 +721,12 @@ static void attention_forward_onednn(bf16 *out, bf16 *att, const bf16 *qkv, int 
         dnnl_batched(g, T, HS, T, hd, 0, hd + blk, 1, S, 0); /* S = q k^T */
         for (long r = 0; r < g * T; r++) { /* row t = r % T of a head: the causal softmax */
             float *x = S + r * T;
-            const int n = (int)(r % T) + 1;
+            const int t = (int)(r % T), n = padded_length(t, T);
             for (int i = 0; i < n; i++) x[i] *= scale;
+            for (int i = t + 1; i < n; i++) x[i] = -INFINITY; /* padding: out of the max, 0 from the exp on */
             const float m = row_max(x, n);
             for (int i = 0; i < n; i++) x[i] = exp_fast(x[i] - m);
+            for (int i = t + 1; i < n; i++) x[i] = 0.0f;
             const float inv = 1.0f / row_sum(x, n);
             for (int i = 0; i < n; i++) x[i] *= inv;
             split_row(P + r * T, lo + r * T, x, n, T);
@@ -756,7 +758,7 @@ static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *
         for (long r = 0; r < g * T; r++) { /* back through the softmax: dS = P (dP - sum P dP), scaled */
             const bf16 *p = P + r * T;
             float *x = dP + r * T;
-            const int n = (int)(r % T) + 1;
+            const int t = (int)(r % T), n = padded_length(t, T); /* p = 0 in the padding */
             float acc[LANES] = {0};
             int i = 0;
             for (; i + LANES <= n; i += LANES)
