@@ -209,14 +209,6 @@ static void matmul_backward_cpu(float *restrict dinp, float *restrict dw,
 
 /* ---- attention ------------------------------------------------------------------ */
 
-/* Columns 0..t plus the masked ones up to the next multiple of LANES, when
- * sgemm computed those (below ncols): rows then run in whole vectors, with
- * no scalar tail, which is most of the cost of rows this short. */
-static inline int padded_length(int t, int ncols) {
-    int n = (t + 1 + LANES - 1) / LANES * LANES;
-    return n <= ncols ? n : t + 1;
-}
-
 /* Row t of the scores, computed in columns 0..ncols-1, becomes the causal
  * softmax: columns 0..t normalised, columns t+1..T-1 zero. The padding
  * columns are -inf for the max and zero from the exp on. (Not left at

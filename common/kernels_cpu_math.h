@@ -116,6 +116,14 @@ static inline float row_sum(const float *restrict x, int n) {
     return s;
 }
 
+/* Columns 0..t plus the masked ones up to the next multiple of LANES, when
+ * the product computed those (below ncols): rows then run in whole vectors, with
+ * no scalar tail, which is most of the cost of rows this short. */
+static inline int padded_length(int t, int ncols) {
+    int n = (t + 1 + LANES - 1) / LANES * LANES;
+    return n <= ncols ? n : t + 1;
+}
+
 /* exp(x) for float, within 1.4 ulp (Cephes expf: Cody-Waite reduction by
  * ln 2 and a degree-6 polynomial), branch-free so that loops calling it
  * vectorise.
