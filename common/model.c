@@ -777,7 +777,9 @@ void gpt_range_with(const gpt_layout *g, const gpt_layer_hooks *h, int lo, int h
     *end = hi == g->cfg.layers ? block_at(g, h, hi) + g->head_size : block_at(g, h, hi);
 }
 
-gpt_part gpt_whole_part(const gpt_layout *g) { return (gpt_part){g->cfg.heads, 4 * g->cfg.d_model, 1, 0, 0}; }
+gpt_part gpt_whole_part(const gpt_layout *g) {
+    return (gpt_part){g->cfg.heads, (int)full_widths(g).mlp, 1, 0, 0}; /* experts: k slots a position, as gpt_acts_alloc */
+}
 
 void gpt_layer_forward(const gpt_layout *g, const void *lp, gpt_acts *a, int layer) {
     gpt_layer_hooks h = gpt_default_hooks(g);

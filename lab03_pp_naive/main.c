@@ -33,8 +33,6 @@ int main(int argc, char **argv) {
                     NULL, 0};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
-    run_check(&ctx, !ctx.opt.experts, "--experts: the aux loss of a stage's layers does not travel to the last "
-              "stage's loss here yet: lab01_dp and lab02_zero take --experts");
     run_check(&ctx, th_stage_split_possible(ctx.opt.layers, ctx.size),
               "--layers %d cannot be split into %d pipeline stages: every stage needs at least one "
               "layer (give more --layers or run fewer ranks)", ctx.opt.layers, ctx.size);
@@ -84,6 +82,7 @@ int main(int argc, char **argv) {
         stage_backward(&st, &batch, 0);
         stage_acts_free(&st, &batch);
         double loss = stage_optimizer_step(&st, &ctx.adamw, ctx.opt.clip);
+        stage_report_experts(&ctx, &pipe, &st, 1, i); /* each stage's aux loss: its own layers' */
         char bubble[64];
         run_step_end(&ctx, i, loss, stage_bubble_text(&st, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);

@@ -58,10 +58,11 @@ int main(int argc, char **argv) {
                     "(a list of actions per rank), one optimizer step per global batch", flags, 4};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
-    run_check(&ctx, !ctx.opt.experts, "--experts: the aux loss of a stage's layers does not travel to the last "
-              "stage's loss here yet: lab01_dp and lab02_zero take --experts");
     const int p = ctx.size, m = micro_batches;
     const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, p, m, virtual_stages);
+    run_check(&ctx, !ctx.opt.experts || (kind != SCHEDULE_ZB_H1 && kind != SCHEDULE_ZB_V),
+              "--experts with --schedule %s: the experts' backward is not split into B and W yet "
+              "(gpipe, 1f1b and interleaved take --experts)", schedule_arg);
     run_check(&ctx, ctx.opt.batch % m == 0, "--batch %d is not divisible by --micro-batches %d", ctx.opt.batch, m);
     if (print_schedule) {
         run_agree_or_exit(ctx.error);
@@ -130,6 +131,7 @@ int main(int argc, char **argv) {
         pipeline_step_begin(&pr, step);
         pipeline_run(&pr);
         double loss = pipeline_optimizer_step(&pr, &ctx.adamw, ctx.opt.clip);
+        stage_report_experts(&ctx, &pipe, pr.chunk, pr.v, i); /* each chunk's aux loss: its own layers' */
         char bubble[64];
         run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
