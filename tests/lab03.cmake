@@ -1,4 +1,4 @@
-foreach(case equivalence timeline)
+foreach(case equivalence timeline experts)
   add_lab_test(lab03_${case} test_lab03.py ${case})
 endforeach()
 add_lab_test(gpu_lab03_cuda test_lab03.py cuda)

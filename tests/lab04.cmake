@@ -1,4 +1,4 @@
-foreach(case equivalence schedules order recompute)
+foreach(case equivalence schedules order recompute experts)
   add_lab_test(lab04_${case} test_lab04.py ${case})
 endforeach()
 add_lab_test(gpu_lab04_cuda test_lab04.py cuda)

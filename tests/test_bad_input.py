@@ -101,7 +101,7 @@ TAGS_OVER = ["--schedule", "interleaved", "--virtual-stages", "4", "--micro-batc
 
 # sequence parallelism splits what tensor parallelism leaves whole: a lab without TP has no such flag
 NO_TP = [(2, ["--sequence-parallel"], "--sequence-parallel")]
-# labs whose layers do not run experts (pipelines: the aux loss stays on its stage; TP: no expert TP)
+# labs whose layers do not run experts (TP: no expert TP; lab04's split backward: below)
 NO_EXPERTS = [(2, ["--experts", "4"], "--experts")]
 
 PER_LAB = {
@@ -135,7 +135,7 @@ PER_LAB = {
         (2, ["--layers", "1"], "--layers"),  # every stage needs a layer
         (2, ["--micro-batches", "4"], "--micro-batches"),  # lab04's flag, not this lab's
         (4, ["--dry-run", "--layers", "3"], "--layers"),
-    ] + NO_EXPERTS + NO_TP,
+    ] + NO_TP,
     "lab04_1f1b": [
         (4, ["--layers", "3"], "--layers"),
         (2, ["--micro-batches", "0"], "--micro-batches"),
@@ -168,7 +168,10 @@ PER_LAB = {
         (2, TAGS_OVER, "--micro-batches 2048"),
         (2, ["--dry-run"] + TAGS_OVER, "--micro-batches 2048"),
         (2, ["--print-schedule"] + TAGS_OVER, "--micro-batches 2048"),
-    ] + NO_EXPERTS + NO_TP,
+        # the experts' backward is not split into B and W (the others take --experts)
+        (2, ["--experts", "4", "--schedule", "zb-h1"], "--experts"),
+        (2, ["--experts", "4", "--schedule", "zb-v"], "--experts"),
+    ] + NO_TP,
     "lab05_tp": [
         (3, [], "--heads"),  # 3 does not divide 4 heads
         (2, ["--heads", "1", "--d-model", "64"], "--heads"),

@@ -4,7 +4,10 @@ more), only one stage works at a time (the timeline is a staircase), each stage
 holds one batch of activations, the traffic is one activation and one gradient
 per boundary, and bad input fails fast and clearly.
 
-usage: test_lab03.py equivalence|timeline|cuda"""
+--experts: the stages reproduce lab01's one-rank MoE run (loss, aux loss,
+dropped choices and loads), top-1 and top-2, with and without a capacity.
+
+usage: test_lab03.py equivalence|timeline|experts|cuda"""
 import csv
 import os
 import sys
@@ -103,7 +106,33 @@ def cuda():
         check_pipeline_record(gpu, n, [1] * n)
 
 
+# --experts: capacity is per sequence and the aux loss a mean over sequences, so
+# neither depends on how the batch is cut into micro-batches; each stage's layers
+# add their aux loss to the loss and to the reported aux loss (an all-reduce)
+MOE = ["--steps", "10", "--layers", "4", "--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "8",
+       "--experts", "4"]
+MOE_ROUTINGS = [["--top-k", k, "--capacity-factor", f] for k in ("2", "1") for f in ("0", "1")]
+
+
+def check_experts_match(rec, ref, what):
+    """rec (a pipeline's record) reproduces lab01 -n 1's ref within 1e-5, drops and loads exactly."""
+    compare_losses(f"{what}: loss", rec["losses"], ref["losses"], 1e-5)
+    compare_losses(f"{what}: aux loss", rec["aux_losses"], ref["aux_losses"], 1e-5)
+    check(rec["dropped_per_step"] == ref["dropped_per_step"], f"{what}: dropped choices differ from lab01's")
+    check(rec["expert_choices_last_step"] == ref["expert_choices_last_step"], f"{what}: the loads differ from lab01's")
+
+
+def experts():
+    for routing in MOE_ROUTINGS:
+        ref, _, _ = run("lab01_dp", 1, MOE + routing)
+        check(min(ref["dropped_per_step"]) > 0 or routing[-1] == "0", "the capacity drops nothing: a weak case")
+        rec, _, _ = run(LAB, 2, MOE + routing)
+        check_experts_match(rec, ref, f"lab03 -n 2 {' '.join(routing)}")
+        print(f"lab03 -n 2 --experts 4 {' '.join(routing)}: loss {rec['losses'][-1]:.6f}, aux "
+              f"{rec['aux_losses'][-1]:.6f}, dropped {rec['dropped_per_step'][-1]:.0f} = lab01 -n 1's")
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "timeline": timeline,
+    {"equivalence": equivalence, "timeline": timeline, "experts": experts,
      "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -10,7 +10,10 @@ Bad input is tests/test_bad_input.py's.
 full recomputation hands W what it reads) gives the --recompute none losses
 bit for bit, and each rank's peak is its blocks in flight x the formula.
 
-usage: test_lab04.py equivalence|schedules|order|recompute|cuda"""
+--experts: gpipe, 1f1b and interleaved at p = 2 and 3 reproduce lab01's
+one-rank MoE run (tests/test_lab03.py's check); zb-h1 and zb-v refuse it.
+
+usage: test_lab04.py equivalence|schedules|order|recompute|experts|cuda"""
 import os
 import re
 import subprocess
@@ -19,7 +22,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from labtest import (MPIRUN, acts_bytes, check, check_acts, compare_losses, program, run,  # noqa: E402
                      skip_without_gpu)
-from test_lab03 import BASE, check_pipeline_record, read_timeline  # noqa: E402  (the same model as lab03's tests)
+from test_lab03 import (BASE, MOE, MOE_ROUTINGS, check_experts_match, check_pipeline_record,  # noqa: E402
+                        read_timeline)  # the same model as lab03's tests
 
 LAB = "lab04_1f1b"
 # Eight layers split into chunks at p = 4; an odd one (T = 13, 3 heads of 8, 6
@@ -355,7 +359,18 @@ def cuda():
         check_lab04_record(gpu, n, m, schedule, 2, SMALL)
 
 
+def experts():
+    layouts = [(2, ["--schedule", "1f1b", "--micro-batches", "4"]), (3, ["--schedule", "gpipe", "--micro-batches", "8"]),
+               (2, ["--schedule", "interleaved", "--micro-batches", "2"]), (3, ["--schedule", "1f1b", "--micro-batches", "2"])]
+    for routing, (n, layout) in zip(MOE_ROUTINGS, layouts):
+        ref, _, _ = run("lab01_dp", 1, MOE + routing)
+        rec, _, _ = run(LAB, n, MOE + routing + layout)
+        check_experts_match(rec, ref, f"lab04 -n {n} {' '.join(layout + routing)}")
+        print(f"lab04 -n {n} {' '.join(layout + routing)}: loss {rec['losses'][-1]:.6f}, aux "
+              f"{rec['aux_losses'][-1]:.6f} = lab01 -n 1's within 1e-5")
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "schedules": schedules, "order": order, "recompute": recompute,
+    {"equivalence": equivalence, "schedules": schedules, "order": order, "recompute": recompute, "experts": experts,
      "cuda": cuda}[sys.argv[1]]()
     print("passed")
