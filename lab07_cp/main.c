@@ -224,10 +224,16 @@ int main(int argc, char **argv) {
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, dp_rank * rows, rows, T, tokens, targets);
         gpt_acts_set_batch(&acts, tokens, targets, T);
         mem_zero(ms.grads, (size_t)P * value_bytes());
+        /* forward and backward as compute events, as lab01's: the summary's time split counts the seconds inside
+         * them (the K/V exchanges nested in them count as comm) */
+        int ev = trace_begin("forward", TRACE_COMPUTE, -1, NULL);
         gpt_forward_with(&local, &ch.hooks, ms.params, &acts);
+        trace_end(ev);
+        ev = trace_begin("backward", TRACE_COMPUTE, -1, NULL);
         /* every position's weight: 1 / the global token count, so the sum over all ranks is the mean */
         gpt_backward_with(&local, &ch.hooks, ms.params, ms.grads, &acts, &scratch, NULL, 1.0f / ((float)B * T), NULL, NULL);
-        int ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
+        trace_end(ev);
+        ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
         comm_allreduce(&world, ms.grads, P, 0); /* every rank's share of the same weights: summed over DP x CP */
         trace_end(ev);
 
