@@ -40,6 +40,27 @@ static void print_chunks(const int *pos, int n, int rank) {
     printf("\n");
 }
 
+/* --dry-run --max-memory-mb: the largest --seq whose predicted peak per rank
+ * fits, at this run's CP degree, then at cp = 1, 2, 4, 8 as one CP group of
+ * their own (dp = 1, the same global batch): T grows about linearly with the
+ * group, less the model states every rank holds whole. */
+static void print_max_seq(const th_run *run, th_cp_layout layout, double cap_mb, int cuda) {
+    const double cap = cap_mb * 1048576.0;
+    const long per_chunk = layout == TH_CP_ZIGZAG ? 2 : 1;
+    const long mine = th_cp_max_seq(run, per_chunk * run->cp, cap);
+    printf("largest --seq that fits %g MiB per rank at cp=%d: %ld (a multiple of %ld)%s\n", cap_mb, run->cp, mine,
+           per_chunk * run->cp, cuda ? "; the CPU's figures: on CUDA the kernels' own scratch comes on top" : "");
+    printf("  with the global batch of %ld in one group of cp ranks (dp=1):", run->batch);
+    for (int n = 1, shown = 0; n <= 8; n *= 2) {
+        th_run group = *run;
+        group.ranks = group.cp = n;
+        group.dp = 1;
+        if (run->cp_algo == TH_CP_ULYSSES && run->model.heads % n) continue; /* heads/N heads each */
+        printf("%s cp=%d %ld", shown++ ? " |" : "", n, th_cp_max_seq(&group, per_chunk * n, cap));
+    }
+    printf("\n");
+}
+
 /* --eval: the mean loss over the held-out batches, forward only, laid out as
  * in training. Its K/V traffic stays out of the counts, so the record's per-step
  * figures are the training's. */
@@ -65,6 +86,7 @@ static double evaluate(const run_ctx *ctx, const gpt_layout *local, const cp_hoo
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int cp_degree = 0;
+    double max_memory_mb = 0;
     const char *layout_name = "zigzag", *algo_name = "ring";
     flag_spec flags[] = {
         {"--cp", FLAG_INT, &cp_degree,
@@ -76,11 +98,15 @@ int main(int argc, char **argv) {
          "how attention sees the other ranks' keys: ring (K/V blocks passed round, merged by log-sum-exp) or "
          "allgather (K and V gathered whole) or ulysses (all-to-all to a head split and back)", 0,
          "ring|allgather|ulysses"},
+        {"--max-memory-mb", FLAG_FLOAT, &max_memory_mb,
+         "a cap on the predicted peak memory per rank, MiB (theory/predict's sum over categories; on CUDA without the "
+         "kernels' own scratch): a run over it is refused; --dry-run prints the largest --seq under it at this and "
+         "other CP degrees (0: no cap)", 0, NULL},
     };
     lab_info lab = {"lab07_cp", "context parallelism: every sequence split over the ranks of a CP group, "
                     "attention's keys and values brought by a ring or an all-gather, or the heads split by an all-to-all "
                     "(Ulysses); data parallel over the groups",
-                    flags, 3};
+                    flags, 4};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     const int N = cp_degree > 0 ? cp_degree : ctx.size, dp = ctx.size % N ? 1 : ctx.size / N;
@@ -97,7 +123,27 @@ int main(int argc, char **argv) {
               "(%s N = %d ranks)", ctx.opt.seq, chunks, layout_name, cp_layout == TH_CP_ZIGZAG ? "2 x" : "", N);
     run_check(&ctx, algo != TH_CP_ULYSSES || ctx.opt.heads % N == 0, "--cp-algo ulysses: the %d heads (--heads) "
               "are not divisible by --cp %d (each rank takes heads/N of them)", ctx.opt.heads, N);
+    run_check(&ctx, max_memory_mb >= 0, "--max-memory-mb %g is negative (0: no cap)", max_memory_mb);
+    /* the cap against theory/predict.h's needs of this run (lab07's part in theory/context.c), before run_setup
+     * prints or creates anything: on the CPU's figures, as the device is not chosen yet (on CUDA the kernels' own
+     * scratch, not predicted, comes on top: the cap is then a floor) */
+    th_run capped = lab_run_config(&ctx);
+    capped.cuda = 0;
+    capped.bf16 = !strcmp(ctx.opt.precision, "bf16");
+    capped.dp = dp;
+    capped.cp = N;
+    capped.cp_algo = algo;
+    if (max_memory_mb > 0 && !ctx.opt.dry_run) { /* --dry-run prints the largest --seq under the cap instead */
+        const double peak = th_predicted_peak_bytes(&capped);
+        run_check(&ctx, peak <= max_memory_mb * 1048576.0, "--max-memory-mb %g: the predicted peak per rank is %.0f "
+                  "bytes (%.2f MiB) at --seq %d, over the cap (--dry-run prints the largest --seq under it)",
+                  max_memory_mb, peak, peak / 1048576.0, ctx.opt.seq);
+    }
     run_setup(&ctx);
+    th_run need = lab_run_config(&ctx);
+    need.dp = dp;
+    need.cp = N;
+    need.cp_algo = algo;
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     const int rows = B / dp, Tl = T / N;
@@ -119,16 +165,13 @@ int main(int argc, char **argv) {
              "2(R-1)/R x gradient bytes over all R ranks", ends > 1 ? "2 ends x " : "", algo_name,
              attention_forwards > 1 ? ", the forward's twice (--recompute)" : "");
     if (ctx.opt.dry_run) { /* theory/predict.h (lab07's part in theory/context.c): memory per category, traffic */
-        th_run need = lab_run_config(&ctx);
-        need.dp = dp;
-        need.cp = N;
-        need.cp_algo = algo;
         if (ctx.rank == 0) { /* printed here, not by lab_dry_run_exit: Ulysses adds a line below the tables */
             th_print_prediction(stdout, &need, 32);
             if (algo == TH_CP_ULYSSES && N > 1) /* a kind predict's tables do not have */
                 printf("  and alltoall %.0f calls, payload %.0f per rank per step (theory/context.c)\n",
                        2 * L * (attention_forwards + 1), /* q|k|v and out each forward, dO and dq|dk|dv back */
                        (attention_forwards * tf.fwd_sent + tf.bwd_sent) * N / (N - 1) * L);
+            if (max_memory_mb > 0) print_max_seq(&capped, cp_layout, max_memory_mb, ctx.device == DEVICE_CUDA);
         }
         lab_dry_run_exit(&ctx, NULL, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                                   .comm_formula = formula_text, .bubble_theory = -1});
@@ -181,10 +224,16 @@ int main(int argc, char **argv) {
         data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, dp_rank * rows, rows, T, tokens, targets);
         gpt_acts_set_batch(&acts, tokens, targets, T);
         mem_zero(ms.grads, (size_t)P * value_bytes());
+        /* forward and backward as compute events, as lab01's: the summary's time split counts the seconds inside
+         * them (the K/V exchanges nested in them count as comm) */
+        int ev = trace_begin("forward", TRACE_COMPUTE, -1, NULL);
         gpt_forward_with(&local, &ch.hooks, ms.params, &acts);
+        trace_end(ev);
+        ev = trace_begin("backward", TRACE_COMPUTE, -1, NULL);
         /* every position's weight: 1 / the global token count, so the sum over all ranks is the mean */
         gpt_backward_with(&local, &ch.hooks, ms.params, ms.grads, &acts, &scratch, NULL, 1.0f / ((float)B * T), NULL, NULL);
-        int ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
+        trace_end(ev);
+        ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
         comm_allreduce(&world, ms.grads, P, 0); /* every rank's share of the same weights: summed over DP x CP */
         trace_end(ev);
 

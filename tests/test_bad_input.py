@@ -219,6 +219,8 @@ PER_LAB = {
         (3, ["--cp-algo", "ulysses", "--seq", "66"], "--cp-algo"),  # 4 heads over 3 ranks
         (2, ["--cp-algo", "ulysses", "--heads", "3", "--d-model", "36"], "--cp-algo"),
         (4, ["--cp-algo", "ulysses", "--cp", "4", "--heads", "2", "--dry-run"], "--cp-algo"),
+        (2, ["--max-memory-mb", "-1"], "--max-memory-mb"),
+        (2, ["--max-memory-mb", "0.5"], "--max-memory-mb"),  # the default run's predicted peak is over it
     ] + NO_EXPERTS + NO_TP,
     "lab08_ep": [
         (4, ["--ep", "3"], "--ep"),  # 3 does not divide 4 ranks

@@ -7,12 +7,12 @@ are the formula's, and the step's ring traffic is the summary's formula; the
 activations per rank are the formula derived here and theory/context.c's
 (1/N of one rank's for ring and all-gather).
 
-usage: test_lab07.py equivalence|precision|resume"""
+usage: test_lab07.py equivalence|precision|resume|dry_run|max_memory"""
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, run  # noqa: E402
+from labtest import check, check_rejected, compare_losses, run  # noqa: E402
 
 LAB = "lab07_cp"
 # odd shapes on purpose: 3 layers, C = 36 (not a multiple of 8), 3 heads
@@ -197,6 +197,36 @@ def dry_run():
         print(f"{name}: memory {rows[0]} and traffic {kinds} per rank predicted to the byte")
 
 
+def max_memory():
+    """--max-memory-mb: the largest --seq the dry run prints for a group of N
+    = 1, 2, 4 ranks grows about linearly with N (the model states, held whole
+    by every rank, keep it from exactly N times); a run at that T allocates at
+    most the cap on every rank, and the next T it could take (2N more, zig-zag)
+    is refused before any work."""
+    import re
+    cap_mb = 4
+    short = [a if a != "20" else "2" for a in ARGS if a not in ("--seq", str(T))]
+    largest = {}
+    for n in (1, 2, 4):
+        flags = short + ["--max-memory-mb", str(cap_mb)]
+        _, p, _ = run(LAB, n, flags + ["--dry-run"])
+        m = re.search(rf"largest --seq that fits {cap_mb} MiB per rank at cp={n}: (\d+) \(a multiple of {2 * n}\)", p.stdout)
+        check(m is not None, f"-n {n}: no largest --seq line in the dry run:\n{p.stdout}")
+        t = largest[n] = int(m[1])
+        group = re.search(rf"one group of cp ranks \(dp=1\):.* cp={n} (\d+)", p.stdout)
+        check(group is not None and int(group[1]) == t, f"-n {n}: the cp={n} figure of the group line differs from {t}")
+        rec, _, _ = run(LAB, n, flags + ["--seq", str(t)])
+        totals = rec["mem_peak_bytes_per_rank"]["total"]
+        sums = [sum(rec["mem_peak_bytes_per_rank"][c][q] for c in ("params", "grads", "optim", "acts", "comm", "workspace"))
+                for q in range(n)]
+        check(max(totals) <= max(sums) <= cap_mb * 2**20, f"-n {n} --seq {t}: peak per rank {totals}, the sum of the "
+              f"categories' peaks {sums}, over the cap {cap_mb * 2**20}")
+        check_rejected(LAB, n, flags + ["--seq", str(t + 2 * n)], "--max-memory-mb")
+        print(f"-n {n}: largest --seq {t} under {cap_mb} MiB: allocated at most {max(totals)} B per rank; {t + 2 * n} refused")
+    check(largest[2] >= 1.8 * largest[1] and largest[4] >= 1.8 * largest[2],
+          f"the largest --seq should grow about linearly with the CP group: {largest}")
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "precision": precision, "resume": resume, "dry_run": dry_run}[sys.argv[1]]()
+    {"equivalence": equivalence, "precision": precision, "resume": resume, "dry_run": dry_run, "max_memory": max_memory}[sys.argv[1]]()
     print("passed")

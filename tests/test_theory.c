@@ -8,6 +8,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
+#include "predict.h"
 #include "sequence_parallel.h"
 #include "theory.h"
 #include "schedule.h"
@@ -251,6 +252,28 @@ static void check_cp_ep(void) {
     }
 }
 
+/* lab07's --max-memory-mb: th_cp_max_seq's T is the last multiple of the step
+ * whose predicted peak per rank fits (the next one is over), for the search
+ * over T it does, not a formula of its own; none fits: 0; CUDA: not predicted */
+static void check_cp_max_seq(void) {
+    th_run r = {.ranks = 4, .batch = 4, .model = th_course_model(256, 64, 3, 36, 3), .tp = 1, .pp = 1, .dp = 1,
+                .micro_batches = 1, .cp = 4};
+    for (int algo = 0; algo < 3; algo++)
+        for (double cap = 4 << 20; cap <= 1 << 30; cap *= 8) {
+            r.cp_algo = algo;
+            const long step = 2 * r.cp, T = th_cp_max_seq(&r, step, cap);
+            th_run at = r, next = r;
+            at.model.seq = T;
+            next.model.seq = T + step;
+            CHECK(T > 0 && T % step == 0 && th_predicted_peak_bytes(&at) <= cap && th_predicted_peak_bytes(&next) > cap,
+                  "algo %d cap %.0f: largest T %ld, peak %.0f, at T + %ld %.0f", algo, cap, T,
+                  th_predicted_peak_bytes(&at), step, th_predicted_peak_bytes(&next));
+        }
+    CHECK(th_cp_max_seq(&r, 8, 1000) == 0, "a cap under the model states: no T fits");
+    r.cuda = 1;
+    CHECK(th_cp_max_seq(&r, 8, 1 << 30) == -1, "CUDA's workspace is not predicted");
+}
+
 /* The activation blocks a chunk holds at its peak, counted on lab04's list of
  * the rank: an F adds one, the backward (W where split) removes it; a split
  * B adds a weight-gradient block, its W removes it. */
@@ -476,6 +499,7 @@ int main(void) {
     check_course_options(256, 8, 2, 16, 2);
     check_published();
     check_cp_ep();
+    check_cp_max_seq();
     check_schedules();
     check_against_lists();
     check_context_parallel();

@@ -167,6 +167,25 @@ int th_predict_run(const th_run *r, th_rank_need *need) {
     return 0;
 }
 
+static double rank_sum_bytes(const th_rank_need *x) {
+    double total = 0;
+    for (int k = 0; k < MEM_NCAT; k++) total = x->mem[k] < 0 || total < 0 ? -1 : total + x->mem[k];
+    return total;
+}
+
+double th_predicted_peak_bytes(const th_run *r) {
+    th_rank_need *need = calloc((size_t)r->ranks, sizeof *need);
+    if (!need) return -1;
+    th_predict_run(r, need);
+    double peak = 0;
+    for (int q = 0; q < r->ranks && peak >= 0; q++) {
+        const double total = rank_sum_bytes(&need[q]);
+        peak = total < 0 ? -1 : fmax(peak, total);
+    }
+    free(need);
+    return peak;
+}
+
 static double predicted_ring_bytes(const th_run *r, const th_rank_need *need) {
     double total = 0;
     for (int k = 0; k < TH_PREDICTED_KINDS; k++) {
@@ -197,9 +216,8 @@ static double print_needs(FILE *f, const th_run *r, const th_rank_need *need, in
     double max[MEM_NCAT + 1] = {0};
     for (int q = 0; q < R; q++) {
         const th_rank_need *x = &need[q];
-        double total = 0;
+        const double total = rank_sum_bytes(x);
         for (int k = 0; k < MEM_NCAT; k++) {
-            total = x->mem[k] < 0 || total < 0 ? -1 : total + x->mem[k];
             max[k] = x->mem[k] < 0 || max[k] < 0 ? -1 : fmax(max[k], x->mem[k]);
         }
         /* the sum of the categories' peaks: the allocator's peak of the total is at most this */

@@ -82,6 +82,11 @@ typedef struct th_rank_need {
 
 /* lab07's part (theory/context.c). */
 void th_cp_predict(const th_run *r, th_rank_need *need);
+/* The largest T, a multiple of `step` (lab07's chunks: 2 cp zig-zag, cp
+ * contiguous), whose th_predicted_peak_bytes is <= cap_bytes: r at model.seq
+ * = T, searched (the peak grows with T), not a formula of its own. 0: not
+ * even T = step fits; -1: the peak is not predicted (the workspace on CUDA). */
+long th_cp_max_seq(const th_run *r, long step, double cap_bytes);
 /* lab08's part (theory/expert_parallel.c). Its all-to-alls are a kind the
  * tables do not have: th_ep_alltoall_per_step gives their calls and payload. */
 void th_ep_predict(const th_run *r, th_rank_need *need);
@@ -92,6 +97,11 @@ typedef struct th_ep_alltoall { double calls, payload, payload_max; } th_ep_allt
 th_ep_alltoall th_ep_alltoall_per_step(const th_run *r);
 /* Fills need[0 .. r->ranks). Returns 0. */
 int th_predict_run(const th_run *r, th_rank_need *need);
+
+/* The run's peak memory per rank: per rank the sum of the categories' peaks
+ * (the allocator's peak of the total is at most this), the maximum over ranks;
+ * < 0: some category not predicted. */
+double th_predicted_peak_bytes(const th_run *r);
 
 /* What a lab's --dry-run prints: th_predict_run's memory per rank by category
  * (exact bytes; a row per rank, the first `max_rows`, then the maximum over
