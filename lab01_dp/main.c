@@ -39,26 +39,6 @@ static void write_weights(const char *path, const float *params, long n) {
     free(host);
 }
 
-/* --eval: the mean loss over the held-out batches, each rank on its rows as in
- * training (micro rows at a time under --grad-accum); forward only, on the training buffers. */
-static double evaluate(const run_ctx *ctx, comm *world, const gpt_layout *g, const void *params, gpt_acts *acts,
-                       int rows, int micro, int *tokens, int *targets) {
-    const int T = ctx->opt.seq;
-    dataset heldout;
-    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
-    double sum = 0;
-    for (int b = 0; b < batches; b++)
-        for (int k = 0; k < rows / micro; k++) {
-            data_batch(&heldout, 0, b, world->rank * rows + k * micro, micro, T, tokens, targets);
-            mem_to_device(acts->tokens, tokens, sizeof(int) * (size_t)micro * T);
-            mem_to_device(acts->targets, targets, sizeof(int) * (size_t)micro * T);
-            gpt_forward(g, params, acts);
-            sum += gpt_mean_loss(g, acts) * micro / rows;
-        }
-    comm_allreduce_host(world, &sum, 1);
-    return sum / ((double)batches * world->size);
-}
-
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     double bucket_mb = 0;
@@ -167,7 +147,9 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss =
-        ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &world, &g, ms.params, &acts, rows, micro, tokens, targets)) : -1;
+        ctx.opt.eval ? ckpt_print_eval(&ctx, lab_heldout_loss(&ctx, &world, NULL, world.rank * rows, rows, micro, &acts,
+                                                              tokens, targets, lab_model_forward_loss,
+                                                              &(lab_model){&g, NULL, ms.params})) : -1;
 
     int in_sync = check_sync ? dp_replicas_identical(&world, ms.master, P, 1) : 1;
     if (dump_weights && world.rank == 0) write_weights(dump_weights, ms.master, P);

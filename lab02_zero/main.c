@@ -31,26 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --eval: the mean loss over the held-out batches, each rank on its rows as in
- * training; forward only. Its gathers (stage 3) stay out of the traffic counts,
- * so the record's per-step figures are the training's. */
-static double evaluate(const run_ctx *ctx, zero_state *zero, gpt_acts *acts, int rows, int *tokens, int *targets) {
-    const int T = ctx->opt.seq;
-    dataset heldout;
-    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
-    comm_stat training[COLL_NKINDS];
-    memcpy(training, zero->dp->stats, sizeof training);
-    double sum = 0;
-    for (int b = 0; b < batches; b++) {
-        data_batch(&heldout, 0, b, zero->dp->rank * rows, rows, T, tokens, targets);
-        mem_to_device(acts->tokens, tokens, sizeof(int) * (size_t)rows * T);
-        mem_to_device(acts->targets, targets, sizeof(int) * (size_t)rows * T);
-        zero_forward(zero, acts);
-        sum += gpt_mean_loss(zero->g, acts);
-    }
-    comm_allreduce_host(zero->dp, &sum, 1);
-    memcpy(zero->dp->stats, training, sizeof training);
-    return sum / ((double)batches * zero->dp->size);
+/* --eval's forward (lab_heldout_loss keeps its stage-3 gathers out of the traffic counts) */
+static double forward_loss(void *zero, gpt_acts *acts) {
+    zero_forward(zero, acts);
+    return gpt_mean_loss(((zero_state *)zero)->g, acts);
 }
 
 int main(int argc, char **argv) {
@@ -135,7 +119,8 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss =
-        ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &zero, &acts, rows, tokens, targets)) : -1;
+        ctx.opt.eval ? ckpt_print_eval(&ctx, lab_heldout_loss(&ctx, zero.dp, zero.dp, zero.dp->rank * rows, rows, 0, &acts,
+                                                              tokens, targets, forward_loss, &zero)) : -1;
 
     zero_figures fig;
     zero_figures_compute(&zero, &fig);

@@ -61,28 +61,6 @@ static void print_max_seq(const th_run *run, th_cp_layout layout, double cap_mb,
     printf("\n");
 }
 
-/* --eval: the mean loss over the held-out batches, forward only, laid out as
- * in training. Its K/V traffic stays out of the counts, so the record's per-step
- * figures are the training's. */
-static double evaluate(const run_ctx *ctx, const gpt_layout *local, const cp_hooks *ch, comm *world, comm *cp,
-                       const void *params, gpt_acts *acts, int rows, int dp_rank, int *tokens, int *targets) {
-    const int T = ctx->opt.seq;
-    dataset heldout;
-    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
-    comm_stat training[COLL_NKINDS];
-    memcpy(training, cp->stats, sizeof training);
-    double sum = 0;
-    for (int b = 0; b < batches; b++) {
-        data_batch(&heldout, 0, b, dp_rank * rows, rows, T, tokens, targets);
-        gpt_acts_set_batch(acts, tokens, targets, T);
-        gpt_forward_with(local, &ch->hooks, params, acts);
-        sum += gpt_mean_loss(local, acts);
-    }
-    memcpy(cp->stats, training, sizeof training);
-    comm_allreduce_host(world, &sum, 1);
-    return sum / ((double)batches * world->size);
-}
-
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int cp_degree = 0;
@@ -286,8 +264,9 @@ int main(int argc, char **argv) {
     double *attention_per_rank = calloc((size_t)cp.size, sizeof(double));
     MPI_Allgather(&attention_seconds, 1, MPI_DOUBLE, attention_per_rank, 1, MPI_DOUBLE, cp.mpi);
 
-    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &local, &ch, &world, &cp, ms.params,
-                                                                           &acts, rows, dp_rank, tokens, targets)) : -1;
+    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, lab_heldout_loss(&ctx, &world, &cp, dp_rank * rows, rows, 0,
+                                                      &acts, tokens, targets, lab_model_forward_loss,
+                                                      &(lab_model){&local, &ch.hooks, ms.params})) : -1;
 
     /* what the summary sets beside the formulas */
     const comm_kind sent_kind = algo == TH_CP_RING ? COLL_SEND : algo == TH_CP_ULYSSES ? COLL_ALLTOALL : COLL_ALLGATHER;

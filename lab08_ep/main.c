@@ -49,28 +49,15 @@ static void print_groups(int ranks, int N, int E) {
     printf("\n  replicated (attention, router, embeddings, head): all-reduced over all %d ranks\n", ranks);
 }
 
-/* --eval: the mean loss over the held-out batches, forward only, laid out as
- * in training. Its all-to-alls stay out of the counts, so the record's per-step
- * figures are the training's. */
+/* --eval: lab_heldout_loss laid out as in training. Its all-to-alls and
+ * expert loads stay out of the counts, so the record's figures are the training's. */
 static double evaluate(const run_ctx *ctx, const gpt_layout *g, ep_hooks *eh, comm *world, const void *params,
                        gpt_acts *acts, int rows, int *tokens, int *targets) {
-    const int T = ctx->opt.seq;
-    dataset heldout;
-    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
-    comm_stat training[COLL_NKINDS];
-    memcpy(training, eh->ep->stats, sizeof training);
     const ep_counts counts = eh->counts;
-    double sum = 0;
-    for (int b = 0; b < batches; b++) {
-        data_batch(&heldout, 0, b, world->rank * rows, rows, T, tokens, targets);
-        gpt_acts_set_batch(acts, tokens, targets, T);
-        gpt_forward_with(g, &eh->hooks, params, acts);
-        sum += gpt_mean_loss(g, acts);
-    }
-    memcpy(eh->ep->stats, training, sizeof training);
+    const double loss = lab_heldout_loss(ctx, world, eh->ep, world->rank * rows, rows, 0, acts, tokens, targets,
+                                         lab_model_forward_loss, &(lab_model){g, &eh->hooks, params});
     eh->counts = counts;
-    comm_allreduce_host(world, &sum, 1);
-    return sum / ((double)batches * world->size);
+    return loss;
 }
 
 int main(int argc, char **argv) {

@@ -3,6 +3,7 @@
 #include "device.h"
 #include "precision.h"
 #include <stdlib.h>
+#include <string.h>
 
 th_run lab_run_config(const run_ctx *ctx) {
     const gpt_config *m = &ctx->model;
@@ -32,4 +33,31 @@ void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, const char *ext
     run_finish(ctx, &r);
     free(record);
     ckpt_view_free(view);
+}
+
+double lab_model_forward_loss(void *model, gpt_acts *acts) {
+    const lab_model *m = model;
+    if (m->hooks) gpt_forward_with(m->g, m->hooks, m->params, acts);
+    else gpt_forward(m->g, m->params, acts);
+    return gpt_mean_loss(m->g, acts);
+}
+
+double lab_heldout_loss(const run_ctx *ctx, comm *world, comm *quiet, int first_row, int rows, int micro,
+                        gpt_acts *acts, int *tokens, int *targets, lab_forward_loss *forward, void *arg) {
+    const int T = ctx->opt.seq, n = micro > 0 ? micro : rows;
+    dataset heldout;
+    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
+    comm_stat training[COLL_NKINDS];
+    if (quiet) memcpy(training, quiet->stats, sizeof training);
+    double sum = 0;
+    for (int b = 0; b < batches; b++)
+        for (int k = 0; k < rows / n; k++) {
+            data_batch(&heldout, 0, b, first_row + k * n, n, T, tokens, targets);
+            gpt_acts_set_batch(acts, tokens, targets, T);
+            const double loss = forward(arg, acts);
+            sum += micro > 0 ? loss * micro / rows : loss;
+        }
+    comm_allreduce_host(world, &sum, 1);
+    if (quiet) memcpy(quiet->stats, training, sizeof training);
+    return sum / ((double)batches * world->size);
 }

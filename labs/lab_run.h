@@ -34,4 +34,18 @@ void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) __attribut
  * and the view freed. Collective. */
 void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, const char *extra, int states, run_report r);
 
+/* One forward of the lab's model on acts, returning its mean loss. */
+typedef double lab_forward_loss(void *arg, gpt_acts *acts);
+/* A whole model's forward (arg: a lab_model; hooks NULL: the default ones). */
+typedef struct { const gpt_layout *g; const gpt_layer_hooks *hooks; const void *params; } lab_model;
+double lab_model_forward_loss(void *model, gpt_acts *acts);
+
+/* --eval: the mean loss over the held-out batches, this rank forward only on
+ * `rows` rows from first_row as in training (micro > 0: micro rows at a time,
+ * each loss weighted micro/rows, lab01's --grad-accum), averaged over `world`.
+ * The traffic of `quiet` (NULL: none) stays out of its counts, so the record's
+ * per-step figures are the training's. Collective. */
+double lab_heldout_loss(const run_ctx *ctx, comm *world, comm *quiet, int first_row, int rows, int micro,
+                        gpt_acts *acts, int *tokens, int *targets, lab_forward_loss *forward, void *arg);
+
 #endif
