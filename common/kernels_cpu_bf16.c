@@ -8,10 +8,8 @@
  * (tests/test_bf16_kernels.c). How each gets its fp32 operands depends on
  * what bounds it (plots/bench_bf16.sh part 4 measures it kind by kind):
  *  - memory-bound ones (the residual adds, the bias gradient) convert in
- *    registers, so each bf16 tensor is read and written once; so does
- *    LayerNorm (built for AVX2 and AVX-512, WITH_AVX512), whose rows are
- *    read two or three times from L1 and need no chunk written and read back;
- *  - arithmetic-bound and row ones (the loss, AdamW; GELU with
+ *    registers, so each bf16 tensor is read and written once;
+ *  - arithmetic-bound and row ones (LayerNorm, the loss, AdamW; GELU with
  *    AVX2) widen L1-sized chunks and run the fp32 kernel on them; the
  *    conversions then add work (with AVX2, about a third of GELU's) but no
  *    memory traffic; GELU, built for AVX2 and AVX-512 like its fp32 twin
@@ -225,97 +223,50 @@ static void encoder_backward_bf16(void *dwte, void *dwpe, const void *dout, cons
 
 /* ---- layernorm ------------------------------------------------------------------------------ */
 
-/* Row kernels that convert in registers: the fp32 kernel's arithmetic
- * (kernels_cpu.c, the same LANES partial sums and expressions) on the widened
- * values, each output rounded once, so the result is exactly the widen, fp32
- * kernel, round path's it replaces, with no chunk written and read back. Built
- * for AVX2 and AVX-512 (WITH_AVX512); the sums keep their order through the
- * LANES partial sums, so both builds give the same bits (test_bf16_kernels). */
-WITH_AVX512(layernorm_forward_bf16,
-            (void *out, float *mean, float *rstd, const void *inp, const void *w, const void *b, int N, int C),
-            (out, mean, rstd, inp, w, b, N, C), {
-    float *restrict wf = scratch(0, C), *restrict bfl = scratch(1, C);
+static void layernorm_forward_bf16(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                                   const void *b, int N, int C) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
+    float *wf = scratch(0, C), *bfl = scratch(1, C), *x = scratch(2, R * C), *y = scratch(3, R * C);
     widen(wf, w, C);
     widen(bfl, b, C);
-    for (long n = 0; n < N; n++) {
-        const bf16 *restrict x = (const bf16 *)inp + n * C;
-        bf16 *restrict o = (bf16 *)out + n * C;
-        float acc[LANES] = {0};
-        int i = 0;
-        for (; i + LANES <= C; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += wide(x[i + j]);
-        float s = hsum(acc);
-        for (; i < C; i++) s += wide(x[i]);
-        const float m = s / (float)C;
-        float vacc[LANES] = {0};
-        for (i = 0; i + LANES <= C; i += LANES)
-            for (int j = 0; j < LANES; j++) {
-                float d = wide(x[i + j]) - m;
-                vacc[j] += d * d;
-            }
-        float v = hsum(vacc);
-        for (; i < C; i++) {
-            float d = wide(x[i]) - m;
-            v += d * d;
-        }
-        const float r = 1.0f / sqrtf(v / (float)C + 1e-5f);
-        for (i = 0; i < C; i++) o[i] = round_bf16((wide(x[i]) - m) * r * wf[i] + bfl[i]);
-        mean[n] = m;
-        rstd[n] = r;
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(x, (const bf16 *)inp + n0 * C, r * C);
+        kernels_cpu.layernorm_forward(y, mean + n0, rstd + n0, x, wf, bfl, (int)r, C);
+        narrow((bf16 *)out + n0 * C, y, r * C);
     }
-})
+}
 
-WITH_AVX512(layernorm_backward_input_bf16,
-            (void *dinp, const void *dout, const void *inp, const void *w, const float *mean, const float *rstd,
-             int N, int C),
-            (dinp, dout, inp, w, mean, rstd, N, C), {
-    float *restrict wf = scratch(0, C);
+static void layernorm_backward_input_bf16(void *dinp, const void *dout, const void *inp, const void *w,
+                                          const float *mean, const float *rstd, int N, int C) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
+    float *wf = scratch(0, C), *dx = scratch(1, R * C), *dy = scratch(2, R * C), *x = scratch(3, R * C);
     widen(wf, w, C);
-    for (long n = 0; n < N; n++) {
-        const bf16 *restrict x = (const bf16 *)inp + n * C;
-        const bf16 *restrict d = (const bf16 *)dout + n * C;
-        bf16 *restrict dx = (bf16 *)dinp + n * C;
-        const float m = mean[n], r = rstd[n];
-        float acc[LANES] = {0};
-        int i = 0;
-        for (; i + LANES <= C; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += wide(d[i + j]) * wf[i + j];
-        float sg = hsum(acc);
-        for (; i < C; i++) sg += wide(d[i]) * wf[i];
-        float acc_x[LANES] = {0};
-        for (i = 0; i + LANES <= C; i += LANES)
-            for (int j = 0; j < LANES; j++) acc_x[j] += wide(d[i + j]) * wf[i + j] * ((wide(x[i + j]) - m) * r);
-        float sgx = hsum(acc_x);
-        for (; i < C; i++) sgx += wide(d[i]) * wf[i] * ((wide(x[i]) - m) * r);
-        const float mg = sg / (float)C, mgx = sgx / (float)C;
-        for (i = 0; i < C; i++) {
-            float xh = (wide(x[i]) - m) * r;
-            dx[i] = round_bf16(wide(dx[i]) + (wide(d[i]) * wf[i] - mg - xh * mgx) * r);
-        }
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(dx, (const bf16 *)dinp + n0 * C, r * C);
+        widen(dy, (const bf16 *)dout + n0 * C, r * C);
+        widen(x, (const bf16 *)inp + n0 * C, r * C);
+        kernels_cpu.layernorm_backward_input(dx, dy, x, wf, mean + n0, rstd + n0, (int)r, C);
+        narrow((bf16 *)dinp + n0 * C, dx, r * C);
     }
-})
+}
 
-/* dw and db: fp32 sums over the rows in row order, rounded once at the end. */
-WITH_AVX512(layernorm_backward_weight_bf16,
-            (void *dw, void *db, const void *dout, const void *inp, const float *mean, const float *rstd, int N,
-             int C),
-            (dw, db, dout, inp, mean, rstd, N, C), {
-    float *restrict dwf = scratch(0, C), *restrict dbf = scratch(1, C);
+static void layernorm_backward_weight_bf16(void *dw, void *db, const void *dout, const void *inp, const float *mean,
+                                           const float *rstd, int N, int C) {
+    long R = min_long(rows_per_chunk(ROW_FLOATS, C), N);
+    float *dwf = scratch(0, C), *dbf = scratch(1, C), *dy = scratch(2, R * C), *x = scratch(3, R * C);
     widen(dwf, dw, C);
     widen(dbf, db, C);
-    for (long n = 0; n < N; n++) {
-        const bf16 *restrict x = (const bf16 *)inp + n * C;
-        const bf16 *restrict d = (const bf16 *)dout + n * C;
-        const float m = mean[n], r = rstd[n];
-        for (int i = 0; i < C; i++) {
-            float xh = (wide(x[i]) - m) * r;
-            dbf[i] += wide(d[i]);
-            dwf[i] += xh * wide(d[i]);
-        }
+    for (long n0 = 0; n0 < N; n0 += R) {
+        long r = min_long(R, N - n0);
+        widen(dy, (const bf16 *)dout + n0 * C, r * C);
+        widen(x, (const bf16 *)inp + n0 * C, r * C);
+        kernels_cpu.layernorm_backward_weight(dwf, dbf, dy, x, mean + n0, rstd + n0, (int)r, C);
     }
     narrow(dw, dwf, C);
     narrow(db, dbf, C);
-})
+}
 
 static void layernorm_backward_bf16(void *dinp, void *dw, void *db, const void *dout, const void *inp, const void *w,
                                     const float *mean, const float *rstd, int N, int C) {
