@@ -2,11 +2,10 @@
  * 16-bit forms. */
 #include "theory.h"
 
-/* common/model.c's carve(): every piece starts 64-byte aligned. Pieces of the
- * model's values take the precision's bytes (4 or 2: th_param_bytes); the
- * LayerNorm statistics, the losses and the token ids 4 in both. */
-static double pad64(double bytes) { return (double)(((long long)bytes + 63) / 64 * 64); }
-
+/* common/model.c's carve(): every piece starts 64-byte aligned (th_pad64).
+ * Pieces of the model's values take the precision's bytes (4 or 2:
+ * th_param_bytes); the LayerNorm statistics, the losses and the token ids 4 in
+ * both. */
 /* The options and shape the course's model runs: fp32 or bf16, GPT-2's
  * architecture, whole heads and MLP units per TP rank, and with sequence
  * parallelism whole slices of every sequence (T divisible by t). */
@@ -34,8 +33,8 @@ static widths local_widths(const th_model *m, const th_opts *o, long rows) {
 }
 
 /* n of the model's values, and n fp32 statistics / losses / token ids, as carved */
-static double vals(const widths *w, double n) { return pad64(w->v * n); }
-static double fours(double n) { return pad64(4 * n); }
+static double vals(const widths *w, double n) { return th_pad64(w->v * n); }
+static double fours(double n) { return th_pad64(4 * n); }
 
 /* One layer's pieces (common/model.c's carve_layer), in bytes, split into
  * the attention matrix and the rest. */

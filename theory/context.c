@@ -3,13 +3,11 @@
 #include "predict.h"
 #include "theory.h"
 
-static double pad64(double bytes) { return (double)(((long long)bytes + 63) / 64 * 64); }
-
 /* A CP layer's att slot, bytes: per query row and head of rows x H x T/N the
  * fp32 log-sum-exp, and for Ulysses the head-split q|k|v and output, 4 HS values */
 static double att_slot_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo) {
     const double v = th_param_bytes(o->precision), head_size = (double)(m->d_model / m->heads);
-    return pad64((double)rows * m->heads * (m->seq / N) * (4 + (algo == TH_CP_ULYSSES ? 4 * head_size * v : 0)));
+    return th_pad64((double)rows * m->heads * (m->seq / N) * (4 + (algo == TH_CP_ULYSSES ? 4 * head_size * v : 0)));
 }
 
 long th_cp_position(long T, int N, int rank, long i, th_cp_layout layout) {
@@ -108,7 +106,7 @@ void th_cp_predict(const th_run *r, th_rank_need *need) {
     th_model local = *m;
     local.seq = Tl;
     /* the scratch's datt, and the recomputation's att, are att slots, not [rows,H,T/N,T/N] */
-    const double att_slots = r->recompute ? 2 : 1, square = pad64(vb * (double)rows * m->heads * Tl * Tl);
+    const double att_slots = r->recompute ? 2 : 1, square = th_pad64(vb * (double)rows * m->heads * Tl * Tl);
     const double workspace = th_course_scratch_bytes(&local, &o, rows) + att_slots * (att_slot_bytes(m, &o, rows, N, algo) - square) +
                              4.0 * (double)m->seq + (algo == TH_CP_ULYSSES ? 0 : block / 2 + 4.0 * (double)rows * Tl * m->heads);
     const th_states s = th_model_states(psi, &o, 0, 1);

@@ -33,6 +33,10 @@
 #define PL_THEORY_H
 #include "kinds.h" /* the enums theory/ shares with common/ and the labs: nothing else of common/ */
 
+/* common/model.c's carve() and the allocator: every piece starts 64-byte
+ * aligned, so each exact byte form rounds its pieces up to 64. */
+static inline double th_pad64(double bytes) { return (double)(((long long)bytes + 63) / 64 * 64); }
+
 /* ---- the model ---------------------------------------------------------------------- */
 
 /* A decoder-only transformer. The course's model (th_course_model) is GPT-2's
