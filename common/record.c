@@ -298,6 +298,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         jsonval_set(config, "experts", json_integer(o->experts));
         jsonval_set(config, "top_k", json_integer(o->top_k));
         jsonval_set(config, "capacity_factor", jsonval_number(o->capacity_factor));
+        jsonval_set(config, "capacity_scope", jsonval_text(o->capacity_scope));
         jsonval_set(config, "aux_loss_coef", jsonval_number(o->aux_loss_coef));
     }
     jsonval_set(rec, "config", config);

@@ -220,11 +220,10 @@ int main(int argc, char **argv) {
     char *extra = malloc(1024 + at);
     if (!extra) die("out of host memory");
     /* times: rank 0's, per step */
-    snprintf(extra, 1024 + at, "\"ep\":%d,\"edp\":%d,\"capacity_scope\":\"%s\",\"alltoall_payload_per_step\":%.0f,"
+    snprintf(extra, 1024 + at, "\"ep\":%d,\"edp\":%d,\"alltoall_payload_per_step\":%.0f,"
              "\"alltoall_sent_per_step\":%.0f,\"alltoall_own_per_step\":%.0f,\"alltoall_uniform_per_step\":%.0f,"
              "\"expert_rows_max\":%ld,\"expert_rows_uniform\":%.3f,\"expert_rows_max_per_step\":[%s],"
-             "\"alltoall_ms_per_step\":%.4f,\"experts_ms_per_step\":%.4f", N, dp,
-             ctx.model.capacity_per_rank ? "rank" : "sequence", payload, sent, own, uniform,
+             "\"alltoall_ms_per_step\":%.4f,\"experts_ms_per_step\":%.4f", N, dp, payload, sent, own, uniform,
              max_rows, mean_rows, per_step, 1e3 * eh.counts.alltoall_seconds / steps,
              1e3 * eh.counts.expert_seconds / steps);
     free(per_step);

@@ -301,7 +301,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
         return 0;
     /* lab07: --cp ranks per CP group, data parallel over the rest; lab08: --ep
      * ranks per EP group, every rank its own rows (the routing's config is the
-     * record's config: experts, top_k, capacity_factor; capacity_scope beside) */
+     * record's config: experts, top_k, capacity_factor, capacity_scope) */
     long cp = 0, ep = 0, experts = 0, top_k = 0;
     int cp_algo = 0, scope = 0;
     double capacity = 0;
@@ -316,7 +316,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
          !read_count(cfg, "config.", "experts", 1, MAX_LAYERS, 0, &experts, why, len) ||
          !read_count(cfg, "config.", "top_k", 1, MAX_LAYERS, 0, &top_k, why, len) ||
          !read_number(cfg, "capacity_factor", 0, 0, &capacity, why, len) ||
-         !read_choice(rec, "", "capacity_scope", "sequence|rank", "sequence", &scope, why, len)))
+         !read_choice(cfg, "config.", "capacity_scope", "sequence|rank", "sequence", &scope, why, len)))
         return 0;
     if (ep && (ranks % ep || experts % ep || top_k > experts))
         return problem(why, len, "ep %ld, config.experts %ld, config.top_k %ld: ep must divide ranks %ld and the "
