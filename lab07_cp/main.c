@@ -284,9 +284,9 @@ int main(int argc, char **argv) {
     const th_opts topts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     const double acts_formula = th_cp_acts_bytes(&tm, &topts, rows, N, algo);
     char extra[2048];
-    int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\","
+    int at = snprintf(extra, sizeof extra, "\"cp\":%d,\"dp\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\",\"max_memory_mb\":%.17g,"
                       "\"cp_bytes_per_layer\":%.0f,\"cp_bytes_per_layer_formula\":%.0f,\"scores_per_rank\":[",
-                      N, dp, algo_name, layout_name, per_layer, formula);
+                      N, dp, algo_name, layout_name, max_memory_mb, per_layer, formula);
     for (int r = 0; r < N; r++)
         at += snprintf(extra + at, sizeof extra - (size_t)at, "%s%.15g", r ? "," : "", scores[r]);
     at += snprintf(extra + at, sizeof extra - (size_t)at, "],\"scores_per_rank_formula\":[");
