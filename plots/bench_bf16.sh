@@ -108,6 +108,14 @@ print(f"median step (ms) fp32 {step['fp32']:.1f}, bf16 {step['bf16']:.1f}; tok/s
 whole = {p: sum(med[p].values()) for p in med}
 print(f"ceiling: fp32 step / bf16 GEMMs alone = {whole['fp32'] / med['bf16']['gemm']:.2f} (bf16/fp32 if nothing but the "
       f"linear layers' GEMMs took time); with attention too: {whole['fp32'] / (med['bf16']['gemm'] + med['bf16']['attention']):.2f}")
+# The best this CPU allows, whatever the non-GEMM kernels do: attention's products as fast, relative to
+# fp32, as the linear layers' GEMMs, and every other kernel at half its fp32 time (bf16 halves the bytes
+# a memory-bound kernel moves, and these kernels do no more arithmetic per byte in bf16).
+gemm_ratio = med["fp32"]["gemm"] / med["bf16"]["gemm"]
+rest = whole["fp32"] - med["fp32"]["gemm"] - med["fp32"]["attention"]
+best = med["bf16"]["gemm"] + med["fp32"]["attention"] / gemm_ratio + rest / 2
+print(f"bound: GEMMs bf16/fp32 {gemm_ratio:.2f}x here; attention at that ratio and every other kernel at half its "
+      f"fp32 time would give {whole['fp32'] / best:.2f}x")
 print("(timed calls: each bracketed by a trace event, a few percent slower than a plain run; part 3 has the plain tok/s)")
 PY
 fi
