@@ -474,7 +474,10 @@ static char *describe_hosts(run_ctx *ctx, MPI_Comm local, int gpu_index, int sho
         append_ranks(&b, all, ctx->size, h);
         if (ctx->device != DEVICE_CUDA) {
             textbuf_printf(&b, " | cpu");
-            if (with_gpu) textbuf_printf(&b, " (the GPUs it has are not used: --device cpu)");
+            if (with_gpu)
+                textbuf_printf(&b, " (the GPUs it has are not used: %s)",
+                               ctx->opt.experts && strcmp(ctx->opt.device, "cpu") ? "--experts runs on the CPU only"
+                                                                                  : "--device cpu");
         } else {
             textbuf_printf(&b, " | GPU index per rank:");
             int shown = 0;
@@ -519,7 +522,9 @@ void run_setup(run_ctx *ctx) {
         snprintf(err, sizeof err, "--device cuda: this build has no CUDA support (the toolkit was not found at configure time)");
 #endif
     }
-    ctx->device = !strcmp(o->device, "cuda") || (!strcmp(o->device, "auto") && every_rank_has_gpu)
+    /* auto takes the GPUs, except for experts, whose router and dispatch have no CUDA twins yet: a lab
+     * run with no arguments (lab08's default has experts) must still run on a GPU machine */
+    ctx->device = !strcmp(o->device, "cuda") || (!strcmp(o->device, "auto") && every_rank_has_gpu && !o->experts)
                       ? DEVICE_CUDA : DEVICE_CPU;
     if (!err[0] && !strcmp(o->comm, "nccl")) {
         if (ctx->device != DEVICE_CUDA)
@@ -539,8 +544,8 @@ void run_setup(run_ctx *ctx) {
                  "windows of --seq %d", ctx->data.source, ctx->data.n - ctx->data.train_n, o->batch, o->seq);
     if (!err[0]) ckpt_check_flags(ctx, err, sizeof err); /* --resume, before anything is created */
     if (!err[0] && o->experts && ctx->device == DEVICE_CUDA)
-        snprintf(err, sizeof err, "--experts on --device cuda%s: the router and the dispatch run on the CPU only "
-                 "so far (no CUDA twins yet): give --device cpu", strcmp(o->device, "auto") ? "" : " (auto's choice)");
+        snprintf(err, sizeof err, "--experts on --device cuda: the router and the dispatch run on the CPU only "
+                 "so far (no CUDA twins yet): give --device cpu or auto");
     run_agree_or_exit(err);
     agree_on_data(ctx, err, sizeof err);
     run_agree_or_exit(err);
