@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
          "write the final weights (raw little-endian fp32, layout order) to this file", 0, NULL},
         {"--grad-accum", FLAG_INT, &grad_accum,
          "gradient accumulation: each rank runs its rows in K micro-batches, adding up their gradients "
-         "before the one all-reduce and AdamW step (the same loss curve, 1/K of the activations)", 1, NULL},
+         "before the one all-reduce and AdamW step (the same loss curve, 1/K of the activations; with --experts the "
+         "aux loss, dropped choices and expert loads are added up over the K)", 1, NULL},
     };
     lab_info lab = {"lab01_dp", "data parallelism: the same model on every rank, gradients "
                     "all-reduced and averaged", flags, 4};
