@@ -631,21 +631,56 @@ void run_experts_load(run_ctx *ctx, const double *counts) {
     if (ctx->expert_load) memcpy(ctx->expert_load, counts, sizeof(double) * (size_t)ctx->opt.experts * ctx->opt.layers);
 }
 
-/* --experts: this step's aux loss and dropped choices summed over `world` (mean aux loss), and
- * after the last step the choices per expert and layer; nothing without experts */
+void run_experts_tally_begin(run_experts_tally *t, const gpt_config *c) {
+    if (c->experts <= 0) return;
+    const size_t cells = (size_t)c->layers * c->experts;
+    if (!t->load && !(t->load = malloc(cells * sizeof(double)))) die("out of memory for the expert loads");
+    memset(t->load, 0, cells * sizeof(double));
+    t->aux_sum = t->dropped = 0;
+    t->micro_batches = 0;
+}
+
+void run_experts_tally_add(run_experts_tally *t, const gpt_layout *g, const gpt_acts *a) {
+    const long E = g->cfg.experts, cells = (a->hi - a->lo) * E;
+    if (E <= 0) return;
+    t->aux_sum += moe_aux_loss(g, a);
+    t->dropped += (double)moe_dropped(g, a);
+    double *counts = malloc((size_t)cells * sizeof(double));
+    if (!counts) die("out of memory for the expert loads");
+    moe_expert_choices(g, a, counts);
+    for (long i = 0; i < cells; i++) t->load[a->lo * E + i] += counts[i];
+    free(counts);
+    t->micro_batches++;
+}
+
+void run_experts_tally_free(run_experts_tally *t) {
+    free(t->load);
+    memset(t, 0, sizeof *t);
+}
+
+void run_experts_report(run_ctx *ctx, comm *c, const run_experts_tally *t, int n, int replicas, int step) {
+    if (!ctx->model.experts) return;
+    const int cells = ctx->model.experts * ctx->model.layers;
+    double *sums = calloc((size_t)cells + 2, sizeof(double)); /* aux, dropped, then the loads */
+    if (!sums) die("out of memory for the expert loads");
+    for (int i = 0; i < n; i++) {
+        if (t[i].micro_batches > 0) sums[0] += t[i].aux_sum / t[i].micro_batches;
+        sums[1] += t[i].dropped;
+        for (int j = 0; j < cells; j++) sums[2 + j] += t[i].load[j];
+    }
+    comm_allreduce_host(c, sums, cells + 2);
+    run_step_experts(ctx, step, sums[0] / replicas, sums[1]);
+    if (step == ctx->opt.steps - 1) run_experts_load(ctx, sums + 2);
+    free(sums);
+}
+
 void run_experts_step(run_ctx *ctx, comm *world, const gpt_layout *g, const gpt_acts *a, int step) {
     if (!ctx->model.experts) return;
-    double moe[2] = {moe_aux_loss(g, a), (double)moe_dropped(g, a)};
-    comm_allreduce_host(world, moe, 2);
-    run_step_experts(ctx, step, moe[0] / world->size, moe[1]);
-    if (step != ctx->opt.steps - 1) return;
-    const int n = ctx->model.experts * ctx->model.layers;
-    double *load = calloc((size_t)n, sizeof(double));
-    if (!load) die("out of memory for the expert loads");
-    moe_expert_choices(g, a, load);
-    comm_allreduce_host(world, load, n);
-    run_experts_load(ctx, load);
-    free(load);
+    run_experts_tally t = {0};
+    run_experts_tally_begin(&t, &g->cfg);
+    run_experts_tally_add(&t, g, a);
+    run_experts_report(ctx, world, &t, 1, world->size, step);
+    run_experts_tally_free(&t);
 }
 
 void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {

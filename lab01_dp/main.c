@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
          "write the final weights (raw little-endian fp32, layout order) to this file", 0, NULL},
         {"--grad-accum", FLAG_INT, &grad_accum,
          "gradient accumulation: each rank runs its rows in K micro-batches, adding up their gradients "
-         "before the one all-reduce and AdamW step (the same loss curve, 1/K of the activations)", 1, NULL},
+         "before the one all-reduce and AdamW step (the same loss curve, 1/K of the activations; with --experts the "
+         "aux loss, dropped choices and expert loads are added up over the K)", 1, NULL},
     };
     lab_info lab = {"lab01_dp", "data parallelism: the same model on every rank, gradients "
                     "all-reduced and averaged", flags, 4};
@@ -65,9 +66,10 @@ int main(int argc, char **argv) {
     run_check(&ctx, ctx.opt.batch % ctx.size != 0 || (ctx.opt.batch / ctx.size) % grad_accum == 0,
               "--grad-accum %d does not divide the %d rows per rank (--batch %d / %d ranks)", grad_accum,
               ctx.opt.batch / (ctx.size > 0 ? ctx.size : 1), ctx.opt.batch, ctx.size);
-    run_check(&ctx, grad_accum == 1 || !ctx.opt.experts,
-              "--grad-accum %d with --experts: the aux loss and expert loads are kept per micro-batch "
-              "(use --grad-accum 1)", grad_accum);
+    run_check(&ctx, grad_accum == 1 || !ctx.opt.experts || ctx.opt.capacity_factor <= 0 ||
+                        strcmp(ctx.opt.capacity_scope, "rank") != 0,
+              "--grad-accum %d with --capacity-scope rank: the capacity would count a micro-batch's rows, not the "
+              "rank's (use --capacity-scope sequence, or --grad-accum 1)", grad_accum);
     run_check(&ctx, grad_accum == 1 || !ctx.opt.dry_run,
               "--grad-accum %d with --dry-run: the dry run predicts without accumulation (leave one out)", grad_accum);
     run_setup(&ctx);
@@ -109,12 +111,14 @@ int main(int argc, char **argv) {
     int *tokens = malloc(sizeof(int) * (size_t)micro * T), *targets = malloc(sizeof(int) * (size_t)micro * T);
     dp_grad_sync sync;
     dp_sync_init(&sync, &world, ms.grads, 0, P, bucket_mb);
+    run_experts_tally moe = {0}; /* --experts: the step's figures, added over the micro-batches */
 
     for (int i = 0; i < ctx.opt.steps; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
         mem_zero(ms.grads, (size_t)P * value_bytes());
         double loss = 0;
+        run_experts_tally_begin(&moe, &g.cfg);
         for (int k = 0; k < grad_accum; k++) { /* this rank's rows of the global batch, micro at a time */
             data_batch(&ctx.data, (uint64_t)ctx.opt.seed, step, world.rank * rows + k * micro, micro, T, tokens,
                        targets);
@@ -123,6 +127,9 @@ int main(int argc, char **argv) {
             int ev = trace_begin("forward", TRACE_COMPUTE, grad_accum > 1 ? k : -1, NULL);
             gpt_forward(&g, ms.params, &acts);
             trace_end(ev);
+            /* each micro-batch is whole sequences, and the aux loss and capacity are per sequence:
+             * the sums over micro-batches are the whole rows' */
+            run_experts_tally_add(&moe, &g, &acts);
             ev = trace_begin("backward", TRACE_COMPUTE, grad_accum > 1 ? k : -1, NULL);
             /* each token weighs 1/(rows T) whatever micro-batch it is in: the K backwards add up to the
              * mean over this rank's rows; the all-reduce then averages the ranks. Buckets go out only
@@ -142,7 +149,7 @@ int main(int argc, char **argv) {
         trace_end(ev);
 
         comm_allreduce_host(&world, &loss, 1);
-        run_experts_step(&ctx, &world, &g, &acts, i);
+        run_experts_report(&ctx, &world, &moe, 1, world.size, i);
         run_step_end(&ctx, i, loss / world.size, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
@@ -171,6 +178,7 @@ int main(int argc, char **argv) {
 
     free(tokens);
     free(targets);
+    run_experts_tally_free(&moe);
     gpt_scratch_free(&scratch);
     gpt_acts_free(&acts);
     model_states_free(&ms);

@@ -85,7 +85,7 @@ void stage_free(pipeline_stage *s) {
     free(s->targets);
     while (s->n_spare_acts > 0) gpt_acts_free(&s->spare_acts[--s->n_spare_acts]);
     free(s->spare_acts);
-    free(s->moe_load);
+    run_experts_tally_free(&s->moe);
     memset(s, 0, sizeof *s);
 }
 
@@ -94,10 +94,7 @@ void stage_step_begin(pipeline_stage *s, int step) {
     s->step = step;
     s->loss_sum = 0;
     s->busy_seconds = 0;
-    s->moe_aux_sum = s->moe_dropped_sum = 0;
-    const gpt_config *c = &s->g->cfg;
-    if (c->experts > 0 && !s->moe_load) s->moe_load = calloc((size_t)c->layers * c->experts, sizeof(double));
-    if (s->moe_load) memset(s->moe_load, 0, sizeof(double) * (size_t)c->layers * c->experts);
+    run_experts_tally_begin(&s->moe, &s->g->cfg);
     /* the stage's own work, so traced as compute: not idle time */
     int ev = trace_begin("zero_grads", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
@@ -147,15 +144,9 @@ void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
     gpt_forward_with(s->g, &s->model.layer, s->params, a);
     /* every micro-batch has rows x T positions, so the batch mean is the mean of these */
     if (last) s->loss_sum += gpt_mean_loss(s->g, a);
-    if (s->moe_load) { /* per micro-batch: the aux loss is a mean over its sequences, each routed alone */
-        const long E = s->g->cfg.experts;
-        s->moe_aux_sum += moe_aux_loss(s->g, a);
+    if (s->g->cfg.experts > 0) { /* per micro-batch: the aux loss is a mean over its sequences, each routed alone */
+        run_experts_tally_add(&s->moe, s->g, a);
         if (!last) s->loss_sum += moe_aux_loss(s->g, a); /* the last's is in its mean loss; the loss sums all */
-        s->moe_dropped_sum += (double)moe_dropped(s->g, a);
-        double *counts = calloc((size_t)(s->hi - s->lo) * E, sizeof(double));
-        moe_expert_choices(s->g, a, counts);
-        for (long i = 0; i < (s->hi - s->lo) * E; i++) s->moe_load[s->lo * E + i] += counts[i];
-        free(counts);
     }
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
@@ -342,18 +333,10 @@ const char *stage_bubble_text(const pipeline_stage *s, double theory, char buf[6
 }
 
 void stage_report_experts(run_ctx *ctx, comm *pipe, const pipeline_stage *stages, int n, int step) {
-    const gpt_config *c = &stages[0].g->cfg;
-    if (c->experts <= 0) return;
-    const int cells = c->layers * c->experts;
-    double *sums = calloc((size_t)cells + 2, sizeof(double)); /* aux, dropped, then the loads */
-    if (!sums) die("out of memory for the expert loads");
-    for (int i = 0; i < n; i++) {
-        sums[0] += stages[i].moe_aux_sum / stages[i].micro_batches;
-        sums[1] += stages[i].moe_dropped_sum;
-        for (int j = 0; j < cells; j++) sums[2 + j] += stages[i].moe_load[j];
-    }
-    comm_allreduce_host(pipe, sums, cells + 2);
-    run_step_experts(ctx, step, sums[0], sums[1]);
-    if (step == ctx->opt.steps - 1) run_experts_load(ctx, sums + 2);
-    free(sums);
+    if (stages[0].g->cfg.experts <= 0) return;
+    run_experts_tally *t = malloc(sizeof *t * (size_t)n);
+    if (!t) die("out of memory for the expert loads");
+    for (int i = 0; i < n; i++) t[i] = stages[i].moe;
+    run_experts_report(ctx, pipe, t, n, 1, step); /* the stages hold different layers: their aux losses add */
+    free(t);
 }

@@ -20,6 +20,7 @@
 #include "data.h"
 #include "model.h"
 #include "optim.h"
+#include "run.h"
 #include "theory.h"
 #include <stdint.h>
 
@@ -84,7 +85,7 @@ typedef struct pipeline_stage {
     double step_started;    /* host clock at stage_step_begin */
     /* --experts: this step's sums over micro-batches of each one's aux loss (its
      * layers' share) and dropped choices, and the choices per (global) layer and expert */
-    double moe_aux_sum, moe_dropped_sum, *moe_load;
+    run_experts_tally moe;
 } pipeline_stage;
 
 /* Collective over pipe. Creates this stage's slice of the initial weights
@@ -153,10 +154,9 @@ th_opts stage_opts(const pipeline_stage *s);
  * ("\"stage_layers\":[[0,2],...],..."), malloc'd; rank 0 also prints them. */
 /* --experts: the step's aux loss (the mean over micro-batches, every stage's
  * layers summed over pipe) and dropped choices into ctx, and after the last
- * step the choices per layer and expert, as lab01's run_experts_step; the n
- * stages are this rank's (lab04's chunks). Collective over pipe. */
-struct run_ctx;
-void stage_report_experts(struct run_ctx *ctx, comm *pipe, const pipeline_stage *stages, int n, int step);
+ * step the choices per layer and expert: run_experts_report of the n stages'
+ * tallies (this rank's; lab04's chunks). Collective over pipe. */
+void stage_report_experts(run_ctx *ctx, comm *pipe, const pipeline_stage *stages, int n, int step);
 char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text);
 
 /* The step line's "bubble rank 0 x (theory y)": 1 - busy/wall on this rank's

@@ -1,4 +1,4 @@
-foreach(case equivalence determinism buckets grad_accum recompute experts)
+foreach(case equivalence determinism buckets grad_accum recompute experts experts_grad_accum)
   add_lab_test(lab01_${case} test_lab01.py ${case})
 endforeach()
 add_lab_test(gpu_lab01_cuda test_lab01.py cuda)

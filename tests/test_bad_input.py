@@ -106,7 +106,9 @@ NO_EXPERTS = [(2, ["--experts", "4"], "--experts")]
 
 PER_LAB = {
     "lab01_dp": [
-        (2, ["--experts", "4", "--grad-accum", "2"], "--grad-accum"),  # the aux loss is kept per micro-batch
+        # a micro-batch's rows are not the rank's: the capacity per rank would change with K
+        (2, ["--experts", "4", "--capacity-factor", "1", "--capacity-scope", "rank", "--grad-accum", "2"],
+         "--capacity-scope rank"),
         (4, ["--batch", "30"], "--batch"),  # the ranks must share the batch evenly
         (2, ["--bucket-mb", "-1"], "--bucket-mb"),
         (2, ["--check-sync=yes"], "--check-sync"),

@@ -2,7 +2,7 @@
 runs repeat bit for bit, buckets change nothing but the traffic pattern, the
 traffic equals the ring formula, and bad input fails fast and clearly.
 
-usage: test_lab01.py equivalence|determinism|buckets|grad_accum|recompute|experts|preset|gpt2_small|cuda"""
+usage: test_lab01.py equivalence|determinism|buckets|grad_accum|recompute|experts|experts_grad_accum|preset|gpt2_small|cuda"""
 import math
 import array
 import os
@@ -92,6 +92,36 @@ def experts():
         check(rec["losses"] == none["losses"] and rec["expert_choices_last_step"] == none["expert_choices_last_step"],
               f"--experts 4 --recompute {mode}: not bit-identical to none")
         check(rec["mem_peak_bytes"]["acts"] < none["mem_peak_bytes"]["acts"], f"--recompute {mode} keeps no less")
+
+
+def experts_grad_accum():
+    """--experts with --grad-accum K: each micro-batch is whole sequences, and the aux
+    loss, its gradient and the capacity are per sequence, so the K micro-batches add
+    up to the whole rows exactly (up to the order of the sums): the losses and aux
+    losses of K = 1 within 1e-5, the same dropped choices and expert loads. The
+    record's figures are the step's over all micro-batches, not the last one's."""
+    model = ["--steps", "10", "--layers", "2", "--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "8",
+             "--experts", "4"]
+    for k in ("1", "2"):
+        for factor in ("0", "1"):
+            flags = model + ["--top-k", k, "--capacity-factor", factor]
+            ref, _, _ = run(LAB, 1, flags)
+            check((min(ref["dropped_per_step"]) > 0) == (factor != "0"),
+                  f"top-{k} F {factor}: dropped choices {ref['dropped_per_step'][:3]}...: the case is not the one meant")
+            for n, accum in ((1, 2), (1, 4), (2, 2)):
+                rec, _, _ = run(LAB, n, flags + ["--grad-accum", str(accum)])
+                what = f"--experts 4 --top-k {k} --capacity-factor {factor}: -n {n} --grad-accum {accum} vs -n 1"
+                check(rec["grad_accum"] == accum, f"the record says grad_accum {rec['grad_accum']}")
+                compare_losses(what, rec["losses"], ref["losses"], 1e-5)
+                compare_losses("  and the aux loss", rec["aux_losses"], ref["aux_losses"], 1e-5)
+                check(rec["dropped_per_step"] == ref["dropped_per_step"],
+                      f"{what}: dropped choices {rec['dropped_per_step']} vs {ref['dropped_per_step']}")
+                check(rec["expert_choices_last_step"] == ref["expert_choices_last_step"],
+                      f"{what}: the experts' load {rec['expert_choices_last_step']} vs "
+                      f"{ref['expert_choices_last_step']}")
+            print(f"--experts 4 --top-k {k} --capacity-factor {factor}: aux {ref['aux_losses'][0]:.6f} -> "
+                  f"{ref['aux_losses'][-1]:.6f}, dropped {ref['dropped_per_step'][-1]:.0f} in the last step; "
+                  f"--grad-accum 2, 4 and -n 2 --grad-accum 2 reproduce them")
 
 
 def determinism():
@@ -215,5 +245,6 @@ def cuda():
 
 if __name__ == "__main__":
     {"equivalence": equivalence, "determinism": determinism, "buckets": buckets, "grad_accum": grad_accum, "preset": preset,
-     "gpt2_small": gpt2_small, "recompute": recompute, "experts": experts, "cuda": cuda}[sys.argv[1]]()
+     "gpt2_small": gpt2_small, "recompute": recompute, "experts": experts,
+     "experts_grad_accum": experts_grad_accum, "cuda": cuda}[sys.argv[1]]()
     print("passed")
