@@ -190,7 +190,7 @@ enum {
     LA_MOE = 1 << 9,   /* experts: the router's and dispatch's state (moe.h) */
     LA_MOE_STATS = 1 << 10, /* experts: the aux-loss sum, dropped choices, slots */
     LA_ALL = (1 << 11) - 1,
-    LA_W_READS = LA_LN1 | LA_ATTY | LA_RES2 | LA_LN2 | LA_GELU /* what the weight half reads */
+    LA_W_READS = LA_LN1 | LA_ATTY | LA_RES2 | LA_LN2 | LA_GELU | LA_MOE /* what the weight half reads */
 };
 
 /* Carve the pieces `which` of one layer: N = B x T positions inside the
@@ -464,6 +464,7 @@ static long lay_out_wgrads(gpt_wgrads *w, const gpt_layout *g, layer_widths wd, 
         lw->dres2 = carve(block, &used, N * C, VALUES);
         lw->dqkv = carve(block, &used, N * 3 * wd.attn, VALUES);
         lw->dln1 = carve(block, &used, Ns * C, VALUES);
+        lw->moe = carve(block, &used, moe_scratch_bytes(&g->cfg, N), 1); /* dense: no bytes */
         carve_layer(&lw->kept, block, &used, g, w->B, wd, g->cfg.recompute == RECOMPUTE_FULL ? LA_W_READS : 0);
     }
     int last = w->hi == g->cfg.layers;
@@ -623,6 +624,7 @@ static layer_acts backward_source(const gpt_layout *g, const gpt_layer_hooks *h,
             la.atty = keep->atty; la.res2 = keep->res2;
             la.ln2 = keep->ln2; la.ln2_mean = keep->ln2_mean; la.ln2_rstd = keep->ln2_rstd;
             la.fch_gelu = keep->fch_gelu;
+            la.moe = keep->moe; /* experts: W's slots, gates and xs */
         }
     }
     segment(h, ev, NULL);
@@ -642,8 +644,9 @@ static void layer_backward_body(const gpt_layout *g, const gpt_layer_hooks *h, g
     if (!s) s = &no_scratch;
     const layer_dims d = dims_of(g, h, a->B, a->seq);
     const void *x = layer_input(a, layer);
-    const layer_acts src = input ? backward_source(g, h, lp, a, layer, s, lw ? &lw->kept : NULL)
-                                 : g->cfg.recompute == RECOMPUTE_FULL ? lw->kept : a->layer[layer - a->lo];
+    layer_acts src = input ? backward_source(g, h, lp, a, layer, s, lw ? &lw->kept : NULL)
+                           : g->cfg.recompute == RECOMPUTE_FULL ? lw->kept : a->layer[layer - a->lo];
+    src.moe_kept = lw ? lw->moe : NULL; /* experts: B's douts the dense MLP would keep in dfch alone */
     const layer_acts *la = &src;
     const long whole = (long)d.N * d.C;
     const size_t vb = value_bytes();
@@ -857,6 +860,7 @@ void *gpt_backward_input_with(const gpt_layout *g, const gpt_layer_hooks *h, con
                               gpt_grad_scratch *s, gpt_wgrads *w, const void *dout, float dloss) {
     const long begin = range_begin(g, h, a->lo);
     const size_t nc = (size_t)block_tokens(a) * g->cfg.d_model * value_bytes();
+    s->dloss = dloss; /* every stage's: the layers' aux-loss gradients (experts) scale by it */
     if (a->hi == g->cfg.layers) head_backward_input(g, value_at(params, block_at(g, h, a->hi) - begin), a, s, w, dloss);
     else mem_copy(s->dres, dout, nc);
     for (int l = a->hi - 1; l >= a->lo; l--)

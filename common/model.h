@@ -118,6 +118,8 @@ typedef struct layer_acts {
                 * fch_gelu then hold the k N slots of the experts, not N rows */
     float *moe_stats; /* with experts: the layer's aux-loss sum, dropped choices, slots, -, and the
                        * choices per expert [E] (moe.h; kept in every --recompute mode) */
+    void *moe_kept;   /* with experts, a backward split in B and W: the micro-batch's layer_wgrads.moe,
+                       * set by the backward for its MLP hook; NULL otherwise */
 } layer_acts;
 
 typedef struct gpt_acts {
@@ -237,14 +239,17 @@ void gpt_embed_backward(const gpt_layout *g, void *embed_grads, gpt_acts *a, gpt
  * activation peak. */
 typedef struct layer_wgrads {
     void *dres3; /* [B,T,C] gradient of the layer's output: fc-proj's dout */
-    void *dfch;  /* [B,T,4C] fc's dout (through GELU) */
+    void *dfch;  /* [B,T,4C] fc's dout (through GELU); with experts the k N slots' */
     void *dln2;  /* [B,T,C] LN2's dout */
     void *dres2; /* [B,T,C] gradient of res2: att-proj's dout */
     void *dqkv;  /* [B,T,3C] qkv's dout */
     void *dln1;  /* [B,T,C] LN1's dout */
+    void *moe;   /* with experts: the slots' dys (fc-proj's dout) and the router's d logits
+                  * (a moe_scratch, moe.h); empty without */
     layer_acts kept; /* --recompute full: what W reads of the layer (ln1, atty, res2, ln2,
-                      * fch_gelu, the LayerNorm statistics), written there by B's
-                      * recomputation, since the layer itself keeps only its output */
+                      * fch_gelu, the LayerNorm statistics; with experts the router's and
+                      * dispatch's state), written there by B's recomputation, since the
+                      * layer itself keeps only its output */
 } layer_wgrads;
 
 typedef struct gpt_wgrads {

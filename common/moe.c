@@ -164,10 +164,11 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
 
 /* expert e's four tensors inside a layer block: fc holds 4C rows of each
  * expert, fc-proj C (from the shapes, not from E: a block may hold only some
- * of the experts, lab08's) */
-static const void *expert_tensor(const tensor_info *t, const void *lp, int which, int e) {
+ * of the experts, lab08's); NULL where the pass has no such block (W has no
+ * parameters, B writes no gradients) */
+static void *expert_tensor(const tensor_info *t, const void *lp, int which, int e) {
     const long C = t[LAYER_FC_W].cols, rows = which == LAYER_FC_W || which == LAYER_FC_B ? 4 * C : C;
-    return value_at(lp, t[which].offset + (long)e * rows * t[which].cols);
+    return lp ? value_at(lp, t[which].offset + (long)e * rows * t[which].cols) : NULL;
 }
 
 void moe_experts_forward(const tensor_info *t, const void *lp, int e0, int n, const int *count, const int *first,
@@ -184,33 +185,48 @@ void moe_experts_forward(const tensor_info *t, const void *lp, int e0, int n, co
     }
 }
 
-void moe_experts_backward(const tensor_info *t, const void *lp, void *gp, int e0, int n, const int *count,
-                          const int *first, const void *xs, const void *fch, const void *gelu, const void *dys,
-                          void *dfch, void *dgelu, void **dxs) {
-    const int C = (int)t[LAYER_FC_W].cols, M = 4 * C;
+/* one expert matmul's backward in the pass: both halves in one call (the
+ * fused backward's kernel), the input gradient alone, or the weight's */
+static void matmul_backward_pass(gpt_pass pass, void *dinp, void *dw, void *db, const void *dout, const void *inp,
+                                 const void *w, int N, int IC, int OC) {
+    if (pass == GPT_PASS_FUSED) KP->matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+    else if (pass == GPT_PASS_INPUT) KP->matmul_backward_input(dinp, dout, w, N, IC, OC);
+    else KP->matmul_backward_weight(dw, db, dout, inp, N, IC, OC);
+}
+
+void moe_experts_backward(gpt_pass pass, const tensor_info *t, const void *lp, void *gp, int e0, int n,
+                          const int *count, const int *first, const void *xs, const void *fch, const void *gelu,
+                          const void *dys, void *dfch, void *dgelu, void **dxs) {
+    const int C = (int)t[LAYER_FC_W].cols, M = 4 * C, input = pass != GPT_PASS_WEIGHT;
     const size_t vb = value_bytes();
     long slots = 0;
     for (int e = e0; e < e0 + n; e++) slots += count[e];
     long base = n ? first[e0] : 0;
-    mem_zero(value_at(dgelu, base * M), (size_t)slots * M * vb);
-    mem_zero(value_at(dfch, base * M), (size_t)slots * M * vb);
+    if (input) {
+        mem_zero(value_at(dgelu, base * M), (size_t)slots * M * vb);
+        mem_zero(value_at(dfch, base * M), (size_t)slots * M * vb);
+    }
     for (int e = e0; e < e0 + n; e++) {
         if (!count[e]) continue;
         long at = first[e];
-        KP->matmul_backward(value_at(dgelu, at * M), (void *)expert_tensor(t, gp, LAYER_FCPROJ_W, e),
-                            (void *)expert_tensor(t, gp, LAYER_FCPROJ_B, e), value_at(dys, at * C),
-                            value_at(gelu, at * M), expert_tensor(t, lp, LAYER_FCPROJ_W, e), count[e], M, C);
-        KP->gelu_backward(value_at(dfch, at * M), value_at(dgelu, at * M), value_at(fch, at * M), (long)count[e] * M);
+        matmul_backward_pass(pass, input ? value_at(dgelu, at * M) : NULL, expert_tensor(t, gp, LAYER_FCPROJ_W, e),
+                             expert_tensor(t, gp, LAYER_FCPROJ_B, e), value_at(dys, at * C), value_at(gelu, at * M),
+                             expert_tensor(t, lp, LAYER_FCPROJ_W, e), count[e], M, C);
+        if (input)
+            KP->gelu_backward(value_at(dfch, at * M), value_at(dgelu, at * M), value_at(fch, at * M),
+                              (long)count[e] * M);
     }
     /* the gradient of the slots' inputs goes where dgelu was */
-    *dxs = dgelu;
-    mem_zero(value_at(dgelu, base * C), (size_t)slots * C * vb);
+    if (input) {
+        *dxs = dgelu;
+        mem_zero(value_at(dgelu, base * C), (size_t)slots * C * vb);
+    }
     for (int e = e0; e < e0 + n; e++) {
         if (!count[e]) continue;
         long at = first[e];
-        KP->matmul_backward(value_at(dgelu, at * C), (void *)expert_tensor(t, gp, LAYER_FC_W, e),
-                            (void *)expert_tensor(t, gp, LAYER_FC_B, e), value_at(dfch, at * M), value_at(xs, at * C),
-                            expert_tensor(t, lp, LAYER_FC_W, e), count[e], C, M);
+        matmul_backward_pass(pass, input ? value_at(dgelu, at * C) : NULL, expert_tensor(t, gp, LAYER_FC_W, e),
+                             expert_tensor(t, gp, LAYER_FC_B, e), value_at(dfch, at * M), value_at(xs, at * C),
+                             expert_tensor(t, lp, LAYER_FC_W, e), count[e], C, M);
     }
 }
 
@@ -243,16 +259,18 @@ void moe_combine(const moe_state *st, int k, int C, const void *ys, void *out, i
 
 void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const layer_acts *la,
                       const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N) {
-    if (pass != GPT_PASS_FUSED) die("--experts: the backward in two halves (B, W) is not written for experts");
     const gpt_config *cfg = h->cfg;
     const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model;
     moe_state st = moe_state_view(la->moe, cfg, N);
-    moe_scratch sc = moe_scratch_view(s->moe, cfg, N);
-    moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
-    void *dxs;
-    moe_experts_backward(h->tensors, lp, gp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, sc.dys, dfch,
-                         s->dfch_gelu, &dxs);
-    moe_router_backward(h, lp, gp, la->ln2, &st, &sc, dxs, dinp, s->dloss, N);
+    /* split: the slots' dys and the router's d logits live from B until W in
+     * the micro-batch's la->moe_kept; fc's dout (through GELU) in dfch, as the
+     * dense MLP's */
+    moe_scratch sc = moe_scratch_view(pass == GPT_PASS_FUSED ? s->moe : la->moe_kept, cfg, N);
+    void *dxs = NULL;
+    if (pass != GPT_PASS_WEIGHT) moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
+    moe_experts_backward(pass, h->tensors, lp, gp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, sc.dys,
+                         dfch, s->dfch_gelu, &dxs);
+    moe_router_backward(h, pass, lp, gp, la->ln2, &st, &sc, dxs, dinp, s->dloss, N);
 }
 
 void moe_combine_backward(const moe_state *st, moe_scratch *sc, int k, int C, const void *ys, const void *dout,
@@ -272,50 +290,54 @@ void moe_combine_backward(const moe_state *st, moe_scratch *sc, int k, int C, co
         }
 }
 
-void moe_router_backward(const gpt_layer_hooks *h, const void *lp, void *gp, const void *ln2, const moe_state *stp,
-                         const moe_scratch *scp, const void *dxs, void *dinp, float dloss, int N) {
+void moe_router_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const void *ln2,
+                         const moe_state *stp, const moe_scratch *scp, const void *dxs, void *dinp, float dloss,
+                         int N) {
     const gpt_config *cfg = h->cfg;
     const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq;
     const moe_state st = *stp;
     const moe_scratch sc = *scp;
-    /* through the gates and the aux loss to the router's probabilities, then its softmax */
-    const float aux_scale = cfg->aux_coef * (float)E * dloss / (float)cfg->layers;
-    for (long n = 0; n < N; n++) {
-        float *dp = sc.dp + n * E, *p = st.probs + n * E;
-        const float *f = st.freq + (n / T) * E;
-        for (int e = 0; e < E; e++) dp[e] = aux_scale * f[e];
-        const int *ch = st.choice + n * k;
-        const float *dg = sc.dgate + n * k, *gt = st.gate + n * k;
-        if (k == 1) {
-            dp[ch[0]] += dg[0];
-        } else { /* g_j = p_j / Z: dp_i = (dg_i - sum_j dg_j g_j) / Z */
-            float z = 0, dot = 0;
-            for (int j = 0; j < k; j++) z += p[ch[j]], dot += dg[j] * gt[j];
-            for (int j = 0; j < k; j++) dp[ch[j]] += (dg[j] - dot) / z;
+    if (pass != GPT_PASS_WEIGHT) {
+        /* through the gates and the aux loss to the router's probabilities, then its softmax */
+        const float aux_scale = cfg->aux_coef * (float)E * dloss / (float)cfg->layers;
+        for (long n = 0; n < N; n++) {
+            float *dp = sc.dp + n * E, *p = st.probs + n * E;
+            const float *f = st.freq + (n / T) * E;
+            for (int e = 0; e < E; e++) dp[e] = aux_scale * f[e];
+            const int *ch = st.choice + n * k;
+            const float *dg = sc.dgate + n * k, *gt = st.gate + n * k;
+            if (k == 1) {
+                dp[ch[0]] += dg[0];
+            } else { /* g_j = p_j / Z: dp_i = (dg_i - sum_j dg_j g_j) / Z */
+                float z = 0, dot = 0;
+                for (int j = 0; j < k; j++) z += p[ch[j]], dot += dg[j] * gt[j];
+                for (int j = 0; j < k; j++) dp[ch[j]] += (dg[j] - dot) / z;
+            }
+            float pd = 0;
+            for (int e = 0; e < E; e++) pd += p[e] * dp[e];
+            for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pd); /* now d logits */
         }
-        float pd = 0;
-        for (int e = 0; e < E; e++) pd += p[e] * dp[e];
-        for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pd); /* now d logits */
+        /* dinp = the kept slots' input gradients in choice order + the router's */
+        const void *wr = value_at(lp, h->tensors[LAYER_ROUTER_W].offset);
+        float *acc = malloc((size_t)C * sizeof(float));
+        for (long n = 0; n < N; n++) {
+            memset(acc, 0, (size_t)C * sizeof(float));
+            for (int j = 0; j < k; j++) {
+                int sl = st.slot[n * k + j];
+                if (sl < 0) continue;
+                for (int c = 0; c < C; c++) acc[c] += value_get(dxs, (long)sl * C + c);
+            }
+            for (int e = 0; e < E; e++) {
+                float dl = sc.dp[n * E + e];
+                for (int c = 0; c < C; c++) acc[c] += dl * value_get(wr, (long)e * C + c);
+            }
+            for (int c = 0; c < C; c++) value_set(dinp, n * C + c, acc[c]);
+        }
+        free(acc);
     }
-    /* dinp = the kept slots' input gradients in choice order + the router's */
-    const void *wr = value_at(lp, h->tensors[LAYER_ROUTER_W].offset);
+    if (pass == GPT_PASS_INPUT) return;
+    /* the router's weight gradient from the d logits (B's, kept until W), summed over positions in order */
     void *dwr = value_at(gp, h->tensors[LAYER_ROUTER_W].offset);
-    float *acc = malloc((size_t)C * sizeof(float));
-    for (long n = 0; n < N; n++) {
-        memset(acc, 0, (size_t)C * sizeof(float));
-        for (int j = 0; j < k; j++) {
-            int sl = st.slot[n * k + j];
-            if (sl < 0) continue;
-            for (int c = 0; c < C; c++) acc[c] += value_get(dxs, (long)sl * C + c);
-        }
-        for (int e = 0; e < E; e++) {
-            float dl = sc.dp[n * E + e];
-            for (int c = 0; c < C; c++) acc[c] += dl * value_get(wr, (long)e * C + c);
-        }
-        for (int c = 0; c < C; c++) value_set(dinp, n * C + c, acc[c]);
-    }
-    free(acc);
-    /* the router's weight gradient, summed over positions in order */
     float *dw = calloc((size_t)E * C, sizeof(float));
     for (long n = 0; n < N; n++)
         for (int e = 0; e < E; e++) {

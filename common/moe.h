@@ -43,11 +43,14 @@ typedef struct moe_state {
     void *xs, *ys;  /* [kN,C] the slots' inputs (ln2 rows) and the experts' outputs */
 } moe_state;
 
-/* The backward's buffers (inside gpt_grad_scratch.moe). */
+/* The backward's buffers (inside gpt_grad_scratch.moe). A backward split in
+ * B and W keeps one per layer and micro-batch instead (layer_wgrads.moe,
+ * reached as layer_acts.moe_kept): B writes dys and dp there, W reads them
+ * for the experts' fc-proj and the router's weight gradients. */
 typedef struct moe_scratch {
     void *dys;    /* [kN,C] gradient of each slot's expert output */
     float *dgate; /* [N,k] */
-    float *dp;    /* [N,E] */
+    float *dp;    /* [N,E] the router's d probabilities, then its d logits */
 } moe_scratch;
 
 long moe_state_bytes(const gpt_config *cfg, long N);   /* 0 without experts */
@@ -72,10 +75,13 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
                int N);
 void moe_experts_forward(const tensor_info *tensors, const void *lp, int e0, int n, const int *count,
                          const int *first, const void *xs, void *fch, void *gelu, void *ys);
-/* dys -> dxs (written into dgelu's room after use), accumulating the experts' gradients */
-void moe_experts_backward(const tensor_info *tensors, const void *lp, void *gp, int e0, int n, const int *count,
-                          const int *first, const void *xs, const void *fch, const void *gelu, const void *dys,
-                          void *dfch, void *dgelu, void **dxs);
+/* dys -> dxs (written into dgelu's room after use), accumulating the experts'
+ * gradients. pass: GPT_PASS_INPUT (gp NULL) writes dfch (fc's dout) and dxs
+ * only; GPT_PASS_WEIGHT (lp, dgelu, dxs unused) reads dys, gelu, dfch and xs
+ * for the gradients alone, each the same sum as the fused pass's */
+void moe_experts_backward(gpt_pass pass, const tensor_info *tensors, const void *lp, void *gp, int e0, int n,
+                          const int *count, const int *first, const void *xs, const void *fch, const void *gelu,
+                          const void *dys, void *dfch, void *dgelu, void **dxs);
 
 /* combine: out[n] = sum over n's kept choices, in choice order, of gate x ys[slot]
  * (ys: the slots' expert outputs, in st's slot order) */
@@ -85,10 +91,12 @@ void moe_combine_backward(const moe_state *st, moe_scratch *sc, int k, int C, co
                           void *dys, int N);
 /* the rest of the backward, from dxs (the slots' input gradients, st's slot
  * order): through the gates and the aux loss (weight dloss of a position) to
- * the router's softmax; dinp = the slots' gradients in choice order + the
- * router's; the router's weight gradient accumulated into gp */
-void moe_router_backward(const gpt_layer_hooks *h, const void *lp, void *gp, const void *ln2, const moe_state *st,
-                         const moe_scratch *sc, const void *dxs, void *dinp, float dloss, int N);
+ * the router's softmax (its d logits into sc->dp); dinp = the slots' gradients
+ * in choice order + the router's; the router's weight gradient accumulated
+ * into gp. GPT_PASS_INPUT: all but the weight gradient; GPT_PASS_WEIGHT: the
+ * weight gradient alone, from B's sc->dp and ln2 */
+void moe_router_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const void *ln2,
+                         const moe_state *st, const moe_scratch *sc, const void *dxs, void *dinp, float dloss, int N);
 
 /* The aux loss of a block's layers: a / L x sum over them of the per-layer
  * sums, / B (its sequences); 0 without experts. And the dropped choices. */

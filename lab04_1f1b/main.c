@@ -60,9 +60,6 @@ int main(int argc, char **argv) {
     run_parse(&ctx, argc, argv, &lab);
     const int p = ctx.size, m = micro_batches;
     const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, p, m, virtual_stages);
-    run_check(&ctx, !ctx.opt.experts || (kind != SCHEDULE_ZB_H1 && kind != SCHEDULE_ZB_V),
-              "--experts with --schedule %s: the experts' backward is not split into B and W yet "
-              "(gpipe, 1f1b and interleaved take --experts)", schedule_arg);
     run_check(&ctx, ctx.opt.batch % m == 0, "--batch %d is not divisible by --micro-batches %d", ctx.opt.batch, m);
     if (print_schedule) {
         run_agree_or_exit(ctx.error);

@@ -204,8 +204,8 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     void *dxr;
     ev = trace_begin("experts", TRACE_COMPUTE, -1, NULL);
     const double t0 = MPI_Wtime();
-    moe_experts_backward(h->tensors, lp, gp, 0, El, ly->count, ly->first, ly->xr, ly->fch, ly->gelu, e->dyr,
-                         e->dfch, e->dgelu, &dxr);
+    moe_experts_backward(GPT_PASS_FUSED, h->tensors, lp, gp, 0, El, ly->count, ly->first, ly->xr, ly->fch, ly->gelu,
+                         e->dyr, e->dfch, e->dgelu, &dxr);
     e->counts.expert_seconds += MPI_Wtime() - t0;
     trace_end(ev);
     reorder(e, ly, dxr, e->stage, 0);
@@ -213,7 +213,7 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     exchange_rows(e, e->stage, from, sc.dys, to); /* the slots' input gradients, home (sc.dys is spent) */
     trace_end(ev);
     free(to);
-    moe_router_backward(h, lp, gp, la->ln2, &st, &sc, sc.dys, dinp, s->dloss, N);
+    moe_router_backward(h, GPT_PASS_FUSED, lp, gp, la->ln2, &st, &sc, sc.dys, dinp, s->dloss, N);
 }
 
 long ep_received_rows_bound(const gpt_config *cfg, int N, long rows) {

@@ -101,7 +101,7 @@ TAGS_OVER = ["--schedule", "interleaved", "--virtual-stages", "4", "--micro-batc
 
 # sequence parallelism splits what tensor parallelism leaves whole: a lab without TP has no such flag
 NO_TP = [(2, ["--sequence-parallel"], "--sequence-parallel")]
-# labs whose layers do not run experts (TP: no expert TP; lab04's split backward: below)
+# labs whose layers do not run experts (TP: no expert TP)
 NO_EXPERTS = [(2, ["--experts", "4"], "--experts")]
 
 PER_LAB = {
@@ -170,9 +170,6 @@ PER_LAB = {
         (2, TAGS_OVER, "--micro-batches 2048"),
         (2, ["--dry-run"] + TAGS_OVER, "--micro-batches 2048"),
         (2, ["--print-schedule"] + TAGS_OVER, "--micro-batches 2048"),
-        # the experts' backward is not split into B and W (the others take --experts)
-        (2, ["--experts", "4", "--schedule", "zb-h1"], "--experts"),
-        (2, ["--experts", "4", "--schedule", "zb-v"], "--experts"),
     ] + NO_TP,
     "lab05_tp": [
         (3, [], "--heads"),  # 3 does not divide 4 heads

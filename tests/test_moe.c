@@ -2,7 +2,8 @@
  * finite differences with experts (top-2, top-2 with dropping, top-1, the aux
  * loss weighted up so its gradient shows), the router's rules on numbers
  * worked by hand (ties, gates, capacity in position order, the aux loss of a
- * uniform router), --recompute with experts bit for bit, and dense E = 0
+ * uniform router), --recompute with experts bit for bit, the backward split
+ * in B and W bit for bit, and dense E = 0
  * keeping the dense layout. */
 #include "device.h"
 #include "kernels.h"
@@ -133,6 +134,56 @@ static void gradcheck(const char *name, gpt_config c, int want_drops) {
         CHECK(ar.bytes < a.bytes, "%s --recompute %s keeps no less", name, recompute_names[mode]);
         mem_free(gm);
         gpt_acts_free(&ar);
+        gpt_scratch_free(&sr);
+    }
+    /* the backward split in B and W (lab04's zero-bubble schedules) on two
+     * stages: both B's, then both W's, under every --recompute mode: the fused
+     * gradients bit for bit (the router's d logits and the slots' dys kept
+     * from B until W) */
+    for (int mode = RECOMPUTE_NONE; mode <= RECOMPUTE_FULL; mode++) {
+        gpt_config rc = c;
+        rc.recompute = mode;
+        gpt_layout gr;
+        gpt_layout_init(&gr, &rc);
+        const int mid = c.layers / 2;
+        long b0, e0, b1, e1;
+        gpt_range(&gr, 0, mid, &b0, &e0);
+        gpt_range(&gr, mid, c.layers, &b1, &e1);
+        gpt_acts a0, a1;
+        gpt_grad_scratch sr;
+        gpt_wgrads w0, w1;
+        gpt_acts_alloc(&a0, &gr, 0, mid, B);
+        gpt_acts_alloc(&a1, &gr, mid, c.layers, B);
+        gpt_scratch_alloc(&sr, &gr, B);
+        gpt_acts_bind(&a0, &sr);
+        gpt_acts_bind(&a1, &sr);
+        gpt_wgrads_alloc(&w0, &gr, 0, mid, B);
+        gpt_wgrads_alloc(&w1, &gr, mid, c.layers, B);
+        set_batch(&a0, N, c.vocab);
+        set_batch(&a1, N, c.vocab);
+        float *gm = mem_alloc(P * sizeof(float), MEM_GRADS), *dx = malloc(N * c.d_model * sizeof(float));
+        mem_zero(gm, P * sizeof(float));
+        gpt_forward(&gr, params + b0, &a0);
+        memcpy(a1.x_in, gpt_acts_output(&a0), N * c.d_model * sizeof(float));
+        gpt_forward(&gr, params + b1, &a1);
+        memcpy(dx, gpt_backward_input(&gr, params + b1, &a1, &sr, &w1, NULL, 1.0f / (float)N),
+               N * c.d_model * sizeof(float));
+        gpt_backward_input(&gr, params + b0, &a0, &sr, &w0, dx, 1.0f / (float)N);
+        gpt_backward_weight(&gr, gm + b1, &a1, &w1);
+        gpt_backward_weight(&gr, gm + b0, &a0, &w0);
+        long differ = 0;
+        for (long i = 0; i < P; i++) differ += gm[i] != grads[i];
+        printf("%s --recompute %s, B then W on two stages: %ld of %ld gradients differ from the fused pass's "
+               "(weight-gradient blocks %ld + %ld bytes)\n", name, recompute_names[mode], differ, P, w0.bytes,
+               w1.bytes);
+        CHECK(differ == 0, "%s --recompute %s: B then W differ from the fused gradients in %ld places", name,
+              recompute_names[mode], differ);
+        free(dx);
+        mem_free(gm);
+        gpt_wgrads_free(&w0);
+        gpt_wgrads_free(&w1);
+        gpt_acts_free(&a0);
+        gpt_acts_free(&a1);
         gpt_scratch_free(&sr);
     }
     gpt_acts_free(&a);

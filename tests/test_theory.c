@@ -45,6 +45,32 @@ static void check_experts(long E, long k) {
     printf("tiny model, %ld experts top-%ld: %.3fM parameters, %.3fM active (dense %.3fM); %.2f MFLOP per token "
            "(dense %.2f)\n", E, k, p.total / 1e6, p.active / 1e6, d.total / 1e6, th_flops_per_token(&m) / 1e6,
            th_flops_per_token(&dense) / 1e6);
+    /* the weight half's inputs (lab04's zero-bubble schedules with --experts):
+     * the allocator's gpt_wgrads block, byte for byte, in both precisions and
+     * every --recompute mode, on every range of layers */
+    for (int prec = PREC_FP32; prec <= PREC_BF16; prec++) {
+        precision_use((precision)prec);
+        for (int mode = 0; mode < RECOMPUTE_MODES; mode++) {
+            gpt_config rc = cfg;
+            rc.recompute = mode;
+            gpt_layout gr;
+            gpt_layout_init(&gr, &rc);
+            const th_opts o = th_opts_run(1, 0, mode, prec == PREC_BF16);
+            for (int lo = 0; lo < L; lo += 3)
+                for (int hi = lo + 1; hi <= L; hi += 2)
+                    for (long rows = 1; rows <= 2; rows++) {
+                        gpt_wgrads w;
+                        gpt_wgrads_alloc(&w, &gr, lo, hi, (int)rows);
+                        const double got = th_course_wgrads_bytes(&m, &o, lo, hi, rows);
+                        CHECK(got == (double)w.bytes && (double)mem_current(MEM_ACTS) == got,
+                              "experts %ld top-%ld %s --recompute %s [%d,%d) rows %ld: wgrads allocator %ld, "
+                              "theory %.0f", E, k, precision_name(g_precision), recompute_names[mode], lo, hi, rows,
+                              w.bytes, got);
+                        gpt_wgrads_free(&w);
+                    }
+        }
+    }
+    precision_use(PREC_FP32);
 }
 
 static void check_course_shape(long V, long T, long L, long C, long H) {

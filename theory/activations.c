@@ -92,12 +92,16 @@ double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
 
 double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
     if (!course_runs(m, o)) return -1;
-    const widths w = local_widths(m, o, rows);
+    widths w = local_widths(m, o, rows);
+    const int experts = m->experts > 0;
+    if (experts) w.mlp *= (double)m->top_k; /* fch, GELU: the k N slots' rows */
     const layer_pieces p = pieces_of(&w);
     double layer = 2 * vals(&w, w.N * w.C)                 /* dres3, dres2: the row-parallel douts, whole */
                  + 2 * vals(&w, w.Ns * w.C)                /* dln1, dln2: the LayerNorms' */
                  + vals(&w, w.N * w.mlp) + vals(&w, w.N * 3 * w.attn); /* dfch, dqkv */
+    if (experts) layer += th_moe_scratch_bytes(m, (double)rows, w.v); /* the slots' dys, the router's d logits */
     if (o->recompute == RECOMPUTE_FULL) layer += p.ln1 + p.atty + p.res2 + p.ln2 + p.gelu; /* what W reads */
+    if (experts && o->recompute == RECOMPUTE_FULL) layer += th_moe_state_bytes(m, (double)rows, w.v);
     double bytes = (double)(hi - lo) * layer;
     if (hi == m->layers) bytes += vals(&w, w.Ns * w.V) + vals(&w, w.Ns * w.C); /* dlogits, dlnf */
     if (lo == 0) bytes += vals(&w, w.Ns * w.C);                               /* dx */

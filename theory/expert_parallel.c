@@ -17,12 +17,15 @@ double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, in
     return (double)N * (double)rows * fmin(El * cap, k * T);
 }
 
-/* common/moe.c's moe_state for N positions: probs [N,E], choice, gate, slot
- * [N,k], count, first [E], freq [rows,E] (fp32 / ints), xs, ys [N k, C] values */
-static double moe_state_bytes_of(const th_model *m, double rows, double v) {
+double th_moe_state_bytes(const th_model *m, double rows, double v) {
     const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
     return th_pad64(4 * N * E) + 3 * th_pad64(4 * N * k) + 2 * th_pad64(4 * E) + th_pad64(4 * rows * E) +
            2 * th_pad64(v * N * k * (double)m->d_model);
+}
+
+double th_moe_scratch_bytes(const th_model *m, double rows, double v) {
+    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
+    return th_pad64(v * N * k * (double)m->d_model) + th_pad64(4 * N * k) + th_pad64(4 * N * E);
 }
 
 double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received) {
@@ -31,7 +34,7 @@ double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const do
     const double v = th_param_bytes(o->precision), N = (double)rows * (double)m->seq, L = (double)m->layers;
     double bytes = dense;
     if (o->recompute != RECOMPUTE_FULL) /* the layer's fch and GELU pieces are empty; the router's state kept */
-        bytes += L * (moe_state_bytes_of(m, (double)rows, v) - 2 * th_pad64(v * N * (double)m->ffn));
+        bytes += L * (th_moe_state_bytes(m, (double)rows, v) - 2 * th_pad64(v * N * (double)m->ffn));
     bytes += L * th_pad64(4 * (4 + (double)m->experts)); /* the aux-loss statistics, kept under every mode */
     for (int l = 0; l < m->layers; l++) /* xr [r,C], fch, gelu [r,ffn], yr [r,C]: each its own allocation */
         bytes += fmax(received[l], 1) * (2 * (double)m->d_model + 2 * (double)m->ffn) * v;
@@ -67,10 +70,9 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
      * full the recomputed layer's fch, GELU, with the router state and statistics instead), the router's
      * backward (dys [N k,C], dgate [N,k], dp [N,E]), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */
     double workspace = th_course_scratch_bytes(m, &o, rows) - 2 * th_pad64(v * Npos * F) +
-                       th_pad64(v * Npos * k * C) + th_pad64(4 * Npos * k) + th_pad64(4 * Npos * E) +
-                       fmax(received, 1) * (C + 2 * F) * v;
+                       th_moe_scratch_bytes(m, (double)rows, v) + fmax(received, 1) * (C + 2 * F) * v;
     if (r->recompute == RECOMPUTE_FULL)
-        workspace += moe_state_bytes_of(m, (double)rows, v) + th_pad64(4 * (4 + E)) - 2 * th_pad64(v * Npos * F);
+        workspace += th_moe_state_bytes(m, (double)rows, v) + th_pad64(4 * (4 + E)) - 2 * th_pad64(v * Npos * F);
     const double stage = fmax(fmax(received, k * Npos), 1) * C * v; /* sent and received rows, by rank */
     const th_states s = th_model_states(psi, &o, 0, 1);
     const double replicated = psi - experts_held;

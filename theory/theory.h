@@ -201,7 +201,10 @@ double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows);
  * --recompute full what W reads of the layer (ln1, ln2 [N,C] + their
  * statistics [Ns], atty [N,C/t], res2 [Ns,C], fch_gelu [N,4C/t]), which B's
  * recomputation leaves there; last stage dlogits [Ns,V], dlnf [Ns,C]; first
- * stage dx [Ns,C]. */
+ * stage dx [Ns,C]. With experts (lab04's zero-bubble schedules with
+ * --experts): fch's pieces k N slots wide, and per layer the slots' dys and the
+ * router's d logits (th_moe_scratch_bytes), under full the router's and
+ * dispatch's state too (th_moe_state_bytes). */
 double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows);
 /* Elements whose gradients are partial on each TP rank under sequence
  * parallelism, because they act on its T/t positions only, summed over the TP
@@ -361,6 +364,12 @@ double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts);
  * the capacity-free bound) and k T in all. lab08 sizes its received-row
  * buffers to this when F > 0. */
 double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, int N, double capacity_factor);
+/* EXACT: common/moe.c's router and dispatch state of one layer for `rows`
+ * sequences (moe_state_bytes: probs [N,E], choice, gate, slot [N,k], count,
+ * first [E], freq [rows,E], xs, ys [N k, C]) and its backward's buffers
+ * (moe_scratch_bytes: dys [N k, C], dgate [N,k], dp [N,E]), v bytes a value. */
+double th_moe_state_bytes(const th_model *m, double rows, double v);
+double th_moe_scratch_bytes(const th_model *m, double rows, double v);
 /* EXACT: one lab08 rank's activations (MEM_ACTS) for `rows` sequences, m the
  * course's model with experts and top_k set: th_course_acts_bytes without each
  * layer's fch and GELU pieces [N,ffn] (the experts' hidden rows live in the
