@@ -554,10 +554,6 @@ void run_setup(run_ctx *ctx) {
      * known good, is the --out folder created, so a rejected run leaves nothing
      * behind. */
     if (ctx->rank == 0) check_outputs(ctx, err, sizeof err);
-    /* after the outputs: a lab whose experts are the default (lab08) still names a bad --out or --save */
-    /* theory/predict counts experts for the lab built around them (lab08, whose default they are) only */
-    if (!err[0] && o->experts && o->dry_run && !experts_default)
-        snprintf(err, sizeof err, "--experts: --dry-run's formulas (theory/predict) count experts in lab08_ep only");
     run_agree_or_exit(err);
     /* --dry-run creates nothing: the checks above are the run's own */
     if (ctx->rank == 0 && !o->dry_run && path_make_folder(o->out) != 0)

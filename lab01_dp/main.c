@@ -163,9 +163,7 @@ int main(int argc, char **argv) {
     char extra[256];
     /* the activations of B/N rows by theory.h's exact formula, beside the allocator's peak;
      * the FLOPs a token costs, and what --recompute adds to them */
-    th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
-    tm.experts = g.cfg.experts; /* --experts: FLOPs of the active parameters */
-    tm.top_k = g.cfg.top_k;
+    const th_model tm = lab_theory_model(&g.cfg); /* --experts: FLOPs of the active parameters, their buffers */
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     snprintf(extra, sizeof extra, "\"bucket_mb\":%g,\"grad_accum\":%d,\"replicas_identical\":%s,\"flops_per_token_formula\":%.0f,"
              "\"recompute_flops_per_token_formula\":%.0f", bucket_mb, grad_accum, check_sync ? (in_sync ? "true" : "false") : "null",

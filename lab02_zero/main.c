@@ -126,9 +126,7 @@ int main(int argc, char **argv) {
     zero_figures_compute(&zero, &fig);
     char extra[1024];
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
-    th_model tm = th_course_model(g.cfg.vocab, T, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
-    tm.experts = g.cfg.experts; /* --experts: FLOPs of the active parameters */
-    tm.top_k = g.cfg.top_k;
+    const th_model tm = lab_theory_model(&g.cfg); /* --experts: FLOPs of the active parameters, their buffers */
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     lab_finish(&ctx, &view, eval_loss, extra, 0 /* model states: its own table */,
                (run_report){.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,

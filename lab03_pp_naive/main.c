@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
         ctx.opt.eval ? ckpt_print_eval(&ctx, stage_evaluate(&st, &ctx.data, ctx.opt.batch, ctx.opt.seq)) : -1;
 
     char *extra_json = stage_report_json(&st, 1, "1 batch (naive: the whole batch at once)");
-    const th_model tm = th_course_model(g.cfg.vocab, g.cfg.seq, g.cfg.layers, g.cfg.d_model, g.cfg.heads);
+    const th_model tm = lab_theory_model(&g.cfg); /* --experts: their buffers too */
     const th_opts opts = stage_opts(&st);
     lab_finish(&ctx, &view, eval_loss, extra_json, 1,
                (run_report){.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,

@@ -1,6 +1,7 @@
 #include "stage.h"
 #include "device.h"
 #include "kernels.h"
+#include "lab_run.h" /* lab_theory_model */
 #include "mem.h"
 #include "moe.h"
 #include "run.h" /* human() */
@@ -258,7 +259,7 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
     /* theory/'s exact formula of the same block (at the model's TP widths, SP
      * and --recompute) */
     const gpt_config *cfg = &s->g->cfg;
-    const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
+    const th_model tm = lab_theory_model(cfg); /* --experts: their buffers too */
     const th_opts opts = stage_opts(s);
     mine[BYTES_F] = th_course_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows);
     mine[IN_FLIGHT] = in_flight_formula;

@@ -1,6 +1,7 @@
 #include "executor.h"
 #include "device.h"
 #include "kernels.h"
+#include "lab_run.h" /* lab_theory_model */
 #include "mem.h"
 #include "run.h" /* human() */
 #include "textbuf.h"
@@ -562,7 +563,7 @@ void pipeline_measured_times(const pipeline_rank *pr, int first_measured, double
 
 double pipeline_acts_formula_bytes(const pipeline_rank *pr) {
     const gpt_config *cfg = &pr->g->cfg;
-    const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
+    const th_model tm = lab_theory_model(cfg); /* --experts: their buffers too */
     double bytes = 0;
     for (int c = 0; c < pr->v; c++) {
         const pipeline_stage *s = &pr->chunk[c];

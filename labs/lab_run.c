@@ -5,11 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+th_model lab_theory_model(const gpt_config *c) {
+    th_model m = th_course_model(c->vocab, c->seq, c->layers, c->d_model, c->heads);
+    m.experts = c->experts > 0 ? c->experts : 0;
+    m.top_k = c->experts > 0 ? c->top_k : 0;
+    return m;
+}
+
 th_run lab_run_config(const run_ctx *ctx) {
     const gpt_config *m = &ctx->model;
     return (th_run){.ranks = ctx->size, .cuda = ctx->device == DEVICE_CUDA, .bf16 = g_precision == PREC_BF16,
-                    .batch = ctx->opt.batch, .model = th_course_model(m->vocab, m->seq, m->layers, m->d_model, m->heads),
-                    .tp = 1, .pp = 1, .dp = ctx->size, .micro_batches = 1, .recompute = m->recompute};
+                    .batch = ctx->opt.batch, .model = lab_theory_model(m), .tp = 1, .pp = 1, .dp = ctx->size,
+                    .micro_batches = 1, .recompute = m->recompute};
 }
 
 void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) {

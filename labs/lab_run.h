@@ -13,9 +13,13 @@
 #include "predict.h"
 #include "run.h"
 
+/* The course model theory/ counts for a run's model: its shape, and with
+ * --experts the experts and top-k (every exact formula then counts them). */
+th_model lab_theory_model(const gpt_config *c);
+
 /* The config every lab shares (ranks, device, precision, batch, the course
- * model, --recompute), as a grid of data parallelism over all ranks with one
- * micro-batch: the lab overwrites what its flags change. */
+ * model with its experts, --recompute), as a grid of data parallelism over all
+ * ranks with one micro-batch: the lab overwrites what its flags change. */
 th_run lab_run_config(const run_ctx *ctx);
 
 /* r.comm_formula_bytes = this: the busiest rank's ring bytes of the prediction

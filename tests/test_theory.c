@@ -45,9 +45,11 @@ static void check_experts(long E, long k) {
     printf("tiny model, %ld experts top-%ld: %.3fM parameters, %.3fM active (dense %.3fM); %.2f MFLOP per token "
            "(dense %.2f)\n", E, k, p.total / 1e6, p.active / 1e6, d.total / 1e6, th_flops_per_token(&m) / 1e6,
            th_flops_per_token(&dense) / 1e6);
-    /* the weight half's inputs (lab04's zero-bubble schedules with --experts):
-     * the allocator's gpt_wgrads block, byte for byte, in both precisions and
-     * every --recompute mode, on every range of layers */
+    /* lab01-lab04's blocks with --experts: the activations (k N slots' fch and
+     * GELU, the router state, the statistics), the backward scratch and the
+     * weight half's inputs (the zero-bubble schedules), each the allocator's
+     * byte for byte, in both precisions and every --recompute mode, on every
+     * range of layers */
     for (int prec = PREC_FP32; prec <= PREC_BF16; prec++) {
         precision_use((precision)prec);
         for (int mode = 0; mode < RECOMPUTE_MODES; mode++) {
@@ -59,6 +61,16 @@ static void check_experts(long E, long k) {
             for (int lo = 0; lo < L; lo += 3)
                 for (int hi = lo + 1; hi <= L; hi += 2)
                     for (long rows = 1; rows <= 2; rows++) {
+                        gpt_acts a;
+                        gpt_acts_alloc(&a, &gr, lo, hi, (int)rows);
+                        const double acts = th_course_acts_bytes(&m, &o, lo, hi, rows);
+                        const th_acts_parts parts = th_course_acts_parts(&m, &o, lo, hi, rows);
+                        CHECK(acts == (double)a.bytes && (double)mem_current(MEM_ACTS) == acts &&
+                              parts.quadratic + parts.linear + parts.other == acts,
+                              "experts %ld top-%ld %s --recompute %s [%d,%d) rows %ld: acts allocator %ld, "
+                              "theory %.0f", E, k, precision_name(g_precision), recompute_names[mode], lo, hi, rows,
+                              a.bytes, acts);
+                        gpt_acts_free(&a);
                         gpt_wgrads w;
                         gpt_wgrads_alloc(&w, &gr, lo, hi, (int)rows);
                         const double got = th_course_wgrads_bytes(&m, &o, lo, hi, rows);
@@ -68,6 +80,14 @@ static void check_experts(long E, long k) {
                               w.bytes, got);
                         gpt_wgrads_free(&w);
                     }
+            for (long rows = 1; rows <= 3; rows++) {
+                gpt_grad_scratch sc;
+                gpt_scratch_alloc(&sc, &gr, (int)rows);
+                const double want = (double)mem_current(MEM_WORKSPACE), got = th_course_scratch_bytes(&m, &o, rows);
+                CHECK(got == want, "experts %ld top-%ld %s --recompute %s rows %ld: scratch allocator %.0f, theory %.0f",
+                      E, k, precision_name(g_precision), recompute_names[mode], rows, want, got);
+                gpt_scratch_free(&sc);
+            }
         }
     }
     precision_use(PREC_FP32);

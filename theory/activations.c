@@ -15,7 +15,10 @@ static int course_runs(const th_model *m, const th_opts *o) {
            m->ffn == 4 * m->d_model && !m->gated_mlp && m->biases && m->learned_positions && !m->tied_head &&
            m->heads % t == 0 && m->d_model % m->heads == 0 && (!o->sequence_parallel || m->seq % t == 0) &&
            (o->recompute == RECOMPUTE_NONE || o->recompute == RECOMPUTE_SELECTIVE ||
-            o->recompute == RECOMPUTE_FULL);
+            o->recompute == RECOMPUTE_FULL) &&
+           /* experts as common/moe.c runs them: every layer's MLP E MLPs of the dense shape, k of them a token */
+           (m->experts <= 0 || (m->top_k >= 1 && m->top_k <= m->experts && !m->ffn_expert && !m->shared_experts &&
+                                !m->dense_layers));
 }
 
 /* A TP rank's widths inside a layer (heads, attention columns, MLP units), the
@@ -27,9 +30,18 @@ typedef struct { double heads, attn, mlp, B, T, C, V, N, Ns, v; } widths;
 static widths local_widths(const th_model *m, const th_opts *o, long rows) {
     long t = o->tp > 0 ? o->tp : 1, heads = m->heads / t;
     double N = (double)rows * m->seq;
-    return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), (double)(m->ffn / t), (double)rows,
-                    (double)m->seq, (double)m->d_model, (double)m->vocab, N,
+    /* experts: fch and GELU hold the k N slots' rows (common/model.c's full_widths) */
+    const double slots_per_position = m->experts > 0 ? (double)m->top_k : 1;
+    return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), (double)(m->ffn / t) * slots_per_position,
+                    (double)rows, (double)m->seq, (double)m->d_model, (double)m->vocab, N,
                     o->sequence_parallel ? N / (double)t : N, th_param_bytes(o->precision)};
+}
+
+/* With experts (common/moe.h), what a layer adds to its pieces: the router's
+ * and dispatch's state, kept where the layer keeps its pieces, and the
+ * aux-loss statistics, kept under every --recompute mode. 0 for a dense model. */
+static double moe_state_of(const th_model *m, const widths *w) {
+    return m->experts > 0 ? th_moe_state_bytes(m, w->B, w->v) : 0;
 }
 
 /* n of the model's values, and n fp32 statistics / losses / token ids, as carved */
@@ -59,9 +71,10 @@ th_acts_parts th_course_acts_parts(const th_model *m, const th_opts *o, int lo, 
     const layer_pieces p = pieces_of(&w);
     const double layers = hi - lo;
     /* what a layer keeps for its backward under each --recompute mode */
-    double quadratic = p.att, linear = all_but_att(&p);
+    double quadratic = p.att, linear = all_but_att(&p) + moe_state_of(m, &w);
     if (o->recompute == RECOMPUTE_SELECTIVE) quadratic = 0;
     if (o->recompute == RECOMPUTE_FULL) { quadratic = 0; linear = p.res3; /* its output only */ }
+    linear += th_moe_stats_bytes(m);
     double other = vals(&w, w.Ns * w.C);   /* x_in */
     if (lo == 0) other += fours(w.Ns);     /* tokens */
     if (hi == m->layers)                   /* targets, lnf + mean, rstd, logits, probs, losses */
@@ -85,23 +98,24 @@ double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
                    vals(&w, w.N * w.attn) + vals(&w, w.B * w.heads * w.T * w.T) + 2 * vals(&w, w.N * w.mlp) +
                    vals(&w, w.Ns * w.V) /* dlogits */;
     if (o->sequence_parallel && o->tp > 1) bytes += 2 * vals(&w, w.N * w.C) + vals(&w, w.Ns * w.C); /* staging */
+    if (m->experts > 0) bytes += th_moe_scratch_bytes(m, w.B, w.v); /* the slots' dys, the router's backward */
     if (o->recompute == RECOMPUTE_SELECTIVE) bytes += p.att;                  /* the recomputed att */
-    if (o->recompute == RECOMPUTE_FULL) bytes += p.att + all_but_att(&p);     /* one whole layer */
+    if (o->recompute == RECOMPUTE_FULL)                                       /* one whole layer */
+        bytes += p.att + all_but_att(&p) + moe_state_of(m, &w) + th_moe_stats_bytes(m);
     return bytes;
 }
 
 double th_course_wgrads_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
     if (!course_runs(m, o)) return -1;
-    widths w = local_widths(m, o, rows);
+    const widths w = local_widths(m, o, rows); /* experts: fch, GELU the k N slots' rows */
     const int experts = m->experts > 0;
-    if (experts) w.mlp *= (double)m->top_k; /* fch, GELU: the k N slots' rows */
     const layer_pieces p = pieces_of(&w);
     double layer = 2 * vals(&w, w.N * w.C)                 /* dres3, dres2: the row-parallel douts, whole */
                  + 2 * vals(&w, w.Ns * w.C)                /* dln1, dln2: the LayerNorms' */
                  + vals(&w, w.N * w.mlp) + vals(&w, w.N * 3 * w.attn); /* dfch, dqkv */
     if (experts) layer += th_moe_scratch_bytes(m, (double)rows, w.v); /* the slots' dys, the router's d logits */
     if (o->recompute == RECOMPUTE_FULL) layer += p.ln1 + p.atty + p.res2 + p.ln2 + p.gelu; /* what W reads */
-    if (experts && o->recompute == RECOMPUTE_FULL) layer += th_moe_state_bytes(m, (double)rows, w.v);
+    if (experts && o->recompute == RECOMPUTE_FULL) layer += moe_state_of(m, &w);
     double bytes = (double)(hi - lo) * layer;
     if (hi == m->layers) bytes += vals(&w, w.Ns * w.V) + vals(&w, w.Ns * w.C); /* dlogits, dlnf */
     if (lo == 0) bytes += vals(&w, w.Ns * w.C);                               /* dx */

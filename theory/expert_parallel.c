@@ -23,19 +23,26 @@ double th_moe_state_bytes(const th_model *m, double rows, double v) {
            2 * th_pad64(v * N * k * (double)m->d_model);
 }
 
+double th_moe_stats_bytes(const th_model *m) { return m->experts > 0 ? th_pad64(4 * (4 + (double)m->experts)) : 0; }
+
 double th_moe_scratch_bytes(const th_model *m, double rows, double v) {
     const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
     return th_pad64(v * N * k * (double)m->d_model) + th_pad64(4 * N * k) + th_pad64(4 * N * E);
 }
 
+/* A layer's fch and GELU pieces as lab01's layers carve them, k N slots'
+ * rows each; lab08's layers leave them empty (the experts' hidden rows are
+ * the received rows' buffers). */
+static double slot_hidden_bytes(const th_model *m, long rows, double v) {
+    return 2 * th_pad64(v * (double)rows * (double)m->seq * (double)m->top_k * (double)m->ffn);
+}
+
 double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received) {
-    const double dense = th_course_acts_bytes(m, o, 0, (int)m->layers, rows);
-    if (dense < 0 || m->experts <= 0) return -1;
-    const double v = th_param_bytes(o->precision), N = (double)rows * (double)m->seq, L = (double)m->layers;
-    double bytes = dense;
-    if (o->recompute != RECOMPUTE_FULL) /* the layer's fch and GELU pieces are empty; the router's state kept */
-        bytes += L * (th_moe_state_bytes(m, (double)rows, v) - 2 * th_pad64(v * N * (double)m->ffn));
-    bytes += L * th_pad64(4 * (4 + (double)m->experts)); /* the aux-loss statistics, kept under every mode */
+    const double lab01 = th_course_acts_bytes(m, o, 0, (int)m->layers, rows); /* with the router state, stats */
+    if (lab01 < 0 || m->experts <= 0) return -1;
+    const double v = th_param_bytes(o->precision), L = (double)m->layers;
+    double bytes = lab01;
+    if (o->recompute != RECOMPUTE_FULL) bytes -= L * slot_hidden_bytes(m, rows, v);
     for (int l = 0; l < m->layers; l++) /* xr [r,C], fch, gelu [r,ffn], yr [r,C]: each its own allocation */
         bytes += fmax(received[l], 1) * (2 * (double)m->d_model + 2 * (double)m->ffn) * v;
     return bytes;
@@ -55,7 +62,7 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
     th_opts held = o;
     held.ep = N;
     const double v = th_param_bytes(o.precision), L = (double)m->layers, C = (double)m->d_model;
-    const double E = (double)m->experts, k = (double)m->top_k, F = (double)m->ffn;
+    const double k = (double)m->top_k, F = (double)m->ffn;
     const long rows = r->batch / r->ranks;
     const double Npos = (double)rows * (double)m->seq;
     const double psi = th_stage_params(m, &held, 0, (int)m->layers);
@@ -66,13 +73,12 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
     for (int l = 0; l < m->layers; l++) per_layer[l] = received;
     const double acts = th_ep_acts_bytes(m, &o, rows, per_layer);
     free(per_layer);
-    /* the backward scratch with the layer's MLP pieces empty (dfch, dGELU [N,ffn]; and under --recompute
-     * full the recomputed layer's fch, GELU, with the router state and statistics instead), the router's
-     * backward (dys [N k,C], dgate [N,k], dp [N,E]), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */
-    double workspace = th_course_scratch_bytes(m, &o, rows) - 2 * th_pad64(v * Npos * F) +
-                       th_moe_scratch_bytes(m, (double)rows, v) + fmax(received, 1) * (C + 2 * F) * v;
-    if (r->recompute == RECOMPUTE_FULL)
-        workspace += th_moe_state_bytes(m, (double)rows, v) + th_pad64(4 * (4 + E)) - 2 * th_pad64(v * Npos * F);
+    /* lab01's backward scratch (with the router's backward, and under --recompute full the recomputed
+     * layer's router state and statistics) with the layer's MLP pieces empty (dfch, dGELU; under full the
+     * recomputed layer's fch, GELU too), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */
+    double workspace = th_course_scratch_bytes(m, &o, rows) - slot_hidden_bytes(m, rows, v) +
+                       fmax(received, 1) * (C + 2 * F) * v;
+    if (r->recompute == RECOMPUTE_FULL) workspace -= slot_hidden_bytes(m, rows, v);
     const double stage = fmax(fmax(received, k * Npos), 1) * C * v; /* sent and received rows, by rank */
     const th_states s = th_model_states(psi, &o, 0, 1);
     const double replicated = psi - experts_held;

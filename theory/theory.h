@@ -177,6 +177,13 @@ th_states th_zero_buffers(double unit_elems, const th_opts *o, int zero_stage);
  *   every stage  x_in [Ns,C]                       (not per layer)
  *   first stage  tokens [Ns]; last stage: targets, losses [Ns], lnf [Ns,C],
  *                its mean and rstd [Ns], logits, probs [Ns,V]
+ *   experts      (m->experts, m->top_k: lab01-lab04's --experts, t = 1) fch
+ *                and GELU hold the k N slots' rows [k N,4C]; each layer adds
+ *                the router's and dispatch's state (th_moe_state_bytes) where
+ *                it keeps its pieces (none, selective) and its aux-loss
+ *                statistics (th_moe_stats_bytes) under every mode. Fixed by
+ *                the batch: the allocator holds every slot whatever the
+ *                routing and --capacity-factor.
  *
  * Returns -1 for options the course's model does not run (a model that is
  * not the course's shape, SP with T not divisible by t). */
@@ -193,7 +200,10 @@ th_acts_parts th_course_acts_parts(const th_model *m, const th_opts *o, int lo, 
  * [Ns,C]; and the recomputation's one layer: selective att, full every piece
  * of a layer under none (the forward's intermediates and the backward's
  * recomputation go there, so they are counted once per stage, here, and not
- * per micro-batch in the activations); all values of the precision. */
+ * per micro-batch in the activations); all values of the precision. With
+ * experts dfch, dfch_gelu k N slots' rows, the router's backward
+ * (th_moe_scratch_bytes), and under full the layer's router state and
+ * statistics. */
 double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows);
 /* EXACT: a split backward's weight-gradient block (gpt_wgrads_alloc_part,
  * activations category, per micro-batch from B to W): per layer dres3, dres2
@@ -370,12 +380,14 @@ double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, in
  * (moe_scratch_bytes: dys [N k, C], dgate [N,k], dp [N,E]), v bytes a value. */
 double th_moe_state_bytes(const th_model *m, double rows, double v);
 double th_moe_scratch_bytes(const th_model *m, double rows, double v);
+/* EXACT: a layer's aux-loss statistics (layer_acts.moe_stats: 4 + E floats,
+ * kept under every --recompute mode); 0 without experts. */
+double th_moe_stats_bytes(const th_model *m);
 /* EXACT: one lab08 rank's activations (MEM_ACTS) for `rows` sequences, m the
- * course's model with experts and top_k set: th_course_acts_bytes without each
- * layer's fch and GELU pieces [N,ffn] (the experts' hidden rows live in the
- * hook), plus per layer moe.c's router state (probs [N,E], choice, gate, slot
- * [N,k], count, first [E], freq [rows,E], xs, ys [N k, C]; not kept under
- * --recompute full) and its statistics (4 + E floats, always), plus the rows
+ * course's model with experts and top_k set: th_course_acts_bytes (lab01's
+ * layers with experts: the router state, not kept under --recompute full, and
+ * the statistics, always) without each layer's fch and GELU pieces [k N,ffn]
+ * (the experts' hidden rows live in the hook), plus the rows
  * received[l] layer l's buffers hold (at least 1): xr, yr [r,C], fch, GELU
  * [r,ffn]. With F > 0 received[l] is th_ep_received_rows_bound for every
  * layer; with F = 0 the most rows the run routed to the rank in that layer.
