@@ -85,7 +85,8 @@ static double adamw_seconds(const timing *tm, double params) {
 
 /* The shard plan of lab01's buckets and lab02's units (one rule, lab02_zero/shards.h). */
 static void shard_figures(const run *r, th_run *t) {
-    gpt_config cfg = {.vocab = 256, .seq = r->T, .layers = r->L, .d_model = r->C, .heads = r->H, .recompute = r->cfg.recompute};
+    gpt_config cfg = {.vocab = 256, .seq = r->T, .layers = r->L, .d_model = r->C, .heads = r->H, .recompute = r->cfg.recompute,
+                      .experts = (int)r->cfg.model.experts, .top_k = (int)r->cfg.model.top_k}; /* the experts' tensors too */
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
     const int N = r->cfg.ranks, zero = r->cfg.zero_stage;
@@ -300,30 +301,34 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
                                   !read_count(rec, "", "dp", 1, MAX_RANKS, 0, &dp, why, len)))
         return 0;
     /* lab07: --cp ranks per CP group, data parallel over the rest; lab08: --ep
-     * ranks per EP group, every rank its own rows (the routing's config is the
-     * record's config: experts, top_k, capacity_factor, capacity_scope) */
+     * ranks per EP group, every rank its own rows. The experts are the
+     * record's config for every lab (experts, top_k, capacity_factor,
+     * capacity_scope; absent: a dense model), required of lab08's. */
     long cp = 0, ep = 0, experts = 0, top_k = 0;
     int cp_algo = 0, scope = 0;
     double capacity = 0;
+    const int lab08 = is_lab(r, "lab08_ep");
     if (is_lab(r, "lab07_cp") &&
         (!read_count(rec, "", "cp", 1, ranks, 0, &cp, why, len) ||
          !read_choice(rec, "", "cp_algo", "ring|allgather|ulysses", NULL, &cp_algo, why, len)))
         return 0;
     if (cp && ranks % cp) return problem(why, len, "cp %ld does not divide ranks %ld", cp, ranks);
     if (cp && T % cp) return problem(why, len, "config.seq %ld is not divisible by cp %ld", T, cp);
-    if (is_lab(r, "lab08_ep") &&
-        (!read_count(rec, "", "ep", 1, ranks, 0, &ep, why, len) ||
-         !read_count(cfg, "config.", "experts", 1, MAX_LAYERS, 0, &experts, why, len) ||
-         !read_count(cfg, "config.", "top_k", 1, MAX_LAYERS, 0, &top_k, why, len) ||
-         !read_number(cfg, "capacity_factor", 0, 0, &capacity, why, len) ||
-         !read_choice(cfg, "config.", "capacity_scope", "sequence|rank", "sequence", &scope, why, len)))
+    if ((lab08 && !read_count(rec, "", "ep", 1, ranks, 0, &ep, why, len)) ||
+        !read_count(cfg, "config.", "experts", lab08, MAX_LAYERS, 0, &experts, why, len) ||
+        !read_count(cfg, "config.", "top_k", lab08, MAX_LAYERS, 0, &top_k, why, len) ||
+        !read_number(cfg, "capacity_factor", 0, 0, &capacity, why, len) ||
+        !read_choice(cfg, "config.", "capacity_scope", "sequence|rank", "sequence", &scope, why, len))
         return 0;
-    if (ep && (ranks % ep || experts % ep || top_k > experts))
-        return problem(why, len, "ep %ld, config.experts %ld, config.top_k %ld: ep must divide ranks %ld and the "
-                       "experts, top_k be at most the experts", ep, experts, top_k, ranks);
+    if (experts && (top_k < 1 || top_k > experts))
+        return problem(why, len, "config.experts %ld, config.top_k %ld: top_k must be from 1 to the experts", experts,
+                       top_k);
+    if (ep && (ranks % ep || experts % ep))
+        return problem(why, len, "ep %ld, config.experts %ld: ep must divide ranks %ld and the experts", ep, experts,
+                       ranks);
     if (cp) dp = ranks / cp;
     r->cfg.cp = (int)cp; r->cfg.cp_algo = cp_algo; r->cfg.ep = (int)ep;
-    r->cfg.model.experts = experts; r->cfg.model.top_k = top_k;
+    r->cfg.model.experts = experts; r->cfg.model.top_k = experts ? top_k : 0; /* a dense record's top_k is unused */
     /* a per-rank capacity sizes the buffers by the routing, as no capacity does */
     r->cfg.capacity_factor = scope == 0 ? capacity : 0;
     r->routing_sized = ep && r->cfg.capacity_factor == 0;
@@ -420,7 +425,8 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     if (!own_part && r.cfg.pp == 1 && !r.cfg.schedule && !r.cfg.tensor_parallel)
         shard_figures(&r, &r.cfg); /* data parallelism's units */
     th_predict_run(&r.cfg, pr);
-    if (own_part) tm.cal = NULL; /* plan3d's step-time model has no CP or EP part */
+    /* plan3d's step-time model has no CP or EP part, and no experts' (their router, dispatch and k of E MLPs) */
+    if (own_part || r.cfg.model.experts > 0) tm.cal = NULL;
     if (r.routing_sized) /* the prediction there is a bound, not the run's figure */
         for (int q = 0; q < r.cfg.ranks; q++) pr[q].mem[MEM_ACTS] = pr[q].mem[MEM_COMM] = pr[q].mem[MEM_WORKSPACE] = -1;
     if (is_grid) bubble_unit = th_bubble_unit(th_schedule_parse(r.schedule), r.cfg.pp, r.cfg.micro_batches, 1);

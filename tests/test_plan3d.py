@@ -35,7 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import BUILD, MPIRUN, check, program  # noqa: E402
+from labtest import BUILD, EXPERTS_LAYOUTS, MPIRUN, check, program  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = os.path.join(BUILD, "plan3d")
@@ -104,6 +104,8 @@ def case_check():
         ("lab04_1f1b", 2, TINY + ["--micro-batches", "4", "--schedule", "zb-v", "--layers", "4"]),
         ("lab06_3d", 4, TINY + ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "4", "--schedule", "zb-v",
                                 "--layers", "4"]),
+        # --experts in lab01-lab04 (the record's config names them): every category and kind exact
+    ] + [(lab, n, TINY + flags) for lab, n, flags in EXPERTS_LAYOUTS] + [
         # context parallelism (theory/context.c) and experts over ranks (theory/expert_parallel.c); lab08's
         # received rows are sized by the capacity with --capacity-factor, by the routing without one
         ("lab07_cp", 2, TINY), ("lab07_cp", 4, TINY + ["--cp", "2", "--cp-algo", "ulysses"]),
@@ -117,7 +119,10 @@ def case_check():
     print(p.stdout)
     check(p.returncode == 0, f"plan3d --check: status {p.returncode}: {p.stdout[-2000:]} {p.stderr}")
     runs = json.load(open(js))["runs"]
-    check(len(runs) == 25, f"25 runs checked, got {len(runs)}")
+    check(len(runs) == 25 + len(EXPERTS_LAYOUTS), f"{25 + len(EXPERTS_LAYOUTS)} runs checked, got {len(runs)}")
+    records = [json.loads(line) for line in open(os.path.join(out, "records.jsonl")).read().splitlines()]
+    check(sum(rec["config"].get("experts", 0) > 0 and rec["lab"] != "lab08_ep" for rec in records)
+          == len(EXPERTS_LAYOUTS), "the records of lab01-lab04 with --experts name them in their config")
     labs = {r["lab"] for r in runs}
     check(len(labs) == 8, f"every lab checked: {sorted(labs)}")
     for r in runs:
