@@ -254,6 +254,10 @@ static double print_needs(FILE *f, const th_run *r, const th_rank_need *need, in
     const double ring = predicted_ring_bytes(r, need);
     if (ring >= 0) fprintf(f, "  ring traffic of the busiest rank per step: %.0f bytes (per kind, the maximum over ranks, summed)\n", ring);
     else fprintf(f, "  ring traffic of the busiest rank per step: not predicted\n");
+    if (r->model.experts > 0 && r->ep == 0) /* lab08 (ep > 0) says what its routing decides itself */
+        fprintf(f, "  experts: %ld per layer, top-%ld, in every figure (all experts' and the router's parameters; the "
+                "k N slots' buffers and the router's state, fixed by the batch: exact whatever the routing and "
+                "--capacity-factor)\n", r->model.experts, r->model.top_k);
     return ring;
 }
 
