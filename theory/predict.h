@@ -64,7 +64,9 @@ typedef struct th_run {
      * split over cp ranks (1 included) by --cp-algo (th_cp_algo); 0: none */
     int cp, cp_algo;
     /* > 0: the MLPs are lab08's experts over ep ranks; --capacity-factor (0: none);
-     * model.experts and model.top_k give the routing */
+     * model.experts and model.top_k give the routing. ep 0 with model.experts
+     * > 0: every rank holds all the experts (lab01-lab04's --experts), which
+     * the exact formulas count; its buffers hold every slot, so F is not needed */
     int ep;
     double capacity_factor;
 } th_run;
