@@ -15,7 +15,9 @@ B. the lab matrix on CUDA and the CPU at 1 and 2 ranks (2 ranks share the GPU:
    --check-sync; bf16; sequence parallelism; recomputation (the same numbers);
    the pipeline schedules; --bucket-mb; PL_CUDA_SYNC=1; gpt2-small's width and
    length at 2 layers on both devices; checkpoints saved on one device, resumed on
-   the other.
+   the other; lab07's CP algorithms (ring, allgather, ulysses) at 1 and 2 ranks, and
+   in bf16; lab08 (experts, the CPU only): --device auto must pick the CPU and
+   match lab01 -n 1 --experts 4, --device cuda must be refused in one line.
 C. every ctest labelled gpu (PL_REQUIRE_GPU=1: no GPU is a failure), and
    compute-sanitizer memcheck, racecheck and synccheck on test_gpu_kernels --small.
 
