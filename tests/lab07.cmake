@@ -1,3 +1,5 @@
 foreach(case equivalence precision resume dry_run max_memory)
   add_lab_test(lab07_${case} test_lab07.py ${case})
 endforeach()
+add_lab_test(gpu_lab07_cuda test_lab07.py cuda)
+set_tests_properties(gpu_lab07_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)

@@ -15,12 +15,18 @@
                before the hard end, the whole check ends by the hard end (the
                hanging run cut there, phase C not started), and the folder never
                holds more than 8 files.
+  plan         the device check's plan (device_check.py's make_plan, and --list)
+               covers every lab directory and every gpu-labelled ctest of the
+               build; lab07's algorithms at 1 and 2 ranks on CUDA are compared with
+               lab01 -n 1 on CUDA (1e-5) and their CPU twins (1e-3); lab08 runs with
+               no --device, must pick the CPU and match lab01 -n 1 --experts 4, and
+               --device cuda must be refused; nothing is run.
   require_gpu  PL_REQUIRE_GPU=1 turns the GPU tests' "no GPU" (exit 77, CTest's
                skip) into a failure: test_gpu_kernels and test_lab01.py cuda, with
                every GPU hidden (CUDA_VISIBLE_DEVICES=""), so it holds on a GPU
                machine too.
 
-usage: test_device_check.py checker|phases|require_gpu"""
+usage: test_device_check.py checker|phases|plan|require_gpu"""
 import copy
 import json
 import os
@@ -165,6 +171,10 @@ def checker():
     bad["runs"][3].update(exit=0)
     must_fail(bad, "a bad input that ran", "exit status 0, expected 2")
 
+    bad = good_set()  # every rank printed the refusal: bad input is one line
+    bad["runs"][3]["output"] += "\nerror: --comm nccl needs one GPU per rank"
+    must_fail(bad, "a refusal printed by every rank", "refused in 2 'error:' lines, expected one")
+
     bad = copy.deepcopy(good_set())
     bad["runs"] = []
     must_fail(bad, "nothing ran", "no runs in the result set")
@@ -278,6 +288,51 @@ def phases():
           f"logs.tar.gz holds every run's log: {names}")
 
 
+def plan():
+    import device_check
+    build = os.environ["BUILD_DIR"]
+    tmp = tempfile.mkdtemp(prefix="pl-plan-")
+    args = type("A", (), dict(build=build, out=tmp, work=tmp, steps=10, jobs=16, gpu="NVIDIA H200", rehearse=False))()
+    P = device_check.make_plan(args)
+    runs = {r.name: r for r in P.runs()}
+    compared = {(c["a"], c["b"]): c["rtol"] for c in P.compare}
+    progs = {os.path.basename(a) for r in runs.values() for a in r.argv[:4]}
+    labs = sorted(d for d in os.listdir(os.path.join(HERE, "..")) if d[:3] == "lab" and d[3:5].isdigit()
+                  and d != "lab00_concepts" and os.path.exists(os.path.join(HERE, "..", d, "main.c")))
+    print(f"{len(runs)} runs, {len(P.compare)} comparisons; labs {labs}")
+    check(set(labs) <= progs, f"labs without a run in the device check: {sorted(set(labs) - progs)}")
+    check(set(labs) <= set(device_check.TARGETS), f"labs without a build target: {sorted(set(labs) - set(device_check.TARGETS))}")
+    check(not P.missing, f"gpu-labelled ctests the plan expects and the build lacks: {[m['name'] for m in P.missing]}")
+    listed = [f"ctest {t}" for t in device_check.gpu_tests(build)]
+    check(listed and all(t in runs for t in listed), f"gpu ctests {listed} not all in the plan")
+    for n in (1, 2):
+        for algo in ("ring", "allgather", "ulysses"):
+            gpu, cpu = f"lab07 {algo} cuda n{n}", f"lab07 {algo} cpu n{n}"
+            check(gpu in runs and runs[gpu].argv[:3] == ["mpirun", "-n", str(n)]
+                  and ["--cp-algo", algo] == runs[gpu].argv[-2:] and runs[gpu].expect["device"] == "cuda",
+                  f"{gpu}: {runs.get(gpu) and runs[gpu].argv}")
+            check(compared.get((gpu, "lab01 cuda n1")) == device_check.LAYOUT
+                  and compared.get((gpu, cpu)) == device_check.CUDA_VS_CPU
+                  and compared.get((cpu, "lab01 cpu n1")) == device_check.LAYOUT,
+                  f"{gpu}: not compared with lab01 cuda n1 at 1e-5 and its CPU twin at 1e-3")
+    check(("lab07 ring cuda n2 bf16", "lab01 cuda n1 bf16") in compared, "lab07's bf16 not compared with lab01's")
+    auto = runs.get("lab08 auto n2")
+    check(auto is not None and "--device" not in auto.argv and auto.expect["device"] == "cpu"
+          and compared.get(("lab08 auto n2", "lab01 cpu n1 experts 4")) == device_check.LAYOUT
+          and runs["lab01 cpu n1 experts 4"].argv[-2:] == ["--experts", "4"],
+          "lab08 with no --device must pick the CPU and match lab01 -n 1 --experts 4 at 1e-5")
+    refused = runs.get("lab08 cuda n2")
+    check(refused is not None and refused.expect_exit == 2 and ["--device", "cuda"] == refused.argv[4:6]
+          and refused.expect_output == device_check.EXPERTS_CUDA_REFUSAL, "lab08 --device cuda must be refused")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "gpu", "device_check.py"), "--build", build, "--out", tmp,
+                        "--list"], capture_output=True, text=True, timeout=60)
+    last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+    check(p.returncode == 0 and last == f"{len(runs)} runs, {len(P.compare)} comparisons"
+          and "lab08 auto n2 vs lab01 cpu n1 experts 4 <= 1e-05" in p.stdout,
+          f"--list: exit {p.returncode}, last line {last!r}")
+    check(not os.path.exists(os.path.join(tmp, "results.json")), "--list must run nothing")
+
+
 def require_gpu():
     kernels = os.environ["GPU_KERNELS_TEST"]
     lab01 = os.path.join(HERE, "test_lab01.py")
@@ -292,6 +347,6 @@ def require_gpu():
 
 
 if __name__ == "__main__":
-    {"checker": checker, "phases": phases, "require_gpu": require_gpu, "fake_lab": fake_lab,
+    {"checker": checker, "phases": phases, "plan": plan, "require_gpu": require_gpu, "fake_lab": fake_lab,
      "fake_plan3d": fake_plan3d}[sys.argv[1]]()
     print("passed")

@@ -5,14 +5,15 @@ theory/context.c's exact formula (equal on every rank with zig-zag, and with
 Ulysses whatever the layout); the K/V (Ulysses: all-to-all) bytes per layer
 are the formula's, and the step's ring traffic is the summary's formula; the
 activations per rank are the formula derived here and theory/context.c's
-(1/N of one rank's for ring and all-gather).
+(1/N of one rank's for ring and all-gather). GPU-labelled (cuda): the same on
+CUDA, the mask's positions in device memory.
 
-usage: test_lab07.py equivalence|precision|resume|dry_run|max_memory"""
+usage: test_lab07.py equivalence|precision|resume|dry_run|max_memory|cuda"""
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, check_rejected, compare_losses, run  # noqa: E402
+from labtest import check, check_rejected, compare_losses, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab07_cp"
 # odd shapes on purpose: 3 layers, C = 36 (not a multiple of 8), 3 heads
@@ -227,6 +228,36 @@ def max_memory():
           f"the largest --seq should grow about linearly with the CP group: {largest}")
 
 
+def cuda():
+    """GPU-labelled: every algorithm at 1 and 2 ranks (zig-zag, and contiguous chunks:
+    other mask positions on the device) trains on CUDA as lab01 -n 1 on CUDA does
+    (1e-5, the layout's bound) and as lab01 on the CPU does (1e-3, cuBLAS's order of
+    sums), and moves the formula's bytes; bf16 as lab01's bf16 on CUDA does; skipped
+    (77) without a GPU."""
+    skip_without_gpu(LAB)
+    refs = {(h, dev): run("lab01_dp", 1, args + ["--device", dev])[0]
+            for h, args in ((H, ARGS), (H_ULYSSES, ARGS_ULYSSES)) for dev in ("cpu", "cuda")}
+    for ranks, layout, algo in [(1, "zigzag", a) for a in ("ring", "allgather", "ulysses")] + \
+                               [(2, "zigzag", a) for a in ("ring", "allgather", "ulysses")] + \
+                               [(2, "contiguous", "ring"), (2, "contiguous", "ulysses")]:
+        heads = H_ULYSSES if algo == "ulysses" else H
+        name = f"cuda -n {ranks} {layout} {algo}"
+        rec, _, _ = run(LAB, ranks, (ARGS_ULYSSES if algo == "ulysses" else ARGS)
+                        + ["--device", "cuda", "--cp-layout", layout, "--cp-algo", algo])
+        check(rec["device"] == "cuda" and (rec["cp"], rec["dp"]) == (ranks, 1),
+              f"{name}: device {rec['device']}, grid {rec['cp']} x {rec['dp']}")
+        compare_losses(f"lab07 {name} vs cuda lab01 -n 1", rec["losses"], refs[(heads, "cuda")]["losses"], 1e-5)
+        compare_losses(f"lab07 {name} vs cpu lab01 -n 1", rec["losses"], refs[(heads, "cpu")]["losses"], 1e-3)
+        kv = kv_bytes_per_layer(algo, ranks, B)
+        check(rec["cp_bytes_per_layer"] == kv == rec["cp_bytes_per_layer_formula"],
+              f"{name}: {algo} bytes per layer {rec['cp_bytes_per_layer']} / formula "
+              f"{rec['cp_bytes_per_layer_formula']}, derived here {kv}")
+    ref, _, _ = run("lab01_dp", 1, ARGS + ["--device", "cuda", "--precision", "bf16"])
+    rec, _, _ = run(LAB, 2, ARGS + ["--device", "cuda", "--precision", "bf16"])
+    compare_losses("cuda lab07 -n 2 bf16 vs cuda lab01 -n 1 bf16", rec["losses"], ref["losses"], 2e-3)
+
+
 if __name__ == "__main__":
-    {"equivalence": equivalence, "precision": precision, "resume": resume, "dry_run": dry_run, "max_memory": max_memory}[sys.argv[1]]()
+    {"equivalence": equivalence, "precision": precision, "resume": resume, "dry_run": dry_run, "max_memory": max_memory,
+     "cuda": cuda}[sys.argv[1]]()
     print("passed")

@@ -6,7 +6,7 @@ a complete, correct run.
 A result set is JSON:
   {"mode": "device"|"rehearsal", "gpu": nvidia-smi's name, "elapsed_s", "hard_end_s",
    "phases": {"A": {"title", "state": "not reached"|"running"|"done", "seconds"}, ..},
-   "runs": [{"name", "phase": "A"|"B"|"C", "kind": "lab"|"ctest"|"sanitizer"|"plan3d", "cmd",
+   "runs": [{"name", "phase": "A"|"B"|"C", "kind": "lab"|"dry-run"|"ctest"|"sanitizer"|"plan3d", "cmd",
              "status": "done"|"timeout"|"skipped"|"error", "reason",
              "exit", "expect_exit" (0), "seconds", "limit_s", "log",
              "record": the lab's run record (last line of records.jsonl), plan3d's
@@ -20,7 +20,7 @@ A result set is JSON:
 Failures: a phase not reached or still running; a run phase A must hold
 (PHASE_A_REQUIRED) missing; a planned run that was skipped (for the hard end, or a
 test that reported "skipped" / "not run"), timed out, or exited otherwise than
-expected; a lab run without a record, with another device or comm than expected,
+expected, or refused (exit 2) in other than one "error:" line; a lab run without a record, with another device or comm than expected,
 with a record key not as expected, with losses not finite or not one per step; a
 plan3d run without a prediction; a comparison whose runs are missing, whose loss
 arrays (the whole arrays, or the slices named) differ in length, or differ
@@ -39,7 +39,8 @@ import sys
 PHASES = ("A", "B", "C")
 PHASE_TITLES = {
     "A": "the GPU alone: kernels vs their CPU twins, lab01 CUDA vs CPU, gpt2-small fp32 and bf16 alone (MFU) beside plan3d",
-    "B": "the lab matrix: layouts at 1 and 2 ranks on CUDA and CPU, bf16, SP, recomputation, schedules, checkpoints",
+    "B": "the lab matrix: layouts at 1 and 2 ranks on CUDA and CPU (lab07's CP algorithms too), bf16, SP, "
+         "recomputation, schedules, checkpoints, lab08's experts on the CPU",
     "C": "the ctests labelled gpu and compute-sanitizer"}
 G2_RUN = "gpt2-small cuda {}"        # the throughput runs, by precision
 PLAN_RUN = "plan3d gpt2-small {}"    # plan3d's prediction for them
@@ -110,6 +111,10 @@ def check_run(run):
     needle = run.get("expect_output")
     if needle is not None and needle not in run.get("output", ""):
         bad.append(f"{name}: the output does not contain {needle!r}")
+    if want_exit == 2:  # bad input: one line from rank 0, not one per rank, whatever else the machine prints
+        errors = [line for line in run.get("output", "").splitlines() if line.startswith("error:")]
+        if len(errors) != 1:
+            bad.append(f"{name}: refused in {len(errors)} 'error:' lines, expected one")
     if run.get("kind") == "plan3d":
         rec = run.get("record") or {}
         if not rec.get("tokens_per_s", 0) > 0:

@@ -15,17 +15,20 @@ B. the lab matrix on CUDA and the CPU at 1 and 2 ranks (2 ranks share the GPU:
    --check-sync; bf16; sequence parallelism; recomputation (the same numbers);
    the pipeline schedules; --bucket-mb; PL_CUDA_SYNC=1; gpt2-small's width and
    length at 2 layers on both devices; checkpoints saved on one device, resumed on
-   the other.
+   the other; lab07's CP algorithms (ring, allgather, ulysses) at 1 and 2 ranks, and
+   in bf16; lab08 (experts, the CPU only): --device auto must pick the CPU and
+   match lab01 -n 1 --experts 4, --device cuda must be refused in one line.
 C. every ctest labelled gpu (PL_REQUIRE_GPU=1: no GPU is a failure), and
    compute-sanitizer memcheck, racecheck and synccheck on test_gpu_kernels --small.
 
 --rehearse keeps a handful of the plan's CPU runs (REHEARSAL), for
 tests/gpu/rehearse.sh on a machine without a GPU; --targets prints the build
-targets the selected runs need; --plan-file runs a plan written as JSON (the
-CTest of the phase logic).
+targets the selected runs need; --list prints the plan (each phase's runs, their
+commands and what they must give, then the comparisons and their bounds) and runs
+nothing; --plan-file runs a plan written as JSON (the CTest of the phase logic).
 
 usage: device_check.py --build DIR --out DIR [--work DIR] [--steps N] [--jobs N]
-                       [--hard-end EPOCH] [--gpu NAME] [--rehearse] [--targets] [--plan-file F]"""
+                       [--hard-end EPOCH] [--gpu NAME] [--rehearse] [--targets] [--list] [--plan-file F]"""
 import argparse
 import json
 import os
@@ -64,18 +67,28 @@ BF16_VS_OTHER = 2e-2
 # a bf16 layout against bf16 lab01 -n 1 on the same device: tests/test_bf16.py's BOUND
 # (the order of the bf16 roundings of partial sums; measured <= 7.6e-5 on the CPU).
 BF16_LAYOUT = 5e-4
+# lab07's bf16 against bf16 lab01 -n 1: tests/test_lab07.py's bound. Its attention
+# merges blocks by log-sum-exp in another place than lab01's one softmax, so bf16
+# rounds other values (measured on the CPU, the tiny defaults over 10 steps, -n 2
+# ring: 5.2e-4, over BF16_LAYOUT).
+CP_BF16_LAYOUT = 2e-3
 # The gpu-labelled tests there must be (any others found are run too).
-EXPECTED_GPU_TESTS = ["gpu_kernels_vs_cpu"] + [f"gpu_lab0{i}_cuda" for i in range(1, 7)]
+EXPECTED_GPU_TESTS = ["gpu_kernels_vs_cpu"] + [f"gpu_lab0{i}_cuda" for i in range(1, 8)]
+# lab08's refusal of --device cuda (common/run.c), and what --dry-run's hosts line says
+# on a machine with a GPU when --device auto leaves it unused for the experts
+EXPERTS_CUDA_REFUSAL = "--experts on --device cuda"
+EXPERTS_GPU_UNUSED = "the GPUs it has are not used: --experts runs on the CPU only"
 
 
 # The runs a rehearsal keeps (tests/gpu/rehearse.sh): CPU runs of phases A and B
 # that reach MPI at 1 and 2 ranks, OpenBLAS, jansson (the records), bf16, a
 # checkpoint, and plan3d's predictions.
 REHEARSAL = ["lab01 cpu n1", PLAN_RUN.format("fp32"), PLAN_RUN.format("bf16"), "lab01 cpu n2",
-             "lab02 s3 cpu n2", "lab06 tp2 cpu n2", "lab01 cpu n1 bf16", "lab01 cpu save@{half}"]
+             "lab02 s3 cpu n2", "lab06 tp2 cpu n2", "lab01 cpu n1 bf16", "lab01 cpu save@{half}",
+             "lab07 ulysses cpu n2", "lab01 cpu n1 experts 4", "lab08 auto n2"]
 # the build target of each program the runs start (add_lab's target names)
 TARGETS = {"lab01_dp": "lab01", "lab02_zero": "lab02", "lab03_pp_naive": "lab03", "lab04_1f1b": "lab04",
-           "lab05_tp": "lab05", "lab06_3d": "lab06", "plan3d": "plan"}
+           "lab05_tp": "lab05", "lab06_3d": "lab06", "lab07_cp": "lab07", "lab08_ep": "lab08", "plan3d": "plan"}
 # no run starts with less than this left before the hard end
 MIN_START_S = 3.0
 # gpt2-small's throughput runs: enough steps that the median step is a steady one
@@ -112,13 +125,15 @@ class Plan:
 
     def lab(self, name, prog, n, device, args, steps=None, expect=None, env=None, expect_exit=0,
             expect_output=None, timeout=150):
-        """A run of ./prog under mpirun -n n on `device`."""
+        """A run of ./prog under mpirun -n n on `device`; device None: no --device
+        (auto), and expect names the device the lab must pick."""
         steps = self.a.steps if steps is None else steps
         out = os.path.join(self.runs_dir, slug(name))
-        argv = ["mpirun", "-n", str(n), os.path.join(self.a.build, prog), "--device", device,
+        argv = ["mpirun", "-n", str(n), os.path.join(self.a.build, prog), *(["--device", device] if device else []),
                 "--steps", str(steps), "--out", out, *args]
-        want = {"device": device, "steps": steps}
-        if device == "cpu":
+        picked = (expect or {}).get("device", device)
+        want = {"device": picked, "steps": steps}
+        if picked == "cpu":
             want["comm"] = "mpi"
         else:  # one GPU: NCCL at one rank, ranks sharing the GPU go through MPI
             want["comm"] = "nccl" if n == 1 and "--comm" not in args else "mpi"
@@ -233,6 +248,18 @@ def make_plan(args):
             P.cmp(gpu, ref, LAYOUT, "every layout reproduces lab01 -n 1 (order of reductions only)")
             P.cmp(cpu, cpu_ref, LAYOUT, "on the CPU too (the CPU tests' bound)")
 
+    # lab07, context parallelism, in its zig-zag default layout: every algorithm at 1 and 2
+    # ranks (at 1 rank too each takes its own path: Ulysses' block kernel, the gather of
+    # one), the mask's positions in device memory (lab07_cp/cp.c) on a GPU for the first time
+    for n in (1, 2):
+        for algo in ("ring", "allgather", "ulysses"):
+            cp_args, want = ["--cp-algo", algo], {"cp": n, "dp": 1}
+            gpu = P.add(P.lab(f"lab07 {algo} cuda n{n}", "lab07_cp", n, "cuda", cp_args, expect=want))
+            cpu = P.add(P.lab(f"lab07 {algo} cpu n{n}", "lab07_cp", n, "cpu", cp_args, expect=want))
+            P.cmp(gpu, cpu, CUDA_VS_CPU, "CUDA vs CPU, same lab and layout")
+            P.cmp(gpu, ref, LAYOUT, "every CP algorithm reproduces lab01 -n 1 (blocks merged by log-sum-exp)")
+            P.cmp(cpu, cpu_ref, LAYOUT, "on the CPU too (tests/test_lab07.py's bound)")
+
     # recomputation reruns the same kernels on the same inputs: the same numbers
     for mode in ("selective", "full"):
         rc = P.add(P.lab(f"lab01 cuda n1 recompute {mode}", "lab01_dp", 1, "cuda", ["--recompute", mode]))
@@ -262,6 +289,21 @@ def make_plan(args):
         run16 = P.add(P.lab(f"{label} cuda n2 bf16", prog, 2, "cuda", bf16 + lab_args,
                             expect={"config": {"precision": "bf16"}}))
         P.cmp(run16, ref16, BF16_LAYOUT, "a bf16 layout reproduces bf16 lab01 -n 1 (order of roundings)")
+    cp16 = P.add(P.lab("lab07 ring cuda n2 bf16", "lab07_cp", 2, "cuda", bf16, expect={"config": {"precision": "bf16"}}))
+    P.cmp(cp16, ref16, CP_BF16_LAYOUT, "lab07's bf16 reproduces bf16 lab01 -n 1 (tests/test_lab07.py's bound)")
+
+    # lab08, experts: the CPU only (no CUDA twins of the router and the dispatch). With no
+    # --device (auto) on this GPU machine it must pick the CPU and train as lab01 -n 1
+    # --experts 4 does; --device cuda is refused in one line; --dry-run's hosts line says why
+    # the GPU is left unused (not in a rehearsal: no GPU there to leave)
+    moe_ref = P.add(P.lab("lab01 cpu n1 experts 4", "lab01_dp", 1, "cpu", ["--experts", "4"],
+                          expect={"config": {"experts": 4}}))
+    moe = P.add(P.lab("lab08 auto n2", "lab08_ep", 2, None, [], expect={"device": "cpu", "config": {"experts": 4}}))
+    P.cmp(moe, moe_ref, LAYOUT, "lab08 on --device auto runs on the CPU and reproduces lab01 -n 1 --experts 4")
+    P.add(P.lab("lab08 cuda n2", "lab08_ep", 2, "cuda", [], expect_exit=2, expect_output=EXPERTS_CUDA_REFUSAL))
+    dry = P.lab("lab08 auto n2 dry-run", "lab08_ep", 2, None, ["--dry-run"], expect_output=EXPERTS_GPU_UNUSED)
+    dry.kind = dry.result["kind"] = "dry-run"  # no record: what it prints is the check
+    P.add(dry)
 
     # the paths no test takes
     for n in (1, 2):
@@ -314,6 +356,28 @@ def make_plan(args):
         P.notes.append("rehearsal (no GPU): only the CPU runs "
                        + ", ".join(r.name for r in P.runs()) + " of the device check's plan")
     return P
+
+
+def print_plan(plan):
+    """--list: the plan as it would run, nothing started."""
+    for p in PHASES:
+        runs = plan.runs(p)
+        print(f"phase {p} ({len(runs)} runs): {check_results.PHASE_TITLES[p]}")
+        for r in runs:
+            want = f"exit {r.expect_exit}" + (f", prints {r.expect_output!r}" if r.expect_output else "")
+            if r.kind == "lab" and r.expect_exit == 0:
+                want += ", record " + ", ".join(f"{k} {v}" for k, v in r.expect.items())
+            env = "".join(f"{k}={v} " for k, v in r.env.items())
+            print(f"  {r.name}{' (alone)' if r in plan.alone[p] else ''}: {env}{' '.join(r.argv)}\n    must give: {want}")
+    print(f"comparisons ({len(plan.compare)}): a vs b, max relative difference of the loss arrays <= bound")
+    for c in plan.compare:
+        steps = "" if c["a_steps"] is None and c["b_steps"] is None else f" steps {c['a_steps']} / {c['b_steps']}"
+        print(f"  {c['phase']} {c['a']} vs {c['b']}{steps} <= {c['rtol']:g}: {c['why']}")
+    for m in plan.missing:
+        print(f"  missing: {m['name']} ({m['reason']})")
+    for n in plan.notes:
+        print(f"note: {n}")
+    print(f"{len(plan.runs())} runs, {len(plan.compare)} comparisons")
 
 
 def plan_from_file(args):
@@ -493,6 +557,7 @@ def main():
     ap.add_argument("--gpu", default="unknown", help="the GPU's name (nvidia-smi): the peak of its MFU")
     ap.add_argument("--rehearse", action="store_true", help="only the CPU runs of REHEARSAL (no GPU)")
     ap.add_argument("--targets", action="store_true", help="print the build targets the runs need, and exit")
+    ap.add_argument("--list", action="store_true", help="print the plan (runs, commands, comparisons), run nothing")
     ap.add_argument("--plan-file", help="run this plan (JSON) instead of the device check's")
     args = ap.parse_args()
     started = time.time()
@@ -502,6 +567,10 @@ def main():
     if args.targets:
         progs = {os.path.basename(a) for r in plan.runs() for a in r.argv[:4]}
         print(" ".join(sorted(TARGETS[p] for p in progs if p in TARGETS)))
+        return 0
+    if args.list:
+        print_plan(plan)
+        shutil.rmtree(plan.ckpt_dir, ignore_errors=True)
         return 0
     os.makedirs(args.out, exist_ok=True)
     state = {p: {"title": check_results.PHASE_TITLES[p], "state": "not reached"} for p in PHASES}
