@@ -774,11 +774,12 @@ static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *
     /* q (split rows), k, v, dout (split rows), then the first h rows of k and v */
     bf16 *hd = (bf16 *)scratch(0, (4 * G * T * HS + 2 * G * h * HS + 1) / 2);
     bf16 *hi = (bf16 *)scratch(2, (G * causal + 1) / 2), *lo = (bf16 *)scratch(3, (G * causal + 1) / 2);
-    bf16 *P = (bf16 *)scratch(6, (G * causal + 1) / 2); /* att's rows in causal blocks */
+    bf16 *P_split = h ? (bf16 *)scratch(6, (G * causal + 1) / 2) : NULL; /* att's rows in causal blocks */
     float *dP = scratch(1, G * causal), *D = scratch(4, 3 * G * T * HS + 2 * G * h * HS);
     for (long gh0 = 0; gh0 < heads; gh0 += G) {
         const long g = G < heads - gh0 ? G : heads - gh0, blk = g * T * HS;
         const bf16 *q = hd, *k = hd + blk, *v = hd + 2 * blk, *dO = hd + 3 * blk;
+        const bf16 *P = h ? P_split : att + gh0 * TT; /* h = 0: att's own layout */
         bf16 *k0 = hd + 4 * blk, *v0 = k0 + g * h * HS;
         /* dq split rows; dk, dv whole from the bottom rows, plus their top rows' share */
         float *dq = D, *dk = D + blk, *dv = D + 2 * blk, *dk_top = D + 3 * blk, *dv_top = dk_top + g * h * HS;
@@ -802,7 +803,7 @@ static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *
             for (; i < n; i++) sum += wide(p[i]) * x[i];
             for (i = 0; i < n; i++) x[i] = wide(p[i]) * (x[i] - sum) * scale;
             split_row(hi + at, lo + at, NULL, x, n, w, T);
-            copy_row(P + at, p, w);
+            if (h) copy_row(P_split + at, p, w);
         }
         causal_times(g, T, h, HS, hi, k, k0, dq, 0); /* dq = dS k */
         causal_times(g, T, h, HS, lo, k, k0, dq, 1);
