@@ -635,9 +635,10 @@ static long heads_per_call(int T, int HS, long heads) {
 /* The causal mask zeroes the top-right block of the T x T matrices (scores,
  * P, dS): cut rows and columns at h = T/2 and rows t < h need only columns
  * s < h, so every product runs as two calls, one on the top h rows (K or N
- * = h) and one on the bottom T - h rows: a quarter of the multiply-adds
- * fewer. oneDNN 2.6 runs its fast kernel (brgemm) only on dense matrices,
- * a strided block of a bigger one falls back to a slower one, so each half
+ * = h) and one on the bottom T - h rows: about a quarter of the
+ * multiply-adds fewer. oneDNN 2.6 runs its fast kernel (brgemm) only on
+ * dense matrices (a strided block of a bigger one ran through gemm:jit, and
+ * the split was slower than one call on the whole block), so each half
  * has its own dense copy: the [T, HS] blocks of a group are stored as "split
  * rows" (all heads' rows t < h, [g, h, HS], then all heads' rows t >= h,
  * [g, T - h, HS]), the T x T ones as "causal blocks" (all heads' [h, h]
@@ -814,13 +815,15 @@ static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *
             const long b = (gh0 + j) / NH, head = (gh0 + j) % NH;
             for (long t = 0; t < T; t++) {
                 bf16 *restrict to = dqkv + (b * T + t) * 3 * C + head * HS;
-                const float *restrict from_q = dq + split_row_at(j, t, h, T, g, HS), *restrict from_k = dk + (j * T + t) * HS,
-                                      *restrict from_v = dv + (j * T + t) * HS;
+                const float *restrict from_q = dq + split_row_at(j, t, h, T, g, HS);
+                const float *restrict from_k = dk + (j * T + t) * HS, *restrict from_v = dv + (j * T + t) * HS;
                 for (int d = 0; d < HS; d++) to[d] = round_bf16(wide(to[d]) + from_q[d]);
-                if (t < h) {
-                    const float *restrict top_k = dk_top + (j * h + t) * HS, *restrict top_v = dv_top + (j * h + t) * HS;
+                if (t < h) { /* the top rows' share of dk and dv, added before the one rounding */
+                    const float *restrict top_k = dk_top + (j * h + t) * HS;
+                    const float *restrict top_v = dv_top + (j * h + t) * HS;
                     for (int d = 0; d < HS; d++) to[C + d] = round_bf16(wide(to[C + d]) + (from_k[d] + top_k[d]));
-                    for (int d = 0; d < HS; d++) to[2 * C + d] = round_bf16(wide(to[2 * C + d]) + (from_v[d] + top_v[d]));
+                    for (int d = 0; d < HS; d++)
+                        to[2 * C + d] = round_bf16(wide(to[2 * C + d]) + (from_v[d] + top_v[d]));
                 } else {
                     for (int d = 0; d < HS; d++) to[C + d] = round_bf16(wide(to[C + d]) + from_k[d]);
                     for (int d = 0; d < HS; d++) to[2 * C + d] = round_bf16(wide(to[2 * C + d]) + from_v[d]);
