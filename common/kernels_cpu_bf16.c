@@ -632,47 +632,120 @@ static long heads_per_call(int T, int HS, long heads) {
     return g < 1 ? 1 : g > heads ? heads : g;
 }
 
-/* q, k, v (parts 0-2 of qkv's rows) or dout (one part) of heads gh0 ..
- * gh0+g-1, numbered b NH + h over the batch, into dense [g, T, HS] blocks:
- * dst + part * g T HS */
+/* The causal mask zeroes the top-right block of the T x T matrices (scores,
+ * P, dS): cut rows and columns at h = T/2 and rows t < h need only columns
+ * s < h, so every product runs as two calls, one on the top h rows (K or N
+ * = h) and one on the bottom T - h rows: about a quarter of the
+ * multiply-adds fewer. oneDNN 2.6 runs its fast kernel (brgemm) only on
+ * dense matrices (a strided block of a bigger one ran through gemm:jit, and
+ * the split was slower than one call on the whole block), so each half
+ * has its own dense copy: the [T, HS] blocks of a group are stored as "split
+ * rows" (all heads' rows t < h, [g, h, HS], then all heads' rows t >= h,
+ * [g, T - h, HS]), the T x T ones as "causal blocks" (all heads' [h, h]
+ * top-left blocks, then their [T - h, T] bottom rows). h is a multiple of
+ * LANES, so that a top row's padded softmax (padded_length) stays inside
+ * its h columns and runs in place, as the bottom rows do. Under
+ * CAUSAL_SPLIT_MIN_T, h = 0: the top calls are empty and the bottom ones
+ * are the whole products, as two calls cost more than the quarter saved. */
+enum { CAUSAL_SPLIT_MIN_T = 32 };
+
+static int causal_split(int T) { return T >= CAUSAL_SPLIT_MIN_T ? T / 2 / LANES * LANES : 0; }
+
+/* row t of head j in a split-rows block of g heads, rows of `width` */
+static long split_row_at(long j, long t, long h, long T, long g, long width) {
+    return t < h ? (j * h + t) * width : (g * h + j * (T - h) + t - h) * width;
+}
+
+/* row t of head j in a causal-blocks matrix of g heads (its length: h or T) */
+static long causal_row_at(long j, long t, long h, long T, long g) {
+    return t < h ? (j * h + t) * h : g * h * h + (j * (T - h) + t - h) * T;
+}
+
+/* `parts` consecutive parts (C = NH HS apart) of the rows of src (length ld):
+ * q, k, v in qkv's rows or dout's one part, of heads gh0 .. gh0+g-1,
+ * numbered b NH + h over the batch, into dense blocks dst + part * g T HS,
+ * each in the split-rows layout at h (h = 0: plain [g, T, HS]) */
 __attribute__((optimize("no-tree-loop-distribute-patterns"))) /* rows of HS: inline copies, not memmove calls */
-static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long row, int parts, long gh0, long g, int T,
-                       int NH, int HS) {
-    const long blk = g * T * HS;
+static void copy_heads(bf16 *restrict dst, const bf16 *restrict src, long ld, int parts, long gh0, long g, int T,
+                       int h, int NH, int HS) {
+    const long blk = g * T * HS, C = (long)NH * HS;
     for (long j = 0; j < g; j++) {
-        const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
+        const long b = (gh0 + j) / NH, head = (gh0 + j) % NH;
         for (long t = 0; t < T; t++)
             for (int part = 0; part < parts; part++) {
-                const bf16 *restrict from = src + (b * T + t) * row + part * (row / parts) + h * HS;
-                bf16 *restrict to = dst + part * blk + (j * T + t) * HS;
+                const bf16 *restrict from = src + (b * T + t) * ld + part * C + head * HS;
+                bf16 *restrict to = dst + part * blk + split_row_at(j, t, h, T, g, HS);
                 for (int d = 0; d < HS; d++) to[d] = from[d];
             }
     }
 }
 
-/* x[0..n) -> hi = bf16(x), lo = bf16(x - hi); zero from n to T */
-static void split_row(bf16 *restrict hi, bf16 *restrict lo, const float *restrict x, int n, int T) {
+/* the first h rows of each of g dense [T, HS] blocks, into dense [g, h, HS] */
+static void first_rows(bf16 *restrict dst, const bf16 *restrict src, long g, int T, int h, int HS) {
+    for (long j = 0; j < g; j++) memcpy(dst + j * h * HS, src + j * T * HS, (size_t)h * HS * sizeof *dst);
+}
+
+/* x[0..n) -> hi = bf16(x), lo = bf16(x - hi); zero from n to w. With kept
+ * (a row of T), hi goes there too, zero from n to T. */
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) /* short rows: no memset calls */
+static void split_row(bf16 *restrict hi, bf16 *restrict lo, bf16 *restrict kept, const float *restrict x, int n, int w,
+                      int T) {
     for (int i = 0; i < n; i++) {
         hi[i] = round_bf16(x[i]);
         lo[i] = round_bf16(x[i] - wide(hi[i]));
     }
-    for (int i = n; i < T; i++) hi[i] = lo[i] = 0;
+    for (int i = n; i < w; i++) hi[i] = lo[i] = 0;
+    if (!kept) return;
+    for (int i = 0; i < n; i++) kept[i] = hi[i];
+    for (int i = n; i < T; i++) kept[i] = 0;
+}
+
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) /* short rows: no memcpy calls */
+static void copy_row(bf16 *restrict dst, const bf16 *restrict src, int n) {
+    for (int i = 0; i < n; i++) dst[i] = src[i];
+}
+
+/* O (+)= A Z for g heads, A causal blocks [T, T], Z [T, HS] given whole (z)
+ * and its first h rows (z0), O split rows */
+static void causal_times(long g, int T, int h, int HS, const bf16 *A, const bf16 *z, const bf16 *z0, float *O,
+                         int accumulate) {
+    dnnl_batched(g, h, h, HS, A, 0, z0, 0, O, accumulate);
+    dnnl_batched(g, T - h, T, HS, A + g * h * h, 0, z, 0, O + g * h * HS, accumulate);
+}
+
+/* A^T Z for g heads, A causal blocks, Z split rows: the bottom rows give
+ * all T rows (into whole [g, T, HS]), the top block adds to rows t < h (into
+ * top [g, h, HS]) */
+static void causal_transposed_times(long g, int T, int h, int HS, const bf16 *A, const bf16 *Z, float *whole,
+                                    float *top, int accumulate) {
+    dnnl_batched(g, T, T - h, HS, A + g * h * h, 1, Z + g * h * HS, 0, whole, accumulate);
+    dnnl_batched(g, h, h, HS, A, 1, Z, 0, top, accumulate);
 }
 
 static void attention_forward_onednn(bf16 *out, bf16 *att, const bf16 *qkv, int B, int T, int NH, int HS) {
     const long C = (long)NH * HS, TT = (long)T * T, heads = (long)B * NH;
     const long G = heads_per_call(T, HS, heads);
+    const int h = causal_split(T);
     const float scale = 1.0f / sqrtf((float)HS);
-    bf16 *hd = (bf16 *)scratch(0, (3 * G * T * HS + 1) / 2), *lo = (bf16 *)scratch(2, (G * TT + 1) / 2);
-    float *S = scratch(1, G * TT), *O = scratch(4, G * T * HS);
+    const long hh = (long)h * h, causal = hh + (long)(T - h) * T; /* a head's causal blocks */
+    /* q (split rows), k, v, then the first h rows of k and v */
+    bf16 *hd = (bf16 *)scratch(0, (3 * G * T * HS + 2 * G * h * HS + 1) / 2);
+    bf16 *hi = (bf16 *)scratch(2, (G * causal + 1) / 2), *lo = (bf16 *)scratch(3, (G * causal + 1) / 2);
+    float *S = scratch(1, G * causal), *O = scratch(4, G * T * HS);
     for (long gh0 = 0; gh0 < heads; gh0 += G) {
         const long g = G < heads - gh0 ? G : heads - gh0, blk = g * T * HS;
-        bf16 *P = att + gh0 * TT;
-        copy_heads(hd, qkv, 3 * C, 3, gh0, g, T, NH, HS);
-        dnnl_batched(g, T, HS, T, hd, 0, hd + blk, 1, S, 0); /* S = q k^T */
-        for (long r = 0; r < g * T; r++) { /* row t = r % T of a head: the causal softmax */
-            float *x = S + r * T;
-            const int t = (int)(r % T), n = padded_length(t, T);
+        const bf16 *q = hd, *k = hd + blk, *v = hd + 2 * blk;
+        bf16 *k0 = hd + 3 * blk, *v0 = k0 + g * h * HS;
+        copy_heads(hd, qkv, 3 * C, 1, gh0, g, T, h, NH, HS);
+        copy_heads(hd + blk, qkv + C, 3 * C, 2, gh0, g, T, 0, NH, HS);
+        first_rows(k0, k, g, T, h, HS);
+        first_rows(v0, v, g, T, h, HS);
+        dnnl_batched(g, h, HS, h, q, 0, k0, 1, S, 0); /* S = q k^T: the top-left blocks */
+        dnnl_batched(g, T - h, HS, T, q + g * h * HS, 0, k, 1, S + g * hh, 0); /* the bottom rows */
+        for (long r = 0; r < g * T; r++) { /* row t = r % T of head j: the causal softmax */
+            const long j = r / T, at = causal_row_at(j, r % T, h, T, g);
+            const int t = (int)(r % T), n = padded_length(t, T), w = t < h ? h : T; /* n <= w */
+            float *x = S + at;
             for (int i = 0; i < n; i++) x[i] *= scale;
             for (int i = t + 1; i < n; i++) x[i] = -INFINITY; /* padding: out of the max, 0 from the exp on */
             const float m = row_max(x, n);
@@ -680,13 +753,14 @@ static void attention_forward_onednn(bf16 *out, bf16 *att, const bf16 *qkv, int 
             for (int i = t + 1; i < n; i++) x[i] = 0.0f;
             const float inv = 1.0f / row_sum(x, n);
             for (int i = 0; i < n; i++) x[i] *= inv;
-            split_row(P + r * T, lo + r * T, x, n, T);
+            split_row(hi + at, lo + at, att + (gh0 + j) * TT + (long)t * T, x, n, w, T); /* att: P's hi part */
         }
-        dnnl_batched(g, T, T, HS, P, 0, hd + 2 * blk, 0, O, 0); /* O = P v */
-        dnnl_batched(g, T, T, HS, lo, 0, hd + 2 * blk, 0, O, 1);
+        causal_times(g, T, h, HS, hi, v, v0, O, 0); /* O = P v */
+        causal_times(g, T, h, HS, lo, v, v0, O, 1);
         for (long j = 0; j < g; j++) {
-            const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
-            for (long t = 0; t < T; t++) narrow(out + (b * T + t) * C + h * HS, O + (j * T + t) * HS, HS);
+            const long b = (gh0 + j) / NH, head = (gh0 + j) % NH;
+            for (long t = 0; t < T; t++)
+                narrow(out + (b * T + t) * C + head * HS, O + split_row_at(j, t, h, T, g, HS), HS);
         }
     }
 }
@@ -695,21 +769,33 @@ static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *
                                       int NH, int HS) {
     const long C = (long)NH * HS, TT = (long)T * T, heads = (long)B * NH;
     const long G = heads_per_call(T, HS, heads);
+    const int h = causal_split(T);
     const float scale = 1.0f / sqrtf((float)HS);
-    bf16 *hd = (bf16 *)scratch(0, (4 * G * T * HS + 1) / 2);
-    bf16 *hi = (bf16 *)scratch(2, (G * TT + 1) / 2), *lo = (bf16 *)scratch(3, (G * TT + 1) / 2);
-    float *dP = scratch(1, G * TT), *D = scratch(4, 3 * G * T * HS);
+    const long hh = (long)h * h, causal = hh + (long)(T - h) * T;
+    /* q (split rows), k, v, dout (split rows), then the first h rows of k and v */
+    bf16 *hd = (bf16 *)scratch(0, (4 * G * T * HS + 2 * G * h * HS + 1) / 2);
+    bf16 *hi = (bf16 *)scratch(2, (G * causal + 1) / 2), *lo = (bf16 *)scratch(3, (G * causal + 1) / 2);
+    bf16 *P_split = h ? (bf16 *)scratch(6, (G * causal + 1) / 2) : NULL; /* att's rows in causal blocks */
+    float *dP = scratch(1, G * causal), *D = scratch(4, 3 * G * T * HS + 2 * G * h * HS);
     for (long gh0 = 0; gh0 < heads; gh0 += G) {
         const long g = G < heads - gh0 ? G : heads - gh0, blk = g * T * HS;
-        const bf16 *P = att + gh0 * TT, *q = hd, *k = hd + blk, *v = hd + 2 * blk, *dO = hd + 3 * blk;
-        float *dq = D, *dk = D + blk, *dv = D + 2 * blk;
-        copy_heads(hd, qkv, 3 * C, 3, gh0, g, T, NH, HS);
-        copy_heads(hd + 3 * blk, dout, C, 1, gh0, g, T, NH, HS);
-        dnnl_batched(g, T, HS, T, dO, 0, v, 1, dP, 0); /* dP = dout v^T */
+        const bf16 *q = hd, *k = hd + blk, *v = hd + 2 * blk, *dO = hd + 3 * blk;
+        const bf16 *P = h ? P_split : att + gh0 * TT; /* h = 0: att's own layout */
+        bf16 *k0 = hd + 4 * blk, *v0 = k0 + g * h * HS;
+        /* dq split rows; dk, dv whole from the bottom rows, plus their top rows' share */
+        float *dq = D, *dk = D + blk, *dv = D + 2 * blk, *dk_top = D + 3 * blk, *dv_top = dk_top + g * h * HS;
+        copy_heads(hd, qkv, 3 * C, 1, gh0, g, T, h, NH, HS);
+        copy_heads(hd + blk, qkv + C, 3 * C, 2, gh0, g, T, 0, NH, HS);
+        copy_heads(hd + 3 * blk, dout, C, 1, gh0, g, T, h, NH, HS);
+        first_rows(k0, k, g, T, h, HS);
+        first_rows(v0, v, g, T, h, HS);
+        dnnl_batched(g, h, HS, h, dO, 0, v0, 1, dP, 0); /* dP = dout v^T */
+        dnnl_batched(g, T - h, HS, T, dO + g * h * HS, 0, v, 1, dP + g * hh, 0);
         for (long r = 0; r < g * T; r++) { /* back through the softmax: dS = P (dP - sum P dP), scaled */
-            const bf16 *p = P + r * T;
-            float *x = dP + r * T;
-            const int t = (int)(r % T), n = padded_length(t, T); /* p = 0 in the padding */
+            const long j = r / T, at = causal_row_at(j, r % T, h, T, g);
+            const int t = (int)(r % T), n = padded_length(t, T), w = t < h ? h : T; /* n <= w; p = 0 in the padding */
+            const bf16 *p = att + (gh0 + j) * TT + (long)t * T;
+            float *x = dP + at;
             float acc[LANES] = {0};
             int i = 0;
             for (; i + LANES <= n; i += LANES)
@@ -717,21 +803,32 @@ static void attention_backward_onednn(bf16 *dqkv, const bf16 *dout, const bf16 *
             float sum = hsum(acc);
             for (; i < n; i++) sum += wide(p[i]) * x[i];
             for (i = 0; i < n; i++) x[i] = wide(p[i]) * (x[i] - sum) * scale;
-            split_row(hi + r * T, lo + r * T, x, n, T);
+            split_row(hi + at, lo + at, NULL, x, n, w, T);
+            if (h) copy_row(P_split + at, p, w);
         }
-        dnnl_batched(g, T, T, HS, hi, 0, k, 0, dq, 0); /* dq = dS k */
-        dnnl_batched(g, T, T, HS, lo, 0, k, 0, dq, 1);
-        dnnl_batched(g, T, T, HS, hi, 1, q, 0, dk, 0); /* dk = dS^T q */
-        dnnl_batched(g, T, T, HS, lo, 1, q, 0, dk, 1);
-        dnnl_batched(g, T, T, HS, P, 1, dO, 0, dv, 0); /* dv = P^T dout */
+        causal_times(g, T, h, HS, hi, k, k0, dq, 0); /* dq = dS k */
+        causal_times(g, T, h, HS, lo, k, k0, dq, 1);
+        causal_transposed_times(g, T, h, HS, hi, q, dk, dk_top, 0); /* dk = dS^T q */
+        causal_transposed_times(g, T, h, HS, lo, q, dk, dk_top, 1);
+        causal_transposed_times(g, T, h, HS, P, dO, dv, dv_top, 0); /* dv = P^T dout */
         for (long j = 0; j < g; j++) { /* dqkv += dq | dk | dv, added in fp32, rounded once */
-            const long b = (gh0 + j) / NH, h = (gh0 + j) % NH;
-            for (long t = 0; t < T; t++)
-                for (int part = 0; part < 3; part++) {
-                    bf16 *restrict to = dqkv + (b * T + t) * 3 * C + part * C + h * HS;
-                    const float *restrict from = D + part * blk + (j * T + t) * HS;
-                    for (int d = 0; d < HS; d++) to[d] = round_bf16(wide(to[d]) + from[d]);
+            const long b = (gh0 + j) / NH, head = (gh0 + j) % NH;
+            for (long t = 0; t < T; t++) {
+                bf16 *restrict to = dqkv + (b * T + t) * 3 * C + head * HS;
+                const float *restrict from_q = dq + split_row_at(j, t, h, T, g, HS);
+                const float *restrict from_k = dk + (j * T + t) * HS, *restrict from_v = dv + (j * T + t) * HS;
+                for (int d = 0; d < HS; d++) to[d] = round_bf16(wide(to[d]) + from_q[d]);
+                if (t < h) { /* the top rows' share of dk and dv, added before the one rounding */
+                    const float *restrict top_k = dk_top + (j * h + t) * HS;
+                    const float *restrict top_v = dv_top + (j * h + t) * HS;
+                    for (int d = 0; d < HS; d++) to[C + d] = round_bf16(wide(to[C + d]) + (from_k[d] + top_k[d]));
+                    for (int d = 0; d < HS; d++)
+                        to[2 * C + d] = round_bf16(wide(to[2 * C + d]) + (from_v[d] + top_v[d]));
+                } else {
+                    for (int d = 0; d < HS; d++) to[C + d] = round_bf16(wide(to[C + d]) + from_k[d]);
+                    for (int d = 0; d < HS; d++) to[2 * C + d] = round_bf16(wide(to[2 * C + d]) + from_v[d]);
                 }
+            }
         }
     }
 }
