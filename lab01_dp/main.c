@@ -70,8 +70,6 @@ int main(int argc, char **argv) {
                         strcmp(ctx.opt.capacity_scope, "rank") != 0,
               "--grad-accum %d with --capacity-scope rank: the capacity would count a micro-batch's rows, not the "
               "rank's (use --capacity-scope sequence, or --grad-accum 1)", grad_accum);
-    run_check(&ctx, grad_accum == 1 || !ctx.opt.dry_run,
-              "--grad-accum %d with --dry-run: the dry run predicts without accumulation (leave one out)", grad_accum);
     run_setup(&ctx);
 
     /* rows: this rank's share of the global batch; micro: the rows of one accumulation step */
@@ -88,6 +86,7 @@ int main(int argc, char **argv) {
     if (ctx.opt.dry_run) { /* buckets decide the calls at run time, not the bytes */
         th_run need = lab_run_config(&ctx);
         need.units = bucket_mb > 0 ? 0 : 1;
+        need.grad_accum = grad_accum; /* a micro-batch's activations; the all-reduce once a step all the same */
         need.full_elems = need.largest_unit_elems = (double)P;
         lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                                    .comm_formula = comm_formula_text, .bubble_theory = -1});

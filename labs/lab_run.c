@@ -16,7 +16,7 @@ th_run lab_run_config(const run_ctx *ctx) {
     const gpt_config *m = &ctx->model;
     return (th_run){.ranks = ctx->size, .cuda = ctx->device == DEVICE_CUDA, .bf16 = g_precision == PREC_BF16,
                     .batch = ctx->opt.batch, .model = lab_theory_model(m), .tp = 1, .pp = 1, .dp = ctx->size,
-                    .micro_batches = 1, .recompute = m->recompute};
+                    .micro_batches = 1, .grad_accum = 1, .recompute = m->recompute};
 }
 
 void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) {

@@ -19,7 +19,8 @@ th_model lab_theory_model(const gpt_config *c);
 
 /* The config every lab shares (ranks, device, precision, batch, the course
  * model with its experts, --recompute), as a grid of data parallelism over all
- * ranks with one micro-batch: the lab overwrites what its flags change. */
+ * ranks with one micro-batch and no gradient accumulation: the lab overwrites
+ * what its flags change. */
 th_run lab_run_config(const run_ctx *ctx);
 
 /* r.comm_formula_bytes = this: the busiest rank's ring bytes of the prediction

@@ -106,7 +106,8 @@ static double time_data_parallel(const run *r, const timing *tm, double *busy) {
     const th_run *in = &r->cfg;
     const int N = r->cfg.ranks, zero = r->cfg.zero_stage, units = in->units;
     const double psi = th_param_counts(&r->cfg.model).total, full = in->full_elems;
-    double step = fwd_bwd_seconds(tm, r, 0, r->L, r->cfg.batch / N, 1);
+    const int accum = in->grad_accum > 1 ? in->grad_accum : 1; /* lab01's micro-batches, one after another */
+    double step = accum * fwd_bwd_seconds(tm, r, 0, r->L, r->cfg.batch / N / accum, 1);
     if (zero) step += units * (zero < 3 ? 2 : 3) * gather_seconds(tm, r->vb * full / units, N) + adamw_seconds(tm, full / N);
     else step += units * allreduce_seconds(tm, r->vb * psi / units, N) + adamw_seconds(tm, psi);
     for (int q = 0; q < N; q++) busy[q] = 0; /* no bubble to predict */
@@ -261,7 +262,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     if (!r->lab)
         return problem(why, len, "lab %s: not a lab plan3d checks (lab01_dp, lab02_zero, lab03_pp_naive, lab04_1f1b, "
                        "lab05_tp, lab06_3d, lab07_cp, lab08_ep)", shown(lab, text, sizeof text));
-    long ranks, B, T, L, C, H, m, chunks, tp = 1, pp = 1, dp = 1, zero = 0;
+    long ranks, B, T, L, C, H, m, chunks, tp = 1, pp = 1, dp = 1, zero = 0, accum = 1;
     json_t *cfg = json_object_get(rec, "config");
     if (!json_is_object(cfg)) return problem(why, len, cfg ? "config: must be an object" : "config is missing");
     int sched, precision;
@@ -294,6 +295,8 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
         !read_choice(rec, "", "schedule", "gpipe|1f1b|interleaved|zb-h1|zb-v", need ? "gpipe" : NULL, &sched, why, len))
         return 0;
     if (is_lab(r, "lab02_zero") && !read_count(rec, "", "zero_stage", 1, 3, 0, &zero, why, len)) return 0;
+    /* lab01's --grad-accum: each rank's rows in micro-batches; a record without it ran without */
+    if (is_lab(r, "lab01_dp") && !read_count(rec, "", "grad_accum", 1, MAX_FLAG, 1, &accum, why, len)) return 0;
     /* lab06's --zero-stage 1 (ZeRO-1 over each DP group); a record without it ran without */
     if (is_lab(r, "lab06_3d") && !read_count(rec, "", "zero_stage", 0, 1, 0, &zero, why, len)) return 0;
     if (is_lab(r, "lab06_3d") && (!read_count(rec, "", "tp", 1, MAX_RANKS, 0, &tp, why, len) ||
@@ -341,6 +344,8 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     if (H % tp) return problem(why, len, "config.heads %ld is not divisible by the %ld TP ranks", H, tp);
     if (B % (dp * m)) return problem(why, len, "config.batch %ld is not divisible by %ld data-parallel ranks x %ld "
                                      "micro-batches", B, dp, m);
+    if (B % (dp * accum)) return problem(why, len, "grad_accum %ld does not divide the %ld rows of each of the %ld "
+                                         "ranks (config.batch %ld)", accum, B / dp, dp, B);
     if (pipeline) {
         const long want = th_schedule_chunks((th_schedule)sched, (int)chunks);
         if (chunks != want || (sched == TH_SCHED_INTERLEAVED && chunks < 2))
@@ -356,6 +361,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
                                                   "(sequence_parallel)", T, tp);
     r->cfg.tp = (int)tp; r->cfg.pp = (int)pp; r->cfg.dp = (int)dp;
     r->cfg.micro_batches = (int)m; r->cfg.chunks = (int)chunks; r->cfg.zero_stage = (int)zero;
+    r->cfg.grad_accum = (int)accum;
     r->schedule = th_schedule_names[sched];
     r->cfg.schedule = json_object_get(rec, "schedule") ? r->schedule : NULL;
     r->cfg.tensor_parallel = json_object_get(rec, "tp") != NULL;

@@ -30,6 +30,14 @@ EXPERTS_LAYOUTS = [
                        "--recompute", "full", "--capacity-factor", "1"]),
 ]
 
+# lab01's --grad-accum K that --dry-run and plan3d --check must predict exactly (th_run.grad_accum): the
+# activations and scratch of one micro-batch of B/(N K) rows, the all-reduce once a step; with experts under a
+# per-sequence capacity, and in bf16 with --recompute selective. On a batch of 8 over 2 ranks: 2 and 1 rows.
+GRAD_ACCUM_LAYOUTS = [
+    ("lab01_dp", 2, ["--grad-accum", "2", "--experts", "4", "--capacity-factor", "1"]),
+    ("lab01_dp", 2, ["--grad-accum", "4", "--precision", "bf16", "--recompute", "selective"]),
+]
+
 
 def program(name):
     return os.path.join(BUILD, name)

@@ -123,7 +123,7 @@ PER_LAB = {
         (4, ["--dry-run", "--batch", "30"], "--batch"),
         (2, ["--grad-accum", "3"], "--grad-accum"),  # 16 rows per rank: K must divide them
         (2, ["--grad-accum", "0"], "--grad-accum"),
-        (2, ["--dry-run", "--grad-accum", "2"], "--grad-accum"),
+        (2, ["--dry-run", "--grad-accum", "3"], "--grad-accum"),  # --dry-run takes K (th_run.grad_accum), not this one
     ] + NO_TP,
     "lab02_zero": [
         (2, ["--zero-stage", "0"], "--zero-stage"),

@@ -31,7 +31,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import EXPERTS_LAYOUTS, MPIRUN, check, fail, on_cpu_unless_named, program, run  # noqa: E402
+from labtest import EXPERTS_LAYOUTS, GRAD_ACCUM_LAYOUTS, MPIRUN, check, fail, on_cpu_unless_named, program, run  # noqa: E402
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8"]
 # every lab at a layout with every kind of traffic it has (lab02 stage 3: buffers and padding)
@@ -48,7 +48,7 @@ LAYOUTS = [
     ("lab06_3d", 4, ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "2", "--precision", "bf16"]),
     # --experts in every lab that takes them but lab08 (its own test): their parameters, k N slots' buffers,
     # router state and gradients' all-reduce (theory/predict.h)
-] + EXPERTS_LAYOUTS
+] + EXPERTS_LAYOUTS + GRAD_ACCUM_LAYOUTS  # lab01's --grad-accum: one micro-batch's activations and scratch
 CATEGORIES = ["params", "grads", "optim", "acts", "comm", "workspace"]
 DRY_RUN_SECONDS = 5
 

@@ -35,7 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import BUILD, EXPERTS_LAYOUTS, MPIRUN, check, program  # noqa: E402
+from labtest import BUILD, EXPERTS_LAYOUTS, GRAD_ACCUM_LAYOUTS, MPIRUN, check, program  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = os.path.join(BUILD, "plan3d")
@@ -105,7 +105,8 @@ def case_check():
         ("lab06_3d", 4, TINY + ["--tp", "2", "--pp", "2", "--dp", "1", "--micro-batches", "4", "--schedule", "zb-v",
                                 "--layers", "4"]),
         # --experts in lab01-lab04 (the record's config names them): every category and kind exact
-    ] + [(lab, n, TINY + flags) for lab, n, flags in EXPERTS_LAYOUTS] + [
+        # and lab01's --grad-accum (the record's grad_accum): one micro-batch's activations and scratch
+    ] + [(lab, n, TINY + flags) for lab, n, flags in EXPERTS_LAYOUTS + GRAD_ACCUM_LAYOUTS] + [
         # context parallelism (theory/context.c) and experts over ranks (theory/expert_parallel.c); lab08's
         # received rows are sized by the capacity with --capacity-factor, by the routing without one
         ("lab07_cp", 2, TINY), ("lab07_cp", 4, TINY + ["--cp", "2", "--cp-algo", "ulysses"]),
@@ -119,10 +120,14 @@ def case_check():
     print(p.stdout)
     check(p.returncode == 0, f"plan3d --check: status {p.returncode}: {p.stdout[-2000:]} {p.stderr}")
     runs = json.load(open(js))["runs"]
-    check(len(runs) == 25 + len(EXPERTS_LAYOUTS), f"{25 + len(EXPERTS_LAYOUTS)} runs checked, got {len(runs)}")
+    extra = len(EXPERTS_LAYOUTS) + len(GRAD_ACCUM_LAYOUTS)
+    check(len(runs) == 25 + extra, f"{25 + extra} runs checked, got {len(runs)}")
     records = [json.loads(line) for line in open(os.path.join(out, "records.jsonl")).read().splitlines()]
     check(sum(rec["config"].get("experts", 0) > 0 and rec["lab"] != "lab08_ep" for rec in records)
-          == len(EXPERTS_LAYOUTS), "the records of lab01-lab04 with --experts name them in their config")
+          == len(EXPERTS_LAYOUTS) + sum("--experts" in flags for _, _, flags in GRAD_ACCUM_LAYOUTS),
+          "the records of lab01-lab04 with --experts name them in their config")
+    check(sum(rec.get("grad_accum", 1) > 1 for rec in records) == len(GRAD_ACCUM_LAYOUTS),
+          "the records of lab01 --grad-accum K > 1 name K")
     labs = {r["lab"] for r in runs}
     check(len(labs) == 8, f"every lab checked: {sorted(labs)}")
     for r in runs:
@@ -144,6 +149,19 @@ def case_check():
         f.write(json.dumps(rec) + "\n")
     p = plan3d(["--check", bad, "--calibration", os.path.join(bad, "none.json")])
     check(p.returncode == 1 and "MISMATCH" in p.stdout, f"a changed record must fail the check: {p.stdout}")
+    # lab01 --grad-accum: the record's grad_accum decides the rows of the prediction (absent: 1, the whole rows)
+    rec = next(json.loads(line) for line in lines if json.loads(line).get("grad_accum", 1) > 1)
+    rec.pop("grad_accum")
+    bad = tempfile.mkdtemp(prefix="pl-plan-bad-")
+    with open(os.path.join(bad, "records.jsonl"), "w") as f:
+        f.write(json.dumps(rec) + "\n")
+    p = plan3d(["--check", bad, "--calibration", os.path.join(bad, "none.json")])
+    check(p.returncode == 1 and "MISMATCH rank 0 acts" in p.stdout,
+          f"a --grad-accum record without its grad_accum must mismatch on the activations: {p.stdout}")
+    with open(os.path.join(bad, "records.jsonl"), "w") as f:
+        f.write(json.dumps({**rec, "grad_accum": 3}) + "\n")  # 4 rows per rank
+    p = plan3d(["--check", bad, "--calibration", os.path.join(bad, "none.json")])
+    check(p.returncode == 2 and "grad_accum 3" in p.stderr, f"grad_accum 3 of 4 rows must be refused: {p.stderr}")
     print(f"passed: {len(runs)} runs of {len(labs)} labs predicted exactly (memory per rank and category, "
           f"calls and bytes per collective)")
 

@@ -43,10 +43,12 @@ static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_gr
     if (r->cuda) x->mem[MEM_WORKSPACE] = -1;
 }
 
-/* lab01 and lab02: every rank the whole model on B/N rows; ZeRO shards the
- * model states over the N ranks. */
+/* lab01 and lab02: every rank the whole model on B/N rows (lab01's --grad-accum:
+ * K micro-batches of B/(N K) rows, their gradients added before the one
+ * all-reduce, so only the rows held at once shrink); ZeRO shards the model
+ * states over the N ranks. */
 static void predict_data_parallel(const th_run *r, th_rank_need *need) {
-    const int N = r->ranks, zero = r->zero_stage;
+    const int N = r->ranks, zero = r->zero_stage, accum = r->grad_accum > 1 ? r->grad_accum : 1;
     const th_opts opts = th_opts_precision(1, r->bf16);
     const double vb = value_bytes_of(r);
     const th_params counts = th_param_counts(&r->model);
@@ -54,7 +56,7 @@ static void predict_data_parallel(const th_run *r, th_rank_need *need) {
     const int units = r->units;
     for (int q = 0; q < N; q++) {
         th_rank_need *x = &need[q];
-        *x = (th_rank_need){.dp = q, .lo = 0, .hi = (int)r->model.layers, .rows = r->batch / N, .params = psi,
+        *x = (th_rank_need){.dp = q, .lo = 0, .hi = (int)r->model.layers, .rows = r->batch / N / accum, .params = psi,
                             .acts_in_flight = 1};
         rank_memory(x, r, 1, 0);
         if (zero) { /* the padded buffers, sharded as the stage shards them, and the unit buffers */

@@ -39,6 +39,11 @@ typedef struct th_run {
     th_model model;
     int tp, pp, dp;         /* the grid: lab01/02 dp = ranks, lab03/04 pp = ranks, lab05 tp = ranks */
     int micro_batches;      /* per replica and step (pipelines; 1 elsewhere) */
+    /* lab01's --grad-accum K: data parallelism alone (no pipeline, no TP) running
+     * each replica's B/N rows as K micro-batches of B/(N K), one after another,
+     * into one gradient, all-reduced once a step: the activations and scratch
+     * are one micro-batch's, the traffic is K = 1's. 0 or 1: none */
+    int grad_accum;
     /* the schedule lab04's executor runs (th_schedule_names; its message
      * buffers are a pool its lists size, not predicted); NULL: no executor
      * (lab03's stages run the naive order themselves, GPipe at m = 1, and keep
