@@ -320,6 +320,34 @@ static void check_cp_max_seq(void) {
     CHECK(th_cp_max_seq(&r, 8, 1 << 30) == -1, "CUDA's workspace is not predicted");
 }
 
+/* lab01's --grad-accum K (th_run.grad_accum): a rank holds the activations and
+ * scratch of one micro-batch, B/(N K) rows, as a run of batch B/K would, while
+ * its model states and its one all-reduce a step are the whole batch's. */
+static void check_grad_accum(void) {
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int rc = 0; rc < 3; rc++)
+            for (int K = 2; K <= 4; K *= 2) {
+                th_run whole = {.ranks = 2, .bf16 = bf16, .batch = 16, .model = th_course_model(256, 32, 2, 32, 2),
+                                .tp = 1, .pp = 1, .dp = 2, .micro_batches = 1, .recompute = rc, .units = 1};
+                whole.full_elems = whole.largest_unit_elems = th_param_counts(&whole.model).total;
+                th_run accum = whole, small = whole;
+                accum.grad_accum = K;
+                small.batch = whole.batch / K;
+                th_rank_need a[2], w[2], s[2];
+                th_predict_run(&accum, a);
+                th_predict_run(&whole, w);
+                th_predict_run(&small, s);
+                for (int k = 0; k < MEM_NCAT; k++)
+                    CHECK(a[1].mem[k] == s[1].mem[k], "bf16 %d recompute %d K %d: %s %.0f, at batch B/K %.0f", bf16, rc,
+                          K, mem_category_names[k], a[1].mem[k], s[1].mem[k]);
+                CHECK(a[1].mem[MEM_ACTS] < w[1].mem[MEM_ACTS], "K %d: fewer activations than K = 1", K);
+                for (int k = 0; k < TH_PREDICTED_KINDS; k++)
+                    CHECK(a[1].calls[k] == w[1].calls[k] && a[1].payload[k] == w[1].payload[k],
+                          "K %d %s: %g calls %.0f B, K = 1 %g calls %.0f B", K, comm_kind_names[k], a[1].calls[k],
+                          a[1].payload[k], w[1].calls[k], w[1].payload[k]);
+            }
+}
+
 /* The activation blocks a chunk holds at its peak, counted on lab04's list of
  * the rank: an F adds one, the backward (W where split) removes it; a split
  * B adds a weight-gradient block, its W removes it. */
@@ -546,6 +574,7 @@ int main(void) {
     check_published();
     check_cp_ep();
     check_cp_max_seq();
+    check_grad_accum();
     check_schedules();
     check_against_lists();
     check_context_parallel();
