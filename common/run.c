@@ -656,7 +656,8 @@ void run_experts_tally_free(run_experts_tally *t) {
 
 void run_experts_report(run_ctx *ctx, comm *c, const run_experts_tally *t, int n, int replicas, int step) {
     if (!ctx->model.experts) return;
-    const int cells = ctx->model.experts * ctx->model.layers;
+    /* the loads are reported after the last step only: before it, only the aux loss and drops move */
+    const int last = step == ctx->opt.steps - 1, cells = last ? ctx->model.experts * ctx->model.layers : 0;
     double *sums = calloc((size_t)cells + 2, sizeof(double)); /* aux, dropped, then the loads */
     if (!sums) die("out of memory for the expert loads");
     for (int i = 0; i < n; i++) {
@@ -666,7 +667,7 @@ void run_experts_report(run_ctx *ctx, comm *c, const run_experts_tally *t, int n
     }
     comm_allreduce_host(c, sums, cells + 2);
     run_step_experts(ctx, step, sums[0] / replicas, sums[1]);
-    if (step == ctx->opt.steps - 1) run_experts_load(ctx, sums + 2);
+    if (last) run_experts_load(ctx, sums + 2);
     free(sums);
 }
 
