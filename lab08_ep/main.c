@@ -90,8 +90,7 @@ int main(int argc, char **argv) {
         th_run need = lab_run_config(&ctx);
         need.dp = dp;
         need.ep = N;
-        need.capacity_factor = sized ? ctx.model.capacity_factor : 0;
-        need.model.experts = E, need.model.top_k = k;
+        need.capacity_factor = sized ? ctx.model.capacity_factor : 0; /* the model's experts: lab_run_config's */
         if (ctx.rank == 0) {
             th_print_prediction(stdout, &need, 32);
             const th_ep_alltoall a2a = th_ep_alltoall_per_step(&need);
@@ -231,8 +230,7 @@ int main(int argc, char **argv) {
     snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
     /* activations: F > 0, the received rows' buffers at the capacity's bound (the config alone); F = 0,
      * at the most rows this rank received in each layer (the routing decides) */
-    th_model tm = th_course_model(ctx.model.vocab, T, L, C, ctx.model.heads);
-    tm.experts = E, tm.top_k = k;
+    const th_model tm = lab_theory_model(&ctx.model);
     const th_opts acts_opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
     double *received = malloc(sizeof(double) * (size_t)L);
     if (!received) die("out of host memory");
