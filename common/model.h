@@ -46,7 +46,10 @@ typedef struct gpt_config {
      * token, capacity_factor > 0 dropping what overflows ceil(k T F / E) slots
      * per expert and sequence, aux_coef weighting Switch's load-balancing loss */
     int experts, top_k;
-    float capacity_factor, aux_coef;
+    /* the flag's value as a double: moe_capacity's ceiling must see the decimal
+     * the user wrote (0.1 as a float is 0.100000001, and ceil(1.0000000149) = 2) */
+    double capacity_factor;
+    float aux_coef;
     /* 1: the capacity counts a rank's own tokens, ceil(k B T F / E) per expert
      * over its B rows, not per sequence: lab08's negative experiment (drops
      * then depend on how the batch is split over ranks) */

@@ -69,10 +69,14 @@ moe_scratch moe_scratch_view(void *raw, const gpt_config *cfg, long N) {
     return sc;
 }
 
-int moe_capacity(const gpt_config *c) {
+long moe_capacity_over(const gpt_config *c, long tokens) {
     if (c->experts <= 0 || c->capacity_factor <= 0) return 0;
-    return (int)ceil((double)c->top_k * c->seq * (double)c->capacity_factor / c->experts);
+    const double x = (double)c->top_k * (double)tokens * c->capacity_factor / c->experts, nearest = round(x);
+    const double slots = fabs(x - nearest) <= 1e-9 * nearest ? nearest : ceil(x);
+    return slots < (double)tokens ? (long)slots : tokens;
 }
+
+long moe_capacity(const gpt_config *c) { return moe_capacity_over(c, c->seq); }
 
 /* ---- the router and the dispatch ------------------------------------------------ */
 
@@ -81,9 +85,7 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq, B = N / T;
     const void *wr = value_at(lp, tensors[LAYER_ROUTER_W].offset);
     /* per sequence, or (--capacity-scope rank) over the B rows this call routes */
-    const int cap = cfg->capacity_per_rank && cfg->experts > 0 && cfg->capacity_factor > 0
-                        ? (int)ceil((double)cfg->top_k * N * (double)cfg->capacity_factor / E)
-                        : moe_capacity(cfg);
+    const long cap = moe_capacity_over(cfg, cfg->capacity_per_rank ? N : T);
     double aux = 0;
     long dropped = 0;
     for (int n = 0; n < N; n++) {

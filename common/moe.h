@@ -58,8 +58,17 @@ long moe_scratch_bytes(const gpt_config *cfg, long N); /* 0 without experts */
 moe_state moe_state_view(void *raw, const gpt_config *cfg, long N);
 moe_scratch moe_scratch_view(void *raw, const gpt_config *cfg, long N);
 
-/* ceil(k T F / E) slots per expert and sequence; 0 with F = 0 (no limit). */
-int moe_capacity(const gpt_config *cfg);
+/* ceil(k n F / E) slots per expert over n tokens (a sequence: n = T; with
+ * --capacity-scope rank a rank's N positions), at most n: a token picks an
+ * expert once, so n slots never drop anything, and a huge F means no limit
+ * instead of overflowing an int. 0 with F = 0 (no limit). k n F / E within
+ * 1e-9 (relative) of an integer counts as that integer: F is the decimal of
+ * the flag, and 2 x 50 x 1.1 / 10 is 11 slots, not the 12 that the double
+ * 11.000000000000002 would round up to. theory/'s th_expert_capacity is the
+ * same rule (test_theory holds them equal). */
+long moe_capacity_over(const gpt_config *cfg, long tokens);
+/* per sequence: moe_capacity_over(cfg, cfg->seq) */
+long moe_capacity(const gpt_config *cfg);
 
 /* The MLP hooks of a model with experts (gpt_default_hooks installs them). */
 void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N);

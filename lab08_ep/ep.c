@@ -219,8 +219,7 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
 long ep_received_rows_bound(const gpt_config *cfg, int N, long rows) {
     const long cap = moe_capacity(cfg), T = cfg->seq, El = cfg->experts / N, k = cfg->top_k;
     if (cap <= 0 || cfg->capacity_per_rank) return 0; /* per rank: the routing decides, as under F = 0 */
-    const long per_expert = cap < T ? cap : T;
-    return (long)N * rows * (El * per_expert < k * T ? El * per_expert : k * T);
+    return (long)N * rows * (El * cap < k * T ? El * cap : k * T); /* cap <= T: a token picks an expert once */
 }
 
 void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep, const void *params) {

@@ -6,7 +6,7 @@ all-to-all bytes comm measured are the exact count from the routing; the
 uniform-routing expectation is 4 k N_tok C b (N-1)/N per layer, derived here;
 a rank holds the replicated weights and E/N of the experts.
 
-usage: test_lab08.py equivalence|sweep|precision|resume|dry_run|capacity_scope"""
+usage: test_lab08.py equivalence|sweep|precision|resume|dry_run|capacity_scope|capacity_limits"""
 import os
 import sys
 
@@ -206,6 +206,31 @@ def capacity_scope():
           f"up to {gap:.2e}")
 
 
+def capacity_limits():
+    """A capacity factor so large that no expert can fill it is no limit, in every scope and lab
+    that takes experts (ceil(k T F / E) past 2^31 - 1 used to become a negative int: every choice
+    dropped, every step); its dry run is exact, as for any capacity."""
+    short = [a if a != "20" else "3" for a in ARGS] + ["--experts", "4"]
+    ref, _, _ = run("lab01_dp", 1, short)
+    check(sum(ref["dropped_per_step"]) == 0, "F = 0 drops nothing")
+    for lab, n, extra in [(LAB, 2, []), (LAB, 2, ["--capacity-scope", "rank"]), ("lab01_dp", 1, []),
+                          ("lab01_dp", 2, ["--capacity-scope", "rank"]), ("lab02_zero", 2, ["--zero-stage", "2"])]:
+        for F in ("1e9", "3e38"):
+            name = f"{lab} -n {n} --capacity-factor {F} {' '.join(extra)}"
+            rec, _, _ = run(lab, n, short + ["--capacity-factor", F] + extra)
+            check(sum(rec["dropped_per_step"]) == 0, f"{name}: dropped {rec['dropped_per_step']}, want none")
+            compare_losses(f"{name} vs F = 0", rec["losses"], ref["losses"], 1e-5)
+    _, p, _ = run(LAB, 2, short + ["--capacity-factor", "1e9", "--dry-run"])
+    rec, _, _ = run(LAB, 2, short + ["--capacity-factor", "1e9"])
+    acts = [int(m) for m in __import__("re").findall(r"^ +\d+ +\d+ +\d+ +\d+ +\[\d+,\d+\) +\d+ +\d+ +\d+ +(\d+)",
+                                                    p.stdout, __import__("re").M)]
+    check(acts == rec["mem_peak_bytes_per_rank"]["acts"],
+          f"--capacity-factor 1e9: the dry run predicts activations {acts}, the run allocated "
+          f"{rec['mem_peak_bytes_per_rank']['acts']}")
+    print(f"--capacity-factor 1e9 and 3e38: no drops in lab08 (both scopes), lab01 and lab02, losses = F = 0's; "
+          f"dry run exact (acts {acts})")
+
+
 def dry_run():
     """--dry-run predicts the run: with a capacity every rank's peak per memory category to the
     byte (the received rows' buffers are sized to its bound); with F = 0 the capacity-free bound,
@@ -249,5 +274,5 @@ def dry_run():
 
 if __name__ == "__main__":
     {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume, "dry_run": dry_run,
-     "capacity_scope": capacity_scope}[sys.argv[1]]()
+     "capacity_scope": capacity_scope, "capacity_limits": capacity_limits}[sys.argv[1]]()
     print("passed")

@@ -211,7 +211,7 @@ static void rules_by_hand(void) {
     gpt_acts_alloc(&a, &g, 0, c.layers, B);
     set_batch(&a, N, c.vocab);
     gpt_forward(&g, params, &a);
-    CHECK(moe_capacity(&c) == 3, "capacity %d, want ceil(2 x 5 x 1 / 4) = 3", moe_capacity(&c));
+    CHECK(moe_capacity(&c) == 3, "capacity %ld, want ceil(2 x 5 x 1 / 4) = 3", moe_capacity(&c));
     int bad = 0;
     for (int l = 0; l < c.layers; l++) {
         moe_state st = moe_state_view(a.layer[l].moe, &c, N);

@@ -8,6 +8,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
+#include "moe.h"
 #include "predict.h"
 #include "sequence_parallel.h"
 #include "theory.h"
@@ -558,8 +559,46 @@ static void check_expert_parallel(void) {
     CHECK(th_ep_received_rows_bound(8, 64, 1, 8, 2, 1.25) == 2 * 8 * 4 * 10, "ep received rows top-1 E=8: cap 10, 4 each");
 }
 
+/* The capacity: common/moe.c's rule and theory's are one rule. The flag's
+ * decimal decides the ceiling (0.1 and 1.1 are not exact doubles: ceil of
+ * 1.0000000149 or 11.000000000000002 would give a slot more than ceil(k T F / E)
+ * written out, issue 34), and a factor past any sequence is no limit (before,
+ * ceil(k T F / E) past 2^31 - 1 became a negative int and every choice dropped,
+ * issue 31). */
+static void check_capacity(void) {
+    const struct { int k; long T; double F; int E; long want; } cases[] = {
+        {1, 40, 0.1, 4, 1}, {2, 50, 1.1, 10, 11}, {2, 5, 1.0, 4, 3}, {1, 64, 1.25, 4, 20}, {2, 64, 0.3, 6, 7},
+        {2, 64, 1e9, 4, 64}, {2, 64, 3.4e38, 4, 64}, {1, 1000000000, 1e9, 4, 1000000000}, {2, 64, 8.0, 4, 64},
+        {2, 64, 0, 4, 0}, {8, 4096, 1.0, 256, 128},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gpt_config c = {.seq = (int)cases[i].T, .experts = cases[i].E, .top_k = cases[i].k,
+                        .capacity_factor = cases[i].F};
+        const long got = moe_capacity(&c);
+        const double theory = th_expert_capacity(c.top_k, (double)c.seq, c.capacity_factor, c.experts);
+        CHECK(got == cases[i].want, "capacity k %d T %ld F %g E %d: %ld slots, want %ld", c.top_k, cases[i].T,
+              c.capacity_factor, c.experts, got, cases[i].want);
+        CHECK(theory == (double)(cases[i].want ? cases[i].want : cases[i].T), "th_expert_capacity k %d T %ld F %g E %d: "
+              "%.0f", c.top_k, cases[i].T, c.capacity_factor, c.experts, theory);
+    }
+    /* the two rules agree on every decimal factor 0.01 .. 4 in steps of 0.01, for a spread of shapes */
+    for (int f = 1; f <= 400; f++)
+        for (int E = 2; E <= 12; E += 5)
+            for (int k = 1; k <= 2; k++)
+                for (long T = 7; T <= 100; T += 31) {
+                    gpt_config c = {.seq = (int)T, .experts = E, .top_k = k, .capacity_factor = f / 100.0};
+                    const double exact = (double)((k * T * f + 100L * E - 1) / (100L * E)); /* integer ceiling */
+                    const long got = moe_capacity(&c);
+                    CHECK(got == (long)fmin(exact, (double)T) &&
+                              (double)got == th_expert_capacity(k, (double)T, c.capacity_factor, E),
+                          "capacity k %d T %ld F %.2f E %d: moe %ld, theory %.0f, exact %.0f", k, T, f / 100.0, E, got,
+                          th_expert_capacity(k, (double)T, c.capacity_factor, E), exact);
+                }
+}
+
 int main(void) {
     device_use(DEVICE_CPU, 0);
+    check_capacity();
     const long shapes[][5] = {{17, 5, 2, 8, 2}, {256, 16, 3, 32, 4}, {256, 7, 4, 24, 6}, {31, 9, 2, 12, 3}};
     for (int p = PREC_FP32; p <= PREC_BF16; p++) {
         precision_use((precision)p);

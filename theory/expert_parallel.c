@@ -9,11 +9,16 @@ double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts) {
     return (double)top_k * (double)tokens / experts;
 }
 
+double th_expert_capacity(int top_k, double tokens, double capacity_factor, int experts) {
+    if (capacity_factor <= 0 || experts <= 0) return tokens;
+    const double x = top_k * tokens * capacity_factor / experts, nearest = round(x);
+    const double slots = fabs(x - nearest) <= 1e-9 * nearest ? nearest : ceil(x);
+    return fmin(slots, tokens);
+}
+
 double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, int N, double capacity_factor) {
     const double El = experts / N, T = (double)seq, k = top_k;
-    /* capacity per expert and sequence, as common/moe.c's moe_capacity; none: T (a token picks an expert once) */
-    double cap = capacity_factor > 0 ? ceil(k * T * capacity_factor / experts) : T;
-    if (cap > T) cap = T;
+    const double cap = th_expert_capacity(top_k, T, capacity_factor, experts); /* per expert and sequence */
     return (double)N * (double)rows * fmin(El * cap, k * T);
 }
 

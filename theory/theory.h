@@ -367,10 +367,17 @@ th_cp_traffic th_ep_layer_traffic(int N, double tokens, long top_k, long d_model
 /* Tokens per expert under uniform routing: k tokens / E of the tokens the
  * expert's EP group holds (the mean; the max is what capacity bounds). */
 double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts);
+/* Slots per expert over `tokens` tokens (a sequence, or --capacity-scope
+ * rank's rows): ceil(k tokens F / E), at most `tokens` (a token picks an
+ * expert once: more slots drop nothing, and a huge F is no limit); a product
+ * within 1e-9 of an integer is that integer (F is the flag's decimal: 2 x 50 x
+ * 1.1 / 10 is 11 slots). `tokens` with F <= 0 (no limit). The same rule as
+ * common/moe.c's moe_capacity_over (test_theory holds them equal). */
+double th_expert_capacity(int top_k, double tokens, double capacity_factor, int experts);
 /* The most slot rows one EP rank receives per MoE layer and step, `rows`
  * sequences on each of the N ranks: per sequence at most min(cap, T) slots go
- * to each of its E/N experts (cap = ceil(k T F / E), the capacity per expert
- * and sequence; a token picks an expert once, so T without capacity, F = 0:
+ * to each of its E/N experts (cap = th_expert_capacity over T, the capacity per
+ * expert and sequence; a token picks an expert once, so T without capacity, F = 0:
  * the capacity-free bound) and k T in all. lab08 sizes its received-row
  * buffers to this when F > 0. */
 double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, int N, double capacity_factor);
