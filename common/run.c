@@ -232,6 +232,42 @@ static const flag_spec *find_flag(const lab_info *lab, const char *name, size_t 
     return NULL;
 }
 
+/* Flags that act only through another: given while that one is off (0, none),
+ * they would change nothing, so they are refused, in one line that names both
+ * (docs/flags.md, "dependent flags"). A lab's own dependent flags are checked
+ * by the lab (lab04's --virtual-stages). */
+static const struct { const char *flag, *needs, *why; } dependent_flags[] = {
+    {"--save-every", "--save", "the saves go to --save's PATH"},
+    {"--top-k", "--experts", "the model is dense"},
+    {"--capacity-factor", "--experts", "the model is dense"},
+    {"--aux-loss-coef", "--experts", "the model is dense"},
+    {"--capacity-scope", "--capacity-factor", "without a capacity nothing is dropped, in any scope"},
+    {"--prompt", "--sample", "nothing is sampled"},
+    {"--temperature", "--sample", "nothing is sampled"},
+};
+
+/* Whether a flag's value is on: a number above 0, a string given. */
+static int flag_is_on(const flag_spec *f) {
+    switch (f->type) {
+    case FLAG_INT:
+    case FLAG_BOOL: return *(const int *)f->value > 0;
+    case FLAG_FLOAT: return *(const double *)f->value > 0;
+    default: return *(const char *const *)f->value != NULL;
+    }
+}
+
+static void check_dependent_flags(run_ctx *ctx, int argc, char **argv) {
+    for (size_t i = 0; i < sizeof dependent_flags / sizeof dependent_flags[0]; i++) {
+        const char *flag = dependent_flags[i].flag, *needs = dependent_flags[i].needs;
+        const flag_spec *f = find_flag(&ctx->lab, flag, strlen(flag)), *n = find_flag(&ctx->lab, needs, strlen(needs));
+        if (!f || !n || !run_flag_given(argc, argv, flag) || flag_is_on(n)) continue;
+        char value[64];
+        format_value(f, value, sizeof value);
+        run_check(ctx, 0, "%s %s does nothing without %s (%s): give %s too, or leave %s out", flag, value, needs,
+                  dependent_flags[i].why, needs, flag);
+    }
+}
+
 static int experts_default; /* --experts when not given: 0 (dense) unless a lab says otherwise */
 
 void run_default_experts(int experts) { experts_default = experts; }
@@ -298,9 +334,9 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     const flag_spec *f;
     for (int i = 0; (f = next_output_flag(lab, &i));)
         run_check(ctx, !(*(const char **)f->value && !**(const char **)f->value), "%s needs a file name", f->name);
-    run_check(ctx, o->save_every == 0 || o->save, "--save-every %d needs --save PATH", o->save_every);
     run_check(ctx, o->sample <= 100000, "--sample %d: at most 100000 bytes (one forward each)", o->sample);
     run_check(ctx, !(o->prompt && !o->prompt[0]), "--prompt needs some text");
+    check_dependent_flags(ctx, argc, argv);
     run_check(ctx, !o->experts || o->top_k <= o->experts, "--top-k %d is more than --experts %d", o->top_k,
               o->experts);
     ctx->model = (gpt_config){.vocab = 256, .seq = o->seq, .layers = o->layers,
@@ -312,6 +348,13 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     ctx->adamw = (adamw_config){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                 .weight_decay = (float)o->weight_decay};
     ctx->tokens_per_step = (long)o->batch * o->seq;
+}
+
+void run_check_rank_capacity(run_ctx *ctx, int micro_batches, const char *flag) {
+    run_check(ctx, micro_batches == 1 || !ctx->model.experts || !(ctx->model.capacity_factor > 0) ||
+                       !ctx->model.capacity_per_rank,
+              "%s %d with --capacity-scope rank: the capacity would count a micro-batch's rows, not the rank's "
+              "(use --capacity-scope sequence, or %s 1)", flag, micro_batches, flag);
 }
 
 /* ---- set-up ------------------------------------------------------------------- */

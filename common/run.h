@@ -91,6 +91,12 @@ void run_check(run_ctx *ctx, int ok, const char *fmt, ...) __attribute__((format
 /* Whether argv holds the flag, "--x v" or "--x=v" (after run_parse, which
  * checked that every "--x" is a flag, not the value of another). */
 int run_flag_given(int argc, char **argv, const char *flag);
+/* --capacity-scope rank counts a rank's own rows: a rank that runs them as
+ * `micro_batches` micro-batches (lab01's --grad-accum, lab04's --micro-batches,
+ * flag names which) would count one micro-batch's, and its drops would change
+ * with their number. Refused unless micro_batches is 1 or the run drops nothing
+ * by rank. */
+void run_check_rank_capacity(run_ctx *ctx, int micro_batches, const char *flag);
 void run_setup(run_ctx *ctx);
 /* All ranks agree: if any rank has a non-empty `err`, the lowest such rank prints
  * it as one line, and every rank exits with status 2. Collective. */

@@ -66,10 +66,7 @@ int main(int argc, char **argv) {
     run_check(&ctx, ctx.opt.batch % ctx.size != 0 || (ctx.opt.batch / ctx.size) % grad_accum == 0,
               "--grad-accum %d does not divide the %d rows per rank (--batch %d / %d ranks)", grad_accum,
               ctx.opt.batch / (ctx.size > 0 ? ctx.size : 1), ctx.opt.batch, ctx.size);
-    run_check(&ctx, grad_accum == 1 || !ctx.opt.experts || ctx.opt.capacity_factor <= 0 ||
-                        strcmp(ctx.opt.capacity_scope, "rank") != 0,
-              "--grad-accum %d with --capacity-scope rank: the capacity would count a micro-batch's rows, not the "
-              "rank's (use --capacity-scope sequence, or --grad-accum 1)", grad_accum);
+    run_check_rank_capacity(&ctx, grad_accum, "--grad-accum");
     run_setup(&ctx);
 
     /* rows: this rank's share of the global batch; micro: the rows of one accumulation step */

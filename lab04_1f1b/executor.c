@@ -205,6 +205,7 @@ int pipeline_check_flags(run_ctx *ctx, int argc, char **argv, const char *name, 
     char msg[sizeof ctx->error];
     run_check(ctx, schedule_check(kind, p, m, v, run_flag_given(argc, argv, "--virtual-stages"), ctx->opt.layers, msg,
                                   (int)sizeof msg), "%s", msg);
+    run_check_rank_capacity(ctx, m, "--micro-batches");
     return kind;
 }
 

@@ -94,6 +94,21 @@ SHARED = [
     (2, ["--experts", "4", "--aux-loss-coef", "-0.5"], "--aux-loss-coef"),
     (2, ["--dry-run", "--experts", "4"], "--experts"),  # kept for the labs that refuse experts (DRY_RUN_EXPERTS)
     (2, ["--capacity-scope", "token"], "--capacity-scope"),
+    # dependent flags (docs/flags.md): given while the flag they act through is off, refused in one line
+    (2, ["--save-every", "2"], "--save-every"),
+    (2, ["--prompt", "the dog"], "--prompt"),
+    (2, ["--temperature", "0.5"], "--temperature"),
+    (2, ["--sample", "0", "--temperature", "0.5"], "--temperature"),
+    (2, ["--experts", "4", "--capacity-scope", "rank"], "--capacity-scope"),  # F = 0: nothing to scope
+    (2, ["--capacity-scope", "sequence"], "--capacity-scope"),
+]
+# the experts' flags in a dense model (every lab but lab08, whose default has experts; lab05-lab07 take no
+# experts at all, so these were accepted there and trained a dense model)
+DENSE_DEPENDENT = [
+    (2, ["--top-k", "1"], "--top-k"),
+    (2, ["--capacity-factor", "1"], "--capacity-factor"),
+    (2, ["--aux-loss-coef", "0.1"], "--aux-loss-coef"),
+    (2, ["--experts", "0", "--top-k", "1"], "--top-k"),
 ]
 # the labs whose --dry-run takes --experts (its prediction counts them)
 DRY_RUN_EXPERTS = ("lab01_dp", "lab02_zero", "lab03_pp_naive", "lab04_1f1b", "lab08_ep")
@@ -141,6 +156,10 @@ PER_LAB = {
         (4, ["--dry-run", "--layers", "3"], "--layers"),
     ] + NO_TP,
     "lab04_1f1b": [
+        # as lab01's --grad-accum: the capacity would count a micro-batch's rows, not the rank's
+        (2, ["--experts", "4", "--capacity-factor", "1", "--capacity-scope", "rank"], "--micro-batches 8"),
+        (2, ["--experts", "4", "--capacity-factor", "1", "--capacity-scope", "rank", "--micro-batches", "2"],
+         "--capacity-scope rank"),
         (4, ["--layers", "3"], "--layers"),
         (2, ["--micro-batches", "0"], "--micro-batches"),
         (2, ["--micro-batches", "-3"], "--micro-batches"),
@@ -243,6 +262,8 @@ def main(lab):
     # theory/expert_parallel.c; tests/test_cluster.py dry_run holds the figures to a run's); lab05-lab07
     # refuse the flag, --dry-run or not
     cases = [c for c in SHARED if lab not in DRY_RUN_EXPERTS or c[1] != ["--dry-run", "--experts", "4"]] + PER_LAB[lab]
+    if lab != "lab08_ep":
+        cases += DENSE_DEPENDENT
     if not has_gpu(lab):
         cases.append((2, ["--device", "cuda"], "--device cuda"))
     # every rank reads --data itself: two ranks that see different bytes under one name
