@@ -709,9 +709,12 @@ float *ckpt_gather_params(ckpt_view *v, long P) {
 
 void ckpt_step_done(run_ctx *ctx, ckpt_view *v, int steps_done) {
     const run_options *o = &ctx->opt;
+    /* interrupted (run_step_end agreed on it): this step is the last one, saved as the end would be
+     * (--resume continues from it) */
+    const int interrupted = ctx->interrupted;
     if (o->sample > 0 && steps_done == v->first_step + o->steps) sample_print(ctx, v, steps_done);
     if (!o->save) return;
-    int last = steps_done == v->first_step + o->steps;
+    int last = steps_done == v->first_step + o->steps || interrupted;
     if (last || (o->save_every > 0 && steps_done % o->save_every == 0)) ckpt_save(ctx, v, o->save, steps_done);
 }
 

@@ -36,7 +36,7 @@
  *       int step = first + i;             the data and AdamW's t follow the GLOBAL step
  *       ...
  *       ckpt_step_done(&ctx, &view, step + 1);   saves at --save-every and at the end
- *   }
+ *   }                                     (or after an interrupted step: ctx.interrupted)
  *
  * A pipeline stage holds one range, a ZeRO rank its chunks, a tensor-parallel
  * rank its rows or columns of each matrix (one run per contiguous piece). Several
@@ -78,7 +78,7 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v);
 
 /* Collective; call after every step with the number of steps done. With --save,
  * writes the checkpoint when --save-every divides it, and after the run's last
- * step. */
+ * step (the last of an interrupted run too). */
 void ckpt_step_done(run_ctx *ctx, ckpt_view *v, int steps_done);
 
 /* Collective: gathers the whole model to rank 0 and writes it to path (what

@@ -9,6 +9,7 @@
 #include "trace.h"
 #include <errno.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,6 +197,9 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         }
         printf("\n");
     }
+    if (ctx->interrupted)
+        printf("  interrupted     by %s after %d of %d steps (the record says so; the status is %d)\n",
+               ctx->interrupted == SIGINT ? "SIGINT" : "SIGTERM", steps, o->steps, 128 + ctx->interrupted);
     if (ctx->diverged_at)
         printf("  diverged        the loss was first not finite at step %d (null in the record)\n", ctx->diverged_at);
     /* what was measured: the steps after the first (start-up), or step 1 alone in a one-step run */
@@ -310,6 +314,11 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         jsonval_set(rec, "expert_choices_last_step", jsonval_numbers(ctx->expert_load, o->experts * o->layers));
     }
     jsonval_set(rec, "diverged_at_step", ctx->diverged_at ? json_integer(ctx->diverged_at) : json_null());
+    /* a run that ended early: how a script tells a finished run (steps_done = config.steps) from one a
+     * signal stopped, whatever status the launcher reports (docs/cluster.md) */
+    jsonval_set(rec, "steps_done", json_integer(steps));
+    jsonval_set(rec, "interrupted", ctx->interrupted ? json_string(ctx->interrupted == SIGINT ? "SIGINT" : "SIGTERM")
+                                                     : json_null());
     double *col = malloc(sizeof(double) * (size_t)(R > steps ? R : steps) + 1);
     if (!col) die("out of host memory");
     for (int i = 0; i < steps; i++) col[i] = ctx->step_seconds[i] * 1e3;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -536,6 +537,47 @@ static char *describe_hosts(run_ctx *ctx, MPI_Comm local, int gpu_index, int sho
     return b.s;
 }
 
+/* ---- interruption: SIGINT, SIGTERM ------------------------------------------------------ */
+
+static volatile sig_atomic_t signal_seen; /* the signal the handler saw, 0: none */
+
+static void note_signal(int sig) { signal_seen = sig; } /* SA_RESETHAND: a second one ends the process */
+
+/* The run finishes the step it is in, then stops on every rank with a record
+ * that says so (a launcher may report status 0 for a job it interrupted:
+ * MPICH's hydra did, 3 times in 8). A signal the process ignores (started in
+ * the background) stays ignored. */
+static void stop_after_the_step_on_signals(void) {
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = note_signal;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        sigaction(sigs[i], &sa, &old);
+        if (old.sa_handler == SIG_IGN) sigaction(sigs[i], &old, NULL);
+    }
+}
+
+int run_agree_interrupted(run_ctx *ctx) {
+    int mine = signal_seen, any = 0;
+    MPI_Request req;
+    MPI_Iallreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req);
+    polite_wait(&req);
+    if (any && !ctx->interrupted) {
+        ctx->interrupted = any;
+        if (ctx->rank == 0) {
+            printf("interrupted by %s: stopping after step %d of %d (recorded as interrupted; a second signal ends "
+                   "the ranks at once)\n", any == SIGINT ? "SIGINT" : "SIGTERM", ctx->steps_done, ctx->opt.steps);
+            fflush(stdout);
+        }
+    }
+    return ctx->interrupted;
+}
+
+int run_exit_status(const run_ctx *ctx, int status) { return ctx->interrupted ? 128 + ctx->interrupted : status; }
+
 void run_setup(run_ctx *ctx) {
     run_options *o = &ctx->opt;
     /* Flag errors come from the same arguments on every rank, so every rank
@@ -603,6 +645,7 @@ void run_setup(run_ctx *ctx) {
         snprintf(err, sizeof err, "--out %s: cannot create it: %s", o->out, strerror(errno));
     run_agree_or_exit(err);
     if (!o->dry_run) {
+        stop_after_the_step_on_signals();
         ctx->records_jsonl = path_join(o->out, "records.jsonl");
         ctx->records_csv = path_join(o->out, "records.csv");
         device_use(ctx->device, ctx->device == DEVICE_CUDA ? ctx->local_rank % gpus : 0);
@@ -743,6 +786,7 @@ void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {
                    "may help)\n", step + 1, loss, step + 1);
     }
     if (ctx->rank == 0) fflush(stdout);
+    run_agree_interrupted(ctx);
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -79,6 +79,8 @@ typedef struct run_ctx {
     double *expert_load;          /* --experts: the last step's choices per expert [L][E] (all ranks) */
     int steps_done;
     int diverged_at;              /* the first step (1-based) whose loss was not finite, 0: none */
+    int interrupted;              /* SIGINT or SIGTERM that stopped the run after a whole step (every rank
+                                   * agrees, run_agree_interrupted), 0: none; the labs' loops end on it */
     double step_t0;
     long tokens_per_step;         /* global batch x seq */
 } run_ctx;
@@ -104,7 +106,8 @@ void run_agree_or_exit(const char *err);
 
 void run_step_begin(run_ctx *ctx, int step);
 /* loss: the global mean loss of the step (the same on every rank that passes it);
- * extra: more text for the step line, or NULL. Synchronises the device. */
+ * extra: more text for the step line, or NULL. Synchronises the device, and
+ * agrees on an interruption (run_agree_interrupted). Collective. */
 void run_step_end(run_ctx *ctx, int step, double loss, const char *extra);
 
 typedef struct run_report {
@@ -142,6 +145,16 @@ const char *run_host_label(const run_ctx *ctx, int rank);
  * is read), then every rank exits 0. Nothing was trained, no training buffer
  * allocated and --out not created. Collective. */
 void run_dry_run_exit(run_ctx *ctx, const run_report *r) __attribute__((noreturn));
+
+/* Collective, at every step's end (run_step_end calls it): whether any rank
+ * got SIGINT or SIGTERM (Ctrl-C, a scheduler's stop) since run_setup, agreed
+ * over all ranks into ctx->interrupted, so that every rank ends the loop after
+ * the same whole step, the record says so and the status is not 0. A second
+ * signal ends the process at once (the default action). */
+int run_agree_interrupted(run_ctx *ctx);
+/* main's status: 128 + the signal when the run was interrupted (as a shell
+ * reports a process the signal ended), else `status`. */
+int run_exit_status(const run_ctx *ctx, int status);
 
 /* Median of the measured step times in seconds (step 0 is warm-up when steps > 1). */
 double run_median_step_seconds(const run_ctx *ctx);

@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     dp_sync_init(&sync, &world, ms.grads, 0, P, bucket_mb);
     run_experts_tally moe = {0}; /* --experts: the step's figures, added over the micro-batches */
 
-    for (int i = 0; i < ctx.opt.steps; i++) {
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
         mem_zero(ms.grads, (size_t)P * value_bytes());
@@ -178,5 +178,5 @@ int main(int argc, char **argv) {
     model_states_free(&ms);
     comm_free(&world);
     MPI_Finalize();
-    return in_sync ? 0 : 1;
+    return run_exit_status(&ctx, in_sync ? 0 : 1);
 }

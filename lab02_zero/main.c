@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
     gpt_acts_bind(&acts, &scratch); /* --recompute: what the layers do not keep goes there */
     int *tokens = malloc(sizeof(int) * (size_t)rows * T), *targets = malloc(sizeof(int) * (size_t)rows * T);
 
-    for (int i = 0; i < ctx.opt.steps; i++) {
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
         /* this rank's rows of the global batch */
@@ -142,5 +142,5 @@ int main(int argc, char **argv) {
     zero_free(&zero);
     comm_free(&world);
     MPI_Finalize();
-    return 0;
+    return run_exit_status(&ctx, 0);
 }

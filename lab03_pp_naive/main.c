@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
         printf("pipeline: %d stage%s, the whole batch at once | bubble theory (p-1)/p = %.3f\n", p,
                p == 1 ? "" : "s", theory);
 
-    for (int i = 0; i < ctx.opt.steps; i++) {
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
         stage_step_begin(&st, step);
@@ -104,5 +104,5 @@ int main(int argc, char **argv) {
     stage_free(&st);
     comm_free(&pipe);
     MPI_Finalize();
-    return 0;
+    return run_exit_status(&ctx, 0);
 }

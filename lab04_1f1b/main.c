@@ -122,7 +122,7 @@ int main(int argc, char **argv) {
                "(unit times) %s = %.3f\n", p, p == 1 ? "" : "s", v, v == 1 ? "" : "s", m, m == 1 ? "" : "es",
                pr.chunk[0].rows, schedule_name(kind), schedule_bubble_textbook_text(kind), theory);
 
-    for (int i = 0; i < ctx.opt.steps; i++) {
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
         pipeline_step_begin(&pr, step);
@@ -170,5 +170,5 @@ int main(int argc, char **argv) {
     pipeline_free(&pr);
     comm_free(&pipe);
     MPI_Finalize();
-    return 0;
+    return run_exit_status(&ctx, 0);
 }

@@ -213,7 +213,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
 
-    for (int i = 0; i < ctx.opt.steps; i++) {
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
         /* every rank the same, whole global batch */
@@ -321,5 +321,5 @@ int main(int argc, char **argv) {
     model_states_free(&ms);
     comm_free(&tp);
     MPI_Finalize();
-    return in_sync ? 0 : 1;
+    return run_exit_status(&ctx, in_sync ? 0 : 1);
 }

@@ -196,7 +196,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
 
-    for (int i = 0; i < ctx.opt.steps; i++) {
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i; /* the global step: it picks the batch and AdamW's t */
         run_step_begin(&ctx, i);
         pipeline_step_begin(&pr, step);
@@ -260,5 +260,5 @@ int main(int argc, char **argv) {
     stage3d_free(&s3);
     grid_free(&grid);
     MPI_Finalize();
-    return in_sync ? 0 : 1;
+    return run_exit_status(&ctx, in_sync ? 0 : 1);
 }

@@ -195,7 +195,7 @@ int main(int argc, char **argv) {
     }
 
     double first_step_attention = 0;
-    for (int i = 0; i < ctx.opt.steps; i++) {
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i;
         run_step_begin(&ctx, i);
         /* this group's rows of the global batch; the rank's positions of them */
@@ -335,5 +335,5 @@ int main(int argc, char **argv) {
     comm_free(&cp);
     comm_free(&world);
     MPI_Finalize();
-    return 0;
+    return run_exit_status(&ctx, 0);
 }

@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
     /* the busiest expert's rows of each step (any rank, layer): the load the plots draw over the steps */
     long *max_rows_per_step = calloc((size_t)ctx.opt.steps + 1, sizeof(long));
     if (!max_rows_per_step) die("out of host memory");
-    for (int i = 0; i < ctx.opt.steps; i++) {
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i;
         run_step_begin(&ctx, i);
         eh.counts.max_expert_rows = 0; /* the last step's is printed */
@@ -275,5 +275,5 @@ int main(int argc, char **argv) {
     comm_free(&ep);
     comm_free(&world);
     MPI_Finalize();
-    return 0;
+    return run_exit_status(&ctx, 0);
 }
