@@ -159,6 +159,7 @@ typedef struct {
     char lab[64];
     long params;      /* P */
     float *data;      /* [params | m | v], 3P floats, malloc'd */
+    char routing_changed[320]; /* the experts' flags that differ from the file's, "" if none (or not recorded) */
 } ckpt_file;
 
 static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
@@ -183,6 +184,28 @@ static long meta_long(json_t *metadata, const char *key, int *ok) {
     long x = v ? strtol(v, &end, 10) : 0;
     if (!v || end == v || *end || errno) *ok = 0;
     return x;
+}
+
+/* What the experts' routing flags change against the file's (top-k, capacity
+ * factor and scope, aux coefficient), as "--top-k 2 -> 1, ..." in buf ("" if
+ * nothing, or a dense model). */
+static void describe_routing_change(json_t *metadata, const gpt_config *cfg, char *buf, size_t len) {
+    buf[0] = 0;
+    if (cfg->experts <= 0) return;
+    char now[4][32];
+    snprintf(now[0], sizeof now[0], "%d", cfg->top_k);
+    snprintf(now[1], sizeof now[1], "%.15g", cfg->capacity_factor); /* the decimal the flag gave */
+    snprintf(now[2], sizeof now[2], "%s", cfg->capacity_per_rank ? "rank" : "sequence");
+    snprintf(now[3], sizeof now[3], "%g", cfg->aux_coef); /* a float: 0.01, not 0.00999999978 */
+    const char *keys[4] = {"top_k", "capacity_factor", "capacity_scope", "aux_loss_coef"};
+    const char *flags[4] = {"--top-k", "--capacity-factor", "--capacity-scope", "--aux-loss-coef"};
+    size_t at = 0;
+    for (int i = 0; i < 4 && at < len; i++) {
+        const char *was = meta(metadata, keys[i]);
+        if (!was || !strcmp(was, now[i])) continue;
+        int k = snprintf(buf + at, len - at, "%s%s %s -> %s", at ? ", " : "", flags[i], was, now[i]);
+        at += k > 0 ? (size_t)k : 0;
+    }
 }
 
 /* A JSON value as short text for a message ("missing" for none). */
@@ -295,6 +318,20 @@ static int read_checkpoint(const char *path, const gpt_config *cfg, ckpt_file *o
     }
     long step = meta_long(metadata, "step", &ok);
     if (!ok || step < 0 || step > 1000000000L) { fail(err, errlen, path, "__metadata__ has no valid \"step\""); goto out; }
+    /* the experts: their number is a shape (a file written before they were recorded has none: the
+     * tensors below still tell), the routing is not, so a change is said, not refused */
+    if (meta(metadata, "experts")) {
+        long experts = meta_long(metadata, "experts", &ok);
+        if (!ok) { fail(err, errlen, path, "__metadata__ has no valid \"experts\""); goto out; }
+        if (experts != cfg->experts) {
+            fail(err, errlen, path, "the checkpoint has --experts %ld, the flags say --experts %d (the model shapes "
+                 "must match)", experts, cfg->experts);
+            goto out;
+        }
+        describe_routing_change(metadata, cfg, out->routing_changed, sizeof out->routing_changed);
+    } else {
+        out->routing_changed[0] = 0;
+    }
 
     /* every tensor where this model puts it, nothing else */
     tensor_table_init(&tt, cfg);
@@ -386,6 +423,9 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
         printf("resumed from %s: %d steps done (saved by %s%s); running steps %d-%d\n", ctx->opt.resume, f.step,
                f.lab, f.format == 1 ? ", format 1: its checksum covers the data only" : "", f.step + 1,
                f.step + ctx->opt.steps);
+        if (f.routing_changed[0])
+            printf("resumed with other routing than the checkpoint's: %s (the weights fit; the router trains on with "
+                   "these)\n", f.routing_changed);
         fflush(stdout);
     }
     if (ctx->opt.sample > 0) sample_print(ctx, v, f.step);
@@ -555,6 +595,12 @@ static char *make_header(const run_ctx *ctx, int step, const tensor_table *tt, c
     META("beta1", "%g", a->beta1);
     META("beta2", "%g", a->beta2);
     META("eps", "%g", a->eps);
+    /* the experts: their number is part of the shape, the routing is said on a resume that changes it */
+    META("experts", "%d", ctx->model.experts);
+    META("top_k", "%d", ctx->model.top_k);
+    META("capacity_factor", "%.15g", ctx->model.capacity_factor);
+    jsonval_set(m, "capacity_scope", jsonval_text(ctx->model.capacity_per_rank ? "rank" : "sequence"));
+    META("aux_loss_coef", "%g", ctx->model.aux_coef);
     jsonval_set(m, "lab", jsonval_text(ctx->lab.name));
     META("ranks", "%d", ctx->size);
     jsonval_set(m, "data", jsonval_text(ctx->data.source));

@@ -1,7 +1,7 @@
 # Checkpoints (save, resume across labs and layouts, bad files) and failures
 # (a rank killed mid-step, a save that cannot be written): tests/test_checkpoint.py.
 foreach(case resume resume_lab06 format refused faults records kill_lab04 kill_lab05 kill_lab06 io_error
-             launcher_signals interrupted)
+             launcher_signals interrupted routing)
   add_lab_test(checkpoint_${case} test_checkpoint.py ${case})
 endforeach()
 # a hang must fail the test, not stall the suite: 10 s for the job to end, plus start-up

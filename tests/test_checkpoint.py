@@ -342,6 +342,32 @@ def launcher_signals():
     print(f"{trials} signals to the launcher mid-save: nothing left behind")
 
 
+def routing():
+    """The experts in the file: their number is a shape (another --experts is refused in one line, a dense
+    file too), the routing is not: a resume with another --top-k, --capacity-factor, --capacity-scope or
+    --aux-loss-coef runs and says what changed in one line (before, it resumed silently)."""
+    tmp = tempfile.mkdtemp(prefix="pl-routing-")
+    small = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8", "--steps", "1"]
+    run("lab01_dp", 1, small + ["--experts", "4", "--save", f"{tmp}/moe"])
+    run("lab01_dp", 1, small + ["--save", f"{tmp}/dense"])
+    meta = read_checkpoint(f"{tmp}/moe")[0]["__metadata__"]
+    want = {"experts": "4", "top_k": "2", "capacity_factor": "0", "capacity_scope": "sequence", "aux_loss_coef": "0.01"}
+    check(all(meta.get(k) == v for k, v in want.items()), f"the file records the experts: {meta}")
+    _, p, _ = run("lab08_ep", 2, small + ["--resume", f"{tmp}/moe", "--top-k", "1", "--capacity-factor", "1.1",
+                                          "--capacity-scope", "rank", "--aux-loss-coef", "0.3"])
+    said = [line for line in p.stdout.splitlines() if "other routing" in line]
+    check(len(said) == 1 and all(x in said[0] for x in ("--top-k 2 -> 1", "--capacity-factor 0 -> 1.1",
+                                                        "--capacity-scope sequence -> rank", "--aux-loss-coef 0.01 -> 0.3")),
+          f"one line saying what changed, got {said}")
+    _, p, _ = run("lab08_ep", 2, small + ["--resume", f"{tmp}/moe"])
+    check("other routing" not in p.stdout, "the same routing says nothing")
+    check_rejected("lab08_ep", 2, small + ["--resume", f"{tmp}/moe", "--experts", "8"], "--experts 4")
+    check_rejected("lab01_dp", 2, small + ["--resume", f"{tmp}/dense", "--experts", "4"], "--experts 0")
+    check_rejected("lab01_dp", 2, small + ["--resume", f"{tmp}/moe"], "--experts 4")
+    print(f"the experts in the file {want}; another routing said in one line: {said[0]}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def interrupted():
     """SIGTERM or Ctrl-C (SIGINT) between saves: every rank finishes the step it is in, they agree
     (run_step_end), the run saves that step with --save, writes its record with "interrupted" and
@@ -612,7 +638,7 @@ def io_error():
 
 if __name__ == "__main__":
     {"resume": resume, "format": format_, "refused": refused, "io_error": io_error, "faults": faults,
-     "launcher_signals": launcher_signals, "interrupted": interrupted,
+     "launcher_signals": launcher_signals, "interrupted": interrupted, "routing": routing,
      "records": records,
      "kill_lab04": lambda: kill("lab04_1f1b", 3, 1, ["--micro-batches", "4"]),  # the middle stage
      "kill_lab05": lambda: kill("lab05_tp", 2, 1, []),
