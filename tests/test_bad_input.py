@@ -6,12 +6,13 @@ flag or file, nothing else is printed, and the --out folder is not created.
 
 usage: test_bad_input.py LAB      (e.g. lab04_1f1b)
        test_bad_input.py tags_boundary   (lab04 at the last layout MPI's tags allow: runs)"""
+import concurrent.futures
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, check_rejected, has_gpu, program, run  # noqa: E402
+from labtest import check, check_rejected, has_gpu, program, run, startup_seconds  # noqa: E402
 
 EMPTY = tempfile.NamedTemporaryFile(delete=False, prefix="pl-empty-").name
 A_FOLDER = tempfile.mkdtemp(prefix="pl-folder-")  # exists, but is no text file
@@ -274,12 +275,20 @@ def main(lab):
         with open(os.path.join(folders, f"r{r}", "corpus.txt"), "w") as f:
             f.write(text)
     cases.append((2, ["--data", "corpus.txt"], "different bytes", f'cd "{folders}/r$PMI_RANK" && '))
-    for n, args, needle, *prefix in cases:
+    def one(case):
+        n, args, needle, *prefix = case
         if lab == "lab06_3d" and not any(a in ("--tp", "--pp", "--dp") for a in args):
             args = ["--tp", "1", "--pp", "1", "--dp", str(n)] + args  # a grid that fits n ranks
         out = os.path.join(tempfile.mkdtemp(prefix="pl-bad-"), "never-created")
         check_rejected(lab, n, args if "--out" in args else args + ["--out", out], needle, *prefix)
         check(not os.path.exists(out), f"{lab} {args}: a rejected run created {out}")
+
+    # two cases at a time: a rejected run mostly waits (the launcher's start-up and exit), and the
+    # 5 s bound of each has room for a neighbour on 2 cores; the first failure ends the test
+    for n in sorted({c[0] for c in cases}):
+        startup_seconds(lab, n)  # measured alone, before the cases share the cores
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(one, cases))
     left = sorted(set(os.listdir(SPECIAL)) - {"fifo", "huge"})
     check(not left, f"{lab}: rejected runs left files behind: {left}")
     print(f"{lab}: {len(cases)} bad inputs rejected with status 2, one line, nothing left behind")
