@@ -19,6 +19,12 @@
              at 128K tokens picks CP > 1 and says why; DeepSeek-V3's published
              layout (2048 H800, PP 16, EP 64, ZeRO-1, no TP) fits, its memory printed
   published  every published run predicted within 25 % (plan3d/published_runs.tsv)
+  bounded    the search at the flags' limits (4096 layers; 831600 GPUs, the count up
+             to 10^6 with the most t x cp x p x d splits, with TP across nodes and
+             heads, sequence and batch that every split divides), dense and MoE,
+             and two large cases: each within BOUNDED_CPU_S of CPU time (the
+             machine is shared: the wall time is not the search's), the limits'
+             saying that they were bounded; the default case still searched whole
   bad_input  unknown presets, layouts that cannot divide the model, values beyond the
              stated limits: one line, status 2
   bad_files  FIFOs, devices and folders as inputs or --json, damaged records (zero,
@@ -29,6 +35,7 @@
 usage: test_plan3d.py CASE"""
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -43,6 +50,8 @@ TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--ba
 # The step-time bound, measured/predicted within [1/TIME_BOUND, TIME_BOUND]: lab06_3d/README.md
 # ("planning a real run") gives the ratios it was chosen from.
 TIME_BOUND = 2.0
+# CPU seconds a search may take at the flags' limits (about 2 s at most on the course's 2-core machine)
+BOUNDED_CPU_S = 5.0
 
 
 def plan3d(args, timeout=120):
@@ -325,6 +334,42 @@ def case_published():
     print("passed")
 
 
+def case_bounded():
+    def cpu_seconds():
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    def search(args):
+        t0, c0 = time.time(), cpu_seconds()
+        try:  # a search that does not end is killed (it fails the bound anyway)
+            p = plan3d([*args, "--top", "1"], timeout=60)
+        except subprocess.TimeoutExpired:
+            check(False, f"{args}: no answer within 60 s")
+        cpu = cpu_seconds() - c0
+        counts = next((l for l in p.stdout.splitlines() if " layouts: " in l), "")
+        print(f"   {cpu:.2f} s of CPU, {time.time() - t0:.2f} s wall | {counts}")
+        # status 1: nothing fits (a sequence of 1.7M tokens does not), with the closest layout
+        check(p.returncode in (0, 1) and counts, f"{args}: status {p.returncode}: {p.stderr}")
+        check(cpu <= BOUNDED_CPU_S, f"{args}: the search took {cpu:.2f} s of CPU, more than {BOUNDED_CPU_S}")
+        return p.stdout
+
+    # every split divides: TP over any GPUs (--tp-across-nodes, heads and ffn), CP (--seq = 2 x GPUs) and the batch
+    most = 831600  # 2^4 3^3 5^2 7 11: 112000 ordered t x cp x p x d, the most of any count up to 10^6
+    limits = ["--layers", "4096", "--gpus", str(most), "--gpus-per-node", str(most), "--tp-across-nodes",
+              "--d-model", str(most), "--heads", str(most), "--ffn", str(most), "--seq", str(2 * most),
+              "--global-batch", "735134400"]
+    for model in ("llama3-70b", "deepseek-v3"):  # dense; MoE with the most experts (EP's divisors)
+        out = search(["--model", model, *limits])
+        check("search bounded: the " in out and " layouts not costed" in out,
+              f"{model} at the limits: the search says it was bounded and what it left out")
+    # the cases that took 21 s and 3 s before the bound (a table of blocks in flight rebuilt for every layout)
+    search(["--model", "mixtral-8x7b", "--layers", "1024", "--gpus", "4096", "--global-batch", "4096"])
+    search(["--model", "llama3-70b", "--layers", "4096", "--gpus", "4096"])
+    # the course's own case is searched whole: its answer is the exhaustive one
+    check("search bounded" not in search(["--model", "llama3-70b"]), "llama3-70b on 64 GPUs: searched whole")
+    print(f"passed: every search within {BOUNDED_CPU_S} s of CPU")
+
+
 def case_bad_input():
     cases = [
         (["--model", "gpt5"], "--model gpt5"),
@@ -496,4 +541,4 @@ def case_bad_files():
 if __name__ == "__main__":
     check(os.path.exists(PLAN), f"{PLAN} is not built (make plan)")
     {"check": case_check, "times": case_times, "plan": case_plan, "published": case_published,
-     "bad_input": case_bad_input, "bad_files": case_bad_files}[sys.argv[1]]()
+     "bounded": case_bounded, "bad_input": case_bad_input, "bad_files": case_bad_files}[sys.argv[1]]()
