@@ -28,7 +28,10 @@
   bad_input  unknown presets, layouts that cannot divide the model, values beyond the
              stated limits: one line, status 2
   bad_files  FIFOs, devices and folders as inputs or --json, damaged records (zero,
-             huge or missing values, unknown labs, a cut last line), malformed cells
+             huge or missing values, unknown labs, a cut last line, a model made
+             huge by its experts, layouts lab07 refuses by theory/rules.c's rules:
+             heads Ulysses cannot split, a sequence zig-zag cannot cut, experts,
+             no cp_layout), malformed cells
              of a published table: one line naming file, line and key or column,
              status 2 within 5 s, nothing created or left behind
 
@@ -426,6 +429,11 @@ def case_bad_files():
     no_cal = ["--calibration", os.path.join(tmp, "none.json")]
     p = plan3d(["--check", good, *no_cal])
     check(p.returncode == 0, f"the undamaged record checks: {p.stdout} {p.stderr}")
+    # and one of lab07's (cp 2 over 2 ranks, zig-zag, the ring), for the rules of its layout
+    good7 = tempfile.mkdtemp(prefix="pl-plan-good-")
+    sweep(good7, [("lab07_cp", 2, TINY)])
+    line7 = open(os.path.join(good7, "records.jsonl")).read().splitlines()[0]
+    check((json.loads(line7)["cp"], json.loads(line7)["cp_layout"]) == (2, "zigzag"), f"lab07's record: {line7}")
 
     def records(text):
         d = tempfile.mkdtemp(prefix="pl-plan-rec-", dir=tmp)
@@ -433,10 +441,16 @@ def case_bad_files():
             f.write(text)
         return d
 
-    def changed(edit):
-        r = json.loads(line)
+    def changed(edit, original=None):
+        r = json.loads(original or line)
         edit(r)
         return records(json.dumps(r) + "\n")
+
+    def changed7(edit):
+        return changed(edit, line7)
+
+    def edits(*each):
+        return lambda r: [e(r) for e in each]
 
     def fifo_records():
         d = tempfile.mkdtemp(prefix="pl-plan-rec-", dir=tmp)
@@ -480,6 +494,18 @@ def case_bad_files():
         (changed(lambda r: r["comm_bytes_per_step"].__setitem__("send", -5)), "comm_bytes_per_step.send -5"),
         (changed(lambda r: r.__setitem__("step_ms_median", None)), "step_ms_median null"),
         (changed(lambda r: r["bubble"].__setitem__("measured", [0.1])), "bubble.measured"),
+        # a model whose experts make it absurd: the size guard counts their parameters (2 x 10^18; without them 5 x 10^13)
+        (changed(edits(cfg("d_model", 10**6), cfg("experts", 65536), cfg("top_k", 1))), "experts 65536), more than "
+                                                                                         "any run of the labs holds"),
+        # lab07's rules, as the lab refuses its flags (theory/rules.c): Ulysses splits whole heads over cp ranks,
+        # zig-zag cuts the sequence into 2 cp chunks, the layers' MLP is dense
+        (changed7(edits(lambda r: r.__setitem__("cp_algo", "ulysses"), cfg("heads", 1))),
+         "line 1: config.heads 1: not divisible by cp 2 (cp_algo ulysses"),
+        (changed7(cfg("seq", 18)), "line 1: config.seq 18: not divisible by the 4 chunks of cp_layout zigzag (2 x cp 2)"),
+        (changed7(lambda r: r.__setitem__("cp_layout", "striped")), 'cp_layout "striped": must be one of'),
+        (changed7(drop("cp_layout")), "line 1: cp_layout is missing"),
+        (changed7(edits(cfg("experts", 4), cfg("top_k", 2))),
+         "line 1: config.experts 4: lab07's context-parallel layers run a dense MLP"),
     ]
     cases = [(["--check", d, *no_cal, "--json", js], needle) for d, needle in check_cases]
     # the good records after a bad one: the first bad line is named, nothing is checked
@@ -527,6 +553,9 @@ def case_bad_files():
     for args, needle in cases:
         rejected(args, needle, watch=(tmp, out))
     check(not os.listdir(out), f"--json was created: {os.listdir(out)}")
+    # the rule reads the record's layout: a contiguous layout's 2 chunks divide the 18 positions (predicted, not refused)
+    p = plan3d(["--check", changed7(edits(cfg("seq", 18), lambda r: r.__setitem__("cp_layout", "contiguous"))), *no_cal])
+    check(p.returncode in (0, 1) and "lab07_cp" in p.stdout, f"contiguous, seq 18 over cp 2: checked: {p.stderr}")
     # --calibrate proves its output writable before it measures, on every rank
     cmd = [MPIRUN, "-n", "2", PLAN, "--calibrate", "--calibration", tmp]
     t0 = time.time()
