@@ -92,15 +92,14 @@ int main(int argc, char **argv) {
     const th_cp_algo algo = !strcmp(algo_name, "allgather") ? TH_CP_ALLGATHER
                             : !strcmp(algo_name, "ulysses") ? TH_CP_ULYSSES : TH_CP_RING;
     const int chunks = cp_layout == TH_CP_ZIGZAG ? 2 * N : N;
-    run_check(&ctx, !ctx.opt.experts, "--experts: lab07 runs a dense MLP (experts are lab08's; lab01_dp and "
-              "lab02_zero take --experts)");
-    run_check(&ctx, ctx.size % N == 0, "--cp %d does not divide the %d ranks", N, ctx.size);
-    run_check(&ctx, ctx.opt.batch % dp == 0, "--batch %d is not divisible by the %d data-parallel groups",
-              ctx.opt.batch, dp);
-    run_check(&ctx, ctx.opt.seq % chunks == 0, "--seq %d is not divisible by the %d chunks of --cp-layout %s "
-              "(%s N = %d ranks)", ctx.opt.seq, chunks, layout_name, cp_layout == TH_CP_ZIGZAG ? "2 x" : "", N);
-    run_check(&ctx, algo != TH_CP_ULYSSES || ctx.opt.heads % N == 0, "--cp-algo ulysses: the %d heads (--heads) "
-              "are not divisible by --cp %d (each rank takes heads/N of them)", ctx.opt.heads, N);
+    /* the layout's rules (a dense MLP; --cp, --batch, --seq and, Ulysses, --heads dividing as the layout cuts
+     * them): theory/rules.c's, the same plan3d --check applies to this lab's records */
+    th_run asked = lab_run_config(&ctx);
+    asked.cp = N;
+    asked.cp_algo = algo;
+    asked.cp_layout = cp_layout;
+    char rule[256];
+    run_check(&ctx, !th_run_broken_rule(&asked, TH_NAMES_FLAGS, rule, sizeof rule), "%s", rule);
     run_check(&ctx, max_memory_mb >= 0, "--max-memory-mb %g is negative (0: no cap)", max_memory_mb);
     /* the cap against theory/predict.h's needs of this run (lab07's part in theory/context.c), before run_setup
      * prints or creates anything: on the CPU's figures, as the device is not chosen yet (on CUDA the kernels' own

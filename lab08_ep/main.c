@@ -75,11 +75,12 @@ int main(int argc, char **argv) {
     run_parse(&ctx, argc, argv, &lab);
     const int E = ctx.opt.experts, N = ep_degree > 0 ? ep_degree : ctx.size;
     const int dp = ctx.size % N ? 1 : ctx.size / N;
-    run_check(&ctx, E > 0, "--experts %d: lab08 spreads experts over ranks (give E >= 1)", E);
-    run_check(&ctx, ctx.size % N == 0, "--ep %d does not divide the %d ranks", N, ctx.size);
-    run_check(&ctx, E % N == 0, "--experts %d is not divisible by --ep %d (each rank holds E/N experts)", E, N);
-    run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks (each trains its "
-              "own rows)", ctx.opt.batch, ctx.size);
+    /* the layout's rules (--experts, --ep and --batch dividing as the layout spreads them): theory/rules.c's,
+     * the same plan3d --check applies to this lab's records */
+    th_run asked = lab_run_config(&ctx);
+    asked.ep = N;
+    char rule[256];
+    run_check(&ctx, !th_run_broken_rule(&asked, TH_NAMES_FLAGS, rule, sizeof rule), "%s", rule);
     run_setup(&ctx);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;

@@ -8,57 +8,64 @@ double link_time(double ring_bytes, int latency_steps, double gbs, double us) {
     return latency_steps * us * 1e-6 + (gbs > 0 ? ring_bytes / (gbs * 1e9) : 0);
 }
 
-const char *layout_problem(const th_model *m, const cluster *c, const training *tr, const layout *l, char *buf, int len) {
-    buf[0] = 0;
+/* The rules a layout must keep, in the order they are named: 1 and, when buf
+ * is not NULL, the first broken rule's text; 0 if the layout can run. */
+#define BROKEN(...) (buf ? snprintf(buf, (size_t)len, __VA_ARGS__) : 0, 1)
+static int broken_rule(const th_model *m, const cluster *c, const training *tr, const layout *l, char *buf, int len) {
     const int chunks = th_schedule_chunks(l->schedule, l->vp);
     const int cp = l->cp > 1 ? l->cp : 1, ep = l->ep > 1 ? l->ep : 1;
     if ((long)l->tp * cp * l->pp * l->dp != c->gpus)
-        snprintf(buf, len, "--tp %d x --cp %d x --pp %d x --dp %d = %ld is not --gpus %d", l->tp, cp, l->pp, l->dp,
-                 (long)l->tp * cp * l->pp * l->dp, c->gpus);
-    else if (m->seq % (2L * cp))
-        snprintf(buf, len, "--cp %d does not divide --seq %ld into 2 x %d chunks (the ring's zig-zag layout)", cp,
-                 m->seq, cp);
-    else if (ep > 1 && m->experts <= 0)
-        snprintf(buf, len, "--ep %d needs a model with experts (--model mixtral-8x7b or deepseek-v3)", ep);
-    else if (ep > 1 && m->experts % ep)
-        snprintf(buf, len, "--ep %d does not divide the %ld routed experts", ep, m->experts);
-    else if (((long)cp * l->dp) % ep)
-        snprintf(buf, len, "--ep %d does not divide --cp %d x --dp %d (the EP group is carved from the DP x CP ranks)",
-                 ep, cp, l->dp);
-    else if (m->heads % l->tp)
-        snprintf(buf, len, "--tp %d does not divide --heads %ld (each TP rank computes whole heads)", l->tp, m->heads);
-    else if (m->ffn % l->tp)
-        snprintf(buf, len, "--tp %d does not divide --ffn %ld (the MLP's units are split over the TP ranks)", l->tp, m->ffn);
-    else if ((long)l->pp * chunks > m->layers)
-        snprintf(buf, len, "--pp %d x %d chunk%s per rank (%s) is more than --layers %ld: every chunk needs a layer",
-                 l->pp, chunks, chunks == 1 ? "" : "s", th_schedule_names[l->schedule], m->layers);
-    else if (l->micro_batch < 1 || tr->global_batch % ((long)l->dp * l->micro_batch))
-        snprintf(buf, len, "--global-batch %ld is not divisible by --dp %d x --micro-batch %d", tr->global_batch, l->dp,
-                 l->micro_batch);
-    else if (l->schedule == TH_SCHED_INTERLEAVED && l->pp > 1 && l->micro_batches % l->pp)
-        snprintf(buf, len, "--schedule interleaved needs the micro-batch count B/(d b) = %d to be a multiple of --pp %d",
-                 l->micro_batches, l->pp);
+        return BROKEN("--tp %d x --cp %d x --pp %d x --dp %d = %ld is not --gpus %d", l->tp, cp, l->pp, l->dp,
+                      (long)l->tp * cp * l->pp * l->dp, c->gpus);
+    if (m->seq % (2L * cp))
+        return BROKEN("--cp %d does not divide --seq %ld into 2 x %d chunks (the ring's zig-zag layout)", cp, m->seq, cp);
+    if (ep > 1 && m->experts <= 0)
+        return BROKEN("--ep %d needs a model with experts (--model mixtral-8x7b or deepseek-v3)", ep);
+    if (ep > 1 && m->experts % ep) return BROKEN("--ep %d does not divide the %ld routed experts", ep, m->experts);
+    if (((long)cp * l->dp) % ep)
+        return BROKEN("--ep %d does not divide --cp %d x --dp %d (the EP group is carved from the DP x CP ranks)", ep, cp,
+                      l->dp);
+    if (m->heads % l->tp)
+        return BROKEN("--tp %d does not divide --heads %ld (each TP rank computes whole heads)", l->tp, m->heads);
+    if (m->ffn % l->tp)
+        return BROKEN("--tp %d does not divide --ffn %ld (the MLP's units are split over the TP ranks)", l->tp, m->ffn);
+    if ((long)l->pp * chunks > m->layers)
+        return BROKEN("--pp %d x %d chunk%s per rank (%s) is more than --layers %ld: every chunk needs a layer", l->pp,
+                      chunks, chunks == 1 ? "" : "s", th_schedule_names[l->schedule], m->layers);
+    if (l->micro_batch < 1 || tr->global_batch % ((long)l->dp * l->micro_batch))
+        return BROKEN("--global-batch %ld is not divisible by --dp %d x --micro-batch %d", tr->global_batch, l->dp,
+                      l->micro_batch);
+    if (l->schedule == TH_SCHED_INTERLEAVED && l->pp > 1 && l->micro_batches % l->pp)
+        return BROKEN("--schedule interleaved needs the micro-batch count B/(d b) = %d to be a multiple of --pp %d",
+                      l->micro_batches, l->pp);
+    return 0;
+}
+#undef BROKEN
+
+const char *layout_problem(const th_model *m, const cluster *c, const training *tr, const layout *l, char *buf, int len) {
+    buf[0] = 0;
+    broken_rule(m, c, tr, l, buf, len);
     return buf;
 }
 
+int layout_divides(const th_model *m, const cluster *c, const training *tr, const layout *l) {
+    return !broken_rule(m, c, tr, l, NULL, 0);
+}
+
+void in_flight_table(th_schedule s, int p, int m, int v, in_flight *table) {
+    for (int r = 0; r < p; r++)
+        for (int k = 0; k < v; k++) th_chunk_in_flight(s, p, m, v, r, k, &table[r * v + k].acts, &table[r * v + k].wgrads);
+}
+
 /* The chunks (contiguous layer runs) of the pipeline, in pipeline order:
- * layers[c] layers each. One chunk per rank is balanced so that the last
- * stage, which also runs the head, is no slower than the others; several
- * chunks per rank split as lab03 does (equal, the last ones one more). */
-static void split_layers(const th_model *m, int n_chunks, double layer_cost, double head_cost, int *layers) {
+ * layers[c] layers each, equal, the last ones one more (lab03's split). The
+ * last stage also runs the head; moving layers off it is not modelled (the
+ * balancing loop plan3d once had never moved a layer: its first comparison was
+ * with infinity minus a share of infinity, NaN, so every plan so far has been
+ * this equal split). */
+static void split_layers(const th_model *m, int n_chunks, int *layers) {
     const int L = (int)m->layers;
     for (int c = 0; c < n_chunks; c++) layers[c] = L / n_chunks + (c >= n_chunks - L % n_chunks);
-    if (n_chunks < 2) return;
-    double best = INFINITY;
-    int best_last = layers[n_chunks - 1];
-    for (int last = 1; last <= L - (n_chunks - 1); last++) {
-        int rest = L - last, most = (rest + n_chunks - 2) / (n_chunks - 1);
-        double cost = fmax(last * layer_cost + head_cost, most * layer_cost);
-        if (cost < best - 1e-12 * best) { best = cost; best_last = last; }
-    }
-    int rest = L - best_last;
-    for (int c = 0; c < n_chunks - 1; c++) layers[c] = rest / (n_chunks - 1) + (c >= (n_chunks - 1) - rest % (n_chunks - 1));
-    layers[n_chunks - 1] = best_last;
 }
 
 /* The course's exact formulas apply to its own model in fp32 (theory.h). */
@@ -66,7 +73,8 @@ static int course_exact(const th_model *m, const th_opts *o) {
     return th_course_acts_bytes(m, o, 0, 1, 1) >= 0 && o->cp <= 1 && o->ep <= 1 && m->experts <= 0;
 }
 
-void estimate_layout(const th_model *m, const cluster *c, const training *tr, const layout *l, estimate *e) {
+void estimate_layout(const th_model *m, const cluster *c, const training *tr, const layout *l, const in_flight *table,
+                     estimate *e) {
     *e = (estimate){.l = *l};
     const int p = l->pp, t = l->tp, d = l->dp, M = l->micro_batches, v = th_schedule_chunks(l->schedule, l->vp);
     const int cp = l->cp > 1 ? l->cp : 1, ep = l->ep > 1 ? l->ep : 1;
@@ -101,7 +109,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
 
     int *layers = malloc(sizeof(int) * (size_t)n_chunks), *first = malloc(sizeof(int) * (size_t)n_chunks);
     if (!layers || !first) { fprintf(stderr, "error: out of memory\n"); exit(1); }
-    split_layers(m, n_chunks, (m->experts > 0 ? moe_fwd : dense_fwd) + attn_fwd, v == 1 ? head_fwd : 0, layers);
+    split_layers(m, n_chunks, layers);
     for (int k = 0, at = 0; k < n_chunks; at += layers[k], k++) first[k] = at;
 
     /* links: TP groups are consecutive ranks, CP groups t apart, DP groups t cp
@@ -143,7 +151,8 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
             experts += th_stage_expert_params(m, mo, lo, hi);
             /* the chunk's own pool of blocks (lab04's executor): its blocks in flight x their bytes */
             int n_acts, n_wgrads;
-            th_chunk_in_flight(l->schedule, p, M, v, r, k, &n_acts, &n_wgrads);
+            if (table) n_acts = table[r * v + k].acts, n_wgrads = table[r * v + k].wgrads;
+            else th_chunk_in_flight(l->schedule, p, M, v, r, k, &n_acts, &n_wgrads);
             acts += n_acts * (exact ? th_course_acts_bytes(m, &lab, lo, hi, (long)b)
                                     : th_published_acts_bytes(m, &o, lo, hi, (long)b) * act_bytes / 2);
             if (exact) acts += n_wgrads * th_course_wgrads_bytes(m, &lab, lo, hi, (long)b);
@@ -223,4 +232,15 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     e->hw_flops = e->model_flops + th_recompute_flops_per_token(m, l->recompute) * step_tokens;
     double peak = (tr->precision == PREC_BF16 ? c->bf16_tflops : c->fp32_tflops) * 1e12;
     e->mfu = peak > 0 ? e->model_flops / (e->t_step * c->gpus * peak) : 0;
+}
+
+double model_states_floor(const th_model *m, const training *tr, const layout *l) {
+    const int cp = l->cp > 1 ? l->cp : 1, ep = l->ep > 1 ? l->ep : 1, dpc = l->dp * cp;
+    /* vocab-parallel: the smaller of estimate_layout's two splits of the embedding and head */
+    const th_opts o = {.precision = tr->precision, .tp = l->tp, .vocab_parallel = 1, .cp = cp, .ep = ep};
+    const int L = (int)m->layers;
+    const double experts = th_stage_expert_params(m, &o, 0, L), dense = th_stage_params(m, &o, 0, L) - experts;
+    const th_states s = th_model_states(dense / l->pp, &o, tr->zero_stage, dpc);
+    const th_states sx = th_model_states(experts / l->pp, &o, tr->zero_stage, dpc / ep);
+    return s.params + s.grads + s.optim + sx.params + sx.grads + sx.optim;
 }

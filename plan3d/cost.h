@@ -82,8 +82,31 @@ typedef struct estimate {
 /* "" if the layout can run the model on the cluster, else why not (one line
  * naming the flag, for status 2). */
 const char *layout_problem(const th_model *m, const cluster *c, const training *tr, const layout *l, char *buf, int len);
+/* The same rules without the text: 1 if the layout can run (the search asks
+ * this of every combination, most of which fail on the batch's divisors). */
+int layout_divides(const th_model *m, const cluster *c, const training *tr, const layout *l);
 
-void estimate_layout(const th_model *m, const cluster *c, const training *tr, const layout *l, estimate *e);
+/* The micro-batches whose activations (and, split schedules, weight-gradient
+ * inputs) a rank's chunk holds at its peak: theory's th_chunk_in_flight for
+ * every rank r and chunk k, at table[r * v + k]. For the interleaved schedule
+ * each entry walks a period of the order (up to p v steps), so the table
+ * costs (p v)^2 steps: the search computes it once for all the layouts that
+ * share p, m and v. */
+typedef struct in_flight { int acts, wgrads; } in_flight;
+void in_flight_table(th_schedule s, int p, int m, int v, in_flight *table);
+
+/* table: in_flight_table of the layout's schedule, p, m and v, or NULL (computed here). */
+void estimate_layout(const th_model *m, const cluster *c, const training *tr, const layout *l, const in_flight *table,
+                     estimate *e);
+
+/* The model states (parameters, gradients, optimizer state) per GPU of the
+ * average pipeline rank of a t x cp x p x d (x ep) split: its whole model,
+ * split as estimate_layout splits it, over p ranks. No layout of the split
+ * holds less on its fullest rank (the states are linear in the parameters,
+ * and the stages' parameters add up to at least the whole model's), so a
+ * split whose floor is over the memory cannot fit, whatever its micro-batch,
+ * schedule, SP or recomputation. */
+double model_states_floor(const th_model *m, const training *tr, const layout *l);
 
 /* A collective's time over n ranks on a link: 2(n-1) latencies + ring bytes / bandwidth. */
 double link_time(double ring_bytes, int n, double gbs, double us);

@@ -43,20 +43,22 @@ typedef struct option {
 
 #define MAX_NUMBER 1e15 /* the largest value of a number flag */
 
-/* The largest value of a count flag, and why. The GPUs (and so each of t, p,
- * d) and the layers are bounded by what the search covers in about a second
- * on the course's 2-core machine: it tries every t x p x d split of --gpus
- * (10 s at 10^9 GPUs, 0.2 s at 10^6) and balances every split of the layers
- * over the stages of each layout (11 s at 10^5 layers, 0.8 s at 4096). */
+/* The largest value of a count flag, and why. The GPUs (and so each of t, cp,
+ * p, d) and the layers are bounded so that enumerating every split of the GPUs
+ * stays cheap (a fraction of a second at 10^6 GPUs of many divisors) and a
+ * layout's loop over its p v rank-chunks short (at most the layers); the
+ * costing itself is bounded however many layouts the flags allow (plan.c's
+ * WORK_CAP: beyond about a second of it the search costs the most promising
+ * splits and says so). */
 static long count_limit(const char *flag, const char **why) {
     static const char *const gpu_flags[] = {"--gpus", "--gpus-per-node", "--tp", "--pp", "--dp", "--cp", "--ep"};
     for (int i = 0; i < 7; i++)
         if (!strcmp(flag, gpu_flags[i])) {
-            *why = " (the search tries every t x p x d split of the GPUs; the largest published run has 16384)";
+            *why = " (the search tries every t x cp x p x d split of the GPUs; the largest published run has 16384)";
             return 1000000;
         }
     if (!strcmp(flag, "--layers")) {
-        *why = " (the search balances every split of the layers over the stages; the largest preset has 128)";
+        *why = " (each layout's cost walks its pipeline's chunks of layers; the largest preset has 128)";
         return 4096;
     }
     return 1000000000;

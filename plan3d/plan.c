@@ -25,68 +25,250 @@ static int by_quality(const void *pa, const void *pb) {
     return a->mem_total < b->mem_total ? -1 : a->mem_total > b->mem_total;
 }
 
-static void push(plan_result *r, int *cap, const estimate *e) {
-    if (r->n == *cap) {
-        *cap = *cap ? 2 * *cap : 256;
-        r->all = realloc(r->all, sizeof *r->all * (size_t)*cap);
-        if (!r->all) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+/* ---- the search, bounded ------------------------------------------------------------
+ *
+ * The layouts multiply: every t x cp x p x d (x ep) split of the GPUs has up to
+ * 324 of micro-batch, schedule, interleaving, SP and recomputation, and a layout
+ * costs a loop over its p v rank-chunks (plus, interleaved, a table of blocks in
+ * flight of (p v)^2 steps). At the flags' limits (10^6 GPUs with many divisors,
+ * 4096 layers) that is 10^7-10^8 layouts. So the search first counts the layouts
+ * and their work, which is cheap, and costs them all, in the order below, only
+ * when the work is under WORK_CAP (the presets on up to a few thousand GPUs are:
+ * the answer is then the exhaustive one). Above it, it costs the most promising
+ * splits first until the cap is spent and says so: those whose model states fit
+ * (model_states_floor), the fewest model-parallel GPUs t x cp x p first
+ * (Narayanan et al. 2021: model parallelism only as far as memory needs it, data
+ * parallelism for the rest), then those that cannot fit, the closest first. */
+
+/* Work, in rank-chunks of estimate_layout's loop (about 40 ns each on the
+ * course's 2-core machine): a layout's fixed part and its p v rank-chunks; a
+ * step of an interleaved in-flight table is about 12 times cheaper than a
+ * rank-chunk. WORK_CAP: about a second of costing (tests/test_plan3d.py
+ * bounded holds the flags' worst cases to a few seconds). */
+enum { LAYOUT_WORK = 60, FLIGHT_STEPS_PER_UNIT = 12 };
+static const double WORK_CAP = 2e7;
+
+static double layout_work(const layout *l) {
+    return LAYOUT_WORK + (double)l->pp * th_schedule_chunks(l->schedule, l->vp);
+}
+
+/* The interleaved schedule's in-flight tables, one per (p, m, v), shared by
+ * every layout that has them (an open-addressing hash table). */
+typedef struct flight_entry {
+    int p, m, v;
+    int counted;       /* its work is in a split's count */
+    in_flight *table;  /* NULL until a layout is costed with it */
+} flight_entry;
+typedef struct flight_cache { flight_entry *slot; size_t cap, used; } flight_cache;
+
+static void *checked(void *p) {
+    if (!p) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+    return p;
+}
+
+static flight_entry *flight_find(flight_cache *fc, int p, int m, int v) {
+    if (2 * (fc->used + 1) > fc->cap) { /* grow: at most half full */
+        flight_cache bigger = {checked(calloc(fc->cap ? 2 * fc->cap : 1024, sizeof *fc->slot)), fc->cap ? 2 * fc->cap : 1024, 0};
+        for (size_t i = 0; i < fc->cap; i++)
+            if (fc->slot[i].p) *flight_find(&bigger, fc->slot[i].p, fc->slot[i].m, fc->slot[i].v) = fc->slot[i];
+        free(fc->slot);
+        *fc = bigger;
+    }
+    size_t h = ((size_t)p * 2654435761u ^ (size_t)m * 40503u ^ (size_t)v * 97u) & (fc->cap - 1);
+    while (fc->slot[h].p && !(fc->slot[h].p == p && fc->slot[h].m == m && fc->slot[h].v == v)) h = (h + 1) & (fc->cap - 1);
+    if (!fc->slot[h].p) {
+        fc->slot[h] = (flight_entry){p, m, v, 0, NULL};
+        fc->used++;
+    }
+    return &fc->slot[h];
+}
+
+static void flight_free(flight_cache *fc) {
+    for (size_t i = 0; i < fc->cap; i++) free(fc->slot[i].table);
+    free(fc->slot);
+}
+
+static double flight_work(const layout *l) {
+    const double pv = (double)l->pp * l->vp;
+    return pv * pv / FLIGHT_STEPS_PER_UNIT;
+}
+
+/* One t x cp x p x d (x ep) split of the GPUs. */
+typedef struct split {
+    int t, cp, p, d, ep;
+    long layouts;         /* its layouts that divide the model and batch */
+    double work;          /* of costing them (the in-flight tables it is the first to need included) */
+    int order_class;      /* bounded search: 0 its model states fit, 1 they do not */
+    double order_key;     /* bounded search: t x cp x p (class 0), its model states floor (class 1) */
+    long index;           /* its place in the exhaustive search's order */
+} split;
+
+typedef struct search {
+    const th_model *m;
+    const cluster *c;
+    const training *tr;
+    const constraints *k;
+    plan_result *r;
+    int cap;
+    flight_cache flights;
+    int costing;          /* 0: count each split's layouts and work; 1: cost them */
+    double work_left;     /* costing a bounded search: < 0 once the cap is spent; unbounded: infinite */
+} search;
+
+static void push(search *s, const estimate *e) {
+    plan_result *r = s->r;
+    if (r->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        r->all = checked(realloc(r->all, sizeof *r->all * (size_t)s->cap));
     }
     r->all[r->n++] = *e;
 }
 
-/* Every micro-batch, schedule, SP and recomputation of one t x cp x p x d (x ep) split. */
-static void search_one(const th_model *m, const cluster *c, const training *tr, const constraints *k, plan_result *r,
-                       int *cap, int t, int cp, int p, int d, int ep) {
+/* Every micro-batch, schedule, SP and recomputation of one split: counted, or costed. */
+static void search_one(search *s, split *sp) {
     static const int batches[] = {1, 2, 4, 8, 16, 32}, chunks[] = {2, 3, 4, 6, 8};
+    const constraints *k = s->k;
+    const int t = sp->t, cp = sp->cp, p = sp->p, d = sp->d, ep = sp->ep;
+    /* SP and recomputation: the rules of a layout do not depend on them */
+    int sps[2], n_sp = 0, rcs[3], n_rc = 0;
+    for (int x = 0; x <= 1; x++)
+        if (k->sp >= 0 ? x == k->sp : !(x && t == 1)) sps[n_sp++] = x;
+    for (int x = 0; x < 3; x++)
+        if (k->recompute < 0 || x == k->recompute) rcs[n_rc++] = x;
     for (int bi = 0; bi < 6; bi++) {
         int b = k->micro_batch ? k->micro_batch : batches[bi];
         if (k->micro_batch && bi) break;
-        for (int s = 0; s < TH_NSCHED; s++) {
-            if (k->schedule >= 0 ? s != k->schedule : (p == 1 && s != TH_SCHED_1F1B)) continue;
+        for (int sc = 0; sc < TH_NSCHED; sc++) {
+            if (k->schedule >= 0 ? sc != k->schedule : (p == 1 && sc != TH_SCHED_1F1B)) continue;
             for (int vi = 0; vi < 5; vi++) {
-                int v = s != TH_SCHED_INTERLEAVED ? 1 : k->vp ? k->vp : chunks[vi];
-                if ((s != TH_SCHED_INTERLEAVED || k->vp) && vi) break;
-                for (int sp = 0; sp <= 1; sp++) {
-                    if (k->sp >= 0 ? sp != k->sp : (sp && t == 1)) continue;
-                    for (int rc = 0; rc < 3; rc++) {
-                        if (k->recompute >= 0 && rc != k->recompute) continue;
-                        layout l = {t, p, d, cp, ep, b, 0, s, v, sp, rc};
-                        l.micro_batches = d * b > 0 ? (int)(tr->global_batch / ((long)d * b)) : 0;
-                        char why[200];
-                        if (layout_problem(m, c, tr, &l, why, sizeof why)[0]) { r->rejected_shape++; continue; }
-                        estimate e;
-                        estimate_layout(m, c, tr, &l, &e);
-                        push(r, cap, &e);
-                        r->n_fit += e.fits;
-                    }
+                int v = sc != TH_SCHED_INTERLEAVED ? 1 : k->vp ? k->vp : chunks[vi];
+                if ((sc != TH_SCHED_INTERLEAVED || k->vp) && vi) break;
+                layout l = {t, p, d, cp, ep, b, 0, sc, v, 0, RECOMPUTE_NONE};
+                l.micro_batches = d * b > 0 ? (int)(s->tr->global_batch / ((long)d * b)) : 0;
+                if (!layout_divides(s->m, s->c, s->tr, &l)) {
+                    if (!s->costing) s->r->rejected_shape += n_sp * n_rc;
+                    continue;
                 }
+                const int shared_table = sc == TH_SCHED_INTERLEAVED && p > 1;
+                flight_entry *fe = shared_table ? flight_find(&s->flights, p, l.micro_batches, v) : NULL;
+                const double work = layout_work(&l);
+                if (!s->costing) {
+                    sp->layouts += n_sp * n_rc;
+                    sp->work += n_sp * n_rc * work;
+                    if (fe && !fe->counted) { fe->counted = 1; sp->work += flight_work(&l); }
+                    continue;
+                }
+                for (int i = 0; i < n_sp; i++)
+                    for (int j = 0; j < n_rc; j++) {
+                        /* a bounded search stops at the first layout over the cap (and costs one at least) */
+                        s->work_left -= work + (fe && !fe->table ? flight_work(&l) : 0);
+                        if (s->work_left < 0 && s->r->n) return;
+                        if (fe && !fe->table) {
+                            fe->table = checked(malloc(sizeof *fe->table * (size_t)p * v));
+                            in_flight_table(TH_SCHED_INTERLEAVED, p, l.micro_batches, v, fe->table);
+                        }
+                        l.sp = sps[i];
+                        l.recompute = rcs[j];
+                        estimate e;
+                        estimate_layout(s->m, s->c, s->tr, &l, fe ? fe->table : NULL, &e);
+                        push(s, &e);
+                        s->r->n_fit += e.fits;
+                    }
             }
         }
     }
 }
 
-void plan_search(const th_model *m, const cluster *c, const training *tr, const constraints *k, plan_result *r) {
-    memset(r, 0, sizeof *r);
-    int cap = 0;
-    for (int t = 1; t <= c->gpus; t++) {
-        if (c->gpus % t || (k->tp && t != k->tp)) continue;
+/* The divisors of n, ascending (n <= 10^6 GPUs: at most 240 of them). */
+static int *divisors_of(int n, int *count) {
+    int *below = checked(malloc(sizeof(int) * 2048)), *above = below + 1024, nb = 0, na = 0;
+    for (int x = 1; (long)x * x <= n; x++)
+        if (n % x == 0) {
+            below[nb++] = x;
+            if (x != n / x) above[na++] = n / x;
+        }
+    for (int i = na - 1; i >= 0; i--) below[nb++] = above[i];
+    *count = nb;
+    return below;
+}
+
+/* Every t x cp x p x d (x ep) split the rules and the fixed flags allow, in the exhaustive search's order
+ * (each degree ascending, t outermost). */
+static split *all_splits(const th_model *m, const cluster *c, const constraints *k, long *n_splits) {
+    long n = 0, cap = 256;
+    split *all = checked(malloc(sizeof *all * (size_t)cap));
+    int n_div, n_ep = 0;
+    int *div = divisors_of(c->gpus, &n_div);
+    /* EP: a divisor of the routed experts (1 for a dense model), or the one fixed */
+    const int top_ep = m->experts > 0 ? (int)m->experts : 1;
+    int *eps = checked(malloc(sizeof(int) * (size_t)top_ep));
+    for (int ep = 1; ep <= top_ep; ep++)
+        if (k->ep ? ep == k->ep : m->experts <= 0 || m->experts % ep == 0) eps[n_ep++] = ep;
+    for (int i = 0; i < n_div; i++) {
+        const int t = div[i];
+        if (k->tp && t != k->tp) continue;
         /* a TP group inside a node must not straddle two: t divides the node's GPUs */
         if (!k->tp && !k->tp_across_nodes && (t > c->gpus_per_node || c->gpus_per_node % t)) continue;
-        for (int cp = 1; cp <= c->gpus / t; cp++) {
+        for (int j = 0; j < n_div && div[j] <= c->gpus / t; j++) {
+            const int cp = div[j];
             /* the ring's zig-zag layout cuts the sequence into 2 cp chunks */
             if ((c->gpus / t) % cp || (k->cp && cp != k->cp) || (cp > 1 && m->seq % (2L * cp))) continue;
-            for (int p = 1; p <= c->gpus / (t * cp); p++) {
+            for (int q = 0; q < n_div && div[q] <= c->gpus / (t * cp); q++) {
+                const int p = div[q];
                 if ((c->gpus / (t * cp)) % p || (k->pp && p != k->pp) || p > m->layers) continue;
                 int d = c->gpus / (t * cp * p);
                 if (k->dp && d != k->dp) continue;
-                /* EP: a divisor of the routed experts and of the DP x CP ranks (1 for a dense model) */
-                for (int ep = 1; ep <= (m->experts > 0 ? m->experts : 1); ep++) {
-                    if ((k->ep ? ep != k->ep : m->experts > 0 && m->experts % ep) || ((long)d * cp) % ep) continue;
-                    search_one(m, c, tr, k, r, &cap, t, cp, p, d, ep);
+                /* EP's group is carved from the DP x CP ranks */
+                for (int e = 0; e < n_ep; e++) {
+                    if (((long)d * cp) % eps[e]) continue;
+                    if (n == cap) all = checked(realloc(all, sizeof *all * (size_t)(cap *= 2)));
+                    all[n] = (split){t, cp, p, d, eps[e], 0, 0, 0, 0, n};
+                    n++;
                 }
             }
         }
     }
+    free(div);
+    free(eps);
+    *n_splits = n;
+    return all;
+}
+
+static int by_promise(const void *pa, const void *pb) {
+    const split *a = pa, *b = pb;
+    if (a->order_class != b->order_class) return a->order_class - b->order_class;
+    if (a->order_key != b->order_key) return a->order_key < b->order_key ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+void plan_search(const th_model *m, const cluster *c, const training *tr, const constraints *k, plan_result *r) {
+    memset(r, 0, sizeof *r);
+    search s = {m, c, tr, k, r, 0, {0}, 0, 0};
+    long n_splits;
+    split *splits = all_splits(m, c, k, &n_splits);
+    for (long i = 0; i < n_splits; i++) {
+        search_one(&s, &splits[i]);
+        r->layouts += splits[i].layouts;
+        r->work += splits[i].work;
+    }
+    r->splits = n_splits;
+    r->bounded = r->work > WORK_CAP;
+    s.costing = 1;
+    s.work_left = r->bounded ? WORK_CAP : INFINITY;
+    if (r->bounded) {
+        const double limit = c->mem_gib * 1073741824.0 * (1 - tr->headroom);
+        for (long i = 0; i < n_splits; i++) {
+            split *x = &splits[i];
+            const layout l = {x->t, x->p, x->d, x->cp, x->ep, 1, 1, TH_SCHED_1F1B, 1, 0, RECOMPUTE_NONE};
+            const double floor = model_states_floor(m, tr, &l);
+            x->order_class = floor > limit;
+            x->order_key = x->order_class ? floor : (double)x->t * x->cp * x->p;
+        }
+        qsort(splits, (size_t)n_splits, sizeof *splits, by_promise);
+    }
+    for (long i = 0; i < n_splits && s.work_left >= 0; i++, r->splits_costed++) search_one(&s, &splits[i]);
+    free(splits);
+    flight_free(&s.flights);
     if (r->n) qsort(r->all, (size_t)r->n, sizeof *r->all, by_quality);
 }
 
@@ -119,9 +301,19 @@ void plan_print_header(FILE *f, const char *name, const th_model *m, const clust
             tr->dp_overlap, 100 * tr->headroom);
 }
 
+void plan_print_bound(FILE *f, const plan_result *r) {
+    if (!r->bounded) return;
+    fprintf(f, "search bounded: the %ld valid layouts of %ld splits of the GPUs are %.0f times the work of a search (about "
+               "a second); costed: %d layouts of the first %ld splits, those whose model states fit first, fewest "
+               "t x cp x p GPUs first, then the others, closest to fitting first; %ld layouts not costed, the best may be "
+               "among them (--tp, --cp, --pp, --dp, --micro-batch or --schedule narrow the search)\n",
+            r->layouts, r->splits, r->work / WORK_CAP, r->n, r->splits_costed, r->layouts - r->n);
+}
+
 void plan_print_table(FILE *f, const plan_result *r, int top) {
     fprintf(f, "\n%d layouts: %d fit, %d do not (and %ld combinations cannot divide the model or batch)\n", r->n, r->n_fit,
             r->n - r->n_fit, r->rejected_shape);
+    plan_print_bound(f, r);
     fprintf(f, "  #  tp  cp  pp   dp  ep  b    m schedule     v sp recompute | params  grads  optim   acts  total GiB |"
                " step s = compute +    TP +  CP +  EP +    PP + bubble +    DP +   opt |  tok/s    MFU\n");
     for (int i = 0; i < r->n && i < top; i++) {
@@ -256,6 +448,7 @@ static void explain_knob(FILE *f, const plan_result *r, const char *name, knob_f
 }
 
 void plan_print_explain(FILE *f, const plan_result *r) {
+    if (r->bounded) plan_print_bound(f, r);
     fprintf(f, "\nhow the best was reached: %d layouts estimated (every t dividing the GPUs and the heads, within a node "
                "unless --tp-across-nodes; every cp dividing the sequence into 2 cp chunks; every p; d the rest; every ep "
                "dividing the experts and cp x d; micro-batches of 1-32 sequences; each schedule; SP on and "
@@ -289,8 +482,11 @@ int plan_write_json(const char *path, const char *name, const th_model *m, const
             name, pc.total, pc.active, th_flops_per_token(m), m->experts, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->seq, m->vocab);
     fprintf(f, "\"cluster\":{\"name\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,\"mem_gib\":%g,\"efficiency\":%g},\n", c->name,
             c->gpus, c->gpus_per_node, c->mem_gib, c->efficiency);
-    fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d},\n\"layouts\":[", tr->global_batch,
+    fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d},\n", tr->global_batch,
             tr->precision == PREC_BF16 ? "bf16" : "fp32", tr->zero_stage);
+    fprintf(f, "\"search\":{\"bounded\":%s,\"valid_layouts\":%ld,\"costed_layouts\":%d,\"splits\":%ld,\"splits_costed\":%ld,"
+               "\"work_over_cap\":%.4g},\n\"layouts\":[",
+            r->bounded ? "true" : "false", r->layouts, r->n, r->splits, r->splits_costed, r->work / WORK_CAP);
     for (int i = 0; i < r->n; i++) {
         const estimate *e = &r->all[i];
         const layout *l = &e->l;

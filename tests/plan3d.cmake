@@ -1,5 +1,5 @@
 # plan3d against the labs' records, the papers and bad input (tests/test_plan3d.py).
-foreach(case check plan published bad_input bad_files)
+foreach(case check plan published bounded bad_input bad_files)
   add_lab_test(plan3d_${case} test_plan3d.py ${case})
 endforeach()
 # step times and bubbles need the cores to themselves: run alone, skipped when busy

@@ -19,16 +19,26 @@
              at 128K tokens picks CP > 1 and says why; DeepSeek-V3's published
              layout (2048 H800, PP 16, EP 64, ZeRO-1, no TP) fits, its memory printed
   published  every published run predicted within 25 % (plan3d/published_runs.tsv)
+  bounded    the search at the flags' limits (4096 layers; 831600 GPUs, the count up
+             to 10^6 with the most t x cp x p x d splits, with TP across nodes and
+             heads, sequence and batch that every split divides), dense and MoE,
+             and two large cases: each within BOUNDED_CPU_S of CPU time (the
+             machine is shared: the wall time is not the search's), the limits'
+             saying that they were bounded; the default case still searched whole
   bad_input  unknown presets, layouts that cannot divide the model, values beyond the
              stated limits: one line, status 2
   bad_files  FIFOs, devices and folders as inputs or --json, damaged records (zero,
-             huge or missing values, unknown labs, a cut last line), malformed cells
+             huge or missing values, unknown labs, a cut last line, a model made
+             huge by its experts, layouts lab07 refuses by theory/rules.c's rules:
+             heads Ulysses cannot split, a sequence zig-zag cannot cut, experts,
+             no cp_layout), malformed cells
              of a published table: one line naming file, line and key or column,
              status 2 within 5 s, nothing created or left behind
 
 usage: test_plan3d.py CASE"""
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -43,6 +53,8 @@ TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--ba
 # The step-time bound, measured/predicted within [1/TIME_BOUND, TIME_BOUND]: lab06_3d/README.md
 # ("planning a real run") gives the ratios it was chosen from.
 TIME_BOUND = 2.0
+# CPU seconds a search may take at the flags' limits (about 2 s at most on the course's 2-core machine)
+BOUNDED_CPU_S = 5.0
 
 
 def plan3d(args, timeout=120):
@@ -325,6 +337,42 @@ def case_published():
     print("passed")
 
 
+def case_bounded():
+    def cpu_seconds():
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    def search(args):
+        t0, c0 = time.time(), cpu_seconds()
+        try:  # a search that does not end is killed (it fails the bound anyway)
+            p = plan3d([*args, "--top", "1"], timeout=60)
+        except subprocess.TimeoutExpired:
+            check(False, f"{args}: no answer within 60 s")
+        cpu = cpu_seconds() - c0
+        counts = next((l for l in p.stdout.splitlines() if " layouts: " in l), "")
+        print(f"   {cpu:.2f} s of CPU, {time.time() - t0:.2f} s wall | {counts}")
+        # status 1: nothing fits (a sequence of 1.7M tokens does not), with the closest layout
+        check(p.returncode in (0, 1) and counts, f"{args}: status {p.returncode}: {p.stderr}")
+        check(cpu <= BOUNDED_CPU_S, f"{args}: the search took {cpu:.2f} s of CPU, more than {BOUNDED_CPU_S}")
+        return p.stdout
+
+    # every split divides: TP over any GPUs (--tp-across-nodes, heads and ffn), CP (--seq = 2 x GPUs) and the batch
+    most = 831600  # 2^4 3^3 5^2 7 11: 112000 ordered t x cp x p x d, the most of any count up to 10^6
+    limits = ["--layers", "4096", "--gpus", str(most), "--gpus-per-node", str(most), "--tp-across-nodes",
+              "--d-model", str(most), "--heads", str(most), "--ffn", str(most), "--seq", str(2 * most),
+              "--global-batch", "735134400"]
+    for model in ("llama3-70b", "deepseek-v3"):  # dense; MoE with the most experts (EP's divisors)
+        out = search(["--model", model, *limits])
+        check("search bounded: the " in out and " layouts not costed" in out,
+              f"{model} at the limits: the search says it was bounded and what it left out")
+    # the cases that took 21 s and 3 s before the bound (a table of blocks in flight rebuilt for every layout)
+    search(["--model", "mixtral-8x7b", "--layers", "1024", "--gpus", "4096", "--global-batch", "4096"])
+    search(["--model", "llama3-70b", "--layers", "4096", "--gpus", "4096"])
+    # the course's own case is searched whole: its answer is the exhaustive one
+    check("search bounded" not in search(["--model", "llama3-70b"]), "llama3-70b on 64 GPUs: searched whole")
+    print(f"passed: every search within {BOUNDED_CPU_S} s of CPU")
+
+
 def case_bad_input():
     cases = [
         (["--model", "gpt5"], "--model gpt5"),
@@ -381,6 +429,11 @@ def case_bad_files():
     no_cal = ["--calibration", os.path.join(tmp, "none.json")]
     p = plan3d(["--check", good, *no_cal])
     check(p.returncode == 0, f"the undamaged record checks: {p.stdout} {p.stderr}")
+    # and one of lab07's (cp 2 over 2 ranks, zig-zag, the ring), for the rules of its layout
+    good7 = tempfile.mkdtemp(prefix="pl-plan-good-")
+    sweep(good7, [("lab07_cp", 2, TINY)])
+    line7 = open(os.path.join(good7, "records.jsonl")).read().splitlines()[0]
+    check((json.loads(line7)["cp"], json.loads(line7)["cp_layout"]) == (2, "zigzag"), f"lab07's record: {line7}")
 
     def records(text):
         d = tempfile.mkdtemp(prefix="pl-plan-rec-", dir=tmp)
@@ -388,10 +441,16 @@ def case_bad_files():
             f.write(text)
         return d
 
-    def changed(edit):
-        r = json.loads(line)
+    def changed(edit, original=None):
+        r = json.loads(original or line)
         edit(r)
         return records(json.dumps(r) + "\n")
+
+    def changed7(edit):
+        return changed(edit, line7)
+
+    def edits(*each):
+        return lambda r: [e(r) for e in each]
 
     def fifo_records():
         d = tempfile.mkdtemp(prefix="pl-plan-rec-", dir=tmp)
@@ -435,6 +494,18 @@ def case_bad_files():
         (changed(lambda r: r["comm_bytes_per_step"].__setitem__("send", -5)), "comm_bytes_per_step.send -5"),
         (changed(lambda r: r.__setitem__("step_ms_median", None)), "step_ms_median null"),
         (changed(lambda r: r["bubble"].__setitem__("measured", [0.1])), "bubble.measured"),
+        # a model whose experts make it absurd: the size guard counts their parameters (2 x 10^18; without them 5 x 10^13)
+        (changed(edits(cfg("d_model", 10**6), cfg("experts", 65536), cfg("top_k", 1))), "experts 65536), more than "
+                                                                                         "any run of the labs holds"),
+        # lab07's rules, as the lab refuses its flags (theory/rules.c): Ulysses splits whole heads over cp ranks,
+        # zig-zag cuts the sequence into 2 cp chunks, the layers' MLP is dense
+        (changed7(edits(lambda r: r.__setitem__("cp_algo", "ulysses"), cfg("heads", 1))),
+         "line 1: config.heads 1: not divisible by cp 2 (cp_algo ulysses"),
+        (changed7(cfg("seq", 18)), "line 1: config.seq 18: not divisible by the 4 chunks of cp_layout zigzag (2 x cp 2)"),
+        (changed7(lambda r: r.__setitem__("cp_layout", "striped")), 'cp_layout "striped": must be one of'),
+        (changed7(drop("cp_layout")), "line 1: cp_layout is missing"),
+        (changed7(edits(cfg("experts", 4), cfg("top_k", 2))),
+         "line 1: config.experts 4: lab07's context-parallel layers run a dense MLP"),
     ]
     cases = [(["--check", d, *no_cal, "--json", js], needle) for d, needle in check_cases]
     # the good records after a bad one: the first bad line is named, nothing is checked
@@ -482,6 +553,9 @@ def case_bad_files():
     for args, needle in cases:
         rejected(args, needle, watch=(tmp, out))
     check(not os.listdir(out), f"--json was created: {os.listdir(out)}")
+    # the rule reads the record's layout: a contiguous layout's 2 chunks divide the 18 positions (predicted, not refused)
+    p = plan3d(["--check", changed7(edits(cfg("seq", 18), lambda r: r.__setitem__("cp_layout", "contiguous"))), *no_cal])
+    check(p.returncode in (0, 1) and "lab07_cp" in p.stdout, f"contiguous, seq 18 over cp 2: checked: {p.stderr}")
     # --calibrate proves its output writable before it measures, on every rank
     cmd = [MPIRUN, "-n", "2", PLAN, "--calibrate", "--calibration", tmp]
     t0 = time.time()
@@ -496,4 +570,4 @@ def case_bad_files():
 if __name__ == "__main__":
     check(os.path.exists(PLAN), f"{PLAN} is not built (make plan)")
     {"check": case_check, "times": case_times, "plan": case_plan, "published": case_published,
-     "bad_input": case_bad_input, "bad_files": case_bad_files}[sys.argv[1]]()
+     "bounded": case_bounded, "bad_input": case_bad_input, "bad_files": case_bad_files}[sys.argv[1]]()

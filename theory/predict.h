@@ -66,8 +66,10 @@ typedef struct th_run {
      * lab: recompute_mode) */
     int sequence_parallel, recompute;
     /* ranks per context-parallel group: > 0, the layers are lab07's, attention
-     * split over cp ranks (1 included) by --cp-algo (th_cp_algo); 0: none */
-    int cp, cp_algo;
+     * split over cp ranks (1 included) by --cp-algo (th_cp_algo); 0: none.
+     * cp_layout (th_cp_layout, --cp-layout): the chunks each sequence is cut
+     * into, which only the rules depend on (th_run_broken_rule) */
+    int cp, cp_algo, cp_layout;
     /* > 0: the MLPs are lab08's experts over ep ranks; --capacity-factor (0: none);
      * model.experts and model.top_k give the routing. ep 0 with model.experts
      * > 0: every rank holds all the experts (lab01-lab04's --experts), which
@@ -102,6 +104,19 @@ void th_ep_predict(const th_run *r, th_rank_need *need);
  * undropped. */
 typedef struct th_ep_alltoall { double calls, payload, payload_max; } th_ep_alltoall;
 th_ep_alltoall th_ep_alltoall_per_step(const th_run *r);
+/* The rules a run's layout must keep, the checks lab07 and lab08 make of
+ * their flags before anything runs (theory/rules.c), for both readers: a lab
+ * refuses its flags with them, plan3d --check a record no lab could have
+ * written. With cp > 0 (lab07's layers): a dense MLP, cp dividing the ranks,
+ * the batch divisible by the ranks / cp data-parallel groups, the sequence by
+ * the chunks of cp_layout (zig-zag 2 cp, contiguous cp), the heads by cp under
+ * Ulysses; with ep > 0 (lab08's): experts >= 1, ep dividing the ranks and the
+ * experts, the batch divisible by the ranks. NULL if r keeps them all; else buf,
+ * the first broken one in the labs' order as one line "NAME VALUE: rule",
+ * naming the numbers as `names` says. */
+typedef enum { TH_NAMES_FLAGS, TH_NAMES_RECORD } th_names; /* "--seq 30: ...", or "config.seq 30: ..." */
+const char *th_run_broken_rule(const th_run *r, th_names names, char *buf, int len);
+
 /* Fills need[0 .. r->ranks). Returns 0. */
 int th_predict_run(const th_run *r, th_rank_need *need);
 
