@@ -62,7 +62,7 @@ static int predict_floors(const th_run *need, rank_floor *floors) {
     return 0;
 }
 
-/* "acts 4.90 TiB: a smaller --batch 32, --seq 200000, ...": the largest group of f and the flags that size it */
+/* "activations 74.7 TiB, sized by --batch 32, --seq 200000, ...": f's largest group and the flags that size it */
 static void name_largest(const run_ctx *ctx, const rank_floor *f, char *out, size_t len) {
     const run_options *o = &ctx->opt;
     int g = 0;
@@ -70,14 +70,14 @@ static void name_largest(const run_ctx *ctx, const rank_floor *f, char *out, siz
         if (f->group[i] > f->group[g]) g = i;
     char b[24], experts[40] = "";
     if (o->experts > 0) snprintf(experts, sizeof experts, ", --experts %d", o->experts);
-    const int at = snprintf(out, len, "%s %s: a smaller ", group_names[g], run_bytes_text(f->group[g], b));
+    const int at = snprintf(out, len, "%s %s, sized by ", group_names[g], run_bytes_text(f->group[g], b));
     if (at < 0 || (size_t)at >= len) return;
     if (g == GROUP_STATES)
         snprintf(out + at, len - (size_t)at, "--d-model %d, --layers %d%s", o->d_model, o->layers, experts);
     else if (g == GROUP_ACTS)
-        snprintf(out + at, len - (size_t)at, "--batch %d, --seq %d, --layers %d, --d-model %d, --heads %d%s%s", o->batch,
-                 o->seq, o->layers, o->d_model, o->heads, experts,
-                 ctx->model.recompute == RECOMPUTE_FULL ? "" : ", or --recompute full");
+        snprintf(out + at, len - (size_t)at, "--batch %d, --seq %d, --layers %d, --d-model %d, --heads %d%s%s",
+                 o->batch, o->seq, o->layers, o->d_model, o->heads, experts,
+                 ctx->model.recompute == RECOMPUTE_FULL ? "" : "; --recompute full keeps less");
     else if (g == GROUP_WORKSPACE)
         snprintf(out + at, len - (size_t)at, "--batch %d, --seq %d, --d-model %d, --heads %d", o->batch, o->seq,
                  o->d_model, o->heads);
