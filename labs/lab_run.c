@@ -134,7 +134,7 @@ static void judge(const run_ctx *ctx, const rank_floor *floors, char *err, size_
 
 /* rank 0's line for --dry-run: the busiest rank's floor (and rank 0's host's) against the limits */
 static void print_verdict(const run_ctx *ctx, const th_run *need) {
-    rank_floor *floors = malloc(sizeof *floors * (size_t)ctx->size);
+    rank_floor *floors = malloc(sizeof *floors * (size_t)need->ranks); /* = ctx->size */
     if (!floors || predict_floors(need, floors)) {
         free(floors);
         return;
@@ -169,7 +169,7 @@ void lab_start(run_ctx *ctx, const th_run *need) {
     limits.machine = run_memory_limit(ctx, &limits.per_host, limits.machine_text, sizeof limits.machine_text);
     limits.checked = 1;
     limits.need = *need;
-    rank_floor *floors = malloc(sizeof *floors * (size_t)ctx->size);
+    rank_floor *floors = malloc(sizeof *floors * (size_t)need->ranks); /* = ctx->size */
     if (!floors || predict_floors(need, floors)) {
         snprintf(err, sizeof err, "out of host memory predicting the run's memory");
     } else {
