@@ -62,6 +62,13 @@ int data_load(dataset *d, const char *path, int seq, char *err, size_t errlen) {
         d->n = data_builtin(&d->bytes);
         if (d->n < 0) { snprintf(err, errlen, "out of memory building the corpus"); return -1; }
         d->source = "built-in corpus";
+        /* as a --data file: one window of T + 1 bytes at least (data_batch would read past the end) */
+        if (d->n < (long)seq + 1) {
+            snprintf(err, errlen, "--seq %d is longer than the built-in corpus (%ld bytes, need at least --seq + 1 "
+                     "= %ld): give a smaller --seq, or --data FILE with more bytes", seq, d->n, (long)seq + 1);
+            data_free(d);
+            return -1;
+        }
     } else {
         d->source = path;
         long long size;
@@ -80,9 +87,9 @@ int data_load(dataset *d, const char *path, int seq, char *err, size_t errlen) {
             snprintf(err, errlen, "--data %s: read error: %s", path, errno ? strerror(errno) : "the file shrank");
             return -1;
         }
-        if (size < seq + 1) {
+        if (size < (long long)seq + 1) {
             free(buf);
-            snprintf(err, errlen, "--data %s: %lld bytes, need at least --seq + 1 = %d", path, size, seq + 1);
+            snprintf(err, errlen, "--data %s: %lld bytes, need at least --seq + 1 = %lld", path, size, (long long)seq + 1);
             return -1;
         }
         d->bytes = buf;

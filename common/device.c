@@ -56,6 +56,45 @@ int device_gpu_uuid(int gpu_index, unsigned char uuid[16]) {
 #endif
 }
 
+double device_gpu_memory_bytes(int gpu_index) {
+#ifdef PL_HAVE_CUDA
+    struct cudaDeviceProp prop;
+    if (gpu_index < 0 || cudaGetDeviceProperties(&prop, gpu_index) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return (double)prop.totalGlobalMem;
+#else
+    (void)gpu_index;
+    return 0;
+#endif
+}
+
+/* A cgroup's memory limit in bytes from its file ("max" or a huge v1 figure: none). */
+static double cgroup_limit(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char text[64] = "";
+    const int got = fgets(text, sizeof text, f) != NULL;
+    fclose(f);
+    if (!got || !strncmp(text, "max", 3)) return 0;
+    char *end;
+    const double bytes = strtod(text, &end);
+    return end != text && bytes > 0 && bytes < 0x1p62 ? bytes : 0; /* v1 writes ~2^63 for none */
+}
+
+double device_host_memory_bytes(void) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double bytes = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    /* a container sees the host's memory in sysconf, its own limit only here (v2, then v1) */
+    const char *limits[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (int i = 0; i < 2; i++) {
+        const double limit = cgroup_limit(limits[i]);
+        if (limit > 0 && (bytes <= 0 || limit < bytes)) bytes = limit;
+    }
+    return bytes;
+}
+
 void device_use(device_kind kind, int gpu_index) {
     g_device = kind;
     K = &kernels_cpu;

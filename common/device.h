@@ -14,6 +14,12 @@ int device_gpu_count(void);
 /* The 16-byte UUID of visible GPU `gpu_index`: what tells two ranks whether they
  * share a GPU, whatever CUDA_VISIBLE_DEVICES each was given. 0 on success. */
 int device_gpu_uuid(int gpu_index, unsigned char uuid[16]);
+/* Bytes of memory of visible GPU `gpu_index` (its total, as the driver reports
+ * it; no context is created); 0 without a CUDA build, a driver or that GPU. */
+double device_gpu_memory_bytes(int gpu_index);
+/* Bytes of memory the host has for this process and its neighbours: physical
+ * memory, or the limit of the cgroup it runs in when that is lower; 0: unknown. */
+double device_host_memory_bytes(void);
 /* Select the kind (and for CUDA the GPU index); also selects the kernel table K. */
 void device_use(device_kind kind, int gpu_index);
 /* Wait until all queued device work is done (no-op on the CPU). */

@@ -68,6 +68,10 @@ static flag_spec shared_flags[] = {
     {"--prompt", FLAG_STRING, NULL, "what --sample continues (default: the first line of the training data)", 0, NULL},
     {"--temperature", FLAG_FLOAT, NULL, "--sample's choice: 0 the likeliest byte, else drawn from "
      "softmax(logits / temperature) with --seed", 0, NULL},
+    {"--max-memory-mb", FLAG_FLOAT, NULL, "the memory a rank may use, MiB, instead of the machine's (the host's "
+     "memory shared by its ranks; on CUDA the GPU's): a run whose predicted peak per rank (theory/predict's sum "
+     "over categories; on CUDA without the kernels' own scratch) is over it is refused before anything is "
+     "allocated; --dry-run prints the verdict (lab07: and the largest --seq under it). 0: the machine's", 0, NULL},
 };
 #define N_SHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
 
@@ -77,7 +81,7 @@ static void bind_shared(run_options *o) {
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
                               &o->resume, &o->eval, &o->recompute, &o->precision, &o->experts, &o->top_k,
                               &o->capacity_factor, &o->capacity_scope, &o->aux_loss_coef, &o->dry_run,
-                              &o->sample, &o->prompt, &o->temperature};
+                              &o->sample, &o->prompt, &o->temperature, &o->max_memory_mb};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -578,8 +582,14 @@ int run_agree_interrupted(run_ctx *ctx) {
 
 int run_exit_status(const run_ctx *ctx, int status) { return ctx->interrupted ? 128 + ctx->interrupted : status; }
 
+/* --max-memory-mb's largest value: a PiB per rank. Above it the sizes the
+ * check lets through could overflow the 64-bit counts of the code after it. */
+#define MAX_MEMORY_MB 1073741824.0
+
 void run_setup(run_ctx *ctx) {
     run_options *o = &ctx->opt;
+    run_check(ctx, o->max_memory_mb <= MAX_MEMORY_MB, "--max-memory-mb %g: at most %.0f (a PiB per rank)",
+              o->max_memory_mb, MAX_MEMORY_MB);
     /* Flag errors come from the same arguments on every rank, so every rank
      * already knows: no communication is needed to agree on them. */
     if (ctx->error[0]) {
@@ -627,7 +637,6 @@ void run_setup(run_ctx *ctx) {
     if (!err[0] && o->eval && data_heldout(&ctx->data, o->batch, o->seq, &heldout) == 0)
         snprintf(err, sizeof err, "--eval: %s leaves %ld held-out bytes, too few for one batch of --batch %d "
                  "windows of --seq %d", ctx->data.source, ctx->data.n - ctx->data.train_n, o->batch, o->seq);
-    if (!err[0]) ckpt_check_flags(ctx, err, sizeof err); /* --resume, before anything is created */
     if (!err[0] && o->experts && ctx->device == DEVICE_CUDA)
         snprintf(err, sizeof err, "--experts on --device cuda: the router and the dispatch run on the CPU only "
                  "so far (no CUDA twins yet): give --device cpu or auto");
@@ -636,14 +645,30 @@ void run_setup(run_ctx *ctx) {
     run_agree_or_exit(err);
     /* Only rank 0 writes the record, trace, timeline and files such as --save:
      * it proves each place writable for everyone. Only then, with every input
-     * known good, is the --out folder created, so a rejected run leaves nothing
-     * behind. */
+     * known good and the run known to fit (lab_start), does run_start create
+     * the --out folder, so a rejected run leaves nothing behind. */
     if (ctx->rank == 0) check_outputs(ctx, err, sizeof err);
     run_agree_or_exit(err);
-    /* --dry-run creates nothing: the checks above are the run's own */
+    ctx->hosts_text = hosts_text;
+    /* the values' bytes (value_bytes) for what a lab predicts before run_start, which selects the
+     * precision's kernels again once the device is in use */
+    precision p = PREC_FP32;
+    precision_parse(o->precision, &p); /* one of --precision's choices */
+    precision_use(p);
+}
+
+void run_start(run_ctx *ctx) {
+    run_options *o = &ctx->opt;
+    char err[sizeof ctx->error] = "";
+    /* --resume against the model's tensors, before anything is created; after the memory check, which
+     * bounds the shape whose tensor table it builds */
+    ckpt_check_flags(ctx, err, sizeof err);
+    run_agree_or_exit(err);
+    /* --dry-run creates nothing: the checks of run_setup are the run's own */
     if (ctx->rank == 0 && !o->dry_run && path_make_folder(o->out) != 0)
         snprintf(err, sizeof err, "--out %s: cannot create it: %s", o->out, strerror(errno));
     run_agree_or_exit(err);
+    const int gpus = device_gpu_count();
     if (!o->dry_run) {
         stop_after_the_step_on_signals();
         ctx->records_jsonl = path_join(o->out, "records.jsonl");
@@ -656,11 +681,7 @@ void run_setup(run_ctx *ctx) {
         ctx->dropped = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
         ctx->expert_load = o->experts ? calloc((size_t)o->experts * o->layers, sizeof(double)) : NULL;
     }
-    /* after device_use (the kernel table is the device's); --dry-run too, whose
-     * formulas count values of the precision's bytes */
-    precision p = PREC_FP32;
-    precision_parse(o->precision, &p); /* one of --precision's choices */
-    precision_use(p);
+    precision_use(g_precision); /* after device_use: the kernel table is the device's */
 
     if (ctx->rank == 0) {
         gpt_layout g;
@@ -680,10 +701,43 @@ void run_setup(run_ctx *ctx) {
                    "arithmetic | %s\n", ctx->device == DEVICE_CUDA
                                             ? "bf16 matmuls: cuBLAS on bf16, fp32 compute (tensor cores)"
                                             : kernels_bf16_cpu_gemm_text());
-        if (hosts_text) fputs(hosts_text, stdout);
+        if (ctx->hosts_text) fputs(ctx->hosts_text, stdout);
         fflush(stdout);
     }
-    free(hosts_text);
+    free(ctx->hosts_text);
+    ctx->hosts_text = NULL;
+}
+
+const char *run_bytes_text(double bytes, char buf[24]) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 6) {
+        bytes /= 1024;
+        u++;
+    }
+    if (bytes >= 1024) snprintf(buf, 24, "%.3g bytes", bytes * 0x1p60); /* beyond EiB */
+    else snprintf(buf, 24, u == 0 ? "%.0f %s" : bytes < 10 ? "%.2f %s" : bytes < 100 ? "%.1f %s" : "%.0f %s", bytes,
+                  units[u]);
+    return buf;
+}
+
+double run_memory_limit(const run_ctx *ctx, int *per_host, char *what, size_t len) {
+    char a[24], b[24];
+    if (ctx->device == DEVICE_CUDA) {
+        const int gpus = device_gpu_count();
+        const double gpu = gpus > 0 ? device_gpu_memory_bytes(ctx->local_rank % gpus) : 0;
+        const int sharers = ctx->gpu_sharers > 0 ? ctx->gpu_sharers : 1;
+        *per_host = 0;
+        if (sharers > 1)
+            snprintf(what, len, "the %s each of the %d ranks on this rank's GPU can have (%s)",
+                     run_bytes_text(gpu / sharers, a), sharers, run_bytes_text(gpu, b));
+        else snprintf(what, len, "the %s of this rank's GPU", run_bytes_text(gpu, a));
+        return gpu / sharers;
+    }
+    const double host = device_host_memory_bytes();
+    *per_host = 1;
+    snprintf(what, len, "the %s of memory of this host", run_bytes_text(host, a));
+    return host;
 }
 
 /* ---- steps -------------------------------------------------------------------- */

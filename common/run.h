@@ -6,7 +6,10 @@
  *   run_check(&ctx, ok, "--flag ...", ...);    the lab's own rules
  *   run_setup(&ctx);                           exits 2 on any error, on every rank,
  *                                              before any communication; then picks
- *                                              the device and comm, loads the data
+ *                                              the device and comm, loads the data,
+ *                                              proves the outputs writable
+ *   (labs/lab_run.h's lab_start: theory's memory figure against
+ *    run_memory_limit, then) run_start(&ctx);  creates --out, the header lines
  *   for each step: run_step_begin / run_step_end
  *   run_finish(&ctx, &report);                 summary, record, trace */
 #ifndef PL_RUN_H
@@ -48,6 +51,7 @@ typedef struct run_options {
     int sample;                /* --sample N: bytes the model writes before and after training (sample.h) */
     const char *prompt;        /* --prompt: what it continues (NULL: the data's first line) */
     double temperature;        /* --temperature: 0 greedy, else softmax(logits / temperature) */
+    double max_memory_mb;      /* --max-memory-mb: the cap per rank, MiB (0: the machine's memory) */
 } run_options;
 
 typedef struct lab_info {
@@ -66,6 +70,7 @@ typedef struct run_ctx {
     int hosts;                    /* hosts of the job: groups of ranks that share memory (MPI_COMM_TYPE_SHARED) */
     int *host_of_rank;            /* every rank's host, as the world rank of the host's first rank */
     char *host_labels;            /* every rank's host name (run_host_label) */
+    char *hosts_text;             /* rank 0: run_setup's lines on the hosts, printed by run_start (NULL: none) */
     char error[8400];             /* the first error found, "" if none (room for two PATH_MAX paths) */
     device_kind device;
     comm_backend backend;
@@ -99,7 +104,26 @@ int run_flag_given(int argc, char **argv, const char *flag);
  * with their number. Refused unless micro_batches is 1 or the run drops nothing
  * by rank. */
 void run_check_rank_capacity(run_ctx *ctx, int micro_batches, const char *flag);
+
+/* Everything a run checks before it allocates: flag errors (exit 2 on every
+ * rank), the device and comm, the data, --resume, outputs proven writable.
+ * Creates nothing and prints nothing: run_start does, once the run is known
+ * to fit (lab_start). */
 void run_setup(run_ctx *ctx);
+/* After run_setup (and lab_start's memory check): creates --out (not with
+ * --dry-run), selects the device and precision, the step arrays, the trace,
+ * and rank 0 prints the header lines. Collective. */
+void run_start(run_ctx *ctx);
+/* The machine's memory this rank may count on, for the check before anything
+ * is allocated: on CUDA the GPU's memory over the ranks sharing it (*per_host
+ * = 0: this rank's own share); on the CPU the host's physical memory, or its
+ * cgroup's limit when lower, for all the ranks on the host together (*per_host
+ * = 1: the caller adds up their needs; rank q's host is ctx->host_of_rank[q]).
+ * `what` gets its description ("the 23.4 GiB of this host"). Returns the
+ * bytes, 0 where the machine does not say (no check then). After run_setup. */
+double run_memory_limit(const run_ctx *ctx, int *per_host, char *what, size_t len);
+/* "7.50 GiB": bytes for a message. */
+const char *run_bytes_text(double bytes, char buf[24]);
 /* All ranks agree: if any rank has a non-empty `err`, the lowest such rank prints
  * it as one line, and every rank exits with status 2. Collective. */
 void run_agree_or_exit(const char *err);

@@ -68,6 +68,12 @@ int main(int argc, char **argv) {
               ctx.opt.batch / (ctx.size > 0 ? ctx.size : 1), ctx.opt.batch, ctx.size);
     run_check_rank_capacity(&ctx, grad_accum, "--grad-accum");
     run_setup(&ctx);
+    /* what the run needs by theory/, from the flags alone: held against the memory before anything is allocated */
+    th_run need = lab_run_config(&ctx);
+    need.units = bucket_mb > 0 ? 0 : 1; /* buckets decide the calls at run time, not the bytes */
+    need.grad_accum = grad_accum; /* a micro-batch's activations; the all-reduce once a step all the same */
+    need.full_elems = need.largest_unit_elems = th_param_counts(&need.model).total;
+    lab_start(&ctx, &need);
 
     /* rows: this rank's share of the global batch; micro: the rows of one accumulation step */
     const int T = ctx.opt.seq, rows = ctx.opt.batch / ctx.size, micro = rows / grad_accum;
@@ -80,10 +86,7 @@ int main(int argc, char **argv) {
     if (grad_accum > 1) snprintf(layout + at, sizeof layout - (size_t)at, " accum=%d", grad_accum);
     const double comm_formula = th_dp_traffic((double)P * value_bytes(), ctx.size, 1).ring;
     const char *comm_formula_text = "ring all-reduce 2(N-1)/N x gradient bytes";
-    if (ctx.opt.dry_run) { /* buckets decide the calls at run time, not the bytes */
-        th_run need = lab_run_config(&ctx);
-        need.units = bucket_mb > 0 ? 0 : 1;
-        need.grad_accum = grad_accum; /* a micro-batch's activations; the all-reduce once a step all the same */
+    if (ctx.opt.dry_run) {
         need.full_elems = need.largest_unit_elems = (double)P;
         lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                                    .comm_formula = comm_formula_text, .bubble_theory = -1});

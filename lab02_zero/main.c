@@ -26,6 +26,7 @@
 #include "theory.h"
 #include "zero.h"
 #include "zero_report.h"
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,17 @@ int main(int argc, char **argv) {
     run_check(&ctx, ctx.opt.batch % ctx.size == 0, "--batch %d is not divisible by the %d ranks",
               ctx.opt.batch, ctx.size);
     run_setup(&ctx);
+    /* what the run needs by theory/, from the flags alone, held against the memory before anything is
+     * allocated: the shard plan (the layout's) is not made yet, so its padding is left out and its largest
+     * unit is the largest block (every unit is whole blocks; stage 1 without buckets: one unit, the model) */
+    th_run need = lab_run_config(&ctx);
+    need.zero_stage = zero_stage;
+    const th_params counts = th_param_counts(&need.model);
+    need.units = 1;
+    need.full_elems = need.embed_unit_elems = counts.total;
+    need.largest_unit_elems = zero_unit_elems(zero_stage, bucket_mb) == 0
+                                  ? counts.total : fmax(counts.embed, fmax(counts.layer, counts.head));
+    lab_start(&ctx, &need);
 
     const int T = ctx.opt.seq, rows = ctx.opt.batch / ctx.size;
     gpt_layout g;
@@ -73,9 +85,7 @@ int main(int argc, char **argv) {
         shard_plan_init(&plan, &g, ctx.size, 0, zero_unit_elems(zero_stage, bucket_mb));
         zero_figures fig;
         zero_figures_of_plan(&g, &plan, zero_stage, &fig);
-        th_run need = lab_run_config(&ctx);
-        need.zero_stage = zero_stage;
-        need.units = plan.n_units;
+        need.units = plan.n_units; /* the plan's exact figures */
         need.full_elems = (double)plan.full_elems;
         need.largest_unit_elems = (double)plan.largest_unit_elems;
         need.embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * ctx.size);

@@ -37,6 +37,12 @@ int main(int argc, char **argv) {
               "--layers %d cannot be split into %d pipeline stages: every stage needs at least one "
               "layer (give more --layers or run fewer ranks)", ctx.opt.layers, ctx.size);
     run_setup(&ctx);
+    /* stages without a schedule: the naive order, GPipe with one micro-batch; held against the memory
+     * before anything is allocated */
+    th_run need = lab_run_config(&ctx);
+    need.pp = ctx.size;
+    need.dp = 1;
+    lab_start(&ctx, &need);
 
     const int p = ctx.size;
     const double theory = th_bubble_unit(TH_SCHED_GPIPE, p, 1, 1); /* one batch: (p-1)/p */
@@ -50,13 +56,9 @@ int main(int argc, char **argv) {
     char comm_formula_text[96];
     snprintf(comm_formula_text, sizeof comm_formula_text,
              "busiest stage: boundaries x (activation + gradient) x B x T x C x %zu bytes", value_bytes());
-    if (ctx.opt.dry_run) { /* stages without a schedule: the naive order, GPipe with one micro-batch */
-        th_run need = lab_run_config(&ctx);
-        need.pp = p;
-        need.dp = 1;
+    if (ctx.opt.dry_run)
         lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                                    .comm_formula = comm_formula_text, .bubble_theory = theory});
-    }
 
     comm pipe;
     comm_init(&pipe, MPI_COMM_WORLD, ctx.backend);

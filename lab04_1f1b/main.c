@@ -73,8 +73,17 @@ int main(int argc, char **argv) {
         return 0;
     }
     run_setup(&ctx);
-
     const int v = schedule_chunks(kind, virtual_stages);
+    /* held against the memory before anything is allocated; the executor's message buffers are decided by
+     * its lists (not predicted: left out of the floor) */
+    th_run need = lab_run_config(&ctx);
+    need.pp = p;
+    need.dp = 1;
+    need.micro_batches = m;
+    need.schedule = schedule_name(kind);
+    need.chunks = v;
+    lab_start(&ctx, &need);
+
     const double theory = schedule_bubble_textbook(kind, p, m, v);
     char layout[64];
     if (kind == SCHEDULE_INTERLEAVED) snprintf(layout, sizeof layout, "pp=%d m=%d %s v=%d", p, m, schedule_name(kind), v);
@@ -95,16 +104,9 @@ int main(int argc, char **argv) {
     char comm_formula_text[112];
     snprintf(comm_formula_text, sizeof comm_formula_text, "busiest rank: boundaries to other ranks x (activations + "
              "gradients) x B x T x C x %zu bytes", value_bytes());
-    if (ctx.opt.dry_run) { /* the executor's message buffers are decided by its lists */
-        th_run need = lab_run_config(&ctx);
-        need.pp = p;
-        need.dp = 1;
-        need.micro_batches = m;
-        need.schedule = schedule_name(kind);
-        need.chunks = v;
+    if (ctx.opt.dry_run)
         lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,
                                                    .comm_formula = comm_formula_text, .bubble_theory = theory});
-    }
 
     comm pipe;
     comm_init(&pipe, MPI_COMM_WORLD, ctx.backend);

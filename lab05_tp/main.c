@@ -132,6 +132,13 @@ int main(int argc, char **argv) {
         tp_check_sequence_parallel(&ctx, ctx.size, "-n");
     }
     run_setup(&ctx);
+    /* every rank the whole batch, 1/t of every layer; held against the memory before anything is allocated */
+    th_run need = lab_run_config(&ctx);
+    need.tp = ctx.size;
+    need.dp = 1;
+    need.tensor_parallel = 1;
+    need.sequence_parallel = sequence_parallel;
+    lab_start(&ctx, &need);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     /* The figures the lesson predicts (bytes are vb per value: 4 in fp32, 2 in
@@ -157,16 +164,10 @@ int main(int argc, char **argv) {
                  "(= TP's all-reduces), + 1 all-reduce of the partial gradients", per_layer, per_layer, values);
     else snprintf(formula, sizeof formula, "%dL all-reduces of B*T*C %s, ring 2(t-1)/t x %d L B T C", per_layer,
                   values, (int)vb * per_layer);
-    if (ctx.opt.dry_run) { /* every rank the whole batch, 1/t of every layer */
-        th_run need = lab_run_config(&ctx);
-        need.tp = ctx.size;
-        need.dp = 1;
-        need.tensor_parallel = 1;
-        need.sequence_parallel = sequence_parallel;
+    if (ctx.opt.dry_run)
         lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout,
                                                    .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring,
                                                    .comm_formula = formula, .bubble_theory = -1});
-    }
     comm tp;
     comm_init(&tp, MPI_COMM_WORLD, ctx.backend);
     tp_layout tl;

@@ -125,6 +125,18 @@ int main(int argc, char **argv) {
 
     const int t = dims.tp, p = dims.pp, d = dims.dp, m = micro_batches;
     const int v = schedule_chunks(kind, virtual_stages);
+    /* theory/predict.h's config of the grid, held against the memory before anything is allocated */
+    th_run need = lab_run_config(&ctx);
+    need.tp = t;
+    need.pp = p;
+    need.dp = d;
+    need.micro_batches = m;
+    need.schedule = schedule_name(kind);
+    need.chunks = v;
+    need.zero_stage = zero_stage;
+    need.tensor_parallel = 1;
+    need.sequence_parallel = sequence_parallel;
+    lab_start(&ctx, &need);
     char layout[72];
     if (kind == SCHEDULE_INTERLEAVED)
         snprintf(layout, sizeof layout, "tp=%d pp=%d dp=%d m=%d %s v=%d%s%s", t, p, d, m, schedule_name(kind), v,
@@ -137,16 +149,6 @@ int main(int argc, char **argv) {
         grid_init(&grid, dims, COMM_MPI);
         free(grid_describe(&grid, ctx.opt.layers, &ctx));
         grid_free(&grid);
-        th_run need = lab_run_config(&ctx);
-        need.tp = t;
-        need.pp = p;
-        need.dp = d;
-        need.micro_batches = m;
-        need.schedule = schedule_name(kind);
-        need.chunks = v;
-        need.zero_stage = zero_stage;
-        need.tensor_parallel = 1;
-        need.sequence_parallel = sequence_parallel;
         /* the formula: the prediction's ring bytes, as report3d adds up its formulas */
         lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = DRY_RUN_PREDICTED_RING,
                                                    .comm_formula = comm_formula_text,

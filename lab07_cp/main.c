@@ -64,7 +64,6 @@ static void print_max_seq(const th_run *run, th_cp_layout layout, double cap_mb,
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int cp_degree = 0;
-    double max_memory_mb = 0;
     const char *layout_name = "zigzag", *algo_name = "ring";
     flag_spec flags[] = {
         {"--cp", FLAG_INT, &cp_degree,
@@ -76,15 +75,11 @@ int main(int argc, char **argv) {
          "how attention sees the other ranks' keys: ring (K/V blocks passed round, merged by log-sum-exp) or "
          "allgather (K and V gathered whole) or ulysses (all-to-all to a head split and back)", 0,
          "ring|allgather|ulysses"},
-        {"--max-memory-mb", FLAG_FLOAT, &max_memory_mb,
-         "a cap on the predicted peak memory per rank, MiB (theory/predict's sum over categories; on CUDA without the "
-         "kernels' own scratch): a run over it is refused; --dry-run prints the largest --seq under it at this and "
-         "other CP degrees (0: no cap)", 0, NULL},
     };
     lab_info lab = {"lab07_cp", "context parallelism: every sequence split over the ranks of a CP group, "
                     "attention's keys and values brought by a ring or an all-gather, or the heads split by an all-to-all "
                     "(Ulysses); data parallel over the groups",
-                    flags, 4};
+                    flags, 3};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
     const int N = cp_degree > 0 ? cp_degree : ctx.size, dp = ctx.size % N ? 1 : ctx.size / N;
@@ -100,27 +95,16 @@ int main(int argc, char **argv) {
     asked.cp_layout = cp_layout;
     char rule[256];
     run_check(&ctx, !th_run_broken_rule(&asked, TH_NAMES_FLAGS, rule, sizeof rule), "%s", rule);
-    run_check(&ctx, max_memory_mb >= 0, "--max-memory-mb %g is negative (0: no cap)", max_memory_mb);
-    /* the cap against theory/predict.h's needs of this run (lab07's part in theory/context.c), before run_setup
-     * prints or creates anything: on the CPU's figures, as the device is not chosen yet (on CUDA the kernels' own
-     * scratch, not predicted, comes on top: the cap is then a floor) */
-    th_run capped = lab_run_config(&ctx);
-    capped.cuda = 0;
-    capped.bf16 = !strcmp(ctx.opt.precision, "bf16");
-    capped.dp = dp;
-    capped.cp = N;
-    capped.cp_algo = algo;
-    if (max_memory_mb > 0 && !ctx.opt.dry_run) { /* --dry-run prints the largest --seq under the cap instead */
-        const double peak = th_predicted_peak_bytes(&capped);
-        run_check(&ctx, peak <= max_memory_mb * 1048576.0, "--max-memory-mb %g: the predicted peak per rank is %.0f "
-                  "bytes (%.2f MiB) at --seq %d, over the cap (--dry-run prints the largest --seq under it)",
-                  max_memory_mb, peak, peak / 1048576.0, ctx.opt.seq);
-    }
     run_setup(&ctx);
+    /* theory/predict.h's needs of this run (lab07's part in theory/context.c), held against --max-memory-mb
+     * (or the machine's memory) before anything is allocated, the position tables included: lab_start */
     th_run need = lab_run_config(&ctx);
     need.dp = dp;
     need.cp = N;
     need.cp_algo = algo;
+    need.cp_layout = cp_layout;
+    lab_start(&ctx, &need);
+    const double max_memory_mb = ctx.opt.max_memory_mb;
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     const int rows = B / dp, Tl = T / N;
@@ -148,6 +132,9 @@ int main(int argc, char **argv) {
                 printf("  and alltoall %.0f calls, payload %.0f per rank per step (theory/context.c)\n",
                        2 * L * (attention_forwards + 1), /* q|k|v and out each forward, dO and dq|dk|dv back */
                        (attention_forwards * tf.fwd_sent + tf.bwd_sent) * N / (N - 1) * L);
+            /* on the CPU's figures (on CUDA the kernels' own scratch comes on top: the cap is then a floor) */
+            th_run capped = need;
+            capped.cuda = 0;
             if (max_memory_mb > 0) print_max_seq(&capped, cp_layout, max_memory_mb, ctx.device == DEVICE_CUDA);
         }
         lab_dry_run_exit(&ctx, NULL, (run_report){.layout = layout, .comm_formula_bytes = comm_formula,

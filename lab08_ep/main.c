@@ -82,16 +82,19 @@ int main(int argc, char **argv) {
     char rule[256];
     run_check(&ctx, !th_run_broken_rule(&asked, TH_NAMES_FLAGS, rule, sizeof rule), "%s", rule);
     run_setup(&ctx);
+    /* the received rows' buffers are sized by the config when the capacity is per sequence (ep.h) */
+    const int sized = ctx.model.capacity_factor > 0 && !ctx.model.capacity_per_rank;
+    /* theory/predict.h (lab08's part in theory/expert_parallel.c), held against the memory before anything is
+     * allocated (F = 0: the received rows at the capacity-free bound, which the run's routing stays under) */
+    th_run need = lab_run_config(&ctx);
+    need.dp = dp;
+    need.ep = N;
+    need.capacity_factor = sized ? ctx.model.capacity_factor : 0; /* the model's experts: lab_run_config's */
+    lab_start(&ctx, &need);
 
     const int B = ctx.opt.batch, T = ctx.opt.seq, L = ctx.opt.layers, C = ctx.opt.d_model;
     const int rows = B / ctx.size, k = ctx.opt.top_k;
-    /* the received rows' buffers are sized by the config when the capacity is per sequence (ep.h) */
-    const int sized = ctx.model.capacity_factor > 0 && !ctx.model.capacity_per_rank;
-    if (ctx.opt.dry_run) { /* theory/predict.h (lab08's part in theory/expert_parallel.c) */
-        th_run need = lab_run_config(&ctx);
-        need.dp = dp;
-        need.ep = N;
-        need.capacity_factor = sized ? ctx.model.capacity_factor : 0; /* the model's experts: lab_run_config's */
+    if (ctx.opt.dry_run) {
         if (ctx.rank == 0) {
             th_print_prediction(stdout, &need, 32);
             const th_ep_alltoall a2a = th_ep_alltoall_per_step(&need);

@@ -23,13 +23,29 @@ th_model lab_theory_model(const gpt_config *c);
  * what its flags change. */
 th_run lab_run_config(const run_ctx *ctx);
 
+/* Between run_setup and anything the size of the run: refuses a run that
+ * cannot fit, then run_start (--out created, the header printed). `need` is
+ * the run's config as --dry-run predicts it, built from the flags alone (in
+ * theory/'s doubles: no layout, nothing allocated, so --seq 10^9 or
+ * --experts 10^9 overflow nothing on the way here). Each rank's floor, its
+ * predicted peak (theory/predict.h: the sum of its categories' peaks, on CUDA
+ * the CPU's workspace, which the kernels' own scratch adds to, a category not
+ * predicted left out), must fit --max-memory-mb per rank when given, else the
+ * machine (run_memory_limit: the ranks of a host together in its memory; on
+ * CUDA a rank's share of its GPU). Over it: one line naming the flags that
+ * size the largest category, status 2 on every rank, nothing created.
+ * --dry-run is refused only when it fits neither the cap nor the machine (a
+ * cap plans for another machine; lab07 prints the largest --seq under it) and
+ * prints the verdict (lab_dry_run_exit). Collective. */
+void lab_start(run_ctx *ctx, const th_run *need);
+
 /* r.comm_formula_bytes = this: the busiest rank's ring bytes of the prediction
  * (lab06, whose formula is the sum of theory's per kind) */
 #define DRY_RUN_PREDICTED_RING (-2.0)
 
-/* --dry-run: rank 0 prints theory/predict's needs of `need` (NULL: none yet,
- * the lab is not predicted), then run_dry_run_exit's lines of r; every rank
- * exits 0. Collective. */
+/* --dry-run: rank 0 prints theory/predict's needs of `need` (NULL: the lab
+ * printed its own), the memory verdict of lab_start (of `need` when given),
+ * then run_dry_run_exit's lines of r; every rank exits 0. Collective. */
 void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) __attribute__((noreturn));
 
 /* The end of a run: the record (the lab's `extra` members, then the

@@ -256,6 +256,26 @@ PER_LAB = {
     ] + NO_TP,
 }
 
+# ---- sizes refused before allocation (issue 31) --------------------------------------------------------
+# theory/predict's floor per rank (labs/lab_run.c lab_start) against the machine's memory, or --max-memory-mb:
+# one line naming the flags that size the run, status 2, nothing created, before anything is allocated (today's
+# code allocated, printed and created --out first, or filled a position table for minutes)
+SIZES = [
+    (2, ["--seq", "1000000000"], "--seq 1000000000 is longer than the built-in corpus"),  # as a --data file does
+    (2, ["--seq", "200000"], "--seq 200000"),  # within the corpus; its T^2 attention is terabytes
+    (2, ["--layers", "1000000000"], "--layers 1000000000"),
+    (2, ["--d-model", "1000000000"], "--d-model 1000000000"),  # 10^19 elements a matrix: past a 64-bit count
+    (2, ["--batch", "1000000000"], "--batch 1000000000"),
+    (2, ["--max-memory-mb", "1"], "--max-memory-mb 1:"),  # every lab's default run needs more a rank
+    (2, ["--max-memory-mb", "-1"], "--max-memory-mb"),
+    (2, ["--max-memory-mb", "2e9"], "--max-memory-mb"),  # over a PiB a rank: more than the check can bound
+    (2, ["--dry-run", "--seq", "200000"], "--seq 200000"),  # the dry run refuses what the machine cannot hold
+    # a cap plans for another machine: a dry run is refused when it fits neither
+    (2, ["--dry-run", "--d-model", "1000000000", "--max-memory-mb", "1000"], "--max-memory-mb 1000:"),
+]
+# the labs whose layers run experts (the others refuse the flag itself)
+SIZES_EXPERTS = [(2, ["--experts", "1000000000"], "--experts 1000000000")]
+
 
 def main(lab):
     check(os.path.exists(program(lab)), f"{program(lab)} is not built")
@@ -265,6 +285,7 @@ def main(lab):
     cases = [c for c in SHARED if lab not in DRY_RUN_EXPERTS or c[1] != ["--dry-run", "--experts", "4"]] + PER_LAB[lab]
     if lab != "lab08_ep":
         cases += DENSE_DEPENDENT
+    cases += SIZES + (SIZES_EXPERTS if lab in DRY_RUN_EXPERTS else [])
     if not has_gpu(lab):
         cases.append((2, ["--device", "cuda"], "--device cuda"))
     # every rank reads --data itself: two ranks that see different bytes under one name

@@ -42,15 +42,21 @@ static double slot_hidden_bytes(const th_model *m, long rows, double v) {
     return 2 * th_pad64(v * (double)rows * (double)m->seq * (double)m->top_k * (double)m->ffn);
 }
 
-double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received) {
+/* th_ep_acts_bytes with received[l] = uniform for every layer when received is NULL */
+static double ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received, double uniform) {
     const double lab01 = th_course_acts_bytes(m, o, 0, (int)m->layers, rows); /* with the router state, stats */
     if (lab01 < 0 || m->experts <= 0) return -1;
-    const double v = th_param_bytes(o->precision), L = (double)m->layers;
+    const double v = th_param_bytes(o->precision), L = (double)m->layers, row = (2 * (double)m->d_model + 2 * (double)m->ffn) * v;
     double bytes = lab01;
     if (o->recompute != RECOMPUTE_FULL) bytes -= L * slot_hidden_bytes(m, rows, v);
+    if (!received) return bytes + L * fmax(uniform, 1) * row;
     for (int l = 0; l < m->layers; l++) /* xr [r,C], fch, gelu [r,ffn], yr [r,C]: each its own allocation */
-        bytes += fmax(received[l], 1) * (2 * (double)m->d_model + 2 * (double)m->ffn) * v;
+        bytes += fmax(received[l], 1) * row;
     return bytes;
+}
+
+double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received) {
+    return ep_acts_bytes(m, o, rows, received, 0);
 }
 
 /* ---- --dry-run (theory/predict.h) ------------------------------------------------------- */
@@ -74,10 +80,8 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
     const double experts_held = th_stage_expert_params(m, &held, 0, (int)m->layers);
     const double received = th_ep_received_rows_bound(rows, m->seq, (int)m->top_k, (int)m->experts, N,
                                                       r->capacity_factor);
-    double *per_layer = malloc(sizeof(double) * (size_t)m->layers);
-    for (int l = 0; l < m->layers; l++) per_layer[l] = received;
-    const double acts = th_ep_acts_bytes(m, &o, rows, per_layer);
-    free(per_layer);
+    /* every layer the same bound: no array of L (a lab's memory check may ask for --layers 10^9) */
+    const double acts = ep_acts_bytes(m, &o, rows, NULL, received);
     /* lab01's backward scratch (with the router's backward, and under --recompute full the recomputed
      * layer's router state and statistics) with the layer's MLP pieces empty (dfch, dGELU; under full the
      * recomputed layer's fch, GELU too), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */

@@ -35,7 +35,11 @@
 
 /* common/model.c's carve() and the allocator: every piece starts 64-byte
  * aligned, so each exact byte form rounds its pieces up to 64. */
-static inline double th_pad64(double bytes) { return (double)(((long long)bytes + 63) / 64 * 64); }
+static inline double th_pad64(double bytes) {
+    /* from 2^62 on every double is a multiple of 64 already, and (long long) would overflow (labs'
+     * memory check: --seq 1000000000 makes a T^2 of 10^18 x rows x heads) */
+    return bytes >= 0x1p62 ? bytes : (double)(((long long)bytes + 63) / 64 * 64);
+}
 
 /* ---- the model ---------------------------------------------------------------------- */
 
