@@ -318,13 +318,7 @@ def launcher_signals():
             job = Job("lab01_dp", 2, args + ["--save", f"{tmp}/ck"])
             job.wait_for("checkpoint: 1 steps")
             mid_save(job, tmp)
-            job.p.send_signal(sig)
-            try:
-                status = job.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                job.p.kill()
-                fail(f"mpirun still running 10 s after {sig.name}")
-            job.join()
+            status = job.signal_and_wait(sig, 10)
             time.sleep(0.2)
             check(not job.ranks(), f"{sig.name}: ranks left running: {job.ranks()}")
             check(not temporaries(tmp), f"{sig.name} to mpirun mid-save left {temporaries(tmp)}")
@@ -406,13 +400,7 @@ def interrupted():
     for sig in (signal.SIGINT, signal.SIGTERM):
         job = Job("lab04_1f1b", 2, MODEL + ["--steps", "100000", "--micro-batches", "4"])
         job.wait_for("step 3/")
-        job.p.send_signal(sig)
-        try:
-            status = job.p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            job.p.kill()
-            fail(f"mpirun still running 20 s after {sig.name}")
-        job.join()
+        status = job.signal_and_wait(sig, 20)
         with open(os.path.join(job.out, "records.jsonl")) as f:
             rec = json.loads(f.readlines()[-1])
         check(rec["interrupted"] == sig.name and rec["steps_done"] == len(rec["losses"]) >= 3,
@@ -563,6 +551,17 @@ class Job:
     def join(self):
         for r in self.readers:
             r.join(5)
+
+    def signal_and_wait(self, sig, seconds):
+        """Send mpirun sig; its status once the job ended, within `seconds` (or the test fails)."""
+        self.p.send_signal(sig)
+        try:
+            status = self.p.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            fail(f"mpirun still running {seconds} s after {sig.name}")
+        self.join()
+        return status
 
     def wait_for(self, text, timeout=60):
         t0 = time.time()
