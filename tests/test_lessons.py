@@ -14,7 +14,7 @@ run LESSON...: in a scratch copy of the build folder (the folder every lesson's
   ```console long (runs of many steps, sweeps: plots/lesson_tables.py) is left to `long`.
 long: every lesson's ```console long blocks, checked as above (the test lessons_long).
 
-usage: test_lessons.py static | run LESSON.md|LAB_FOLDER... | long  (a folder: its README.md and part files)"""
+usage: test_lessons.py static | run LESSON.md|LAB_FOLDER... | long [LESSON.md|LAB_FOLDER...]  (a folder: its README.md and part files)"""
 import os
 import re
 import shlex
@@ -421,7 +421,7 @@ if __name__ == "__main__":
     elif sys.argv[1] == "run":
         run(sys.argv[2:])
     elif sys.argv[1] == "long":
-        run(LAB_DIRS, long=True)
+        run(sys.argv[2:] or [os.path.join(SOURCE, d) for d in LAB_DIRS], long=True)
     else:
         fail(__doc__)
     print("passed")
