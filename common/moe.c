@@ -88,6 +88,7 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     const long cap = moe_capacity_over(cfg, cfg->capacity_per_rank ? N : T);
     double aux = 0;
     long dropped = 0;
+    float margin = -1; /* the smallest p_(k) - p_(k+1) over the tokens; -1: k = E, no (k+1)-th */
     for (int n = 0; n < N; n++) {
         float *p = st->probs + (long)n * E, mx = -INFINITY, sum = 0;
         for (int e = 0; e < E; e++) {
@@ -112,6 +113,15 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
             z += p[best];
         }
         for (int j = 0; j < k; j++) st->gate[(long)n * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / z;
+        /* how near this token came to another choice: its k-th probability less the best one not
+         * chosen (read only: it decides nothing, moe.h) */
+        float next = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < k; i++) taken |= ch[i] == e;
+            if (!taken && p[e] > next) next = p[e];
+        }
+        if (next >= 0 && (margin < 0 || p[ch[k - 1]] - next < margin)) margin = p[ch[k - 1]] - next;
     }
     /* capacity per sequence, in position order; f and P for the aux loss */
     int *used = calloc((size_t)E, sizeof(int));
@@ -160,6 +170,7 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     st->stats[0] = (float)aux;
     st->stats[1] = (float)dropped;
     st->stats[2] = (float)total;
+    st->stats[3] = margin;
     free(used);
     free(mean_p);
 }
@@ -367,6 +378,16 @@ void moe_expert_choices(const gpt_layout *g, const gpt_acts *a, double *counts) 
     const long E = c->experts;
     for (int l = 0; l < a->hi - a->lo; l++)
         for (long e = 0; e < E; e++) counts[l * E + e] = a->layer[l].moe_stats[4 + e];
+}
+
+float moe_min_margin(const gpt_layout *g, const gpt_acts *a) {
+    float margin = -1;
+    if (g->cfg.experts <= 0) return margin;
+    for (int l = 0; l < a->hi - a->lo; l++) {
+        const float m = a->layer[l].moe_stats[3];
+        if (m >= 0 && (margin < 0 || m < margin)) margin = m;
+    }
+    return margin;
 }
 
 long moe_dropped(const gpt_layout *g, const gpt_acts *a) {

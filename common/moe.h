@@ -39,7 +39,7 @@ typedef struct moe_state {
     float *freq;    /* [B,E] f of each sequence */
     float *stats;   /* layer_acts.moe_stats, kept in every --recompute mode: [0] the sum over
                      * the block's sequences of E sum_e f P; [1] dropped choices; [2] slots;
-                     * [4 + e] choices of expert e (before dropping) */
+                     * [3] the top-k margin (below); [4 + e] choices of expert e (before dropping) */
     void *xs, *ys;  /* [kN,C] the slots' inputs (ln2 rows) and the experts' outputs */
 } moe_state;
 
@@ -111,6 +111,14 @@ void moe_router_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp
  * sums, / B (its sequences); 0 without experts. And the dropped choices. */
 double moe_aux_loss(const gpt_layout *g, const gpt_acts *a);
 long moe_dropped(const gpt_layout *g, const gpt_acts *a);
+/* The top-k margin of a block's layers: the smallest, over their tokens, of
+ * p_(k) - p_(k+1), the token's k-th largest router probability less the
+ * (k+1)-th (stats[3], computed by moe_route). Top-k is a discontinuous
+ * function of the probabilities: a change of the logits smaller than this gap
+ * (another summation order in another layout, rounding) cannot change a
+ * choice, a larger one can. It is read, never used: no computation depends on
+ * it. -1 when k = E (every expert chosen: no (k+1)-th) or without experts. */
+float moe_min_margin(const gpt_layout *g, const gpt_acts *a);
 /* Choices per expert (before dropping) of the block's layers: counts[l E + e]
  * for its layer lo + l. */
 void moe_expert_choices(const gpt_layout *g, const gpt_acts *a, double *counts);

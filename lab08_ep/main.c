@@ -13,7 +13,9 @@
  * What to look at: `loss` (equal to `lab01_dp -n 1 --experts E`, capacity and
  * drops included: they are decided per sequence), the groups, the tokens per
  * expert, and the all-to-all bytes per rank beside the exact count from the
- * step's routing and the uniform-routing expectation (theory/expert_parallel.c). */
+ * step's routing and the uniform-routing expectation (theory/expert_parallel.c);
+ * on each step line the smallest top-k margin the step routed on (moe.h,
+ * moe_min_margin): how near a token came to another choice. */
 #include "checkpoint.h"
 #include "comm.h"
 #include "ep.h"
@@ -21,6 +23,7 @@
 #include "lab_run.h"
 #include "mem.h"
 #include "model.h"
+#include "moe.h"
 #include "optim.h"
 #include "run.h"
 #include "predict.h"
@@ -159,7 +162,9 @@ int main(int argc, char **argv) {
 
     /* the busiest expert's rows of each step (any rank, layer): the load the plots draw over the steps */
     long *max_rows_per_step = calloc((size_t)ctx.opt.steps + 1, sizeof(long));
-    if (!max_rows_per_step) die("out of host memory");
+    /* the smallest top-k margin each step routed on (moe_min_margin, min over layers and ranks; -1: k = E) */
+    float *margin_per_step = calloc((size_t)ctx.opt.steps + 1, sizeof(float));
+    if (!max_rows_per_step || !margin_per_step) die("out of host memory");
     for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
         const int step = first + i;
         run_step_begin(&ctx, i);
@@ -193,7 +198,12 @@ int main(int argc, char **argv) {
         comm_allreduce_host(&world, &loss, 1);
         run_experts_step(&ctx, &world, &g, &acts, i);
         max_rows_per_step[i] = eh.counts.max_expert_rows;
-        run_step_end(&ctx, i, loss / world.size, NULL);
+        float margin = moe_min_margin(&g, &acts); /* read after the step: it changes nothing */
+        MPI_Allreduce(MPI_IN_PLACE, &margin, 1, MPI_FLOAT, MPI_MIN, MPI_COMM_WORLD);
+        margin_per_step[i] = margin;
+        char margin_text[48];
+        snprintf(margin_text, sizeof margin_text, "top-k margin %.2e", margin);
+        run_step_end(&ctx, i, loss / world.size, margin >= 0 ? margin_text : NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
 
@@ -213,24 +223,30 @@ int main(int argc, char **argv) {
     MPI_Allreduce(MPI_IN_PLACE, &max_rows, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
     const int done = ctx.steps_done < ctx.opt.steps ? ctx.steps_done : ctx.opt.steps;
     MPI_Allreduce(MPI_IN_PLACE, max_rows_per_step, done + 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
-    char *per_step = malloc(24 * ((size_t)done + 1) + 2);
-    if (!per_step) die("out of host memory");
-    size_t at = 0;
+    char *per_step = malloc(24 * ((size_t)done + 1) + 2), *margins = malloc(24 * ((size_t)done + 1) + 2);
+    if (!per_step || !margins) die("out of host memory");
+    size_t at = 0, at_margins = 0;
     for (int i = 0; i < done; i++) at += (size_t)sprintf(per_step + at, "%s%ld", i ? "," : "", max_rows_per_step[i]);
     per_step[at] = 0;
+    margins[0] = 0;
+    for (int i = 0; i < done && margin_per_step[i] >= 0; i++)
+        at_margins += (size_t)sprintf(margins + at_margins, "%s%.9g", i ? "," : "", (double)margin_per_step[i]);
     const double mean_rows = th_ep_tokens_per_expert_uniform((long)rows * T * N, k, E);
     char layout[64];
-    char *extra = malloc(1024 + at);
+    char *extra = malloc(1024 + at + at_margins);
     if (!extra) die("out of host memory");
-    /* times: rank 0's, per step */
-    snprintf(extra, 1024 + at, "\"ep\":%d,\"edp\":%d,\"alltoall_payload_per_step\":%.0f,"
+    /* times: rank 0's, per step; the margins: [] when k = E */
+    snprintf(extra, 1024 + at + at_margins, "\"ep\":%d,\"edp\":%d,\"alltoall_payload_per_step\":%.0f,"
              "\"alltoall_sent_per_step\":%.0f,\"alltoall_own_per_step\":%.0f,\"alltoall_uniform_per_step\":%.0f,"
              "\"expert_rows_max\":%ld,\"expert_rows_uniform\":%.3f,\"expert_rows_max_per_step\":[%s],"
+             "\"topk_margin_per_step\":[%s],"
              "\"alltoall_ms_per_step\":%.4f,\"experts_ms_per_step\":%.4f", N, dp, payload, sent, own, uniform,
-             max_rows, mean_rows, per_step, 1e3 * eh.counts.alltoall_seconds / steps,
+             max_rows, mean_rows, per_step, margins, 1e3 * eh.counts.alltoall_seconds / steps,
              1e3 * eh.counts.expert_seconds / steps);
     free(per_step);
+    free(margins);
     free(max_rows_per_step);
+    free(margin_per_step);
     snprintf(layout, sizeof layout, "ep=%d edp=%d E=%d k=%d", N, dp, E, k);
     /* activations: F > 0, the received rows' buffers at the capacity's bound (the config alone); F = 0,
      * at the most rows this rank received in each layer (the routing decides) */

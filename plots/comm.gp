@@ -35,17 +35,18 @@ set xlabel "lab and layout (label: calls per step, each a wait; every bar equals
 set logscale y
 set format y "%g"
 set yrange [* : *]
-set offsets 0, 0, graph 0.15, 0
+set offsets 0, 0, graph 0.45, 0
 set xrange [-0.6 : nrun - 0.4]
 set xtics rotate by 35 right nomirror
 set grid y
-set key outside right top Left reverse samplen 2 spacing 1.3 width 2
+set key inside left top Left reverse samplen 2 spacing 1.2 width 2 opaque box
 set style fill solid 0.85 border rgb "#333333"
 set boxwidth 0.6
-colour(k) = k == 1 ? 0x4c72b0 : k == 2 ? 0x55a868 : k == 3 ? 0xc44e52 : 0x8172b3
+colour(k) = k == 1 ? 0x4c72b0 : k == 2 ? 0x55a868 : k == 3 ? 0xc44e52 : k == 4 ? 0x8172b3 : 0xdd8452
 plot src using 0:($9 / 1e6):(colour($8)):xtic(1) with boxes lc rgb variable notitle, \
      keyentry with boxes lc rgb "#4c72b0" title "DP, ZeRO: any link (once a step, overlaps the backward)", \
      keyentry with boxes lc rgb "#55a868" title "pipelines: the network between hosts is enough", \
      keyentry with boxes lc rgb "#c44e52" title "TP: the fastest, inside a host (blocks every layer)", \
      keyentry with boxes lc rgb "#8172b3" title "3D: each group on its own link", \
+     keyentry with boxes lc rgb "#dd8452" title "CP, EP: fast (inside every layer; CP's ring overlaps attention)", \
      src using 0:($9 / 1e6):(sprintf("%d calls", $7)) with labels offset 0, 0.9 font ",10" notitle

@@ -90,6 +90,9 @@ def sweep(z):
         ("std", "lab05_tp", 4, std),
         ("std", "lab06_3d", 4, f"{std} --tp 2 --pp 2 --dp 1"),
         ("std", "lab06_3d", 4, f"{std} --tp 1 --pp 2 --dp 2"),
+        ("std", "lab07_cp", 4, std),  # the ring, zig-zag
+        ("std", "lab07_cp", 4, f"{std} --cp-algo ulysses"),
+        ("std", "lab08_ep", 4, std),  # 4 experts, top-2: another model, left out of the loss chart
     ]
     # the bf16 chart: lab01 -n 1 in fp32 and in bf16 (--precision), the same model and tokens
     runs += [("prec", "lab01_dp", 1, std), ("prec", "lab01_dp", 1, f"{std} --precision bf16")]
@@ -327,8 +330,9 @@ def chart_list(pipe_recs, note):
          "lab08_ep (E = 4, top-2, no capacity) on a tiny model. Left: the busiest expert's tokens in each step (any "
          "rank's expert, any layer) over the uniform mean k N_tok / E, at -n 4 with Switch's load-balancing loss "
          "weighted 0, 0.01 and 0.1: the all-to-all and the busiest rank's matmuls are sized by this ratio, not by "
-         "the mean. Middle: the bytes that left a rank per step (points: the routing's exact count, which comm's "
-         "counter meets; line: uniform routing's 4 k N_tok C b (N-1)/N x L) at EP = 1, 2, 4 with the global batch "
+         "the mean. Middle: the bytes that left rank 0 per step (points: the routing's exact count, which comm's "
+         "counter meets, above the line where rank 0's tokens chose other ranks' experts more than (N-1)/N of the "
+         "time; line: uniform routing's 4 k N_tok C b (N-1)/N x L) at EP = 1, 2, 4 with the global batch "
          "fixed: N_tok falls as 1/N while (N-1)/N grows. Right: rank 0's all-to-all time (waiting for the slowest "
          "rank included) and its experts' matmul time per step. Times are measured on a shared CPU"
          f"{' with more ranks than the ' + str(CORES) + ' cores' if CORES < 4 else ''}: compare within one run."),
@@ -367,8 +371,10 @@ def chart_list(pipe_recs, note):
          "much), the maximum over ranks, coloured by the link the technique needs: DP and ZeRO any link (one step's "
          "gradient, overlapping the backward), pipelines the network between hosts (point to point, travelling while "
          "other micro-batches compute), TP the fastest, inside a host (blocking, in every layer), 3D each group on "
-         "its own. The label is the collective calls per step, each a wait. Every bar equals the lab's formula "
-         "(the tests check it; the table keeps both). Runs on one rank move nothing and are left out."),
+         "its own, CP and EP a fast one (inside every layer; CP's ring overlaps attention, EP's all-to-alls block). "
+         "The label is the collective calls per step, each a wait. Every bar equals the lab's formula "
+         "(the tests check it; the table keeps both), lab08's all-to-all the routing's exact count. Runs on one "
+         "rank move nothing and are left out."),
     ]
 
 

@@ -10,9 +10,11 @@ run LESSON...: in a scratch copy of the build folder (the folder every lesson's
   as written: each `$ command` must print what the block shows under it. Times,
   rates and time fractions are the machine's and are masked on both sides; a
   line `...` stands for any number of lines, a `…` inside a line for any text.
-  A block opened with ```console this-machine only has to run.
+  A block opened with ```console this-machine only has to run. A block opened with
+  ```console long (runs of many steps, sweeps: plots/lesson_tables.py) is left to `long`.
+long: every lesson's ```console long blocks, checked as above (the test lessons_long).
 
-usage: test_lessons.py static | run LESSON.md|LAB_FOLDER...  (a folder: its README.md and part files)"""
+usage: test_lessons.py static | run LESSON.md|LAB_FOLDER... | long [LESSON.md|LAB_FOLDER...]  (a folder: its README.md and part files)"""
 import os
 import re
 import shlex
@@ -68,12 +70,13 @@ def blocks(path):
     return out
 
 
-def transcripts(path):
-    """(commands and their shown output, run only?, line number) of every ```console block."""
+def transcripts(path, long=False):
+    """(commands and their shown output, run only?, line number) of every ```console block
+    (long: of every ```console long block instead)."""
     out = []
     for heading, info, body, start in blocks(path):
         words = info.split()
-        if not words or words[0] != "console":
+        if not words or words[0] != "console" or ("long" in words[1:]) != long:
             continue
         steps, cur = [], None
         for line in body:
@@ -121,6 +124,8 @@ def static():
         for here, there in zip(files, files[1:]):  # the parts are linked in order
             if f"]({os.path.basename(there)})" not in open(os.path.join(SOURCE, here)).read():
                 problems.append(f"{here}: does not link to the next part, {os.path.basename(there)}")
+    problems += reading_chain()
+    problems += unchecked_figures()
     for path in LESSONS + docs + ["plots/README.md"]:
         text = open(os.path.join(SOURCE, path)).read()
         here = os.path.dirname(path)
@@ -163,6 +168,62 @@ def static():
         print("FAIL:", p)
     check(not problems, f"{len(problems)} problems in the lessons")
     print(f"{len(LESSONS)} lessons and {len(docs)} docs: shape, links, answers and the first command as promised")
+
+
+def next_link(path):
+    """The target of the last `Next: [...](target)` line of a lesson (relative to the repository), or None."""
+    hits = re.findall(r"^Next: \[[^\]]*\]\(([^)#\s]+)[^)]*\)", open(os.path.join(SOURCE, path)).read(), re.M)
+    return os.path.relpath(os.path.normpath(os.path.join(SOURCE, os.path.dirname(path), hits[-1])), SOURCE) \
+        if hits else None
+
+
+CLOSING = "docs/closing.md"
+
+
+def reading_chain():
+    """A student who follows the Next links from lab00 reads every lesson file once, in the labs'
+    order, and arrives at docs/closing.md, whose Previous link points back at the last one."""
+    problems, chain, path = [], [], "lab00_concepts/README.md"
+    while path != CLOSING:
+        if path in chain or path not in LESSONS:
+            problems.append(f"reading chain: {chain[-1] if chain else path} links to {path}, "
+                            f"{'read already' if path in chain else 'not a lesson'}")
+            return problems
+        chain.append(path)
+        nxt = next_link(path)
+        if nxt is None:
+            problems.append(f"{path}: no `Next: [...](...)` line: the reading chain stops there "
+                            f"before {CLOSING}")
+            return problems
+        path = nxt
+    want = [f for lab in LAB_DIRS for f in lab_files(lab)]
+    if chain != want:
+        problems.append(f"reading chain: the Next links visit {chain}, not every lesson file in order {want}")
+    closing = open(os.path.join(SOURCE, CLOSING)).read()
+    back = re.search(r"Previous:\s*\[[^\]]*\]\(([^)#\s]+)", closing)
+    if not back or os.path.relpath(os.path.normpath(os.path.join(SOURCE, "docs", back.group(1))), SOURCE) != chain[-1]:
+        problems.append(f"{CLOSING}: its Previous link must point at the last lesson, {chain[-1]}")
+    return problems
+
+
+MEASURED = re.compile(r"(?<![\w.])\d\.\d+e[-+]\d+\b")  # a measured difference, 1.4e-7 (a bound is written 1e-5)
+
+
+def unchecked_figures():
+    """Every measured difference the prose of a lesson quotes (a figure like 1.4e-7 or 6.6e-07:
+    loss differences, rounding) is printed by a checked transcript of the same file (```console,
+    or ```console long: plots/lesson_tables.py), so a code change that moves it fails a test."""
+    problems = []
+    for path in LESSONS:
+        text = open(os.path.join(SOURCE, path)).read()
+        shown = {float(x) for steps, _, _ in transcripts(path) + transcripts(path, long=True)
+                 for _, out in steps for line in out for x in MEASURED.findall(line)}
+        prose = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+        for x in MEASURED.findall(prose):
+            if float(x) not in shown:
+                problems.append(f"{path}: the measured figure {x} is in no checked transcript of the file "
+                                f"(show the run that prints it in a ```console or ```console long block)")
+    return problems
 
 
 def picture_ok(file):
@@ -263,7 +324,8 @@ class Scratch:
         with open(wrapper, "w") as f:
             f.write(f"#!/bin/sh\nexec {shlex.quote(shutil_which(MPIRUN))} \"$@\"\n")
         os.chmod(wrapper, 0o755)
-        self.env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PATH=bindir + os.pathsep + os.environ["PATH"])
+        self.env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PATH=bindir + os.pathsep + os.environ["PATH"],
+                        PL_LESSON_FLAGS="--device cpu")  # plots/lesson_tables.py's runs, on the CPU too
         # the lab06 lesson preloads tests/liblab06_fake_hosts.so; under ASan it comes first
         self.env["ASAN_OPTIONS"] = ":".join(filter(None, [self.env.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))
         self.cache = {}
@@ -293,6 +355,22 @@ class Scratch:
             return "timeout", ""
 
 
+def check_transcripts(scratch, path, blocks_of_file, problems, counts, timeout=300):
+    """Run every command of the transcripts and compare what it prints; counts: [commands, lines matched]."""
+    for steps, run_only, start in blocks_of_file:
+        for cmd, shown in steps:
+            status, out, dt = scratch.sh(cmd, timeout)
+            counts[0] += 1
+            print(f"{path}:{start} $ {cmd}  ->  status {status} in {dt:.1f} s", flush=True)
+            if status != 0:
+                problems.append(f"{path}:{start}: `{cmd}` exited {status}:\n" + "\n".join(out[-15:]))
+            elif not run_only and not output_matches(shown, out):
+                problems.append(f"{path}:{start}: `{cmd}` does not print what the lesson shows; first line "
+                                f"not found: {first_mismatch(shown, out)!r}\n--- it printed:\n" + "\n".join(out))
+            else:
+                counts[1] += 0 if run_only else len([l for l in shown if l.strip() not in ("", "...")])
+
+
 def shutil_which(name):
     found = name if os.path.isabs(name) else shutil.which(name)
     check(found is not None, f"{name} not found")
@@ -303,12 +381,18 @@ def without_steps(cmd):
     return " ".join(re.sub(r"--steps \d+", "", cmd).split())
 
 
-def run(paths):
+def run(paths, long=False):
+    """Each lesson's commands and transcripts (long: only its ```console long transcripts)."""
     paths = [os.path.relpath(os.path.abspath(p), SOURCE) for p in paths]
     paths = [f for p in paths for f in (lab_files(p) if os.path.isdir(os.path.join(SOURCE, p)) else [p])]
     scratch = Scratch()
     problems, n_cmds, n_lines, t_all = [], 0, 0, time.time()
     for path in paths:
+        if long:
+            counts = [0, 0]
+            check_transcripts(scratch, path, transcripts(path, long=True), problems, counts, timeout=3600)
+            n_cmds, n_lines = n_cmds + counts[0], n_lines + counts[1]
+            continue
         # a transcript that runs the same command (at its own --steps) covers a "What to run" line
         covered = {without_steps(cmd.partition(" | ")[0]) for steps, _, _ in transcripts(path) for cmd, _ in steps}
         for cmd in run_blocks(path):
@@ -320,18 +404,9 @@ def run(paths):
             print(f"{path} (what to run) $ {cmd} --steps 1  ->  status {status} in {dt:.1f} s", flush=True)
             if status != 0:
                 problems.append(f"{path}: `{cmd}` (with --steps 1) exited {status}:\n" + "\n".join(out[-15:]))
-        for steps, run_only, start in transcripts(path):
-            for cmd, shown in steps:
-                status, out, dt = scratch.sh(cmd)
-                n_cmds += 1
-                print(f"{path}:{start} $ {cmd}  ->  status {status} in {dt:.1f} s", flush=True)
-                if status != 0:
-                    problems.append(f"{path}:{start}: `{cmd}` exited {status}:\n" + "\n".join(out[-15:]))
-                elif not run_only and not output_matches(shown, out):
-                    problems.append(f"{path}:{start}: `{cmd}` does not print what the lesson shows; first line "
-                                    f"not found: {first_mismatch(shown, out)!r}\n--- it printed:\n" + "\n".join(out))
-                else:
-                    n_lines += 0 if run_only else len([l for l in shown if l.strip() not in ("", "...")])
+        counts = [0, 0]
+        check_transcripts(scratch, path, transcripts(path), problems, counts)
+        n_cmds, n_lines = n_cmds + counts[0], n_lines + counts[1]
     for p in problems:
         print("FAIL:", p, flush=True)
     if problems:
@@ -345,6 +420,8 @@ if __name__ == "__main__":
         static()
     elif sys.argv[1] == "run":
         run(sys.argv[2:])
+    elif sys.argv[1] == "long":
+        run(sys.argv[2:] or [os.path.join(SOURCE, d) for d in LAB_DIRS], long=True)
     else:
         fail(__doc__)
     print("passed")
