@@ -566,21 +566,22 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
         sent[j] = send_counts[j];
     }
     if (fault == FAULT_A2A) {
-        /* one value more to a peer whose block has a value after it in send
-         * (the send is read, never written: nothing outside it is touched) */
-        for (int j = 0; j < p; j++)
-            if (j != c->rank && soff[j] + sent[j] < send_end) {
-                sent[j]++;
-                send_total++;
-                break;
-            }
-        even_n = -1; /* the counts differ now: the v-form */
+        /* one value more to a peer whose block has a value after it in send (the
+         * send is only read: nothing outside it is touched), else one fewer */
+        int changed = 0;
+        for (int j = 0; j < p && !changed; j++)
+            if (j != c->rank && soff[j] + sent[j] < send_end) sent[j]++, send_total++, changed = 1;
+        for (int j = 0; j < p && !changed; j++)
+            if (j != c->rank && sent[j] > 0) sent[j]--, send_total--, changed = 1;
+        if (changed) even_n = -1; /* the counts differ now: the v-form */
     }
     const size_t vb = value_bytes(), send_bytes = (size_t)send_end * vb, recv_bytes = (size_t)recv_end * vb;
     if (overlaps(send, send_bytes, recv, recv_bytes)) die("%s: send and recv overlap", name);
     flight_check(c, kind, send_total, -1, sent, recv_counts);
+    /* recorded before the trace event opens: its label is the caller's event, not this call's */
+    const long flight_id = flight_begin(c, kind, send_total, -1, -1, -1, sent, recv_counts, NULL);
     op_scope s = op_begin(c, name, FL_NKINDS, 0, -1);
-    s.flight = flight_begin(c, kind, send_total, -1, -1, -1, sent, recv_counts, NULL);
+    s.flight = flight_id;
 #ifdef PL_HAVE_CUDA
     if (c->backend == COMM_NCCL) {
         ncclComm_t nc = (ncclComm_t)c->nccl;
@@ -669,9 +670,9 @@ static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, lon
     send_n -= fault == FAULT_COUNT;
     if (fault == FAULT_PEER) *(do_send ? &dst : &src) = ((do_send ? dst : src) + 1) % c->size;
     if (fault == FAULT_TAG) *(do_send ? &send_tag : &recv_tag) = 1000;
-    op_scope s = op_begin(c, name, FL_NKINDS, 0, -1);
     const long send_id = do_send ? flight_begin(c, FL_SEND, send_n, -1, dst, send_tag, NULL, NULL, NULL) : -1;
     const long recv_id = do_recv ? flight_begin(c, FL_RECV, recv_n, -1, src, recv_tag, NULL, NULL, NULL) : -1;
+    op_scope s = op_begin(c, name, FL_NKINDS, 0, -1);
     long received = -1;
     size_t send_bytes = do_send ? (size_t)send_n * value_bytes() : 0;
     size_t recv_bytes = do_recv ? (size_t)recv_n * value_bytes() : 0;
@@ -801,8 +802,8 @@ static void post(comm *c, const void *send, void *recv, long n, int peer, int ta
     n -= fault == FAULT_COUNT;
     if (fault == FAULT_PEER) peer = (peer + 1) % c->size;
     if (fault == FAULT_TAG) tag += 1000;
-    op_scope sc = op_begin(c, is_recv ? "irecv" : "isend", FL_NKINDS, 0, -1);
     const long id = flight_begin(c, is_recv ? FL_IRECV : FL_ISEND, n, -1, peer, tag, NULL, NULL, &r->posted);
+    op_scope sc = op_begin(c, is_recv ? "irecv" : "isend", FL_NKINDS, 0, -1);
     r->n = n;
     size_t bytes = (size_t)n * value_bytes();
     r->c = c;
@@ -885,10 +886,10 @@ int comm_test(comm_request *r) {
 void comm_wait(comm_request *r) {
     if (!r->active) return;
     comm *c = r->c;
+    if (r->mpi != MPI_REQUEST_NULL) flight_wait_begin(&r->posted); /* before the trace event: its label */
     op_scope sc = op_begin(c, "wait", FL_NKINDS, 0, -1);
     if (r->mpi != MPI_REQUEST_NULL) {
         MPI_Status st;
-        flight_wait_begin(&r->posted); /* what the watchdog names if this wait lasts */
         polite_waitall(1, &r->mpi, &st);
         flight_wait_end();
         flight_end(r->posted.id, r->is_recv ? received_values(&st, r->n, r->posted.id) : -1);

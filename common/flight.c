@@ -90,7 +90,9 @@ static struct {
     flight_fault kind;
     int rank, step, fired;
     char text[640];               /* what was done, for the record */
-    flight_op op;                 /* the operation it touched */
+    flight_op op;                 /* the operation it touched, as it was called */
+    long op_id;                   /* the record of that operation as it ran (-1: none: skipped, or order) */
+    int awaiting_op;              /* the next flight_begin is that operation */
 } fault;
 
 static long check_count;
@@ -155,8 +157,8 @@ static void describe(const flight_op *op, char *buf, size_t len) {
     if (op->step >= 0) snprintf(step, sizeof step, "step %d, ", op->step + 1);
     char tag[24] = "";
     if (is_p2p(op->kind)) snprintf(tag, sizeof tag, ", tag %d", op->tag);
-    snprintf(buf, len, "%s #%ld%s of group %s (%s%s%s%s %s%s)", flight_kind_name(op->kind), op->seq, peer, gt, label,
-             label[0] ? ", " : "", step, size, op->f64 ? "f64" : precision_name(g_precision), tag);
+    snprintf(buf, len, "%s #%ld%s of group %s (%s%s%s%ld x %s = %s%s)", flight_kind_name(op->kind), op->seq, peer, gt,
+             label, label[0] ? ", " : "", step, op->count, op->f64 ? "f64" : precision_name(g_precision), size, tag);
 }
 
 /* ---- groups ---------------------------------------------------------------------- */
@@ -265,6 +267,10 @@ long flight_begin(comm *c, flight_kind kind, long count, int root, int peer, int
     const double t = now_seconds();
     pthread_mutex_lock(&lock);
     const long id = next_id++;
+    if (fault.awaiting_op) {
+        fault.op_id = id;
+        fault.awaiting_op = 0;
+    }
     flight_op op = {.id = id, .kind = kind, .group = g->id, .seq = seq, .count = count, .f64 = kind == FL_ALLREDUCE_HOST,
                     .root = root, .peer = peer, .tag = tag, .where = where ? where : after, .after = !where && after,
                     .mb = mb, .step = step, .issued = t, .received = -1};
@@ -312,8 +318,22 @@ void flight_copy(long id, flight_op *out) {
 
 void flight_wait_begin(const flight_op *posted) {
     if (!started || posted->id < 0) return;
+    int mb, step;
+    const char *after, *where = trace_context(&mb, &step, &after);
     pthread_mutex_lock(&lock);
     pending.op = *posted;
+    /* a receive posted early (lab04 posts a step's receives at its start) is
+     * named where the rank waits for it ("recv_act mb 3"), when that is an event */
+    if (where) {
+        pending.op.where = where;
+        pending.op.after = 0;
+        pending.op.mb = mb;
+        if (ring && ring[posted->id % flight_records].id == posted->id) {
+            ring[posted->id % flight_records].where = where;
+            ring[posted->id % flight_records].after = 0;
+            ring[posted->id % flight_records].mb = mb;
+        }
+    }
     pending.since = now_seconds();
     pending.checking = 0;
     pending.valid = 1;
@@ -400,7 +420,9 @@ static void write_record(const char *reason, const char *line, const char *extra
                        (const char *[]){"none", "skip", "count", "peer", "tag", "order", "a2a", "sleep"}[fault.kind]);
         textbuf_json_string(&b, fault.text);
         textbuf_printf(&b, ",\"op\":");
-        json_op(&b, &fault.op, NULL, wall);
+        /* the operation as it ran (its label may name the wait), else as it was called */
+        const int kept = fault.op_id >= 0 && ring && ring[fault.op_id % flight_records].id == fault.op_id;
+        json_op(&b, kept ? &ring[fault.op_id % flight_records] : &fault.op, NULL, wall);
         textbuf_printf(&b, "}");
     }
     textbuf_printf(&b, ",\"groups\":[");
@@ -750,6 +772,8 @@ flight_fault flight_fault_here(comm *c, flight_kind kind, long count) {
     }
     if (!ok) return FAULT_NONE;
     fault.fired = 1;
+    fault.op_id = -1;
+    fault.awaiting_op = fault.kind != FAULT_SKIP && fault.kind != FAULT_ORDER;
     flight_group *g = c->flight;
     fault.op = (flight_op){.id = -1, .kind = kind, .group = g->id, .count = count, .f64 = kind == FL_ALLREDUCE_HOST,
                            .root = -1, .peer = -1, .tag = -1, .where = where ? where : after, .after = !where && after,
@@ -816,8 +840,8 @@ static void signature_text(const check_desc *d, const flight_group *g, char *buf
     if (op.step >= 0) snprintf(step, sizeof step, "step %d, ", op.step + 1);
     char root[24] = "";
     if (op.kind == FL_BROADCAST) snprintf(root, sizeof root, ", root %d", world_of(g, op.root));
-    snprintf(buf, len, "%s #%lld (%s%s%s%s %s%s)", flight_kind_name(op.kind), d->seq, label, label[0] ? ", " : "",
-             step, size, op.f64 ? "f64" : precision_name(g_precision), root);
+    snprintf(buf, len, "%s #%lld (%s%s%s%lld x %s = %s%s)", flight_kind_name(op.kind), d->seq, label,
+             label[0] ? ", " : "", step, d->count, op.f64 ? "f64" : precision_name(g_precision), size, root);
 }
 
 static int same_signature(const check_desc *a, const check_desc *b) {
@@ -850,9 +874,9 @@ static void __attribute__((noreturn)) check_failed(comm *c, check_desc *mine) {
         const check_desc *d = &all[receiver];
         char sig[300];
         signature_text(&all[d->bad_from], g, sig, sizeof sig);
-        snprintf(line, sizeof line, "group %s: in %s rank %d sends %lld values to rank %d, which expects %lld "
+        snprintf(line, sizeof line, "group %s: in %s rank %d sends %lld value%s to rank %d, which expects %lld "
                  "(found by --check-collectives before the call)", gt, sig, g->members[d->bad_from], d->bad_sent,
-                 g->members[receiver], d->bad_expected);
+                 d->bad_sent == 1 ? "" : "s", g->members[receiver], d->bad_expected);
     } else {
         /* classes of equal calls; the rank that left its last step's path, else the smaller class */
         int n_cls = 0, deviating = 0, known = 1;

@@ -37,7 +37,8 @@
  *   tag    a message's tag is 1000 more (the blocking calls' 0 too)
  *   order  before a collective, the rank enters a barrier of another group it
  *          belongs to: two groups entered in opposite orders
- *   a2a    an all-to-all sends one value more to one peer than it expects
+ *   a2a    an all-to-all sends one value more to one peer than it expects (one
+ *          fewer where one more would read past the send buffer)
  *   sleep  the rank sleeps 10 S + 30 s before the operation
  * The record says what was injected ("injected"), for the tests; the report
  * does not read it. */
