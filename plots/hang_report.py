@@ -362,8 +362,10 @@ class Analysis:
                 blamed = {a}
             else:
                 line += f": rank {a} {self.elsewhere(a, gkey)}"
-        # after a pair that disagrees in count or tag (certain), before a guess
-        return {"step": r["step"], "order": 0.5 if blamed else 1.5, "seq": r["seq"], "line": line,
+        # after a pair that disagrees in count or tag (certain), before a guess; of the guesses, the end of a
+        # chain of waits (a sender in no communication) before a sender that waits itself
+        order = 0.5 if blamed else (1.2 if self.pending.get(a) is None else 2.5)
+        return {"step": r["step"], "order": order, "seq": r["seq"], "line": line,
                 "blamed": blamed or {a}}
 
     def findings(self):

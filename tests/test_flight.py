@@ -146,7 +146,7 @@ def losses(lab, extra):
 
 def same_bits():
     """No fault: the recorder, the watchdog and the check change no bit of the losses."""
-    for lab in ("lab01", "lab04_zbv", "lab08"):
+    for lab in LABS:
         off, _ = losses(lab, ["--flight-records", "0", "--hang-timeout", "0"])
         on, rec = losses(lab, ["--check-collectives"])
         check(rec["flight"]["records_kept"] == 64 and rec["flight"]["check_collectives"] is True,
