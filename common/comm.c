@@ -98,7 +98,10 @@ static void polite_waitall(int n, MPI_Request *reqs, MPI_Status *st) {
     long spins = 0;
     do {
         test_all(n, reqs, &done, st);
-        if (done) return;
+        if (done) {
+            if (spins >= 1023) flight_unwatch();
+            return;
+        }
         if ((++spins & 1023) == 0) flight_watch(start);
     } while (spare_cores || now_seconds() - start < 50e-6);
     long ns = 20000;
@@ -106,7 +109,10 @@ static void polite_waitall(int n, MPI_Request *reqs, MPI_Status *st) {
         struct timespec ts = {0, ns};
         nanosleep(&ts, NULL); /* an early wake-up (EINTR) just tests sooner */
         test_all(n, reqs, &done, st);
-        if (done) return;
+        if (done) {
+            flight_unwatch();
+            return;
+        }
         flight_watch(start);
         ns = ns * 2 > MAX_SLEEP_NS ? MAX_SLEEP_NS : ns * 2;
     }

@@ -56,11 +56,25 @@ static int is_p2p(flight_kind k) { return k >= FL_SEND; }
 
 /* ---- state ------------------------------------------------------------------ */
 
+/* What a stream of calls (a group's collectives, the messages to or from one
+ * peer) did at each place of this step and of the last: a hash of each call.
+ * A call that differs from the last step's at its place is the sign of a rank
+ * that took another path. Kept apart from the ring, which may hold less than
+ * a step (lab06's default model makes ~130 TP collectives a step). */
+typedef struct step_pattern {
+    int step;              /* the step `now` describes */
+    int prev_known;        /* prev describes step - 1, whole */
+    unsigned *now, *prev;
+    long n_now, n_prev, cap_now, cap_prev;
+} step_pattern;
+
 typedef struct flight_group {
     int id, rank, size, alive;
     int *members;          /* world ranks, in group order */
     long collectives;      /* the next collective's sequence number */
     long *sent, *recvd;    /* per group rank: the next message's number each way */
+    step_pattern coll;     /* the collectives' */
+    step_pattern *p2p;     /* [2 * size]: sends to, then receives from, each group rank */
     comm *c;               /* NULL once freed */
 } flight_group;
 
@@ -82,6 +96,15 @@ static struct {
     flight_op op;
     double since;
 } pending;
+
+/* polite_wait's latest look (flight_watch): a wait outside comm's operations
+ * (run.c's agreement at a step's end) is named by it, having no pending op */
+static volatile double watch_since, watch_seen;
+
+/* Whether the main thread is in a polite_wait with no recorded operation pending. */
+static int in_outside_wait(void) { return !pending.valid && watch_seen > 0 && now_seconds() - watch_seen < 1.0; }
+
+void flight_unwatch(void) { watch_seen = 0; }
 
 static atomic_int stopping;       /* 1 once this rank's record is being written */
 static double stop_time;
@@ -211,6 +234,7 @@ void flight_group_init(comm *c) {
     if (!started) start(c);
     flight_group *g = calloc(1, sizeof *g);
     if (!g) die("out of host memory");
+    g->coll.step = -2; /* no step yet */
     g->id = n_groups;
     g->rank = c->rank;
     g->size = c->size;
@@ -222,7 +246,9 @@ void flight_group_init(comm *c) {
         g->members = malloc(sizeof(int) * (size_t)c->size);
         g->sent = calloc((size_t)c->size, sizeof(long));
         g->recvd = calloc((size_t)c->size, sizeof(long));
-        if (!local || !g->members || !g->sent || !g->recvd) die("out of host memory");
+        g->p2p = calloc(2 * (size_t)c->size, sizeof *g->p2p);
+        if (!local || !g->members || !g->sent || !g->recvd || !g->p2p) die("out of host memory");
+        for (int i = 0; i < 2 * c->size; i++) g->p2p[i].step = -2;
         for (int i = 0; i < c->size; i++) local[i] = i;
         MPI_Group_translate_ranks(mine, c->size, local, world, g->members);
         free(local);
@@ -247,6 +273,70 @@ void flight_group_free(comm *c) {
     c->flight->c = NULL; /* kept for the records that name it */
     pthread_mutex_unlock(&lock);
     c->flight = NULL;
+}
+
+/* ---- the last step's pattern ------------------------------------------------------ */
+
+static int first_step_seen = -1; /* the first step any operation of this rank ran in */
+
+static unsigned call_hash(const flight_op *op) {
+    unsigned long long h = 1469598103934665603ULL;
+    /* an all-to-all's counts follow the routing, which changes step to step */
+    const long long parts[] = {op->kind, op->kind == FL_ALLTOALL || op->kind == FL_ALLTOALLV ? 0 : op->count,
+                               op->f64, op->root, op->tag, (long long)(uintptr_t)op->where, op->after, op->mb};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        for (int b = 0; b < 8; b++) {
+            h ^= (unsigned long long)(parts[i] >> (8 * b)) & 0xff;
+            h *= 1099511628211ULL;
+        }
+    return (unsigned)(h ^ (h >> 32));
+}
+
+static step_pattern *pattern_of(flight_group *g, flight_kind kind, int peer) {
+    if (is_collective(kind)) return &g->coll;
+    if (!g->p2p || peer < 0 || peer >= g->size) return NULL;
+    return &g->p2p[(is_send(kind) ? 0 : g->size) + peer];
+}
+
+/* Whether step - 1 of this stream is known whole when `step` starts: it ran in
+ * step - 1, or it made no call then while the rank was already in the steps. */
+static int last_step_known(const step_pattern *p, int step) {
+    return step == p->step + 1 || (p->step < step - 1 && first_step_seen >= 0 && first_step_seen <= step - 1);
+}
+
+/* 1: the call at the next place of p in `step` was h one step earlier; 0: it was
+ * not (or there was none); -1: not known. */
+static int pattern_compare(const step_pattern *p, int step, unsigned h) {
+    if (!p || step < 1) return -1;
+    if (step == p->step)
+        return !p->prev_known ? -1 : p->n_now < p->n_prev && p->prev[p->n_now] == h;
+    if (!last_step_known(p, step)) return -1;
+    return step == p->step + 1 && p->n_now > 0 && p->now[0] == h;
+}
+
+static void pattern_append(step_pattern *p, int step, unsigned h) {
+    if (!p || step < 0) return;
+    if (step != p->step) {
+        p->prev_known = last_step_known(p, step);
+        if (step == p->step + 1) { /* now becomes the last step */
+            unsigned *t = p->prev;
+            long c = p->cap_prev;
+            p->prev = p->now, p->cap_prev = p->cap_now, p->n_prev = p->n_now;
+            p->now = t, p->cap_now = c;
+        } else {
+            p->n_prev = 0;
+        }
+        p->n_now = 0;
+        p->step = step;
+    }
+    if (p->n_now == p->cap_now) {
+        long cap = p->cap_now ? 2 * p->cap_now : 64;
+        unsigned *grown = realloc(p->now, sizeof *grown * (size_t)cap);
+        if (!grown) die("out of host memory for the flight recorder");
+        p->now = grown;
+        p->cap_now = cap;
+    }
+    p->now[p->n_now++] = h;
 }
 
 /* ---- the ring -------------------------------------------------------------------- */
@@ -274,6 +364,12 @@ long flight_begin(comm *c, flight_kind kind, long count, int root, int peer, int
     flight_op op = {.id = id, .kind = kind, .group = g->id, .seq = seq, .count = count, .f64 = kind == FL_ALLREDUCE_HOST,
                     .root = root, .peer = peer, .tag = tag, .where = where ? where : after, .after = !where && after,
                     .mb = mb, .step = step, .issued = t, .received = -1};
+    /* the call against the last step's at its place (the patterns are the main thread's) */
+    const unsigned h = call_hash(&op);
+    step_pattern *pat = pattern_of(g, kind, peer);
+    op.same_as_last_step = pattern_compare(pat, step, h);
+    pattern_append(pat, step, h);
+    if (step >= 0 && first_step_seen < 0) first_step_seen = step;
     if (ring) {
         const long slot = id % flight_records;
         ring[slot] = op;
@@ -366,6 +462,8 @@ static void json_op(textbuf *b, const flight_op *op, const long (*counts)[A2A_PE
     else textbuf_printf(b, "null");
     if (op->received >= 0) textbuf_printf(b, ",\"received\":%ld", op->received);
     if (op->queued) textbuf_printf(b, ",\"queued_on_gpu\":true");
+    textbuf_printf(b, ",\"same_as_last_step\":%s",
+                   op->same_as_last_step < 0 ? "null" : op->same_as_last_step ? "true" : "false");
     if (counts && g) {
         for (int d = 0; d < 2; d++) {
             textbuf_printf(b, d ? ",\"recv_counts\":[" : ",\"send_counts\":[");
@@ -414,6 +512,7 @@ static void write_record(const char *reason, const char *line, const char *extra
                        pending.checking ? "true" : "false");
     } else {
         textbuf_printf(&b, "null");
+        if (in_outside_wait()) textbuf_printf(&b, ",\"outside_wait_since_s\":%.6f", watch_since + wall);
     }
     if (fault.fired) {
         textbuf_printf(&b, ",\"injected\":{\"fault\":\"%s\",\"text\":",
@@ -520,7 +619,7 @@ static void __attribute__((noreturn)) end_job(void) {
 }
 
 /* What this rank is doing, for its line: "waits 2.0 s in ..." or outside comm. */
-static void state_text(char *buf, size_t len, double wait_since) {
+static void state_text(char *buf, size_t len) {
     char d[512];
     pthread_mutex_lock(&lock);
     if (pending.valid) {
@@ -534,9 +633,9 @@ static void state_text(char *buf, size_t len, double wait_since) {
                 last = &ring[id % flight_records];
                 break;
             }
-        if (wait_since > 0) {
+        if (in_outside_wait()) {
             snprintf(buf, len, "waits %.1f s in an MPI wait outside common/comm's operations (run.c's agreement at "
-                     "a step's end, or the run's closing gathers)", now_seconds() - wait_since);
+                     "a step's end, or the run's closing gathers)", now_seconds() - watch_since);
         } else if (last) {
             describe(last, d, sizeof d);
             snprintf(buf, len, "is in no communication: its last, %s, ended %.1f s ago", d,
@@ -566,9 +665,12 @@ static void stop_now(const char *reason, const char *what, const char *extra) {
 void flight_watch(double since) {
     if (!started) return;
     if (atomic_load_explicit(&stopping, memory_order_relaxed)) end_job(); /* another rank asked: record written */
-    if (flight_hang_timeout > 0 && now_seconds() - since >= flight_hang_timeout) {
+    const double now = now_seconds();
+    watch_since = since;
+    watch_seen = now;
+    if (flight_hang_timeout > 0 && now - since >= flight_hang_timeout) {
         char state[700], what[800];
-        state_text(state, sizeof state, since);
+        state_text(state, sizeof state);
         snprintf(what, sizeof what, "hang: --hang-timeout %g s passed: this rank %s", flight_hang_timeout, state);
         stop_now("timeout", what, NULL);
     }
@@ -695,7 +797,7 @@ static void *watchdog(void *arg) {
         if (stat(request, &st) == 0) {
             if (claim_record()) {
                 char state[700], what[5000], path[4200];
-                state_text(state, sizeof state, 0);
+                state_text(state, sizeof state);
                 record_path(world_rank, path, sizeof path);
                 snprintf(what, sizeof what, "rank %d: stopped: another rank stopped the job; this rank %s; flight "
                          "record %s", world_rank, state, path);
@@ -777,7 +879,7 @@ flight_fault flight_fault_here(comm *c, flight_kind kind, long count) {
     flight_group *g = c->flight;
     fault.op = (flight_op){.id = -1, .kind = kind, .group = g->id, .count = count, .f64 = kind == FL_ALLREDUCE_HOST,
                            .root = -1, .peer = -1, .tag = -1, .where = where ? where : after, .after = !where && after,
-                           .mb = mb, .step = step, .received = -1,
+                           .mb = mb, .step = step, .received = -1, .same_as_last_step = -1,
                            .seq = is_collective(kind) ? g->collectives : -1};
     char d[512];
     describe(&fault.op, d, sizeof d);
@@ -804,31 +906,6 @@ static unsigned long long fnv(unsigned long long h, long long x) {
         h *= 1099511628211ULL;
     }
     return h;
-}
-
-static int same_call(const flight_op *a, const flight_op *b) {
-    return a->kind == b->kind && a->count == b->count && a->f64 == b->f64 && a->root == b->root && a->mb == b->mb &&
-           a->after == b->after && ((!a->where && !b->where) || (a->where && b->where && !strcmp(a->where, b->where)));
-}
-
-/* Whether this rank's coming collective on g differs from its call at the same
- * place (the same count of g's collectives into the step) one step earlier:
- * the rank that took another path. -1 when the ring does not hold that step. */
-static int deviates_from_last_step(const flight_group *g, const flight_op *now) {
-    if (!ring || now->step < 1) return -1;
-    long offset = 0, first = next_id > flight_records ? next_id - flight_records : 0;
-    const flight_op *before[4096];
-    long n_before = 0;
-    int covered = first == 0; /* the ring reaches back past step - 1's start */
-    for (long id = first; id < next_id; id++) {
-        const flight_op *op = &ring[id % flight_records];
-        if (op->id != id || op->group != g->id || !is_collective(op->kind)) continue;
-        if (op->step < now->step - 1) covered = 1;
-        if (op->step == now->step) offset++;
-        if (op->step == now->step - 1 && n_before < 4096) before[n_before++] = op;
-    }
-    if (!covered) return -1;
-    return offset >= n_before || !same_call(before[offset], now);
 }
 
 static void signature_text(const check_desc *d, const flight_group *g, char *buf, size_t len) {
@@ -969,13 +1046,15 @@ void flight_check(comm *c, flight_kind kind, long count, int root, const long *s
                      .f64 = mine.f64, .root = root, .peer = -1, .tag = -1, .where = where ? where : after,
                      .after = !where && after, .mb = mb, .step = step, .received = -1};
     label_text(&now, mine.label, sizeof mine.label);
+    const int same = pattern_compare(&g->coll, step, call_hash(&now));
+    mine.deviates = same < 0 ? -1 : !same;
+    now.same_as_last_step = same;
     pthread_mutex_lock(&lock);
     pending.op = now;
     pending.since = t0;
     pending.checking = 1;
     pending.valid = 1;
     pthread_mutex_unlock(&lock);
-    mine.deviates = deviates_from_last_step(g, &now);
     /* all-to-alls: the kind is one (the even form is the v-form with equal counts) and
      * the counts differ by rank; they are checked pair by pair below */
     unsigned long long h = 1469598103934665603ULL;

@@ -67,6 +67,9 @@ typedef struct flight_op {
     double issued, completed; /* now_seconds(); completed 0: not yet */
     long received;         /* receives: values that arrived (-1: not known yet) */
     int queued;            /* NCCL: on the stream, completion not seen yet */
+    int same_as_last_step; /* 1: the call at this place of its stream (the group's collectives,
+                            * or the messages to / from one peer) one step earlier was this
+                            * one; 0: it was not, the rank took another path; -1: not known */
 } flight_op;
 
 /* The settings: shared flags (common/run.c binds them). */
@@ -103,6 +106,8 @@ void flight_nccl_queued(long first, long last, void *stream);
 /* polite_wait's loop, the wait having begun at `since`: ends the job (does not
  * return) when the wait passed --hang-timeout or another rank stopped. */
 void flight_watch(double since);
+/* The wait flight_watch looked at is over. */
+void flight_unwatch(void);
 /* Stop the job for a communication error (an MPI error, a short message):
  * this rank's record and line, the others' records, status 3. */
 void flight_fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));

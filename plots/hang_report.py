@@ -162,6 +162,8 @@ class Analysis:
     def deviates(self, op):
         """True when op differs from the rank's own call at the same place one step
         earlier (None: not known, the ring does not reach back that far)."""
+        if op.get("same_as_last_step") is not None:  # the rank compared it when it made the call
+            return not op["same_as_last_step"]
         step = op.get("step", -1)
         if step < 1 or not self.covered(op["rank"], step - 1):
             return None
@@ -184,6 +186,9 @@ class Analysis:
             waited = rec["dumped_at_s"] - pend["waiting_since_s"] if pend.get("waiting_since_s") else None
             since = f" for {waited:.1f} s" if waited is not None else ""
             return f"rank {rank} waits{since} in {check}{pend.where(group) if group else pend['kind']}"
+        if rec.get("outside_wait_since_s"):
+            return (f"rank {rank} waits for {rec['dumped_at_s'] - rec['outside_wait_since_s']:.1f} s in an MPI wait "
+                    "outside common/comm's operations (run.c's agreement at a step's end, or the run's closing gathers)")
         done = [op for op in self.ops[rank] if op.get("completed_s") is not None]
         if done:
             last = done[-1]

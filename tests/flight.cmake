@@ -7,3 +7,5 @@ foreach(case quick same_bits no_hang)
 endforeach()
 add_lab_test(flight_matrix test_flight.py matrix)
 set_tests_properties(flight_matrix PROPERTIES LABELS long)
+# the recorder's cost per operation (docs/hangs.md): a benchmark, not a test
+add_c_test(bench_flight)
