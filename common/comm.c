@@ -50,12 +50,15 @@
                                ncclGetLastError(NULL)); } while (0)
 #endif
 
+/* The communicators return MPI's errors (comm_init): a failed call writes the
+ * flight records of every rank and ends the job with status 3 (flight.h). */
+static MPI_Datatype mpi_values(void);
 static void mpi_check(int rc, const char *call) {
     if (rc == MPI_SUCCESS) return;
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    die("%s: %s", call, msg);
+    flight_fail("%s: %s", call, msg);
 }
 #define MPI_OK(call) mpi_check((call), #call)
 
@@ -75,22 +78,42 @@ static int spare_cores;
  * nobody needs the core: spin, as fast as MPI's own wait (lab05 -n 2: 7.4k ->
  * 13.5k tok/s, lab01 -n 2: 13.1k -> 15.0k). */
 #define MAX_SLEEP_NS 200000L
-static void polite_waitall(int n, MPI_Request *reqs) {
-    MPI_Status st[2]; /* at most a send and a receive; not MPI_STATUSES_IGNORE,
-                       * which gcc 12 misreads as a zero-size array */
+
+/* MPI_Testall, its error the failed request's own (MPI_ERR_IN_STATUS says only that one failed) */
+static void test_all(int n, MPI_Request *reqs, int *done, MPI_Status *st) {
+    int rc = MPI_Testall(n, reqs, done, st);
+    if (rc == MPI_ERR_IN_STATUS)
+        for (int i = 0; i < n; i++)
+            if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) rc = st[i].MPI_ERROR;
+    mpi_check(rc, "MPI_Testall");
+}
+
+/* st: n statuses (at most a send and a receive), for the receive's count. The
+ * watchdog (flight_watch) looks at the wait's age at every sleep, and every
+ * 1024 tests while spinning. */
+static void polite_waitall(int n, MPI_Request *reqs, MPI_Status *st) {
     if (n > 2) die("polite_waitall: %d requests", n);
     int done = 0;
     double start = now_seconds();
+    long spins = 0;
     do {
-        MPI_OK(MPI_Testall(n, reqs, &done, st));
-        if (done) return;
+        test_all(n, reqs, &done, st);
+        if (done) {
+            if (spins >= 1023) flight_unwatch();
+            return;
+        }
+        if ((++spins & 1023) == 0) flight_watch(start);
     } while (spare_cores || now_seconds() - start < 50e-6);
     long ns = 20000;
     for (;;) {
         struct timespec ts = {0, ns};
         nanosleep(&ts, NULL); /* an early wake-up (EINTR) just tests sooner */
-        MPI_OK(MPI_Testall(n, reqs, &done, st));
-        if (done) return;
+        test_all(n, reqs, &done, st);
+        if (done) {
+            flight_unwatch();
+            return;
+        }
+        flight_watch(start);
         ns = ns * 2 > MAX_SLEEP_NS ? MAX_SLEEP_NS : ns * 2;
     }
 }
@@ -105,7 +128,20 @@ static int usable_cores(void) {
     return n > 0 ? (int)n : 1;
 }
 
-void polite_wait(MPI_Request *req) { polite_waitall(1, req); }
+void polite_wait(MPI_Request *req) {
+    MPI_Status st; /* not MPI_STATUS_IGNORE: see polite_waitall */
+    polite_waitall(1, req, &st);
+}
+
+/* A receive that completed: it must have got the n values it posted. MPI
+ * completes a receive of fewer without an error, and a step would then go on
+ * with stale values in the rest of the buffer. */
+static long received_values(const MPI_Status *st, long n, long flight_id) {
+    int got = 0;
+    MPI_OK(MPI_Get_count(st, mpi_values(), &got));
+    if (got != n) flight_fail_short(flight_id, got, n);
+    return got;
+}
 
 /* ---- the values' types ---------------------------------------------------------- */
 
@@ -164,19 +200,36 @@ static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) 
     return abytes && bbytes && x < y + bbytes && y < x + abytes;
 }
 
-/* Stats and the trace event of one call. */
-typedef struct { comm *c; int handle; double t0; } op_scope;
+/* Stats, the trace event and the flight record of one call (kind FL_NKINDS:
+ * the caller records it itself). */
+typedef struct { comm *c; int handle; double t0; long flight; } op_scope;
 
-static op_scope op_begin(comm *c, const char *name) {
+static op_scope op_begin(comm *c, const char *name, flight_kind kind, long count, int root) {
     /* Only NCCL runs on c->stream; MPI's staging copies use the compute stream. */
     void *stream = c->backend == COMM_NCCL ? c->stream : NULL;
-    return (op_scope){c, trace_begin(name, TRACE_COMM, -1, stream), now_seconds()};
+    long id = kind < FL_NKINDS ? flight_begin(c, kind, count, root, -1, -1, NULL, NULL, NULL) : -1;
+    return (op_scope){c, trace_begin(name, TRACE_COMM, -1, stream), now_seconds(), id};
+}
+
+#ifdef PL_HAVE_CUDA
+static void *nccl_stream_of(const comm *c);
+#endif
+
+/* On NCCL the call only queued the work: the flight recorder's thread sees it finish. */
+static void flight_done(const comm *c, long id, long received) {
+    flight_end(id, received);
+#ifdef PL_HAVE_CUDA
+    if (c->backend == COMM_NCCL) flight_nccl_queued(id, id, nccl_stream_of(c));
+#else
+    (void)c;
+#endif
 }
 
 static void op_end(op_scope s, comm_kind k, double bytes) {
     s.c->stats[k].calls++;
     s.c->stats[k].bytes += bytes;
     s.c->stats[k].seconds += now_seconds() - s.t0;
+    flight_done(s.c, s.flight, -1);
     trace_end(s.handle);
 }
 
@@ -224,6 +277,7 @@ static cudaStream_t compute_stream(void) { return (cudaStream_t)device_compute_s
 static cudaStream_t nccl_stream(const comm *c) {
     return c->stream ? (cudaStream_t)c->stream : compute_stream();
 }
+static void *nccl_stream_of(const comm *c) { return (void *)nccl_stream(c); }
 #endif
 
 /* Before MPI touches a staging buffer or device data: the kernels that produce
@@ -273,6 +327,7 @@ void comm_init(comm *c, MPI_Comm world, comm_backend backend) {
     memset(c, 0, sizeof *c);
     c->backend = backend;
     MPI_OK(MPI_Comm_dup(world, &c->mpi));
+    MPI_OK(MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN));
     MPI_OK(MPI_Comm_rank(c->mpi, &c->rank));
     MPI_OK(MPI_Comm_size(c->mpi, &c->size));
     MPI_Comm host;
@@ -291,6 +346,7 @@ void comm_init(comm *c, MPI_Comm world, comm_backend backend) {
         die("this build has no NCCL support");
 #endif
     }
+    flight_group_init(c);
 }
 
 void comm_split(const comm *parent, int color, int key, comm *out) {
@@ -302,6 +358,7 @@ void comm_split(const comm *parent, int color, int key, comm *out) {
         out->rank = -1;
         out->size = 0;
     } else {
+        MPI_OK(MPI_Comm_set_errhandler(out->mpi, MPI_ERRORS_RETURN));
         MPI_OK(MPI_Comm_rank(out->mpi, &out->rank));
         MPI_OK(MPI_Comm_size(out->mpi, &out->size));
     }
@@ -313,9 +370,11 @@ void comm_split(const comm *parent, int color, int key, comm *out) {
         out->nccl = nc;
     }
 #endif
+    flight_group_init(out); /* a rank left out too: the groups' ids agree on every rank */
 }
 
 void comm_free(comm *c) {
+    flight_group_free(c);
 #ifdef PL_HAVE_CUDA
     if (c->nccl) NCCL_OK(ncclCommDestroy((ncclComm_t)c->nccl));
 #endif
@@ -332,7 +391,11 @@ void comm_reset_stats(comm *c) { memset(c->stats, 0, sizeof c->stats); }
 
 void comm_allreduce(comm *c, void *buf, long n, int average) {
     check_member(c, "comm_allreduce");
-    op_scope s = op_begin(c, comm_kind_names[COLL_ALLREDUCE]);
+    const flight_fault fault = flight_fault_here(c, FL_ALLREDUCE, n);
+    if (fault == FAULT_SKIP) return;
+    n -= fault == FAULT_COUNT;
+    flight_check(c, FL_ALLREDUCE, n, -1, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_ALLREDUCE], FL_ALLREDUCE, n, -1);
     size_t bytes = (size_t)n * value_bytes();
     if (n > 0) {
 #ifdef PL_HAVE_CUDA
@@ -361,8 +424,11 @@ void comm_allreduce(comm *c, void *buf, long n, int average) {
 
 void comm_reduce_scatter(comm *c, const void *full, void *shard, long n) {
     check_member(c, "comm_reduce_scatter");
-    op_scope s = op_begin(c, comm_kind_names[COLL_REDUCE_SCATTER]);
-    long chunk = comm_chunk(n, c->size);
+    const flight_fault fault = flight_fault_here(c, FL_REDUCE_SCATTER, n);
+    if (fault == FAULT_SKIP) return;
+    long chunk = comm_chunk(n, c->size) - (fault == FAULT_COUNT);
+    flight_check(c, FL_REDUCE_SCATTER, chunk * c->size, -1, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_REDUCE_SCATTER], FL_REDUCE_SCATTER, chunk * c->size, -1);
     size_t shard_bytes = (size_t)chunk * value_bytes();
     size_t full_bytes = shard_bytes * (size_t)c->size;
     if (chunk > 0) {
@@ -404,8 +470,11 @@ void comm_reduce_scatter(comm *c, const void *full, void *shard, long n) {
 
 void comm_allgather(comm *c, const void *shard, void *full, long n) {
     check_member(c, "comm_allgather");
-    op_scope s = op_begin(c, comm_kind_names[COLL_ALLGATHER]);
-    long chunk = comm_chunk(n, c->size);
+    const flight_fault fault = flight_fault_here(c, FL_ALLGATHER, n);
+    if (fault == FAULT_SKIP) return;
+    long chunk = comm_chunk(n, c->size) - (fault == FAULT_COUNT);
+    flight_check(c, FL_ALLGATHER, chunk * c->size, -1, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_ALLGATHER], FL_ALLGATHER, chunk * c->size, -1);
     size_t shard_bytes = (size_t)chunk * value_bytes();
     size_t full_bytes = shard_bytes * (size_t)c->size;
     if (chunk > 0) {
@@ -443,7 +512,11 @@ void comm_allgather(comm *c, const void *shard, void *full, long n) {
 void comm_broadcast(comm *c, void *buf, long n, int root) {
     check_member(c, "comm_broadcast");
     check_rank(c, root, "comm_broadcast root");
-    op_scope s = op_begin(c, comm_kind_names[COLL_BROADCAST]);
+    const flight_fault fault = flight_fault_here(c, FL_BROADCAST, n);
+    if (fault == FAULT_SKIP) return;
+    n -= fault == FAULT_COUNT;
+    flight_check(c, FL_BROADCAST, n, root, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_BROADCAST], FL_BROADCAST, n, root);
     size_t bytes = (size_t)n * value_bytes();
     if (n > 0) {
 #ifdef PL_HAVE_CUDA
@@ -481,10 +554,13 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
                             const long *send_offsets, void *recv, const long *recv_counts,
                             const long *recv_offsets, long even_n) {
     check_member(c, name);
+    const flight_kind kind = even_n >= 0 ? FL_ALLTOALL : FL_ALLTOALLV;
+    const flight_fault fault = flight_fault_here(c, kind, even_n);
+    if (fault == FAULT_SKIP) return;
     const int p = c->size;
-    long *off = malloc(sizeof(long) * 2 * (size_t)p);
+    long *off = malloc(sizeof(long) * 3 * (size_t)p);
     if (!off) die("out of host memory");
-    long *soff = off, *roff = off + p, send_end = 0, recv_end = 0, send_total = 0;
+    long *soff = off, *roff = off + p, *sent = off + 2 * p, send_end = 0, recv_end = 0, send_total = 0;
     for (int j = 0; j < p; j++) {
         if (send_counts[j] < 0 || recv_counts[j] < 0) die("%s: a negative count", name);
         soff[j] = send_offsets ? send_offsets[j] : send_end;
@@ -493,18 +569,33 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
         if (soff[j] + send_counts[j] > send_end) send_end = soff[j] + send_counts[j];
         if (roff[j] + recv_counts[j] > recv_end) recv_end = roff[j] + recv_counts[j];
         send_total += send_counts[j];
+        sent[j] = send_counts[j];
+    }
+    if (fault == FAULT_A2A) {
+        /* one value more to a peer whose block has a value after it in send (the
+         * send is only read: nothing outside it is touched), else one fewer */
+        int changed = 0;
+        for (int j = 0; j < p && !changed; j++)
+            if (j != c->rank && soff[j] + sent[j] < send_end) sent[j]++, send_total++, changed = 1;
+        for (int j = 0; j < p && !changed; j++)
+            if (j != c->rank && sent[j] > 0) sent[j]--, send_total--, changed = 1;
+        if (changed) even_n = -1; /* the counts differ now: the v-form */
     }
     const size_t vb = value_bytes(), send_bytes = (size_t)send_end * vb, recv_bytes = (size_t)recv_end * vb;
     if (overlaps(send, send_bytes, recv, recv_bytes)) die("%s: send and recv overlap", name);
-    op_scope s = op_begin(c, name);
+    flight_check(c, kind, send_total, -1, sent, recv_counts);
+    /* recorded before the trace event opens: its label is the caller's event, not this call's */
+    const long flight_id = flight_begin(c, kind, send_total, -1, -1, -1, sent, recv_counts, NULL);
+    op_scope s = op_begin(c, name, FL_NKINDS, 0, -1);
+    s.flight = flight_id;
 #ifdef PL_HAVE_CUDA
     if (c->backend == COMM_NCCL) {
         ncclComm_t nc = (ncclComm_t)c->nccl;
         cudaStream_t st = nccl_stream(c);
         NCCL_OK(ncclGroupStart());
         for (int j = 0; j < p; j++) {
-            if (send_counts[j] > 0)
-                NCCL_OK(ncclSend(value_at(send, soff[j]), (size_t)send_counts[j], nccl_values(), j, nc, st));
+            if (sent[j] > 0)
+                NCCL_OK(ncclSend(value_at(send, soff[j]), (size_t)sent[j], nccl_values(), j, nc, st));
             if (recv_counts[j] > 0)
                 NCCL_OK(ncclRecv(value_at(recv, roff[j]), (size_t)recv_counts[j], nccl_values(), j, nc, st));
         }
@@ -532,7 +623,7 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
             int *ints = malloc(sizeof(int) * 4 * (size_t)p);
             if (!ints) die("out of host memory");
             for (int j = 0; j < p; j++) {
-                ints[j] = mpi_count(send_counts[j], name);
+                ints[j] = mpi_count(sent[j], name);
                 ints[p + j] = mpi_count(soff[j], name);
                 ints[2 * p + j] = mpi_count(recv_counts[j], name);
                 ints[3 * p + j] = mpi_count(roff[j], name);
@@ -578,7 +669,17 @@ static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, lon
     if (do_recv) check_rank(c, src, "comm_recv source");
     const char *name = count_send && count_recv ? "sendrecv"
                      : count_send ? comm_kind_names[COLL_SEND] : comm_kind_names[COLL_RECV];
-    op_scope s = op_begin(c, name);
+    /* the test-only faults (flight.h) touch the send when there is one */
+    const flight_fault fault = do_send || do_recv ? flight_fault_here(c, do_send ? FL_SEND : FL_RECV,
+                                                                      do_send ? send_n : recv_n) : FAULT_NONE;
+    int send_tag = 0, recv_tag = 0;
+    send_n -= fault == FAULT_COUNT;
+    if (fault == FAULT_PEER) *(do_send ? &dst : &src) = ((do_send ? dst : src) + 1) % c->size;
+    if (fault == FAULT_TAG) *(do_send ? &send_tag : &recv_tag) = 1000;
+    const long send_id = do_send ? flight_begin(c, FL_SEND, send_n, -1, dst, send_tag, NULL, NULL, NULL) : -1;
+    const long recv_id = do_recv ? flight_begin(c, FL_RECV, recv_n, -1, src, recv_tag, NULL, NULL, NULL) : -1;
+    op_scope s = op_begin(c, name, FL_NKINDS, 0, -1);
+    long received = -1;
     size_t send_bytes = do_send ? (size_t)send_n * value_bytes() : 0;
     size_t recv_bytes = do_recv ? (size_t)recv_n * value_bytes() : 0;
     if (do_send || do_recv) {
@@ -605,13 +706,15 @@ static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, lon
                 if (do_recv) hr = stage(1, recv_bytes);
             }
             MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+            MPI_Status st[2];
             if (do_recv)
-                MPI_OK(MPI_Irecv(hr, mpi_count(recv_n, "comm_recv"), mpi_values(), src, 0, c->mpi,
+                MPI_OK(MPI_Irecv(hr, mpi_count(recv_n, "comm_recv"), mpi_values(), src, recv_tag, c->mpi,
                                  &req[1]));
             if (do_send)
-                MPI_OK(MPI_Isend(hs, mpi_count(send_n, "comm_send"), mpi_values(), dst, 0, c->mpi,
+                MPI_OK(MPI_Isend(hs, mpi_count(send_n, "comm_send"), mpi_values(), dst, send_tag, c->mpi,
                                  &req[0]));
-            polite_waitall(2, req);
+            polite_waitall(2, req, st);
+            if (do_recv) received = received_values(&st[1], recv_n, recv_id);
             if (staged(c) && do_recv) stage_in(recv, hr, recv_bytes);
         }
     }
@@ -628,6 +731,8 @@ static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, lon
         c->stats[COLL_RECV].bytes += (double)recv_bytes;
         c->stats[COLL_RECV].seconds += dt;
     }
+    flight_done(c, send_id, -1);
+    flight_done(c, recv_id, received);
     trace_end(s.handle);
 }
 
@@ -648,9 +753,19 @@ void comm_recv(comm *c, void *buf, long n, int src) {
 
 /* ---- nonblocking point-to-point ------------------------------------------------ */
 
+/* NCCL launches a group's operations at its end: the flight recorder marks
+ * them queued then (flight_nccl_queued), not when they are posted. */
+#ifdef PL_HAVE_CUDA
+static int nccl_group_depth;
+static long nccl_group_first = -1, nccl_group_last = -1;
+#endif
+
 void comm_group_begin(comm *c) {
 #ifdef PL_HAVE_CUDA
-    if (c->backend == COMM_NCCL) NCCL_OK(ncclGroupStart());
+    if (c->backend == COMM_NCCL) {
+        NCCL_OK(ncclGroupStart());
+        if (nccl_group_depth++ == 0) nccl_group_first = nccl_group_last = -1;
+    }
 #else
     (void)c;
 #endif
@@ -658,7 +773,11 @@ void comm_group_begin(comm *c) {
 
 void comm_group_end(comm *c) {
 #ifdef PL_HAVE_CUDA
-    if (c->backend == COMM_NCCL) NCCL_OK(ncclGroupEnd());
+    if (c->backend == COMM_NCCL) {
+        NCCL_OK(ncclGroupEnd());
+        if (--nccl_group_depth == 0 && nccl_group_first >= 0)
+            flight_nccl_queued(nccl_group_first, nccl_group_last, nccl_stream_of(c));
+    }
 #else
     (void)c;
 #endif
@@ -685,7 +804,13 @@ static void post(comm *c, const void *send, void *recv, long n, int peer, int ta
     check_rank(c, peer, is_recv ? "comm_irecv source" : "comm_isend destination");
     if (r->active) die("comm_%s: the request is still in use", is_recv ? "irecv" : "isend");
     if (tag <= 0) die("comm_%s: tag %d (0 belongs to the blocking calls)", is_recv ? "irecv" : "isend", tag);
-    op_scope sc = op_begin(c, is_recv ? "irecv" : "isend");
+    const flight_fault fault = flight_fault_here(c, is_recv ? FL_IRECV : FL_ISEND, n);
+    n -= fault == FAULT_COUNT;
+    if (fault == FAULT_PEER) peer = (peer + 1) % c->size;
+    if (fault == FAULT_TAG) tag += 1000;
+    const long id = flight_begin(c, is_recv ? FL_IRECV : FL_ISEND, n, -1, peer, tag, NULL, NULL, &r->posted);
+    op_scope sc = op_begin(c, is_recv ? "irecv" : "isend", FL_NKINDS, 0, -1);
+    r->n = n;
     size_t bytes = (size_t)n * value_bytes();
     r->c = c;
     r->is_recv = is_recv;
@@ -699,6 +824,11 @@ static void post(comm *c, const void *send, void *recv, long n, int peer, int ta
             ncclComm_t nc = (ncclComm_t)c->nccl;
             if (is_recv) NCCL_OK(ncclRecv(recv, (size_t)n, nccl_values(), peer, nc, nccl_stream(c)));
             else NCCL_OK(ncclSend(send, (size_t)n, nccl_values(), peer, nc, nccl_stream(c)));
+            if (nccl_group_depth == 0) flight_nccl_queued(id, id, nccl_stream_of(c));
+            else {
+                if (nccl_group_first < 0) nccl_group_first = id;
+                nccl_group_last = id;
+            }
         } else
 #endif
         {
@@ -719,6 +849,8 @@ static void post(comm *c, const void *send, void *recv, long n, int peer, int ta
                 MPI_OK(MPI_Isend(send, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
             }
         }
+    } else {
+        flight_end(id, 0); /* nothing to move: both sides skip it alike */
     }
     op_end(sc, is_recv ? COLL_RECV : COLL_SEND, (double)bytes);
 }
@@ -748,16 +880,26 @@ int comm_test(comm_request *r) {
         return 1;
     }
     int done = 0;
-    MPI_OK(MPI_Test(&r->mpi, &done, MPI_STATUS_IGNORE));
-    if (done) finish(r);
+    MPI_Status st;
+    MPI_OK(MPI_Test(&r->mpi, &done, &st));
+    if (done) {
+        flight_end(r->posted.id, r->is_recv ? received_values(&st, r->n, r->posted.id) : -1);
+        finish(r);
+    }
     return done;
 }
 
 void comm_wait(comm_request *r) {
     if (!r->active) return;
     comm *c = r->c;
-    op_scope sc = op_begin(c, "wait");
-    if (r->mpi != MPI_REQUEST_NULL) polite_wait(&r->mpi);
+    if (r->mpi != MPI_REQUEST_NULL) flight_wait_begin(&r->posted); /* before the trace event: its label */
+    op_scope sc = op_begin(c, "wait", FL_NKINDS, 0, -1);
+    if (r->mpi != MPI_REQUEST_NULL) {
+        MPI_Status st;
+        polite_waitall(1, &r->mpi, &st);
+        flight_wait_end();
+        flight_end(r->posted.id, r->is_recv ? received_values(&st, r->n, r->posted.id) : -1);
+    }
 #ifdef PL_HAVE_CUDA
     else if (c->stream && c->stream != device_compute_stream())
         device_stream_wait(device_compute_stream(), c->stream);
@@ -782,7 +924,9 @@ void comm_request_free(comm_request *r) {
 
 void comm_barrier(comm *c) {
     check_member(c, "comm_barrier");
-    op_scope s = op_begin(c, comm_kind_names[COLL_BARRIER]);
+    if (flight_fault_here(c, FL_BARRIER, 0) == FAULT_SKIP) return;
+    flight_check(c, FL_BARRIER, 0, -1, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_BARRIER], FL_BARRIER, 0, -1);
 #ifdef PL_HAVE_CUDA
     /* A barrier means "everything before it is done", device work included. */
     if (g_device == DEVICE_CUDA) {
@@ -802,7 +946,13 @@ void comm_barrier(comm *c) {
 void comm_allreduce_host(comm *c, double *x, int n) {
     check_member(c, "comm_allreduce_host");
     if (c->size == 1 || n == 0) return;
+    const flight_fault fault = flight_fault_here(c, FL_ALLREDUCE_HOST, n);
+    if (fault == FAULT_SKIP) return;
+    n -= fault == FAULT_COUNT;
+    flight_check(c, FL_ALLREDUCE_HOST, n, -1, NULL, NULL);
+    const long id = flight_begin(c, FL_ALLREDUCE_HOST, n, -1, -1, -1, NULL, NULL, NULL);
     MPI_Request req;
     MPI_OK(MPI_Iallreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, c->mpi, &req));
     polite_wait(&req);
+    flight_end(id, -1); /* on the host: done on NCCL too */
 }

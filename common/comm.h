@@ -14,10 +14,16 @@
  * computes.
  *
  * Every call is counted (calls, payload bytes, seconds) per kind and recorded
- * as a TRACE_COMM event. */
+ * as a TRACE_COMM event, and kept in the flight recorder (flight.h): the last
+ * operations of each rank, which a watchdog (--hang-timeout) writes out when a
+ * wait lasts too long, so that plots/hang_report.py can say which rank, group
+ * and call disagreed. An MPI error, or a message shorter than its receive,
+ * ends the job the same way: the record of every rank, then status 3 (the
+ * communicators return MPI's errors to comm instead of aborting inside MPI). */
 #ifndef PL_COMM_H
 #define PL_COMM_H
 #include "kinds.h" /* comm_kind, comm_kind_names, comm_ring_factor */
+#include "flight.h"
 #include <mpi.h>
 #include <stddef.h>
 
@@ -40,6 +46,7 @@ typedef struct comm {
                           * separate stream is not ordered after the compute stream:
                           * the caller orders them (device_stream_wait). */
     comm_stat stats[COLL_NKINDS];
+    struct flight_group *flight; /* its members and operation counters (flight.h) */
 } comm;
 
 /* A communicator over all of `world` (duplicated). Collective over world. */
@@ -117,6 +124,8 @@ typedef struct comm_request {
     void *host;          /* staging buffer (MPI with device buffers) */
     size_t host_cap;
     int host_pinned;
+    long n;              /* the values posted: a receive must get them all */
+    flight_op posted;    /* the posting as the flight recorder saw it: what comm_wait waits for */
 } comm_request;
 void comm_group_begin(comm *c);
 void comm_group_end(comm *c);

@@ -147,6 +147,13 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     /* traffic: the maximum over ranks of each figure (ranks differ in pipelines) */
     traffic t = count_traffic(r), tmax;
     MPI_Reduce(&t, &tmax, sizeof t / sizeof(double), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    /* --check-collectives: its checks and seconds, the most of any rank */
+    long checks;
+    double check_s, check_mine[2], check_max[2] = {0, 0};
+    flight_check_cost(&checks, &check_s);
+    check_mine[0] = (double)checks;
+    check_mine[1] = check_s;
+    MPI_Reduce(check_mine, check_max, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
     char layout[64];
     sanitize(layout, sizeof layout, run_layout);
@@ -247,6 +254,10 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         printf("                  formula %s = %sB; measured ring traffic %sB (ratio %.3f)\n",
                r->comm_formula, human(r->comm_formula_bytes, a), human(wire_total, b),
                r->comm_formula_bytes > 0 ? wire_total / r->comm_formula_bytes : (wire_total == 0 ? 1.0 : 0.0));
+    if (flight_check_collectives)
+        printf("  check-collectives %.0f checks, %.2f ms per step (%.2f%% of the median step), the most of any rank\n",
+               check_max[0], steps > 0 ? check_max[1] / steps * 1e3 : 0,
+               med > 0 && steps > 0 ? 100 * check_max[1] / steps / med : 0);
     printf("  time split      (fraction of step time, %s; each second counted once)\n", measured);
     for (int q = 0; q < R; q++) {
         printf("                  rank %d: compute %.2f | comm %.2f", q, fracs[3 * q], fracs[3 * q + 1]);
@@ -306,6 +317,14 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         jsonval_set(config, "aux_loss_coef", jsonval_number(o->aux_loss_coef));
     }
     jsonval_set(rec, "config", config);
+    /* the flight recorder's settings (flight.h): they change no result */
+    json_t *flight = json_object();
+    jsonval_set(flight, "records_kept", json_integer(flight_records));
+    jsonval_set(flight, "hang_timeout_s", jsonval_number(flight_hang_timeout));
+    jsonval_set(flight, "check_collectives", json_boolean(flight_check_collectives));
+    jsonval_set(flight, "check_calls", json_integer((json_int_t)check_max[0]));
+    jsonval_set(flight, "check_seconds", jsonval_number(check_max[1]));
+    jsonval_set(rec, "flight", flight);
     jsonval_set(rec, "params", json_integer(r->params));
     jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */
     if (ctx->aux_losses) { /* inside "losses" already */

@@ -72,6 +72,14 @@ static flag_spec shared_flags[] = {
      "memory shared by its ranks; on CUDA the GPU's): a run whose predicted peak per rank (theory/predict's sum "
      "over categories; on CUDA without the kernels' own scratch) is over it is refused before anything is "
      "allocated; --dry-run prints the verdict (lab07: and the largest --seq under it). 0: the machine's", 0, NULL},
+    {"--hang-timeout", FLAG_FLOAT, NULL, "the watchdog: a communication that waits this many seconds writes every "
+     "rank's flight record to OUT/flight and ends the job with status 3; plots/hang_report.py OUT/flight names the "
+     "rank, group and call that disagreed (0: no watchdog)", 0, NULL},
+    {"--flight-records", FLAG_INT, NULL, "operations each rank's flight recorder keeps, the last ones (0: none)", 0,
+     NULL},
+    {"--check-collectives", FLAG_BOOL, NULL, "before each collective the group compares (kind, count, type, root, "
+     "step) and stops at the first mismatch, before it can hang (a small all-reduce per collective; its cost is "
+     "printed)", 0, NULL},
 };
 #define N_SHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
 
@@ -81,7 +89,9 @@ static void bind_shared(run_options *o) {
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
                               &o->resume, &o->eval, &o->recompute, &o->precision, &o->experts, &o->top_k,
                               &o->capacity_factor, &o->capacity_scope, &o->aux_loss_coef, &o->dry_run,
-                              &o->sample, &o->prompt, &o->temperature, &o->max_memory_mb};
+                              &o->sample, &o->prompt, &o->temperature, &o->max_memory_mb,
+                              /* the flight recorder's settings live in comm's recorder (flight.h) */
+                              &flight_hang_timeout, &flight_records, &flight_check_collectives};
     for (int i = 0; i < N_SHARED; i++) shared_flags[i].value = values[i];
 }
 
@@ -290,6 +300,9 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                        .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none",
                        .precision = "fp32", .experts = experts_default, .top_k = 2,
                        .aux_loss_coef = 0.01, .capacity_scope = "sequence"};
+    flight_hang_timeout = FLIGHT_DEFAULT_TIMEOUT;
+    flight_records = 64;
+    flight_check_collectives = 0;
     bind_shared(o);
 
     for (int i = 1; i < argc; i++) {
@@ -341,6 +354,9 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
         run_check(ctx, !(*(const char **)f->value && !**(const char **)f->value), "%s needs a file name", f->name);
     run_check(ctx, o->sample <= 100000, "--sample %d: at most 100000 bytes (one forward each)", o->sample);
     run_check(ctx, !(o->prompt && !o->prompt[0]), "--prompt needs some text");
+    run_check(ctx, flight_records <= 1000000, "--flight-records %d: at most 1000000 (about 100 bytes each, per rank)",
+              flight_records);
+    flight_set_out(o->out);
     check_dependent_flags(ctx, argc, argv);
     run_check(ctx, !o->experts || o->top_k <= o->experts, "--top-k %d is more than --experts %d", o->top_k,
               o->experts);

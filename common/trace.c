@@ -51,6 +51,11 @@ typedef struct {
 
 static int inited;
 static int current_step = -1;
+/* The open events, innermost last: the flight recorder (flight.h) names a
+ * communication after the event it happens in. Deeper nesting is not tracked. */
+enum { OPEN_MAX = 16 };
+static int open_events[OPEN_MAX], n_open;
+static const char *last_compute; /* the op of the compute event that ended last in this step */
 static event *events;
 static size_t n_events, cap_events, first_unresolved;
 static step_span *steps;
@@ -151,6 +156,19 @@ void trace_init(MPI_Comm world) {
 #endif
 }
 
+static void push_open(int handle) {
+    if (n_open < OPEN_MAX) open_events[n_open++] = handle;
+}
+
+static void pop_open(int handle) {
+    for (int i = n_open; i-- > 0;)
+        if (open_events[i] == handle) {
+            memmove(open_events + i, open_events + i + 1, sizeof(int) * (size_t)(n_open - i - 1));
+            n_open--;
+            return;
+        }
+}
+
 int trace_begin(const char *op, trace_kind kind, int micro_batch, void *stream) {
     if (!inited) return -1;
     events = grow(events, &cap_events, n_events + 1, sizeof *events);
@@ -164,17 +182,31 @@ int trace_begin(const char *op, trace_kind kind, int micro_batch, void *stream) 
         ev->anchor = (int)n_anchors - 1;
         ev->e0 = pool_get();
         CUDA_CHECK(cudaEventRecord(ev->e0, ev->stream));
+        push_open((int)n_events);
         return (int)n_events++;
     }
 #endif
     (void)stream;
     ev->t0 = now_seconds();
+    push_open((int)n_events);
     return (int)n_events++;
+}
+
+const char *trace_context(int *micro_batch, int *step, const char **after) {
+    *step = current_step;
+    *micro_batch = -1;
+    *after = n_open ? NULL : last_compute;
+    if (!n_open) return NULL;
+    const event *ev = &events[open_events[n_open - 1]];
+    *micro_batch = ev->micro_batch;
+    return ev->op;
 }
 
 void trace_end(int handle) {
     if (handle < 0 || (size_t)handle >= n_events || !events[handle].open) return;
     event *ev = &events[handle];
+    pop_open(handle);
+    if (ev->kind == TRACE_COMPUTE) last_compute = ev->op;
 #ifdef PL_HAVE_CUDA
     if (ev->e0) {
         ev->e1 = pool_get();
@@ -190,6 +222,7 @@ void trace_end(int handle) {
 
 void trace_step_begin(int step) {
     current_step = step;
+    last_compute = NULL;
     if (!inited) return;
     steps = grow(steps, &cap_steps, n_steps + 1, sizeof *steps);
     step_span *s = &steps[n_steps++];
@@ -464,5 +497,7 @@ void trace_reset(void) {
 #endif
     n_events = first_unresolved = 0;
     n_steps = 0;
+    n_open = 0;
+    last_compute = NULL;
     current_step = -1;
 }

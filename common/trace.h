@@ -18,6 +18,12 @@ void trace_init(MPI_Comm world);
  * Returns a handle for trace_end. */
 int trace_begin(const char *op, trace_kind kind, int micro_batch, void *stream);
 void trace_end(int handle);
+/* The innermost open event's op (NULL: none open) and micro-batch, the step
+ * being run (-1: outside trace_step_begin/end), and when no event is open the
+ * compute event this step ended last (*after; NULL: none), so that the flight
+ * recorder (flight.h) can name a communication after the code it happens in
+ * ("backward", "send_act mb 3", "after backward"). */
+const char *trace_context(int *micro_batch, int *step, const char **after);
 
 /* Bracket optimizer step `step` (0-based); steps before `first_measured` are
  * warm-up and do not count in the fractions. */

@@ -61,8 +61,11 @@ rec = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 # tF, tB, tW), or naming a host or a file
 CLOCKS = {"seconds", "measured", "bubble_formula", "trace", "timeline", "host", "tokens_per_s",
           "model_flops_per_s", "step_ms", "step_ms_median", "compute_fraction", "comm_fraction"}
+# the flight recorder's settings and its check's cost (common/flight.h): no result, and
+# absent from the records of trees before it
+NOT_RESULTS = {"flight"}
 def keep(k):
-    return k not in CLOCKS and not (k.startswith("t_") and k.endswith("_s"))
+    return k not in CLOCKS and k not in NOT_RESULTS and not (k.startswith("t_") and k.endswith("_s"))
 # keys an older tree wrote beside acts_peak_bytes_formula_per_rank for the same
 # figure (lab03/04/06 and lab05 under their own names): dropped only when they
 # equal it, so a difference still shows

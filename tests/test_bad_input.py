@@ -52,6 +52,12 @@ SHARED = [
     # float flags are used as floats: finite as a double is not enough
     (2, ["--lr", "1e39"], "--lr"),
     (2, ["--clip", "1e39"], "--clip"),
+    # the flight recorder and its watchdog (common/flight.h)
+    (2, ["--hang-timeout", "-1"], "--hang-timeout"),
+    (2, ["--hang-timeout", "soon"], "--hang-timeout"),
+    (2, ["--flight-records", "-1"], "--flight-records"),
+    (2, ["--flight-records", "2000000"], "--flight-records"),
+    (2, ["--check-collectives=1"], "--check-collectives"),
     (2, ["--weight-decay", "1e-50"], "--weight-decay"),
     # inputs that are not regular files, or too large, are refused before they are read
     (2, ["--data", FIFO], "--data"),
