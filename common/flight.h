@@ -9,7 +9,9 @@
  * value type, root, peer and tag, a label, the step, and the times it was
  * issued and completed. The label is the innermost open trace event
  * (trace_context: "backward", "send_act mb 3", "ep_dispatch"), so no lab
- * names its calls by hand.
+ * names its calls by hand. Each call is also compared, as it is made, with the
+ * call at the same place of its stream one step earlier (same_as_last_step):
+ * the rank whose call differs is the one that took another path.
  *
  * The watchdog (--hang-timeout S): a wait that lasts S seconds (polite_wait on
  * MPI; on NCCL a GPU operation not finished S seconds after it was queued,
