@@ -174,8 +174,8 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
             e->t_compute = M * compute; e->t_tp = M * tp_time; e->t_pp = M * pp_time;
             e->t_cp = M * (cp_f + cp_b); e->t_ep = M * (ep_f + ep_b);
             e->stage_layers_max = nl;
-            e->cp_bytes = M * nl * (cpt.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * cpt.bwd_sent);
-            e->ep_bytes = M * n_moe * (ept.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * ept.bwd_sent);
+            e->cp_bytes = (double)M * nl * (cpt.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * cpt.bwd_sent);
+            e->ep_bytes = (double)M * n_moe * (ept.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * ept.bwd_sent);
         }
         most_params = fmax(most_params, params - experts);
         most_experts = fmax(most_experts, experts);
