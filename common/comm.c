@@ -387,6 +387,16 @@ void comm_free(comm *c) {
 
 void comm_reset_stats(comm *c) { memset(c->stats, 0, sizeof c->stats); }
 
+comm_quiet comm_quiet_begin(comm *c) {
+    comm_quiet q = {.c = c};
+    if (c) memcpy(q.kept, c->stats, sizeof q.kept);
+    return q;
+}
+
+void comm_quiet_end(const comm_quiet *q) {
+    if (q->c) memcpy(q->c->stats, q->kept, sizeof q->kept);
+}
+
 /* ---- collectives ---------------------------------------------------------------- */
 
 void comm_allreduce(comm *c, void *buf, long n, int average) {

@@ -55,6 +55,9 @@ void comm_init(comm *c, MPI_Comm world, comm_backend backend);
  * ordered by key. Collective over parent. Same backend as the parent. */
 void comm_split(const comm *parent, int color, int key, comm *out);
 void comm_free(comm *c);
+/* Names the parallel dimension c spans ("dp", "tp", "pp", "cp", "ep", "edp"):
+ * the flight record and the hang report then say "tp group {2,3}". */
+static inline void comm_set_axis(comm *c, const char *axis) { flight_group_axis(c, axis); }
 
 /* In place over n values; average divides the sum by size. */
 void comm_allreduce(comm *c, void *buf, long n, int average);
@@ -145,5 +148,13 @@ void polite_wait(MPI_Request *req);
 int comm_waits_spin(void); /* the choice in force */
 
 void comm_reset_stats(comm *c);
+/* Work that is not a training step (the held-out evaluation, a checkpoint's
+ * gathers, a timing probe) keeps its collectives out of c's statistics, so the
+ * record's per-step figures are the training's:
+ *     comm_quiet q = comm_quiet_begin(c);  ...  comm_quiet_end(&q);
+ * c may be NULL (nothing kept). */
+typedef struct { comm *c; comm_stat kept[COLL_NKINDS]; } comm_quiet;
+comm_quiet comm_quiet_begin(comm *c);
+void comm_quiet_end(const comm_quiet *q);
 
 #endif

@@ -71,6 +71,7 @@ typedef struct step_pattern {
 typedef struct flight_group {
     int id, rank, size, alive;
     int *members;          /* world ranks, in group order */
+    char axis[16];         /* the parallel dimension it spans ("dp", "tp", ...); "" unnamed */
     long collectives;      /* the next collective's sequence number */
     long *sent, *recvd;    /* per group rank: the next message's number each way */
     step_pattern coll;     /* the collectives' */
@@ -134,8 +135,9 @@ static const char *flight_dir(void) {
 
 /* ---- words --------------------------------------------------------------------- */
 
+/* "dp group {0,2,4,6}": the axis, when the lab named it, and the world ranks */
 static void group_text(const flight_group *g, char *buf, size_t len) {
-    size_t at = (size_t)snprintf(buf, len, "{");
+    size_t at = (size_t)snprintf(buf, len, "%s%sgroup {", g && g->axis[0] ? g->axis : "", g && g->axis[0] ? " " : "");
     for (int i = 0; g && i < g->size && at < len; i++) {
         if (i == 12 && g->size > 14) {
             at += (size_t)snprintf(buf + at, len - at, ",...,%d} (%d ranks)", g->members[g->size - 1], g->size);
@@ -180,7 +182,7 @@ static void describe(const flight_op *op, char *buf, size_t len) {
     if (op->step >= 0) snprintf(step, sizeof step, "step %d, ", op->step + 1);
     char tag[24] = "";
     if (is_p2p(op->kind)) snprintf(tag, sizeof tag, ", tag %d", op->tag);
-    snprintf(buf, len, "%s #%ld%s of group %s (%s%s%s%ld x %s = %s%s)", flight_kind_name(op->kind), op->seq, peer, gt,
+    snprintf(buf, len, "%s #%ld%s of %s (%s%s%s%ld x %s = %s%s)", flight_kind_name(op->kind), op->seq, peer, gt,
              label, label[0] ? ", " : "", step, op->count, op->f64 ? "f64" : precision_name(g_precision), size, tag);
 }
 
@@ -264,6 +266,10 @@ void flight_group_init(comm *c) {
     groups[n_groups++] = g; /* also a rank left out: ids stay the same on every rank */
     pthread_mutex_unlock(&lock);
     c->flight = g;
+}
+
+void flight_group_axis(struct comm *c, const char *axis) {
+    if (c->flight) snprintf(c->flight->axis, sizeof c->flight->axis, "%s", axis);
 }
 
 void flight_group_free(comm *c) {
@@ -527,8 +533,8 @@ static void write_record(const char *reason, const char *line, const char *extra
     textbuf_printf(&b, ",\"groups\":[");
     for (int i = 0; i < n_groups; i++) {
         const flight_group *g = groups[i];
-        textbuf_printf(&b, "%s{\"id\":%d,\"rank\":%d,\"size\":%d,\"alive\":%s,\"members\":[", i ? "," : "", g->id,
-                       g->rank, g->size, g->alive ? "true" : "false");
+        textbuf_printf(&b, "%s{\"id\":%d,\"axis\":\"%s\",\"rank\":%d,\"size\":%d,\"alive\":%s,\"members\":[",
+                       i ? "," : "", g->id, g->axis, g->rank, g->size, g->alive ? "true" : "false");
         for (int j = 0; g->members && j < g->size; j++) textbuf_printf(&b, j ? ",%d" : "%d", g->members[j]);
         textbuf_printf(&b, "],\"collectives\":%ld,\"sent\":[", g->collectives);
         for (int j = 0; g->sent && j < g->size; j++) textbuf_printf(&b, j ? ",%ld" : "%ld", g->sent[j]);
@@ -763,7 +769,7 @@ static void nccl_poll(void) {
             async != ncclInProgress) {
             char gt[160];
             group_text(groups[i], gt, sizeof gt);
-            snprintf(what, sizeof what, "error: NCCL in group %s: %s", gt, ncclGetErrorString(async));
+            snprintf(what, sizeof what, "error: NCCL in %s: %s", gt, ncclGetErrorString(async));
         }
     }
     pthread_mutex_unlock(&lock);
@@ -951,7 +957,7 @@ static void __attribute__((noreturn)) check_failed(comm *c, check_desc *mine) {
         const check_desc *d = &all[receiver];
         char sig[300];
         signature_text(&all[d->bad_from], g, sig, sizeof sig);
-        snprintf(line, sizeof line, "group %s: in %s rank %d sends %lld value%s to rank %d, which expects %lld "
+        snprintf(line, sizeof line, "%s: in %s rank %d sends %lld value%s to rank %d, which expects %lld "
                  "(found by --check-collectives before the call)", gt, sig, g->members[d->bad_from], d->bad_sent,
                  d->bad_sent == 1 ? "" : "s", g->members[receiver], d->bad_expected);
     } else {
@@ -979,7 +985,7 @@ static void __attribute__((noreturn)) check_failed(comm *c, check_desc *mine) {
             free(size);
         }
         /* the others first, then the blamed, each class once */
-        size_t at = (size_t)snprintf(line, sizeof line, "group %s:", gt);
+        size_t at = (size_t)snprintf(line, sizeof line, "%s:", gt);
         int *in = calloc((size_t)g->size, sizeof(int)), first = 1;
         for (int pass = 0; pass < 2; pass++)
             for (int k = 0; k < n_cls; k++) {
@@ -1025,7 +1031,7 @@ static void __attribute__((noreturn)) check_failed(comm *c, check_desc *mine) {
     textbuf_printf(&e, ",");
     char what[1700];
     if (g->rank == 0) snprintf(what, sizeof what, "check-collectives: %s", line);
-    else snprintf(what, sizeof what, "check-collectives: the calls of group %s differ (rank %d's line says how)", gt,
+    else snprintf(what, sizeof what, "check-collectives: the calls of %s differ (rank %d's line says how)", gt,
                   g->members[0]);
     free(all);
     free(blamed);

@@ -87,6 +87,9 @@ void flight_set_out(const char *out); /* --out: the records go to <out>/flight *
  * starts the recorder, the watchdog thread and reads PL_FLIGHT_FAULT. */
 void flight_group_init(struct comm *c);
 void flight_group_free(struct comm *c);
+/* Names the parallel dimension c spans ("dp", "tp", "pp", "cp", "ep", "edp"): records and
+ * reports then say "tp group {2,3}" (comm_set_axis). */
+void flight_group_axis(struct comm *c, const char *axis);
 
 /* Record an operation about to start; returns its id (-1 with no recorder)
  * and, when `out` is not NULL, the record (comm_request keeps it). counts:

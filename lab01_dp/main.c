@@ -93,6 +93,7 @@ int main(int argc, char **argv) {
     }
     comm world;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
+    comm_set_axis(&world, "dp");
     /* the values forward and backward use (fp32, or bf16: precision.h) and the
      * fp32 weights AdamW updates: the same buffer in fp32, a master copy in bf16 */
     model_states ms;

@@ -95,6 +95,7 @@ int main(int argc, char **argv) {
     }
     comm world;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
+    comm_set_axis(&world, "dp");
     zero_state zero;
     zero_init(&zero, &g, &world, zero_stage, bucket_mb, (uint64_t)ctx.opt.seed);
     ckpt_view view;

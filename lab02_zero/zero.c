@@ -130,10 +130,9 @@ static void params_from_masters(zero_state *z) {
 
 void zero_params_from_master(zero_state *z) {
     if (!z->master) return;
-    comm_stat training[COLL_NKINDS];
-    memcpy(training, z->dp->stats, sizeof training);
+    const comm_quiet q = comm_quiet_begin(z->dp);
     params_from_masters(z);
-    memcpy(z->dp->stats, training, sizeof training);
+    comm_quiet_end(&q);
 }
 
 void zero_free(zero_state *z) {

@@ -62,6 +62,7 @@ int main(int argc, char **argv) {
 
     comm pipe;
     comm_init(&pipe, MPI_COMM_WORLD, ctx.backend);
+    comm_set_axis(&pipe, "pp");
     gpt_layout g;
     gpt_layout_init(&g, &ctx.model);
     pipeline_stage st;

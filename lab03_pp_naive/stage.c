@@ -299,28 +299,26 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
  * training ones (the stage reads its data through st->data), micro-batch by
  * micro-batch, no backward. Its sends stay out of the traffic counts, so the
  * record's per-step figures are the training's. */
-double stage_evaluate(pipeline_stage *st, const dataset *data, int batch, int seq) {
-    dataset heldout;
-    int batches = data_heldout(data, batch, seq, &heldout);
+static double heldout_batch_loss(void *stage, const dataset *heldout, int b) {
+    pipeline_stage *st = stage;
     const dataset *training_data = st->data;
-    comm_stat training[COLL_NKINDS];
-    memcpy(training, st->pipe->stats, sizeof training);
-    st->data = &heldout;
-    double sum = 0;
-    for (int b = 0; b < batches; b++) {
-        stage_step_begin(st, b);
-        for (int mb = 0; mb < st->micro_batches; mb++) {
-            gpt_acts a;
-            stage_acts_alloc(st, &a, mb);
-            stage_forward(st, &a, mb);
-            stage_acts_free(st, &a);
-        }
-        double loss = st->loss_sum / st->micro_batches; /* the last stage's; 0 on the others */
-        comm_allreduce_host(st->pipe, &loss, 1);
-        sum += loss;
+    st->data = heldout;
+    stage_step_begin(st, b);
+    for (int mb = 0; mb < st->micro_batches; mb++) {
+        gpt_acts a;
+        stage_acts_alloc(st, &a, mb);
+        stage_forward(st, &a, mb);
+        stage_acts_free(st, &a);
     }
     st->data = training_data;
-    memcpy(st->pipe->stats, training, sizeof training);
+    double loss = st->loss_sum / st->micro_batches; /* the last stage's; 0 on the others */
+    comm_allreduce_host(st->pipe, &loss, 1);
+    return loss;
+}
+
+double stage_evaluate(pipeline_stage *st, const dataset *data, int batch, int seq) {
+    int batches;
+    const double sum = lab_heldout_sum(data, batch, seq, st->pipe, heldout_batch_loss, st, &batches);
     return sum / batches;
 }
 

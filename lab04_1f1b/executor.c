@@ -527,23 +527,21 @@ void pipeline_checkpoint_view(pipeline_rank *pr, ckpt_view *v) {
 }
 
 /* As lab03's stage_evaluate, with the forward-only plan. */
-double pipeline_evaluate(pipeline_rank *pr, const dataset *data, int batch, int seq) {
-    dataset heldout;
-    int batches = data_heldout(data, batch, seq, &heldout);
-    comm_stat training[COLL_NKINDS];
-    memcpy(training, pr->pipe->stats, sizeof training);
+static double heldout_batch_loss(void *rank, const dataset *heldout, int b) {
+    pipeline_rank *pr = rank;
     const dataset *training_data = pr->chunk[0].data;
-    for (int c = 0; c < pr->v; c++) pr->chunk[c].data = &heldout;
-    double sum = 0;
-    for (int b = 0; b < batches; b++) {
-        pipeline_step_begin(pr, b);
-        run_plan(pr, pr->eval);
-        double loss = pipeline_loss_sum(pr) / pr->m; /* the last virtual stage's; 0 elsewhere */
-        comm_allreduce_host(pr->pipe, &loss, 1);
-        sum += loss;
-    }
+    for (int c = 0; c < pr->v; c++) pr->chunk[c].data = heldout;
+    pipeline_step_begin(pr, b);
+    run_plan(pr, pr->eval);
     for (int c = 0; c < pr->v; c++) pr->chunk[c].data = training_data;
-    memcpy(pr->pipe->stats, training, sizeof training);
+    double loss = pipeline_loss_sum(pr) / pr->m; /* the last virtual stage's; 0 elsewhere */
+    comm_allreduce_host(pr->pipe, &loss, 1);
+    return loss;
+}
+
+double pipeline_evaluate(pipeline_rank *pr, const dataset *data, int batch, int seq) {
+    int batches;
+    const double sum = lab_heldout_sum(data, batch, seq, pr->pipe, heldout_batch_loss, pr, &batches);
     return sum / batches;
 }
 

@@ -88,22 +88,27 @@ static double mean_loss(const tp_layout *tl, comm *tp, const gpt_acts *acts) {
 /* --eval: the mean loss over the held-out batches, forward only, every rank on
  * the whole batch as in training. Its all-reduces stay out of the traffic
  * counts, so the record's per-step figures are the training's. */
+typedef struct {
+    const tp_hooks *th;
+    comm *tp;
+    const void *params;
+    gpt_acts *acts;
+    int B, T, *tokens, *targets;
+} heldout_forward;
+
+static double heldout_batch_loss(void *arg, const dataset *heldout, int b) {
+    const heldout_forward *h = arg;
+    data_batch(heldout, 0, b, 0, h->B, h->T, h->tokens, h->targets);
+    gpt_acts_set_batch(h->acts, h->tokens, h->targets, h->T); /* SP: this rank's positions */
+    gpt_forward_with(&h->th->tl->g, &h->th->hooks, h->params, h->acts);
+    return mean_loss(h->th->tl, h->tp, h->acts);
+}
+
 static double evaluate(const run_ctx *ctx, const tp_hooks *th, comm *tp, const void *params, gpt_acts *acts,
                        int *tokens, int *targets) {
-    const tp_layout *tl = th->tl;
-    const int B = ctx->opt.batch, T = ctx->opt.seq;
-    dataset heldout;
-    int batches = data_heldout(&ctx->data, B, T, &heldout);
-    comm_stat training[COLL_NKINDS];
-    memcpy(training, tp->stats, sizeof training);
-    double sum = 0;
-    for (int b = 0; b < batches; b++) {
-        data_batch(&heldout, 0, b, 0, B, T, tokens, targets);
-        gpt_acts_set_batch(acts, tokens, targets, T); /* SP: this rank's positions */
-        gpt_forward_with(&tl->g, &th->hooks, params, acts);
-        sum += mean_loss(tl, tp, acts);
-    }
-    memcpy(tp->stats, training, sizeof training);
+    heldout_forward h = {th, tp, params, acts, ctx->opt.batch, ctx->opt.seq, tokens, targets};
+    int batches;
+    const double sum = lab_heldout_sum(&ctx->data, ctx->opt.batch, ctx->opt.seq, tp, heldout_batch_loss, &h, &batches);
     return sum / batches;
 }
 
@@ -170,6 +175,7 @@ int main(int argc, char **argv) {
                                                    .comm_formula = formula, .bubble_theory = -1});
     comm tp;
     comm_init(&tp, MPI_COMM_WORLD, ctx.backend);
+    comm_set_axis(&tp, "tp");
     tp_layout tl;
     tp_layout_init(&tl, &ctx.model, tp.size, tp.rank);
     tp_layout_sequence_parallel(&tl, sequence_parallel);

@@ -1,5 +1,6 @@
 #include "grid.h"
 #include "device.h"
+#include "mesh.h"
 #include "theory.h" /* th_stage_layers: the map shows each stage's layers */
 #include "textbuf.h"
 #include <stdio.h>
@@ -56,36 +57,34 @@ grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int d
     return product == ranks ? d : ones;
 }
 
+/* lab06's grid is the mesh's TP x PP x DP case (CP 1): the same numbering */
+static mesh_dims mesh_of(grid_dims d) { return (mesh_dims){.size = {d.tp, 1, d.dp, d.pp}, .ep = 1}; }
+
 grid_coord grid_coord_of(grid_dims d, int rank) {
-    return (grid_coord){.tp = rank % d.tp, .dp = rank / d.tp % d.dp, .pp = rank / (d.tp * d.dp)};
+    const mesh_dims m = mesh_of(d);
+    const mesh_coord c = mesh_coord_of(&m, rank);
+    return (grid_coord){.tp = c.at[MESH_TP], .pp = c.at[MESH_PP], .dp = c.at[MESH_DP]};
 }
 
-int grid_rank_of(grid_dims d, grid_coord c) { return c.tp + d.tp * (c.dp + d.dp * c.pp); }
+int grid_rank_of(grid_dims d, grid_coord c) {
+    const mesh_dims m = mesh_of(d);
+    return mesh_rank_of(&m, (mesh_coord){.at = {c.tp, 0, c.dp, c.pp}});
+}
 
 /* ---- the groups ------------------------------------------------------------------ */
 
 void grid_init(process_grid *g, grid_dims dims, comm_backend backend) {
     memset(g, 0, sizeof *g);
     g->dims = dims;
-    comm_init(&g->world, MPI_COMM_WORLD, backend);
-    g->me = grid_coord_of(dims, g->world.rank);
-    const grid_coord c = g->me;
-    /* color: what the group's members share; key: their order inside it, so a
-     * rank's place in each group is its coordinate along that axis */
-    comm_split(&g->world, c.dp + dims.dp * c.pp, c.tp, &g->tp);
-    comm_split(&g->world, c.tp + dims.tp * c.dp, c.pp, &g->pipe);
-    comm_split(&g->world, c.tp + dims.tp * c.pp, c.dp, &g->dp);
-    if (g->tp.rank != c.tp || g->pipe.rank != c.pp || g->dp.rank != c.dp)
-        die("grid_init: group ranks (%d, %d, %d) differ from the coordinate (%d, %d, %d)",
-            g->tp.rank, g->pipe.rank, g->dp.rank, c.tp, c.pp, c.dp);
+    mesh_init(&g->mesh, mesh_of(dims), backend); /* each group checked against the numbering */
+    g->me = grid_coord_of(dims, g->mesh.world.rank);
+    g->world = &g->mesh.world;
+    g->tp = &g->mesh.axis[MESH_TP];
+    g->pipe = &g->mesh.axis[MESH_PP];
+    g->dp = &g->mesh.axis[MESH_DP];
 }
 
-void grid_free(process_grid *g) {
-    comm_free(&g->dp);
-    comm_free(&g->pipe);
-    comm_free(&g->tp);
-    comm_free(&g->world);
-}
+void grid_free(process_grid *g) { mesh_free(&g->mesh); }
 
 /* ---- the map ---------------------------------------------------------------------- */
 
@@ -95,15 +94,15 @@ static int *gather_groups(process_grid *g, int *fields) {
     const grid_dims d = g->dims;
     *fields = 4 + d.tp + d.pp + d.dp;
     int *mine = malloc(sizeof(int) * (size_t)*fields);
-    int *all = g->world.rank == 0 ? malloc(sizeof(int) * (size_t)*fields * (size_t)g->world.size) : NULL;
-    if (!mine || (g->world.rank == 0 && !all)) die("out of host memory");
-    mine[0] = g->world.rank;
-    mine[1] = g->tp.rank;
-    mine[2] = g->pipe.rank;
-    mine[3] = g->dp.rank;
-    MPI_Allgather(&g->world.rank, 1, MPI_INT, mine + 4, 1, MPI_INT, g->tp.mpi);
-    MPI_Allgather(&g->world.rank, 1, MPI_INT, mine + 4 + d.tp, 1, MPI_INT, g->pipe.mpi);
-    MPI_Allgather(&g->world.rank, 1, MPI_INT, mine + 4 + d.tp + d.pp, 1, MPI_INT, g->dp.mpi);
+    int *all = g->world->rank == 0 ? malloc(sizeof(int) * (size_t)*fields * (size_t)g->world->size) : NULL;
+    if (!mine || (g->world->rank == 0 && !all)) die("out of host memory");
+    mine[0] = g->world->rank;
+    mine[1] = g->tp->rank;
+    mine[2] = g->pipe->rank;
+    mine[3] = g->dp->rank;
+    MPI_Allgather(&g->world->rank, 1, MPI_INT, mine + 4, 1, MPI_INT, g->tp->mpi);
+    MPI_Allgather(&g->world->rank, 1, MPI_INT, mine + 4 + d.tp, 1, MPI_INT, g->pipe->mpi);
+    MPI_Allgather(&g->world->rank, 1, MPI_INT, mine + 4 + d.tp + d.pp, 1, MPI_INT, g->dp->mpi);
     MPI_Gather(mine, *fields, MPI_INT, all, *fields, MPI_INT, 0, MPI_COMM_WORLD);
     free(mine);
     return all;
@@ -139,7 +138,7 @@ static void print_groups(const char *title, const int *all, int fields, int rank
 
 char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
     const grid_dims d = g->dims;
-    const int ranks = g->world.size;
+    const int ranks = g->world->size;
     /* hosts as run_setup found them: the ranks that share memory, named by MPI_Get_processor_name */
 #define HOST(r) run_host_label(ctx, r)
 #define SAME_HOST(a, b) (ctx->host_of_rank[a] == ctx->host_of_rank[b])
@@ -221,7 +220,7 @@ char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
     }
     textbuf_printf(&b, "}");
 
-    if (g->world.rank == 0) {
+    if (g->world->rank == 0) {
         printf("3D grid: --tp %d x --pp %d x --dp %d = %d rank%s on %d host%s | rank = tp + %d x (dp + %d x pp): "
                "TP fastest, then DP, then PP\n", d.tp, d.pp, d.dp, ranks, ranks == 1 ? "" : "s", n_hosts,
                n_hosts == 1 ? "" : "s", d.tp, d.dp);

@@ -18,6 +18,7 @@
 #ifndef LAB06_GRID_H
 #define LAB06_GRID_H
 #include "comm.h"
+#include "mesh.h"
 #include "run.h"
 
 typedef struct grid_dims { int tp, pp, dp; } grid_dims;
@@ -41,7 +42,8 @@ int grid_rank_of(grid_dims dims, grid_coord c);
 typedef struct process_grid {
     grid_dims dims;
     grid_coord me;
-    comm world, tp, pipe, dp;
+    rank_mesh mesh;              /* the groups (common/mesh.h, CP 1) */
+    comm *world, *tp, *pipe, *dp; /* the mesh's world and its TP, PP and DP groups */
 } process_grid;
 
 /* Collective over MPI_COMM_WORLD: the three groups of this rank. */

@@ -57,16 +57,15 @@
  * stay out of the traffic counts, so the record's per-step figures are the
  * training's. */
 static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel) {
-    comm_stat tp_training[COLL_NKINDS];
-    memcpy(tp_training, g->tp.stats, sizeof tp_training);
+    const comm_quiet q = comm_quiet_begin(g->tp);
     double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
-    memcpy(g->tp.stats, tp_training, sizeof tp_training);
-    comm_allreduce_host(&g->dp, &loss, 1);
+    comm_quiet_end(&q);
+    comm_allreduce_host(g->dp, &loss, 1);
     if (sequence_parallel) { /* each TP rank's loss is that of its positions */
-        comm_allreduce_host(&g->tp, &loss, 1);
-        loss /= g->tp.size;
+        comm_allreduce_host(g->tp, &loss, 1);
+        loss /= g->tp->size;
     }
-    return loss / g->dp.size;
+    return loss / g->dp->size;
 }
 
 int main(int argc, char **argv) {
@@ -165,18 +164,18 @@ int main(int argc, char **argv) {
     tp_layout_init(&tl, &ctx.model, t, grid.me.tp);
     tp_layout_sequence_parallel(&tl, sequence_parallel);
     stage3d s3;
-    stage3d_init(&s3, &tl, &grid.tp);
+    stage3d_init(&s3, &tl, grid.tp);
     const int share = ctx.opt.batch / d;
     pipeline_rank pr; /* lab04: this rank's chunks of the pipeline, TP layers inside */
     /* ZeRO-1: the optimizer state of 1/d of the buffer, the slice of this replica */
-    pipeline_init_sharded(&pr, &grid.pipe, &tl.g, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, grid.me.dp * share,
+    pipeline_init_sharded(&pr, grid.pipe, &tl.g, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, grid.me.dp * share,
                           share, kind, m, virtual_stages, zero_stage ? d : 1, grid.me.dp);
     stage3d_alloc_partials(&s3, &pr);
     /* Each micro-batch's loss weight is 1/(B/d x T) (st.dloss): a replica's
      * gradient is that of its own rows' mean, and the DP all-reduce AVERAGES the
      * replicas, as lab01 does: the mean over the whole global batch. */
     dp_grad_sync dp_sync;
-    if (!zero_stage) dp_sync_init(&dp_sync, &grid.dp, pr.grads, 0, pr.n, 0); /* the rank's chunks, one buffer */
+    if (!zero_stage) dp_sync_init(&dp_sync, grid.dp, pr.grads, 0, pr.n, 0); /* the rank's chunks, one buffer */
     /* lab05's view over lab04's stage: this TP shard of this stage's layers,
      * replicated tensors whole. The d replicas hold the same elements; the
      * lowest rank of them saves them, and on resume every replica loads them. */
@@ -215,7 +214,7 @@ int main(int argc, char **argv) {
     /* (ZeRO-1 in bf16: no replica holds the whole master; the parameters' bytes, read as floats, are compared) */
     const float *weights = pr.opt_shards == 1 || (void *)pr.master == pr.params ? pr.master : (const float *)pr.params;
     const long weight_floats = weights == pr.master ? pr.n : pr.n * (long)value_bytes() / (long)sizeof(float);
-    int in_sync = check_sync ? dp_replicas_identical(&grid.dp, weights, weight_floats, 0) : 1;
+    int in_sync = check_sync ? dp_replicas_identical(grid.dp, weights, weight_floats, 0) : 1;
     if (check_sync) {
         MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (ctx.rank == 0)
@@ -234,7 +233,7 @@ int main(int argc, char **argv) {
              zero_stage ? "\"zero_stage\":1," : "", /* absent: 0, the record lab06 always wrote */
              check_sync ? (in_sync ? "true" : "false") : "null", grid_json, rep.json ? "," : "",
              rep.json ? rep.json : "");
-    run_report report = {.layout = layout, .comms = {&grid.tp, &grid.pipe, &grid.dp}, .n_comms = 3,
+    run_report report = {.layout = layout, .comms = {grid.tp, grid.pipe, grid.dp}, .n_comms = 3,
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
                          .comm_formula = comm_formula_text, .bubble_theory = theory, .params_held = pr.n,
                          .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};

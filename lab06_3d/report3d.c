@@ -52,7 +52,7 @@ static double column_max(const double *rows, int ranks, int field) {
 
 void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, const run_ctx *ctx) {
     memset(r, 0, sizeof *r);
-    r->ranks = g->world.size;
+    r->ranks = g->world->size;
     const pipeline_stage *st = &pr->chunk[0]; /* the one chunk, except under interleaved and zb-v */
     const int steps = ctx->steps_done > 0 ? ctx->steps_done : 1, m = pr->m;
     int layers = 0, in_flight, wgrads;
@@ -69,7 +69,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
     const th_opts opts = stage_opts(st); /* precision, t, SP, --recompute as the stages run */
     const int sp = opts.sequence_parallel && d.tp > 1;
-    comm *groups[GROUP_KINDS] = {&g->tp, &g->pipe, &g->dp};
+    comm *groups[GROUP_KINDS] = {g->tp, g->pipe, g->dp};
     for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
     /* theory/'s formulas (theory.h), the ones plan3d predicts with.
      * TP: two g's forward, two f's backward per layer and micro-batch (none for
@@ -125,12 +125,12 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     row[F_OPTIM_F] = states.optim;
     row[F_OPTIM_PAD] = padded.optim - states.optim;
 
-    if (g->world.rank == 0) {
+    if (g->world->rank == 0) {
         r->rows = malloc(sizeof(double) * F_FIELDS * (size_t)r->ranks);
         if (!r->rows) die("out of host memory");
     }
     MPI_Gather(row, F_FIELDS, MPI_DOUBLE, r->rows, F_FIELDS, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    if (g->world.rank != 0) return;
+    if (g->world->rank != 0) return;
 
     /* run_finish adds, per kind, the busiest rank's ring bytes: all-reduces (TP
      * and DP on one rank together), all-gathers and reduce-scatters (SP),
@@ -194,7 +194,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
 }
 
 void report3d_print(const report3d *r, const process_grid *g) {
-    if (g->world.rank != 0) return;
+    if (g->world->rank != 0) return;
     const grid_dims d = g->dims;
     const char *titles[GROUP_KINDS] = {"TP all-reduce", "PP send+recv ", "DP all-reduce"};
     const char *formulas[GROUP_KINDS] = {

@@ -90,7 +90,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     const tp_layout *tl = s->tl;
     const int zero = pr->opt_shards > 1;
     const long slice = pr->padded / pr->opt_shards; /* ZeRO-1's slices' length, the last one padded */
-    const double d = g->dp.size;
+    const double d = g->dp->size;
     /* SP: the LayerNorms (and embedding, head) of each chunk saw this TP rank's
      * positions only: sum their partial gradients over the TP group first
      * (ZeRO-1: before the DP sum; over TP then DP is the sum over both) */
@@ -100,7 +100,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     /* ZeRO-1: in place of the DP all-reduce, each replica receives the SUM over
      * the replicas of its slice alone (the slice sits at its own offset of the
      * padded buffer) */
-    if (zero) comm_reduce_scatter(&g->dp, pr->grads, value_at(pr->grads, (long)pr->opt_shard * slice), pr->n);
+    if (zero) comm_reduce_scatter(g->dp, pr->grads, value_at(pr->grads, (long)pr->opt_shard * slice), pr->n);
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* The serial norm counts every element of the model once. A rank holds
@@ -126,13 +126,13 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     double over_pp[3] = {sharded, replicated, pipeline_loss_sum(pr) / pr->m};
-    comm_allreduce_host(&g->pipe, over_pp, 3);
-    if (zero) comm_allreduce_host(&g->dp, over_pp, 2);
-    comm_allreduce_host(&g->tp, &over_pp[0], 1);
-    comm_allreduce_host(&g->dp, &over_pp[2], 1);
+    comm_allreduce_host(g->pipe, over_pp, 3);
+    if (zero) comm_allreduce_host(g->dp, over_pp, 2);
+    comm_allreduce_host(g->tp, &over_pp[0], 1);
+    comm_allreduce_host(g->dp, &over_pp[2], 1);
     if (tl->seq_parts > 1) { /* each TP rank's loss is that of its positions: the mean over the group */
-        comm_allreduce_host(&g->tp, &over_pp[2], 1);
-        over_pp[2] /= g->tp.size;
+        comm_allreduce_host(g->tp, &over_pp[2], 1);
+        over_pp[2] /= g->tp->size;
     }
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
@@ -154,7 +154,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     /* ZeRO-1: everyone's updated slices (this rank's already sits at its place) */
-    if (zero) comm_allgather(&g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    if (zero) comm_allgather(g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
     return over_pp[2] / d;
 }
 
@@ -166,8 +166,7 @@ void stage3d_params_from_master(pipeline_rank *pr, process_grid *g) {
     if ((void *)pr->master == pr->params) return; /* fp32: every replica loaded the whole parameters */
     const long slice = pr->padded / pr->opt_shards;
     params_from_master(value_at(pr->params, pr->slice_begin), pr->master, pr->slice_end - pr->slice_begin);
-    comm_stat training[COLL_NKINDS];
-    memcpy(training, g->dp.stats, sizeof training);
-    comm_allgather(&g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
-    memcpy(g->dp.stats, training, sizeof training);
+    const comm_quiet q = comm_quiet_begin(g->dp);
+    comm_allgather(g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    comm_quiet_end(&q);
 }

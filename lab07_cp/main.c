@@ -143,6 +143,8 @@ int main(int argc, char **argv) {
     comm world, cp;
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     comm_split(&world, world.rank / N, world.rank % N, &cp); /* consecutive ranks share a sequence */
+    comm_set_axis(&world, "world");
+    comm_set_axis(&cp, "cp");
     const int dp_rank = world.rank / N;
     local = g;
     local.cfg.seq = Tl; /* wpe keeps all T rows: the embedding reads them by global position */
@@ -221,10 +223,9 @@ int main(int argc, char **argv) {
     th_cp_ring_hiding hiding = {0, 0, 0, 0};
     double rate_bw[2] = {0, 0};
     if (algo == TH_CP_RING && N > 1) {
-        comm_stat training[COLL_NKINDS];
-        memcpy(training, cp.stats, sizeof training);
+        const comm_quiet q = comm_quiet_begin(&cp);
         const double message = cp_ring_message_seconds(&ch, 9);
-        memcpy(cp.stats, training, sizeof training);
+        comm_quiet_end(&q);
         int blocks = 0;
         const double seconds = trace_op_seconds(CP_BLOCK_OP, ctx.steps_done > 1 ? 1 : 0, &blocks);
         const double flops = (double)blocks / N * 4.0 * rows * C * (double)ch.scores;

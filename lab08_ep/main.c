@@ -121,6 +121,9 @@ int main(int argc, char **argv) {
     comm_init(&world, MPI_COMM_WORLD, ctx.backend);
     comm_split(&world, world.rank / N, world.rank % N, &ep);  /* consecutive ranks: consecutive rows */
     comm_split(&world, world.rank % N, world.rank / N, &edp); /* the ranks holding the same experts */
+    comm_set_axis(&world, "world");
+    comm_set_axis(&ep, "ep");
+    comm_set_axis(&edp, "edp");
     ep_hooks eh;
     ep_hooks_init(&eh, &g, &ep, NULL);
     eh.reserve_rows = ep_received_rows_bound(&g.cfg, N, rows); /* F > 0: sized once, from the config */

@@ -214,22 +214,46 @@ double lab_model_forward_loss(void *model, gpt_acts *acts) {
     return gpt_mean_loss(m->g, acts);
 }
 
+double lab_heldout_sum(const dataset *data, int batch, int seq, comm *quiet, lab_batch_loss *batch_loss, void *arg,
+                       int *batches) {
+    dataset heldout;
+    *batches = data_heldout(data, batch, seq, &heldout);
+    const comm_quiet q = comm_quiet_begin(quiet);
+    double sum = 0;
+    for (int b = 0; b < *batches; b++) sum += batch_loss(arg, &heldout, b);
+    comm_quiet_end(&q);
+    return sum;
+}
+
+typedef struct {
+    int T, first_row, rows, micro;
+    gpt_acts *acts;
+    int *tokens, *targets;
+    lab_forward_loss *forward;
+    void *arg;
+} rows_forward;
+
+/* lab_heldout_loss's batch: this rank's rows, micro rows at a time */
+static double rows_loss(void *arg, const dataset *heldout, int b) {
+    const rows_forward *r = arg;
+    const int n = r->micro > 0 ? r->micro : r->rows;
+    double sum = 0;
+    for (int k = 0; k < r->rows / n; k++) {
+        data_batch(heldout, 0, b, r->first_row + k * n, n, r->T, r->tokens, r->targets);
+        gpt_acts_set_batch(r->acts, r->tokens, r->targets, r->T);
+        const double loss = r->forward(r->arg, r->acts);
+        sum += r->micro > 0 ? loss * r->micro / r->rows : loss;
+    }
+    return sum;
+}
+
 double lab_heldout_loss(const run_ctx *ctx, comm *world, comm *quiet, int first_row, int rows, int micro,
                         gpt_acts *acts, int *tokens, int *targets, lab_forward_loss *forward, void *arg) {
-    const int T = ctx->opt.seq, n = micro > 0 ? micro : rows;
-    dataset heldout;
-    int batches = data_heldout(&ctx->data, ctx->opt.batch, T, &heldout);
-    comm_stat training[COLL_NKINDS];
-    if (quiet) memcpy(training, quiet->stats, sizeof training);
-    double sum = 0;
-    for (int b = 0; b < batches; b++)
-        for (int k = 0; k < rows / n; k++) {
-            data_batch(&heldout, 0, b, first_row + k * n, n, T, tokens, targets);
-            gpt_acts_set_batch(acts, tokens, targets, T);
-            const double loss = forward(arg, acts);
-            sum += micro > 0 ? loss * micro / rows : loss;
-        }
+    rows_forward r = {ctx->opt.seq, first_row, rows, micro, acts, tokens, targets, forward, arg};
+    int batches;
+    double sum = lab_heldout_sum(&ctx->data, ctx->opt.batch, ctx->opt.seq, quiet, rows_loss, &r, &batches);
+    const comm_quiet q = comm_quiet_begin(quiet);
     comm_allreduce_host(world, &sum, 1);
-    if (quiet) memcpy(quiet->stats, training, sizeof training);
+    comm_quiet_end(&q);
     return sum / ((double)batches * world->size);
 }

@@ -61,6 +61,15 @@ typedef double lab_forward_loss(void *arg, gpt_acts *acts);
 typedef struct { const gpt_layout *g; const gpt_layer_hooks *hooks; const void *params; } lab_model;
 double lab_model_forward_loss(void *model, gpt_acts *acts);
 
+/* --eval's loop, one for every lab: the sum over the held-out batches of
+ * batch_loss(arg, heldout, b), the lab's forward of held-out batch b laid out
+ * as in training (*batches: their count, the caller's divisor). The traffic of
+ * `quiet` (NULL: none) stays out of its counts (comm_quiet), so the record's
+ * per-step figures are the training's. */
+typedef double lab_batch_loss(void *arg, const dataset *heldout, int b);
+double lab_heldout_sum(const dataset *data, int batch, int seq, comm *quiet, lab_batch_loss *batch_loss, void *arg,
+                       int *batches);
+
 /* --eval: the mean loss over the held-out batches, this rank forward only on
  * `rows` rows from first_row as in training (micro > 0: micro rows at a time,
  * each loss weighted micro/rows, lab01's --grad-accum), averaged over `world`.

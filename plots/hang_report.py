@@ -41,14 +41,16 @@ def human_bytes(b):
 
 
 class Group:
-    def __init__(self, gid, members):
-        self.id, self.members = gid, list(members)
+    def __init__(self, gid, members, axis=""):
+        self.id, self.members, self.axis = gid, list(members), axis
 
     def text(self):
+        """"tp group {2,3}": the axis the lab named (flight_group_axis), then the world ranks."""
         m = self.members
+        named = f"{self.axis} group " if self.axis else "group "
         if len(m) > 14:
-            return "{" + ",".join(map(str, m[:12])) + f",...,{m[-1]}}} ({len(m)} ranks)"
-        return "{" + ",".join(map(str, m)) + "}"
+            return named + "{" + ",".join(map(str, m[:12])) + f",...,{m[-1]}}} ({len(m)} ranks)"
+        return named + "{" + ",".join(map(str, m)) + "}"
 
     def world(self, r):
         return self.members[r] if 0 <= r < len(self.members) else r
@@ -76,7 +78,7 @@ class Op(dict):
             peer = f" to rank {group.world(self['peer'])}"
         elif self["kind"] in RECVS:
             peer = f" from rank {group.world(self['peer'])}"
-        of = f" of group {group.text()}" if with_group else ""
+        of = f" of {group.text()}" if with_group else ""
         return f"{self['kind']} #{self['seq']}{peer}{of} ({inside}{', ' if inside else ''}{size}{extra})"
 
     def call(self):
@@ -115,7 +117,7 @@ class Analysis:
             for g in rec["groups"]:
                 if g["members"]:
                     key = (g["id"], tuple(g["members"]))
-                    self.groups.setdefault(key, Group(g["id"], g["members"]))
+                    self.groups.setdefault(key, Group(g["id"], g["members"], g.get("axis", "")))
                     gmap[g["id"]] = key
             ops = []
             for o in rec["ops"]:
@@ -259,7 +261,7 @@ class Analysis:
             parts.append(f"{ranks_text(ranks)} {verb} in {op.where(group, with_group=False)}")
         for m in absent:
             parts.append(f"rank {m} {self.elsewhere(m, gkey)}")
-        line = f"group {group.text()}: " + "; ".join(parts)
+        line = f"{group.text()}: " + "; ".join(parts)
         if blamed and deviators and set(deviators) == blamed:
             line += f" - {ranks_text(blamed)} took another path at step {step + 1}"
         elif blamed:
@@ -278,7 +280,7 @@ class Analysis:
                 took.append(m)
             parts.append(f"rank {m} {self.elsewhere(m, gkey)}" if pend is not None else
                          f"rank {m} has not entered it: it {self.elsewhere(m, gkey)}")
-        line = f"group {group.text()}: " + "; ".join(parts)
+        line = f"{group.text()}: " + "; ".join(parts)
         if took:
             line += f" - {ranks_text(took)} took another path at step {step + 1}"
         # a group whose missing ranks are the many (they wait in another group for the few) comes later
@@ -302,7 +304,7 @@ class Analysis:
                     sent = op["send_counts"][j]
                     expected = present[b]["recv_counts"][group.members.index(a)]
                     if sent != expected:
-                        line = (f"group {group.text()}: in {op.where(group, with_group=False)} rank {a} sends {sent} "
+                        line = (f"{group.text()}: in {op.where(group, with_group=False)} rank {a} sends {sent} "
                                 f"value{'' if sent == 1 else 's'} to rank {b}, which expects {expected}")
                         findings.append({"step": op["step"], "order": 0, "seq": k, "line": line, "blamed": {a}})
         return findings
@@ -331,7 +333,7 @@ class Analysis:
                     if not what:
                         continue
                     blamed = {x["rank"] for x in (s, r) if self.deviates(x)}
-                    line = (f"group {group.text()}: rank {a}'s {s.where(group, with_group=False)} and rank {b}'s "
+                    line = (f"{group.text()}: rank {a}'s {s.where(group, with_group=False)} and rank {b}'s "
                             f"{r.where(group, with_group=False)} differ in {' and '.join(what)}")
                     if len(blamed) == 1:
                         line += f" - {ranks_text(blamed)} took another path at step {min(s['step'], r['step']) + 1}"
@@ -349,10 +351,10 @@ class Analysis:
 
     def unsent(self, group, gkey, a, b, r):
         """Rank b waits for message r from rank a, which a never sent."""
-        line = f"group {group.text()}: rank {b} is in {r.where(group, with_group=False)}; rank {a} has not sent it"
+        line = f"{group.text()}: rank {b} is in {r.where(group, with_group=False)}; rank {a} has not sent it"
         blamed = set()
         if self.deviates(r):  # b asks for a message where it did not before
-            line = (f"group {group.text()}: rank {b} is in {r.where(group, with_group=False)}, a message rank {a} "
+            line = (f"{group.text()}: rank {b} is in {r.where(group, with_group=False)}, a message rank {a} "
                     f"never sent - rank {b} took another path at step {r['step'] + 1}")
             blamed = {b}
         else:

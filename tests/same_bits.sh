@@ -24,17 +24,18 @@ trap cleanup EXIT
 git -C "$here" worktree add --detach "$scratch/base-src" "$base" >/dev/null 2>&1
 build() { # src dir -> build dir
     cmake -S "$1" -B "$2" -G Ninja -DPL_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-    ninja -C "$2" lab01_dp lab02_zero lab04_1f1b lab05_tp lab06_3d >/dev/null
+    ninja -C "$2" lab01_dp lab02_zero lab03_pp_naive lab04_1f1b lab05_tp lab06_3d lab07_cp lab08_ep >/dev/null
 }
 build "$scratch/base-src" "$scratch/base-build"
 build "$here" "$scratch/this-build"
 
 export OPENBLAS_NUM_THREADS=1
-model=(--layers 4 --d-model 32 --heads 4 --seq 16 --batch 8 --steps 3)
+model=(--layers 4 --d-model 32 --heads 4 --seq 16 --batch 8 --steps 3 --eval)
 # name | ranks | program | flags
 cases=(
     "lab01|1|lab01_dp|"
     "lab02_zero3|2|lab02_zero|--zero-stage 3"
+    "lab03|2|lab03_pp_naive|"
     "lab04_zbv|2|lab04_1f1b|--schedule zb-v --micro-batches 4"
     "lab04_interleaved|2|lab04_1f1b|--schedule interleaved --virtual-stages 2 --micro-batches 4"
     "lab04_zbv_full|2|lab04_1f1b|--schedule zb-v --micro-batches 4 --recompute full"
@@ -43,6 +44,8 @@ cases=(
     "lab06_sp_full|4|lab06_3d|--tp 2 --pp 2 --dp 1 --sequence-parallel --recompute full"
     "lab06_sp_zbv|4|lab06_3d|--tp 2 --pp 2 --dp 1 --sequence-parallel --schedule zb-v"
     "lab06_zbv_selective|4|lab06_3d|--tp 2 --pp 2 --dp 1 --schedule zb-v --recompute selective"
+    "lab07_ring|2|lab07_cp|"
+    "lab08|2|lab08_ep|"
 )
 run_side() { # side case ranks program flags precision
     local out="$scratch/$1/$2_$6"
@@ -60,7 +63,10 @@ rec = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 # read off a clock (or derived from one: lab04's bubble formula takes the measured
 # tF, tB, tW), or naming a host or a file
 CLOCKS = {"seconds", "measured", "bubble_formula", "trace", "timeline", "host", "tokens_per_s",
-          "model_flops_per_s", "step_ms", "step_ms_median", "compute_fraction", "comm_fraction"}
+          "model_flops_per_s", "step_ms", "step_ms_median", "compute_fraction", "comm_fraction",
+          # lab07's ring hiding condition and attention times, lab08's all-to-all and expert times
+          "attention_seconds_per_rank", "ring_flops_per_s", "ring_bytes_per_s", "ring_block_seconds",
+          "ring_message_seconds", "ring_hidden", "alltoall_ms_per_step", "experts_ms_per_step"}
 # the flight recorder's settings and its check's cost (common/flight.h): no result, and
 # absent from the records of trees before it
 NOT_RESULTS = {"flight"}

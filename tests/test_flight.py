@@ -119,8 +119,12 @@ def check_case(case):
     check(rep.returncode == 0, f"{case}: the report found no disagreement (status {rep.returncode})")
     first = rep.stdout.splitlines()[0]
     op = inj["op"]
-    group = re.search(r"group (\{[^}]*\})", inj["text"]).group(1)
-    check(f"group {group}" in first, f"{case}: the first line does not name group {group}")
+    named = re.search(r"(?:(\w+) )?group (\{[^}]*\})", inj["text"])
+    axis, group = named.group(1), named.group(2)
+    # every lab names its groups by the dimension they span (comm_set_axis): "tp group {2,3}"
+    check(axis in ("dp", "tp", "pp", "cp", "ep", "edp", "world"), f"{case}: the injected call's group has no axis: "
+                                                                  f"{inj['text']!r}")
+    check(f"{axis} group {group}" in first, f"{case}: the first line does not name {axis} group {group}")
     # a rank that sleeps is in no operation: the line names the one the others wait in, and says the
     # rank has not entered it (or sent its message)
     if fault != "sleep":
@@ -135,7 +139,7 @@ def check_case(case):
     blamed |= {int(x) for x in re.findall(r"rank (\d+) sends \d+ values?", first)}
     check(blamed == {rank}, f"{case}: the first line blames {sorted(blamed)}, not the injected rank {rank}")
     print(f"{case}: status 3 in {dt:.1f} s (limit {limit:.1f}), {n} records, the report names rank {rank}, "
-          f"group {group}, {op['kind']} {op['label']!r}")
+          f"{axis} group {group}, {op['kind']} {op['label']!r}")
 
 
 def losses(lab, extra):

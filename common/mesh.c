@@ -1,0 +1,115 @@
+/* The rank mesh (mesh.h). */
+#include "mesh.h"
+#include "run.h" /* die */
+#include <stdlib.h>
+#include <string.h>
+
+const char *const mesh_axis_names[MESH_NAXES] = {"tp", "cp", "dp", "pp"};
+
+long long mesh_ranks(const mesh_dims *d) {
+    long long n = 1;
+    for (int a = 0; a < MESH_NAXES; a++) n *= d->size[a];
+    return n;
+}
+
+mesh_coord mesh_coord_of(const mesh_dims *d, int rank) {
+    mesh_coord c;
+    for (int a = 0; a < MESH_NAXES; a++) { /* the axes in order, fastest first */
+        c.at[a] = rank % d->size[a];
+        rank /= d->size[a];
+    }
+    return c;
+}
+
+int mesh_rank_of(const mesh_dims *d, mesh_coord c) {
+    int rank = 0;
+    for (int a = MESH_NAXES - 1; a >= 0; a--) rank = rank * d->size[a] + c.at[a];
+    return rank;
+}
+
+void mesh_axis_members(const mesh_dims *d, int rank, mesh_axis axis, int *members) {
+    mesh_coord c = mesh_coord_of(d, rank);
+    for (int i = 0; i < d->size[axis]; i++) {
+        c.at[axis] = i;
+        members[i] = mesh_rank_of(d, c);
+    }
+}
+
+/* The cp x dp plane of one (tp, pp): the flat index f = cp + c x dp and back. */
+static int plane_index(const mesh_dims *d, mesh_coord c) { return c.at[MESH_CP] + d->size[MESH_CP] * c.at[MESH_DP]; }
+static int at_plane_index(const mesh_dims *d, mesh_coord c, int f) {
+    c.at[MESH_CP] = f % d->size[MESH_CP];
+    c.at[MESH_DP] = f / d->size[MESH_CP];
+    return mesh_rank_of(d, c);
+}
+
+void mesh_ep_members(const mesh_dims *d, int rank, int *members) {
+    const mesh_coord c = mesh_coord_of(d, rank);
+    const int block = plane_index(d, c) / d->ep;
+    for (int i = 0; i < d->ep; i++) members[i] = at_plane_index(d, c, block * d->ep + i);
+}
+
+void mesh_edp_members(const mesh_dims *d, int rank, int *members) {
+    const mesh_coord c = mesh_coord_of(d, rank);
+    const int place = plane_index(d, c) % d->ep, blocks = d->size[MESH_CP] * d->size[MESH_DP] / d->ep;
+    for (int i = 0; i < blocks; i++) members[i] = at_plane_index(d, c, i * d->ep + place);
+}
+
+/* The communicator must hold `members`, in that order, with this rank at `place`:
+ * comm_split's colors and keys are the formula's, and a slip in either would put
+ * ranks in the wrong groups without any error. */
+static void check_group(const comm *g, const char *name, const int *members, int size, int place, int world_rank) {
+    if (g->size != size || g->rank != place)
+        die("mesh_init: rank %d's %s group has %d ranks and puts it at %d; the mesh says %d ranks, at %d", world_rank,
+            name, g->size, g->rank, size, place);
+    int *got = malloc(sizeof(int) * (size_t)size);
+    if (!got) die("out of host memory");
+    MPI_Allgather(&world_rank, 1, MPI_INT, got, 1, MPI_INT, g->mpi);
+    for (int i = 0; i < size; i++)
+        if (got[i] != members[i])
+            die("mesh_init: rank %d's %s group holds world rank %d at place %d; the mesh says %d", world_rank, name,
+                got[i], i, members[i]);
+    free(got);
+}
+
+void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend) {
+    memset(m, 0, sizeof *m);
+    m->dims = dims;
+    comm_init(&m->world, MPI_COMM_WORLD, backend);
+    comm_set_axis(&m->world, "world");
+    if (mesh_ranks(&dims) != m->world.size)
+        die("mesh_init: the mesh has %lld ranks, the world %d", mesh_ranks(&dims), m->world.size);
+    const int r = m->world.rank, plane = dims.size[MESH_CP] * dims.size[MESH_DP];
+    if (dims.ep < 1 || plane % dims.ep != 0) die("mesh_init: ep %d does not divide cp x dp = %d", dims.ep, plane);
+    m->me = mesh_coord_of(&dims, r);
+    int *members = malloc(sizeof(int) * (size_t)m->world.size);
+    if (!members) die("out of host memory");
+    /* color: the group's first member (what its members share); key: the place in it */
+    for (int a = 0; a < MESH_NAXES; a++) {
+        mesh_axis_members(&dims, r, (mesh_axis)a, members);
+        comm_split(&m->world, members[0], m->me.at[a], &m->axis[a]);
+        comm_set_axis(&m->axis[a], mesh_axis_names[a]);
+        check_group(&m->axis[a], mesh_axis_names[a], members, dims.size[a], m->me.at[a], r);
+    }
+    if (dims.ep > 1) {
+        const int f = plane_index(&dims, m->me);
+        mesh_ep_members(&dims, r, members);
+        comm_split(&m->world, members[0], f % dims.ep, &m->ep);
+        comm_set_axis(&m->ep, "ep");
+        check_group(&m->ep, "ep", members, dims.ep, f % dims.ep, r);
+        mesh_edp_members(&dims, r, members);
+        comm_split(&m->world, members[0], f / dims.ep, &m->edp);
+        comm_set_axis(&m->edp, "edp");
+        check_group(&m->edp, "edp", members, plane / dims.ep, f / dims.ep, r);
+    }
+    free(members);
+}
+
+void mesh_free(rank_mesh *m) {
+    if (m->dims.ep > 1) {
+        comm_free(&m->edp);
+        comm_free(&m->ep);
+    }
+    for (int a = MESH_NAXES - 1; a >= 0; a--) comm_free(&m->axis[a]);
+    comm_free(&m->world);
+}
