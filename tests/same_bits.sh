@@ -24,7 +24,7 @@ trap cleanup EXIT
 git -C "$here" worktree add --detach "$scratch/base-src" "$base" >/dev/null 2>&1
 build() { # src dir -> build dir
     cmake -S "$1" -B "$2" -G Ninja -DPL_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-    ninja -C "$2" lab01_dp lab02_zero lab04_1f1b lab05_tp lab06_3d >/dev/null
+    ninja -C "$2" lab01_dp lab02_zero lab04_1f1b lab05_tp lab06_3d lab08_ep >/dev/null
 }
 build "$scratch/base-src" "$scratch/base-build"
 build "$here" "$scratch/this-build"
@@ -34,6 +34,9 @@ model=(--layers 4 --d-model 32 --heads 4 --seq 16 --batch 8 --steps 3)
 # name | ranks | program | flags
 cases=(
     "lab01|1|lab01_dp|"
+    "lab01_experts|1|lab01_dp|--experts 4 --capacity-factor 1.0"
+    "lab08|2|lab08_ep|"
+    "lab08_ep2x2|4|lab08_ep|--ep 2 --top-k 1"
     "lab02_zero3|2|lab02_zero|--zero-stage 3"
     "lab04_zbv|2|lab04_1f1b|--schedule zb-v --micro-batches 4"
     "lab04_interleaved|2|lab04_1f1b|--schedule interleaved --virtual-stages 2 --micro-batches 4"
@@ -60,7 +63,8 @@ rec = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 # read off a clock (or derived from one: lab04's bubble formula takes the measured
 # tF, tB, tW), or naming a host or a file
 CLOCKS = {"seconds", "measured", "bubble_formula", "trace", "timeline", "host", "tokens_per_s",
-          "model_flops_per_s", "step_ms", "step_ms_median", "compute_fraction", "comm_fraction"}
+          "model_flops_per_s", "step_ms", "step_ms_median", "compute_fraction", "comm_fraction",
+          "alltoall_ms_per_step", "experts_ms_per_step"}  # lab08's
 # the flight recorder's settings and its check's cost (common/flight.h): no result, and
 # absent from the records of trees before it
 NOT_RESULTS = {"flight"}
