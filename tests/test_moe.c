@@ -51,6 +51,22 @@ static double loss_of(const gpt_layout *g, float *params, gpt_acts *a) {
     return gpt_mean_loss(g, a);
 }
 
+/* every layer's router times f (a router near init is near uniform: near ties) */
+static void spread_router(const gpt_layout *g, float *params, float f) {
+    for (int l = 0; l < g->cfg.layers; l++) {
+        float *wr = params + gpt_layer_offset(g, l) + g->layer[LAYER_ROUTER_W].offset;
+        for (long i = 0; i < (long)g->cfg.experts * g->cfg.d_model; i++) wr[i] *= f;
+    }
+}
+
+/* activations and scratch of the whole model for B rows, bound, with the test's tokens */
+static void acts_with_batch(const gpt_layout *g, gpt_acts *a, gpt_grad_scratch *s) {
+    gpt_acts_alloc(a, g, 0, g->cfg.layers, B);
+    gpt_scratch_alloc(s, g, B);
+    gpt_acts_bind(a, s);
+    set_batch(a, (long)B * g->cfg.seq, g->cfg.vocab);
+}
+
 static void gradcheck(const char *name, gpt_config c, int want_drops) {
     gpt_layout g;
     gpt_layout_init(&g, &c);
@@ -65,17 +81,10 @@ static void gradcheck(const char *name, gpt_config c, int want_drops) {
      * closer together (s' <= 1/4), more near ties: 12x. Measured, sigmoid
      * top-2: 4x skips 283 of 5448 parameters (a near tie), 6x 55, 12x 34; L2
      * error 4.4e-4 at each */
-    const float spread = c.router_sigmoid ? 12.0f : 4.0f;
-    for (int l = 0; l < c.layers; l++) {
-        float *wr = params + gpt_layer_offset(&g, l) + g.layer[LAYER_ROUTER_W].offset;
-        for (long i = 0; i < (long)c.experts * c.d_model; i++) wr[i] *= spread;
-    }
+    spread_router(&g, params, c.router_sigmoid ? 12.0f : 4.0f);
     gpt_acts a;
     gpt_grad_scratch s;
-    gpt_acts_alloc(&a, &g, 0, c.layers, B);
-    gpt_scratch_alloc(&s, &g, B);
-    gpt_acts_bind(&a, &s);
-    set_batch(&a, N, c.vocab);
+    acts_with_batch(&g, &a, &s);
     mem_zero(grads, P * sizeof(float));
     double loss0 = loss_of(&g, params, &a);
     const uint64_t route0 = routing_of(&c, &a);
@@ -267,10 +276,7 @@ static void bias_gets_no_gradient(int sigmoid) {
     const long P = g.total, N = (long)B * c.seq, E = c.experts;
     float *params = mem_alloc(P * sizeof(float), MEM_PARAMS);
     gpt_init_params(&g, 7, 0, P, params);
-    for (int l = 0; l < c.layers; l++) { /* spread the router (as gradcheck does): choices with clear margins */
-        float *wr = params + gpt_layer_offset(&g, l) + g.layer[LAYER_ROUTER_W].offset;
-        for (long i = 0; i < E * c.d_model; i++) wr[i] *= 4.0f;
-    }
+    spread_router(&g, params, 4.0f); /* as gradcheck does: choices with clear margins */
     float bias[3][2 * 4] = {{0}, {1e-7f, -1e-7f, 2e-7f, 0, -1e-7f, 0, 1e-7f, 0}, {0, 0, 0, 10, 0, 0, 0, 10}};
     double loss[3];
     uint64_t route[3];
@@ -281,10 +287,7 @@ static void bias_gets_no_gradient(int sigmoid) {
         g.cfg = c;
         gpt_acts a;
         gpt_grad_scratch s;
-        gpt_acts_alloc(&a, &g, 0, c.layers, B);
-        gpt_scratch_alloc(&s, &g, B);
-        gpt_acts_bind(&a, &s);
-        set_batch(&a, N, c.vocab);
+        acts_with_batch(&g, &a, &s);
         grads[v] = mem_alloc(P * sizeof(float), MEM_GRADS);
         mem_zero(grads[v], P * sizeof(float));
         loss[v] = loss_of(&g, params, &a);
