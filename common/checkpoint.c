@@ -160,6 +160,7 @@ typedef struct {
     long params;      /* P */
     float *data;      /* [params | m | v], 3P floats, malloc'd */
     char routing_changed[320]; /* the experts' flags that differ from the file's, "" if none (or not recorded) */
+    float *route_bias;         /* --balance bias: the file's [L][E] routing bias, malloc'd; NULL otherwise */
 } ckpt_file;
 
 static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
@@ -206,6 +207,35 @@ static void describe_routing_change(json_t *metadata, const gpt_config *cfg, cha
         int k = snprintf(buf + at, len - at, "%s%s %s -> %s", at ? ", " : "", flags[i], was, now[i]);
         at += k > 0 ? (size_t)k : 0;
     }
+}
+
+/* --router and --balance (moe.h) change what the weights mean (scores of
+ * another function, a router trained with or without an aux term) and the
+ * bias is training state: a file is resumed with its own, or refused. A file
+ * without the keys was written with softmax and the aux loss. With bias, the
+ * file's bias ("route_bias": L x E values, %.9g: exact floats) into out. */
+static int check_routing(json_t *metadata, const gpt_config *cfg, ckpt_file *out, const char *path, char *err,
+                         size_t errlen) {
+    const char *router = meta(metadata, "router") ? meta(metadata, "router") : "softmax";
+    const char *balance = meta(metadata, "balance") ? meta(metadata, "balance") : "aux";
+    const char *want_router = cfg->router_sigmoid ? "sigmoid" : "softmax", *want_balance = cfg->route_bias ? "bias" : "aux";
+    if (strcmp(router, want_router) || strcmp(balance, want_balance))
+        return fail(err, errlen, path, "the checkpoint was trained with --router %s --balance %s, the flags say "
+                    "--router %s --balance %s (give the file's)", router, balance, want_router, want_balance);
+    if (!cfg->route_bias) return 0;
+    const long n = (long)cfg->layers * cfg->experts;
+    const char *text = meta(metadata, "route_bias");
+    if (!text) return fail(err, errlen, path, "__metadata__ has --balance bias but no \"route_bias\"");
+    out->route_bias = malloc((size_t)n * sizeof(float));
+    if (!out->route_bias) return fail(err, errlen, path, "out of host memory");
+    for (long i = 0; i < n; i++) {
+        char *end;
+        out->route_bias[i] = strtof(text, &end);
+        if (end == text || *end != (i + 1 < n ? ',' : 0))
+            return fail(err, errlen, path, "__metadata__ \"route_bias\" is not %ld numbers (--layers x --experts)", n);
+        text = end + (i + 1 < n);
+    }
+    return 0;
 }
 
 /* A JSON value as short text for a message ("missing" for none). */
@@ -332,6 +362,7 @@ static int read_checkpoint(const char *path, const gpt_config *cfg, ckpt_file *o
     } else {
         out->routing_changed[0] = 0;
     }
+    if (cfg->experts > 0 && check_routing(metadata, cfg, out, path, err, errlen)) goto out;
 
     /* every tensor where this model puts it, nothing else */
     tensor_table_init(&tt, cfg);
@@ -373,7 +404,11 @@ out:
     free(text);
     json_decref(root);
     tensor_table_free(&tt);
-    if (rc) free(data);
+    if (rc) {
+        free(data);
+        free(out->route_bias);
+        out->route_bias = NULL;
+    }
     return rc;
 }
 
@@ -382,6 +417,7 @@ int ckpt_check_flags(const run_ctx *ctx, char *err, size_t errlen) {
     ckpt_file f;
     if (read_checkpoint(ctx->opt.resume, &ctx->model, &f, err, errlen) != 0) return -1;
     free(f.data);
+    free(f.route_bias);
     return 0;
 }
 
@@ -418,6 +454,9 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
     load_slice(v->adam_m, v->moments_len, &v->moments_at, f.data + P, P);
     load_slice(v->adam_v, v->moments_len, &v->moments_at, f.data + 2 * P, P);
     free(f.data);
+    if (f.route_bias) /* --balance bias: the bias goes on from the file's, exactly */
+        memcpy(ctx->route_bias, f.route_bias, sizeof(float) * (size_t)ctx->model.layers * ctx->model.experts);
+    free(f.route_bias);
     v->first_step = f.step;
     if (ctx->rank == 0) {
         printf("resumed from %s: %d steps done (saved by %s%s); running steps %d-%d\n", ctx->opt.resume, f.step,
@@ -601,6 +640,21 @@ static char *make_header(const run_ctx *ctx, int step, const tensor_table *tt, c
     META("capacity_factor", "%.15g", ctx->model.capacity_factor);
     jsonval_set(m, "capacity_scope", jsonval_text(ctx->model.capacity_per_rank ? "rank" : "sequence"));
     META("aux_loss_coef", "%g", ctx->model.aux_coef);
+    /* DeepSeek-V3's routing, only when chosen (a file of the defaults stays as it was): refused on a resume
+     * with other flags; the bias is training state, each value with 9 digits (exact for a float) */
+    if (ctx->model.experts > 0 && ctx->model.router_sigmoid) jsonval_set(m, "router", jsonval_text("sigmoid"));
+    if (ctx->model.experts > 0 && ctx->model.route_bias) {
+        jsonval_set(m, "balance", jsonval_text("bias"));
+        META("bias_speed", "%.9g", o->bias_speed);
+        const long n = (long)o->layers * ctx->model.experts;
+        char *list = malloc((size_t)n * 18 + 1);
+        if (!list) die("out of host memory");
+        size_t at = 0;
+        for (long i = 0; i < n; i++) at += (size_t)sprintf(list + at, "%s%.9g", i ? "," : "", ctx->model.route_bias[i]);
+        list[at] = 0;
+        jsonval_set(m, "route_bias", jsonval_text(list));
+        free(list);
+    }
     jsonval_set(m, "lab", jsonval_text(ctx->lab.name));
     META("ranks", "%d", ctx->size);
     jsonval_set(m, "data", jsonval_text(ctx->data.source));

@@ -237,6 +237,7 @@ static long lay_out_acts(gpt_acts *a, const gpt_layout *g, layer_widths w, void 
     long layers_start = used, att = 0;
     for (int l = 0; l < a->hi - a->lo; l++) {
         carve_layer(&a->layer[l], block, &used, g, B, w, kept_pieces(g));
+        a->layer[l].layer = a->lo + l;
         if (a->layer[l].att) att += ((long)VALUES * B * w.heads * T * w.att_row + 63) / 64 * 64;
     }
     a->att_bytes = att;
@@ -410,6 +411,7 @@ static layer_acts forward_target(const gpt_layout *g, const gpt_acts *a, int lay
         la.res3 = output;
         la.moe_stats = stats;
     }
+    la.layer = layer;
     return la;
 }
 
@@ -610,6 +612,7 @@ static void layer_forward_body(const gpt_layout *g, const gpt_layer_hooks *h, co
 static layer_acts backward_source(const gpt_layout *g, const gpt_layer_hooks *h, const void *lp, const gpt_acts *a,
                                   int layer, gpt_grad_scratch *s, const layer_acts *keep) {
     layer_acts la = a->layer[layer - a->lo];
+    la.layer = layer;
     if (g->cfg.recompute == RECOMPUTE_NONE) return la;
     int ev = segment(h, -1, "recompute");
     if (g->cfg.recompute == RECOMPUTE_SELECTIVE) {
@@ -628,6 +631,7 @@ static layer_acts backward_source(const gpt_layout *g, const gpt_layer_hooks *h,
         }
     }
     segment(h, ev, NULL);
+    la.layer = layer; /* the work set's: full reruns the routing, with the layer's bias */
     if (g->cfg.recompute == RECOMPUTE_FULL) layer_forward_body(g, h, lp, layer_input(a, layer), &la, a->B, a->seq, s);
     return la;
 }

@@ -54,6 +54,11 @@ typedef struct gpt_config {
      * over its B rows, not per sequence: lab08's negative experiment (drops
      * then depend on how the batch is split over ranks) */
     int capacity_per_rank;
+    /* DeepSeek-V3's routing (moe.h): 1: scores sigmoid(logits) instead of
+     * softmax; route_bias [L][E] (NULL: none): added to the scores for the
+     * top-k choice only, moved by the run after each step (--balance bias) */
+    int router_sigmoid;
+    const float *route_bias;
 } gpt_config;
 
 /* The tensors inside one layer block, in order. */
@@ -121,6 +126,7 @@ typedef struct layer_acts {
                 * fch_gelu then hold the k N slots of the experts, not N rows */
     float *moe_stats; /* with experts: the layer's aux-loss sum, dropped choices, slots, -, and the
                        * choices per expert [E] (moe.h; kept in every --recompute mode) */
+    int layer;        /* the model's layer this set runs (experts: its row of cfg.route_bias) */
     void *moe_kept;   /* with experts, a backward split in B and W: the micro-batch's layer_wgrads.moe,
                        * set by the backward for its MLP hook; NULL otherwise */
 } layer_acts;

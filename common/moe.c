@@ -80,8 +80,19 @@ long moe_capacity(const gpt_config *c) { return moe_capacity_over(c, c->seq); }
 
 /* ---- the router and the dispatch ------------------------------------------------ */
 
-void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp, const void *ln2, moe_state *st,
-               int N) {
+const float *moe_layer_bias(const gpt_config *cfg, int layer) {
+    return cfg->experts > 0 && cfg->route_bias ? cfg->route_bias + (long)layer * cfg->experts : NULL;
+}
+
+/* P of the aux loss for one token: the softmax's p itself; sigmoid scores
+ * normalised over the E experts (DeepSeek-V3's sequence-wise balance loss), so
+ * a uniform router still gives exactly a */
+static float aux_share(const gpt_config *cfg, const float *p, int e, float ssum) {
+    return cfg->router_sigmoid ? p[e] / ssum : p[e];
+}
+
+void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp, const void *ln2, const float *bias,
+               moe_state *st, int N) {
     const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq, B = N / T;
     const void *wr = value_at(lp, tensors[LAYER_ROUTER_W].offset);
     /* per sequence, or (--capacity-scope rank) over the B rows this call routes */
@@ -89,6 +100,7 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     double aux = 0;
     long dropped = 0;
     float margin = -1; /* the smallest p_(k) - p_(k+1) over the tokens; -1: k = E, no (k+1)-th */
+    float *select_scores = bias ? malloc((size_t)E * sizeof(float)) : NULL;
     for (int n = 0; n < N; n++) {
         float *p = st->probs + (long)n * E, mx = -INFINITY, sum = 0;
         for (int e = 0; e < E; e++) {
@@ -97,8 +109,17 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
             p[e] = z;
             mx = z > mx ? z : mx;
         }
-        for (int e = 0; e < E; e++) sum += p[e] = expf(p[e] - mx);
-        for (int e = 0; e < E; e++) p[e] /= sum;
+        if (cfg->router_sigmoid) {
+            for (int e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
+        } else {
+            for (int e = 0; e < E; e++) sum += p[e] = expf(p[e] - mx);
+            for (int e = 0; e < E; e++) p[e] /= sum;
+        }
+        /* what top-k ranks: the scores, plus the bias when balancing by bias (the choice only:
+         * the gates below are the scores') */
+        float *sel = bias ? select_scores : p;
+        if (bias)
+            for (int e = 0; e < E; e++) sel[e] = p[e] + bias[e];
         /* top-k: the largest not yet chosen, the lower index on ties */
         int *ch = st->choice + (long)n * k;
         float z = 0;
@@ -107,21 +128,21 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
             for (int e = 0; e < E; e++) {
                 int taken = 0;
                 for (int i = 0; i < j; i++) taken |= ch[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                if (!taken && (best < 0 || sel[e] > sel[best])) best = e;
             }
             ch[j] = best;
             z += p[best];
         }
         for (int j = 0; j < k; j++) st->gate[(long)n * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / z;
-        /* how near this token came to another choice: its k-th probability less the best one not
+        /* how near this token came to another choice: its k-th score less the best one not
          * chosen (read only: it decides nothing, moe.h) */
-        float next = -1;
+        float next = -INFINITY;
         for (int e = 0; e < E; e++) {
             int taken = 0;
             for (int i = 0; i < k; i++) taken |= ch[i] == e;
-            if (!taken && p[e] > next) next = p[e];
+            if (!taken && sel[e] > next) next = sel[e];
         }
-        if (next >= 0 && (margin < 0 || p[ch[k - 1]] - next < margin)) margin = p[ch[k - 1]] - next;
+        if (k < E && (margin < 0 || sel[ch[k - 1]] - next < margin)) margin = sel[ch[k - 1]] - next;
     }
     /* capacity per sequence, in position order; f and P for the aux loss */
     int *used = calloc((size_t)E, sizeof(int));
@@ -135,7 +156,11 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
         for (int e = 0; e < E; e++) mean_p[e] = 0;
         for (int t = 0; t < T; t++) {
             long n = (long)b * T + t;
-            for (int e = 0; e < E; e++) mean_p[e] += st->probs[n * E + e];
+            const float *p = st->probs + n * E;
+            float ssum = 0;
+            if (cfg->router_sigmoid)
+                for (int e = 0; e < E; e++) ssum += p[e];
+            for (int e = 0; e < E; e++) mean_p[e] += aux_share(cfg, p, e, ssum);
             for (int j = 0; j < k; j++) {
                 int e = st->choice[n * k + j];
                 f[e] += 1.0f;
@@ -173,6 +198,7 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     st->stats[3] = margin;
     free(used);
     free(mean_p);
+    free(select_scores);
 }
 
 /* expert e's four tensors inside a layer block: fc holds 4C rows of each
@@ -250,7 +276,7 @@ void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts 
     const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model;
     moe_state st = moe_state_view(la->moe, cfg, N);
     st.stats = la->moe_stats;
-    moe_route(cfg, h->tensors, lp, la->ln2, &st, N);
+    moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N);
     moe_experts_forward(h->tensors, lp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, st.ys);
     moe_combine(&st, k, C, st.ys, out, N);
 }
@@ -317,6 +343,12 @@ void moe_router_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp
             float *dp = sc.dp + n * E, *p = st.probs + n * E;
             const float *f = st.freq + (n / T) * E;
             for (int e = 0; e < E; e++) dp[e] = aux_scale * f[e];
+            if (cfg->router_sigmoid && aux_scale != 0) { /* P's share q = s / S: ds_e = (dq_e - sum_j dq_j q_j) / S */
+                float ssum = 0, dot = 0;
+                for (int e = 0; e < E; e++) ssum += p[e];
+                for (int e = 0; e < E; e++) dot += dp[e] * p[e] / ssum;
+                for (int e = 0; e < E; e++) dp[e] = (dp[e] - dot) / ssum;
+            }
             const int *ch = st.choice + n * k;
             const float *dg = sc.dgate + n * k, *gt = st.gate + n * k;
             if (k == 1) {
@@ -326,9 +358,13 @@ void moe_router_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp
                 for (int j = 0; j < k; j++) z += p[ch[j]], dot += dg[j] * gt[j];
                 for (int j = 0; j < k; j++) dp[ch[j]] += (dg[j] - dot) / z;
             }
-            float pd = 0;
-            for (int e = 0; e < E; e++) pd += p[e] * dp[e];
-            for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pd); /* now d logits */
+            if (cfg->router_sigmoid) {
+                for (int e = 0; e < E; e++) dp[e] *= p[e] * (1.0f - p[e]); /* now d logits */
+            } else {
+                float pd = 0;
+                for (int e = 0; e < E; e++) pd += p[e] * dp[e];
+                for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pd); /* now d logits */
+            }
         }
         /* dinp = the kept slots' input gradients in choice order + the router's */
         const void *wr = value_at(lp, h->tensors[LAYER_ROUTER_W].offset);

@@ -23,15 +23,29 @@
  * p_e over the sequence; 1 under uniform routing. The training loss adds
  * a / L times its sum over the L layers, averaged over sequences (so a
  * uniform router adds exactly a, --aux-loss-coef). f is a count, so only P
- * carries a gradient: d/dp_{t,e} = a E f_e / (L T B_global). */
+ * carries a gradient: d/dp_{t,e} = a E f_e / (L T B_global).
+ *
+ * DeepSeek-V3's routing (--router sigmoid, --balance bias):
+ * - sigmoid: scores s = sigmoid(ln2 W_r^T), each in (0,1) on its own (an
+ *   expert's score does not fall because another's rises); top-k on s, gates
+ *   g_j = s_j / (s_1 + .. + s_k), top-1 s itself (as above); probs holds s.
+ *   The aux loss's P uses s / sum_e s (V3's sequence-wise loss), so a uniform
+ *   router still adds exactly a.
+ * - bias: a per-layer, per-expert b_e added to the scores for the top-k choice
+ *   only (the gates stay the scores'). No gradient reaches it (the choice is a
+ *   step function of it); after each optimizer step the run moves it by
+ *   gamma sign(mean load - load_e) on the load summed over every rank
+ *   (run_experts_report), so it is the same on every rank and layout, and
+ *   the loss has no aux term (a = 0). The top-k margin is then the biased
+ *   scores'. */
 #ifndef PL_MOE_H
 #define PL_MOE_H
 #include "model.h"
 
 /* What the forward keeps of one layer (inside layer_acts.moe), N positions. */
 typedef struct moe_state {
-    float *probs;   /* [N,E] the router's softmax */
-    int *choice;    /* [N,k] chosen experts, descending p */
+    float *probs;   /* [N,E] the router's softmax (sigmoid: its scores) */
+    int *choice;    /* [N,k] chosen experts, descending p (+ bias) */
     float *gate;    /* [N,k] their gates */
     int *slot;      /* [N,k] slot of each choice, -1 dropped */
     int *count;     /* [E] kept slots per expert */
@@ -77,11 +91,13 @@ void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, v
 
 /* The pieces of the hooks, for a lab that moves the slots between ranks:
  * route: the router, top-k, capacity and slots of N positions from ln2 into st
- * (and xs gathered); experts: experts [e0, e0 + n) of a layer block's tensors
+ * (and xs gathered; bias: the layer's, moe_layer_bias, or NULL); experts: experts [e0, e0 + n) of a layer block's tensors
  * h->tensors on their slots (first[] relative to xs, ys, fch, gelu);
  * combine: out = sum of gates x ys in choice order. */
-void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp, const void *ln2, moe_state *st,
-               int N);
+void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp, const void *ln2, const float *bias,
+               moe_state *st, int N);
+/* The E routing biases of a layer (cfg->route_bias's row), NULL without them */
+const float *moe_layer_bias(const gpt_config *cfg, int layer);
 void moe_experts_forward(const tensor_info *tensors, const void *lp, int e0, int n, const int *count,
                          const int *first, const void *xs, void *fch, void *gelu, void *ys);
 /* dys -> dxs (written into dgelu's room after use), accumulating the experts'

@@ -100,6 +100,12 @@ static void run_release(run_ctx *ctx) {
     free(ctx->aux_losses);
     free(ctx->dropped);
     free(ctx->expert_load);
+    free(ctx->route_bias);
+    free(ctx->imbalance);
+    free(ctx->bias_lo);
+    free(ctx->bias_hi);
+    ctx->route_bias = NULL;
+    ctx->model.route_bias = NULL;
     ctx->step_seconds = ctx->losses = NULL;
     free(ctx->records_jsonl);
     free(ctx->records_csv);
@@ -188,7 +194,11 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, run_layout, R, R == 1 ? "" : "s",
            ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
-    if (ctx->aux_losses)
+    if (ctx->aux_losses && ctx->route_bias)
+        printf("  balance         --balance bias: no aux loss; gamma %g, the bias %+.4f..%+.4f after the last step, "
+               "%.0f dropped choices in the last step\n", o->bias_speed, ctx->bias_lo[steps - 1],
+               ctx->bias_hi[steps - 1], ctx->dropped[steps - 1]);
+    else if (ctx->aux_losses)
         printf("  aux loss        %.5f -> %.5f inside it (uniform routing: %g), %.0f dropped choices in the last "
                "step\n", ctx->aux_losses[0], ctx->aux_losses[steps - 1], o->aux_loss_coef, ctx->dropped[steps - 1]);
     if (ctx->expert_load) { /* max / mean of the choices per expert, layer by layer (1: balanced) */
@@ -331,6 +341,16 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         jsonval_set(rec, "aux_losses", jsonval_numbers(ctx->aux_losses, steps));
         jsonval_set(rec, "dropped_per_step", jsonval_numbers(ctx->dropped, steps));
         jsonval_set(rec, "expert_choices_last_step", jsonval_numbers(ctx->expert_load, o->experts * o->layers));
+    }
+    if (ctx->route_report) { /* --router or --balance given (moe.h): the routing and its balance per step */
+        jsonval_set(rec, "router", json_string(o->router));
+        jsonval_set(rec, "balance", json_string(o->balance));
+        jsonval_set(rec, "load_imbalance_per_step", jsonval_numbers(ctx->imbalance, steps));
+        if (ctx->route_bias) {
+            jsonval_set(rec, "bias_speed", jsonval_number(o->bias_speed));
+            jsonval_set(rec, "bias_min_per_step", jsonval_numbers(ctx->bias_lo, steps));
+            jsonval_set(rec, "bias_max_per_step", jsonval_numbers(ctx->bias_hi, steps));
+        }
     }
     jsonval_set(rec, "diverged_at_step", ctx->diverged_at ? json_integer(ctx->diverged_at) : json_null());
     /* a run that ended early: how a script tells a finished run (steps_done = config.steps) from one a

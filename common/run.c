@@ -60,6 +60,15 @@ static flag_spec shared_flags[] = {
      "with the number of ranks: the negative experiment)", 0, "sequence|rank"},
     {"--aux-loss-coef", FLAG_FLOAT, NULL, "with --experts: weight a of Switch's load-balancing loss (a under uniform "
      "routing), added to the loss", 0, NULL},
+    {"--router", FLAG_STRING, NULL, "with --experts: the router's scores, softmax over the experts (Switch, "
+     "Mixtral), or sigmoid of each logit (DeepSeek-V3), the chosen scores normalised to sum to 1 as gates", 0,
+     "softmax|sigmoid"},
+    {"--balance", FLAG_STRING, NULL, "with --experts: how the load is balanced, Switch's aux loss "
+     "(--aux-loss-coef), or DeepSeek-V3's per-expert bias added to the scores for the choice only and moved by "
+     "--bias-speed after each step towards the mean load (no aux loss). Either given: the step line shows the "
+     "load imbalance (max/mean choices per expert) and the bias's range", 0, "aux|bias"},
+    {"--bias-speed", FLAG_FLOAT, NULL, "with --balance bias: gamma, each step the bias of an expert over (under) "
+     "the mean load moves down (up) by it", 0, NULL},
     {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
      "and bytes per rank the run will need (theory/'s formulas), then exit 0: nothing trained, --out not created", 0,
      NULL},
@@ -88,7 +97,8 @@ static void bind_shared(run_options *o) {
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
                               &o->resume, &o->eval, &o->recompute, &o->precision, &o->experts, &o->top_k,
-                              &o->capacity_factor, &o->capacity_scope, &o->aux_loss_coef, &o->dry_run,
+                              &o->capacity_factor, &o->capacity_scope, &o->aux_loss_coef, &o->router,
+                              &o->balance, &o->bias_speed, &o->dry_run,
                               &o->sample, &o->prompt, &o->temperature, &o->max_memory_mb,
                               /* the flight recorder's settings live in comm's recorder (flight.h) */
                               &flight_hang_timeout, &flight_records, &flight_check_collectives};
@@ -257,6 +267,9 @@ static const struct { const char *flag, *needs, *why; } dependent_flags[] = {
     {"--capacity-factor", "--experts", "the model is dense"},
     {"--aux-loss-coef", "--experts", "the model is dense"},
     {"--capacity-scope", "--capacity-factor", "without a capacity nothing is dropped, in any scope"},
+    {"--router", "--experts", "the model is dense"},
+    {"--balance", "--experts", "the model is dense"},
+    {"--bias-speed", "--experts", "the model is dense"},
     {"--prompt", "--sample", "nothing is sampled"},
     {"--temperature", "--sample", "nothing is sampled"},
 };
@@ -299,7 +312,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                        .seed = 1, .lr = 1e-3, .weight_decay = 0.1, .clip = 1.0,
                        .data = NULL, .device = "auto", .comm = "auto", .out = "runs", .recompute = "none",
                        .precision = "fp32", .experts = experts_default, .top_k = 2,
-                       .aux_loss_coef = 0.01, .capacity_scope = "sequence"};
+                       .aux_loss_coef = 0.01, .capacity_scope = "sequence", .router = "softmax",
+                       .balance = "aux", .bias_speed = 0.001};
     flight_hang_timeout = FLIGHT_DEFAULT_TIMEOUT;
     flight_records = 64;
     flight_check_collectives = 0;
@@ -360,12 +374,29 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     check_dependent_flags(ctx, argc, argv);
     run_check(ctx, !o->experts || o->top_k <= o->experts, "--top-k %d is more than --experts %d", o->top_k,
               o->experts);
+    /* the bias balances instead of the aux loss: both at once would pull the router two ways */
+    const int bias = !strcmp(o->balance, "bias");
+    run_check(ctx, !bias || !run_flag_given(argc, argv, "--aux-loss-coef"), "--aux-loss-coef %g with --balance bias: "
+              "the bias balances the load without an aux loss (leave --aux-loss-coef out, or use --balance aux)",
+              o->aux_loss_coef);
+    run_check(ctx, bias || !run_flag_given(argc, argv, "--bias-speed"), "--bias-speed %g does nothing without "
+              "--balance bias (the aux loss balances): give --balance bias too, or leave --bias-speed out",
+              o->bias_speed);
+    run_check(ctx, o->bias_speed > 0, "--bias-speed must be above 0, got %g (a bias that never moves balances "
+              "nothing)", o->bias_speed);
+    ctx->route_report = o->experts && (run_flag_given(argc, argv, "--router") ||
+                                       run_flag_given(argc, argv, "--balance"));
+    if (o->experts > 0 && bias && !ctx->error[0] && !(ctx->route_bias = calloc((size_t)o->experts * o->layers,
+                                                                                sizeof(float))))
+        die("out of host memory for the routing bias");
     ctx->model = (gpt_config){.vocab = 256, .seq = o->seq, .layers = o->layers,
                               .d_model = o->d_model, .heads = o->heads,
                               .recompute = gpt_recompute_parse(o->recompute), /* a choice: never -1 */
                               .experts = o->experts, .top_k = o->top_k,
-                              .capacity_factor = (float)o->capacity_factor, .aux_coef = (float)o->aux_loss_coef,
-                              .capacity_per_rank = !strcmp(o->capacity_scope, "rank")};
+                              .capacity_factor = (float)o->capacity_factor,
+                              .aux_coef = bias ? 0.0f : (float)o->aux_loss_coef,
+                              .capacity_per_rank = !strcmp(o->capacity_scope, "rank"),
+                              .router_sigmoid = !strcmp(o->router, "sigmoid"), .route_bias = ctx->route_bias};
     ctx->adamw = (adamw_config){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                 .weight_decay = (float)o->weight_decay};
     ctx->tokens_per_step = (long)o->batch * o->seq;
@@ -696,6 +727,12 @@ void run_start(run_ctx *ctx) {
         ctx->aux_losses = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
         ctx->dropped = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
         ctx->expert_load = o->experts ? calloc((size_t)o->experts * o->layers, sizeof(double)) : NULL;
+        if (ctx->route_report) {
+            ctx->imbalance = calloc((size_t)o->steps, sizeof(double));
+            ctx->bias_lo = calloc((size_t)o->steps, sizeof(double));
+            ctx->bias_hi = calloc((size_t)o->steps, sizeof(double));
+            if (!ctx->imbalance || !ctx->bias_lo || !ctx->bias_hi) die("out of host memory");
+        }
     }
     precision_use(g_precision); /* after device_use: the kernel table is the device's */
 
@@ -810,10 +847,36 @@ void run_experts_tally_free(run_experts_tally *t) {
     memset(t, 0, sizeof *t);
 }
 
+/* --balance bias (moe.h): each expert's bias moves by gamma towards the layer's mean load, on the
+ * step's choices summed over every rank (the same numbers everywhere: counts, exact in double); and
+ * the figures the step line shows */
+static void route_step(run_ctx *ctx, const double *load, int step) {
+    const int E = ctx->model.experts, L = ctx->model.layers;
+    const float gamma = (float)ctx->opt.bias_speed;
+    double worst = 0, lo = 0, hi = 0;
+    for (int l = 0; l < L; l++) {
+        double mean = 0, most = 0;
+        for (int e = 0; e < E; e++) mean += load[l * E + e], most = load[l * E + e] > most ? load[l * E + e] : most;
+        mean /= E;
+        worst = mean > 0 && most / mean > worst ? most / mean : worst;
+        for (int e = 0; e < E && ctx->route_bias; e++) {
+            float *b = &ctx->route_bias[l * E + e];
+            *b += load[l * E + e] < mean ? gamma : load[l * E + e] > mean ? -gamma : 0.0f;
+            lo = *b < lo || (l == 0 && e == 0) ? *b : lo;
+            hi = *b > hi || (l == 0 && e == 0) ? *b : hi;
+        }
+    }
+    ctx->imbalance[step] = worst;
+    ctx->bias_lo[step] = lo;
+    ctx->bias_hi[step] = hi;
+}
+
 void run_experts_report(run_ctx *ctx, comm *c, const run_experts_tally *t, int n, int replicas, int step) {
     if (!ctx->model.experts) return;
-    /* the loads are reported after the last step only: before it, only the aux loss and drops move */
-    const int last = step == ctx->opt.steps - 1, cells = last ? ctx->model.experts * ctx->model.layers : 0;
+    /* the loads are reported after the last step only: before it, only the aux loss and drops move (with
+     * --router or --balance given, every step: the bias moves by them, the step line shows them) */
+    const int last = step == ctx->opt.steps - 1;
+    const int cells = last || ctx->route_report ? ctx->model.experts * ctx->model.layers : 0;
     double *sums = calloc((size_t)cells + 2, sizeof(double)); /* aux, dropped, then the loads */
     if (!sums) die("out of memory for the expert loads");
     for (int i = 0; i < n; i++) {
@@ -824,6 +887,7 @@ void run_experts_report(run_ctx *ctx, comm *c, const run_experts_tally *t, int n
     comm_allreduce_host(c, sums, cells + 2);
     run_step_experts(ctx, step, sums[0] / replicas, sums[1]);
     if (last) run_experts_load(ctx, sums + 2);
+    if (ctx->route_report) route_step(ctx, sums + 2, step);
     free(sums);
 }
 
@@ -844,10 +908,15 @@ void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {
     ctx->losses[step] = loss;
     ctx->steps_done = step + 1;
     if (ctx->rank == 0) {
-        char tps[16];
-        printf("step %d/%d | loss %.4f | %.1f ms | %s tok/s%s%s\n", step + 1, ctx->opt.steps, loss,
+        char tps[16], route[96] = "";
+        if (ctx->route_report && ctx->route_bias)
+            snprintf(route, sizeof route, " | load max/mean %.3f | bias %+.4f..%+.4f", ctx->imbalance[step],
+                     ctx->bias_lo[step], ctx->bias_hi[step]);
+        else if (ctx->route_report)
+            snprintf(route, sizeof route, " | load max/mean %.3f", ctx->imbalance[step]);
+        printf("step %d/%d | loss %.4f | %.1f ms | %s tok/s%s%s%s\n", step + 1, ctx->opt.steps, loss,
                dt * 1e3, human((double)ctx->tokens_per_step / dt, tps), extra ? " | " : "",
-               extra ? extra : "");
+               extra ? extra : "", route);
     }
     if (!isfinite(loss) && !ctx->diverged_at) {
         ctx->diverged_at = step + 1;

@@ -47,6 +47,8 @@ typedef struct run_options {
     int experts, top_k;        /* --experts, --top-k (gpt_config, moe.h) */
     double capacity_factor, aux_loss_coef; /* --capacity-factor, --aux-loss-coef */
     const char *capacity_scope; /* --capacity-scope sequence|rank (gpt_config.capacity_per_rank) */
+    const char *router, *balance; /* --router softmax|sigmoid, --balance aux|bias (moe.h) */
+    double bias_speed;          /* --bias-speed: gamma of --balance bias */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
     int sample;                /* --sample N: bytes the model writes before and after training (sample.h) */
     const char *prompt;        /* --prompt: what it continues (NULL: the data's first line) */
@@ -82,6 +84,10 @@ typedef struct run_ctx {
     double *step_seconds, *losses;
     double *aux_losses, *dropped; /* --experts: the aux loss in each step's loss, dropped choices (all ranks) */
     double *expert_load;          /* --experts: the last step's choices per expert [L][E] (all ranks) */
+    float *route_bias;            /* --balance bias: [L][E], ctx->model.route_bias; moved by run_experts_report */
+    int route_report;             /* --router or --balance given: every step's loads summed, imbalance printed */
+    double *imbalance, *bias_lo, *bias_hi; /* route_report: per step, max over layers of max/mean choices per
+                                             * expert; the bias's least and largest value after the step */
     int steps_done;
     int diverged_at;              /* the first step (1-based) whose loss was not finite, 0: none */
     int interrupted;              /* SIGINT or SIGTERM that stopped the run after a whole step (every rank

@@ -137,7 +137,7 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     ep_layer *ly = &e->layer[layer_of(e, lp)];
     moe_state st = moe_state_view(la->moe, cfg, N);
     st.stats = la->moe_stats;
-    moe_route(cfg, h->tensors, lp, la->ln2, &st, N); /* the one-rank run's decisions: per sequence */
+    moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N); /* the one-rank run's decisions: per sequence */
     /* counts first: how many rows each rank will send to each of my experts */
     int ev = trace_begin("ep_counts", TRACE_COMM, -1, NULL);
     const long ints = (long)El * (long)(sizeof(int) / value_bytes()); /* El ints, as values */

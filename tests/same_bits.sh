@@ -34,6 +34,9 @@ model=(--layers 4 --d-model 32 --heads 4 --seq 16 --batch 8 --steps 3 --eval)
 # name | ranks | program | flags
 cases=(
     "lab01|1|lab01_dp|"
+    "lab01_experts|1|lab01_dp|--experts 4 --capacity-factor 1.0"
+    "lab08|2|lab08_ep|"
+    "lab08_ep2x2|4|lab08_ep|--ep 2 --top-k 1"
     "lab02_zero3|2|lab02_zero|--zero-stage 3"
     "lab03|2|lab03_pp_naive|"
     "lab04_zbv|2|lab04_1f1b|--schedule zb-v --micro-batches 4"
@@ -45,7 +48,6 @@ cases=(
     "lab06_sp_zbv|4|lab06_3d|--tp 2 --pp 2 --dp 1 --sequence-parallel --schedule zb-v"
     "lab06_zbv_selective|4|lab06_3d|--tp 2 --pp 2 --dp 1 --schedule zb-v --recompute selective"
     "lab07_ring|2|lab07_cp|"
-    "lab08|2|lab08_ep|"
 )
 run_side() { # side case ranks program flags precision
     local out="$scratch/$1/$2_$6"

@@ -101,6 +101,12 @@ SHARED = [
     (2, ["--experts", "4", "--aux-loss-coef", "-0.5"], "--aux-loss-coef"),
     (2, ["--dry-run", "--experts", "4"], "--experts"),  # kept for the labs that refuse experts (DRY_RUN_EXPERTS)
     (2, ["--capacity-scope", "token"], "--capacity-scope"),
+    (2, ["--experts", "4", "--router", "relu"], "--router"),
+    (2, ["--experts", "4", "--balance", "none"], "--balance"),
+    (2, ["--experts", "4", "--balance", "bias", "--bias-speed", "-1"], "--bias-speed"),
+    (2, ["--experts", "4", "--balance", "bias", "--bias-speed", "0"], "--bias-speed"),
+    (2, ["--experts", "4", "--balance", "bias", "--aux-loss-coef", "0.1"], "--aux-loss-coef"),  # bias: no aux loss
+    (2, ["--experts", "4", "--bias-speed", "0.01"], "--bias-speed"),  # the aux loss balances: no bias to move
     # dependent flags (docs/flags.md): given while the flag they act through is off, refused in one line
     (2, ["--save-every", "2"], "--save-every"),
     (2, ["--prompt", "the dog"], "--prompt"),
@@ -116,6 +122,9 @@ DENSE_DEPENDENT = [
     (2, ["--capacity-factor", "1"], "--capacity-factor"),
     (2, ["--aux-loss-coef", "0.1"], "--aux-loss-coef"),
     (2, ["--experts", "0", "--top-k", "1"], "--top-k"),
+    (2, ["--router", "sigmoid"], "--router"),
+    (2, ["--balance", "bias"], "--balance"),
+    (2, ["--bias-speed", "0.01"], "--bias-speed"),
 ]
 # the labs whose --dry-run takes --experts (its prediction counts them)
 DRY_RUN_EXPERTS = ("lab01_dp", "lab02_zero", "lab03_pp_naive", "lab04_1f1b", "lab08_ep")

@@ -6,7 +6,7 @@ all-to-all bytes comm measured are the exact count from the routing; the
 uniform-routing expectation is 4 k N_tok C b (N-1)/N per layer, derived here;
 a rank holds the replicated weights and E/N of the experts.
 
-usage: test_lab08.py equivalence|sweep|precision|resume|dry_run|capacity_scope|capacity_limits|margin"""
+usage: test_lab08.py equivalence|sweep|precision|resume|dry_run|capacity_scope|capacity_limits|margin|deepseek"""
 import os
 import re
 import sys
@@ -313,7 +313,52 @@ def margin():
               f"{parted + 1} the losses part by {diffs[parted]:.1e}, on a top-k margin of {m:.2e}")
 
 
+def deepseek():
+    """DeepSeek-V3's routing (--router sigmoid, --balance bias): every layout trains as lab01 -n 1
+    does with the same flags: the same drops, the same load imbalance and the same bias every
+    step (it moves by the global load, summed over all ranks), losses within 1e-5; lab02 and
+    lab04 too; a checkpoint carries the bias, and a resume at another layout goes on exactly."""
+    import tempfile
+    steps = [a if a != "20" else "10" for a in ARGS]
+    for routing in (["--router", "sigmoid", "--balance", "bias", "--bias-speed", "0.01", "--capacity-factor", "1.0"],
+                    ["--balance", "bias", "--bias-speed", "0.01"], ["--router", "sigmoid", "--top-k", "1"]):
+        extra = ["--experts", "4"] + routing
+        ref, _, _ = run("lab01_dp", 1, steps + extra)
+        bias = "bias" in routing
+        check(ref["aux_losses"] == [0] * 10 if bias else min(ref["aux_losses"]) > 0,
+              f"{routing}: aux losses {ref['aux_losses']}")
+        if bias:  # it moved: every step by gamma at most, and it did move
+            check(0 < ref["bias_max_per_step"][-1] <= 10 * 0.01 + 1e-6, f"{routing}: bias {ref['bias_max_per_step']}")
+        cases = [(LAB, 2, ["--ep", "2"]), (LAB, 4, ["--ep", "4"]), (LAB, 4, ["--ep", "2"]),
+                 ("lab02_zero", 2, ["--zero-stage", "2"]), ("lab04_1f1b", 2, ["--micro-batches", "2"])]
+        for lab, n, more in cases:
+            rec, _, _ = run(lab, n, steps + extra + more)
+            name = f"{lab} -n {n} {' '.join(more + routing)}"
+            compare_losses(f"{name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            for key in ("dropped_per_step", "load_imbalance_per_step") + (("bias_min_per_step", "bias_max_per_step")
+                                                                           if bias else ()):
+                check(rec[key] == ref[key], f"{name}: {key} {rec[key]} != lab01's {ref[key]}")
+        print(f"{' '.join(routing)}: load max/mean {ref['load_imbalance_per_step'][0]:.3f} -> "
+              f"{ref['load_imbalance_per_step'][-1]:.3f} at every layout")
+    # the bias is training state: saved by lab01 after 5 steps, resumed by lab08 at EP 2 x EDP 2
+    extra = ["--experts", "4", "--router", "sigmoid", "--balance", "bias", "--bias-speed", "0.01"]
+    ref, _, _ = run("lab01_dp", 1, steps + extra)
+    ck = os.path.join(tempfile.mkdtemp(prefix="pl-l8ds-"), "ck.safetensors")
+    half = [a if a != "10" else "5" for a in steps] + extra
+    run("lab01_dp", 1, half + ["--save", ck])
+    rec, _, _ = run(LAB, 4, half + ["--ep", "2", "--resume", ck])
+    compare_losses("lab08 -n 4 --ep 2 resumed with the bias, steps 6-10 vs lab01", rec["losses"], ref["losses"][5:],
+                   1e-5)
+    check(rec["bias_max_per_step"] == ref["bias_max_per_step"][5:], "resumed: the bias differs")
+    short = [a if a != "10" else "5" for a in steps] + ["--experts", "4"]
+    for other, needle in ((["--router", "sigmoid"], "--balance aux"), (["--balance", "bias"], "--router softmax")):
+        _, p, _ = run(LAB, 2, short + other + ["--resume", ck], check=False)
+        said = p.stdout + p.stderr
+        check(p.returncode == 2 and needle in said and "the checkpoint was trained with --router sigmoid --balance "
+              "bias" in said, f"resume with {other}: status {p.returncode}, {said[-300:]}")
+
+
 if __name__ == "__main__":
     {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume, "dry_run": dry_run,
-     "capacity_scope": capacity_scope, "capacity_limits": capacity_limits, "margin": margin}[sys.argv[1]]()
+     "capacity_scope": capacity_scope, "capacity_limits": capacity_limits, "margin": margin, "deepseek": deepseek}[sys.argv[1]]()
     print("passed")

@@ -4,7 +4,8 @@
  * worked by hand (ties, gates, capacity in position order, the aux loss of a
  * uniform router), --recompute with experts bit for bit, the backward split
  * in B and W bit for bit, and dense E = 0
- * keeping the dense layout. */
+ * keeping the dense layout; DeepSeek-V3's sigmoid router (top-2, top-2 with
+ * dropping, top-1, with a routing bias), and the bias taking no gradient. */
 #include "device.h"
 #include "kernels.h"
 #include "mem.h"
@@ -50,6 +51,22 @@ static double loss_of(const gpt_layout *g, float *params, gpt_acts *a) {
     return gpt_mean_loss(g, a);
 }
 
+/* every layer's router times f (a router near init is near uniform: near ties) */
+static void spread_router(const gpt_layout *g, float *params, float f) {
+    for (int l = 0; l < g->cfg.layers; l++) {
+        float *wr = params + gpt_layer_offset(g, l) + g->layer[LAYER_ROUTER_W].offset;
+        for (long i = 0; i < (long)g->cfg.experts * g->cfg.d_model; i++) wr[i] *= f;
+    }
+}
+
+/* activations and scratch of the whole model for B rows, bound, with the test's tokens */
+static void acts_with_batch(const gpt_layout *g, gpt_acts *a, gpt_grad_scratch *s) {
+    gpt_acts_alloc(a, g, 0, g->cfg.layers, B);
+    gpt_scratch_alloc(s, g, B);
+    gpt_acts_bind(a, s);
+    set_batch(a, (long)B * g->cfg.seq, g->cfg.vocab);
+}
+
 static void gradcheck(const char *name, gpt_config c, int want_drops) {
     gpt_layout g;
     gpt_layout_init(&g, &c);
@@ -60,17 +77,14 @@ static void gradcheck(const char *name, gpt_config c, int want_drops) {
     /* a router of this size at init is near uniform (many near-ties, which finite
      * differences cannot cross): spread it 4x. Measured: the L2 error is 4e-4 at
      * 1x and 4x, 5.5e-4 at 8x, 2e-3 at 20x (the softmax's curvature grows with
-     * its sharpness; the aux loss's weight changes nothing) */
-    for (int l = 0; l < c.layers; l++) {
-        float *wr = params + gpt_layer_offset(&g, l) + g.layer[LAYER_ROUTER_W].offset;
-        for (long i = 0; i < (long)c.experts * c.d_model; i++) wr[i] *= 4.0f;
-    }
+     * its sharpness; the aux loss's weight changes nothing). Sigmoid scores lie
+     * closer together (s' <= 1/4), more near ties: 12x. Measured, sigmoid
+     * top-2: 4x skips 283 of 5448 parameters (a near tie), 6x 55, 12x 34; L2
+     * error 4.4e-4 at each */
+    spread_router(&g, params, c.router_sigmoid ? 12.0f : 4.0f);
     gpt_acts a;
     gpt_grad_scratch s;
-    gpt_acts_alloc(&a, &g, 0, c.layers, B);
-    gpt_scratch_alloc(&s, &g, B);
-    gpt_acts_bind(&a, &s);
-    set_batch(&a, N, c.vocab);
+    acts_with_batch(&g, &a, &s);
     mem_zero(grads, P * sizeof(float));
     double loss0 = loss_of(&g, params, &a);
     const uint64_t route0 = routing_of(&c, &a);
@@ -249,6 +263,60 @@ static void rules_by_hand(void) {
     mem_free(params);
 }
 
+/* --balance bias (moe.h): the bias decides the choice only. Two biases that
+ * leave every choice as it was give the same loss and the same gradients, bit
+ * for bit (nothing flows into or through it); a bias that moves the choice
+ * changes the loss, and the gates stay the scores' (the bias is not in them). */
+static void bias_gets_no_gradient(int sigmoid) {
+    gpt_config c = base;
+    c.router_sigmoid = sigmoid;
+    c.aux_coef = 0; /* --balance bias: no aux loss */
+    gpt_layout g;
+    gpt_layout_init(&g, &c);
+    const long P = g.total, N = (long)B * c.seq, E = c.experts;
+    float *params = mem_alloc(P * sizeof(float), MEM_PARAMS);
+    gpt_init_params(&g, 7, 0, P, params);
+    spread_router(&g, params, 4.0f); /* as gradcheck does: choices with clear margins */
+    float bias[3][2 * 4] = {{0}, {1e-7f, -1e-7f, 2e-7f, 0, -1e-7f, 0, 1e-7f, 0}, {0, 0, 0, 10, 0, 0, 0, 10}};
+    double loss[3];
+    uint64_t route[3];
+    float *grads[3];
+    int gates_are_scores = 1;
+    for (int v = 0; v < 3; v++) {
+        c.route_bias = bias[v];
+        g.cfg = c;
+        gpt_acts a;
+        gpt_grad_scratch s;
+        acts_with_batch(&g, &a, &s);
+        grads[v] = mem_alloc(P * sizeof(float), MEM_GRADS);
+        mem_zero(grads[v], P * sizeof(float));
+        loss[v] = loss_of(&g, params, &a);
+        route[v] = routing_of(&c, &a);
+        gpt_backward(&g, params, grads[v], &a, &s, NULL, 1.0f / (float)N, NULL, NULL);
+        if (v == 2) { /* expert 3 is every token's first choice; its gate is still s_3 / (s_3 + s_j) */
+            moe_state st = moe_state_view(a.layer[0].moe, &c, N);
+            for (long n = 0; n < N; n++) {
+                const float *p = st.probs + n * E;
+                const int *ch = st.choice + n * 2;
+                gates_are_scores &= ch[0] == 3 && st.gate[n * 2] == p[3] / (p[3] + p[ch[1]]);
+            }
+        }
+        gpt_acts_free(&a);
+        gpt_scratch_free(&s);
+    }
+    const char *name = sigmoid ? "sigmoid" : "softmax";
+    printf("%s router, bias 0 / +-1e-7 / +10 on expert 3: routing %s / %s, loss %.7f / %.7f / %.7f, gradients "
+           "%s for the first two\n", name, route[1] == route[0] ? "the same" : "changed",
+           route[2] == route[0] ? "the same" : "changed", loss[0], loss[1], loss[2],
+           memcmp(grads[0], grads[1], P * sizeof(float)) ? "differ" : "bit-identical");
+    CHECK(route[1] == route[0] && loss[1] == loss[0] && !memcmp(grads[0], grads[1], P * sizeof(float)),
+          "%s: a bias that keeps every choice changed the loss or a gradient", name);
+    CHECK(route[2] != route[0] && loss[2] != loss[0], "%s: a bias of 10 did not change the routing", name);
+    CHECK(gates_are_scores, "%s: with a bias the gates are not the chosen scores normalised", name);
+    for (int v = 0; v < 3; v++) mem_free(grads[v]);
+    mem_free(params);
+}
+
 int main(void) {
     device_use(DEVICE_CPU, 0);
     /* E = 0 is the dense model: no router, the dense MLP's sizes */
@@ -271,6 +339,26 @@ int main(void) {
     gradcheck("top-1", c, 0);
     c.capacity_factor = 1.0f;
     gradcheck("top-1, capacity factor 1", c, 1);
+    /* --router sigmoid: scores s = sigmoid(logits), gates s / sum of the chosen, top-1 s itself; the aux
+     * loss (a = 0.1 here) on s / sum s */
+    c = base;
+    c.router_sigmoid = 1;
+    gradcheck("sigmoid top-2", c, 0);
+    c.capacity_factor = 1.0f;
+    gradcheck("sigmoid top-2, capacity factor 1", c, 1);
+    c = base;
+    c.router_sigmoid = 1;
+    c.top_k = 1;
+    gradcheck("sigmoid top-1", c, 0);
+    /* --balance bias: a bias that moves choices (the gradient is still exact where the routing stays) */
+    static const float some_bias[2 * 4] = {0.05f, -0.05f, 0.1f, 0, 0, 0.08f, -0.02f, 0};
+    c = base;
+    c.router_sigmoid = 1;
+    c.aux_coef = 0;
+    c.route_bias = some_bias;
+    gradcheck("sigmoid top-2 with a bias, no aux loss", c, 0);
+    bias_gets_no_gradient(0);
+    bias_gets_no_gradient(1);
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("moe tests passed\n");
     return 0;
