@@ -78,6 +78,13 @@ const cluster cluster_presets[] = {
      "DGX H100 nodes: NVLink 4 inside (900 GB/s both ways), 8 x NDR 400 Gb/s InfiniBand between"},
     {"h200", 8, 8, 131.3, 989, 495, 0.57, 450, 3, 50, 8, 4800, 0,
      "H200 SXM nodes (141 GB = 131.3 GiB): the H100's compute and links, HBM3e 4.8 TB/s"},
+    /* torchtitan's benchmark hosts (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md):
+     * Grand Teton, 8 H100 a host on NVLink, 96 GB HBM2e at 2.4 TB/s, 400 Gb/s
+     * per GPU between hosts, a 500 W power limit. Their peak is "between SXM
+     * and NVL, and we don't know its exact value" (its footnote 2): the SXM's
+     * 989 stands, as in torchtitan's own MFU, an upper bound */
+    {"h100-96gb", 8, 8, 89.4, 989, 495, 0.57, 450, 3, 50, 8, 2400, 0,
+     "Grand Teton H100 96GB HBM2e (torchtitan's benchmarks), 500 W: the SXM's peak as an upper bound"},
     /* DeepSeek-V3's cluster (arXiv 2412.19437, section 3.2.2): NVLink 160 GB/s
      * and InfiniBand 50 GB/s per GPU as the report states them; the H800's
      * compute is the H100's */
