@@ -2,11 +2,12 @@
 #include <string.h>
 
 /* GPT shapes: learned positions, biases, a 4C GELU MLP, the head tied to the
- * embedding (GPT-2, GPT-3, Megatron's GPT). */
+ * embedding, dropout (GPT-2, GPT-3, Megatron's GPT). */
 #define GPT(L, C, H, T, V) {.vocab = V, .seq = T, .layers = L, .d_model = C, .heads = H, .kv_heads = H, \
-                            .ffn = 4 * (C), .biases = 1, .learned_positions = 1, .tied_head = 1}
+                            .ffn = 4 * (C), .biases = 1, .learned_positions = 1, .tied_head = 1, \
+                            .dropout = 1}
 /* Llama 3: grouped-query attention (8 KV heads), SwiGLU MLP, RMSNorm without
- * biases, rotary positions, untied head. */
+ * biases, rotary positions, untied head, no dropout. */
 #define LLAMA(L, C, H, F) {.vocab = 128256, .seq = 8192, .layers = L, .d_model = C, .heads = H, .kv_heads = 8, \
                            .ffn = F, .gated_mlp = 1}
 
@@ -46,7 +47,7 @@ const model_preset model_presets[] = {
      "DeepSeek-V3 (arXiv 2412.19437): 256 routed experts top-8 + 1 shared (width 2048), first 3 layers dense; MLA as MHA"},
     /* ALiBi: no position table; the extra LayerNorm after the embedding is left out */
     {"bloom-176b", {.vocab = 250880, .seq = 2048, .layers = 70, .d_model = 14336, .heads = 112, .kv_heads = 112,
-                    .ffn = 4 * 14336, .biases = 1, .learned_positions = 0, .tied_head = 1},
+                    .ffn = 4 * 14336, .biases = 1, .learned_positions = 0, .tied_head = 1, .dropout = 1},
      "BLOOM 176B (BigScience 2022, arXiv 2211.05100, section 3): ALiBi, tied head, vocab 250680 padded to 250880"},
 };
 const int n_model_presets = (int)(sizeof model_presets / sizeof model_presets[0]);

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 enum { ID, MODEL, CLUSTER, GPUS, INTER, TP, PP, DP, CP, EP, SEQ, BATCH, MB, SCHED, RECOMP, SP, ZERO, OVERLAP, EP_OVERLAP, FLOPS, REPORTED,
-       TOKENS, PARAMS, UNMODELLED, SOURCE, VERIFIED, COLUMNS };
+       TOKENS, PARAMS, UNMODELLED, SPLIT, MEMORY_GAP, SOURCE, VERIFIED, COLUMNS };
 
 /* The line's cells (the first COLUMNS into cols); returns how many it has. */
 static int split_tabs(char *line, char **cols) {
@@ -33,7 +33,7 @@ static int split_tabs(char *line, char **cols) {
 static const char *const column_names[COLUMNS] = {
     "id", "model", "cluster", "gpus", "inter_gbs", "tp", "pp", "dp", "cp", "ep", "seq", "global_batch", "micro_batch", "schedule",
     "recompute", "sp", "zero", "dp_overlap", "ep_overlap", "flops", "reported", "batch_tokens", "params_b", "unmodelled",
-    "source", "verified"};
+    "split", "memory_gap", "source", "verified"};
 
 /* What a row's reported figure counts (the flops column): hardware FLOPs (with
  * recomputation's extra forward), model FLOPs (without), or tokens per second. */
@@ -124,7 +124,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     if (!cp) return bad_cell(path, lineno, CLUSTER, w->c[CLUSTER], "is not a cluster preset (plan3d --help lists them)");
     w->cl = *cp;
     long gpus, tp, pp, dp, cpd, ep, seq, batch, mb, zero;
-    int sched, recompute, sp, flops;
+    int sched, recompute, sp, flops, split;
     double overlap, ep_overlap;
     if (!cell_count(path, lineno, w, GPUS, 1, 1000000, 0, &gpus) ||
         (strcmp(w->c[INTER], "-") && !cell_number(path, lineno, w, INTER, 0, 1, 1e6, &w->cl.inter_gbs)) ||
@@ -142,14 +142,15 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
         !cell_choice(path, lineno, w, FLOPS, "hw|model|tokens", 0, &flops) ||
         !cell_number(path, lineno, w, REPORTED, 0, 1, 1e9, &w->reported) ||
         !cell_amount(path, lineno, w, TOKENS, 1e15, &w->batch_tokens) ||
-        !cell_amount(path, lineno, w, PARAMS, 1e6, &w->params_b))
+        !cell_amount(path, lineno, w, PARAMS, 1e6, &w->params_b) ||
+        !cell_choice(path, lineno, w, SPLIT, "equal|ends", 0, &split))
         return 0;
     w->kind = flops;
     w->m = w->mp->m;
     if (seq) w->m.seq = seq;
     w->cl.gpus = (int)gpus;
     if (w->cl.gpus_per_node > w->cl.gpus) w->cl.gpus_per_node = w->cl.gpus;
-    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1};
+    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1, split};
     w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, 0, sched, sp, recompute, 0, (int)cpd, (int)ep};
     return 1;
 }
@@ -255,11 +256,11 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
     const double err = predicted / w->reported - 1;
     const int in_mean = !strcmp(c[UNMODELLED], "-");
     char lt[160];
-    printf("%-19s %6d %2d %2d %2d %4d %3d | %-6s %8.0f %9.0f %+6.1f%% | %7.0f %7.0f | ok | %s (%.1f GiB%s)%s%s\n", c[ID],
+    printf("%-19s %6d %2d %2d %2d %4d %3d | %-6s %8.0f %9.0f %+6.1f%% | %7.0f %7.0f | ok | %s (%.1f GiB%s%s)%s%s\n", c[ID],
            cl.gpus, e->l.tp, e->l.cp, e->l.pp, e->l.dp, e->l.ep, kind_names[w->kind], w->reported, predicted, 100 * err,
            model_tf, hw_tf, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
-           e->fits ? "" : ", does NOT fit: the memory model is off for this row", in_mean ? "" : "; not in the mean: ",
-           in_mean ? "" : c[UNMODELLED]);
+           e->fits ? "" : ", does NOT fit: ", e->fits ? "" : strcmp(c[MEMORY_GAP], "-") ? c[MEMORY_GAP] : "the memory model is off for this row",
+           in_mean ? "" : "; not in the mean: ", in_mean ? "" : c[UNMODELLED]);
     json_array_append_new(t->out, json_pack("{s:s,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:s,s:b,s:s,s:s}", "id",
                                          c[ID], "gpus", cl.gpus, "convention", kind_names[w->kind], "reported",
                                          w->reported, "predicted", predicted, "predicted_model_tflops", model_tf,
