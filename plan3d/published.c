@@ -222,7 +222,7 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
     char why[160];
     t->rows++;
     if (*row_check(w, why, sizeof why)) { /* printed as failing, not predicted, not fixed */
-        printf("%-19s %6d %2s %2s %2s %4s %3s | %-6s %8.0f %9s %7s | %7s %7s | FAILS: %s\n", c[ID], cl.gpus, c[TP], c[CP],
+        printf("%-22s %6d %2s %2s %2s %4s %3s | %-6s %8.0f %9s %8s | %7s %7s | FAILS: %s\n", c[ID], cl.gpus, c[TP], c[CP],
                c[PP], c[DP], c[EP], kind_names[w->kind], w->reported, "-", "-", "-", "-", why);
         json_array_append_new(t->out, json_pack("{s:s,s:i,s:s,s:f,s:s,s:s}", "id", c[ID], "gpus", cl.gpus, "convention",
                                              kind_names[w->kind], "reported", w->reported, "check", why, "source",
@@ -256,8 +256,9 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
     const double err = predicted / w->reported - 1;
     const int in_mean = !strcmp(c[UNMODELLED], "-");
     char lt[160];
-    printf("%-19s %6d %2d %2d %2d %4d %3d | %-6s %8.0f %9.0f %+6.1f%% | %7.0f %7.0f | ok | %s (%.1f GiB%s%s)%s%s\n", c[ID],
-           cl.gpus, e->l.tp, e->l.cp, e->l.pp, e->l.dp, e->l.ep, kind_names[w->kind], w->reported, predicted, 100 * err,
+    printf("%-22s %6d %2d %2d %2d %4d %3d | %-6s %8.0f %9.0f %+6.1f%%%s | %7.0f %7.0f | ok | %s (%.1f GiB%s%s)%s%s\n",
+           c[ID], cl.gpus, e->l.tp, e->l.cp, e->l.pp, e->l.dp, e->l.ep, kind_names[w->kind], w->reported, predicted,
+           100 * err, in_mean ? " " : "*",
            model_tf, hw_tf, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
            e->fits ? "" : ", does NOT fit: ", e->fits ? "" : strcmp(c[MEMORY_GAP], "-") ? c[MEMORY_GAP] : "the memory model is off for this row",
            in_mean ? "" : "; not in the mean: ", in_mean ? "" : c[UNMODELLED]);
@@ -304,16 +305,17 @@ int predict_published(const char *path, const char *json_path) {
         return status;
     }
     tally t = {.out = json_array()};
-    printf("%-19s %6s %-17s | %-6s %8s %9s %7s | %7s %7s | %s\n", "run", "GPUs", "tp cp pp   dp  ep", "counts",
+    printf("%-22s %6s %-17s | %-6s %8s %9s %8s | %7s %7s | %s\n", "run", "GPUs", "tp cp pp   dp  ep", "counts",
            "reported", "predicted", "error", "model", "hw", "check | the layout plan3d completes it with (memory per GPU)");
+    printf("%-22s %6s %-17s | %-6s %8s %9s %8s | %15s |\n", "", "", "", "", "per GPU", "", "", "TFLOP/s");
     status = for_each_row(f, path, predict_row, &t, &rows);
     fclose(f);
     if (status) {
         json_decref(t.out);
         return status;
     }
-    printf("\n%d runs: %d fail the consistency check (not predicted), %d predicted but not in the mean (a feature plan3d "
-           "does not model)\n%d in the mean: mean |error| %.1f%%, worst %.1f%% (%s)\n", t.rows, t.failed, t.left_out,
+    printf("\n%d runs: %d fail the consistency check (not predicted), %d predicted but not in the mean (*: a feature "
+           "plan3d does not model)\n%d in the mean: mean |error| %.1f%%, worst %.1f%% (%s)\n", t.rows, t.failed, t.left_out,
            t.in_mean, t.in_mean ? 100 * t.sum_abs / t.in_mean : 0.0, 100 * t.worst, t.in_mean ? t.worst_id : "-");
     if (json_path) {
         json_t *root = json_pack("{s:s,s:i,s:i,s:i,s:f,s:f,s:o}", "file", path, "failed_check", t.failed, "left_out",
