@@ -29,7 +29,7 @@ static int broken_rule(const th_model *m, const cluster *c, const training *tr, 
         return BROKEN("--tp %d does not divide --heads %ld (each TP rank computes whole heads)", l->tp, m->heads);
     if (m->ffn % l->tp)
         return BROKEN("--tp %d does not divide --ffn %ld (the MLP's units are split over the TP ranks)", l->tp, m->ffn);
-    if ((long)l->pp * chunks > m->layers)
+    if ((long)l->pp * chunks > m->layers + (tr->split_ends ? 2 : 0))
         return BROKEN("--pp %d x %d chunk%s per rank (%s) is more than --layers %ld: every chunk needs a layer", l->pp,
                       chunks, chunks == 1 ? "" : "s", th_schedule_names[l->schedule], m->layers);
     if (l->micro_batch < 1 || tr->global_batch % ((long)l->dp * l->micro_batch))
@@ -58,14 +58,21 @@ void in_flight_table(th_schedule s, int p, int m, int v, in_flight *table) {
 }
 
 /* The chunks (contiguous layer runs) of the pipeline, in pipeline order:
- * layers[c] layers each, equal, the last ones one more (lab03's split). The
- * last stage also runs the head; moving layers off it is not modelled (the
- * balancing loop plan3d once had never moved a layer: its first comparison was
- * with infinity minus a share of infinity, NaN, so every plan so far has been
- * this equal split). */
-static void split_layers(const th_model *m, int n_chunks, int *layers) {
+ * layers[c] layers each, equal, the last ones one more (lab03's split), or
+ * with ends theory's th_stage_layers_ends (the embedding and the head take a
+ * layer's place: Llama 3's balanced pipeline). The last stage also runs the
+ * head; moving layers off it is not modelled otherwise (the balancing loop
+ * plan3d once had never moved a layer: its first comparison was with infinity
+ * minus a share of infinity, NaN, so every plan so far has been this equal
+ * split). */
+static void split_layers(const th_model *m, int n_chunks, int ends, int *layers) {
     const int L = (int)m->layers;
-    for (int c = 0; c < n_chunks; c++) layers[c] = L / n_chunks + (c >= n_chunks - L % n_chunks);
+    for (int c = 0; c < n_chunks; c++) {
+        int lo, hi;
+        if (ends) th_stage_layers_ends(L, n_chunks, c, &lo, &hi);
+        else th_stage_layers(L, n_chunks, c, &lo, &hi);
+        layers[c] = hi - lo;
+    }
 }
 
 /* The course's exact formulas apply to its own model in fp32 (theory.h). */
@@ -94,7 +101,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     const double layer_local = pc.layer - pc.layer_sharded + pc.layer_sharded / t;
     const double moe_run = pc.layer_active - pc.layer_sharded + pc.layer_sharded / t;
     const double dense_run = pc.dense_layer - pc.dense_layer_sharded + pc.dense_layer_sharded / t;
-    const double head_local = th_stage_params(m, mo, L, L);
+    const double head_local = th_stage_params(m, mo, L, L), embed_local = th_stage_params(m, mo, 0, 0);
     const double act_bytes = tr->precision == PREC_BF16 ? 2 : 4;
 
     /* the compute rate, shared where ranks outnumber cores (the CPU "cluster") */
@@ -109,7 +116,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
 
     int *layers = malloc(sizeof(int) * (size_t)n_chunks), *first = malloc(sizeof(int) * (size_t)n_chunks);
     if (!layers || !first) { fprintf(stderr, "error: out of memory\n"); exit(1); }
-    split_layers(m, n_chunks, layers);
+    split_layers(m, n_chunks, tr->split_ends, layers);
     for (int k = 0, at = 0; k < n_chunks; at += layers[k], k++) first[k] = at;
 
     /* links: TP groups are consecutive ranks, CP groups t apart, DP groups t cp
@@ -144,17 +151,22 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
         double params = 0, experts = 0, acts = 0;
         for (int k = 0; k < v; k++) { /* rank r's chunks, placed as lab04 places them */
             const int st = th_chunk_stage(l->schedule, p, r, k), lo = first[st], hi = lo + layers[st];
+            /* the embedding is the first chunk's, the head the last's (with ends an
+             * empty first chunk and its neighbour both start at layer 0) */
+            const int not_first = lo == 0 && st > 0, not_last = hi == L && st < n_chunks - 1;
             nl += hi - lo;
             n_moe += th_moe_layers(m, lo, hi);
-            has_head |= hi == L;
-            params += th_stage_params(m, mo, lo, hi);
+            has_head |= hi == L && !not_last;
+            params += th_stage_params(m, mo, lo, hi) - (not_first ? embed_local : 0) - (not_last ? head_local : 0);
             experts += th_stage_expert_params(m, mo, lo, hi);
             /* the chunk's own pool of blocks (lab04's executor): its blocks in flight x their bytes */
             int n_acts, n_wgrads;
             if (table) n_acts = table[r * v + k].acts, n_wgrads = table[r * v + k].wgrads;
             else th_chunk_in_flight(l->schedule, p, M, v, r, k, &n_acts, &n_wgrads);
             acts += n_acts * (exact ? th_course_acts_bytes(m, &lab, lo, hi, (long)b)
-                                    : th_published_acts_bytes(m, &o, lo, hi, (long)b) * act_bytes / 2);
+                                    : (th_published_acts_bytes(m, &o, lo, hi, (long)b) -
+                                       (not_first ? th_published_acts_bytes(m, &o, 0, 0, (long)b) : 0) -
+                                       (not_last ? th_published_acts_bytes(m, &o, L, L, (long)b) : 0)) * act_bytes / 2);
             if (exact) acts += n_wgrads * th_course_wgrads_bytes(m, &lab, lo, hi, (long)b);
         }
         /* time of one micro-batch on this rank */

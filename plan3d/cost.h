@@ -49,6 +49,8 @@ typedef struct training {
     double ep_overlap;       /* 0..1: the share of EP all-to-all hidden behind other micro-batches' compute
                               * (DeepSeek-V3's DualPipe hides it all; a plain schedule none) */
     double headroom;         /* 0..1: memory kept free (CUDA context, NCCL buffers, fragmentation) */
+    int split_ends;          /* the layers cut as th_stage_layers_ends does (Llama 3's balanced pipeline:
+                              * the embedding and the head take a layer's place); 0: th_stage_layers */
 } training;
 
 typedef struct layout {

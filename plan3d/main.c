@@ -158,7 +158,7 @@ static void usage(const option *opts, int n) {
 int main(int argc, char **argv) {
     const char *model_name = "llama3-70b", *cluster_name = "h100", *precision = "bf16", *schedule = "any";
     const char *sp = "any", *recompute = "any", *json = NULL, *check_dir = NULL, *published = NULL;
-    const char *calibration = "calibration.json";
+    const char *calibration = "calibration.json", *split = "equal";
     int gpus = 64, gpn = 0, layers = 0, d_model = 0, heads = 0, kv_heads = 0, seq = 0, vocab = 0, ffn = 0;
     int global_batch = 512, zero = 1, tp = 0, pp = 0, dp = 0, micro_batch = 0, vp = 0, top = 5, cpd = 0, ep = 0;
     int explain = 0, calibrate = 0, across = 0, help = 0;
@@ -200,6 +200,7 @@ int main(int argc, char **argv) {
         {"--vp", OPT_INT, &vp, "fix the chunks per rank of --schedule interleaved (0: search)", 0, NULL, 0},
         {"--sp", OPT_STRING, &sp, "sequence parallelism", 0, "any|on|off", 0},
         {"--recompute", OPT_STRING, &recompute, "activation recomputation", 0, "any|none|selective|full", 0},
+        {"--split", OPT_STRING, &split, "layers over the stages: equal, or ends (the embedding and head take a layer's place: Llama 3)", 0, "equal|ends", 0},
         {"--tp-across-nodes", OPT_BOOL, &across, "let the TP group span nodes (its all-reduces then cross the network)", 0, NULL, 0},
         {"--top", OPT_INT, &top, "layouts to print", 1, NULL, 0},
         {"--explain", OPT_BOOL, &explain, "show how the best layout was reached", 0, NULL, 0},
@@ -252,7 +253,7 @@ int main(int argc, char **argv) {
     if (inter_gbs) c.inter_gbs = inter_gbs;
     if (inter_us) c.inter_us = inter_us;
     if (hbm) c.hbm_gbs = hbm;
-    training tr = {global_batch, !strcmp(precision, "bf16") ? PREC_BF16 : PREC_FP32, zero, overlap, ep_overlap, headroom};
+    training tr = {global_batch, !strcmp(precision, "bf16") ? PREC_BF16 : PREC_FP32, zero, overlap, ep_overlap, headroom, !strcmp(split, "ends")};
     if (tflops) *(tr.precision == PREC_BF16 ? &c.bf16_tflops : &c.fp32_tflops) = tflops;
     if (zero > 3) bad_input("--zero-stage %d: must be 0, 1, 2 or 3", zero);
     if (overlap > 1) bad_input("--dp-overlap %g: must be between 0 and 1", overlap);

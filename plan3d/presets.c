@@ -2,11 +2,12 @@
 #include <string.h>
 
 /* GPT shapes: learned positions, biases, a 4C GELU MLP, the head tied to the
- * embedding (GPT-2, GPT-3, Megatron's GPT). */
+ * embedding, dropout (GPT-2, GPT-3, Megatron's GPT). */
 #define GPT(L, C, H, T, V) {.vocab = V, .seq = T, .layers = L, .d_model = C, .heads = H, .kv_heads = H, \
-                            .ffn = 4 * (C), .biases = 1, .learned_positions = 1, .tied_head = 1}
+                            .ffn = 4 * (C), .biases = 1, .learned_positions = 1, .tied_head = 1, \
+                            .dropout = 1}
 /* Llama 3: grouped-query attention (8 KV heads), SwiGLU MLP, RMSNorm without
- * biases, rotary positions, untied head. */
+ * biases, rotary positions, untied head, no dropout. */
 #define LLAMA(L, C, H, F) {.vocab = 128256, .seq = 8192, .layers = L, .d_model = C, .heads = H, .kv_heads = 8, \
                            .ffn = F, .gated_mlp = 1}
 
@@ -46,7 +47,7 @@ const model_preset model_presets[] = {
      "DeepSeek-V3 (arXiv 2412.19437): 256 routed experts top-8 + 1 shared (width 2048), first 3 layers dense; MLA as MHA"},
     /* ALiBi: no position table; the extra LayerNorm after the embedding is left out */
     {"bloom-176b", {.vocab = 250880, .seq = 2048, .layers = 70, .d_model = 14336, .heads = 112, .kv_heads = 112,
-                    .ffn = 4 * 14336, .biases = 1, .learned_positions = 0, .tied_head = 1},
+                    .ffn = 4 * 14336, .biases = 1, .learned_positions = 0, .tied_head = 1, .dropout = 1},
      "BLOOM 176B (BigScience 2022, arXiv 2211.05100, section 3): ALiBi, tied head, vocab 250680 padded to 250880"},
 };
 const int n_model_presets = (int)(sizeof model_presets / sizeof model_presets[0]);
@@ -78,6 +79,13 @@ const cluster cluster_presets[] = {
      "DGX H100 nodes: NVLink 4 inside (900 GB/s both ways), 8 x NDR 400 Gb/s InfiniBand between"},
     {"h200", 8, 8, 131.3, 989, 495, 0.57, 450, 3, 50, 8, 4800, 0,
      "H200 SXM nodes (141 GB = 131.3 GiB): the H100's compute and links, HBM3e 4.8 TB/s"},
+    /* torchtitan's benchmark hosts (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md):
+     * Grand Teton, 8 H100 a host on NVLink, 96 GB HBM2e at 2.4 TB/s, 400 Gb/s
+     * per GPU between hosts, a 500 W power limit. Their peak is "between SXM
+     * and NVL, and we don't know its exact value" (its footnote 2): the SXM's
+     * 989 stands, as in torchtitan's own MFU, an upper bound */
+    {"h100-96gb", 8, 8, 89.4, 989, 495, 0.57, 450, 3, 50, 8, 2400, 0,
+     "Grand Teton H100 96GB HBM2e (torchtitan's benchmarks), 500 W: the SXM's peak as an upper bound"},
     /* DeepSeek-V3's cluster (arXiv 2412.19437, section 3.2.2): NVLink 160 GB/s
      * and InfiniBand 50 GB/s per GPU as the report states them; the H800's
      * compute is the H100's */

@@ -15,8 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { ID, MODEL, CLUSTER, GPUS, INTER, TP, PP, DP, CP, EP, SEQ, BATCH, MB, SCHED, RECOMP, SP, ZERO, OVERLAP, EP_OVERLAP, FLOPS, TFLOPS, SOURCE,
-       VERIFIED, COLUMNS };
+enum { ID, MODEL, CLUSTER, GPUS, INTER, TP, PP, DP, CP, EP, SEQ, BATCH, MB, SCHED, RECOMP, SP, ZERO, OVERLAP, EP_OVERLAP, FLOPS, REPORTED,
+       TOKENS, PARAMS, UNMODELLED, SPLIT, MEMORY_GAP, SOURCE, VERIFIED, COLUMNS };
 
 /* The line's cells (the first COLUMNS into cols); returns how many it has. */
 static int split_tabs(char *line, char **cols) {
@@ -32,7 +32,13 @@ static int split_tabs(char *line, char **cols) {
 
 static const char *const column_names[COLUMNS] = {
     "id", "model", "cluster", "gpus", "inter_gbs", "tp", "pp", "dp", "cp", "ep", "seq", "global_batch", "micro_batch", "schedule",
-    "recompute", "sp", "zero", "dp_overlap", "ep_overlap", "flops", "tflops", "source", "verified"};
+    "recompute", "sp", "zero", "dp_overlap", "ep_overlap", "flops", "reported", "batch_tokens", "params_b", "unmodelled",
+    "split", "memory_gap", "source", "verified"};
+
+/* What a row's reported figure counts (the flops column): hardware FLOPs (with
+ * recomputation's extra forward), model FLOPs (without), or tokens per second. */
+enum { KIND_HW, KIND_MODEL, KIND_TOKENS };
+static const char *const kind_names[] = {"hw", "model", "tokens"};
 
 /* A row, every cell checked: the file is the user's to extend. */
 typedef struct row {
@@ -42,7 +48,10 @@ typedef struct row {
     cluster cl;
     training tr;
     constraints k;
-    double tflops;
+    int kind;                /* KIND_* */
+    double reported;         /* per GPU: TFLOP/s, or tokens/s for KIND_TOKENS */
+    double batch_tokens;     /* the source's tokens per batch (0: not given) */
+    double params_b;         /* the source's parameter count, billions (0: not given) */
 } row;
 
 /* Names the cell's line and column and what it must be; returns 0. */
@@ -74,6 +83,19 @@ static int cell_number(const char *path, int lineno, row *w, int col, double lo,
     return bad_cell(path, lineno, col, v, rule);
 }
 
+/* A number above 0 and at most hi, with an optional K or M (thousands,
+ * millions: "16M", as sources round), or "-" (0: the source does not say). */
+static int cell_amount(const char *path, int lineno, row *w, int col, double hi, double *out) {
+    const char *v = w->c[col];
+    char *end, rule[96];
+    if (!strcmp(v, "-")) { *out = 0; return 1; }
+    double x = strtod(v, &end);
+    if (end != v && (*end == 'K' || *end == 'M')) x *= *end++ == 'K' ? 1e3 : 1e6;
+    if (end != v && !*end && isfinite(x) && x > 0 && x <= hi) { *out = x; return 1; }
+    snprintf(rule, sizeof rule, "must be a number above 0 (K, M: thousands, millions), at most %g, or - (not given)", hi);
+    return bad_cell(path, lineno, col, v, rule);
+}
+
 /* One of "a|b|c" (its index), or "-" (-1) where dash_ok. */
 static int cell_choice(const char *path, int lineno, row *w, int col, const char *choices, int dash_ok, int *out) {
     const char *v = w->c[col];
@@ -102,7 +124,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     if (!cp) return bad_cell(path, lineno, CLUSTER, w->c[CLUSTER], "is not a cluster preset (plan3d --help lists them)");
     w->cl = *cp;
     long gpus, tp, pp, dp, cpd, ep, seq, batch, mb, zero;
-    int sched, recompute, sp, flops;
+    int sched, recompute, sp, flops, split;
     double overlap, ep_overlap;
     if (!cell_count(path, lineno, w, GPUS, 1, 1000000, 0, &gpus) ||
         (strcmp(w->c[INTER], "-") && !cell_number(path, lineno, w, INTER, 0, 1, 1e6, &w->cl.inter_gbs)) ||
@@ -117,14 +139,18 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
         !cell_choice(path, lineno, w, SP, "off|on", 1, &sp) || !cell_count(path, lineno, w, ZERO, 0, 3, 0, &zero) ||
         !cell_number(path, lineno, w, OVERLAP, 0, 0, 1, &overlap) ||
         !cell_number(path, lineno, w, EP_OVERLAP, 0, 0, 1, &ep_overlap) ||
-        !cell_choice(path, lineno, w, FLOPS, "hw|model", 0, &flops) ||
-        !cell_number(path, lineno, w, TFLOPS, 0, 1, 1e6, &w->tflops))
+        !cell_choice(path, lineno, w, FLOPS, "hw|model|tokens", 0, &flops) ||
+        !cell_number(path, lineno, w, REPORTED, 0, 1, 1e9, &w->reported) ||
+        !cell_amount(path, lineno, w, TOKENS, 1e15, &w->batch_tokens) ||
+        !cell_amount(path, lineno, w, PARAMS, 1e6, &w->params_b) ||
+        !cell_choice(path, lineno, w, SPLIT, "equal|ends", 0, &split))
         return 0;
+    w->kind = flops;
     w->m = w->mp->m;
     if (seq) w->m.seq = seq;
     w->cl.gpus = (int)gpus;
     if (w->cl.gpus_per_node > w->cl.gpus) w->cl.gpus_per_node = w->cl.gpus;
-    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1};
+    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1, split};
     w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, 0, sched, sp, recompute, 0, (int)cpd, (int)ep};
     return 1;
 }
@@ -149,18 +175,66 @@ static int for_each_row(FILE *f, const char *path, row_fn fn, void *ctx, int *ro
     return status;
 }
 
-typedef struct tally { int rows, within; double sum_abs, worst; json_t *out; } tally;
+/* Tolerances of the consistency check: sources round their tokens per batch
+ * (Llama 3's "16M" is 2048 x 8192 = 16.8M) and their parameter counts
+ * (DeepSeek-V3's 671B; plan3d's shape 672.1B). */
+#define TOKENS_WITHIN 0.05
+#define PARAMS_WITHIN 0.01
+
+/* The row against itself, before anything is predicted: "" if it is
+ * consistent, else the first contradiction, one line in buf:
+ *   GPUs = TP x CP x PP x DP (where the row gives all four; the ones it
+ *          gives must divide the GPUs otherwise), EP inside DP x CP;
+ *   tokens per batch = sequence x global batch (where the source gives both);
+ *   the preset's parameters, counted from its shape, = the source's. */
+static const char *row_check(const row *w, char *buf, int len) {
+    const constraints *k = &w->k;
+    const long given = (long)(k->tp ? k->tp : 1) * (k->cp ? k->cp : 1) * (k->pp ? k->pp : 1) * (k->dp ? k->dp : 1);
+    const int all = k->tp && k->cp && k->pp && k->dp;
+    buf[0] = 0;
+    if (all ? given != w->cl.gpus : w->cl.gpus % given)
+        snprintf(buf, (size_t)len, "tp %d x cp %d x pp %d x dp %d = %ld %s %d GPUs", k->tp, k->cp, k->pp, k->dp, given,
+                 all ? "is not" : "does not divide", w->cl.gpus);
+    else if (k->ep > 1 && k->dp && k->cp && ((long)k->dp * k->cp) % k->ep)
+        snprintf(buf, (size_t)len, "ep %d is not inside dp %d x cp %d", k->ep, k->dp, k->cp);
+    else if (w->batch_tokens > 0 &&
+             fabs((double)w->tr.global_batch * w->m.seq / w->batch_tokens - 1) > TOKENS_WITHIN)
+        snprintf(buf, (size_t)len, "seq %ld x batch %ld = %.1fM tokens, the source says %.1fM", w->m.seq,
+                 w->tr.global_batch, (double)w->tr.global_batch * w->m.seq / 1e6, w->batch_tokens / 1e6);
+    else if (w->params_b > 0 && fabs(th_param_counts(&w->m).total / (w->params_b * 1e9) - 1) > PARAMS_WITHIN)
+        snprintf(buf, (size_t)len, "the preset's shape has %.1fB parameters, the source says %.1fB",
+                 th_param_counts(&w->m).total / 1e9, w->params_b);
+    return buf;
+}
+
+typedef struct tally {
+    int rows, failed, left_out, in_mean;
+    double sum_abs, worst;
+    char worst_id[64];      /* the row's id (the line it came from is reused) */
+    json_t *out;
+} tally;
 
 static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
     tally *t = ctx;
     char *const *c = w->c;
     const constraints k = w->k;
     cluster cl = w->cl;
-    /* the schedules of their time: 1F1B or Megatron's interleaving when the row does not say */
+    char why[160];
+    t->rows++;
+    if (*row_check(w, why, sizeof why)) { /* printed as failing, not predicted, not fixed */
+        printf("%-22s %6d %2s %2s %2s %4s %3s | %-6s %8.0f %9s %8s | %7s %7s | FAILS: %s\n", c[ID], cl.gpus, c[TP], c[CP],
+               c[PP], c[DP], c[EP], kind_names[w->kind], w->reported, "-", "-", "-", "-", why);
+        json_array_append_new(t->out, json_pack("{s:s,s:i,s:s,s:f,s:s,s:s}", "id", c[ID], "gpus", cl.gpus, "convention",
+                                             kind_names[w->kind], "reported", w->reported, "check", why, "source",
+                                             c[SOURCE]));
+        t->failed++;
+        return 0;
+    }
     plan_result r;
     plan_search(&w->m, &cl, &w->tr, &k, &r);
     /* the fastest that fits; where our memory model says none does (the
-     * run did), the fastest of all, marked */
+     * run did), the fastest of all, marked. The schedules of their time
+     * (1F1B or Megatron's interleaving) when the row does not say. */
     int pick = -1;
     for (int i = 0; i < r.n; i++) {
         const estimate *x = &r.all[i];
@@ -175,22 +249,35 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
         return 2;
     }
     const estimate *e = &r.all[pick];
-    double flops = !strcmp(c[FLOPS], "hw") ? e->hw_flops : e->model_flops;
-    double predicted = flops / e->t_step / cl.gpus / 1e12, reported = w->tflops;
-    double err = predicted / reported - 1;
+    /* both FLOP conventions per GPU; the one the row reports is compared */
+    const double model_tf = e->model_flops / e->t_step / cl.gpus / 1e12, hw_tf = e->hw_flops / e->t_step / cl.gpus / 1e12;
+    const double tokens = e->tokens_per_s / cl.gpus;
+    const double predicted = w->kind == KIND_HW ? hw_tf : w->kind == KIND_MODEL ? model_tf : tokens;
+    const double err = predicted / w->reported - 1;
+    const int in_mean = !strcmp(c[UNMODELLED], "-");
     char lt[160];
-    printf("%-17s %6d %2d %2d %3d %4d %3d | %9.0f %9.0f %+6.1f%% | %s (%.1f GiB%s)\n", c[ID], cl.gpus, e->l.tp, e->l.cp,
-           e->l.pp, e->l.dp, e->l.ep,
-           reported, predicted, 100 * err, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
-           e->fits ? "" : ", does NOT fit: the memory model is off for this row");
-    json_array_append_new(t->out, json_pack("{s:s,s:i,s:f,s:f,s:f,s:s,s:b,s:f,s:s}", "id", c[ID], "gpus", cl.gpus,
-                                         "reported_tflops", reported, "predicted_tflops", predicted, "error", err,
-                                         "layout", lt, "fits", e->fits, "mem_gib", e->mem_total / 1073741824.0,
-                                         "source", c[SOURCE]));
-    t->rows++;
-    t->within += fabs(err) <= 0.25;
-    t->sum_abs += fabs(err);
-    t->worst = fmax(t->worst, fabs(err));
+    printf("%-22s %6d %2d %2d %2d %4d %3d | %-6s %8.0f %9.0f %+6.1f%%%s | %7.0f %7.0f | ok | %s (%.1f GiB%s%s)%s%s\n",
+           c[ID], cl.gpus, e->l.tp, e->l.cp, e->l.pp, e->l.dp, e->l.ep, kind_names[w->kind], w->reported, predicted,
+           100 * err, in_mean ? " " : "*",
+           model_tf, hw_tf, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
+           e->fits ? "" : ", does NOT fit: ", e->fits ? "" : strcmp(c[MEMORY_GAP], "-") ? c[MEMORY_GAP] : "the memory model is off for this row",
+           in_mean ? "" : "; not in the mean: ", in_mean ? "" : c[UNMODELLED]);
+    json_array_append_new(t->out, json_pack("{s:s,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:s,s:b,s:s,s:s}", "id",
+                                         c[ID], "gpus", cl.gpus, "convention", kind_names[w->kind], "reported",
+                                         w->reported, "predicted", predicted, "predicted_model_tflops", model_tf,
+                                         "predicted_hw_tflops", hw_tf, "predicted_tokens_per_s", tokens, "error", err,
+                                         "layout", lt, "fits", e->fits, "mem_gib", e->mem_total / 1073741824.0, "check",
+                                         "ok", "in_mean", in_mean, "unmodelled", c[UNMODELLED], "source", c[SOURCE]));
+    if (in_mean) {
+        t->in_mean++;
+        t->sum_abs += fabs(err);
+        if (fabs(err) > t->worst) {
+            t->worst = fabs(err);
+            snprintf(t->worst_id, sizeof t->worst_id, "%s", c[ID]);
+        }
+    } else {
+        t->left_out++;
+    }
     plan_free(&r);
     return 0;
 }
@@ -218,18 +305,22 @@ int predict_published(const char *path, const char *json_path) {
         return status;
     }
     tally t = {.out = json_array()};
-    printf("%-17s %6s %-17s | %9s %9s %7s | %s\n", "run", "GPUs", "tp cp pp   dp  ep", "reported", "predicted", "error",
-           "the layout plan3d completes it with (memory per GPU)");
+    printf("%-22s %6s %-17s | %-6s %8s %9s %8s | %7s %7s | %s\n", "run", "GPUs", "tp cp pp   dp  ep", "counts",
+           "reported", "predicted", "error", "model", "hw", "check | the layout plan3d completes it with (memory per GPU)");
+    printf("%-22s %6s %-17s | %-6s %8s %9s %8s | %15s |\n", "", "", "", "", "per GPU", "", "", "TFLOP/s");
     status = for_each_row(f, path, predict_row, &t, &rows);
     fclose(f);
     if (status) {
         json_decref(t.out);
         return status;
     }
-    printf("\n%d runs: mean |error| %.1f%%, worst %.1f%%, %d within 25%%\n", t.rows, 100 * t.sum_abs / t.rows,
-           100 * t.worst, t.within);
+    printf("\n%d runs: %d fail the consistency check (not predicted), %d predicted but not in the mean (*: a feature "
+           "plan3d does not model)\n%d in the mean: mean |error| %.1f%%, worst %.1f%% (%s)\n", t.rows, t.failed, t.left_out,
+           t.in_mean, t.in_mean ? 100 * t.sum_abs / t.in_mean : 0.0, 100 * t.worst, t.in_mean ? t.worst_id : "-");
     if (json_path) {
-        json_t *root = json_pack("{s:s,s:o}", "file", path, "runs", t.out);
+        json_t *root = json_pack("{s:s,s:i,s:i,s:i,s:f,s:f,s:o}", "file", path, "failed_check", t.failed, "left_out",
+                                 t.left_out, "in_mean", t.in_mean, "mean_abs_error",
+                                 t.in_mean ? t.sum_abs / t.in_mean : 0.0, "worst_abs_error", t.worst, "runs", t.out);
         status = json_dump_file(root, json_path, JSON_INDENT(1));
         json_decref(root);
         if (status) { fprintf(stderr, "error: --json %s: cannot write\n", json_path); return 1; }

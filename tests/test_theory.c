@@ -214,6 +214,7 @@ static void check_published(void) {
     /* GPT-3 175B's layer (Korthikanti et al. 2022, section 4 worked numbers):
      * s = 2048, h = 12288, a = 96, b = 1, t = 8 */
     th_model m = th_course_model(51200, 2048, 96, 12288, 96);
+    m.dropout = 1; /* the paper's GPT has dropout: its masks are in Table 2 */
     double s = 2048, h = 12288, a = 96, t = 8, sbh = s * h;
     th_opts o = {.precision = PREC_BF16, .tp = 8};
     CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (10 + 24 / t + 5 * a * s / (h * t))) < 1,
@@ -228,6 +229,23 @@ static void check_published(void) {
     CHECK(th_published_layer_acts_bytes(&m, &o, 1) == 2 * sbh, "Table 2, full recomputation");
     o = (th_opts){.precision = PREC_BF16, .tp = 1};
     CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (34 + 5 * a * s / h)) < 1, "Table 2, no parallelism");
+    /* without dropout (Llama): the two masks (2 sbh) and the scores' mask (a s^2) are not kept */
+    m.dropout = 0;
+    CHECK(fabs(th_published_layer_acts_bytes(&m, &o, 1) - sbh * (32 + 4 * a * s / h)) < 1, "no dropout: 32 sbh + 4as^2");
+    m.dropout = 1;
+    /* Llama 3's balanced pipeline: 126 layers over 128 stages, the ends empty; over 16, 7 + 8 x 14 + 7 */
+    int lo, hi, ok_ends = 1, total = 0;
+    for (int st = 0; st < 128; st++) {
+        th_stage_layers_ends(126, 128, st, &lo, &hi);
+        ok_ends &= hi - lo == (st == 0 || st == 127 ? 0 : 1) && lo == (st ? st - 1 : 0);
+    }
+    for (int st = 0; st < 16; st++) {
+        th_stage_layers_ends(126, 16, st, &lo, &hi);
+        ok_ends &= hi - lo == (st == 0 || st == 15 ? 7 : 8) && lo == total;
+        total += hi - lo;
+    }
+    CHECK(ok_ends && total == 126 && th_stage_split_ends_possible(126, 128) && !th_stage_split_ends_possible(126, 129),
+          "th_stage_layers_ends: the embedding and the head take a layer's place");
     /* ZeRO paper: 16 bytes per parameter under mixed precision, sharded by stage */
     th_states z = th_model_states(1e9, &o, 0, 64);
     CHECK(z.params + z.grads + z.optim == 16e9, "bf16 stage 0: 16 bytes per parameter");

@@ -148,8 +148,8 @@ static double published_layer(const th_model *m, const th_opts *o, long b, int m
         const double runs = (double)(m->top_k + m->shared_experts);
         mlp = s * B * (runs * Fe * (m->gated_mlp ? 6 : 4) + 2.0 * (double)m->top_k * h + 4.0 * (double)m->experts);
     }
-    const double scores = o->recompute == RECOMPUTE_SELECTIVE ? 0 : 5 * a * s * s * B;
-    const double split = attention + mlp + scores, unsplit = 10 * sbh;
+    const double scores = o->recompute == RECOMPUTE_SELECTIVE ? 0 : (m->dropout ? 5 : 4) * a * s * s * B; /* mask: 1 */
+    const double split = attention + mlp + scores, unsplit = (m->dropout ? 10 : 8) * sbh; /* the masks: 2 sbh */
     return (o->sequence_parallel ? (unsplit + split) / t : unsplit + split / t) / cp;
 }
 
@@ -162,7 +162,7 @@ double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int 
     const double t = o->tp > 0 ? o->tp : 1, sp = o->sequence_parallel ? t : 1, cp = o->cp > 1 ? o->cp : 1;
     const int moe = th_moe_layers(m, lo, hi);
     double bytes = (double)moe * published_layer(m, o, b, 1) + (double)(hi - lo - moe) * published_layer(m, o, b, 0);
-    if (lo == 0) bytes += s * B * h / sp / cp;                                   /* embedding dropout mask */
+    if (lo == 0 && m->dropout) bytes += s * B * h / sp / cp;                     /* embedding dropout mask */
     if (hi == m->layers) bytes += (2 * s * B * h / sp + 4 * s * B * (double)m->vocab / t) / cp; /* lnf, logits */
     return bytes;
 }

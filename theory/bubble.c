@@ -123,6 +123,16 @@ void th_stage_layers(int layers, int stages, int stage, int *lo, int *hi) {
     *hi = *lo + q + (stage >= first_long ? 1 : 0);
 }
 
+int th_stage_split_ends_possible(int layers, int stages) { return stages >= 1 && stages <= layers + 2; }
+
+void th_stage_layers_ends(int layers, int stages, int stage, int *lo, int *hi) {
+    if (stages == 1) { *lo = 0; *hi = layers; return; }
+    int slo, shi; /* the stage's slots of layers + 2: slot 0 the embedding, slot layers + 1 the head */
+    th_stage_layers(layers + 2, stages, stage, &slo, &shi);
+    *lo = slo > 0 ? slo - 1 : 0;
+    *hi = shi - 1 < layers ? shi - 1 : layers;
+}
+
 int th_chunk_stage(th_schedule s, int p, int rank, int chunk) {
     if (s == TH_SCHED_ZB_V) return chunk == 0 ? rank : 2 * p - 1 - rank;
     return chunk * p + rank;

@@ -62,6 +62,11 @@ typedef struct th_model {
      * width that every token runs, and the first dense_layers layers keep a
      * dense MLP ffn wide. */
     long ffn_expert, shared_experts, dense_layers;
+    /* dropout in the layers (GPT, Megatron's GPT, BLOOM as plan3d's presets
+     * take them): its masks are among the published activations (Korthikanti
+     * et al. 2022: 2 sbh a layer, sbh after the embedding); 0: none (Llama,
+     * Mixtral, DeepSeek-V3), as the course's exact formulas assume */
+    int dropout;
 } th_model;
 
 /* The course's model: vocab 256, wpe, biases, 4C MLP, untied head. */
@@ -243,7 +248,10 @@ double th_grad_norm_bytes(int parts);
  * generalised from the paper's breakdown to grouped-query attention and other
  * MLP widths (the 24 is 8 of attention, 4 + 4 kv/a with GQA, and 16 of the
  * 4h GELU MLP, 4 F/h; a gated MLP stores 6 F/h). "selective" also stands for
- * flash attention, which keeps no s x s scores either. */
+ * flash attention, which keeps no s x s scores either. The 10 holds the two
+ * dropout masks (1 + 1) and the 5as/h the scores' mask (1 of 5): a model
+ * without dropout (m->dropout 0: Llama 3) keeps 8 and 4as/h, and no mask
+ * after the embedding. */
 double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b);
 /* Layers [lo, hi) of one micro-batch, with Megatron's extras (its
  * theoretical_memory_usage.py): the first stage's embedding output (sbh bytes)
@@ -426,6 +434,16 @@ int th_schedule_chunks(th_schedule s, int v);
  * Every stage needs at least one layer: S > L cannot be split. */
 int th_stage_split_possible(int layers, int stages);
 void th_stage_layers(int layers, int stages, int stage, int *lo, int *hi);
+/* Llama 3's balanced pipeline (Llama 3 report, section 3.3.2: "we reduce one
+ * Transformer layer each from the first and the last stages ... the first
+ * model chunk on the first stage has only the embedding, and the last model
+ * chunk on the last stage has only output projection and loss"): the
+ * embedding and the head each take a layer's place, so L + 2 slots are cut as
+ * th_stage_layers cuts them and the first and last stages give one slot each
+ * back. 126 layers over 128 stages: 1 layer each, stages 0 and 127 none.
+ * Possible for stages <= layers + 2 (a stage may be left with no layer). */
+int th_stage_split_ends_possible(int layers, int stages);
+void th_stage_layers_ends(int layers, int stages, int stage, int *lo, int *hi);
 /* Where the p x chunks virtual stages sit: chunk c of pipeline rank r is
  * stage th_chunk_stage (zb-v's V: r, then 2p-1-r; else Megatron's c p + r,
  * chunk c of every rank before chunk c+1 of any), th_stage_place the inverse. */
