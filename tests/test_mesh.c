@@ -1,0 +1,117 @@
+/* The rank mesh (common/mesh.h): for every shape of the world's ranks, the
+ * numbering and each group's members by formula; for a few, the communicators
+ * mesh_init builds (it checks each against the formula itself) and a sum over
+ * each group. Run under mpirun with 1 to 8 ranks. */
+#include "mesh.h"
+#include "device.h"
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int failures;
+#define CHECK(cond, ...)                                                       \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "FAIL: " __VA_ARGS__);                             \
+            fprintf(stderr, "\n");                                             \
+            failures++;                                                        \
+        }                                                                      \
+    } while (0)
+
+/* Pure checks of one shape: the numbering is a bijection, an axis group's members
+ * differ from the rank in that coordinate only, and the EP blocks and EDP groups
+ * cut each (tp, pp) plane into e x (c d / e) places, each rank at exactly one. */
+static void check_shape(const mesh_dims *d, int n) {
+    const int plane = d->size[MESH_CP] * d->size[MESH_DP], blocks = plane / d->ep;
+    int *members = malloc(sizeof(int) * (size_t)n), *seen = calloc((size_t)n, sizeof(int));
+    for (int r = 0; r < n; r++) {
+        const mesh_coord c = mesh_coord_of(d, r);
+        CHECK(mesh_rank_of(d, c) == r, "rank %d does not come back from its coordinate", r);
+        CHECK(c.at[MESH_TP] == r % d->size[MESH_TP], "rank %d: TP is not the fastest axis", r);
+        for (int a = 0; a < MESH_NAXES; a++) {
+            mesh_axis_members(d, r, (mesh_axis)a, members);
+            for (int i = 0; i < d->size[a]; i++) {
+                mesh_coord m = mesh_coord_of(d, members[i]);
+                CHECK(m.at[a] == i, "rank %d's %s group: member %d at place %d", r, mesh_axis_names[a], members[i], i);
+                m.at[a] = c.at[a];
+                CHECK(mesh_rank_of(d, m) == r, "rank %d's %s group: member %d differs elsewhere", r,
+                      mesh_axis_names[a], members[i]);
+            }
+        }
+        mesh_ep_members(d, r, members);
+        int in_ep = 0;
+        for (int i = 0; i < d->ep; i++) {
+            const mesh_coord m = mesh_coord_of(d, members[i]);
+            CHECK(m.at[MESH_TP] == c.at[MESH_TP] && m.at[MESH_PP] == c.at[MESH_PP], "rank %d's ep group leaves its "
+                  "(tp, pp)", r);
+            in_ep += members[i] == r;
+            if (members[0] == r) seen[members[i]]++; /* each block counted once, from its first member */
+        }
+        CHECK(in_ep == 1, "rank %d is %d times in its own ep group", r, in_ep);
+        mesh_edp_members(d, r, members);
+        int in_edp = 0;
+        for (int i = 0; i < blocks; i++) in_edp += members[i] == r;
+        CHECK(in_edp == 1, "rank %d is %d times in its own edp group", r, in_edp);
+    }
+    for (int r = 0; r < n; r++) CHECK(seen[r] == 1, "rank %d is in %d ep blocks", r, seen[r]);
+    free(members);
+    free(seen);
+}
+
+/* mesh_init's groups (each checked against the formula inside) and a sum over each */
+static void check_groups(mesh_dims d) {
+    rank_mesh m;
+    mesh_init(&m, d, COMM_MPI);
+    for (int a = 0; a < MESH_NAXES; a++) {
+        double x = m.world.rank, want = 0;
+        int *members = malloc(sizeof(int) * (size_t)d.size[a]);
+        mesh_axis_members(&d, m.world.rank, (mesh_axis)a, members);
+        for (int i = 0; i < d.size[a]; i++) want += members[i];
+        comm_allreduce_host(&m.axis[a], &x, 1);
+        CHECK(x == want, "rank %d: the sum of its %s group's world ranks is %g, not %g", m.world.rank,
+              mesh_axis_names[a], x, want);
+        free(members);
+    }
+    mesh_free(&m);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    int shapes = 0;
+    for (int t = 1; t <= n; t++)
+        for (int c = 1; c <= n; c++)
+            for (int d = 1; d <= n; d++)
+                for (int p = 1; p <= n; p++) {
+                    if (t * c * d * p != n) continue;
+                    for (int e = 1; e <= c * d; e++) {
+                        if ((c * d) % e) continue;
+                        const mesh_dims dims = {.size = {t, c, d, p}, .ep = e};
+                        CHECK(mesh_ranks(&dims) == n, "mesh_ranks");
+                        check_shape(&dims, n);
+                        shapes++;
+                    }
+                }
+    /* by hand, on 8 ranks tp2 x cp2 x dp2 with ep 2: rank 5 is (tp 1, cp 0, dp 1), plane index 2: its EP
+     * block holds planes 2, 3 (ranks 5, 7), its EDP group the first place of each block (ranks 1, 5) */
+    if (n == 8) {
+        const mesh_dims d = {.size = {2, 2, 2, 1}, .ep = 2};
+        int ep[2], edp[2];
+        mesh_ep_members(&d, 5, ep);
+        mesh_edp_members(&d, 5, edp);
+        CHECK(ep[0] == 5 && ep[1] == 7, "rank 5's ep group is {%d,%d}, not {5,7}", ep[0], ep[1]);
+        CHECK(edp[0] == 1 && edp[1] == 5, "rank 5's edp group is {%d,%d}, not {1,5}", edp[0], edp[1]);
+        check_groups(d);
+        check_groups((mesh_dims){.size = {1, 2, 2, 2}, .ep = 4});
+    }
+    if (n == 6) check_groups((mesh_dims){.size = {1, 3, 2, 1}, .ep = 3});
+    check_groups((mesh_dims){.size = {1, 1, n, 1}, .ep = 1});
+    int all_failures = 0;
+    MPI_Allreduce(&failures, &all_failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) printf("%s: %d shapes of %d ranks, %d failures\n", all_failures ? "FAIL" : "passed", shapes, n,
+                          all_failures);
+    MPI_Finalize();
+    return all_failures ? 1 : 0;
+}
