@@ -568,7 +568,10 @@ static void matmul_backward_weight_bf16(void *dw, void *dbias, const void *dout,
     if (N <= 0 || OC <= 0) return;
     if (IC > 0) {
 #ifdef PL_HAVE_ONEDNN
-        if (kernels_bf16_cpu_uses_onednn()) { /* dw[OC,IC] += dout^T [OC,N] @ inp[N,IC] */
+        /* oneDNN 2.6's bf16 matmul with a transposed source and a reduction of fewer than 64
+         * rows executes an illegal instruction on AVX512-BF16 CPUs (seen: N = 63 tokens of an
+         * expert, dw[144,36]); such small products go through sgemm (fp32 accumulation too) */
+        if (kernels_bf16_cpu_uses_onednn() && N >= 64) { /* dw[OC,IC] += dout^T [OC,N] @ inp[N,IC] */
             const long ss[2] = {1, OC}, ws[2] = {IC, 1}, ds[2] = {IC, 1};
             dnnl_run(OC, N, IC, dout, ss, inp, ws, dw, ds, NULL, 1);
         } else
