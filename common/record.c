@@ -97,6 +97,7 @@ static void print_acts_formula(const double *all, int fields, int formula, int R
 static void run_release(run_ctx *ctx) {
     free(ctx->step_seconds);
     free(ctx->losses);
+    free(ctx->grad_norms);
     free(ctx->aux_losses);
     free(ctx->dropped);
     free(ctx->expert_load);
@@ -106,7 +107,7 @@ static void run_release(run_ctx *ctx) {
     free(ctx->bias_hi);
     ctx->route_bias = NULL;
     ctx->model.route_bias = NULL;
-    ctx->step_seconds = ctx->losses = NULL;
+    ctx->step_seconds = ctx->losses = ctx->grad_norms = NULL;
     free(ctx->records_jsonl);
     free(ctx->records_csv);
     ctx->records_jsonl = ctx->records_csv = NULL;
@@ -337,6 +338,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     jsonval_set(rec, "flight", flight);
     jsonval_set(rec, "params", json_integer(r->params));
     jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */
+    jsonval_set(rec, "grad_norms", jsonval_numbers(ctx->grad_norms, steps)); /* before clipping */
     if (ctx->aux_losses) { /* inside "losses" already */
         jsonval_set(rec, "aux_losses", jsonval_numbers(ctx->aux_losses, steps));
         jsonval_set(rec, "dropped_per_step", jsonval_numbers(ctx->dropped, steps));

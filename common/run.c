@@ -724,6 +724,7 @@ void run_start(run_ctx *ctx) {
         trace_init(MPI_COMM_WORLD);
         ctx->step_seconds = calloc((size_t)o->steps, sizeof(double));
         ctx->losses = calloc((size_t)o->steps, sizeof(double));
+        ctx->grad_norms = calloc((size_t)o->steps, sizeof(double));
         ctx->aux_losses = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
         ctx->dropped = o->experts ? calloc((size_t)o->steps, sizeof(double)) : NULL;
         ctx->expert_load = o->experts ? calloc((size_t)o->experts * o->layers, sizeof(double)) : NULL;
@@ -900,12 +901,13 @@ void run_experts_step(run_ctx *ctx, comm *world, const gpt_layout *g, const gpt_
     run_experts_tally_free(&t);
 }
 
-void run_step_end(run_ctx *ctx, int step, double loss, const char *extra) {
+void run_step_end(run_ctx *ctx, int step, double loss, double grad_norm, const char *extra) {
     device_synchronize();
     double dt = now_seconds() - ctx->step_t0;
     trace_step_end(step);
     ctx->step_seconds[step] = dt;
     ctx->losses[step] = loss;
+    ctx->grad_norms[step] = grad_norm;
     ctx->steps_done = step + 1;
     if (ctx->rank == 0) {
         char tps[16], route[96] = "";

@@ -81,7 +81,7 @@ typedef struct run_ctx {
     adamw_config adamw;
     char *records_jsonl, *records_csv; /* in --out; malloc'd */
     /* filled by run_step_end */
-    double *step_seconds, *losses;
+    double *step_seconds, *losses, *grad_norms;
     double *aux_losses, *dropped; /* --experts: the aux loss in each step's loss, dropped choices (all ranks) */
     double *expert_load;          /* --experts: the last step's choices per expert [L][E] (all ranks) */
     float *route_bias;            /* --balance bias: [L][E], ctx->model.route_bias; moved by run_experts_report */
@@ -136,9 +136,12 @@ void run_agree_or_exit(const char *err);
 
 void run_step_begin(run_ctx *ctx, int step);
 /* loss: the global mean loss of the step (the same on every rank that passes it);
+ * grad_norm: the L2 norm of the whole model's gradient before clipping, as the
+ * optimizer step computed it (recorded: the tests compare it across layouts, since
+ * clipping and AdamW hide a constant error in the gradient's scale from the losses);
  * extra: more text for the step line, or NULL. Synchronises the device, and
  * agrees on an interruption (run_agree_interrupted). Collective. */
-void run_step_end(run_ctx *ctx, int step, double loss, const char *extra);
+void run_step_end(run_ctx *ctx, int step, double loss, double grad_norm, const char *extra);
 
 typedef struct run_report {
     const char *layout;         /* "dp=4", printed and recorded */

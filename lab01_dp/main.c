@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 static void write_weights(const char *path, const float *params, long n) {
     float *host = malloc((size_t)n * sizeof(float));
@@ -143,14 +144,15 @@ int main(int argc, char **argv) {
         dp_sync_finish(&sync);
 
         int ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
-        float scale = clip_scale(KP->sum_squares(ms.grads, P), (float)ctx.opt.clip);
+        const double grad_squares = KP->sum_squares(ms.grads, P);
+        float scale = clip_scale(grad_squares, (float)ctx.opt.clip);
         adamw_step(&g, &ctx.adamw, 0, P, ms.master, ms.grads, ms.adam_m, ms.adam_v, step + 1, scale);
         params_from_master(ms.params, ms.master, P);
         trace_end(ev);
 
         comm_allreduce_host(&world, &loss, 1);
         run_experts_report(&ctx, &world, &moe, 1, world.size, i);
-        run_step_end(&ctx, i, loss / world.size, NULL);
+        run_step_end(&ctx, i, loss / world.size, sqrt(grad_squares), NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss =

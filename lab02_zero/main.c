@@ -121,12 +121,12 @@ int main(int argc, char **argv) {
         /* weight 1 / (global tokens): the reduce-scatter sums over the ranks,
          * and the sum of the ranks' shares of the mean is the mean */
         zero_backward(&zero, &acts, &scratch, 1.0f / ((float)ctx.opt.batch * T));
-        zero_optimizer_step(&zero, &ctx.adamw, step + 1, (float)ctx.opt.clip);
+        const double grad_norm = zero_optimizer_step(&zero, &ctx.adamw, step + 1, (float)ctx.opt.clip);
 
         double loss = gpt_mean_loss(&g, &acts);
         comm_allreduce_host(&world, &loss, 1);
         run_experts_step(&ctx, &world, &g, &acts, i);
-        run_step_end(&ctx, i, loss / world.size, NULL);
+        run_step_end(&ctx, i, loss / world.size, grad_norm, NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss =

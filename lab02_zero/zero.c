@@ -3,6 +3,7 @@
 #include "mem.h"
 #include "trace.h"
 #include <string.h>
+#include <math.h>
 
 /* ---- where a unit lives in each stage's buffers ---------------------------- */
 
@@ -195,7 +196,7 @@ void zero_backward(zero_state *z, gpt_acts *a, gpt_grad_scratch *s, float dloss)
 
 /* ---- the optimizer step on this rank's chunks ---------------------------------------- */
 
-void zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float max_norm) {
+double zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float max_norm) {
     const shard_plan *p = &z->plan;
     int ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     /* The clipping factor needs the norm of the WHOLE gradient: every rank
@@ -226,4 +227,5 @@ void zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float ma
      * keep whole parameters: everyone's updated chunks, gathered in place
      * (this rank's chunk already sits at its slot of the full buffer) */
     params_from_masters(z);
+    return sqrt(sum_squares);
 }

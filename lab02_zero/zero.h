@@ -66,7 +66,8 @@ void zero_forward(zero_state *z, gpt_acts *a);
 void zero_backward(zero_state *z, gpt_acts *a, gpt_grad_scratch *s, float dloss);
 /* Clip by the global norm, AdamW on this rank's chunks, and (stages 1-2)
  * all-gather the updated parameters. t is the 1-based step. */
-void zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float max_norm);
+/* Returns the whole gradient's norm before clipping. */
+double zero_optimizer_step(zero_state *z, const adamw_config *cfg, int t, float max_norm);
 
 /* What this rank holds, for checkpoints: the parameters of every unit (stages
  * 1-2) or only its chunks (stage 3), and its chunks of the AdamW moments. In

@@ -84,10 +84,11 @@ int main(int argc, char **argv) {
         stage_forward(&st, &batch, 0);
         stage_backward(&st, &batch, 0);
         stage_acts_free(&st, &batch);
-        double loss = stage_optimizer_step(&st, &ctx.adamw, ctx.opt.clip);
+        double grad_norm;
+        double loss = stage_optimizer_step(&st, &ctx.adamw, ctx.opt.clip, &grad_norm);
         stage_report_experts(&ctx, &pipe, &st, 1, i); /* each stage's aux loss: its own layers' */
         char bubble[64];
-        run_step_end(&ctx, i, loss, stage_bubble_text(&st, theory, bubble));
+        run_step_end(&ctx, i, loss, grad_norm, stage_bubble_text(&st, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss =

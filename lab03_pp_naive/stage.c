@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 /* ---- set-up ------------------------------------------------------------------- */
 
@@ -209,7 +210,7 @@ void stage_backward(pipeline_stage *s, gpt_acts *a, int mb) {
 
 /* ---- the step's end ----------------------------------------------------------- */
 
-double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double clip) {
+double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double clip, double *grad_norm) {
     long n = s->end - s->begin;
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
@@ -226,6 +227,7 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     t0 = now_seconds();
+    *grad_norm = sqrt(sums[0]);
     float scale = clip_scale(sums[0], (float)clip);
     adamw_step(s->g, cfg, s->begin, s->end, s->master, s->grads, s->adam_m, s->adam_v, s->step + 1, scale);
     params_from_master(s->params, s->master, n);

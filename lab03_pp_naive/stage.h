@@ -140,8 +140,9 @@ void stage_backward(pipeline_stage *s, gpt_acts *a, int mb);
  * lab06 steps its tensor-parallel stages itself). Collective over pipe:
  * clips with the GLOBAL gradient norm (each stage's sum of squares summed over
  * the stages), steps AdamW on this stage's range, and returns the step's mean
- * loss (computed on the last stage, shared with all). */
-double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double clip);
+ * loss (computed on the last stage, shared with all); *grad_norm gets that
+ * global norm before clipping. */
+double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double clip, double *grad_norm);
 
 /* The options theory.h's formulas take for this stage's blocks: the
  * precision, the split of its layers' heads and positions (the model's part;

@@ -498,7 +498,7 @@ const char *pipeline_bubble_text(const pipeline_rank *pr, double theory, char bu
 
 /* ---- the step's end ---------------------------------------------------------------------- */
 
-double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, double clip) {
+double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, double clip, double *grad_norm) {
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* the GLOBAL norm, as lab01's: every chunk of every rank, one all-reduce */
@@ -509,6 +509,7 @@ double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, doubl
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
     t0 = now_seconds();
+    *grad_norm = sqrt(sums[0]);
     float scale = clip_scale(sums[0], (float)clip);
     for (int c = 0; c < pr->v; c++) {
         pipeline_stage *s = &pr->chunk[c];

@@ -108,9 +108,9 @@ double pipeline_busy_seconds(const pipeline_rank *pr);
 const char *pipeline_bubble_text(const pipeline_rank *pr, double theory, char buf[64]);
 
 /* Full-width model: clip by the global gradient norm, every chunk of every
- * rank counted, step AdamW on each chunk, return the step's mean loss.
- * Collective over pipe. */
-double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, double clip);
+ * rank counted (*grad_norm: that norm before clipping), step AdamW on each
+ * chunk, return the step's mean loss. Collective over pipe. */
+double pipeline_optimizer_step(pipeline_rank *pr, const adamw_config *cfg, double clip, double *grad_norm);
 
 /* Full-width model: the checkpoint view of the rank's chunks (one run each). */
 void pipeline_checkpoint_view(pipeline_rank *pr, ckpt_view *v);

@@ -130,10 +130,11 @@ int main(int argc, char **argv) {
         run_step_begin(&ctx, i);
         pipeline_step_begin(&pr, step);
         pipeline_run(&pr);
-        double loss = pipeline_optimizer_step(&pr, &ctx.adamw, ctx.opt.clip);
+        double grad_norm;
+        double loss = pipeline_optimizer_step(&pr, &ctx.adamw, ctx.opt.clip, &grad_norm);
         stage_report_experts(&ctx, &pipe, pr.chunk, pr.v, i); /* each chunk's aux loss: its own layers' */
         char bubble[64];
-        run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
+        run_step_end(&ctx, i, loss, grad_norm, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss =

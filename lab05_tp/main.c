@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 static uint64_t fnv1a(uint64_t h, const float *x, long n) {
     const unsigned char *p = (const unsigned char *)x;
@@ -247,7 +248,7 @@ int main(int argc, char **argv) {
         params_from_master(ms.params, ms.master, P);
         trace_end(ev);
 
-        run_step_end(&ctx, i, mean_loss(&tl, &tp, &acts), NULL);
+        run_step_end(&ctx, i, mean_loss(&tl, &tp, &acts), sqrt(sharded_sq + replicated_sq), NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss =

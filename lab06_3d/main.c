@@ -203,9 +203,10 @@ int main(int argc, char **argv) {
         pipeline_step_begin(&pr, step);
         pipeline_run(&pr);                    /* lab04: the schedule's lists, TP layers inside */
         if (d > 1 && !zero_stage) dp_sync_finish(&dp_sync);  /* lab01: after the flush, average the replicas */
-        double loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip); /* ZeRO-1: RS, AG */
+        double grad_norm;
+        double loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip, &grad_norm); /* ZeRO-1: RS, AG */
         char bubble[64];
-        run_step_end(&ctx, i, loss, pipeline_bubble_text(&pr, theory, bubble));
+        run_step_end(&ctx, i, loss, grad_norm, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel)) : -1;

@@ -4,6 +4,7 @@
 #include "sequence_parallel.h"
 #include "trace.h"
 #include <string.h>
+#include <math.h>
 
 /* ---- the stage's model: lab05's layer, part and initialisation --------------------- */
 
@@ -86,7 +87,7 @@ static int slice_of_chunk(const pipeline_rank *pr, int c, long *from, long *to) 
 }
 
 double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
-                              double clip) {
+                              double clip, double *grad_norm) {
     const tp_layout *tl = s->tl;
     const int zero = pr->opt_shards > 1;
     const long slice = pr->padded / pr->opt_shards; /* ZeRO-1's slices' length, the last one padded */
@@ -139,8 +140,10 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     t0 = now_seconds();
     /* ZeRO-1's slices hold sums over the replicas: the mean is 1/d of them, its
      * squared norm 1/d^2 of theirs; the 1/d rides in AdamW's gradient scale */
-    float scale = zero ? (float)(clip_scale((over_pp[0] + over_pp[1]) / (d * d), (float)clip) / d)
-                       : clip_scale(over_pp[0] + over_pp[1], (float)clip);
+    const double mean_squares = (over_pp[0] + over_pp[1]) / (zero ? (double)d * d : 1.0);
+    *grad_norm = sqrt(mean_squares);
+    float scale = zero ? (float)(clip_scale(mean_squares, (float)clip) / d)
+                       : clip_scale(mean_squares, (float)clip);
     float *master = pipeline_slice_master(pr); /* the fp32 weights of the slice (unsharded: all) */
     for (int c = 0; c < pr->v; c++) {
         pipeline_stage *st = &pr->chunk[c];

@@ -47,9 +47,10 @@ void stage3d_free(stage3d *s);
  * chunks. Under ZeRO-1 (pipeline_init_sharded over the DP group) it replaces
  * that all-reduce: the gradients are reduce-scattered over DP (each replica
  * keeps the sum of its slice), the norm's squares of the slices are summed
- * over DP too, AdamW steps the slice, and the parameters are all-gathered. */
+ * over DP too, AdamW steps the slice, and the parameters are all-gathered.
+ * *grad_norm: the norm of the mean gradient before clipping (lab01's). */
 double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, const adamw_config *cfg,
-                              double clip);
+                              double clip, double *grad_norm);
 /* After a resume (or at start): the parameters from the fp32 weights (bf16
  * rounding; sharded, then all-gathered over DP, left out of the traffic). */
 void stage3d_params_from_master(pipeline_rank *pr, process_grid *g);

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 /* The chunk map: rank r's positions as runs "a-b". */
 static void print_chunks(const int *pos, int n, int rank) {
@@ -204,14 +205,15 @@ int main(int argc, char **argv) {
         trace_end(ev);
 
         ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);
-        float scale = clip_scale(KP->sum_squares(ms.grads, P), (float)ctx.opt.clip);
+        const double grad_squares = KP->sum_squares(ms.grads, P);
+        float scale = clip_scale(grad_squares, (float)ctx.opt.clip);
         adamw_step(&g, &ctx.adamw, 0, P, ms.master, ms.grads, ms.adam_m, ms.adam_v, step + 1, scale);
         params_from_master(ms.params, ms.master, P);
         trace_end(ev);
 
         double loss = gpt_mean_loss(&local, &acts); /* over this rank's rows x T/N positions */
         comm_allreduce_host(&world, &loss, 1);
-        run_step_end(&ctx, i, loss / world.size, NULL);
+        run_step_end(&ctx, i, loss / world.size, sqrt(grad_squares), NULL);
         if (i == 0 && ctx.opt.steps > 1) first_step_attention = ch.attention_cpu_seconds; /* warm-up: left out */
         ckpt_step_done(&ctx, &view, step + 1);
     }

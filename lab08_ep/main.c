@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 /* The groups, as lab06 prints its grid: EP groups exchange tokens, EDP groups sum expert gradients. */
 static void print_groups(int ranks, int N, int E) {
@@ -206,7 +207,7 @@ int main(int argc, char **argv) {
         margin_per_step[i] = margin;
         char margin_text[48];
         snprintf(margin_text, sizeof margin_text, "top-k margin %.2e", margin);
-        run_step_end(&ctx, i, loss / world.size, margin >= 0 ? margin_text : NULL);
+        run_step_end(&ctx, i, loss / world.size, sqrt(squares[0] + squares[1]), margin >= 0 ? margin_text : NULL);
         ckpt_step_done(&ctx, &view, step + 1);
     }
 

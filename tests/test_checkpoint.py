@@ -46,7 +46,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import MPIRUN, check, check_rejected, compare_losses, fail, on_cpu_unless_named, program, run  # noqa: E402
+from labtest import MPIRUN, check, check_rejected, compare_runs, fail, on_cpu_unless_named, program, run  # noqa: E402
 
 # the small model of the lab tests
 MODEL = ["--layers", "4", "--d-model", "64", "--seq", "64", "--batch", "16"]
@@ -94,7 +94,7 @@ def exact_resume(tmp, lab, n, flags, ref):
     check(straight["comm_bytes_per_step"] == first["comm_bytes_per_step"],
           f"{lab}: --eval changed the traffic per step {straight['comm_bytes_per_step']} vs {first['comm_bytes_per_step']}")
     check(straight["mem_peak_bytes"] == first["mem_peak_bytes"], f"{lab}: --eval changed the memory peaks")
-    compare_losses(f"{lab} -n {n} vs lab01 -n 1", straight["losses"], ref["losses"], 1e-5)
+    compare_runs(f"{lab} -n {n} vs lab01 -n 1", straight, ref, 1e-5)
     check(abs(straight["eval_loss"] - ref["eval_loss"]) <= 1e-5 * ref["eval_loss"],
           f"{lab}: eval loss {straight['eval_loss']} vs lab01's {ref['eval_loss']}")
     print(f"{lab} -n {n}: resume bit-identical (losses and state); eval {straight['eval_loss']:.6f}", flush=True)
@@ -114,7 +114,7 @@ def resume():
             if lab == source:
                 continue
             rec, _, _ = run(lab, n, MODEL + flags + ["--steps", "10", "--resume", saved[source]])
-            compare_losses(f"saved by {source}, resumed by {lab} -n {n}", rec["losses"], ref["losses"][10:], 1e-5)
+            compare_runs(f"saved by {source}, resumed by {lab} -n {n}", rec, ref, 1e-5, ref_from=10)
 
 
 def resume_lab06():
@@ -129,8 +129,7 @@ def resume_lab06():
                                   ("lab06_3d", 4, ["--tp", "1", "--pp", "2", "--dp", "2"]),
                                   ("lab06_3d", 4, ["--tp", "1", "--pp", "2", "--dp", "2", "--zero-stage", "1"])]:
         rec, _, _ = run(other, m, MODEL + other_flags + ["--steps", "10", "--resume", saved])
-        compare_losses(f"saved by {lab} -n {n} {' '.join(flags)}, resumed by {other} -n {m} {' '.join(other_flags)}",
-                       rec["losses"], ref["losses"][10:], 1e-5)
+        compare_runs(f"saved by {lab} -n {n} {' '.join(flags)}, resumed by {other} -n {m} {' '.join(other_flags)}", rec, ref, 1e-5, ref_from=10)
     # the grid may change, the model may not: a sound file for another shape is refused
     check_rejected(lab, n, flags + MODEL[:1] + ["2"] + MODEL[2:] + ["--resume", saved], "--layers")
     check_rejected(lab, n, flags + MODEL[:3] + ["128"] + MODEL[4:] + ["--resume", saved], "--d-model")

@@ -10,7 +10,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import acts_bytes, check, check_acts, compare_losses, run, skip_without_gpu  # noqa: E402
+from labtest import acts_bytes, check, check_acts, compare_losses, compare_runs, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab01_dp"
 STEPS = ["--steps", "20"]
@@ -30,7 +30,7 @@ def equivalence():
     scale = max(abs(x) for x in w1)
     for n in (2, 4):
         rec, _, _ = run(LAB, n, STEPS + ["--check-sync", "--dump-weights", f"{tmp}/w{n}"])
-        compare_losses(f"-n {n} vs -n 1", rec["losses"], ref["losses"], 1e-5)
+        compare_runs(f"-n {n} vs -n 1", rec, ref, 1e-5)
         check(rec["replicas_identical"] is True, f"-n {n}: replicas differ at the end")
         wn = weights(f"{tmp}/w{n}")
         check(len(wn) == len(w1) == ref["params"], "weight files have the wrong size")
@@ -75,8 +75,7 @@ def experts():
                   f"top-{k} F {factor}: dropped choices {dropped[:3]}...")
             for n in (2, 4):
                 rec, _, _ = run(LAB, n, flags)
-                compare_losses(f"--experts 4 --top-k {k} --capacity-factor {factor}: -n {n} vs -n 1",
-                               rec["losses"], ref["losses"], 1e-5)
+                compare_runs(f"--experts 4 --top-k {k} --capacity-factor {factor}: -n {n} vs -n 1", rec, ref, 1e-5)
                 compare_losses(f"  and the aux loss", rec["aux_losses"], aux, 1e-5)
                 check(rec["dropped_per_step"] == dropped, f"-n {n}: dropped choices differ from -n 1's")
                 check(rec["expert_choices_last_step"] == ref["expert_choices_last_step"],
@@ -112,7 +111,7 @@ def experts_grad_accum():
                 rec, _, _ = run(LAB, n, flags + ["--grad-accum", str(accum)])
                 what = f"--experts 4 --top-k {k} --capacity-factor {factor}: -n {n} --grad-accum {accum} vs -n 1"
                 check(rec["grad_accum"] == accum, f"the record says grad_accum {rec['grad_accum']}")
-                compare_losses(what, rec["losses"], ref["losses"], 1e-5)
+                compare_runs(what, rec, ref, 1e-5)
                 compare_losses("  and the aux loss", rec["aux_losses"], ref["aux_losses"], 1e-5)
                 check(rec["dropped_per_step"] == ref["dropped_per_step"],
                       f"{what}: dropped choices {rec['dropped_per_step']} vs {ref['dropped_per_step']}")
@@ -136,7 +135,7 @@ def buckets():
     for n in (2, 4):
         whole, _, _ = run(LAB, n, STEPS)
         rec, _, _ = run(LAB, n, STEPS + ["--bucket-mb", "0.5", "--check-sync"])
-        compare_losses(f"-n {n} buckets of 0.5 MiB vs -n 1", rec["losses"], ref["losses"], 1e-5)
+        compare_runs(f"-n {n} buckets of 0.5 MiB vs -n 1", rec, ref, 1e-5)
         calls = rec["comm_calls_per_step"]["allreduce"]
         check(calls >= 8, f"-n {n}: expected one all-reduce per bucket (>= 8), got {calls}")
         check(rec["comm_bytes_per_step"]["allreduce"] == whole["comm_bytes_per_step"]["allreduce"],
@@ -159,7 +158,7 @@ def grad_accum():
     for n, k, extra in ((1, 4, []), (1, 8, []), (2, 2, []), (2, 4, ["--bucket-mb", "0.01"])):
         rec, _, _ = run(LAB, n, STEPS + shape + ["--grad-accum", str(k)] + extra)
         check(rec["grad_accum"] == k, f"the record says grad_accum {rec['grad_accum']}")
-        compare_losses(f"-n {n} --grad-accum {k} {' '.join(extra)} vs -n 1", rec["losses"], ref["losses"], 1e-5)
+        compare_runs(f"-n {n} --grad-accum {k} {' '.join(extra)} vs -n 1", rec, ref, 1e-5)
         check_acts(rec, [acts_bytes(8 // (n * k), 16, 32, 2, 2)] * n, f"-n {n} --grad-accum {k}")
         if n > 1:
             whole, _, _ = run(LAB, n, STEPS + shape + extra)
@@ -187,7 +186,7 @@ def recompute():
                 rec = none if mode == "none" else run(LAB, n, args + ["--recompute", mode])[0]
                 check(rec["config"]["recompute"] == mode, f"the record says --recompute {rec['config']['recompute']}")
                 check(rec["losses"] == none["losses"], f"-n {n} --recompute {mode}: losses differ from none's at -n {n}")
-                compare_losses(f"-n {n} --recompute {mode} vs -n 1", rec["losses"], ref["losses"], 1e-5)
+                compare_runs(f"-n {n} --recompute {mode} vs -n 1", rec, ref, 1e-5)
                 check_acts(rec, [acts_bytes(B // n, T, C, H, L, recompute=mode)] * n, f"-n {n} --recompute {mode}")
             print(f"  {shape}: -n {n}, every mode: the same losses bit for bit, activation peaks = the formula")
 
@@ -232,14 +231,14 @@ def cuda():
         gpu, _, _ = run(LAB, n, STEPS + ["--device", "cuda", "--check-sync"])
         # cuBLAS sums in another order than OpenBLAS (and may use TF32-free FMA
         # paths): measured differences stay ~1e-5; bound 1e-3 over 20 steps.
-        compare_losses(f"cuda -n {n} vs cpu -n 1", gpu["losses"], cpu["losses"], 1e-3)
+        compare_runs(f"cuda -n {n} vs cpu -n 1", gpu, cpu, 1e-3)
     # every --recompute mode on CUDA: the same kernels recompute the same values,
     # so the losses are CUDA none's (bound 1e-6, not asserted bit for bit: no GPU
     # run has checked cuBLAS's determinism here yet), and the peak is the formula
     none, _, _ = run(LAB, 1, STEPS + ["--device", "cuda"])
     for mode in ("selective", "full"):
         gpu, _, _ = run(LAB, 1, STEPS + ["--device", "cuda", "--recompute", mode])
-        compare_losses(f"cuda --recompute {mode} vs cuda none", gpu["losses"], none["losses"], 1e-6)
+        compare_runs(f"cuda --recompute {mode} vs cuda none", gpu, none, 1e-6)
         check_acts(gpu, [acts_bytes(32, 64, 128, 4, 8, recompute=mode)], f"cuda --recompute {mode}")
 
 

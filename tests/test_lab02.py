@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
+from labtest import check, compare_losses, compare_runs, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab02_zero"
 # A small model keeps 10 runs per stage within seconds; the batch divides by 2, 3 and 4.
@@ -84,7 +84,7 @@ def stage_test(stage):
     ref, _, _ = run("lab01_dp", 1, MODEL)
     for n in (2, 3, 4):
         rec, _, _ = run(LAB, n, MODEL + ["--zero-stage", str(stage)])
-        compare_losses(f"stage {stage} -n {n} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+        compare_runs(f"stage {stage} -n {n} vs lab01 -n 1", rec, ref, 1e-5)
         check(rec["zero_stage"] == stage, "the record names another stage")
         plan = shard_plan(n, stage)
         check(rec["shard_units"] == len(plan["units"]), f"units {rec['shard_units']} != {len(plan['units'])}")
@@ -94,7 +94,7 @@ def stage_test(stage):
         # buckets of ~0.3 MiB: two layers each here, several reduce-scatters per step, same losses
         n, mb = 3, 0.3
         rec, _, _ = run(LAB, n, MODEL + ["--zero-stage", str(stage), "--bucket-mb", str(mb)])
-        compare_losses(f"stage {stage} -n {n} --bucket-mb {mb} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+        compare_runs(f"stage {stage} -n {n} --bucket-mb {mb} vs lab01 -n 1", rec, ref, 1e-5)
         plan = shard_plan(n, stage, mb)
         check(len(plan["units"]) >= 3, "the bucket case should make several units")
         check(rec["shard_units"] == len(plan["units"]), f"units {rec['shard_units']} != {len(plan['units'])}")
@@ -114,7 +114,7 @@ def experts():
     for stage in (1, 2, 3):
         for n in (2, 4):
             rec, _, _ = run(LAB, n, flags + ["--zero-stage", str(stage)])
-            compare_losses(f"--experts 4 ZeRO-{stage} -n {n} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            compare_runs(f"--experts 4 ZeRO-{stage} -n {n} vs lab01 -n 1", rec, ref, 1e-5)
             compare_losses("  and the aux loss", rec["aux_losses"], ref["aux_losses"], 1e-5)
             check(rec["dropped_per_step"] == ref["dropped_per_step"], f"ZeRO-{stage} -n {n}: dropped choices differ")
 
@@ -127,7 +127,7 @@ def cuda():
         for n in (1, 2):
             rec, _, _ = run(LAB, n, MODEL + ["--device", "cuda", "--zero-stage", str(stage)])
             # cuBLAS sums in another order than OpenBLAS: as for lab01, bound 1e-3 over 20 steps
-            compare_losses(f"cuda stage {stage} -n {n} vs cpu lab01 -n 1", rec["losses"], cpu["losses"], 1e-3)
+            compare_runs(f"cuda stage {stage} -n {n} vs cpu lab01 -n 1", rec, cpu, 1e-3)
             check_memory(rec, n, stage, shard_plan(n, stage))
 
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, compare_losses, run, skip_without_gpu  # noqa: E402
+from labtest import check, compare_losses, compare_runs, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab03_pp_naive"
 # a small model keeps the suite fast; lab01 and lab03 get exactly the same flags
@@ -58,7 +58,7 @@ def equivalence():
     ref, _, _ = run("lab01_dp", 1, BASE)
     for n in (2, 3, 4):  # 3 splits 4 layers unevenly: [0,1) [1,2) [2,4)
         rec, _, _ = run(LAB, n, BASE)
-        compare_losses(f"lab03 -n {n} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+        compare_runs(f"lab03 -n {n} vs lab01 -n 1", rec, ref, 1e-5)
         check(abs(rec["bubble"]["theory"] - (n - 1) / n) < 1e-5, f"-n {n}: theory must be (p-1)/p")
         check_pipeline_record(rec, n, [1] * n)
 
@@ -102,7 +102,7 @@ def cuda():
     for n in (2, 4):
         gpu, _, _ = run(LAB, n, BASE + ["--device", "cuda"])
         # cuBLAS sums in another order than OpenBLAS: bound 1e-3 over 20 steps, as lab01's
-        compare_losses(f"lab03 cuda -n {n} vs lab01 cpu -n 1", gpu["losses"], cpu["losses"], 1e-3)
+        compare_runs(f"lab03 cuda -n {n} vs lab01 cpu -n 1", gpu, cpu, 1e-3)
         check_pipeline_record(gpu, n, [1] * n)
 
 
@@ -116,7 +116,7 @@ MOE_ROUTINGS = [["--top-k", k, "--capacity-factor", f] for k in ("2", "1") for f
 
 def check_experts_match(rec, ref, what):
     """rec (a pipeline's record) reproduces lab01 -n 1's ref within 1e-5, drops and loads exactly."""
-    compare_losses(f"{what}: loss", rec["losses"], ref["losses"], 1e-5)
+    compare_runs(f"{what}: loss", rec, ref, 1e-5)
     compare_losses(f"{what}: aux loss", rec["aux_losses"], ref["aux_losses"], 1e-5)
     check(rec["dropped_per_step"] == ref["dropped_per_step"], f"{what}: dropped choices differ from lab01's")
     check(rec["expert_choices_last_step"] == ref["expert_choices_last_step"], f"{what}: the loads differ from lab01's")

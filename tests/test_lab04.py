@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import (MPIRUN, acts_bytes, check, check_acts, compare_losses, program, run,  # noqa: E402
+from labtest import (MPIRUN, acts_bytes, check, check_acts, compare_runs, program, run,  # noqa: E402
                      skip_without_gpu)
 from test_lab03 import (BASE, MOE, MOE_ROUTINGS, check_experts_match, check_pipeline_record,  # noqa: E402
                         read_timeline)  # the same model as lab03's tests
@@ -260,7 +260,7 @@ def equivalence():
     for n, m in layouts:
         for schedule in ("gpipe", "1f1b"):
             rec, _, _ = run(LAB, n, BASE + ["--micro-batches", str(m), "--schedule", schedule])
-            compare_losses(f"lab04 -n {n} m={m} {schedule} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            compare_runs(f"lab04 -n {n} m={m} {schedule} vs lab01 -n 1", rec, ref, 1e-5)
             check_pipeline_record(rec, n, [m if schedule == "gpipe" else min(m, n - r) for r in range(n)])
             check_lab04_record(rec, n, m, schedule)
     # the newer schedules on a model with layers for every chunk, and an odd one
@@ -274,7 +274,7 @@ def equivalence():
             if schedule == "interleaved":
                 args += ["--virtual-stages", str(v)]
             rec, _, _ = run(LAB, n, args)
-            compare_losses(f"lab04 -n {n} m={m} {schedule} v={v} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            compare_runs(f"lab04 -n {n} m={m} {schedule} v={v} vs lab01 -n 1", rec, ref, 1e-5)
             check_lab04_record(rec, n, m, schedule, v, model)
 
 
@@ -291,7 +291,7 @@ def recompute():
         for schedule, mode in cases:
             rec, _, _ = run(LAB, n, model + ["--micro-batches", str(m), "--schedule", schedule, "--recompute", mode])
             name = f"lab04 -n {n} m={m} {schedule} --recompute {mode}"
-            compare_losses(f"{name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+            compare_runs(f"{name} vs lab01 -n 1", rec, ref, 1e-5)
             if schedule in first:
                 check(rec["losses"] == first[schedule], f"{name}: losses differ from --recompute none's")
             first.setdefault(schedule, rec["losses"])
@@ -350,12 +350,12 @@ def cuda():
     for n in (2, 4):
         for schedule in ("gpipe", "1f1b", "zb-h1"):
             gpu, _, _ = run(LAB, n, BASE + ["--device", "cuda", "--micro-batches", "4", "--schedule", schedule])
-            compare_losses(f"lab04 cuda -n {n} {schedule} vs lab01 cpu -n 1", gpu["losses"], cpu["losses"], 1e-3)
+            compare_runs(f"lab04 cuda -n {n} {schedule} vs lab01 cpu -n 1", gpu, cpu, 1e-3)
             check_lab04_record(gpu, n, 4, schedule)
     cpu, _, _ = run("lab01_dp", 1, SMALL + ["--device", "cpu"])
     for n, schedule, m in ((2, "interleaved", 4), (4, "interleaved", 8), (2, "zb-v", 4), (4, "zb-v", 8)):
         gpu, _, _ = run(LAB, n, SMALL + ["--device", "cuda", "--micro-batches", str(m), "--schedule", schedule])
-        compare_losses(f"lab04 cuda -n {n} {schedule} vs lab01 cpu -n 1", gpu["losses"], cpu["losses"], 1e-3)
+        compare_runs(f"lab04 cuda -n {n} {schedule} vs lab01 cpu -n 1", gpu, cpu, 1e-3)
         check_lab04_record(gpu, n, m, schedule, 2, SMALL)
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import acts_bytes, check, check_acts, compare_losses, run, skip_without_gpu  # noqa: E402
+from labtest import acts_bytes, check, check_acts, compare_runs, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab05_tp"
 # A smaller model than the default keeps -n 4 on a 2-core machine to a few
@@ -44,7 +44,7 @@ def equivalence():
     # is summed tensor by tensor instead of in one pass (measured: bit-identical
     # at these flags, 5e-7 relative at the default flags).
     one, _, _ = run(LAB, 1, ARGS)
-    compare_losses("lab05 -n 1 vs lab01 -n 1", one["losses"], ref["losses"], 1e-5)
+    compare_runs("lab05 -n 1 vs lab01 -n 1", one, ref, 1e-5)
     acts = {1: one["mem_peak_bytes"]["acts"]}
     for t in (2, 4):
         rec, _, _ = run(LAB, t, ARGS + ["--check-sync"])
@@ -52,7 +52,7 @@ def equivalence():
         # all-reduce, and each column-parallel input gradient likewise: another
         # rounding order than one GEMM (~1e-7 relative per sum). Measured: 5e-9
         # (t=2) and 1e-8 (t=4) relative over 20 steps, so the shared 1e-5 holds.
-        compare_losses(f"lab05 -n {t} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+        compare_runs(f"lab05 -n {t} vs lab01 -n 1", rec, ref, 1e-5)
         check(rec["replicated_identical"] is True,
               f"-n {t}: embedding/LayerNorms/biases/head differ between ranks at the end")
 
@@ -157,7 +157,7 @@ def sequence_parallel():
                 extra = ["--recompute", mode, "--check-sync"] + (["--sequence-parallel"] if sp else [])
                 rec, _, _ = run(LAB, t, args + extra)
                 name = f"lab05 -n {t}{' --sequence-parallel' if sp else ''} --recompute {mode}"
-                compare_losses(f"{name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+                compare_runs(f"{name} vs lab01 -n 1", rec, ref, 1e-5)
                 if first:  # recomputation changes no value: the same lab's losses, bit for bit
                     check(rec["losses"] == first["losses"], f"{name}: losses differ from --recompute {modes[0]}'s")
                 first = first or rec
@@ -172,15 +172,14 @@ def cuda():
     for t in (1, 2):
         gpu, _, _ = run(LAB, t, ARGS + ["--device", "cuda", "--check-sync"])
         # cuBLAS sums in another order than OpenBLAS: bound 1e-3 over 20 steps, as lab01's
-        compare_losses(f"cuda lab05 -n {t} vs cpu lab01 -n 1", gpu["losses"], cpu["losses"], 1e-3)
+        compare_runs(f"cuda lab05 -n {t} vs cpu lab01 -n 1", gpu, cpu, 1e-3)
         check(gpu["replicated_identical"] is True, f"cuda -n {t}: replicated tensors differ between ranks")
         check(gpu["comm_calls_per_step"].get("allreduce", 0) == (4 * L if t > 1 else 0),
               f"cuda -n {t}: all-reduces per step {gpu['comm_calls_per_step']}")
     # sequence parallelism with each recomputation mode, on CUDA
     for mode in ("none", "selective", "full"):
         gpu, _, _ = run(LAB, 2, ARGS + ["--device", "cuda", "--check-sync", "--sequence-parallel", "--recompute", mode])
-        compare_losses(f"cuda lab05 -n 2 --sequence-parallel --recompute {mode} vs cpu lab01 -n 1", gpu["losses"],
-                       cpu["losses"], 1e-3)
+        compare_runs(f"cuda lab05 -n 2 --sequence-parallel --recompute {mode} vs cpu lab01 -n 1", gpu, cpu, 1e-3)
         check_sp_record(gpu, 2, L, C, H, B, T, mode, True)
 
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import check, check_rejected, compare_losses, run, skip_without_gpu  # noqa: E402
+from labtest import check, check_rejected, compare_runs, run, skip_without_gpu  # noqa: E402
 
 LAB = "lab07_cp"
 # odd shapes on purpose: 3 layers, C = 36 (not a multiple of 8), 3 heads
@@ -85,7 +85,7 @@ def equivalence():
                 # kernel over every position, not lab01's matrix) and the gradient
                 # summed over DP x CP: another rounding order than lab01's, not
                 # bitwise (measured: equal to the printed 4 decimals)
-                compare_losses(f"lab07 {name} vs lab01 -n 1", rec["losses"], ref["losses"], 1e-5)
+                compare_runs(f"lab07 {name} vs lab01 -n 1", rec, ref, 1e-5)
                 if algo != "ring" and rec["losses"] == ref["losses"]:
                     bitwise.append(name)
                 check((rec["cp"], rec["dp"]) == (cp, ranks // cp), f"{name}: grid {rec['cp']} x {rec['dp']}")
@@ -145,7 +145,7 @@ def precision():
               f"(none: {base['mem_peak_bytes']['acts']} B)")
     ref, _, _ = run("lab01_dp", 1, ARGS + ["--precision", "bf16"])
     rec, _, _ = run(LAB, 2, ARGS + ["--precision", "bf16"])
-    compare_losses("lab07 -n 2 bf16 vs lab01 -n 1 bf16", rec["losses"], ref["losses"], 2e-3)
+    compare_runs("lab07 -n 2 bf16 vs lab01 -n 1 bf16", rec, ref, 2e-3)
 
 
 def resume():
@@ -156,12 +156,11 @@ def resume():
     ref, _, _ = run("lab01_dp", 1, ARGS)
     half = [a if a != "20" else "10" for a in ARGS]
     first, _, _ = run(LAB, 2, half + ["--save", ck])
-    compare_losses("lab07 -n 2 steps 1-10 vs lab01", first["losses"], ref["losses"][:10], 1e-5)
+    compare_runs("lab07 -n 2 steps 1-10 vs lab01", first, ref, 1e-5, ref_to=10)
     evals = []
     for lab, n, extra in ((LAB, 4, ["--cp", "2", "--cp-layout", "contiguous"]), ("lab01_dp", 1, [])):
         rec, _, _ = run(lab, n, half + extra + ["--resume", ck, "--eval"])
-        compare_losses(f"{lab} -n {n} {' '.join(extra)} resumed, steps 11-20 vs lab01", rec["losses"],
-                       ref["losses"][10:], 1e-5)
+        compare_runs(f"{lab} -n {n} {' '.join(extra)} resumed, steps 11-20 vs lab01", rec, ref, 1e-5, ref_from=10)
         evals.append(rec["eval_loss"])
     # --eval: the held-out loss over the same global tokens, forward only
     check(abs(evals[0] - evals[1]) <= 1e-5 * evals[1], f"--eval: lab07 {evals[0]} vs lab01 {evals[1]}")
@@ -246,15 +245,15 @@ def cuda():
                         + ["--device", "cuda", "--cp-layout", layout, "--cp-algo", algo])
         check(rec["device"] == "cuda" and (rec["cp"], rec["dp"]) == (ranks, 1),
               f"{name}: device {rec['device']}, grid {rec['cp']} x {rec['dp']}")
-        compare_losses(f"lab07 {name} vs cuda lab01 -n 1", rec["losses"], refs[(heads, "cuda")]["losses"], 1e-5)
-        compare_losses(f"lab07 {name} vs cpu lab01 -n 1", rec["losses"], refs[(heads, "cpu")]["losses"], 1e-3)
+        compare_runs(f"lab07 {name} vs cuda lab01 -n 1", rec, refs[(heads, "cuda")], 1e-5)
+        compare_runs(f"lab07 {name} vs cpu lab01 -n 1", rec, refs[(heads, "cpu")], 1e-3)
         kv = kv_bytes_per_layer(algo, ranks, B)
         check(rec["cp_bytes_per_layer"] == kv == rec["cp_bytes_per_layer_formula"],
               f"{name}: {algo} bytes per layer {rec['cp_bytes_per_layer']} / formula "
               f"{rec['cp_bytes_per_layer_formula']}, derived here {kv}")
     ref, _, _ = run("lab01_dp", 1, ARGS + ["--device", "cuda", "--precision", "bf16"])
     rec, _, _ = run(LAB, 2, ARGS + ["--device", "cuda", "--precision", "bf16"])
-    compare_losses("cuda lab07 -n 2 bf16 vs cuda lab01 -n 1 bf16", rec["losses"], ref["losses"], 2e-3)
+    compare_runs("cuda lab07 -n 2 bf16 vs cuda lab01 -n 1 bf16", rec, ref, 2e-3)
 
 
 if __name__ == "__main__":
