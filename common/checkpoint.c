@@ -161,6 +161,7 @@ typedef struct {
     float *data;      /* [params | m | v], 3P floats, malloc'd */
     char routing_changed[320]; /* the experts' flags that differ from the file's, "" if none (or not recorded) */
     float *route_bias;         /* --balance bias: the file's [L][E] routing bias, malloc'd; NULL otherwise */
+    char bias_speed[32];       /* --balance bias: the file's --bias-speed as written ("%.9g"), "" if none */
 } ckpt_file;
 
 static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
@@ -223,6 +224,7 @@ static int check_routing(json_t *metadata, const gpt_config *cfg, ckpt_file *out
         return fail(err, errlen, path, "the checkpoint was trained with --router %s --balance %s, the flags say "
                     "--router %s --balance %s (give the file's)", router, balance, want_router, want_balance);
     if (!cfg->route_bias) return 0;
+    snprintf(out->bias_speed, sizeof out->bias_speed, "%s", meta(metadata, "bias_speed") ? meta(metadata, "bias_speed") : "");
     const long n = (long)cfg->layers * cfg->experts;
     const char *text = meta(metadata, "route_bias");
     if (!text) return fail(err, errlen, path, "__metadata__ has --balance bias but no \"route_bias\"");
@@ -462,6 +464,14 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
         printf("resumed from %s: %d steps done (saved by %s%s); running steps %d-%d\n", ctx->opt.resume, f.step,
                f.lab, f.format == 1 ? ", format 1: its checksum covers the data only" : "", f.step + 1,
                f.step + ctx->opt.steps);
+        /* the bias's speed is a routing flag too: a changed gamma moves the same bias at another rate */
+        char speed[32];
+        snprintf(speed, sizeof speed, "%.9g", ctx->opt.bias_speed);
+        if (f.bias_speed[0] && strcmp(f.bias_speed, speed)) {
+            const size_t at = strlen(f.routing_changed);
+            snprintf(f.routing_changed + at, sizeof f.routing_changed - at, "%s--bias-speed %s -> %s",
+                     at ? ", " : "", f.bias_speed, speed);
+        }
         if (f.routing_changed[0])
             printf("resumed with other routing than the checkpoint's: %s (the weights fit; the router trains on with "
                    "these)\n", f.routing_changed);

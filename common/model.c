@@ -579,14 +579,14 @@ static void layer_forward_body(const gpt_layout *g, const gpt_layer_hooks *h, co
     KP->layernorm_forward(d.split ? ln_out : la->ln1, la->ln1_mean, la->ln1_rstd, x, HP(lp, LAYER_LN1_W),
                           HP(lp, LAYER_LN1_B), d.Ns, d.C);
     ev = segment(h, ev, NULL);
-    h->enter_forward(h->ctx, d.split ? ln_out : la->ln1, la->ln1, whole, B, s);
+    h->enter_forward(h->region_ctx, d.split ? ln_out : la->ln1, la->ln1, whole, B, s);
     ev = segment(h, ev, "attention_fwd");
-    h->column_forward(h->ctx, la->qkv, la->ln1, HP(lp, LAYER_QKV_W), HP(lp, LAYER_QKV_B), d.N, d.C, 3 * d.attn);
-    h->attention_forward(h->ctx, la->atty, la->att, la->qkv, B, d.T, d.heads, d.HS);
-    h->row_forward(h->ctx, d.split ? row_out : la->res2, la->atty, HP(lp, LAYER_ATTPROJ_W), HP(lp, LAYER_ATTPROJ_B),
+    h->column_forward(h->linear_ctx, la->qkv, la->ln1, HP(lp, LAYER_QKV_W), HP(lp, LAYER_QKV_B), d.N, d.C, 3 * d.attn);
+    h->attention_forward(h->attention_ctx, la->atty, la->att, la->qkv, B, d.T, d.heads, d.HS);
+    h->row_forward(h->linear_ctx, d.split ? row_out : la->res2, la->atty, HP(lp, LAYER_ATTPROJ_W), HP(lp, LAYER_ATTPROJ_B),
                    d.N, d.attn, d.C);
     ev = segment(h, ev, NULL);
-    h->exit_forward(h->ctx, d.split ? row_out : la->res2, la->res2, whole, B, s);
+    h->exit_forward(h->region_ctx, d.split ? row_out : la->res2, la->res2, whole, B, s);
 
     /* MLP: res3 = res2 + mlp(ln2(res2)) */
     ev = segment(h, ev, "ln2_fwd");
@@ -594,11 +594,11 @@ static void layer_forward_body(const gpt_layout *g, const gpt_layer_hooks *h, co
     KP->layernorm_forward(d.split ? ln_out : la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, HP(lp, LAYER_LN2_W),
                           HP(lp, LAYER_LN2_B), d.Ns, d.C);
     ev = segment(h, ev, NULL);
-    h->enter_forward(h->ctx, d.split ? ln_out : la->ln2, la->ln2, whole, B, s);
+    h->enter_forward(h->region_ctx, d.split ? ln_out : la->ln2, la->ln2, whole, B, s);
     ev = segment(h, ev, "mlp_fwd");
     h->mlp_forward(h, lp, la, d.split ? row_out : la->res3, d.N);
     ev = segment(h, ev, NULL);
-    h->exit_forward(h->ctx, d.split ? row_out : la->res3, la->res3, whole, B, s);
+    h->exit_forward(h->region_ctx, d.split ? row_out : la->res3, la->res3, whole, B, s);
     ev = segment(h, ev, "residual_fwd");
     KP->add(la->res3, la->res3, la->res2, part);
     segment(h, ev, NULL);
@@ -619,7 +619,7 @@ static layer_acts backward_source(const gpt_layout *g, const gpt_layer_hooks *h,
         /* att from the kept q and k, the forward's kernel on the forward's inputs: the same bits */
         const layer_dims d = dims_of(g, h, a->B, a->seq);
         la.att = s->work.att;
-        h->attention_forward(h->ctx, s->datty, la.att, la.qkv, a->B, d.T, d.heads, d.HS);
+        h->attention_forward(h->attention_ctx, s->datty, la.att, la.qkv, a->B, d.T, d.heads, d.HS);
     } else {
         la = s->work;
         if (keep) {
@@ -663,32 +663,32 @@ static void layer_backward_body(const gpt_layout *g, const gpt_layer_hooks *h, g
 
     /* MLP */
     int ev = -1;
-    if (input) h->exit_backward(h->ctx, s->dres, dres3, whole, a->B, s);
+    if (input) h->exit_backward(h->region_ctx, s->dres, dres3, whole, a->B, s);
     ev = segment(h, ev, "mlp_bwd");
     h->mlp_backward(h, pass, lp, gp, la, dres3, dfch, dln2_whole, s, d.N);
     ev = segment(h, ev, NULL);
-    if (input) h->enter_backward(h->ctx, dln2_whole, dln2, whole, a->B, s);
+    if (input) h->enter_backward(h->region_ctx, dln2_whole, dln2, whole, a->B, s);
     ev = segment(h, ev, "ln2_bwd");
     layernorm_backward_pass(pass, s->dres, HP(gp, LAYER_LN2_W), HP(gp, LAYER_LN2_B), dln2, la->res2,
                             HP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, d.Ns, d.C);
     ev = segment(h, ev, NULL);
 
     /* attention */
-    if (input) h->exit_backward(h->ctx, s->dres, dres2, whole, a->B, s);
+    if (input) h->exit_backward(h->region_ctx, s->dres, dres2, whole, a->B, s);
     ev = segment(h, ev, "attention_bwd");
     if (input) mem_zero(s->datty, (size_t)d.N * d.attn * vb);
-    h->row_backward(h->ctx, pass, s->datty, HP(gp, LAYER_ATTPROJ_W), HP(gp, LAYER_ATTPROJ_B), dres2, la->atty,
+    h->row_backward(h->linear_ctx, pass, s->datty, HP(gp, LAYER_ATTPROJ_W), HP(gp, LAYER_ATTPROJ_B), dres2, la->atty,
                     HP(lp, LAYER_ATTPROJ_W), d.N, d.attn, d.C);
     if (input) {
         mem_zero(dqkv, (size_t)d.N * 3 * d.attn * vb);
-        h->attention_backward(h->ctx, dqkv, s->datt, s->datty, la->qkv, la->att, la->atty, a->B, d.T, d.heads,
+        h->attention_backward(h->attention_ctx, dqkv, s->datt, s->datty, la->qkv, la->att, la->atty, a->B, d.T, d.heads,
                              d.HS);
         mem_zero(dln1_whole, (size_t)whole * vb);
     }
-    h->column_backward(h->ctx, pass, dln1_whole, HP(gp, LAYER_QKV_W), HP(gp, LAYER_QKV_B), dqkv, la->ln1,
+    h->column_backward(h->linear_ctx, pass, dln1_whole, HP(gp, LAYER_QKV_W), HP(gp, LAYER_QKV_B), dqkv, la->ln1,
                        HP(lp, LAYER_QKV_W), d.N, d.C, 3 * d.attn);
     ev = segment(h, ev, NULL);
-    if (input) h->enter_backward(h->ctx, dln1_whole, dln1, whole, a->B, s);
+    if (input) h->enter_backward(h->region_ctx, dln1_whole, dln1, whole, a->B, s);
     ev = segment(h, ev, "ln1_bwd");
     layernorm_backward_pass(pass, s->dres, HP(gp, LAYER_LN1_W), HP(gp, LAYER_LN1_B), dln1, x, HP(lp, LAYER_LN1_W),
                             la->ln1_mean, la->ln1_rstd, d.Ns, d.C);
@@ -731,9 +731,9 @@ static void attention_backward_hook(void *ctx, void *dqkv, void *datt, const voi
 /* fc (column) -> GELU -> fc-proj (row), at the hooks' MLP width */
 static void mlp_forward_hook(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N) {
     const int C = (int)h->tensors[LAYER_FC_W].cols, M = (int)h->tensors[LAYER_FC_W].rows;
-    h->column_forward(h->ctx, la->fch, la->ln2, HP(lp, LAYER_FC_W), HP(lp, LAYER_FC_B), N, C, M);
+    h->column_forward(h->linear_ctx, la->fch, la->ln2, HP(lp, LAYER_FC_W), HP(lp, LAYER_FC_B), N, C, M);
     KP->gelu_forward(la->fch_gelu, la->fch, (long)N * M);
-    h->row_forward(h->ctx, out, la->fch_gelu, HP(lp, LAYER_FCPROJ_W), HP(lp, LAYER_FCPROJ_B), N, M, C);
+    h->row_forward(h->linear_ctx, out, la->fch_gelu, HP(lp, LAYER_FCPROJ_W), HP(lp, LAYER_FCPROJ_B), N, M, C);
 }
 
 static void mlp_backward_hook(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const layer_acts *la,
@@ -742,14 +742,14 @@ static void mlp_backward_hook(const gpt_layer_hooks *h, gpt_pass pass, const voi
     const int input = pass != GPT_PASS_WEIGHT;
     const size_t vb = value_bytes();
     if (input) mem_zero(s->dfch_gelu, (size_t)N * M * vb);
-    h->row_backward(h->ctx, pass, s->dfch_gelu, HP(gp, LAYER_FCPROJ_W), HP(gp, LAYER_FCPROJ_B), dout, la->fch_gelu,
+    h->row_backward(h->linear_ctx, pass, s->dfch_gelu, HP(gp, LAYER_FCPROJ_W), HP(gp, LAYER_FCPROJ_B), dout, la->fch_gelu,
                     HP(lp, LAYER_FCPROJ_W), N, M, C);
     if (input) {
         mem_zero(dfch, (size_t)N * M * vb);
         KP->gelu_backward(dfch, s->dfch_gelu, la->fch, (long)N * M);
         mem_zero(dinp, (size_t)N * C * vb);
     }
-    h->column_backward(h->ctx, pass, dinp, HP(gp, LAYER_FC_W), HP(gp, LAYER_FC_B), dfch, la->ln2, HP(lp, LAYER_FC_W),
+    h->column_backward(h->linear_ctx, pass, dinp, HP(gp, LAYER_FC_W), HP(gp, LAYER_FC_B), dfch, la->ln2, HP(lp, LAYER_FC_W),
                        N, C, M);
 }
 

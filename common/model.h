@@ -307,7 +307,13 @@ typedef void (*gpt_linear_bwd)(void *ctx, gpt_pass pass, void *dinp, void *dw, v
  * change `from` (an all-reduce in place) and use s's staging */
 typedef void (*gpt_region_fn)(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s);
 struct gpt_layer_hooks {
-    void *ctx;                  /* handed back to every hook */
+    /* Each slot has its own state, so that one parallelism's slot can sit beside
+     * another's in the same layer (TP's linears and regions with CP's attention,
+     * with EP's MLP); each hook gets its slot's context back. */
+    void *linear_ctx;           /* column_ and row_forward/backward's */
+    void *region_ctx;           /* enter_ and exit_forward/backward's */
+    void *attention_ctx;        /* attention_forward/backward's */
+    void *mlp_ctx;              /* mlp_forward/backward's (they get h: h->mlp_ctx) */
     const gpt_config *cfg;      /* the model's (the experts' hooks read k, F, a) */
     const tensor_info *tensors; /* a layer block's tensors at this rank's shapes */
     long layer_size;            /* elements of one such block */

@@ -204,7 +204,7 @@ void tp_hooks_init(tp_hooks *th, const tp_layout *tl, comm *tp) {
     th->tl = tl;
     th->tp = tp;
     th->hooks = gpt_default_hooks(&tl->g); /* column linears, attention, MLP: the one-rank ones at local widths */
-    th->hooks.ctx = th;
+    th->hooks.linear_ctx = th->hooks.region_ctx = th; /* TP's slots: the linears and the regions */
     th->hooks.tensors = tl->layer;
     th->hooks.layer_size = tl->layer_size;
     th->hooks.trace = 1;

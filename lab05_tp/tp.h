@@ -130,7 +130,7 @@ void tp_scratch_alloc(gpt_grad_scratch *s, const tp_layout *tl, int B);
  * collectives is traced as compute events of its own, so do not wrap these
  * calls in a compute event if the compute/comm split should stay honest. */
 typedef struct tp_hooks {
-    gpt_layer_hooks hooks; /* ctx: this struct */
+    gpt_layer_hooks hooks; /* linear_ctx, region_ctx: this struct */
     const tp_layout *tl;
     comm *tp;
 } tp_hooks;

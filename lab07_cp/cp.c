@@ -231,7 +231,7 @@ static void cp_attention_backward(void *ctx, void *dqkv, void *datt, const void 
 void cp_hooks_init(cp_hooks *h, const gpt_layout *g, comm *cp, th_cp_algo algo, th_cp_layout layout, int B) {
     memset(h, 0, sizeof *h);
     h->hooks = gpt_default_hooks(g);
-    h->hooks.ctx = h;
+    h->hooks.attention_ctx = h; /* CP's slot: the attention core */
     h->hooks.attention_forward = cp_attention_forward;
     h->hooks.attention_backward = cp_attention_backward;
     h->cp = cp;

@@ -41,7 +41,7 @@
 #include "theory.h"
 
 typedef struct cp_hooks {
-    gpt_layer_hooks hooks;  /* ctx: this struct */
+    gpt_layer_hooks hooks;  /* attention_ctx: this struct */
     comm *cp;               /* the CP group; its ranks in ring order */
     th_cp_algo algo;
     int N, rank, B, T;      /* T: this rank's positions per sequence, seq / N */

@@ -80,11 +80,6 @@ static void scratch_reserve(ep_hooks *e, long rows) {
 
 /* ---- the exchanges -------------------------------------------------------------- */
 
-static int layer_of(const ep_hooks *e, const void *lp) {
-    const long at = (long)(((const char *)lp - (const char *)e->params) / (long)value_bytes());
-    return (int)((at - e->embed_size) / e->layer_size);
-}
-
 /* Rows of a layer's slots between the ranks: `rows_to[p]` rows from `send`
  * (packed in rank order) to EP rank p, `rows_from[p]` from p into `recv`.
  * Counts what leaves the rank. */
@@ -131,10 +126,10 @@ static void rows_per_rank(const ep_hooks *e, const ep_layer *ly, const int *coun
 }
 
 static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N) {
-    ep_hooks *e = h->ctx;
+    ep_hooks *e = h->mlp_ctx;
     const gpt_config *cfg = h->cfg;
     const int El = e->local_experts, k = cfg->top_k, C = cfg->d_model;
-    ep_layer *ly = &e->layer[layer_of(e, lp)];
+    ep_layer *ly = &e->layer[la->layer]; /* the layer the model runs: its own exchange buffers */
     moe_state st = moe_state_view(la->moe, cfg, N);
     st.stats = la->moe_stats;
     moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N); /* the one-rank run's decisions: per sequence */
@@ -182,10 +177,10 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
                             const void *dout, void *dfch, void *dinp, gpt_grad_scratch *s, int N) {
     (void)dfch;
     if (pass != GPT_PASS_FUSED) die("lab08: the backward in two halves (B, W) is not written for experts");
-    ep_hooks *e = h->ctx;
+    ep_hooks *e = h->mlp_ctx;
     const gpt_config *cfg = h->cfg;
     const int El = e->local_experts, k = cfg->top_k, C = cfg->d_model;
-    const ep_layer *ly = &e->layer[layer_of(e, lp)];
+    const ep_layer *ly = &e->layer[la->layer];
     moe_state st = moe_state_view(la->moe, cfg, N);
     moe_scratch sc = moe_scratch_view(s->moe, cfg, N);
     moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
@@ -222,18 +217,16 @@ long ep_received_rows_bound(const gpt_config *cfg, int N, long rows) {
     return (long)N * rows * (El * cap < k * T ? El * cap : k * T); /* cap <= T: a token picks an expert once */
 }
 
-void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep, const void *params) {
+void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep) {
     memset(h, 0, sizeof *h);
     h->ep = ep;
     h->N = ep->size;
     h->rank = ep->rank;
     h->local_experts = g->cfg.experts / ep->size;
     h->layers = g->cfg.layers;
-    h->params = params;
-    h->embed_size = g->embed_size;
     ep_layout(g, h->N, h->rank, h->tensors, &h->layer_size);
     h->hooks = gpt_default_hooks(g);
-    h->hooks.ctx = h;
+    h->hooks.mlp_ctx = h; /* EP's slot: the MLP */
     h->hooks.tensors = h->tensors;
     h->hooks.layer_size = h->layer_size;
     h->hooks.mlp_forward = ep_mlp_forward;

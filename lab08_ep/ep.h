@@ -46,13 +46,11 @@ typedef struct ep_counts {
 } ep_counts;
 
 typedef struct ep_hooks {
-    gpt_layer_hooks hooks;        /* ctx: this struct; tensors: the local layer block below */
+    gpt_layer_hooks hooks;        /* mlp_ctx: this struct; tensors: the local layer block below */
     tensor_info tensors[LAYER_NTENSORS];
     long layer_size;              /* elements of the local layer block */
     comm *ep;                     /* the EP group */
     int N, rank, local_experts, layers;
-    const void *params;           /* the rank's parameter buffer (finds a block's layer) */
-    long embed_size;
     ep_layer *layer;              /* one per layer */
     void *stage;                  /* rows in source-rank order, sent or received; grown */
     void *dyr, *dfch, *dgelu;     /* the backward's expert-major scratch; grown */
@@ -80,7 +78,7 @@ int ep_runs(const gpt_layout *g, const tensor_info *tensors, long layer_size, in
  * activations do not depend on the routing; 0 under F = 0 (they grow). */
 long ep_received_rows_bound(const gpt_config *cfg, int N, long rows);
 
-void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep, const void *params);
+void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep);
 void ep_hooks_free(ep_hooks *h);
 
 #endif

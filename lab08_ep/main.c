@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
     comm_set_axis(&ep, "ep");
     comm_set_axis(&edp, "edp");
     ep_hooks eh;
-    ep_hooks_init(&eh, &g, &ep, NULL);
+    ep_hooks_init(&eh, &g, &ep);
     eh.reserve_rows = ep_received_rows_bound(&g.cfg, N, rows); /* F > 0: sized once, from the config */
     const long P = g.embed_size + (long)L * eh.layer_size + g.head_size; /* this rank's elements */
     const int n_runs = ep_runs(&g, eh.tensors, eh.layer_size, N, ep.rank, NULL);
@@ -135,7 +135,6 @@ int main(int argc, char **argv) {
     ep_runs(&g, eh.tensors, eh.layer_size, N, ep.rank, runs);
     model_states ms; /* the rank's elements: the model's values (precision.h), the fp32 weights and AdamW's moments */
     model_states_alloc(&ms, P);
-    eh.params = ms.params;
     ckpt_view view; /* the runs of the global layout this rank holds */
     ckpt_view_init(&view, ms.master, P, ms.adam_m, ms.adam_v, P);
     for (int r = 0; r < n_runs; r++) { /* each run's initial values are the one-rank run's */

@@ -345,9 +345,14 @@ def deepseek():
     ck = os.path.join(tempfile.mkdtemp(prefix="pl-l8ds-"), "ck.safetensors")
     half = [a if a != "10" else "5" for a in steps] + extra
     run("lab01_dp", 1, half + ["--save", ck])
-    rec, _, _ = run(LAB, 4, half + ["--ep", "2", "--resume", ck])
+    rec, p, _ = run(LAB, 4, half + ["--ep", "2", "--resume", ck])
     compare_runs("lab08 -n 4 --ep 2 resumed with the bias, steps 6-10 vs lab01", rec, ref, 1e-5, ref_from=5)
     check(rec["bias_max_per_step"] == ref["bias_max_per_step"][5:], "resumed: the bias differs")
+    check("resumed with other routing" not in p.stdout, "the same --bias-speed: no change to say")
+    # another gamma is allowed (the same bias moves at another rate) and said in one line
+    _, p, _ = run(LAB, 2, [a if a != "0.01" else "0.002" for a in half] + ["--ep", "2", "--resume", ck])
+    check("resumed with other routing than the checkpoint's: --bias-speed 0.01 -> 0.002" in p.stdout,
+          f"a changed --bias-speed is not said: {p.stdout[-400:]}")
     short = [a if a != "10" else "5" for a in steps] + ["--experts", "4"]
     for other, needle in ((["--router", "sigmoid"], "--balance aux"), (["--balance", "bias"], "--router softmax")):
         _, p, _ = run(LAB, 2, short + other + ["--resume", ck], check=False)
