@@ -70,8 +70,9 @@ CLOCKS = {"seconds", "measured", "bubble_formula", "trace", "timeline", "host", 
           "attention_seconds_per_rank", "ring_flops_per_s", "ring_bytes_per_s", "ring_block_seconds",
           "ring_message_seconds", "ring_hidden", "alltoall_ms_per_step", "experts_ms_per_step"}
 # the flight recorder's settings and its check's cost (common/flight.h): no result, and
-# absent from the records of trees before it
-NOT_RESULTS = {"flight"}
+# absent from the records of trees before it; grad_norms, absent before stop 39 (the
+# losses' bits, compared above, change with any change of the gradients anyway)
+NOT_RESULTS = {"flight", "grad_norms"}
 def keep(k):
     return k not in CLOCKS and k not in NOT_RESULTS and not (k.startswith("t_") and k.endswith("_s"))
 # keys an older tree wrote beside acts_peak_bytes_formula_per_rank for the same
