@@ -189,21 +189,27 @@ static long meta_long(json_t *metadata, const char *key, int *ok) {
 }
 
 /* What the experts' routing flags change against the file's (top-k, capacity
- * factor and scope, aux coefficient), as "--top-k 2 -> 1, ..." in buf ("" if
- * nothing, or a dense model). */
+ * factor and scope, aux coefficient, node-limited routing's groups), as
+ * "--top-k 2 -> 1, ..." in buf ("" if nothing, or a dense model). A file
+ * without the groups' keys routed over every expert (0). */
 static void describe_routing_change(json_t *metadata, const gpt_config *cfg, char *buf, size_t len) {
     buf[0] = 0;
     if (cfg->experts <= 0) return;
-    char now[4][32];
+    char now[6][32];
     snprintf(now[0], sizeof now[0], "%d", cfg->top_k);
     snprintf(now[1], sizeof now[1], "%.15g", cfg->capacity_factor); /* the decimal the flag gave */
     snprintf(now[2], sizeof now[2], "%s", cfg->capacity_per_rank ? "rank" : "sequence");
     snprintf(now[3], sizeof now[3], "%g", cfg->aux_coef); /* a float: 0.01, not 0.00999999978 */
-    const char *keys[4] = {"top_k", "capacity_factor", "capacity_scope", "aux_loss_coef"};
-    const char *flags[4] = {"--top-k", "--capacity-factor", "--capacity-scope", "--aux-loss-coef"};
+    snprintf(now[4], sizeof now[4], "%d", cfg->route_groups);
+    snprintf(now[5], sizeof now[5], "%d", cfg->route_max_groups);
+    const char *keys[6] = {"top_k", "capacity_factor", "capacity_scope", "aux_loss_coef", "route_groups",
+                           "route_max_groups"};
+    const char *flags[6] = {"--top-k", "--capacity-factor", "--capacity-scope", "--aux-loss-coef", "--route-groups",
+                            "--route-max-groups"};
     size_t at = 0;
-    for (int i = 0; i < 4 && at < len; i++) {
+    for (int i = 0; i < 6 && at < len; i++) {
         const char *was = meta(metadata, keys[i]);
+        if (!was && i >= 4) was = "0"; /* written only with groups */
         if (!was || !strcmp(was, now[i])) continue;
         int k = snprintf(buf + at, len - at, "%s%s %s -> %s", at ? ", " : "", flags[i], was, now[i]);
         at += k > 0 ? (size_t)k : 0;
@@ -650,6 +656,10 @@ static char *make_header(const run_ctx *ctx, int step, const tensor_table *tt, c
     META("capacity_factor", "%.15g", ctx->model.capacity_factor);
     jsonval_set(m, "capacity_scope", jsonval_text(ctx->model.capacity_per_rank ? "rank" : "sequence"));
     META("aux_loss_coef", "%g", ctx->model.aux_coef);
+    if (ctx->model.experts > 0 && ctx->model.route_groups > 0) { /* node-limited routing, only when chosen */
+        META("route_groups", "%d", ctx->model.route_groups);
+        META("route_max_groups", "%d", ctx->model.route_max_groups);
+    }
     /* DeepSeek-V3's routing, only when chosen (a file of the defaults stays as it was): refused on a resume
      * with other flags; the bias is training state, each value with 9 digits (exact for a float) */
     if (ctx->model.experts > 0 && ctx->model.router_sigmoid) jsonval_set(m, "router", jsonval_text("sigmoid"));

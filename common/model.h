@@ -59,6 +59,9 @@ typedef struct gpt_config {
      * top-k choice only, moved by the run after each step (--balance bias) */
     int router_sigmoid;
     const float *route_bias;
+    /* node-limited routing (moe.h): > 0, the experts in route_groups groups of
+     * E/G consecutive ones, each token's from at most route_max_groups of them */
+    int route_groups, route_max_groups;
 } gpt_config;
 
 /* The tensors inside one layer block, in order. */

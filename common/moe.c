@@ -101,6 +101,11 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     long dropped = 0;
     float margin = -1; /* the smallest p_(k) - p_(k+1) over the tokens; -1: k = E, no (k+1)-th */
     float *select_scores = bias ? malloc((size_t)E * sizeof(float)) : NULL;
+    /* node-limited routing: G groups of E/G experts, a token's experts from its M best groups */
+    const int G = cfg->route_groups, M = cfg->route_max_groups, per_group = G > 0 ? E / G : E;
+    float *group_score = G > 0 ? malloc((size_t)G * sizeof(float)) : NULL;
+    unsigned char *allowed = G > 0 ? malloc((size_t)E + (size_t)G) : NULL, *group_taken = allowed ? allowed + E : NULL;
+    if (G > 0 && (!group_score || !allowed)) die("out of host memory for the routing groups");
     for (int n = 0; n < N; n++) {
         float *p = st->probs + (long)n * E, mx = -INFINITY, sum = 0;
         for (int e = 0; e < E; e++) {
@@ -120,13 +125,38 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
         float *sel = bias ? select_scores : p;
         if (bias)
             for (int e = 0; e < E; e++) sel[e] = p[e] + bias[e];
+        /* node-limited (DeepSeek-V3): each group scored by the sum of its two best selection
+         * scores (its best alone when it holds one expert), the M best groups kept (the lower
+         * index on ties); top-k then chooses among their experts only */
+        float group_gap = INFINITY; /* the M-th kept group's score less the best group left out */
+        if (G > 0) {
+            for (int g = 0; g < G; g++) {
+                float first = -INFINITY, second = -INFINITY;
+                for (int e = g * per_group; e < (g + 1) * per_group; e++) {
+                    if (sel[e] > first) second = first, first = sel[e];
+                    else if (sel[e] > second) second = sel[e];
+                }
+                group_score[g] = per_group > 1 ? first + second : first;
+            }
+            memset(allowed, 0, (size_t)E + (size_t)G);
+            int last = -1;
+            for (int m = 0; m < M; m++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!group_taken[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+                group_taken[best] = 1, last = best;
+                memset(allowed + best * per_group, 1, (size_t)per_group);
+            }
+            for (int g = 0; g < G; g++)
+                if (!group_taken[g] && group_score[last] - group_score[g] < group_gap) group_gap = group_score[last] - group_score[g];
+        }
         /* top-k: the largest not yet chosen, the lower index on ties */
         int *ch = st->choice + (long)n * k;
         float z = 0;
         for (int j = 0; j < k; j++) {
             int best = -1;
             for (int e = 0; e < E; e++) {
-                int taken = 0;
+                int taken = allowed && !allowed[e];
                 for (int i = 0; i < j; i++) taken |= ch[i] == e;
                 if (!taken && (best < 0 || sel[e] > sel[best])) best = e;
             }
@@ -135,14 +165,17 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
         }
         for (int j = 0; j < k; j++) st->gate[(long)n * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / z;
         /* how near this token came to another choice: its k-th score less the best one not
-         * chosen (read only: it decides nothing, moe.h) */
+         * chosen (node-limited: among the kept groups' experts, or the kept groups' last
+         * score less the best group left out, whichever is smaller; read only: it decides
+         * nothing, moe.h) */
         float next = -INFINITY;
         for (int e = 0; e < E; e++) {
-            int taken = 0;
+            int taken = allowed && !allowed[e];
             for (int i = 0; i < k; i++) taken |= ch[i] == e;
             if (!taken && sel[e] > next) next = sel[e];
         }
-        if (k < E && (margin < 0 || sel[ch[k - 1]] - next < margin)) margin = sel[ch[k - 1]] - next;
+        const float gap = fminf(next > -INFINITY ? sel[ch[k - 1]] - next : INFINITY, group_gap);
+        if (gap < INFINITY && (margin < 0 || gap < margin)) margin = gap;
     }
     /* capacity per sequence, in position order; f and P for the aux loss */
     int *used = calloc((size_t)E, sizeof(int));
@@ -199,6 +232,8 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     free(used);
     free(mean_p);
     free(select_scores);
+    free(group_score);
+    free(allowed);
 }
 
 /* expert e's four tensors inside a layer block: fc holds 4C rows of each

@@ -37,7 +37,14 @@
  *   gamma sign(mean load - load_e) on the load summed over every rank
  *   (run_experts_report), so it is the same on every rank and layout, and
  *   the loss has no aux term (a = 0). The top-k margin is then the biased
- *   scores'. */
+ *   scores'.
+ * - node-limited routing (--route-groups G, --route-max-groups M): the E
+ *   experts in G groups of E/G consecutive ones (a group stands for a node of
+ *   EP ranks); each group is scored by the sum of its two best selection
+ *   scores (its best alone when it holds one), a token keeps its M best
+ *   groups (the lower index on ties) and top-k chooses among their experts
+ *   only, so its tokens reach at most M nodes. The gates are unchanged (the
+ *   chosen scores', normalised): the groups decide which, not how much. */
 #ifndef PL_MOE_H
 #define PL_MOE_H
 #include "model.h"
@@ -133,7 +140,10 @@ long moe_dropped(const gpt_layout *g, const gpt_acts *a);
  * function of the probabilities: a change of the logits smaller than this gap
  * (another summation order in another layout, rounding) cannot change a
  * choice, a larger one can. It is read, never used: no computation depends on
- * it. -1 when k = E (every expert chosen: no (k+1)-th) or without experts. */
+ * it. -1 when k = E (every expert chosen: no (k+1)-th) or without experts.
+ * Node-limited routing adds a second discontinuity, which groups are kept:
+ * the margin is then the smaller of the experts' gap (within the kept groups)
+ * and the M-th kept group's score less the best group left out. */
 float moe_min_margin(const gpt_layout *g, const gpt_acts *a);
 /* Choices per expert (before dropping) of the block's layers: counts[l E + e]
  * for its layer lo + l. */

@@ -326,6 +326,10 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         jsonval_set(config, "capacity_factor", jsonval_number(o->capacity_factor));
         jsonval_set(config, "capacity_scope", jsonval_text(o->capacity_scope));
         jsonval_set(config, "aux_loss_coef", jsonval_number(o->aux_loss_coef));
+        if (ctx->model.route_groups > 0) { /* node-limited routing: the groups and the most a token reaches */
+            jsonval_set(config, "route_groups", json_integer(ctx->model.route_groups));
+            jsonval_set(config, "route_max_groups", json_integer(ctx->model.route_max_groups));
+        }
     }
     jsonval_set(rec, "config", config);
     /* the flight recorder's settings (flight.h): they change no result */

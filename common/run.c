@@ -69,6 +69,11 @@ static flag_spec shared_flags[] = {
      "load imbalance (max/mean choices per expert) and the bias's range", 0, "aux|bias"},
     {"--bias-speed", FLAG_FLOAT, NULL, "with --balance bias: gamma, each step the bias of an expert over (under) "
      "the mean load moves down (up) by it", 0, NULL},
+    {"--route-groups", FLAG_INT, NULL, "with --experts: node-limited routing (DeepSeek-V3): the experts in G groups "
+     "of E/G consecutive ones (a group stands for a node), and each token's experts from at most "
+     "--route-max-groups groups, those whose two best scores sum highest (0: every expert may be chosen)", 0, NULL},
+    {"--route-max-groups", FLAG_INT, NULL, "with --route-groups: M, the groups one token's experts may come from "
+     "(DeepSeek-V3: 4 of its 8 nodes; 0: half the groups, rounded up)", 0, NULL},
     {"--dry-run", FLAG_BOOL, NULL, "check the flags, print the layout, the hosts and GPUs of the ranks and the memory "
      "and bytes per rank the run will need (theory/'s formulas), then exit 0: nothing trained, --out not created", 0,
      NULL},
@@ -98,7 +103,7 @@ static void bind_shared(run_options *o) {
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
                               &o->resume, &o->eval, &o->recompute, &o->precision, &o->experts, &o->top_k,
                               &o->capacity_factor, &o->capacity_scope, &o->aux_loss_coef, &o->router,
-                              &o->balance, &o->bias_speed, &o->dry_run,
+                              &o->balance, &o->bias_speed, &o->route_groups, &o->route_max_groups, &o->dry_run,
                               &o->sample, &o->prompt, &o->temperature, &o->max_memory_mb,
                               /* the flight recorder's settings live in comm's recorder (flight.h) */
                               &flight_hang_timeout, &flight_records, &flight_check_collectives};
@@ -270,6 +275,8 @@ static const struct { const char *flag, *needs, *why; } dependent_flags[] = {
     {"--router", "--experts", "the model is dense"},
     {"--balance", "--experts", "the model is dense"},
     {"--bias-speed", "--experts", "the model is dense"},
+    {"--route-groups", "--experts", "the model is dense"},
+    {"--route-max-groups", "--route-groups", "without groups every expert may be chosen"},
     {"--prompt", "--sample", "nothing is sampled"},
     {"--temperature", "--sample", "nothing is sampled"},
 };
@@ -384,8 +391,16 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
               o->bias_speed);
     run_check(ctx, o->bias_speed > 0, "--bias-speed must be above 0, got %g (a bias that never moves balances "
               "nothing)", o->bias_speed);
+    /* node-limited routing: whole groups of experts, and room in M groups for a token's k experts */
+    const int G = o->route_groups, M = o->route_groups && !o->route_max_groups ? (G + 1) / 2 : o->route_max_groups;
+    run_check(ctx, !G || (o->experts % G == 0 && G <= o->experts), "--route-groups %d does not divide --experts %d "
+              "(each group holds E/G experts)", G, o->experts);
+    run_check(ctx, !G || M <= G, "--route-max-groups %d is more than --route-groups %d", M, G);
+    run_check(ctx, !G || G > o->experts || o->experts % G || o->top_k <= (long)M * (o->experts / G),
+              "--top-k %d is more than the %d experts of --route-max-groups %d groups of %d", o->top_k,
+              G && o->experts % G == 0 ? M * (o->experts / G) : 0, M, G ? o->experts / G : 0);
     ctx->route_report = o->experts && (run_flag_given(argc, argv, "--router") ||
-                                       run_flag_given(argc, argv, "--balance"));
+                                       run_flag_given(argc, argv, "--balance") || o->route_groups > 0);
     if (o->experts > 0 && bias && !ctx->error[0] && !(ctx->route_bias = calloc((size_t)o->experts * o->layers,
                                                                                 sizeof(float))))
         die("out of host memory for the routing bias");
@@ -396,7 +411,8 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                               .capacity_factor = (float)o->capacity_factor,
                               .aux_coef = bias ? 0.0f : (float)o->aux_loss_coef,
                               .capacity_per_rank = !strcmp(o->capacity_scope, "rank"),
-                              .router_sigmoid = !strcmp(o->router, "sigmoid"), .route_bias = ctx->route_bias};
+                              .router_sigmoid = !strcmp(o->router, "sigmoid"), .route_bias = ctx->route_bias,
+                              .route_groups = o->experts ? G : 0, .route_max_groups = o->experts && G ? M : 0};
     ctx->adamw = (adamw_config){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                 .weight_decay = (float)o->weight_decay};
     ctx->tokens_per_step = (long)o->batch * o->seq;

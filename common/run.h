@@ -49,6 +49,7 @@ typedef struct run_options {
     const char *capacity_scope; /* --capacity-scope sequence|rank (gpt_config.capacity_per_rank) */
     const char *router, *balance; /* --router softmax|sigmoid, --balance aux|bias (moe.h) */
     double bias_speed;          /* --bias-speed: gamma of --balance bias */
+    int route_groups, route_max_groups; /* --route-groups G, --route-max-groups M: node-limited routing (moe.h) */
     int dry_run;               /* --dry-run: validate, print the placement and the needs, exit 0 */
     int sample;                /* --sample N: bytes the model writes before and after training (sample.h) */
     const char *prompt;        /* --prompt: what it continues (NULL: the data's first line) */

@@ -107,6 +107,10 @@ SHARED = [
     (2, ["--experts", "4", "--balance", "bias", "--bias-speed", "0"], "--bias-speed"),
     (2, ["--experts", "4", "--balance", "bias", "--aux-loss-coef", "0.1"], "--aux-loss-coef"),  # bias: no aux loss
     (2, ["--experts", "4", "--bias-speed", "0.01"], "--bias-speed"),  # the aux loss balances: no bias to move
+    (2, ["--experts", "4", "--route-groups", "3"], "--route-groups"),  # 3 groups of 4 experts
+    (2, ["--experts", "4", "--route-groups", "2", "--route-max-groups", "3"], "--route-max-groups"),  # M > G
+    (2, ["--experts", "4", "--top-k", "3", "--route-groups", "4", "--route-max-groups", "2"], "--top-k"),  # k > M E/G
+    (2, ["--experts", "4", "--route-max-groups", "1"], "--route-max-groups"),  # no groups to limit
     # dependent flags (docs/flags.md): given while the flag they act through is off, refused in one line
     (2, ["--save-every", "2"], "--save-every"),
     (2, ["--prompt", "the dog"], "--prompt"),
@@ -125,6 +129,7 @@ DENSE_DEPENDENT = [
     (2, ["--router", "sigmoid"], "--router"),
     (2, ["--balance", "bias"], "--balance"),
     (2, ["--bias-speed", "0.01"], "--bias-speed"),
+    (2, ["--route-groups", "2"], "--route-groups"),
 ]
 # the labs whose --dry-run takes --experts (its prediction counts them)
 DRY_RUN_EXPERTS = ("lab01_dp", "lab02_zero", "lab03_pp_naive", "lab04_1f1b", "lab08_ep")

@@ -337,8 +337,9 @@ def launcher_signals():
 
 def routing():
     """The experts in the file: their number is a shape (another --experts is refused in one line, a dense
-    file too), the routing is not: a resume with another --top-k, --capacity-factor, --capacity-scope or
-    --aux-loss-coef runs and says what changed in one line (before, it resumed silently)."""
+    file too), the routing is not: a resume with another --top-k, --capacity-factor, --capacity-scope,
+    --aux-loss-coef, --route-groups or --route-max-groups runs and says what changed in one line (before,
+    it resumed silently)."""
     tmp = tempfile.mkdtemp(prefix="pl-routing-")
     small = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8", "--steps", "1"]
     run("lab01_dp", 1, small + ["--experts", "4", "--save", f"{tmp}/moe"])
@@ -354,6 +355,14 @@ def routing():
           f"one line saying what changed, got {said}")
     _, p, _ = run("lab08_ep", 2, small + ["--resume", f"{tmp}/moe"])
     check("other routing" not in p.stdout, "the same routing says nothing")
+    # node-limited routing is routing too: a file without groups routed over every expert
+    groups = ["--route-groups", "2", "--route-max-groups", "1"]
+    _, p, _ = run("lab08_ep", 2, small + ["--resume", f"{tmp}/moe", "--save", f"{tmp}/groups"] + groups)
+    check("--route-groups 0 -> 2, --route-max-groups 0 -> 1" in p.stdout, f"groups added, not said: {p.stdout[-400:]}")
+    meta = read_checkpoint(f"{tmp}/groups")[0]["__metadata__"]
+    check((meta.get("route_groups"), meta.get("route_max_groups")) == ("2", "1"), f"the file records the groups: {meta}")
+    _, p, _ = run("lab01_dp", 1, small + ["--resume", f"{tmp}/groups", "--experts", "4"])
+    check("--route-groups 2 -> 0, --route-max-groups 1 -> 0" in p.stdout, f"groups dropped, not said: {p.stdout[-400:]}")
     check_rejected("lab08_ep", 2, small + ["--resume", f"{tmp}/moe", "--experts", "8"], "--experts 4")
     check_rejected("lab01_dp", 2, small + ["--resume", f"{tmp}/dense", "--experts", "4"], "--experts 0")
     check_rejected("lab01_dp", 2, small + ["--resume", f"{tmp}/moe"], "--experts 4")

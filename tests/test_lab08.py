@@ -320,7 +320,9 @@ def deepseek():
     import tempfile
     steps = [a if a != "20" else "10" for a in ARGS]
     for routing in (["--router", "sigmoid", "--balance", "bias", "--bias-speed", "0.01", "--capacity-factor", "1.0"],
-                    ["--balance", "bias", "--bias-speed", "0.01"], ["--router", "sigmoid", "--top-k", "1"]):
+                    ["--balance", "bias", "--bias-speed", "0.01"], ["--router", "sigmoid", "--top-k", "1"],
+                    # node-limited routing: a token's two experts from one of two groups (a group of EP ranks)
+                    ["--router", "sigmoid", "--route-groups", "2", "--route-max-groups", "1"]):
         extra = ["--experts", "4"] + routing
         ref, _, _ = run("lab01_dp", 1, steps + extra)
         bias = "bias" in routing

@@ -317,6 +317,82 @@ static void bias_gets_no_gradient(int sigmoid) {
     mem_free(params);
 }
 
+/* Node-limited routing (--route-groups G --route-max-groups M), checked against a
+ * second reading of the rule on the forward's own scores: every token's experts
+ * lie in its M best groups (each scored by the sum of its two best scores), and
+ * are the top-k of those groups' experts. G = E with M = k keeps every choice
+ * (a group of one is its expert), as does M = G; M = 1 of 2 moves some. */
+static void node_limited_routing(void) {
+    struct { int G, M, same_as_free; } cases[] = {{2, 1, 0}, {2, 2, 1}, {4, 2, 1}, {4, 3, 1}};
+    gpt_config free_cfg = base;
+    free_cfg.router_sigmoid = 1; /* scores on their own: a group's sum means something */
+    gpt_layout g;
+    gpt_layout_init(&g, &free_cfg);
+    const long P = g.total, N = (long)B * base.seq, E = base.experts, k = base.top_k;
+    float *params = mem_alloc(P * sizeof(float), MEM_PARAMS);
+    gpt_init_params(&g, 11, 0, P, params);
+    spread_router(&g, params, 12.0f);
+    gpt_acts a;
+    gpt_grad_scratch s;
+    acts_with_batch(&g, &a, &s);
+    loss_of(&g, params, &a);
+    const uint64_t free_route = routing_of(&free_cfg, &a);
+    gpt_acts_free(&a);
+    gpt_scratch_free(&s);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gpt_config c = free_cfg;
+        c.route_groups = cases[i].G, c.route_max_groups = cases[i].M;
+        g.cfg = c;
+        acts_with_batch(&g, &a, &s);
+        loss_of(&g, params, &a);
+        const int per = (int)E / c.route_groups;
+        long outside = 0, not_top = 0, moved = 0;
+        for (int l = 0; l < c.layers; l++) {
+            moe_state st = moe_state_view(a.layer[l].moe, &c, N);
+            for (long n = 0; n < N; n++) {
+                const float *p = st.probs + n * E;
+                float score[4];
+                int kept[4] = {0};
+                for (int gr = 0; gr < c.route_groups; gr++) {
+                    float best = -1, second = -1;
+                    for (int e = gr * per; e < (gr + 1) * per; e++)
+                        if (p[e] > best) second = best, best = p[e];
+                        else if (p[e] > second) second = p[e];
+                    score[gr] = per > 1 ? best + second : best;
+                }
+                for (int m = 0; m < c.route_max_groups; m++) {
+                    int top = -1;
+                    for (int gr = 0; gr < c.route_groups; gr++)
+                        if (!kept[gr] && (top < 0 || score[gr] > score[top])) top = gr;
+                    kept[top] = 1;
+                }
+                for (int j = 0; j < k; j++) {
+                    const int e = st.choice[n * k + j];
+                    outside += !kept[e / per];
+                    for (int o = 0; o < E; o++) /* a kept expert above a chosen one, not chosen itself */
+                        if (kept[o / per] && p[o] > p[e] && o != st.choice[n * k] && o != st.choice[n * k + 1])
+                            not_top++;
+                }
+                int best = 0, second = -1; /* the free top-2 */
+                for (int e = 1; e < E; e++) if (p[e] > p[best]) best = e;
+                for (int e = 0; e < E; e++) if (e != best && (second < 0 || p[e] > p[second])) second = e;
+                moved += st.choice[n * k] != best || st.choice[n * k + 1] != second;
+            }
+        }
+        const uint64_t route = routing_of(&c, &a);
+        printf("node-limited routing, %d groups, at most %d: %ld choices outside the kept groups, %ld below a kept "
+               "expert, %ld of %ld tokens routed otherwise than free routing\n", c.route_groups, c.route_max_groups,
+               outside, not_top, moved, N * c.layers);
+        CHECK(outside == 0 && not_top == 0, "G %d M %d: a choice breaks the rule", c.route_groups, c.route_max_groups);
+        CHECK((route == free_route) == cases[i].same_as_free && (moved == 0) == cases[i].same_as_free,
+              "G %d M %d: the routing %s free routing's", c.route_groups, c.route_max_groups,
+              route == free_route ? "equals" : "differs from");
+        gpt_acts_free(&a);
+        gpt_scratch_free(&s);
+    }
+    mem_free(params);
+}
+
 int main(void) {
     device_use(DEVICE_CPU, 0);
     /* E = 0 is the dense model: no router, the dense MLP's sizes */
@@ -359,6 +435,11 @@ int main(void) {
     gradcheck("sigmoid top-2 with a bias, no aux loss", c, 0);
     bias_gets_no_gradient(0);
     bias_gets_no_gradient(1);
+    node_limited_routing();
+    c = base;
+    c.router_sigmoid = 1;
+    c.route_groups = 2, c.route_max_groups = 1; /* both choices in one group of two */
+    gradcheck("sigmoid top-2, node-limited: 2 groups, at most 1", c, 0);
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("moe tests passed\n");
     return 0;
