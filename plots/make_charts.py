@@ -43,12 +43,17 @@ SIZES = {
                   acts_micro=(1, 8), acts_rows=2,
                   sp="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --steps 1",
                   cp="--layers 2 --d-model 32 --heads 4 --batch 4 --steps 2", cp_seq=(16, 32),
-                  ep="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 8", ep_steps=(2, 4)),
+                  ep="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 8", ep_steps=(2, 4),
+                  route="--layers 2 --d-model 32 --heads 4 --seq 16 --batch 8 --steps 4"),
 }
 # lab07's long-sequence sweep: a tiny model, so the sequence is what grows
 SIZES["full"].update(cp="--layers 2 --d-model 64 --heads 4 --batch 4 --steps 4", cp_seq=(128, 256, 512, 1024))
 # lab08's: a tiny model, E = 4 top-2; the load over ep_steps[1] steps, the all-to-all over ep_steps[0]
 SIZES["full"].update(ep="--layers 2 --d-model 64 --heads 4 --seq 64 --batch 16", ep_steps=(3, 40))
+# the routings of lab08 part 4 (DeepSeek-V3's bias against the aux loss): the default model, 50 steps
+SIZES["full"].update(route="--steps 50")
+ROUTINGS = ("--balance aux", "--balance bias", "--balance bias --bias-speed 0.01", "--router sigmoid --balance aux",
+            "--router sigmoid --balance bias --bias-speed 0.01")
 
 
 # lab04's schedules in the bubble and timeline charts, and the m each can run at
@@ -120,6 +125,9 @@ def sweep(z):
         runs.append(("ep", "lab08_ep", 4, f"{z['ep']} --steps {z['ep_steps'][1]} --aux-loss-coef {aux}"))
     for n in (1, 2, 4):
         runs.append(("ep", "lab08_ep", n, f"{z['ep']} --steps {z['ep_steps'][0]}"))
+    # chart 3f: load balance by the aux loss against DeepSeek-V3's bias (lab08 part 4), one rank
+    for routing in ROUTINGS:
+        runs.append(("route", "lab01_dp", 1, f"{z['route']} --experts 4 {routing}"))
     return runs
 
 
@@ -336,6 +344,14 @@ def chart_list(pipe_recs, note):
          "fixed: N_tok falls as 1/N while (N-1)/N grows. Right: rank 0's all-to-all time (waiting for the slowest "
          "rank included) and its experts' matmul time per step. Times are measured on a shared CPU"
          f"{' with more ranks than the ' + str(CORES) + ' cores' if CORES < 4 else ''}: compare within one run."),
+        ("balance", "Balancing the experts: the aux loss against DeepSeek-V3's bias", "balance.gp",
+         {"src": "balance.tsv"}, "balance.tsv", "route",
+         "lab01_dp -n 1 with 4 experts, top-2, no capacity, at five routings (lab08_ep/part4-deepseek-routing.md): "
+         "softmax or sigmoid scores, balanced by Switch's aux loss (a = 0.01) or by DeepSeek-V3's per-expert bias "
+         "(no aux loss) moving by gamma each step. Left: the worst layer's max/mean choices per expert in each "
+         "step (1 is perfect balance). Right: each run's loss less the softmax aux-loss run's (Switch's routing; "
+         "the aux runs' losses include their aux term, about 0.01). One seed and few steps: gamma 0.001 moves a "
+         "bias by at most 0.05 in 50 steps, too little for the deepest layer."),
         ("throughput", "Throughput of every lab and layout", "throughput.gp", {"src": "throughput.tsv"},
          "throughput.tsv", "std",
          "Tokens per second (median step after the first), every lab and layout at the same model and global batch; "
@@ -466,7 +482,7 @@ def main():
             if on_cpu and CORES < 4 else ""
         for group, only in (("pipe", ("bubble",)), ("std", ("memory", "throughput", "loss", "comm")),
                             ("acts", ("acts",)), ("sp", ("spacts",)), ("prec", ("precision",)), ("cp", ("cpseq",)),
-                            ("ep", ("epload",))):
+                            ("ep", ("epload",)), ("route", ("balance",))):
             path = os.path.join("runs", group, "records.jsonl")
             if os.path.exists(path):
                 records_to_tsv.convert([path], ".", note if group == "pipe" else "", only)

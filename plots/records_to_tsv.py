@@ -123,10 +123,12 @@ def read_records(paths):
     for path in paths:
         recs += read_file(path)
     # the last run of a lab, layout, batch and sequence length wins (with experts, of its step
-    # count and aux-loss weight too: lab08's load chart varies them at one layout)
+    # count, aux-loss weight and routing too: lab08's load chart and the balance chart vary them
+    # at one layout)
     latest = {}
     for r in recs:
-        moe = (r["config"]["steps"], r["config"]["aux_loss_coef"]) if r["config"].get("experts") else ()
+        moe = (r["config"]["steps"], r["config"]["aux_loss_coef"], r.get("router"), r.get("balance"),
+               r.get("bias_speed")) if r["config"].get("experts") else ()
         latest[(r["lab"], r["layout"], r["config"]["batch"], r["config"]["seq"], precision(r), *moe)] = r
     return list(latest.values())
 
@@ -366,7 +368,38 @@ def epload(recs):
         ["run", "kind", "aux", "ep", "step", "load_ratio", "a2a_sent", "a2a_uniform", "a2a_ms", "experts_ms"], rows
 
 
-CHARTS = ("bubble", "memory", "acts", "throughput", "loss", "comm", "spacts", "precision", "cpseq", "epload")
+def routing_label(r):
+    """--router and --balance as given, with the bias's speed: "sigmoid, bias 0.01"."""
+    speed = f" {r['bias_speed']:g}" if r["balance"] == "bias" else f" a = {r['config']['aux_loss_coef']:g}"
+    return f"{r['router']}, {r['balance']}{speed}"
+
+
+def balance(recs):
+    """lab01 -n 1 with experts at each routing (--router, --balance, --bias-speed): a row per step,
+    for every run the worst layer's max/mean choices per expert and the loss (with the aux
+    term where the aux loss balances)."""
+    runs = [r for r in recs if r["lab"] == "lab01_dp" and "load_imbalance_per_step" in r]
+    runs.sort(key=lambda r: (r["router"], r["balance"], r.get("bias_speed", 0)))
+    steps = max((len(r["losses"]) for r in runs), default=0)
+    rows = []
+    for s in range(steps):
+        row = [s + 1]
+        for r in runs:
+            ok = s < len(r["losses"]) and _number(r["losses"][s])
+            row += [repr(float(r["load_imbalance_per_step"][s])) if ok else "NaN",
+                    repr(float(r["losses"][s])) if ok else "NaN"]
+        rows.append(row)
+    c = runs[0]["config"] if runs else {"experts": 0, "top_k": 0}
+    # the baseline of the loss panel: Switch's routing (softmax, aux loss), else the first run
+    base = next((i for i, r in enumerate(runs) if r["router"] == "softmax" and r["balance"] == "aux"), 0)
+    meta = {"subtitle": f"{subtitle(runs)}, E = {c['experts']}, top-{c['top_k']}, lab01_dp -n 1",
+            "series": len(runs), "baseline": base + 1, "baseline_name": routing_label(runs[base]) if runs else ""}
+    header = ["step"] + [f"{routing_label(r)} {what}" for r in runs for what in ("load", "loss")]
+    return runs, meta, header, rows
+
+
+CHARTS = ("bubble", "memory", "acts", "throughput", "loss", "comm", "spacts", "precision", "cpseq", "epload",
+          "balance")
 
 
 def tables(recs, note="", only=None):
@@ -374,7 +407,7 @@ def tables(recs, note="", only=None):
     chart that cannot read a record raises RecordsError naming the record's line."""
     makers = {"bubble": lambda r: bubble(r, note), "memory": memory, "acts": acts, "throughput": throughput,
               "loss": loss, "comm": comm, "spacts": spacts, "precision": precision_loss, "cpseq": cpseq,
-              "epload": epload}
+              "epload": epload, "balance": balance}
     made = {}
     for name in CHARTS:
         if only and name not in only:

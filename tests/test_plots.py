@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from labtest import BUILD, MPIRUN, check, fail  # noqa: E402
 
 PLOTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plots")
-CHARTS = ["bubble", "timeline", "memory", "acts", "spacts", "cpseq", "epload", "throughput", "loss", "precision", "plan", "schedules",
-          "comm"]
+CHARTS = ["bubble", "timeline", "memory", "acts", "spacts", "cpseq", "epload", "balance", "throughput", "loss", "precision",
+          "plan", "schedules", "comm"]
 
 
 def check_image(path):
