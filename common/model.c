@@ -213,7 +213,7 @@ static void carve_layer(layer_acts *la, void *block, long *used, const gpt_layou
     PIECE(LA_GELU, fch_gelu, N * w.mlp, VALUES);
     PIECE(LA_RES3, res3, Ns * C, VALUES);
     PIECE(LA_MOE, moe, moe_state_bytes(&g->cfg, N), 1);
-    PIECE(LA_MOE_STATS, moe_stats, g->cfg.experts > 0 ? 4 + g->cfg.experts : 0, FOUR);
+    PIECE(LA_MOE_STATS, moe_stats, g->cfg.experts > 0 ? 6 + g->cfg.experts : 0, FOUR);
 #undef PIECE
 }
 

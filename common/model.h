@@ -127,8 +127,9 @@ typedef struct layer_acts {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;                  /* fp32 in both precisions */
     void *moe; /* with experts: the router's and the dispatch's state (moe.h); fch and
                 * fch_gelu then hold the k N slots of the experts, not N rows */
-    float *moe_stats; /* with experts: the layer's aux-loss sum, dropped choices, slots, -, and the
-                       * choices per expert [E] (moe.h; kept in every --recompute mode) */
+    float *moe_stats; /* with experts: the layer's aux-loss sum, dropped choices, slots, margin, the
+                       * choices per expert [E], the groups reached (most, sum) (moe.h; kept in
+                       * every --recompute mode) */
     int layer;        /* the model's layer this set runs (experts: its row of cfg.route_bias) */
     void *moe_kept;   /* with experts, a backward split in B and W: the micro-batch's layer_wgrads.moe,
                        * set by the backward for its MLP hook; NULL otherwise */

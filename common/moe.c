@@ -106,6 +106,8 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     float *group_score = G > 0 ? malloc((size_t)G * sizeof(float)) : NULL;
     unsigned char *allowed = G > 0 ? malloc((size_t)E + (size_t)G) : NULL, *group_taken = allowed ? allowed + E : NULL;
     if (G > 0 && (!group_score || !allowed)) die("out of host memory for the routing groups");
+    int groups_most = 0;
+    double groups_sum = 0;
     for (int n = 0; n < N; n++) {
         float *p = st->probs + (long)n * E, mx = -INFINITY, sum = 0;
         for (int e = 0; e < E; e++) {
@@ -164,6 +166,16 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
             z += p[best];
         }
         for (int j = 0; j < k; j++) st->gate[(long)n * k + j] = k == 1 ? p[ch[j]] : p[ch[j]] / z;
+        if (G > 0) { /* the groups (nodes) this token reached: at most M by the rule above */
+            int reached = 0;
+            for (int j = 0; j < k; j++) {
+                int seen = 0;
+                for (int i = 0; i < j; i++) seen |= ch[i] / per_group == ch[j] / per_group;
+                reached += !seen;
+            }
+            groups_most = reached > groups_most ? reached : groups_most;
+            groups_sum += reached;
+        }
         /* how near this token came to another choice: its k-th score less the best one not
          * chosen (node-limited: among the kept groups' experts, or the kept groups' last
          * score less the best group left out, whichever is smaller; read only: it decides
@@ -229,6 +241,8 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     st->stats[1] = (float)dropped;
     st->stats[2] = (float)total;
     st->stats[3] = margin;
+    st->stats[4 + E] = (float)groups_most; /* 0 without groups */
+    st->stats[5 + E] = (float)groups_sum;
     free(used);
     free(mean_p);
     free(select_scores);
@@ -459,6 +473,17 @@ float moe_min_margin(const gpt_layout *g, const gpt_acts *a) {
         if (m >= 0 && (margin < 0 || m < margin)) margin = m;
     }
     return margin;
+}
+
+void moe_groups_reached(const gpt_layout *g, const gpt_acts *a, double *most, double *sum) {
+    const long E = g->cfg.experts;
+    *most = *sum = 0;
+    if (E <= 0) return;
+    for (int l = 0; l < a->hi - a->lo; l++) {
+        const float *s = a->layer[l].moe_stats;
+        *most = s[4 + E] > *most ? s[4 + E] : *most;
+        *sum += s[5 + E];
+    }
 }
 
 long moe_dropped(const gpt_layout *g, const gpt_acts *a) {

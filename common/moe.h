@@ -60,7 +60,9 @@ typedef struct moe_state {
     float *freq;    /* [B,E] f of each sequence */
     float *stats;   /* layer_acts.moe_stats, kept in every --recompute mode: [0] the sum over
                      * the block's sequences of E sum_e f P; [1] dropped choices; [2] slots;
-                     * [3] the top-k margin (below); [4 + e] choices of expert e (before dropping) */
+                     * [3] the top-k margin (below); [4 + e] choices of expert e (before dropping);
+                     * [4 + E] the most groups one token reached, [5 + E] their sum over the
+                     * tokens (node-limited routing; 0 without) */
     void *xs, *ys;  /* [kN,C] the slots' inputs (ln2 rows) and the experts' outputs */
 } moe_state;
 
@@ -145,6 +147,10 @@ long moe_dropped(const gpt_layout *g, const gpt_acts *a);
  * the margin is then the smaller of the experts' gap (within the kept groups)
  * and the M-th kept group's score less the best group left out. */
 float moe_min_margin(const gpt_layout *g, const gpt_acts *a);
+/* Node-limited routing: over a block's layers, the most groups one token's
+ * experts came from (at most route_max_groups) and the sum over the layers'
+ * tokens of the groups each reached; 0 and 0 without groups. */
+void moe_groups_reached(const gpt_layout *g, const gpt_acts *a, double *most, double *sum);
 /* Choices per expert (before dropping) of the block's layers: counts[l E + e]
  * for its layer lo + l. */
 void moe_expert_choices(const gpt_layout *g, const gpt_acts *a, double *counts);

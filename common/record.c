@@ -105,6 +105,9 @@ static void run_release(run_ctx *ctx) {
     free(ctx->imbalance);
     free(ctx->bias_lo);
     free(ctx->bias_hi);
+    free(ctx->groups_most);
+    free(ctx->groups_mean);
+    ctx->groups_most = ctx->groups_mean = NULL;
     ctx->route_bias = NULL;
     ctx->model.route_bias = NULL;
     ctx->step_seconds = ctx->losses = ctx->grad_norms = NULL;
@@ -329,6 +332,8 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         if (ctx->model.route_groups > 0) { /* node-limited routing: the groups and the most a token reaches */
             jsonval_set(config, "route_groups", json_integer(ctx->model.route_groups));
             jsonval_set(config, "route_max_groups", json_integer(ctx->model.route_max_groups));
+            jsonval_set(rec, "route_groups_max_per_step", jsonval_numbers(ctx->groups_most, steps));
+            jsonval_set(rec, "route_groups_mean_per_step", jsonval_numbers(ctx->groups_mean, steps));
         }
     }
     jsonval_set(rec, "config", config);

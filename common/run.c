@@ -750,6 +750,11 @@ void run_start(run_ctx *ctx) {
             ctx->bias_hi = calloc((size_t)o->steps, sizeof(double));
             if (!ctx->imbalance || !ctx->bias_lo || !ctx->bias_hi) die("out of host memory");
         }
+        if (ctx->model.route_groups > 0) {
+            ctx->groups_most = calloc((size_t)o->steps, sizeof(double));
+            ctx->groups_mean = calloc((size_t)o->steps, sizeof(double));
+            if (!ctx->groups_most || !ctx->groups_mean) die("out of host memory");
+        }
     }
     precision_use(g_precision); /* after device_use: the kernel table is the device's */
 
@@ -843,6 +848,7 @@ void run_experts_tally_begin(run_experts_tally *t, const gpt_config *c) {
     if (!t->load && !(t->load = malloc(cells * sizeof(double)))) die("out of memory for the expert loads");
     memset(t->load, 0, cells * sizeof(double));
     t->aux_sum = t->dropped = 0;
+    t->groups_most = t->groups_sum = t->token_layers = 0;
     t->micro_batches = 0;
 }
 
@@ -856,6 +862,13 @@ void run_experts_tally_add(run_experts_tally *t, const gpt_layout *g, const gpt_
     moe_expert_choices(g, a, counts);
     for (long i = 0; i < cells; i++) t->load[a->lo * E + i] += counts[i];
     free(counts);
+    if (g->cfg.route_groups > 0) {
+        double most, sum;
+        moe_groups_reached(g, a, &most, &sum);
+        t->groups_most = most > t->groups_most ? most : t->groups_most;
+        t->groups_sum += sum;
+        t->token_layers += (double)(a->hi - a->lo) * a->B * g->cfg.seq;
+    }
     t->micro_batches++;
 }
 
@@ -894,17 +907,33 @@ void run_experts_report(run_ctx *ctx, comm *c, const run_experts_tally *t, int n
      * --router or --balance given, every step: the bias moves by them, the step line shows them) */
     const int last = step == ctx->opt.steps - 1;
     const int cells = last || ctx->route_report ? ctx->model.experts * ctx->model.layers : 0;
-    double *sums = calloc((size_t)cells + 2, sizeof(double)); /* aux, dropped, then the loads */
+    /* node-limited routing: the groups reached summed with the token-layers, and a histogram of each
+     * rank's most (one rank one count at its most), whose highest filled bin is the most of all ranks */
+    const int G = ctx->model.route_groups, extra = G > 0 ? 2 + G + 1 : 0;
+    double *sums = calloc((size_t)cells + 2 + (size_t)extra, sizeof(double)); /* aux, dropped, the loads, groups */
     if (!sums) die("out of memory for the expert loads");
+    double most = 0;
     for (int i = 0; i < n; i++) {
         if (t[i].micro_batches > 0) sums[0] += t[i].aux_sum / t[i].micro_batches;
         sums[1] += t[i].dropped;
         for (int j = 0; j < cells; j++) sums[2 + j] += t[i].load[j];
+        if (extra) {
+            sums[2 + cells] += t[i].groups_sum;
+            sums[3 + cells] += t[i].token_layers;
+            most = t[i].groups_most > most ? t[i].groups_most : most;
+        }
     }
-    comm_allreduce_host(c, sums, cells + 2);
+    if (extra) sums[4 + cells + (int)most] = 1;
+    comm_allreduce_host(c, sums, cells + 2 + extra);
     run_step_experts(ctx, step, sums[0] / replicas, sums[1]);
     if (last) run_experts_load(ctx, sums + 2);
     if (ctx->route_report) route_step(ctx, sums + 2, step);
+    if (extra) {
+        int top = 0;
+        for (int gr = 0; gr <= G; gr++) top = sums[4 + cells + gr] > 0 ? gr : top;
+        ctx->groups_most[step] = top;
+        ctx->groups_mean[step] = sums[3 + cells] > 0 ? sums[2 + cells] / sums[3 + cells] : 0;
+    }
     free(sums);
 }
 
@@ -926,12 +955,16 @@ void run_step_end(run_ctx *ctx, int step, double loss, double grad_norm, const c
     ctx->grad_norms[step] = grad_norm;
     ctx->steps_done = step + 1;
     if (ctx->rank == 0) {
-        char tps[16], route[96] = "";
+        char tps[16], route[160] = "";
+        int at = 0;
         if (ctx->route_report && ctx->route_bias)
-            snprintf(route, sizeof route, " | load max/mean %.3f | bias %+.4f..%+.4f", ctx->imbalance[step],
-                     ctx->bias_lo[step], ctx->bias_hi[step]);
+            at = snprintf(route, sizeof route, " | load max/mean %.3f | bias %+.4f..%+.4f", ctx->imbalance[step],
+                          ctx->bias_lo[step], ctx->bias_hi[step]);
         else if (ctx->route_report)
-            snprintf(route, sizeof route, " | load max/mean %.3f", ctx->imbalance[step]);
+            at = snprintf(route, sizeof route, " | load max/mean %.3f", ctx->imbalance[step]);
+        if (ctx->groups_most && at >= 0 && at < (int)sizeof route)
+            snprintf(route + at, sizeof route - (size_t)at, " | groups a token reached: at most %.0f, mean %.2f",
+                     ctx->groups_most[step], ctx->groups_mean[step]);
         printf("step %d/%d | loss %.4f | %.1f ms | %s tok/s%s%s%s\n", step + 1, ctx->opt.steps, loss,
                dt * 1e3, human((double)ctx->tokens_per_step / dt, tps), extra ? " | " : "",
                extra ? extra : "", route);

@@ -89,6 +89,8 @@ typedef struct run_ctx {
     int route_report;             /* --router or --balance given: every step's loads summed, imbalance printed */
     double *imbalance, *bias_lo, *bias_hi; /* route_report: per step, max over layers of max/mean choices per
                                              * expert; the bias's least and largest value after the step */
+    double *groups_most, *groups_mean;     /* --route-groups: per step, the most groups one token's experts
+                                             * came from (any layer, any rank), and the mean over tokens x layers */
     int steps_done;
     int diverged_at;              /* the first step (1-based) whose loss was not finite, 0: none */
     int interrupted;              /* SIGINT or SIGTERM that stopped the run after a whole step (every rank
@@ -206,6 +208,7 @@ void run_experts_load(run_ctx *ctx, const double *counts);
  * loss and the capacity are per sequence. */
 typedef struct run_experts_tally {
     double aux_sum, dropped, *load;
+    double groups_most, groups_sum, token_layers; /* node-limited routing: the groups tokens reached */
     int micro_batches; /* how many were added: the aux loss is their mean */
 } run_experts_tally;
 /* zero the tally for a new step (allocating load the first time); nothing without experts */

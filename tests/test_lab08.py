@@ -36,12 +36,12 @@ def acts_per_rank(ranks, ep, E, k, received):
     """fp32 activation bytes a rank allocates, derived here: lab01's layers less each layer's
     fch and GELU [N,4C] (the experts' hidden rows live in lab08's hook), plus per layer the
     router state (probs [N,E]; choice, gate, slot [N,k]; count, first [E]; freq [rows,E];
-    xs, ys [N k,C]) and its 4 + E statistics, plus `received` rows of xr, yr [.,C] and fch,
+    xs, ys [N k,C]) and its 6 + E statistics, plus `received` rows of xr, yr [.,C] and fch,
     GELU [.,4C] (separate allocations, counted unpadded)."""
     rows = B // ranks
     N = rows * T
     router = _pad(N * E) + 3 * _pad(N * k) + 2 * _pad(E) + _pad(rows * E) + 2 * _pad(N * k * C)
-    layer = router - 2 * _pad(N * 4 * C) + _pad(4 + E)
+    layer = router - 2 * _pad(N * 4 * C) + _pad(6 + E)
     return acts_bytes(rows, T, C, H, L) + 4 * L * layer + L * max(received, 1) * 10 * C * 4
 
 
@@ -325,9 +325,12 @@ def deepseek():
                     ["--router", "sigmoid", "--route-groups", "2", "--route-max-groups", "1"]):
         extra = ["--experts", "4"] + routing
         ref, _, _ = run("lab01_dp", 1, steps + extra)
-        bias = "bias" in routing
+        bias, groups = "bias" in routing, "--route-groups" in routing
         check(ref["aux_losses"] == [0] * 10 if bias else min(ref["aux_losses"]) > 0,
               f"{routing}: aux losses {ref['aux_losses']}")
+        if groups:  # every token of every layer and step reached one group, as M = 1 allows
+            check(ref["route_groups_max_per_step"] == [1] * 10 and ref["route_groups_mean_per_step"] == [1] * 10,
+                  f"{routing}: groups reached {ref['route_groups_max_per_step']} {ref['route_groups_mean_per_step']}")
         if bias:  # it moved: every step by gamma at most, and it did move
             check(0 < ref["bias_max_per_step"][-1] <= 10 * 0.01 + 1e-6, f"{routing}: bias {ref['bias_max_per_step']}")
         cases = [(LAB, 2, ["--ep", "2"]), (LAB, 4, ["--ep", "4"]), (LAB, 4, ["--ep", "2"]),
@@ -337,10 +340,18 @@ def deepseek():
             name = f"{lab} -n {n} {' '.join(more + routing)}"
             compare_runs(f"{name} vs lab01 -n 1", rec, ref, 1e-5)
             for key in ("dropped_per_step", "load_imbalance_per_step") + (("bias_min_per_step", "bias_max_per_step")
-                                                                           if bias else ()):
+                                                                           if bias else ()) + \
+                    (("route_groups_max_per_step", "route_groups_mean_per_step") if groups else ()):
                 check(rec[key] == ref[key], f"{name}: {key} {rec[key]} != lab01's {ref[key]}")
         print(f"{' '.join(routing)}: load max/mean {ref['load_imbalance_per_step'][0]:.3f} -> "
               f"{ref['load_imbalance_per_step'][-1]:.3f} at every layout")
+    # the measure can fail: with M = G = 2 nothing is limited, and tokens do reach both groups
+    free, _, _ = run("lab01_dp", 1, steps + ["--experts", "4", "--router", "sigmoid", "--route-groups", "2",
+                                             "--route-max-groups", "2"])
+    check(max(free["route_groups_max_per_step"]) == 2 and max(free["route_groups_mean_per_step"]) > 1,
+          f"M = G: groups reached {free['route_groups_max_per_step']} {free['route_groups_mean_per_step']}")
+    print(f"--route-groups 2: M = 1 kept every token in one group; M = 2 let them reach 2 (mean "
+          f"{free['route_groups_mean_per_step'][0]:.2f} at step 1)")
     # the bias is training state: saved by lab01 after 5 steps, resumed by lab08 at EP 2 x EDP 2
     extra = ["--experts", "4", "--router", "sigmoid", "--balance", "bias", "--bias-speed", "0.01"]
     ref, _, _ = run("lab01_dp", 1, steps + extra)

@@ -28,7 +28,7 @@ double th_moe_state_bytes(const th_model *m, double rows, double v) {
            2 * th_pad64(v * N * k * (double)m->d_model);
 }
 
-double th_moe_stats_bytes(const th_model *m) { return m->experts > 0 ? th_pad64(4 * (4 + (double)m->experts)) : 0; }
+double th_moe_stats_bytes(const th_model *m) { return m->experts > 0 ? th_pad64(4 * (6 + (double)m->experts)) : 0; }
 
 double th_moe_scratch_bytes(const th_model *m, double rows, double v) {
     const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;

@@ -399,7 +399,7 @@ double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, in
  * (moe_scratch_bytes: dys [N k, C], dgate [N,k], dp [N,E]), v bytes a value. */
 double th_moe_state_bytes(const th_model *m, double rows, double v);
 double th_moe_scratch_bytes(const th_model *m, double rows, double v);
-/* EXACT: a layer's aux-loss statistics (layer_acts.moe_stats: 4 + E floats,
+/* EXACT: a layer's routing statistics (layer_acts.moe_stats: 6 + E floats,
  * kept under every --recompute mode); 0 without experts. */
 double th_moe_stats_bytes(const th_model *m);
 /* EXACT: one lab08 rank's activations (MEM_ACTS) for `rows` sequences, m the
