@@ -161,7 +161,6 @@ typedef struct {
     float *data;      /* [params | m | v], 3P floats, malloc'd */
     char routing_changed[320]; /* the experts' flags that differ from the file's, "" if none (or not recorded) */
     float *route_bias;         /* --balance bias: the file's [L][E] routing bias, malloc'd; NULL otherwise */
-    char bias_speed[32];       /* --balance bias: the file's --bias-speed as written ("%.9g"), "" if none */
 } ckpt_file;
 
 static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
@@ -189,29 +188,32 @@ static long meta_long(json_t *metadata, const char *key, int *ok) {
 }
 
 /* What the experts' routing flags change against the file's (top-k, capacity
- * factor and scope, aux coefficient, node-limited routing's groups), as
- * "--top-k 2 -> 1, ..." in buf ("" if nothing, or a dense model). A file
- * without the groups' keys routed over every expert (0). */
-static void describe_routing_change(json_t *metadata, const gpt_config *cfg, char *buf, size_t len) {
+ * factor and scope, aux coefficient, node-limited routing's groups, the bias's
+ * speed), as "--top-k 2 -> 1, ..." in buf ("" if nothing, or a dense model).
+ * A key the file lacks is compared as `absent`: a file without the groups'
+ * keys routed over every expert (0); one without bias_speed had no bias to
+ * move (not compared: another --balance is refused, check_routing). */
+static void describe_routing_change(json_t *metadata, const gpt_config *cfg, double bias_speed, char *buf,
+                                    size_t len) {
     buf[0] = 0;
     if (cfg->experts <= 0) return;
-    char now[6][32];
-    snprintf(now[0], sizeof now[0], "%d", cfg->top_k);
-    snprintf(now[1], sizeof now[1], "%.15g", cfg->capacity_factor); /* the decimal the flag gave */
-    snprintf(now[2], sizeof now[2], "%s", cfg->capacity_per_rank ? "rank" : "sequence");
-    snprintf(now[3], sizeof now[3], "%g", cfg->aux_coef); /* a float: 0.01, not 0.00999999978 */
-    snprintf(now[4], sizeof now[4], "%d", cfg->route_groups);
-    snprintf(now[5], sizeof now[5], "%d", cfg->route_max_groups);
-    const char *keys[6] = {"top_k", "capacity_factor", "capacity_scope", "aux_loss_coef", "route_groups",
-                           "route_max_groups"};
-    const char *flags[6] = {"--top-k", "--capacity-factor", "--capacity-scope", "--aux-loss-coef", "--route-groups",
-                            "--route-max-groups"};
+    struct { const char *key, *flag, *absent; char now[32]; } f[7] = {
+        {"top_k", "--top-k", NULL, ""}, {"capacity_factor", "--capacity-factor", NULL, ""},
+        {"capacity_scope", "--capacity-scope", NULL, ""}, {"aux_loss_coef", "--aux-loss-coef", NULL, ""},
+        {"route_groups", "--route-groups", "0", ""}, {"route_max_groups", "--route-max-groups", "0", ""},
+        {"bias_speed", "--bias-speed", NULL, ""}};
+    snprintf(f[0].now, sizeof f[0].now, "%d", cfg->top_k);
+    snprintf(f[1].now, sizeof f[1].now, "%.15g", cfg->capacity_factor); /* the decimal the flag gave */
+    snprintf(f[2].now, sizeof f[2].now, "%s", cfg->capacity_per_rank ? "rank" : "sequence");
+    snprintf(f[3].now, sizeof f[3].now, "%g", cfg->aux_coef); /* a float: 0.01, not 0.00999999978 */
+    snprintf(f[4].now, sizeof f[4].now, "%d", cfg->route_groups);
+    snprintf(f[5].now, sizeof f[5].now, "%d", cfg->route_max_groups);
+    snprintf(f[6].now, sizeof f[6].now, "%.9g", bias_speed); /* as make_header writes it */
     size_t at = 0;
-    for (int i = 0; i < 6 && at < len; i++) {
-        const char *was = meta(metadata, keys[i]);
-        if (!was && i >= 4) was = "0"; /* written only with groups */
-        if (!was || !strcmp(was, now[i])) continue;
-        int k = snprintf(buf + at, len - at, "%s%s %s -> %s", at ? ", " : "", flags[i], was, now[i]);
+    for (int i = 0; i < 7 && at < len; i++) {
+        const char *was = meta(metadata, f[i].key) ? meta(metadata, f[i].key) : f[i].absent;
+        if (!was || !strcmp(was, f[i].now)) continue;
+        int k = snprintf(buf + at, len - at, "%s%s %s -> %s", at ? ", " : "", f[i].flag, was, f[i].now);
         at += k > 0 ? (size_t)k : 0;
     }
 }
@@ -230,7 +232,6 @@ static int check_routing(json_t *metadata, const gpt_config *cfg, ckpt_file *out
         return fail(err, errlen, path, "the checkpoint was trained with --router %s --balance %s, the flags say "
                     "--router %s --balance %s (give the file's)", router, balance, want_router, want_balance);
     if (!cfg->route_bias) return 0;
-    snprintf(out->bias_speed, sizeof out->bias_speed, "%s", meta(metadata, "bias_speed") ? meta(metadata, "bias_speed") : "");
     const long n = (long)cfg->layers * cfg->experts;
     const char *text = meta(metadata, "route_bias");
     if (!text) return fail(err, errlen, path, "__metadata__ has --balance bias but no \"route_bias\"");
@@ -291,8 +292,9 @@ static int check_tensor(json_t *t, const tensor_entry *e, const char *path, char
 /* Reads path and checks it against the model the flags describe: the 8-byte
  * length and the header first, so a file that is no checkpoint is refused
  * before its data is read; then the data and the checksum. Nothing is kept on
- * error. */
-static int read_checkpoint(const char *path, const gpt_config *cfg, ckpt_file *out, char *err, size_t errlen) {
+ * error. bias_speed: the run's --bias-speed, compared with the file's. */
+static int read_checkpoint(const char *path, const gpt_config *cfg, double bias_speed, ckpt_file *out, char *err,
+                           size_t errlen) {
     memset(out, 0, sizeof *out);
     long long size;
     int fd = path_open_input("--resume", path, -1, &size, err, errlen);
@@ -366,7 +368,7 @@ static int read_checkpoint(const char *path, const gpt_config *cfg, ckpt_file *o
                  "must match)", experts, cfg->experts);
             goto out;
         }
-        describe_routing_change(metadata, cfg, out->routing_changed, sizeof out->routing_changed);
+        describe_routing_change(metadata, cfg, bias_speed, out->routing_changed, sizeof out->routing_changed);
     } else {
         out->routing_changed[0] = 0;
     }
@@ -423,7 +425,7 @@ out:
 int ckpt_check_flags(const run_ctx *ctx, char *err, size_t errlen) {
     if (!ctx->opt.resume) return 0;
     ckpt_file f;
-    if (read_checkpoint(ctx->opt.resume, &ctx->model, &f, err, errlen) != 0) return -1;
+    if (read_checkpoint(ctx->opt.resume, &ctx->model, ctx->opt.bias_speed, &f, err, errlen) != 0) return -1;
     free(f.data);
     free(f.route_bias);
     return 0;
@@ -456,7 +458,7 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
     }
     ckpt_file f;
     char err[sizeof ctx->error];
-    if (read_checkpoint(ctx->opt.resume, &ctx->model, &f, err, sizeof err) != 0) die("%s", err);
+    if (read_checkpoint(ctx->opt.resume, &ctx->model, ctx->opt.bias_speed, &f, err, sizeof err) != 0) die("%s", err);
     long P = f.params;
     load_slice(v->params, v->params_len, &v->params_at, f.data, P);
     load_slice(v->adam_m, v->moments_len, &v->moments_at, f.data + P, P);
@@ -470,14 +472,6 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
         printf("resumed from %s: %d steps done (saved by %s%s); running steps %d-%d\n", ctx->opt.resume, f.step,
                f.lab, f.format == 1 ? ", format 1: its checksum covers the data only" : "", f.step + 1,
                f.step + ctx->opt.steps);
-        /* the bias's speed is a routing flag too: a changed gamma moves the same bias at another rate */
-        char speed[32];
-        snprintf(speed, sizeof speed, "%.9g", ctx->opt.bias_speed);
-        if (f.bias_speed[0] && strcmp(f.bias_speed, speed)) {
-            const size_t at = strlen(f.routing_changed);
-            snprintf(f.routing_changed + at, sizeof f.routing_changed - at, "%s--bias-speed %s -> %s",
-                     at ? ", " : "", f.bias_speed, speed);
-        }
         if (f.routing_changed[0])
             printf("resumed with other routing than the checkpoint's: %s (the weights fit; the router trains on with "
                    "these)\n", f.routing_changed);

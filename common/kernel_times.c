@@ -124,8 +124,8 @@ const value_kernels *kernel_times_wrap(const value_kernels *inner) {
     if (!kernel_times_enabled()) return inner;
     in = inner;
     /* a copy first: an entry added to the table later and not listed here
-     * still runs (untimed, so its time shows as "other"); test_kernels fails
-     * on such an entry (every_kernel_timed) */
+     * still runs (untimed, so its time shows as "other"); the test
+     * kernels_every_one_timed (tests/test_kernel_times.c) fails on such an entry */
     timed = *inner;
     timed.encoder_forward = t_encoder_forward;
     timed.encoder_backward = t_encoder_backward;

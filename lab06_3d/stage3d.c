@@ -142,8 +142,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
      * squared norm 1/d^2 of theirs; the 1/d rides in AdamW's gradient scale */
     const double mean_squares = (over_pp[0] + over_pp[1]) / (zero ? (double)d * d : 1.0);
     *grad_norm = sqrt(mean_squares);
-    float scale = zero ? (float)(clip_scale(mean_squares, (float)clip) / d)
-                       : clip_scale(mean_squares, (float)clip);
+    float scale = clip_scale(mean_squares, (float)clip) / (zero ? d : 1);
     float *master = pipeline_slice_master(pr); /* the fp32 weights of the slice (unsharded: all) */
     for (int c = 0; c < pr->v; c++) {
         pipeline_stage *st = &pr->chunk[c];

@@ -5,7 +5,6 @@
  * summary: this test names its place in the table. */
 #include "device.h"
 #include "kernel_times.h"
-#include "trace.h"
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
