@@ -55,6 +55,11 @@ void mesh_edp_members(const mesh_dims *d, int rank, int *members) {
     for (int i = 0; i < blocks; i++) members[i] = at_plane_index(d, c, i * d->ep + place);
 }
 
+void mesh_replica_members(const mesh_dims *d, int rank, int *members) {
+    const mesh_coord c = mesh_coord_of(d, rank);
+    for (int f = 0; f < d->size[MESH_CP] * d->size[MESH_DP]; f++) members[f] = at_plane_index(d, c, f);
+}
+
 /* The communicator must hold `members`, in that order, with this rank at `place`:
  * comm_split's colors and keys are the formula's, and a slip in either would put
  * ranks in the wrong groups without any error. */
@@ -91,6 +96,13 @@ void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend) {
         comm_set_axis(&m->axis[a], mesh_axis_names[a]);
         check_group(&m->axis[a], mesh_axis_names[a], members, dims.size[a], m->me.at[a], r);
     }
+    if (dims.size[MESH_CP] > 1) {
+        const int f = plane_index(&dims, m->me);
+        mesh_replica_members(&dims, r, members);
+        comm_split(&m->world, members[0], f, &m->replicas);
+        comm_set_axis(&m->replicas, "cpdp");
+        check_group(&m->replicas, "cpdp", members, plane, f, r);
+    }
     if (dims.ep > 1) {
         const int f = plane_index(&dims, m->me);
         mesh_ep_members(&dims, r, members);
@@ -110,6 +122,9 @@ void mesh_free(rank_mesh *m) {
         comm_free(&m->edp);
         comm_free(&m->ep);
     }
+    if (m->dims.size[MESH_CP] > 1) comm_free(&m->replicas);
     for (int a = MESH_NAXES - 1; a >= 0; a--) comm_free(&m->axis[a]);
     comm_free(&m->world);
 }
+
+comm *mesh_replicas(rank_mesh *m) { return m->dims.size[MESH_CP] > 1 ? &m->replicas : &m->axis[MESH_DP]; }

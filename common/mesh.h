@@ -40,6 +40,12 @@ void mesh_axis_members(const mesh_dims *d, int rank, mesh_axis axis, int *member
 /* The world ranks of rank's EP group (e of them) and of its EDP group (c x d / e). */
 void mesh_ep_members(const mesh_dims *d, int rank, int *members);
 void mesh_edp_members(const mesh_dims *d, int rank, int *members);
+/* The world ranks of rank's replica group: the c x d ranks of its (tp, pp), in
+ * the order f = cp + c x dp. They hold the same weights (CP splits the
+ * positions, DP the rows), so they average their gradients and can shard the
+ * optimizer state between them (Megatron's data-parallel group with context
+ * parallelism). */
+void mesh_replica_members(const mesh_dims *d, int rank, int *members);
 
 typedef struct rank_mesh {
     mesh_dims dims;
@@ -47,6 +53,7 @@ typedef struct rank_mesh {
     comm world;
     comm axis[MESH_NAXES]; /* this rank's group along each axis, named by it (comm_set_axis) */
     comm ep, edp;          /* made only when dims.ep > 1 (size 0 otherwise) */
+    comm replicas;         /* the replica group, made only when c > 1: mesh_replicas */
 } rank_mesh;
 
 /* Collective over MPI_COMM_WORLD, whose size must be mesh_ranks(&dims): this
@@ -54,5 +61,7 @@ typedef struct rank_mesh {
  * members are the coordinates', or the job ends naming the group). */
 void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend);
 void mesh_free(rank_mesh *m);
+/* The replica group (mesh_replica_members): the DP group itself when c = 1. */
+comm *mesh_replicas(rank_mesh *m);
 
 #endif

@@ -28,6 +28,9 @@ void stage_init_model(pipeline_stage *s, comm *pipe, const gpt_layout *g, const 
     stage_init_placed(s, pipe, g, model, data, seed, first_row, batch, micro_batches, &place);
 }
 
+/* The positions of a data row: the whole sequence, also where the blocks hold a part of it. */
+static int stage_data_seq(const pipeline_stage *s) { return s->model.data_seq ? s->model.data_seq : s->g->cfg.seq; }
+
 void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const stage_model *model,
                        const dataset *data, uint64_t seed, int first_row, int batch, int micro_batches,
                        const stage_place *place) {
@@ -66,8 +69,9 @@ void stage_init_placed(pipeline_stage *s, comm *pipe, const gpt_layout *g, const
     if (s->next >= 0) s->dout = mem_alloc((size_t)s->boundary_values * value_bytes(), MEM_COMM);
     s->data = data;
     s->seed = seed;
-    s->tokens = malloc(sizeof(int) * (size_t)s->rows * g->cfg.seq);
-    s->targets = malloc(sizeof(int) * (size_t)s->rows * g->cfg.seq);
+    const long data_seq = stage_data_seq(s);
+    s->tokens = malloc(sizeof(int) * (size_t)s->rows * data_seq);
+    s->targets = malloc(sizeof(int) * (size_t)s->rows * data_seq);
     /* never more blocks than micro-batches: at most m are in flight at once */
     s->spare_acts = calloc((size_t)micro_batches, sizeof *s->spare_acts);
     if (!s->tokens || !s->targets || !s->spare_acts) die("out of host memory");
@@ -121,6 +125,7 @@ void stage_acts_alloc(pipeline_stage *s, gpt_acts *a, int mb) {
     double t0 = now_seconds();
     gpt_acts_alloc_part(a, s->g, s->lo, s->hi, s->rows, &s->model.part);
     gpt_acts_bind(a, &s->scratch); /* --recompute: what the layers do not keep goes there */
+    a->positions = s->model.positions; /* context parallelism: the rank's positions of every row */
     s->acts_bytes = a->bytes;
     s->busy_seconds += now_seconds() - t0;
     trace_end(ev);
@@ -137,7 +142,7 @@ void stage_acts_free(pipeline_stage *s, gpt_acts *a) {
 void stage_forward_compute(pipeline_stage *s, gpt_acts *a, int mb) {
     int ev = trace_begin("forward", TRACE_COMPUTE, mb, NULL);
     double t0 = now_seconds();
-    int T = s->g->cfg.seq, first = s->prev < 0, last = s->next < 0;
+    int T = stage_data_seq(s), first = s->prev < 0, last = s->next < 0;
     if (first || last) {
         /* micro-batch mb is rows [mb x rows, (mb+1) x rows) of this pipeline's share */
         data_batch(s->data, s->seed, s->step, s->first_row + mb * s->rows, s->rows, T, s->tokens, s->targets);
@@ -249,6 +254,15 @@ static void append_array(textbuf *b, const char *key, const double *all, int fie
     textbuf_printf(b, "]");
 }
 
+double stage_acts_formula_bytes(const pipeline_stage *s) {
+    const gpt_config *cfg = &s->g->cfg;
+    th_model tm = lab_theory_model(cfg); /* --experts: their buffers too */
+    const th_opts opts = stage_opts(s);
+    if (s->model.cp < 2) return th_course_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows);
+    tm.seq = stage_data_seq(s); /* the whole sequence, of which the blocks hold 1/cp */
+    return th_cp_stage_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows, s->model.cp, (th_cp_algo)s->model.cp_algo);
+}
+
 char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text) {
     enum { LO, HI, BYTES, BYTES_F, IN_FLIGHT, PEAK, FIELDS };
     int p = s->count;
@@ -260,10 +274,7 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
     mine[BYTES] = (double)s->acts_bytes;
     /* theory/'s exact formula of the same block (at the model's TP widths, SP
      * and --recompute) */
-    const gpt_config *cfg = &s->g->cfg;
-    const th_model tm = lab_theory_model(cfg); /* --experts: their buffers too */
-    const th_opts opts = stage_opts(s);
-    mine[BYTES_F] = th_course_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows);
+    mine[BYTES_F] = stage_acts_formula_bytes(s);
     mine[IN_FLIGHT] = in_flight_formula;
     mine[PEAK] = (double)mem_peak(MEM_ACTS);
     comm_allreduce_host(s->pipe, all, p * FIELDS); /* every other slot is 0: a gather */

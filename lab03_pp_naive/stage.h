@@ -38,6 +38,13 @@ typedef struct stage_model {
     gpt_part part;
     void *ctx;                                                                 /* handed to init_params */
     void (*init_params)(void *ctx, uint64_t seed, int lo, int hi, float *dst); /* fp32, the range's values */
+    /* Context parallelism (lab09): the blocks hold cfg.seq positions of every
+     * row, these global ones (NULL: all, in order), of data rows of data_seq
+     * (0: cfg.seq); cp ranks split each sequence and cp_algo's attention keeps
+     * its log-sum-exp where a whole layer keeps its attention matrix
+     * (theory.h th_cp_stage_acts_bytes). 0 and NULL: no CP. */
+    const int *positions;
+    int data_seq, cp, cp_algo;
 } stage_model;
 
 /* Where a stage sits in the pipeline. lab03's stage r of p is virtual stage r
@@ -148,6 +155,9 @@ double stage_optimizer_step(pipeline_stage *s, const adamw_config *cfg, double c
  * precision, the split of its layers' heads and positions (the model's part;
  * whole for common/'s), --recompute. */
 th_opts stage_opts(const pipeline_stage *s);
+/* theory.h's exact bytes of one micro-batch's activation block of this stage
+ * (th_course_acts_bytes; under context parallelism th_cp_stage_acts_bytes). */
+double stage_acts_formula_bytes(const pipeline_stage *s);
 
 /* Collective over pipe. The stages' layers, activation bytes per micro-batch,
  * the schedule's activation count per stage (in_flight_formula, this stage's)

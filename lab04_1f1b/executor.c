@@ -570,7 +570,7 @@ double pipeline_acts_formula_bytes(const pipeline_rank *pr) {
         const th_opts opts = stage_opts(s); /* the blocks by theory.h, at the chunk's widths and --recompute */
         int acts, wgrads;
         schedule_in_flight(&pr->sched, pr->rank, c, &acts, &wgrads);
-        bytes += (double)acts * th_course_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows) +
+        bytes += (double)acts * stage_acts_formula_bytes(s) +
                  (double)wgrads * th_course_wgrads_bytes(&tm, &opts, s->lo, s->hi, s->rows);
     }
     return bytes;

@@ -9,35 +9,50 @@
 
 /* ---- choosing the degrees --------------------------------------------------------- */
 
-/* The omitted degrees (0) share the ranks the given ones leave: TP and PP take 2
- * of them when they can, the data-parallel replicas the rest. */
-static grid_dims fill(long long left, int tp, int pp, int dp) {
-    grid_dims d;
-    d.tp = tp ? tp : (left % 2 == 0 ? 2 : 1);
-    if (!tp) left /= d.tp;
-    d.pp = pp ? pp : (left % 2 == 0 ? 2 : 1);
-    if (!pp) left /= d.pp;
-    d.dp = dp ? dp : (int)left;
-    return d;
+/* The omitted degrees (0) share the ranks the given ones leave: every axis
+ * but the last takes 2 of them when it can, the last (the data-parallel
+ * replicas) the rest. */
+static void fill(long long left, int *values, int n) {
+    for (int i = 0; i < n - 1; i++)
+        if (!values[i]) {
+            values[i] = left % 2 == 0 ? 2 : 1;
+            left /= values[i];
+        }
+    if (!values[n - 1]) values[n - 1] = (int)left;
 }
 
-grid_dims grid_defaults(int ranks) { return fill(ranks, 0, 0, 0); }
+grid_dims grid_defaults(int ranks) {
+    int v[3] = {0, 0, 0};
+    fill(ranks, v, 3);
+    return (grid_dims){v[0], v[1], v[2]};
+}
 
-grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int dp) {
+void grid_defaults_axes(int ranks, int *values, int n) {
+    for (int i = 0; i < n; i++) values[i] = 0;
+    fill(ranks, values, n);
+}
+
+int grid_choose_axes(run_ctx *ctx, int argc, char **argv, const char *const *names, int *values, int n) {
     const int ranks = ctx->size;
-    const grid_dims ones = {1, 1, 1};
-    const int values[3] = {run_flag_given(argc, argv, "--tp") ? tp : 0, run_flag_given(argc, argv, "--pp") ? pp : 0,
-                           run_flag_given(argc, argv, "--dp") ? dp : 0};
-    const char *names[3] = {"--tp", "--pp", "--dp"};
+    char rule[96] = "", omitted[96] = "";
+    size_t rule_len = 0, omitted_len = 0;
+    for (int i = 0; i < n; i++) {
+        rule_len += (size_t)snprintf(rule + rule_len, sizeof rule - rule_len, "%s%s", i ? " x " : "", names[i]);
+        if (i < n - 1)
+            omitted_len += (size_t)snprintf(omitted + omitted_len, sizeof omitted - omitted_len, "%s%s",
+                                            !i ? "" : i == n - 2 ? " or " : ", ", names[i]);
+        if (!run_flag_given(argc, argv, names[i])) values[i] = 0;
+    }
     /* Divide the given degrees out one by one: exact, and no product to overflow. */
     long long left = ranks;
-    int divides = 1, n_given = 0;
+    int divides = 1, n_given = 0, n_given_filled = 0;
     double fixed = 1;
     char named[128] = "";
     size_t len = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < n; i++) {
         if (!values[i]) continue;
         n_given++;
+        n_given_filled += i < n - 1;
         fixed *= values[i];
         if (divides && left % values[i] == 0) left /= values[i];
         else divides = 0;
@@ -45,16 +60,32 @@ grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int d
     }
     if (!divides) {
         if (n_given > 1) snprintf(named + len, sizeof named - len, " = %.15g", fixed);
-        run_check(ctx, 0, "%s does not divide the %d ranks mpirun started (--tp x --pp x --dp must equal the rank count)",
-                  named, ranks);
-        return ones;
+        run_check(ctx, 0, "%s does not divide the %d ranks mpirun started (%s must equal the rank count)", named,
+                  ranks, rule);
+        for (int i = 0; i < n; i++) values[i] = 1;
+        return 0;
     }
-    grid_dims d = fill(left, values[0], values[1], values[2]);
-    long long product = (long long)d.tp * d.pp * d.dp; /* at most 4 x ranks */
-    run_check(ctx, product == ranks, "--tp %d x --pp %d x --dp %d = %lld, but mpirun started %d ranks (--tp x --pp x "
-              "--dp must equal the rank count%s)", d.tp, d.pp, d.dp, product, ranks,
-              values[0] && values[1] ? "" : "; an omitted --tp or --pp is 2 when the ranks allow");
-    return product == ranks ? d : ones;
+    fill(left, values, n);
+    long long product = 1; /* at most 2^(n-1) x ranks */
+    char shown[160] = "";
+    len = 0;
+    for (int i = 0; i < n; i++) {
+        product *= values[i];
+        len += (size_t)snprintf(shown + len, sizeof shown - len, "%s%s %d", i ? " x " : "", names[i], values[i]);
+    }
+    run_check(ctx, product == ranks, "%s = %lld, but mpirun started %d ranks (%s must equal the rank count%s%s%s)",
+              shown, product, ranks, rule, n_given_filled == n - 1 ? "" : "; an omitted ",
+              n_given_filled == n - 1 ? "" : omitted, n_given_filled == n - 1 ? "" : " is 2 when the ranks allow");
+    if (product != ranks)
+        for (int i = 0; i < n; i++) values[i] = 1;
+    return product == ranks;
+}
+
+grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int dp) {
+    static const char *const names[3] = {"--tp", "--pp", "--dp"};
+    int v[3] = {tp, pp, dp};
+    grid_choose_axes(ctx, argc, argv, names, v, 3);
+    return (grid_dims){v[0], v[1], v[2]};
 }
 
 /* lab06's grid is the mesh's TP x PP x DP case (CP 1): the same numbering */

@@ -35,6 +35,13 @@ grid_dims grid_defaults(int ranks);
  * given ones leave (-n 8 --dp 4: 2 x 1 x 4). Records a run_check error naming
  * the flags when t x p x d cannot be the rank count (never communicates). */
 grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int dp);
+/* The same over any n axes named by their flags (lab09: --tp --cp --pp --dp):
+ * values[i] the parsed value of names[i], kept where the flag is given; every
+ * omitted axis but the last takes 2 of the ranks left when it can, the last
+ * the rest. Returns 1, or 0 with a run_check error and every value 1.
+ * grid_defaults_axes: the values with no flag given. */
+int grid_choose_axes(run_ctx *ctx, int argc, char **argv, const char *const *names, int *values, int n);
+void grid_defaults_axes(int ranks, int *values, int n);
 
 grid_coord grid_coord_of(grid_dims dims, int rank);
 int grid_rank_of(grid_dims dims, grid_coord c);
@@ -44,6 +51,7 @@ typedef struct process_grid {
     grid_coord me;
     rank_mesh mesh;              /* the groups (common/mesh.h, CP 1) */
     comm *world, *tp, *pipe, *dp; /* the mesh's world and its TP, PP and DP groups */
+    comm *cp;                     /* lab09: the CP group (NULL here: no CP axis) */
 } process_grid;
 
 /* Collective over MPI_COMM_WORLD: the three groups of this rank. */

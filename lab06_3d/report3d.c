@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const group_names[GROUP_KINDS] = {"tp", "pp", "dp"};
+static const char *const group_names[GROUP_KINDS] = {"tp", "pp", "dp", "cp"};
 
 /* Every rank's figures, one row of doubles each. */
 enum {
@@ -17,6 +17,7 @@ enum {
     F_LO = GROUP_KINDS * G_FIELDS, F_HI, F_TP, F_PP, F_DP,
     F_PARAMS, F_GRADS, F_OPTIM, F_ACTS, F_TOTAL, F_PARAMS_F, F_ACTS_PER_MB, F_ACTS_PER_MB_F, F_IN_FLIGHT, F_ACTS_F,
     F_ALLREDUCE_RING_F, F_GATHER_RING_F, /* the formulas' ring bytes by kind: all-reduces, all-gathers + reduce-scatters */
+    F_P2P_RING_F, F_ALLTOALL_RING_F,     /* sends + receives, all-to-alls */
     F_ELEMS, F_OPTIM_F, F_OPTIM_PAD, /* ZeRO-1: the rank's elements, K x elements / d, the last slice's padding */
     F_FIELDS
 };
@@ -64,13 +65,15 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
      * collective carries, whole, and what one pipeline message carries (under SP
      * a TP rank's T/t positions) */
     const double vb = (double)value_bytes();
-    const double act_bytes = vb * st->rows * ctx->model.seq * ctx->model.d_model, msg_bytes = vb * st->boundary_values;
+    const double act_bytes = vb * st->rows * st->g->cfg.seq * ctx->model.d_model; /* lab09: a CP rank's positions */
+    const double msg_bytes = vb * st->boundary_values;
     const gpt_config *cfg = &ctx->model;
     const th_model tm = th_course_model(cfg->vocab, cfg->seq, cfg->layers, cfg->d_model, cfg->heads);
     const th_opts opts = stage_opts(st); /* precision, t, SP, --recompute as the stages run */
     const int sp = opts.sequence_parallel && d.tp > 1;
-    comm *groups[GROUP_KINDS] = {g->tp, g->pipe, g->dp};
-    for (int k = 0; k < GROUP_KINDS; k++) measured(groups[k], steps, row + k * G_FIELDS);
+    comm *groups[GROUP_KINDS] = {g->tp, g->pipe, g->dp, g->cp};
+    r->kinds = g->cp ? GROUP_CP + 1 : GROUP_CP;
+    for (int k = 0; k < r->kinds; k++) measured(groups[k], steps, row + k * G_FIELDS);
     /* theory/'s formulas (theory.h), the ones plan3d predicts with.
      * TP: two g's forward, two f's backward per layer and micro-batch (none for
      * t = 1; --recompute full: the g's again); SP: each an all-gather and a
@@ -99,6 +102,24 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     } else formula(row + GROUP_DP * G_FIELDS, th_dp_traffic(vb * pr->n, d.dp, 1));
     row[F_ALLREDUCE_RING_F] = (sp ? partial_f.ring : tp_f.ring) + (zero ? 0 : row[GROUP_DP * G_FIELDS + G_RING_F]);
     row[F_GATHER_RING_F] = (sp ? tp_f.ring : 0) + (zero ? row[GROUP_DP * G_FIELDS + G_RING_F] : 0);
+    row[F_P2P_RING_F] = row[GROUP_PP * G_FIELDS + G_RING_F];
+    if (g->cp) { /* lab09: CP's exchanges, per layer and micro-batch (theory/context.c), by kind */
+        const int N = g->cp->size;
+        r->cp_algo = st->model.cp_algo;
+        const double width = (double)st->model.part.heads * (cfg->d_model / cfg->heads);
+        const double block = vb * st->rows * st->g->cfg.seq * 2 * width; /* one K|V block of the rank's heads */
+        double calls[COLL_NKINDS], payload[COLL_NKINDS], *x = row + GROUP_CP * G_FIELDS;
+        th_cp_layer_calls((th_cp_algo)r->cp_algo, N, block, opts.recompute == RECOMPUTE_NONE ? 1 : 2, calls, payload);
+        for (int k = 0; k < COLL_NKINDS; k++) {
+            const double ring = (double)layers * m * payload[k] * comm_ring_factor((comm_kind)k, N);
+            x[G_CALLS_F] += (double)layers * m * calls[k];
+            x[G_PAYLOAD_F] += (double)layers * m * payload[k];
+            x[G_RING_F] += ring;
+            if (k == COLL_ALLGATHER || k == COLL_REDUCE_SCATTER) row[F_GATHER_RING_F] += ring;
+            else if (k == COLL_SEND || k == COLL_RECV) row[F_P2P_RING_F] += ring;
+            else if (k == COLL_ALLTOALL) row[F_ALLTOALL_RING_F] += ring;
+        }
+    }
     row[F_LO] = st->lo;
     row[F_HI] = st->hi;
     row[F_TP] = g->me.tp;
@@ -113,7 +134,7 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     for (int c = 0; c < pr->v; c++)
         row[F_PARAMS_F] += th_param_bytes(opts.precision) * th_stage_params(&tm, &opts, pr->chunk[c].lo, pr->chunk[c].hi);
     row[F_ACTS_PER_MB] = (double)st->acts_bytes; /* chunk 0's: the whole formula is F_ACTS_F */
-    row[F_ACTS_PER_MB_F] = th_course_acts_bytes(&tm, &opts, st->lo, st->hi, st->rows);
+    row[F_ACTS_PER_MB_F] = stage_acts_formula_bytes(st);
     row[F_IN_FLIGHT] = in_flight;
     row[F_ACTS_F] = pipeline_acts_formula_bytes(pr);
     /* the optimizer state by theory/'s model states (th_model_states: K bytes
@@ -135,14 +156,15 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     /* run_finish adds, per kind, the busiest rank's ring bytes: all-reduces (TP
      * and DP on one rank together), all-gathers and reduce-scatters (SP),
      * sends, receives. The formula, the same way. */
-    double allreduce_f = 0, gather_f = 0, p2p_f = 0;
+    double allreduce_f = 0, gather_f = 0, p2p_f = 0, alltoall_f = 0;
     for (int q = 0; q < r->ranks; q++) {
         const double *x = r->rows + (size_t)q * F_FIELDS;
         allreduce_f = fmax(allreduce_f, x[F_ALLREDUCE_RING_F]);
         gather_f = fmax(gather_f, x[F_GATHER_RING_F]); /* as many all-gathers as reduce-scatters, alike */
-        p2p_f = fmax(p2p_f, x[GROUP_PP * G_FIELDS + G_RING_F]);
+        p2p_f = fmax(p2p_f, x[F_P2P_RING_F]);
+        alltoall_f = fmax(alltoall_f, x[F_ALLTOALL_RING_F]);
     }
-    r->formula_ring_bytes = allreduce_f + gather_f + p2p_f; /* a rank sends as much as it receives */
+    r->formula_ring_bytes = allreduce_f + gather_f + p2p_f + alltoall_f; /* a rank sends as much as it receives */
     r->sequence_parallel = sp;
     r->zero_stage = zero;
     r->optim_bytes_per_elem = th_optim_bytes(opts.precision);
@@ -155,10 +177,10 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
         {"calls", G_CALLS}, {"payload_bytes", G_PAYLOAD}, {"ring_bytes", G_RING}, {"seconds", G_SECONDS},
         {"calls_formula", G_CALLS_F}, {"payload_bytes_formula", G_PAYLOAD_F},
         {"ring_bytes_formula", G_RING_F}};
-    for (int k = 0; k < GROUP_KINDS; k++) {
+    for (int k = 0; k < r->kinds; k++) {
         const int o = k * G_FIELDS;
         textbuf_printf(&b, "%s\"%s\":{\"group_size\":%d,", k ? "," : "", group_names[k],
-                       k == GROUP_TP ? d.tp : k == GROUP_PP ? d.pp : d.dp);
+                       k == GROUP_TP ? d.tp : k == GROUP_PP ? d.pp : k == GROUP_DP ? d.dp : g->cp->size);
         for (int c = 0; c < (int)(sizeof columns / sizeof columns[0]); c++) {
             if (c) textbuf_printf(&b, ",");
             json_column(&b, columns[c].key, r->rows, r->ranks, o + columns[c].field);
@@ -196,11 +218,27 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
 void report3d_print(const report3d *r, const process_grid *g) {
     if (g->world->rank != 0) return;
     const grid_dims d = g->dims;
-    const char *titles[GROUP_KINDS] = {"TP all-reduce", "PP send+recv ", "DP all-reduce"};
+    const char *titles[GROUP_KINDS] = {"TP all-reduce", "PP send+recv ", "DP all-reduce", "CP ring      "};
     const char *formulas[GROUP_KINDS] = {
         "4 x stage layers x m all-reduces of (B/(d m)) x T x C floats; ring 2(t-1)/t",
         "2 x boundaries x m messages of (B/(d m)) x T x C floats (activation out, gradient back)",
-        "1 all-reduce of the rank's gradient (its shard of its stage); ring 2(d-1)/d"};
+        "1 all-reduce of the rank's gradient (its shard of its stage); ring 2(d-1)/d",
+        "stage layers x m x (K|V blocks of (B/(d m)) x T/c x 2C/t floats: (c-1) per forward, (c-1) + c backward), "
+        "sent and received"};
+    if (r->kinds > GROUP_CP && r->cp_algo == TH_CP_ALLGATHER) {
+        titles[GROUP_CP] = "CP AG+RS      ";
+        formulas[GROUP_CP] = "stage layers x m x (an all-gather of c K|V blocks of (B/(d m)) x T/c x 2C/t floats per "
+                             "forward and backward, a reduce-scatter of dK|dV); ring (c-1)/c";
+    } else if (r->kinds > GROUP_CP && r->cp_algo == TH_CP_ULYSSES) {
+        titles[GROUP_CP] = "CP all-to-all";
+        formulas[GROUP_CP] = "stage layers x m x 2 all-to-alls per forward and backward (q|k|v and the output; dO and "
+                             "dq|dk|dv), 4 x (B/(d m)) x T/c x C/t floats each pass; ring (c-1)/c";
+    }
+    if (r->kinds > GROUP_CP) { /* lab09: the replicas are the c x d ranks of a (tp, pp) */
+        titles[GROUP_DP] = "DP all-reduce";
+        formulas[GROUP_DP] = "1 all-reduce of the rank's gradient over its c x d replicas (cp x dp); ring "
+                             "2(cd-1)/(cd)";
+    }
     if (r->zero_stage) {
         titles[GROUP_DP] = "DP RS+AG      ";
         formulas[GROUP_DP] = "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's buffer padded to d slices; ring "
@@ -217,10 +255,10 @@ void report3d_print(const report3d *r, const process_grid *g) {
               "each (TP's all-reduces' bytes), + 1 all-reduce of each chunk's partial gradients";
         formulas[GROUP_PP] = "2 x boundaries x m messages of (B/(d m)) x T/t x C floats (each TP rank its positions)";
     }
-    const int sizes[GROUP_KINDS] = {d.tp, d.pp, d.dp};
+    const int sizes[GROUP_KINDS] = {d.tp, d.pp, d.dp, g->cp ? g->cp->size : 1};
     char a[16], b[16], c[16], e[16], f[16], t[16];
-    printf("\n3D traffic per rank per step, busiest rank, measured | formula:\n");
-    for (int k = 0; k < GROUP_KINDS; k++) {
+    printf("\n%s traffic per rank per step, busiest rank, measured | formula:\n", r->kinds > GROUP_CP ? "4D" : "3D");
+    for (int k = 0; k < r->kinds; k++) {
         const int o = k * G_FIELDS;
         int mismatches = 0;
         for (int q = 0; q < r->ranks; q++) {
@@ -228,7 +266,8 @@ void report3d_print(const report3d *r, const process_grid *g) {
             mismatches += x[G_CALLS] != x[G_CALLS_F] || fabs(x[G_PAYLOAD] - x[G_PAYLOAD_F]) > 0.5 ||
                           fabs(x[G_RING] - x[G_RING_F]) > 0.5;
         }
-        const char *wire = k == GROUP_PP ? "point to point" : "ring"; /* a send has no ring factor */
+        const char *wire = k == GROUP_PP || (k == GROUP_CP && r->cp_algo == TH_CP_RING)
+                               ? "point to point" : "ring"; /* a send has no ring factor */
         printf("  %s (groups of %d): %4.0f calls, payload %sB, %s %sB, %.1f ms | %.0f calls, %sB, %s %sB%s\n",
                titles[k], sizes[k], column_max(r->rows, r->ranks, o + G_CALLS),
                human(column_max(r->rows, r->ranks, o + G_PAYLOAD), a), wire,

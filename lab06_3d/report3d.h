@@ -7,7 +7,7 @@
 #include "run.h"
 #include "tp.h"
 
-enum { GROUP_TP, GROUP_PP, GROUP_DP, GROUP_KINDS };
+enum { GROUP_TP, GROUP_PP, GROUP_DP, GROUP_CP, GROUP_KINDS }; /* CP: lab09's grids only (process_grid.cp) */
 
 /* One group kind on one rank, per step. */
 typedef struct group_traffic {
@@ -24,6 +24,8 @@ typedef struct report3d {
     int sequence_parallel, recompute_full; /* how the TP groups ran: the lines' formulas */
     int zero_stage;             /* --zero-stage 1: DP's reduce-scatter + all-gather, the optimizer lines */
     double optim_bytes_per_elem; /* K: 8 in fp32, 12 in bf16 (theory.h) */
+    int kinds;                  /* GROUP_CP + 1 with a CP group, else GROUP_CP */
+    int cp_algo;                /* th_cp_algo, with a CP group */
 } report3d;
 
 /* Collective over the grid, after the last step: measures and computes every

@@ -263,6 +263,26 @@ PER_LAB = {
         (2, ["--max-memory-mb", "-1"], "--max-memory-mb"),
         (2, ["--max-memory-mb", "0.5"], "--max-memory-mb"),  # the default run's predicted peak is over it
     ] + NO_EXPERTS + NO_TP,
+    "lab09_5d": [
+        (4, ["--tp", "2", "--cp", "2", "--pp", "2"], "--pp"),  # 8 slots for 4 ranks
+        (4, ["--tp", "2", "--cp", "2", "--pp", "2", "--dry-run"], "--pp"),
+        (2, ["--cp", "-1"], "--cp"),
+        (2, ["--cp-layout", "striped"], "--cp-layout"),
+        (2, ["--cp-algo", "ulysses2"], "--cp-algo"),
+        (4, ["--tp", "1", "--cp", "2", "--pp", "2", "--seq", "30"], "--seq"),  # zig-zag: 2c = 4 chunks
+        (3, ["--tp", "1", "--cp", "3", "--pp", "1", "--seq", "64", "--cp-layout", "contiguous"], "--seq"),
+        # Ulysses splits a TP rank's heads over the CP ranks: 2 heads over t x c = 4
+        (4, ["--tp", "2", "--cp", "2", "--pp", "1", "--cp-algo", "ulysses", "--heads", "2", "--d-model", "32"],
+         "--heads"),
+        (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--batch", "6"], "--batch"),  # 2 x 4 micro-batches
+        (4, ["--tp", "1", "--cp", "1", "--pp", "4", "--layers", "3"], "--layers"),
+        (4, ["--tp", "4", "--cp", "1", "--pp", "1", "--heads", "2"], "--tp"),
+        (2, ["--tp", "2", "--cp", "1", "--zero-stage", "1"], "--zero-stage"),  # c x d = 1: nothing to shard over
+        (2, ["--zero-stage", "2"], "--zero-stage"),
+        (4, ["--tp", "1", "--cp", "2", "--pp", "2", "--schedule", "zb-h1", "--micro-batches", "1"], "--micro-batches"),
+        (4, ["--tp", "1", "--cp", "2", "--pp", "2", "--resume", "/nonexistent/ck.safetensors"], "--resume"),
+        (2, ["--check-sync=yes"], "--check-sync"),
+    ] + NO_EXPERTS + NO_TP,
     "lab08_ep": [
         (4, ["--ep", "3"], "--ep"),  # 3 does not divide 4 ranks
         (2, ["--ep", "-1"], "--ep"),

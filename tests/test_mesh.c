@@ -52,6 +52,13 @@ static void check_shape(const mesh_dims *d, int n) {
         int in_edp = 0;
         for (int i = 0; i < blocks; i++) in_edp += members[i] == r;
         CHECK(in_edp == 1, "rank %d is %d times in its own edp group", r, in_edp);
+        mesh_replica_members(d, r, members); /* the c x d ranks of its (tp, pp), its place f = cp + c x dp */
+        for (int f = 0; f < plane; f++) {
+            const mesh_coord m = mesh_coord_of(d, members[f]);
+            CHECK(m.at[MESH_TP] == c.at[MESH_TP] && m.at[MESH_PP] == c.at[MESH_PP] &&
+                  m.at[MESH_CP] + d->size[MESH_CP] * m.at[MESH_DP] == f,
+                  "rank %d's replica group: member %d at place %d", r, members[f], f);
+        }
     }
     for (int r = 0; r < n; r++) CHECK(seen[r] == 1, "rank %d is in %d ep blocks", r, seen[r]);
     free(members);
@@ -72,6 +79,15 @@ static void check_groups(mesh_dims d) {
               mesh_axis_names[a], x, want);
         free(members);
     }
+    /* the replica group: the c x d ranks of this (tp, pp), summed */
+    const int plane = d.size[MESH_CP] * d.size[MESH_DP];
+    int *members = malloc(sizeof(int) * (size_t)plane);
+    mesh_replica_members(&d, m.world.rank, members);
+    double x = m.world.rank, want = 0;
+    for (int f = 0; f < plane; f++) want += members[f];
+    comm_allreduce_host(mesh_replicas(&m), &x, 1);
+    CHECK(x == want, "rank %d: the sum of its replica group's world ranks is %g, not %g", m.world.rank, x, want);
+    free(members);
     mesh_free(&m);
 }
 

@@ -57,13 +57,22 @@ th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, lon
     return t;
 }
 
-double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo) {
+double th_cp_stage_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, int N,
+                              th_cp_algo algo) {
     th_model local = *m; /* a rank's layers run the course's model on T/N positions */
     local.seq = m->seq / N;
-    const th_acts_parts p = th_course_acts_parts(&local, o, 0, (int)m->layers, rows);
-    if (p.other < 0 || m->seq % N) return -1;
-    const double att = att_slot_bytes(m, o, rows, N, algo); /* where a one-rank layer keeps [rows,H,T,T] */
-    return p.linear + p.other + (o->recompute == RECOMPUTE_NONE ? (double)m->layers * att : 0);
+    const th_acts_parts p = th_course_acts_parts(&local, o, lo, hi, rows);
+    const int t = o->tp > 1 ? o->tp : 1;
+    if (p.other < 0 || m->seq % N || m->heads % t) return -1;
+    th_model heads = *m; /* the att slot holds a TP rank's heads/t heads, of the same size */
+    heads.heads = m->heads / t;
+    heads.d_model = m->d_model / t;
+    const double att = att_slot_bytes(&heads, o, rows, N, algo); /* where a one-rank layer keeps [rows,H,T,T] */
+    return p.linear + p.other + (o->recompute == RECOMPUTE_NONE ? (double)(hi - lo) * att : 0);
+}
+
+double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo) {
+    return th_cp_stage_acts_bytes(m, o, 0, (int)m->layers, rows, N, algo);
 }
 
 th_cp_ring_hiding th_cp_ring_hiding_of(long rows, long T, int N, long d_model, double value_bytes,
@@ -95,6 +104,45 @@ th_cp_ring_hiding th_cp_ring_hiding_of(long rows, long T, int N, long d_model, d
  * more and a reduce-scatter in the backward, N blocks each; ulysses' all-to-alls
  * are a kind theory/predict's tables do not have (th_cp_layer_traffic gives
  * their bytes). */
+void th_cp_layer_calls(th_cp_algo algo, int N, double block, int forwards, double *calls, double *payload) {
+    for (int k = 0; k < COLL_NKINDS; k++) calls[k] = payload[k] = 0;
+    if (N < 2) return; /* a group of one moves nothing */
+    if (algo == TH_CP_RING) { /* K|V N-1 steps each forward; backward K|V N-1 steps and dK|dV N steps home */
+        const double sends = forwards * (N - 1.0) + (N - 1.0) + N;
+        calls[COLL_SEND] = calls[COLL_RECV] = sends;
+        payload[COLL_SEND] = payload[COLL_RECV] = sends * block;
+    } else if (algo == TH_CP_ALLGATHER) { /* K|V gathered each forward and again backward; dK|dV scattered */
+        calls[COLL_ALLGATHER] = forwards + 1.0;
+        payload[COLL_ALLGATHER] = (forwards + 1.0) * N * block;
+        calls[COLL_REDUCE_SCATTER] = 1;
+        payload[COLL_REDUCE_SCATTER] = N * block;
+    } else { /* Ulysses: q|k|v to the head split and the output back (3 + 1 widths = 2 blocks), each forward;
+              * dO there and dq|dk|dv back */
+        calls[COLL_ALLTOALL] = 2.0 * (forwards + 1.0);
+        payload[COLL_ALLTOALL] = 2.0 * (forwards + 1.0) * block;
+    }
+}
+
+double th_cp_scratch_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo) {
+    const int t = o->tp > 1 ? o->tp : 1;
+    th_model local = *m; /* the layer scratch on T/N positions */
+    local.seq = m->seq / N;
+    th_model heads = *m; /* a TP rank's heads/t heads, of the same size */
+    heads.heads = m->heads / t;
+    heads.d_model = m->d_model / t;
+    /* the scratch's datt, and the recomputation's att, are att slots, not [rows,H/t,T/N,T/N] */
+    const double vb = th_param_bytes(o->precision), att_slots = o->recompute ? 2 : 1;
+    const double square = th_pad64(vb * (double)rows * heads.heads * local.seq * local.seq);
+    return th_course_scratch_bytes(&local, o, rows) + att_slots * (att_slot_bytes(&heads, o, rows, N, algo) - square);
+}
+
+double th_cp_hooks_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo) {
+    const int t = o->tp > 1 ? o->tp : 1;
+    const double vb = th_param_bytes(o->precision), Tl = (double)(m->seq / N);
+    return 4.0 * (double)m->seq + (algo == TH_CP_ULYSSES ? 0 : vb * (double)rows * Tl * (double)(m->d_model / t) +
+                                                                4.0 * (double)rows * Tl * (double)(m->heads / t));
+}
+
 void th_cp_predict(const th_run *r, th_rank_need *need) {
     const int N = r->cp, dp = r->ranks / N; /* th_predict_run calls it for cp > 0 */
     const th_cp_algo algo = (th_cp_algo)r->cp_algo;
@@ -103,12 +151,7 @@ void th_cp_predict(const th_run *r, th_rank_need *need) {
     const double vb = th_param_bytes(o.precision), psi = th_param_counts(m).total, L = (double)m->layers;
     const long rows = r->batch / dp, Tl = m->seq / N;
     const double block = vb * (double)rows * (double)Tl * 2.0 * (double)m->d_model, forwards = r->recompute ? 2 : 1;
-    th_model local = *m;
-    local.seq = Tl;
-    /* the scratch's datt, and the recomputation's att, are att slots, not [rows,H,T/N,T/N] */
-    const double att_slots = r->recompute ? 2 : 1, square = th_pad64(vb * (double)rows * m->heads * Tl * Tl);
-    const double workspace = th_course_scratch_bytes(&local, &o, rows) + att_slots * (att_slot_bytes(m, &o, rows, N, algo) - square) +
-                             4.0 * (double)m->seq + (algo == TH_CP_ULYSSES ? 0 : block / 2 + 4.0 * (double)rows * Tl * m->heads);
+    const double workspace = th_cp_scratch_bytes(m, &o, rows, N, algo) + th_cp_hooks_bytes(m, &o, rows, N, algo);
     const th_states s = th_model_states(psi, &o, 0, 1);
     for (int q = 0; q < r->ranks; q++) {
         th_rank_need *x = &need[q];
@@ -124,22 +167,15 @@ void th_cp_predict(const th_run *r, th_rank_need *need) {
             x->payload[COLL_ALLREDUCE] = vb * psi;
             x->ring[COLL_ALLREDUCE] = vb * psi * comm_ring_factor(COLL_ALLREDUCE, r->ranks);
         }
-        if (N < 2) continue; /* a group of one moves nothing */
-        if (algo == TH_CP_RING) {
-            const double sends = L * (forwards * (N - 1) + (N - 1) + N);
-            const comm_kind kinds[2] = {COLL_SEND, COLL_RECV};
-            for (int k = 0; k < 2; k++) {
-                x->calls[kinds[k]] = sends;
-                x->payload[kinds[k]] = x->ring[kinds[k]] = sends * block;
+        if (N < 2 || algo == TH_CP_ULYSSES) continue; /* Ulysses' all-to-alls: a kind predict's tables do not have */
+        double calls[COLL_NKINDS], payload[COLL_NKINDS];
+        th_cp_layer_calls(algo, N, block, (int)forwards, calls, payload);
+        for (int k = 0; k < TH_PREDICTED_KINDS; k++)
+            if (calls[k] > 0) {
+                x->calls[k] = L * calls[k];
+                x->payload[k] = L * payload[k];
+                x->ring[k] = x->payload[k] * comm_ring_factor((comm_kind)k, N);
             }
-        } else if (algo == TH_CP_ALLGATHER) {
-            x->calls[COLL_ALLGATHER] = L * (forwards + 1);
-            x->payload[COLL_ALLGATHER] = L * (forwards + 1) * N * block;
-            x->ring[COLL_ALLGATHER] = x->payload[COLL_ALLGATHER] * comm_ring_factor(COLL_ALLGATHER, N);
-            x->calls[COLL_REDUCE_SCATTER] = L;
-            x->payload[COLL_REDUCE_SCATTER] = L * N * block;
-            x->ring[COLL_REDUCE_SCATTER] = x->payload[COLL_REDUCE_SCATTER] * comm_ring_factor(COLL_REDUCE_SCATTER, N);
-        }
     }
 }
 

@@ -20,27 +20,31 @@ static double value_bytes_of(const th_run *r) { return r->bf16 ? 2.0 : 4.0; }
 
 /* Model states, activations (in flight x one micro-batch), the received
  * gradient and the scratch of one rank holding `params` parameters of layers
- * [lo, hi) at TP degree t. */
-static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_grad) {
+ * [lo, hi) at TP degree t, on model m (lab09: a CP rank's T/c positions). */
+static void rank_memory_on(th_rank_need *x, const th_run *r, const th_model *m, int t, int receives_grad) {
     const th_opts o = th_opts_run(t, r->sequence_parallel && t > 1, r->recompute, r->bf16);
     const th_states s = th_model_states(x->params, &o, 0, 1);
     x->mem[MEM_PARAMS] = s.params;
     x->mem[MEM_GRADS] = s.grads;
     x->mem[MEM_OPTIM] = s.optim;
-    x->mem[MEM_ACTS] = x->acts_in_flight * th_course_acts_bytes(&r->model, &o, x->lo, x->hi, x->rows);
+    x->mem[MEM_ACTS] = x->acts_in_flight * th_course_acts_bytes(m, &o, x->lo, x->hi, x->rows);
     /* lab03's stage keeps the gradient it receives from the next stage */
-    x->mem[MEM_COMM] = receives_grad ? value_bytes_of(r) * x->rows * r->model.seq * r->model.d_model : 0;
+    x->mem[MEM_COMM] = receives_grad ? value_bytes_of(r) * x->rows * m->seq * m->d_model : 0;
     /* TP layers under sequence parallelism: the staging of the partial gradients' all-reduce */
     if (r->tensor_parallel && o.sequence_parallel)
-        x->mem[MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(&r->model, 0, (int)r->model.layers);
+        x->mem[MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(m, 0, (int)m->layers);
     /* lab04's executor keeps a pool of message buffers whose size its lists decide */
     if (r->schedule) x->mem[MEM_COMM] = -1;
     /* the gradient-norm sums on the device: TP's two parts (replicated, sharded), else ZeRO's one (the shard) */
     const int norm_parts = r->tensor_parallel ? 2 : r->zero_stage > 0 ? 1 : 0;
-    x->mem[MEM_WORKSPACE] = th_course_scratch_bytes(&r->model, &o, x->rows) + th_grad_norm_bytes(norm_parts);
+    x->mem[MEM_WORKSPACE] = th_course_scratch_bytes(m, &o, x->rows) + th_grad_norm_bytes(norm_parts);
     /* On CUDA the kernels add their own scratch (partial sums, and the
      * embedding backward's sort buffers, whose size cub decides at run time). */
     if (r->cuda) x->mem[MEM_WORKSPACE] = -1;
+}
+
+static void rank_memory(th_rank_need *x, const th_run *r, int t, int receives_grad) {
+    rank_memory_on(x, r, &r->model, t, receives_grad);
 }
 
 /* lab01 and lab02: every rank the whole model on B/N rows (lab01's --grad-accum:
@@ -89,13 +93,21 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
     const th_schedule s = (th_schedule)th_schedule_parse(r->schedule ? r->schedule : "gpipe");
     const int v = s == TH_SCHED_ZB_V ? 2 : s == TH_SCHED_INTERLEAVED ? (r->chunks > 0 ? r->chunks : 2) : 1;
     const int S = p * v, L = (int)r->model.layers, sp = r->sequence_parallel && t > 1;
+    /* lab09: c CP ranks split each sequence; the c x d ranks of a (tp, pp) are the replicas */
+    const int cp = r->cp > 1 ? r->cp : 1, replicas = cp * d;
+    const th_cp_algo algo = (th_cp_algo)r->cp_algo;
+    th_model local = r->model; /* what a rank's blocks hold: T/c positions of every row */
+    local.seq = r->model.seq / cp;
     const long rows = r->batch / ((long)d * m);
-    const double act = value_bytes_of(r) * rows * r->model.seq * r->model.d_model; /* one activation, or its gradient */
+    const double act = value_bytes_of(r) * rows * local.seq * r->model.d_model; /* one activation, or its gradient */
     const th_opts o = th_opts_run(t, sp, r->recompute, r->bf16);
     const double msg = sp ? act / t : act; /* SP: a stage message carries a TP rank's T/t positions */
+    /* CP's exchanges per layer and micro-batch (theory/context.c), of K|V blocks of the rank's heads */
+    double cp_calls[COLL_NKINDS], cp_payload[COLL_NKINDS];
+    th_cp_layer_calls(algo, cp, 2.0 * act / t, r->recompute ? 2 : 1, cp_calls, cp_payload);
     for (int q = 0; q < r->ranks; q++) {
         th_rank_need *x = &need[q];
-        const int pp = q / (t * d); /* rank = tp + t (dp + d pp): lab06's grid.h */
+        const int pp = q / (t * replicas); /* rank = tp + t (cp + c (dp + d pp)): common/mesh.h */
         double params = 0, acts = 0, in_flight = 0;
         int layers = 0, links = 0, lo = 0, hi = L;
         for (int c = 0; c < v; c++) {
@@ -104,8 +116,9 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
             th_stage_layers(L, S, st, &clo, &chi);
             th_chunk_in_flight(s, p, m, v, pp, c, &a, &w);
             params += th_stage_params(&r->model, &o, clo, chi);
-            acts += a * th_course_acts_bytes(&r->model, &o, clo, chi, rows);
-            if (w > 0) acts += w * th_course_wgrads_bytes(&r->model, &o, clo, chi, rows);
+            acts += a * (cp > 1 ? th_cp_stage_acts_bytes(&r->model, &o, clo, chi, rows, cp, algo)
+                               : th_course_acts_bytes(&r->model, &o, clo, chi, rows));
+            if (w > 0) acts += w * th_course_wgrads_bytes(&local, &o, clo, chi, rows);
             in_flight += (double)a / v;
             layers += chi - clo;
             for (int nb = st - 1; nb <= st + 1; nb += 2) {
@@ -115,12 +128,17 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
             }
             if (c == 0) lo = clo, hi = chi;
         }
-        *x = (th_rank_need){.tp = q % t, .dp = q / t % d, .pp = pp, .lo = lo, .hi = hi, .rows = rows,
+        *x = (th_rank_need){.tp = q % t, .dp = q / (t * cp) % d, .pp = pp, .lo = lo, .hi = hi, .rows = rows,
                             .params = params, .acts_in_flight = in_flight};
-        rank_memory(x, r, t, pp < p - 1);
+        rank_memory_on(x, r, &local, t, pp < p - 1);
         x->mem[MEM_ACTS] = acts;
-        /* each chunk is a lab03 stage with its own scratch */
-        if (x->mem[MEM_WORKSPACE] >= 0) x->mem[MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
+        /* each chunk is a lab03 stage with its own scratch; CP's with att slots, and its hook's buffers once */
+        if (x->mem[MEM_WORKSPACE] >= 0 && cp > 1)
+            x->mem[MEM_WORKSPACE] += v * th_cp_scratch_bytes(&r->model, &o, rows, cp, algo) -
+                                     th_course_scratch_bytes(&local, &o, rows) +
+                                     th_cp_hooks_bytes(&r->model, &o, rows, cp, algo);
+        else if (x->mem[MEM_WORKSPACE] >= 0)
+            x->mem[MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
         if (v > 1) x->lo = x->hi = -1; /* not one run of layers */
         const th_traffic pipe = th_pp_traffic(links, m, 1, msg); /* sends and receives together */
         count(x, COLL_SEND, pipe.calls / 2, msg, 2);
@@ -139,21 +157,24 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         } else if (t > 1) {
             count(x, COLL_ALLREDUCE, tp_calls, act, t);
         }
-        if (r->zero_stage == 1 && d > 1) {
-            /* lab06's ZeRO-1: params and grads padded to d slices of comm_chunk
+        for (int k = 0; k < TH_PREDICTED_KINDS; k++) /* CP: every layer of the rank's chunks, every micro-batch */
+            if (cp_calls[k] > 0)
+                count(x, (comm_kind)k, (double)layers * m * cp_calls[k], cp_payload[k] / cp_calls[k], cp);
+        if (r->zero_stage == 1 && replicas > 1) {
+            /* lab06's ZeRO-1: params and grads padded to d slices (lab09: c x d) of comm_chunk
              * elements, the optimizer state one slice (th_model_states), a
              * reduce-scatter and an all-gather of the padded buffer; in bf16
              * the whole fp32 weights exist once, at set-up, in workspace */
-            const double padded = ceil(x->params / d) * d;
+            const double padded = ceil(x->params / replicas) * replicas;
             const th_opts po = th_opts_precision(t, r->bf16);
-            const th_states st = th_model_states(padded, &po, 1, d);
+            const th_states st = th_model_states(padded, &po, 1, replicas);
             x->mem[MEM_PARAMS] = st.params;
             x->mem[MEM_GRADS] = st.grads;
             x->mem[MEM_OPTIM] = st.optim;
             if (r->bf16 && x->mem[MEM_WORKSPACE] >= 0) x->mem[MEM_WORKSPACE] += 4 * x->params;
-            count(x, COLL_REDUCE_SCATTER, 1, value_bytes_of(r) * padded, d);
-            count(x, COLL_ALLGATHER, 1, value_bytes_of(r) * padded, d);
-        } else add_traffic(x, COLL_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, d, 1), d);
+            count(x, COLL_REDUCE_SCATTER, 1, value_bytes_of(r) * padded, replicas);
+            count(x, COLL_ALLGATHER, 1, value_bytes_of(r) * padded, replicas);
+        } else add_traffic(x, COLL_ALLREDUCE, th_dp_traffic(value_bytes_of(r) * x->params, replicas, 1), replicas);
     }
 }
 
@@ -162,7 +183,7 @@ int th_predict_run(const th_run *r, th_rank_need *need) {
      * their own parts; data parallelism alone (lab01, lab02; a one-stage lab03
      * is the same run) has units and ZeRO's shards; anything with stages, a
      * schedule or TP layers is a grid */
-    if (r->cp > 0) th_cp_predict(r, need);
+    if (r->cp > 0 && !r->tensor_parallel) th_cp_predict(r, need); /* lab09's CP runs in a grid */
     else if (r->ep > 0) th_ep_predict(r, need);
     else if (r->pp == 1 && !r->schedule && !r->tensor_parallel) predict_data_parallel(r, need);
     else predict_grid(r, need);

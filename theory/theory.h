@@ -349,6 +349,27 @@ th_cp_traffic th_cp_layer_traffic(th_cp_algo algo, int N, long rows, long T, lon
  * Every piece is per position: 1/N of one rank's for ring and allgather.
  * -1 where th_course_acts_bytes is, or T not divisible by N. */
 double th_cp_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo);
+/* EXACT: one layer's CP collectives on one rank per micro-batch, by kind
+ * (common/kinds.h, as the communicator counts them: a point-to-point message at
+ * both ends): calls[k] and payload[k] bytes, block = one [rows,T/N,2 width]
+ * K|V block's bytes (width: the rank's heads x head size), `forwards` 2 under
+ * --recompute. ring: sends and receives of forwards(N-1) + (N-1) + N blocks;
+ * allgather: forwards + 1 all-gathers of N blocks, 1 reduce-scatter of N;
+ * ulysses: 2(forwards + 1) all-to-alls carrying 2 blocks' bytes each pass. */
+void th_cp_layer_calls(th_cp_algo algo, int N, double block, int forwards, double *calls, double *payload);
+/* EXACT: the workspace of one CP rank (lab07; lab09 at o's TP degree, heads/t
+ * per rank): th_cp_scratch_bytes, one stage's layer scratch on T/N positions
+ * with att slots where a whole layer's scratch keeps [rows,H,T,T] (its datt;
+ * and the recomputed att under --recompute); th_cp_hooks_bytes, the attention
+ * hook's own, once per rank: the positions (T ints), and for ring and
+ * allgather one block's output and log-sum-exp. */
+double th_cp_scratch_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo);
+double th_cp_hooks_bytes(const th_model *m, const th_opts *o, long rows, int N, th_cp_algo algo);
+/* The same for the layers [lo, hi) of a pipeline stage (the embedding with
+ * layer 0, the head with the last), at o's TP degree (lab09: each TP rank's
+ * att slot holds its heads/t heads). */
+double th_cp_stage_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, int N,
+                              th_cp_algo algo);
 
 /* The ring's condition for hiding its messages: while one K/V block is
  * computed on, the next travels, so the ring costs no time beyond its compute

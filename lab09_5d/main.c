@@ -1,0 +1,304 @@
+/* lab09_5d: the grid, tensor x context x pipeline x data parallelism in one run.
+ *
+ * lab06's grid (TP layers in pipeline stages, replicated by DP) gains lab07's
+ * axis: the c ranks of a CP group split every sequence of their rows, each
+ * running the whole stage on its T/c positions, and only attention, CP's slot
+ * of the layer, exchanges keys and values (ring, all-gather or Ulysses). The
+ * layer is one table of slots (common/model.h gpt_layer_hooks): TP fills its
+ * linears and regions (lab05), CP its attention (lab07), in the same layer.
+ *
+ * The ranks form a mesh (common/mesh.h), TP fastest, then CP, DP, PP:
+ *
+ *     rank = tp + t x (cp + c x (dp + d x pp))
+ *
+ * TP's all-reduces sit between every two matrix products, so its ranks share a
+ * host; CP's K/V blocks travel once per attention, next; the pipeline's one
+ * activation per micro-batch may cross hosts. CP ranks hold the same weights as
+ * the DP replicas do, so for the gradient the c x d ranks of a (tp, pp) are one
+ * group of replicas (mesh_replicas, Megatron's data-parallel group with
+ * context parallelism): each computes the mean loss of its rows' positions,
+ * their average is the mean over the global batch, and lab06's machinery
+ * (all-reduce, ZeRO-1, the clip by the whole model's norm) runs over it as
+ * over its DP axis. So every layout reproduces `lab01_dp -n 1`.
+ *
+ * What to look at: the mesh map printed at start (which rank holds which
+ * layers, heads and positions, on which host); the losses and gradient norms,
+ * equal to `lab01_dp -n 1`; the traffic lines, one per group kind beside its
+ * formula; the activations per rank beside the formula. */
+#include "checkpoint.h"
+#include "comm.h"
+#include "cp.h"
+#include "device.h"
+#include "dp.h"
+#include "executor.h"
+#include "grid.h"
+#include "lab_run.h"
+#include "mesh.h"
+#include "model.h"
+#include "report3d.h"
+#include "run.h"
+#include "schedule.h"
+#include "stage.h"
+#include "stage3d.h"
+#include "theory.h"
+#include "tp.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXES }; /* the flags' order: omitted ones take 2 in this order */
+static const char *const axis_flags[AXES] = {"--tp", "--cp", "--pp", "--dp"};
+
+/* lab06's process_grid over the mesh, its DP axis the c x d replicas: lab06's
+ * stage code (gradient sync, ZeRO-1, norm, loss) sees CP ranks as replicas. */
+static void grid_of_mesh(process_grid *g, const int *deg, comm_backend backend) {
+    memset(g, 0, sizeof *g);
+    const mesh_dims dims = {.size = {deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP], deg[AXIS_PP]}, .ep = 1};
+    mesh_init(&g->mesh, dims, backend);
+    const mesh_coord me = g->mesh.me;
+    g->dims = (grid_dims){deg[AXIS_TP], deg[AXIS_PP], deg[AXIS_CP] * deg[AXIS_DP]};
+    g->me = (grid_coord){me.at[MESH_TP], me.at[MESH_PP], me.at[MESH_CP] + deg[AXIS_CP] * me.at[MESH_DP]};
+    g->world = &g->mesh.world;
+    g->tp = &g->mesh.axis[MESH_TP];
+    g->pipe = &g->mesh.axis[MESH_PP];
+    g->dp = mesh_replicas(&g->mesh);
+    g->cp = &g->mesh.axis[MESH_CP];
+}
+
+/* Rank 0 prints the map: each rank's coordinate, host, layers, heads and positions. */
+static void print_map(const run_ctx *ctx, const int *deg, const int *positions, int Tl, int heads_per_rank) {
+    const mesh_dims dims = {.size = {deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP], deg[AXIS_PP]}, .ep = 1};
+    const int L = ctx->opt.layers, p = deg[AXIS_PP];
+    int *all = ctx->rank == 0 ? malloc(sizeof(int) * (size_t)Tl * ctx->size) : NULL;
+    if (ctx->rank == 0 && !all) die("out of host memory");
+    MPI_Gather(positions, Tl, MPI_INT, all, Tl, MPI_INT, 0, MPI_COMM_WORLD);
+    if (ctx->rank != 0) return;
+    printf("mesh: rank = tp + %d x (cp + %d x (dp + %d x pp))\n", deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP]);
+    for (int r = 0; r < ctx->size; r++) {
+        const mesh_coord c = mesh_coord_of(&dims, r);
+        int lo, hi;
+        th_stage_layers(L, p, c.at[MESH_PP], &lo, &hi);
+        printf("  rank %d (%s): tp %d cp %d pp %d dp %d | layers %d-%d | heads %d-%d | positions", r,
+               run_host_label(ctx, r), c.at[MESH_TP], c.at[MESH_CP], c.at[MESH_PP], c.at[MESH_DP], lo, hi - 1,
+               c.at[MESH_TP] * heads_per_rank, (c.at[MESH_TP] + 1) * heads_per_rank - 1);
+        const int *pos = all + (size_t)r * Tl;
+        for (int i = 0, j; i < Tl; i = j) {
+            for (j = i + 1; j < Tl && pos[j] == pos[j - 1] + 1; j++) {}
+            printf(" %d-%d", pos[i], pos[j - 1]);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+    free(all);
+}
+
+/* --eval: lab06's (the pipeline forward on the held-out batches), averaged
+ * over the c x d replicas: each the mean over its rows' positions. */
+static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g) {
+    const comm_quiet q = comm_quiet_begin(g->tp);
+    double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
+    comm_quiet_end(&q);
+    comm_allreduce_host(g->dp, &loss, 1);
+    return loss / g->dp->size;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int ranks;
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    int deg[AXES];
+    grid_defaults_axes(ranks, deg, AXES); /* what --help shows for this rank count */
+    int micro_batches = 4, virtual_stages = 2, check_sync = 0, zero_stage = 0;
+    const char *schedule_arg = "1f1b", *layout_name = "zigzag", *algo_name = "ring";
+    flag_spec flags[] = {
+        {"--tp", FLAG_INT, &deg[AXIS_TP], "tensor-parallel degree t (omitted: 2 if the ranks allow)", 1, NULL},
+        {"--cp", FLAG_INT, &deg[AXIS_CP], "context-parallel degree c, ranks splitting each sequence (omitted: 2 if "
+         "the ranks --tp leaves allow)", 1, NULL},
+        {"--pp", FLAG_INT, &deg[AXIS_PP], "pipeline stages p (omitted: 2 if the ranks left allow)", 1, NULL},
+        {"--dp", FLAG_INT, &deg[AXIS_DP], "data-parallel replicas d (omitted: the ranks left); t x c x p x d = ranks",
+         1, NULL},
+        {"--micro-batches", FLAG_INT, &micro_batches, "micro-batches per replica and step (must divide --batch / --dp)",
+         1, NULL},
+        {"--schedule", FLAG_STRING, &schedule_arg,
+         "lab04's pipeline schedules: gpipe, 1f1b, interleaved (--virtual-stages chunks per rank), zb-h1, zb-v", 0,
+         SCHEDULE_CHOICES},
+        {"--virtual-stages", FLAG_INT, &virtual_stages,
+         "model chunks per rank for --schedule interleaved (--layers must divide by --pp x chunks)", 1, NULL},
+        {"--cp-algo", FLAG_STRING, &algo_name, "lab07's attention over the CP group: ring, allgather or ulysses", 0,
+         "ring|allgather|ulysses"},
+        {"--cp-layout", FLAG_STRING, &layout_name, "lab07's positions per CP rank: zigzag or contiguous", 0,
+         "zigzag|contiguous"},
+        {"--zero-stage", FLAG_INT, &zero_stage, "0, or 1: lab06's ZeRO-1, the optimizer state sharded over the c x d "
+         "ranks that hold the same weights (needs c x d >= 2)", 0, NULL},
+        {"--check-sync", FLAG_BOOL, &check_sync, "verify at the end that the c x d replicas of every (tp, pp) hold "
+         "bit-identical weights (exit 1 if not)", 0, NULL},
+    };
+    lab_info lab = {"lab09_5d", "the grid: tensor-parallel layers (lab05) with context-parallel attention (lab07) in "
+                    "pipeline stages (lab04), replicated by data parallelism (lab01)", flags,
+                    (int)(sizeof flags / sizeof flags[0])};
+    run_ctx ctx;
+    run_parse(&ctx, argc, argv, &lab);
+    run_check(&ctx, !ctx.opt.experts, "--experts: lab09 does not yet spread experts over the grid (lab08_ep does, "
+              "over data-parallel ranks)");
+    grid_choose_axes(&ctx, argc, argv, axis_flags, deg, AXES);
+    const int t = deg[AXIS_TP], c = deg[AXIS_CP], p = deg[AXIS_PP], d = deg[AXIS_DP], m = micro_batches;
+    tp_check_degree(&ctx, t, "--tp");
+    run_check(&ctx, th_stage_split_possible(ctx.opt.layers, p),
+              "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", p, ctx.opt.layers);
+    const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, p, m, virtual_stages);
+    run_check(&ctx, zero_stage == 0 || zero_stage == 1, "--zero-stage %d: lab09 shards the optimizer state only "
+              "(0 or 1); lab02_zero has stages 2 and 3", zero_stage);
+    run_check(&ctx, zero_stage == 0 || c * d >= 2, "--zero-stage 1 needs --cp x --dp of at least 2 (%d x %d: no "
+              "replicas to shard the optimizer state over)", c, d);
+    run_check(&ctx, ctx.opt.batch % ((long)d * m) == 0, "--batch %d is not divisible by --dp %d x --micro-batches %d "
+              "(each replica cuts its B/d rows into micro-batches)", ctx.opt.batch, d, m);
+    const th_cp_layout cp_layout = strcmp(layout_name, "contiguous") ? TH_CP_ZIGZAG : TH_CP_CONTIGUOUS;
+    const th_cp_algo algo = !strcmp(algo_name, "allgather") ? TH_CP_ALLGATHER
+                            : !strcmp(algo_name, "ulysses") ? TH_CP_ULYSSES : TH_CP_RING;
+    const int chunks = cp_layout == TH_CP_ZIGZAG ? 2 * c : c;
+    run_check(&ctx, ctx.opt.seq % chunks == 0, "--seq %d is not divisible by the %d chunks of --cp-layout %s (%s--cp %d)",
+              ctx.opt.seq, chunks, layout_name, cp_layout == TH_CP_ZIGZAG ? "2 x " : "", c);
+    run_check(&ctx, algo != TH_CP_ULYSSES || t < 1 || c < 1 || ctx.opt.heads % ((long)t * c) == 0,
+              "--heads %d is not divisible by --tp %d x --cp %d (--cp-algo ulysses gives each CP rank 1/c of a TP "
+              "rank's heads)", ctx.opt.heads, t, c);
+    run_setup(&ctx);
+
+    /* theory/predict.h's config of the grid, held against the memory before anything is allocated */
+    const int v = schedule_chunks(kind, virtual_stages);
+    th_run need = lab_run_config(&ctx);
+    need.tp = t;
+    need.pp = p;
+    need.dp = d;
+    need.cp = c;
+    need.cp_algo = algo;
+    need.cp_layout = cp_layout;
+    need.micro_batches = m;
+    need.schedule = schedule_name(kind);
+    need.chunks = v;
+    need.zero_stage = zero_stage;
+    need.tensor_parallel = 1;
+    lab_start(&ctx, &need);
+    char layout[112], chunks_text[16] = "";
+    if (kind == SCHEDULE_INTERLEAVED) snprintf(chunks_text, sizeof chunks_text, " v=%d", v);
+    snprintf(layout, sizeof layout, "tp=%d cp=%d pp=%d dp=%d m=%d %s%s %s %s%s", t, c, p, d, m, schedule_name(kind),
+             chunks_text, algo_name, layout_name, zero_stage ? " zero1" : "");
+    const char *comm_formula_text = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives + CP's "
+                                    "K/V exchanges, the formulas below";
+    if (ctx.opt.dry_run)
+        lab_dry_run_exit(&ctx, &need, (run_report){.layout = layout, .comm_formula_bytes = DRY_RUN_PREDICTED_RING,
+                                                   .comm_formula = comm_formula_text,
+                                                   .bubble_theory = schedule_bubble_textbook(kind, p, m, v)});
+
+    process_grid grid;
+    grid_of_mesh(&grid, deg, ctx.backend);
+    comm *cp = grid.cp;
+    const int dp_rank = grid.mesh.me.at[MESH_DP], share = ctx.opt.batch / d, T = ctx.opt.seq, Tl = T / c;
+
+    /* The layer: lab05's TP linears and regions ... */
+    tp_layout tl;
+    tp_layout_init(&tl, &ctx.model, t, grid.me.tp);
+    stage3d s3;
+    stage3d_init(&s3, &tl, grid.tp);
+    /* ... and lab07's attention, on this TP rank's heads (its q|k|v columns) */
+    gpt_layout heads_view = tl.g;
+    heads_view.cfg.heads = tl.heads;
+    heads_view.cfg.d_model = tl.heads * (ctx.opt.d_model / ctx.opt.heads);
+    cp_hooks ch;
+    cp_hooks_init(&ch, &heads_view, cp, algo, cp_layout, share / m);
+    s3.model.layer.attention_forward = ch.hooks.attention_forward;
+    s3.model.layer.attention_backward = ch.hooks.attention_backward;
+    s3.model.layer.attention_ctx = ch.hooks.attention_ctx;
+    s3.model.part.att_row = cp_att_row(algo, ctx.opt.d_model / ctx.opt.heads);
+    /* the stages' blocks hold this CP rank's T/c positions of every row */
+    s3.model.positions = cp_positions(&ch);
+    s3.model.data_seq = T;
+    s3.model.cp = c;
+    s3.model.cp_algo = algo;
+    gpt_layout local = tl.g;
+    local.cfg.seq = Tl; /* wpe keeps all T rows: the embedding reads them by global position */
+
+    /* This rank trains on rows [dp x B/d, (dp+1) x B/d) of every global batch,
+     * its positions of them; the replicas (cp, dp) share the optimizer state
+     * under ZeRO-1. Each micro-batch's loss weight is 1/(B/d x T/c): the mean
+     * over its positions, and the replicas' average the global batch's mean. */
+    pipeline_rank pr;
+    pipeline_init_sharded(&pr, grid.pipe, &local, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, dp_rank * share,
+                          share, kind, m, virtual_stages, zero_stage ? c * d : 1, grid.me.dp);
+    stage3d_alloc_partials(&s3, &pr);
+    dp_grad_sync dp_sync;
+    if (!zero_stage) dp_sync_init(&dp_sync, grid.dp, pr.grads, 0, pr.n, 0);
+    ckpt_view view;
+    stage3d_checkpoint_view(&pr, &tl, &view);
+    const int first = ckpt_resume(&ctx, &view);
+    stage3d_params_from_master(&pr, &grid);
+    const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
+    print_map(&ctx, deg, cp_positions(&ch), Tl, tl.heads);
+    if (ctx.rank == 0) {
+        printf("5D: TP t=%d (%d of %d heads, %d of %d MLP units per rank) | CP c=%d (%s, %s: %d of %d positions) | "
+               "PP p=%d stages x %d chunk%s, m=%d micro-batches of %d rows, %s | DP d=%d replicas of %d rows%s | "
+               "bubble theory %s = %.3f\n", t, tl.heads, ctx.opt.heads, tl.hidden, 4 * ctx.opt.d_model, c, algo_name,
+               layout_name, Tl, T, p, pr.v, pr.v == 1 ? "" : "s", m, pr.chunk[0].rows, schedule_name(kind), d, share,
+               zero_stage ? " + ZeRO-1 over the c x d replicas" : "", schedule_bubble_textbook_text(kind), theory);
+        fflush(stdout);
+    }
+
+    for (int i = 0; i < ctx.opt.steps && !ctx.interrupted; i++) {
+        const int step = first + i;
+        run_step_begin(&ctx, i);
+        pipeline_step_begin(&pr, step);
+        pipeline_run(&pr);                                  /* lab04's schedule; TP layers, CP attention inside */
+        if (c * d > 1 && !zero_stage) dp_sync_finish(&dp_sync); /* lab01's average, over the c x d replicas */
+        double grad_norm;
+        double loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip, &grad_norm);
+        char bubble[64];
+        run_step_end(&ctx, i, loss, grad_norm, pipeline_bubble_text(&pr, theory, bubble));
+        ckpt_step_done(&ctx, &view, step + 1);
+    }
+    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid)) : -1;
+
+    const float *weights = pr.opt_shards == 1 || (void *)pr.master == pr.params ? pr.master : (const float *)pr.params;
+    const long weight_floats = weights == pr.master ? pr.n : pr.n * (long)value_bytes() / (long)sizeof(float);
+    int in_sync = check_sync ? dp_replicas_identical(grid.dp, weights, weight_floats, 0) : 1;
+    if (check_sync) {
+        MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (ctx.rank == 0)
+            printf("check-sync: the %d replicas (cp x dp) of every (tp, pp) position %s\n", c * d,
+                   in_sync ? "hold bit-identical weights" : "DIFFER");
+    }
+
+    report3d rep;
+    report3d_gather(&rep, &grid, &pr, &ctx);
+    size_t json_len = (rep.json ? strlen(rep.json) : 0) + 512;
+    char *extra_json = malloc(json_len);
+    if (!extra_json) die("out of host memory");
+    snprintf(extra_json, json_len, "\"tp\":%d,\"cp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\","
+             "\"chunks_per_rank\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\",%s\"replicas_identical\":%s%s%s", t, c, p,
+             d, m, schedule_name(kind), pr.v, algo_name, layout_name, zero_stage ? "\"zero_stage\":1," : "",
+             check_sync ? (in_sync ? "true" : "false") : "null", rep.json ? "," : "",
+             rep.json ? rep.json : "");
+    run_report report = {.layout = layout, .comms = {grid.tp, cp, grid.pipe, grid.dp}, .n_comms = 4,
+                         .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
+                         .comm_formula = comm_formula_text, .bubble_theory = theory, .params_held = pr.n,
+                         .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
+    char states_text[64];
+    if (zero_stage) {
+        const th_opts state_opts = th_opts_precision(t, g_precision == PREC_BF16);
+        const th_states per_elem = th_model_states(1, &state_opts, zero_stage, c * d);
+        snprintf(states_text, sizeof states_text, "%g + %g + %g/%d", per_elem.params, per_elem.grads,
+                 th_optim_bytes(state_opts.precision), c * d);
+        report.states_formula[0] = per_elem.params;
+        report.states_formula[1] = per_elem.grads;
+        report.states_formula[2] = per_elem.optim;
+        report.states_formula_text = states_text;
+    }
+    lab_finish(&ctx, &view, eval_loss, extra_json, !zero_stage, report);
+    report3d_print(&rep, &grid);
+    report3d_free(&rep);
+    free(extra_json);
+    pipeline_free(&pr);
+    cp_hooks_free(&ch);
+    stage3d_free(&s3);
+    grid_free(&grid);
+    MPI_Finalize();
+    return run_exit_status(&ctx, in_sync ? 0 : 1);
+}

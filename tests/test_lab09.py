@@ -1,0 +1,204 @@
+"""lab09_5d against its promises: every layout of the grid (TP x CP x PP x DP,
+ZeRO-1 over the c x d replicas, ring, all-gather and Ulysses attention, zig-zag
+and contiguous positions, lab04's schedules, --recompute, bf16) reproduces
+lab01's one-rank run, losses and the gradient norm before clipping at every
+step; every group kind (TP, CP, PP, DP) moves the bytes derived here from the
+shapes, on every rank, as the lab's formula says; the activation peaks and
+every memory category are theory's (the dry run's prediction, rank by rank);
+a checkpoint crosses layouts and labs.
+
+usage: test_lab09.py equivalence|odd|schedules|precision|resume|dry_run"""
+import os
+import re
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from labtest import BF16_GRAD_NORM_RTOL, check, compare_runs, run  # noqa: E402
+from test_lab03 import documented_split  # noqa: E402  (the layer split stage.h documents)
+
+LAB = "lab09_5d"
+L, C, H, B, T = 4, 64, 4, 8, 32
+MODEL = ["--layers", str(L), "--d-model", str(C), "--heads", str(H), "--batch", str(B), "--seq", str(T)]
+STEPS = ["--steps", "10"]
+M = 4  # the lab's default micro-batches per replica
+
+
+def layout(t, c, p, d):
+    return ["--tp", str(t), "--cp", str(c), "--pp", str(p), "--dp", str(d)]
+
+
+def coord(rank, t, c, p, d):
+    """mesh.h: rank = tp + t (cp + c (dp + d pp))."""
+    return rank % t, rank // t % c, rank // (t * c * d), rank // (t * c) % d  # (tp, cp, pp, dp)
+
+
+def cp_per_layer(algo, c, block, forwards):
+    """One layer's CP collectives per micro-batch on one rank, derived from lab07's
+    algorithms: {kind: (calls, payload bytes)}; block = one K|V block of the rank's heads."""
+    if c == 1:
+        return {}
+    if algo == "ring":  # K|V c-1 steps each forward; backward K|V c-1 steps and dK|dV c steps home
+        sends = forwards * (c - 1) + (c - 1) + c
+        return {"send": (sends, sends * block), "recv": (sends, sends * block)}
+    if algo == "allgather":
+        return {"allgather": (forwards + 1, (forwards + 1) * c * block), "reduce_scatter": (1, c * block)}
+    # ulysses: q|k|v there and the output back each forward (4 C/t wide: 2 blocks); dO and dq|dk|dv
+    return {"alltoall": (2 * (forwards + 1), 2 * (forwards + 1) * block)}
+
+
+RING_FACTOR = {"send": lambda n: 1, "recv": lambda n: 1, "allgather": lambda n: (n - 1) / n,
+               "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n}
+
+
+def chunks_of(pp, p, schedule):
+    """lab04's placement of the p v virtual stages: interleaved deals them round the
+    ranks, zb-v goes down and back up (a V), the others one stage per rank."""
+    if schedule == "interleaved":
+        return [pp, pp + p]
+    if schedule == "zb-v":
+        return [pp, 2 * p - 1 - pp]
+    return [pp]
+
+
+def check_traffic(rec, t, c, p, d, algo="ring", model=(L, C, H, B, T), recompute="none", vb=4, schedule="1f1b",
+                  zero=False):
+    """Each group kind on every rank: measured = the lab's formula = derived here.
+    --recompute full runs each forward again, TP's all-reduces too; either mode
+    reruns attention, and with it CP's exchanges."""
+    tp_forwards, cp_forwards = (2 if recompute == "full" else 1), (1 if recompute == "none" else 2)
+    Lm, Cm, Hm, Bm, Tm = model
+    rows = Bm // (d * M)
+    act = vb * rows * (Tm // c) * Cm  # a TP all-reduce, a pipeline message: the rank's T/c positions
+    block = vb * rows * (Tm // c) * 2 * (Cm // t)
+    stages = p * len(chunks_of(0, p, schedule))
+    split = documented_split(Lm, stages)
+    place = {s: pp for pp in range(p) for s in chunks_of(pp, p, schedule)}
+    traffic = rec["traffic_per_group"]
+    check(set(traffic) == {"tp", "pp", "dp", "cp"}, f"group kinds {sorted(traffic)}")
+    for r in range(t * c * p * d):
+        tp, cp, pp, dp = coord(r, t, c, p, d)
+        mine = chunks_of(pp, p, schedule)
+        layers = sum(split[s][1] - split[s][0] for s in mine)
+        # a boundary to a stage on another rank is a message each way (one on this rank is a copy)
+        boundaries = sum(n in place and place[n] != pp for s in mine for n in (s - 1, s + 1))
+        want = {"tp": {"allreduce": ((2 + 2 * tp_forwards) * layers * M if t > 1 else 0, act)},
+                "pp": {"send": (boundaries * M, act), "recv": (boundaries * M, act)}}
+        for kind, (calls, payload) in cp_per_layer(algo, c, block, cp_forwards).items():
+            want.setdefault("cp", {})[kind] = (layers * M * calls, payload / calls)
+        for group, kinds in want.items():
+            size = {"tp": t, "pp": p, "cp": c}[group]
+            calls = sum(n for n, _ in kinds.values())
+            payload = sum(n * each for n, each in kinds.values())
+            ring = sum(n * each * RING_FACTOR.get(k, lambda s: 2 * (s - 1) / s)(size) for k, (n, each) in kinds.items())
+            g = traffic[group]
+            for key, value in (("calls", calls), ("payload_bytes", payload), ("ring_bytes", ring)):
+                check(abs(g[key][r] - value) < 0.5 and abs(g[key + "_formula"][r] - value) < 0.5,
+                      f"{rec['layout']} rank {r} {group} {key}: measured {g[key][r]}, formula "
+                      f"{g[key + '_formula'][r]}, derived {value}")
+        # the gradient: one all-reduce over the c x d replicas of this (tp, pp)
+        g = traffic["dp"]
+        calls = (2 if zero else 1) if c * d > 1 else 0  # ZeRO-1: a reduce-scatter and an all-gather
+        check(g["group_size"] == c * d and g["calls"][r] == calls == g["calls_formula"][r],
+              f"{rec['layout']} rank {r}: {g['calls'][r]} gradient reductions over {g['group_size']} replicas")
+    check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
+          f"{rec['layout']}: ring traffic {rec['comm_ring_bytes_per_step']} != formula "
+          f"{rec['comm_formula_bytes_per_step']}")
+    mem = rec["mem_peak_bytes_per_rank"]
+    check(mem["acts"] == rec["acts_peak_bytes_formula_per_rank"],
+          f"{rec['layout']}: activation peaks {mem['acts']} != formula {rec['acts_peak_bytes_formula_per_rank']}")
+
+
+EQUIVALENCE = [  # (t, c, p, d), extra flags, CP algorithm
+    ((2, 2, 2, 1), [], "ring"),  # the default run of 8 ranks
+    ((1, 2, 2, 2), ["--check-sync"], "ring"),
+    ((2, 2, 1, 2), ["--zero-stage", "1", "--check-sync"], "ring"),
+    ((1, 2, 2, 1), ["--cp-algo", "allgather"], "allgather"),
+    ((2, 2, 1, 1), ["--cp-algo", "ulysses"], "ulysses"),
+    ((2, 2, 2, 1), ["--cp-layout", "contiguous", "--recompute", "selective"], "ring"),
+    ((2, 2, 2, 1), ["--recompute", "full"], "ring"),
+]
+
+
+def equivalence():
+    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS)
+    for (t, c, p, d), extra, algo in EQUIVALENCE:
+        rec, _, _ = run(LAB, t * c * p * d, MODEL + STEPS + layout(t, c, p, d) + extra)
+        compare_runs(f"lab09 {rec['layout']} vs lab01 -n 1", rec, ref, 1e-5)
+        recompute = extra[extra.index("--recompute") + 1] if "--recompute" in extra else "none"
+        check_traffic(rec, t, c, p, d, algo, recompute=recompute, zero="--zero-stage" in extra)
+        if "--check-sync" in extra:
+            check(rec["replicas_identical"] is True, f"{rec['layout']}: the c x d replicas differ")
+        print(f"  {rec['layout']}: every group's traffic as derived, activation peaks = formula")
+
+
+def odd():
+    """An axis of 3 and a model that splits unevenly: C = 36 (not a multiple of 8),
+    3 heads over 3 TP ranks, 3 layers over 2 stages, 48 positions in 6 zig-zag chunks."""
+    model = (3, 36, 3, 8, 48)
+    args = ["--layers", "3", "--d-model", "36", "--heads", "3", "--batch", "8", "--seq", "48"]
+    ref, _, _ = run("lab01_dp", 1, args + STEPS)
+    for dims in ((1, 3, 2, 1), (3, 2, 1, 1)):
+        rec, _, _ = run(LAB, dims[0] * dims[1] * dims[2] * dims[3], args + STEPS + layout(*dims))
+        compare_runs(f"lab09 {rec['layout']} (odd model) vs lab01 -n 1", rec, ref, 1e-5)
+        check_traffic(rec, *dims, model=model)
+
+
+def schedules():
+    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS)
+    for schedule in ("interleaved", "zb-v", "gpipe"):
+        rec, _, _ = run(LAB, 4, MODEL + STEPS + layout(1, 2, 2, 1) + ["--schedule", schedule])
+        compare_runs(f"lab09 {rec['layout']} vs lab01 -n 1", rec, ref, 1e-5)
+        check_traffic(rec, 1, 2, 2, 1, schedule=schedule)
+
+
+def precision():
+    bf16 = ["--precision", "bf16"]
+    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + bf16)
+    for dims, extra in (((1, 2, 2, 1), []), ((2, 2, 1, 2), ["--zero-stage", "1"])):
+        rec, _, _ = run(LAB, dims[0] * dims[1] * dims[2] * dims[3], MODEL + STEPS + layout(*dims) + bf16 + extra)
+        # within lab06's bound of lab01's bf16 run (test_lab06 zero1)
+        compare_runs(f"lab09 {rec['layout']} bf16 vs lab01 -n 1 bf16", rec, ref, 5e-4, grad_rtol=BF16_GRAD_NORM_RTOL)
+        check_traffic(rec, *dims, vb=2, zero=bool(extra))
+
+
+def resume():
+    """A file saved at one layout resumes at another, and in lab01, on the serial curve."""
+    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS)
+    saved = os.path.join(tempfile.mkdtemp(prefix="pl-ckpt-"), "ck.safetensors")
+    run(LAB, 8, MODEL + ["--steps", "5"] + layout(2, 2, 2, 1) + ["--save", saved])
+    check(os.path.exists(saved), f"no checkpoint at {saved}")
+    for lab, n, flags in ((LAB, 8, layout(1, 2, 2, 2) + ["--zero-stage", "1"]), (LAB, 4, layout(2, 1, 1, 2)),
+                          ("lab01_dp", 1, [])):
+        rec, _, _ = run(lab, n, MODEL + ["--steps", "5", "--resume", saved] + flags)
+        compare_runs(f"saved by lab09 2x2x2x1, resumed by {lab} -n {n} {' '.join(flags)}", rec, ref, 1e-5, ref_from=5)
+
+
+PREDICTED_ROW = re.compile(r"^\s+(\d+)\s+\d+\s+\d+\s+\d+\s+\S+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+\S+$")
+
+
+def dry_run():
+    """The dry run's memory per rank and category (theory/predict.c) = the run's
+    allocator peaks, at every layout of the equivalence test."""
+    for (t, c, p, d), extra, _ in EQUIVALENCE + [((1, 2, 2, 1), ["--schedule", "zb-v"], "ring"),
+                                                ((2, 2, 1, 2), ["--zero-stage", "1", "--precision", "bf16"], "ring")]:
+        flags = MODEL + ["--steps", "2"] + layout(t, c, p, d) + extra
+        n = t * c * p * d
+        _, dry, _ = run(LAB, n, flags + ["--dry-run"])
+        rows = {int(m.group(1)): m.groups()[1:] for m in map(PREDICTED_ROW.match, dry.stdout.splitlines()) if m}
+        check(sorted(rows) == list(range(n)), f"dry run: predicted rows for ranks {sorted(rows)}")
+        rec, _, _ = run(LAB, n, flags)
+        mem = rec["mem_peak_bytes_per_rank"]
+        for r in range(n):
+            params, grads, optim, acts, _comm, workspace = rows[r]
+            got = (mem["params"][r], mem["grads"][r], mem["optim"][r], mem["acts"][r], mem["workspace"][r])
+            want = tuple(int(x) for x in (params, grads, optim, acts, workspace))
+            check(got == want, f"{rec['layout']} rank {r}: params, grads, optim, acts, workspace {got} "
+                  f"measured, {want} predicted")
+        print(f"  {rec['layout']}: every rank's memory per category = the dry run's prediction")
+
+
+if __name__ == "__main__":
+    {"equivalence": equivalence, "odd": odd, "schedules": schedules, "precision": precision, "resume": resume,
+     "dry_run": dry_run}[sys.argv[1]]()
+    print("passed")
