@@ -282,8 +282,9 @@ void report3d_print(const report3d *r, const process_grid *g) {
            "   all-reduces inside it too, so compute + comm can exceed 1 and 1 - compute is the pipeline's idle\n"
            "   time plus the DP all-reduce; the last columns below give each group's share in ms per step)\n");
     printf("memory per rank (peak bytes by the allocator) and communication time per step:\n");
-    printf("  rank (tp,pp,dp) layers | params = 4 x local elements | grads | AdamW | activations = in flight x "
-           "per micro-batch | total | TP / PP / DP ms\n");
+    const int with_cp = r->kinds > GROUP_CP; /* lab09: the third coordinate is the replica, cp + c x dp */
+    printf("  rank (tp,pp,%s) layers | params = 4 x local elements | grads | AdamW | activations = in flight x "
+           "per micro-batch | total | TP / PP / DP%s ms\n", with_cp ? "cp+c*dp" : "dp", with_cp ? " / CP" : "");
     for (int q = 0; q < r->ranks; q++) {
         if (q == 16 && r->ranks > 17) { printf("  ... (%d more ranks in the record)\n", r->ranks - 16); break; }
         const double *x = r->rows + (size_t)q * F_FIELDS;
@@ -294,12 +295,14 @@ void report3d_print(const report3d *r, const process_grid *g) {
         if (x[F_IN_FLIGHT] * x[F_ACTS_PER_MB] == acts_f) snprintf(how, sizeof how, "%.0f x %sB", x[F_IN_FLIGHT],
                                                                   human(x[F_ACTS_PER_MB], f));
         else snprintf(how, sizeof how, "%sB (chunks)", human(acts_f, f));
-        printf("  %4d (%.0f,%.0f,%.0f) [%.0f,%.0f) | %sB%s | %sB | %sB | %sB = %s%s | %sB | %.1f / %.1f / %.1f\n", q,
+        char cp_ms[24] = "";
+        if (with_cp) snprintf(cp_ms, sizeof cp_ms, " / %.1f", 1e3 * x[GROUP_CP * G_FIELDS + G_SECONDS]);
+        printf("  %4d (%.0f,%.0f,%.0f) [%.0f,%.0f) | %sB%s | %sB | %sB | %sB = %s%s | %sB | %.1f / %.1f / %.1f%s\n", q,
                x[F_TP], x[F_PP], x[F_DP], x[F_LO], x[F_HI], human(x[F_PARAMS], a),
                x[F_PARAMS] == x[F_PARAMS_F] ? "" : " (MISMATCH)", human(x[F_GRADS], b), human(x[F_OPTIM], c),
                human(x[F_ACTS], e), how, x[F_ACTS] == acts_f ? "" : " (MISMATCH)",
                human(x[F_TOTAL], t), 1e3 * x[GROUP_TP * G_FIELDS + G_SECONDS], 1e3 * x[GROUP_PP * G_FIELDS + G_SECONDS],
-               1e3 * x[GROUP_DP * G_FIELDS + G_SECONDS]);
+               1e3 * x[GROUP_DP * G_FIELDS + G_SECONDS], cp_ms);
     }
     if (r->zero_stage) { /* allocator = theory/'s formula, rank by rank */
         printf("ZeRO-1 over each DP group (d=%d): optimizer state per rank = K x elements / d + the last slice's "

@@ -5,7 +5,7 @@ lab01's one-rank run, losses and the gradient norm before clipping at every
 step; every group kind (TP, CP, PP, DP) moves the bytes derived here from the
 shapes, on every rank, as the lab's formula says; the activation peaks and
 every memory category are theory's (the dry run's prediction, rank by rank);
-a checkpoint crosses layouts and labs.
+--eval's held-out loss is lab01's; a checkpoint crosses layouts and labs.
 
 usage: test_lab09.py equivalence|odd|schedules|precision|resume|dry_run"""
 import os
@@ -121,10 +121,13 @@ EQUIVALENCE = [  # (t, c, p, d), extra flags, CP algorithm
 
 
 def equivalence():
-    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS)
+    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + ["--eval"])
     for (t, c, p, d), extra, algo in EQUIVALENCE:
-        rec, _, _ = run(LAB, t * c * p * d, MODEL + STEPS + layout(t, c, p, d) + extra)
+        rec, _, _ = run(LAB, t * c * p * d, MODEL + STEPS + layout(t, c, p, d) + extra + ["--eval"])
         compare_runs(f"lab09 {rec['layout']} vs lab01 -n 1", rec, ref, 1e-5)
+        # --eval: the held-out loss, each replica on its rows' positions, averaged
+        check(abs(rec["eval_loss"] - ref["eval_loss"]) <= 1e-5 * ref["eval_loss"],
+              f"{rec['layout']}: held-out loss {rec['eval_loss']} != lab01's {ref['eval_loss']}")
         recompute = extra[extra.index("--recompute") + 1] if "--recompute" in extra else "none"
         check_traffic(rec, t, c, p, d, algo, recompute=recompute, zero="--zero-stage" in extra)
         if "--check-sync" in extra:
