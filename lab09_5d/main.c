@@ -93,11 +93,13 @@ static void print_map(const run_ctx *ctx, const int *deg, const int *positions, 
 }
 
 /* --eval: lab06's (the pipeline forward on the held-out batches), averaged
- * over the c x d replicas: each the mean over its rows' positions. */
+ * over the c x d replicas: each the mean over its rows' positions. Its TP
+ * all-reduces and K/V exchanges stay out of the per-step traffic counts. */
 static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g) {
-    const comm_quiet q = comm_quiet_begin(g->tp);
+    const comm_quiet tp = comm_quiet_begin(g->tp), cp = comm_quiet_begin(g->cp); /* the training's counts */
     double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
-    comm_quiet_end(&q);
+    comm_quiet_end(&cp);
+    comm_quiet_end(&tp);
     comm_allreduce_host(g->dp, &loss, 1);
     return loss / g->dp->size;
 }
