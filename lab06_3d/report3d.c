@@ -234,7 +234,12 @@ void report3d_print(const report3d *r, const process_grid *g) {
         formulas[GROUP_CP] = "stage layers x m x 2 all-to-alls per forward and backward (q|k|v and the output; dO and "
                              "dq|dk|dv), 4 x (B/(d m)) x T/c x C/t floats each pass; ring (c-1)/c";
     }
-    if (r->kinds > GROUP_CP) { /* lab09: the replicas are the c x d ranks of a (tp, pp) */
+    if (r->kinds > GROUP_CP) { /* lab09: a rank's blocks hold T/c positions; the replicas are the c x d ranks */
+        formulas[GROUP_TP] = r->recompute_full ? "6 x stage layers x m all-reduces of (B/(d m)) x T/c x C floats (the "
+                                                 "forward's 2 again: --recompute full); ring 2(t-1)/t"
+                                               : "4 x stage layers x m all-reduces of (B/(d m)) x T/c x C floats; ring "
+                                                 "2(t-1)/t";
+        formulas[GROUP_PP] = "2 x boundaries x m messages of (B/(d m)) x T/c x C floats (activation out, gradient back)";
         titles[GROUP_DP] = "DP all-reduce";
         formulas[GROUP_DP] = "1 all-reduce of the rank's gradient over its c x d replicas (cp x dp); ring "
                              "2(cd-1)/(cd)";

@@ -205,17 +205,19 @@ int main(int argc, char **argv) {
     gpt_layout heads_view = tl.g;
     heads_view.cfg.heads = tl.heads;
     heads_view.cfg.d_model = tl.heads * (ctx.opt.d_model / ctx.opt.heads);
-    cp_hooks ch;
-    cp_hooks_init(&ch, &heads_view, cp, algo, cp_layout, share / m);
-    s3.model.layer.attention_forward = ch.hooks.attention_forward;
-    s3.model.layer.attention_backward = ch.hooks.attention_backward;
-    s3.model.layer.attention_ctx = ch.hooks.attention_ctx;
-    s3.model.part.att_row = cp_att_row(algo, ctx.opt.d_model / ctx.opt.heads);
-    /* the stages' blocks hold this CP rank's T/c positions of every row */
-    s3.model.positions = cp_positions(&ch);
-    s3.model.data_seq = T;
-    s3.model.cp = c;
-    s3.model.cp_algo = algo;
+    cp_hooks ch = {0};
+    if (c > 1) { /* --cp 1: lab06's layer, attention whole */
+        cp_hooks_init(&ch, &heads_view, cp, algo, cp_layout, share / m);
+        s3.model.layer.attention_forward = ch.hooks.attention_forward;
+        s3.model.layer.attention_backward = ch.hooks.attention_backward;
+        s3.model.layer.attention_ctx = ch.hooks.attention_ctx;
+        s3.model.part.att_row = cp_att_row(algo, ctx.opt.d_model / ctx.opt.heads);
+        /* the stages' blocks hold this CP rank's T/c positions of every row */
+        s3.model.positions = cp_positions(&ch);
+        s3.model.data_seq = T;
+        s3.model.cp = c;
+        s3.model.cp_algo = algo;
+    }
     gpt_layout local = tl.g;
     local.cfg.seq = Tl; /* wpe keeps all T rows: the embedding reads them by global position */
 
@@ -234,7 +236,11 @@ int main(int argc, char **argv) {
     const int first = ckpt_resume(&ctx, &view);
     stage3d_params_from_master(&pr, &grid);
     const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
-    print_map(&ctx, deg, cp_positions(&ch), Tl, tl.heads);
+    int *all_positions = malloc(sizeof(int) * (size_t)T); /* --cp 1: every position, in order */
+    if (!all_positions) die("out of host memory");
+    for (int i = 0; i < T; i++) all_positions[i] = i;
+    print_map(&ctx, deg, c > 1 ? cp_positions(&ch) : all_positions, Tl, tl.heads);
+    free(all_positions);
     if (ctx.rank == 0) {
         printf("5D: TP t=%d (%d of %d heads, %d of %d MLP units per rank) | CP c=%d (%s, %s: %d of %d positions) | "
                "PP p=%d stages x %d chunk%s, m=%d micro-batches of %d rows, %s | DP d=%d replicas of %d rows%s | "

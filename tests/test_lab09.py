@@ -133,6 +133,15 @@ def equivalence():
         if "--check-sync" in extra:
             check(rec["replicas_identical"] is True, f"{rec['layout']}: the c x d replicas differ")
         print(f"  {rec['layout']}: every group's traffic as derived, activation peaks = formula")
+    # --cp 1 is lab06's grid: the same layer, stages and replicas, so the same bits and bytes
+    rec, _, _ = run(LAB, 8, MODEL + STEPS + layout(2, 1, 2, 2))
+    lab06, _, _ = run("lab06_3d", 8, MODEL + STEPS + ["--tp", "2", "--pp", "2", "--dp", "2", "--micro-batches", "4"])
+    check(rec["losses"] == lab06["losses"] and rec["grad_norms"] == lab06["grad_norms"],
+          "lab09 --cp 1 does not train as lab06 at the same grid, bit for bit")
+    check(rec["mem_peak_bytes_per_rank"] == lab06["mem_peak_bytes_per_rank"] and
+          rec["comm_ring_bytes_per_step"] == lab06["comm_ring_bytes_per_step"],
+          "lab09 --cp 1: memory or traffic differ from lab06's")
+    print("  lab09 2x1x2x2 = lab06 2x2x2: the same losses and norms bit for bit, the same memory and traffic")
 
 
 def odd():
@@ -184,6 +193,7 @@ def dry_run():
     """The dry run's memory per rank and category (theory/predict.c) = the run's
     allocator peaks, at every layout of the equivalence test."""
     for (t, c, p, d), extra, _ in EQUIVALENCE + [((1, 2, 2, 1), ["--schedule", "zb-v"], "ring"),
+                                                ((2, 1, 2, 2), [], "ring"),
                                                 ((2, 2, 1, 2), ["--zero-stage", "1", "--precision", "bf16"], "ring")]:
         flags = MODEL + ["--steps", "2"] + layout(t, c, p, d) + extra
         n = t * c * p * d
