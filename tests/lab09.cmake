@@ -1,3 +1,6 @@
 foreach(case equivalence odd schedules precision resume dry_run)
   add_lab_test(lab09_${case} test_lab09.py ${case})
 endforeach()
+# plan3d's first layout for llama3-70b, its degrees kept: 64 ranks of the course's model (half a minute here)
+add_lab_test(lab09_planner test_lab09.py planner)
+set_tests_properties(lab09_planner PROPERTIES LABELS long)

@@ -7,7 +7,7 @@ shapes, on every rank, as the lab's formula says; the activation peaks and
 every memory category are theory's (the dry run's prediction, rank by rank);
 --eval's held-out loss is lab01's; a checkpoint crosses layouts and labs.
 
-usage: test_lab09.py equivalence|odd|schedules|precision|resume|dry_run"""
+usage: test_lab09.py equivalence|odd|schedules|precision|resume|dry_run|planner"""
 import os
 import re
 import sys
@@ -186,7 +186,8 @@ def resume():
         compare_runs(f"saved by lab09 2x2x2x1, resumed by {lab} -n {n} {' '.join(flags)}", rec, ref, 1e-5, ref_from=5)
 
 
-PREDICTED_ROW = re.compile(r"^\s+(\d+)\s+\d+\s+\d+\s+\d+\s+\S+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+\S+$")
+# the dry run's row of a rank: rank, tp cp pp dp (cp only where c > 1), layers, the six categories, the sum
+PREDICTED_ROW = re.compile(r"^\s+(\d+)(?:\s+\d+){3,4}\s+\S+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+\S+$")
 
 
 def dry_run():
@@ -211,7 +212,47 @@ def dry_run():
         print(f"  {rec['layout']}: every rank's memory per category = the dry run's prediction")
 
 
+def planner():
+    """plan3d's first answer (llama3-70b on 64 H100s), scaled down: its degrees, schedule, recompute
+    and ZeRO stage kept, the model the course's; 64 ranks on this machine. The losses and norms are
+    lab01's, and every rank's memory per category is the dry run's (theory/predict.c, plan3d's formulas)."""
+    import subprocess
+    from labtest import program
+    out = subprocess.run([program("plan3d")], capture_output=True, text=True, check=True).stdout
+    best = re.search(r"^best: tp=(\d+) cp=(\d+) pp=(\d+) dp=(\d+) .*?m=(\d+) (\S+)(?: v=\d+)?( sp)? recompute=(\w+)",
+                     out, re.M)
+    check(best is not None, "plan3d printed no `best:` line")
+    t, c, p, d = (int(best.group(i)) for i in range(1, 5))
+    schedule, recompute = best.group(6), best.group(8)
+    zero = re.search(r"ZeRO stage (\d)", out)
+    # the course's model: 8 layers, T = 64, batch 32; micro-batches: as many as a replica's rows allow, at most 8
+    # (the plan's m=%s is for 512 sequences); lab09 has no sequence parallelism yet (the plan's sp)
+    m = min(8, 32 // d)
+    flags = ["--steps", "2"] + layout(t, c, p, d) + ["--schedule", schedule, "--recompute", recompute,
+                                                     "--micro-batches", str(m)]
+    if zero and int(zero.group(1)) >= 1 and c * d > 1:
+        flags += ["--zero-stage", "1"]
+    print(f"plan3d's layout: tp={t} cp={c} pp={p} dp={d} {schedule} recompute={recompute}{best.group(7) or ''} "
+          f"(m={best.group(5)}); run as lab09 {' '.join(flags)}")
+    ref, _, _ = run("lab01_dp", 1, ["--steps", "2", "--recompute", recompute])
+    n = t * c * p * d
+    _, dry, _ = run(LAB, n, flags + ["--dry-run"])
+    rows = {int(x.group(1)): x.groups()[1:] for x in map(PREDICTED_ROW.match, dry.stdout.splitlines()) if x}
+    rec, _, _ = run(LAB, n, flags, timeout=900)
+    compare_runs(f"lab09 {rec['layout']} (plan3d's layout) vs lab01 -n 1", rec, ref, 1e-5)
+    mem = rec["mem_peak_bytes_per_rank"]
+    shown = sorted(rows)  # the dry run prints the first ranks' rows
+    check(shown, "the dry run printed no rank rows")
+    for r in shown:
+        params, grads, optim, acts, _comm, workspace = rows[r]
+        got = (mem["params"][r], mem["grads"][r], mem["optim"][r], mem["acts"][r], mem["workspace"][r])
+        check(got == tuple(int(x) for x in (params, grads, optim, acts, workspace)),
+              f"rank {r}: measured {got}, predicted {rows[r]}")
+    check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1, "ring traffic != formula")
+    print(f"  {n} ranks: the losses and norms of lab01 -n 1; memory of ranks {shown[0]}-{shown[-1]} = the dry run's")
+
+
 if __name__ == "__main__":
     {"equivalence": equivalence, "odd": odd, "schedules": schedules, "precision": precision, "resume": resume,
-     "dry_run": dry_run}[sys.argv[1]]()
+     "dry_run": dry_run, "planner": planner}[sys.argv[1]]()
     print("passed")

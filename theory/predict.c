@@ -128,7 +128,7 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
             }
             if (c == 0) lo = clo, hi = chi;
         }
-        *x = (th_rank_need){.tp = q % t, .dp = q / (t * cp) % d, .pp = pp, .lo = lo, .hi = hi, .rows = rows,
+        *x = (th_rank_need){.tp = q % t, .cp = q / t % cp, .dp = q / (t * cp) % d, .pp = pp, .lo = lo, .hi = hi, .rows = rows,
                             .params = params, .acts_in_flight = in_flight};
         rank_memory_on(x, r, &local, t, pp < p - 1);
         x->mem[MEM_ACTS] = acts;
@@ -233,7 +233,8 @@ static double print_needs(FILE *f, const th_run *r, const th_rank_need *need, in
     const int R = r->ranks;
     fprintf(f, "needs of the run by theory/'s formulas (theory/predict.h), rank by rank:\n");
     fprintf(f, "  memory per rank, bytes (the peak per category the allocator will count; ? not predicted):\n");
-    fprintf(f, "    rank  tp pp dp  layers  ");
+    const int with_cp = r->cp > 1 && r->tensor_parallel; /* lab09's grid: the CP coordinate too */
+    fprintf(f, with_cp ? "    rank  tp cp pp dp  layers  " : "    rank  tp pp dp  layers  ");
     for (int k = 0; k < MEM_NCAT; k++) fprintf(f, " %12s", mem_category_names[k]);
     fprintf(f, " %12s\n", "sum");
     double max[MEM_NCAT + 1] = {0};
@@ -248,13 +249,14 @@ static double print_needs(FILE *f, const th_run *r, const th_rank_need *need, in
         if (q >= max_rows) continue;
         char layers[24] = "?";
         if (x->lo >= 0) snprintf(layers, sizeof layers, "[%d,%d)", x->lo, x->hi);
-        fprintf(f, "    %4d  %2d %2d %2d  %-8s", q, x->tp, x->pp, x->dp, layers);
+        if (with_cp) fprintf(f, "    %4d  %2d %2d %2d %2d  %-8s", q, x->tp, x->cp, x->pp, x->dp, layers);
+        else fprintf(f, "    %4d  %2d %2d %2d  %-8s", q, x->tp, x->pp, x->dp, layers);
         for (int k = 0; k < MEM_NCAT; k++) print_bytes(f, x->mem[k]);
         print_bytes(f, total);
         fprintf(f, "\n");
     }
     if (R > max_rows) fprintf(f, "    ... (%d more ranks)\n", R - max_rows);
-    fprintf(f, "    max over ranks        ");
+    fprintf(f, with_cp ? "    max over ranks           " : "    max over ranks        ");
     for (int k = 0; k <= MEM_NCAT; k++) print_bytes(f, max[k]);
     fprintf(f, "\n");
 

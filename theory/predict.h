@@ -80,6 +80,7 @@ typedef struct th_run {
 
 typedef struct th_rank_need {
     int tp, pp, dp;          /* the rank's coordinate (rank = tp + t (dp + d pp)) */
+    int cp;                  /* lab09: its CP rank (rank = tp + t (cp + c (dp + d pp))); 0 elsewhere */
     int lo, hi;              /* its layers */
     long rows;               /* sequences of one micro-batch */
     double params;           /* parameters it holds (elements) */
