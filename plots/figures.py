@@ -5,7 +5,8 @@ it writes into docs/charts/, which the lessons embed. Rerun after editing:
     python3 plots/figures.py docs/charts
 
 tp_block.svg   lab05: one Transformer MLP and attention block under tensor parallelism, t = 2
-grid3d.svg     lab06: the 2 x 2 x 2 grid, rank = tp + t (dp + d pp), its groups and hosts"""
+grid3d.svg     lab06: the 2 x 2 x 2 grid, rank = tp + t (dp + d pp), its groups and hosts
+grid4d.svg     lab09: tp 2 x cp 2 x pp 2, rank = tp + t (cp + c (dp + d pp)): heads, positions, layers per rank"""
 import os
 import sys
 
@@ -118,9 +119,54 @@ def grid3d(path):
     s.write(path)
 
 
+def grid4d(path):
+    """lab09's default run: t = c = p = 2, d = 1, on two hosts of 4 ranks; each rank's heads and positions."""
+    s = Svg(1000, 560)
+    s.text(500, 30, "lab09's mesh, t = c = p = 2:  rank = tp + t (cp + c (dp + d pp)), two hosts of 4 ranks", size=18,
+           weight="bold")
+    positions = ["positions 0-15, 48-63", "positions 16-47"]
+    for pp in range(2):
+        hy = 60 + pp * 220
+        s.rect(120, hy, 620, 190, "#f4f4f4", stroke=GREY, dash=True)
+        s.text(130, hy + 22, f"host {'AB'[pp]}", GREY, 14, "start")
+        s.text(60, hy + 95, f"stage {pp}", size=15, weight="bold")
+        s.text(60, hy + 115, f"layers {4 * pp}-{4 * pp + 3}", GREY, 12)
+        for cp in range(2):
+            gx = 160 + cp * 290
+            s.rect(gx, hy + 35, 250, 140, "#ffffff", stroke=BLUE)
+            s.text(gx + 125, hy + 55, f"TP group, cp {cp}: {positions[cp]}", BLUE, 12)
+            for tp in range(2):
+                rank = tp + 2 * (cp + 2 * (0 + 1 * pp))  # d = 1
+                s.rect(gx + 8 + tp * 122, hy + 70, 112, 92, BLUE,
+                       f"rank {rank}\n(tp {tp}, cp {cp})\nheads {2 * tp}-{2 * tp + 1}", size=12)
+        # CP ring: rank r <-> r + 2 within a stage (same tp)
+        for tp in range(2):
+            x0 = 160 + 8 + tp * 122 + 56
+            s.items.append(f'<path d="M {x0} {hy + 170} q 145 30 290 0" fill="none" stroke="{ORANGE}" '
+                           f'stroke-width="2" stroke-dasharray="5,3"/>')
+    for cp in range(2):
+        for tp in range(2):
+            x = 160 + cp * 290 + 8 + tp * 122 + 56 + (tp - 0.5) * 20
+            s.arrow(x, 222, x, 348)
+    s.text(760, 100, "TP group: 4 all-reduces per", BLUE, 13, "start")
+    s.text(760, 117, "layer and micro-batch (NVLink)", BLUE, 13, "start")
+    s.text(760, 215, "CP group [0 2] [1 3] ...: K and V", ORANGE, 13, "start")
+    s.text(760, 232, "of the rank's heads, each attention", ORANGE, 13, "start")
+    s.text(760, 300, "pipeline [0 4] [1 5] [2 6] [3 7]:", "#444444", 13, "start")
+    s.text(760, 317, "one activation per micro-batch", "#444444", 13, "start")
+    s.text(760, 334, "and boundary: across hosts", "#444444", 13, "start")
+    s.text(760, 420, "replicas (cp x dp) [0 2] [1 3] ...:", GREEN, 13, "start")
+    s.text(760, 437, "the same weights: one gradient", GREEN, 13, "start")
+    s.text(760, 454, "all-reduce per step", GREEN, 13, "start")
+    s.text(500, 535, "Each rank: 1/t of the heads and MLP units, 1/c of the positions, 1/p of the layers, 1/d of the "
+                     "rows (d = 1 here).", size=13)
+    s.write(path)
+
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "docs/charts"
     os.makedirs(out, exist_ok=True)
     tp_block(os.path.join(out, "tp_block.svg"))
     grid3d(os.path.join(out, "grid3d.svg"))
-    print(f"tp_block.svg, grid3d.svg in {out}")
+    grid4d(os.path.join(out, "grid4d.svg"))
+    print(f"tp_block.svg, grid3d.svg, grid4d.svg in {out}")

@@ -3,7 +3,7 @@
 # transcripts (a few seconds each, on the CPU).
 add_lab_test(lessons_static test_lessons.py static)
 set_tests_properties(lessons_static PROPERTIES LABELS lessons)
-foreach(lesson lab00_concepts lab01_dp lab02_zero lab03_pp_naive lab04_1f1b lab05_tp lab06_3d lab07_cp lab08_ep)
+foreach(lesson lab00_concepts lab01_dp lab02_zero lab03_pp_naive lab04_1f1b lab05_tp lab06_3d lab07_cp lab08_ep lab09_5d)
   string(SUBSTRING ${lesson} 0 5 short)
   add_test(NAME lessons_${short} COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/test_lessons.py run
            ${CMAKE_SOURCE_DIR}/${lesson})  # README.md and its part files
