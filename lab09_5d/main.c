@@ -95,12 +95,16 @@ static void print_map(const run_ctx *ctx, const int *deg, const int *positions, 
 /* --eval: lab06's (the pipeline forward on the held-out batches), averaged
  * over the c x d replicas: each the mean over its rows' positions. Its TP
  * all-reduces and K/V exchanges stay out of the per-step traffic counts. */
-static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g) {
+static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel) {
     const comm_quiet tp = comm_quiet_begin(g->tp), cp = comm_quiet_begin(g->cp); /* the training's counts */
     double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
     comm_quiet_end(&cp);
     comm_quiet_end(&tp);
     comm_allreduce_host(g->dp, &loss, 1);
+    if (sequence_parallel) { /* each TP rank's loss is that of its positions */
+        comm_allreduce_host(g->tp, &loss, 1);
+        loss /= g->tp->size;
+    }
     return loss / g->dp->size;
 }
 
@@ -110,7 +114,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     int deg[AXES];
     grid_defaults_axes(ranks, deg, AXES); /* what --help shows for this rank count */
-    int micro_batches = 4, virtual_stages = 2, check_sync = 0, zero_stage = 0;
+    int micro_batches = 4, virtual_stages = 2, check_sync = 0, zero_stage = 0, sequence_parallel = 0;
     const char *schedule_arg = "1f1b", *layout_name = "zigzag", *algo_name = "ring";
     flag_spec flags[] = {
         {"--tp", FLAG_INT, &deg[AXIS_TP], "tensor-parallel degree t (omitted: 2 if the ranks allow)", 1, NULL},
@@ -130,6 +134,9 @@ int main(int argc, char **argv) {
          "ring|allgather|ulysses"},
         {"--cp-layout", FLAG_STRING, &layout_name, "lab07's positions per CP rank: zigzag or contiguous", 0,
          "zigzag|contiguous"},
+        {"--sequence-parallel", FLAG_BOOL, &sequence_parallel,
+         "lab05's sequence parallelism in every TP group (needs --tp >= 2): outside the TP regions a rank holds "
+         "1/t of its CP rank's T/c positions; pipeline messages carry T/(c t)", 0, NULL},
         {"--zero-stage", FLAG_INT, &zero_stage, "0, or 1: lab06's ZeRO-1, the optimizer state sharded over the c x d "
          "ranks that hold the same weights (needs c x d >= 2)", 0, NULL},
         {"--check-sync", FLAG_BOOL, &check_sync, "verify at the end that the c x d replicas of every (tp, pp) hold "
@@ -163,6 +170,11 @@ int main(int argc, char **argv) {
     run_check(&ctx, algo != TH_CP_ULYSSES || t < 1 || c < 1 || ctx.opt.heads % ((long)t * c) == 0,
               "--heads %d is not divisible by --tp %d x --cp %d (--cp-algo ulysses gives each CP rank 1/c of a TP "
               "rank's heads)", ctx.opt.heads, t, c);
+    run_check(&ctx, !sequence_parallel || t >= 2, "--sequence-parallel needs --tp of at least 2 (--tp %d: no TP "
+              "group to split the sequence over)", t);
+    run_check(&ctx, !sequence_parallel || t < 1 || c < 1 || ctx.opt.seq % ((long)c * t) == 0,
+              "--sequence-parallel: --seq %d is not divisible by --cp %d x --tp %d (each TP rank holds 1/t of its "
+              "CP rank's T/c positions)", ctx.opt.seq, c, t);
     run_setup(&ctx);
 
     /* theory/predict.h's config of the grid, held against the memory before anything is allocated */
@@ -179,11 +191,13 @@ int main(int argc, char **argv) {
     need.chunks = v;
     need.zero_stage = zero_stage;
     need.tensor_parallel = 1;
+    need.sequence_parallel = sequence_parallel;
     lab_start(&ctx, &need);
     char layout[112], chunks_text[16] = "";
     if (kind == SCHEDULE_INTERLEAVED) snprintf(chunks_text, sizeof chunks_text, " v=%d", v);
-    snprintf(layout, sizeof layout, "tp=%d cp=%d pp=%d dp=%d m=%d %s%s %s %s%s", t, c, p, d, m, schedule_name(kind),
-             chunks_text, algo_name, layout_name, zero_stage ? " zero1" : "");
+    snprintf(layout, sizeof layout, "tp=%d cp=%d pp=%d dp=%d m=%d %s%s %s %s%s%s", t, c, p, d, m,
+             schedule_name(kind), chunks_text, algo_name, layout_name, sequence_parallel ? " sp" : "",
+             zero_stage ? " zero1" : "");
     const char *comm_formula_text = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives + CP's "
                                     "K/V exchanges, the formulas below";
     if (ctx.opt.dry_run)
@@ -199,12 +213,14 @@ int main(int argc, char **argv) {
     /* The layer: lab05's TP linears and regions ... */
     tp_layout tl;
     tp_layout_init(&tl, &ctx.model, t, grid.me.tp);
+    gpt_layout heads_view = tl.g; /* for CP's attention below: this TP rank's heads of all T positions */
+    heads_view.cfg.heads = tl.heads;
+    heads_view.cfg.d_model = tl.heads * (ctx.opt.d_model / ctx.opt.heads);
+    tl.g.cfg.seq = Tl; /* a TP layer sees a CP rank's T/c positions whole (SP: its regions split them t ways) */
+    tp_layout_sequence_parallel(&tl, sequence_parallel);
     stage3d s3;
     stage3d_init(&s3, &tl, grid.tp);
     /* ... and lab07's attention, on this TP rank's heads (its q|k|v columns) */
-    gpt_layout heads_view = tl.g;
-    heads_view.cfg.heads = tl.heads;
-    heads_view.cfg.d_model = tl.heads * (ctx.opt.d_model / ctx.opt.heads);
     cp_hooks ch = {0};
     if (c > 1) { /* --cp 1: lab06's layer, attention whole */
         cp_hooks_init(&ch, &heads_view, cp, algo, cp_layout, share / m);
@@ -212,14 +228,13 @@ int main(int argc, char **argv) {
         s3.model.layer.attention_backward = ch.hooks.attention_backward;
         s3.model.layer.attention_ctx = ch.hooks.attention_ctx;
         s3.model.part.att_row = cp_att_row(algo, ctx.opt.d_model / ctx.opt.heads);
-        /* the stages' blocks hold this CP rank's T/c positions of every row */
-        s3.model.positions = cp_positions(&ch);
+        /* the stages' blocks hold this CP rank's T/c positions of every row (SP: this TP rank's 1/t of them) */
+        s3.model.positions = cp_positions(&ch) + (sequence_parallel ? (long)tl.rank * (Tl / t) : 0);
         s3.model.data_seq = T;
         s3.model.cp = c;
         s3.model.cp_algo = algo;
     }
-    gpt_layout local = tl.g;
-    local.cfg.seq = Tl; /* wpe keeps all T rows: the embedding reads them by global position */
+    gpt_layout local = tl.g; /* seq T/c; wpe keeps all T rows: the embedding reads them by global position */
 
     /* This rank trains on rows [dp x B/d, (dp+1) x B/d) of every global batch,
      * its positions of them; the replicas (cp, dp) share the optimizer state
@@ -242,9 +257,9 @@ int main(int argc, char **argv) {
     print_map(&ctx, deg, c > 1 ? cp_positions(&ch) : all_positions, Tl, tl.heads);
     free(all_positions);
     if (ctx.rank == 0) {
-        printf("5D: TP t=%d (%d of %d heads, %d of %d MLP units per rank) | CP c=%d (%s, %s: %d of %d positions) | "
+        printf("5D: TP t=%d%s (%d of %d heads, %d of %d MLP units per rank) | CP c=%d (%s, %s: %d of %d positions) | "
                "PP p=%d stages x %d chunk%s, m=%d micro-batches of %d rows, %s | DP d=%d replicas of %d rows%s | "
-               "bubble theory %s = %.3f\n", t, tl.heads, ctx.opt.heads, tl.hidden, 4 * ctx.opt.d_model, c, algo_name,
+               "bubble theory %s = %.3f\n", t, sequence_parallel ? " + SP" : "", tl.heads, ctx.opt.heads, tl.hidden, 4 * ctx.opt.d_model, c, algo_name,
                layout_name, Tl, T, p, pr.v, pr.v == 1 ? "" : "s", m, pr.chunk[0].rows, schedule_name(kind), d, share,
                zero_stage ? " + ZeRO-1 over the c x d replicas" : "", schedule_bubble_textbook_text(kind), theory);
         fflush(stdout);
@@ -262,7 +277,7 @@ int main(int argc, char **argv) {
         run_step_end(&ctx, i, loss, grad_norm, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid)) : -1;
+    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel)) : -1;
 
     const float *weights = pr.opt_shards == 1 || (void *)pr.master == pr.params ? pr.master : (const float *)pr.params;
     const long weight_floats = weights == pr.master ? pr.n : pr.n * (long)value_bytes() / (long)sizeof(float);

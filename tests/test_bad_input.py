@@ -282,7 +282,11 @@ PER_LAB = {
         (4, ["--tp", "1", "--cp", "2", "--pp", "2", "--schedule", "zb-h1", "--micro-batches", "1"], "--micro-batches"),
         (4, ["--tp", "1", "--cp", "2", "--pp", "2", "--resume", "/nonexistent/ck.safetensors"], "--resume"),
         (2, ["--check-sync=yes"], "--check-sync"),
-    ] + NO_EXPERTS + NO_TP,
+        (2, ["--tp", "1", "--cp", "2", "--sequence-parallel"], "--sequence-parallel"),  # no TP group
+        # SP splits a CP rank's T/c positions t ways: 24 positions, 4 contiguous chunks of 6, not 4 x 2
+        (4, ["--tp", "2", "--cp", "2", "--pp", "1", "--sequence-parallel", "--cp-layout", "contiguous", "--seq", "6"],
+         "--sequence-parallel"),
+    ] + NO_EXPERTS,
     "lab08_ep": [
         (4, ["--ep", "3"], "--ep"),  # 3 does not divide 4 ranks
         (2, ["--ep", "-1"], "--ep"),

@@ -1,6 +1,6 @@
 """lab09_5d against its promises: every layout of the grid (TP x CP x PP x DP,
 ZeRO-1 over the c x d replicas, ring, all-gather and Ulysses attention, zig-zag
-and contiguous positions, lab04's schedules, --recompute, bf16) reproduces
+and contiguous positions, lab04's schedules, --recompute, SP, bf16) reproduces
 lab01's one-rank run, losses and the gradient norm before clipping at every
 step; every group kind (TP, CP, PP, DP) moves the bytes derived here from the
 shapes, on every rank, as the lab's formula says; the activation peaks and
@@ -120,6 +120,26 @@ EQUIVALENCE = [  # (t, c, p, d), extra flags, CP algorithm
 ]
 
 
+SEQUENCE_PARALLEL = [  # (t, c, p, d), extra flags: lab05's SP in the TP groups, beside CP
+    ((2, 2, 2, 1), ["--sequence-parallel"]),
+    ((2, 2, 1, 2), ["--sequence-parallel", "--cp-algo", "ulysses", "--zero-stage", "1"]),
+    ((2, 2, 2, 1), ["--sequence-parallel", "--recompute", "full", "--cp-layout", "contiguous"]),
+]
+
+
+def check_measured_is_formula(rec):
+    """Every group kind on every rank: the measured calls, payload and ring bytes = the lab's formula
+    (lab06's SP formulas, which test_lab06 derives; CP's, derived above), and the activations too."""
+    for group, g in rec["traffic_per_group"].items():
+        for key in ("calls", "payload_bytes", "ring_bytes"):
+            for r, (got, want) in enumerate(zip(g[key], g[key + "_formula"])):
+                check(abs(got - want) < 0.5, f"{rec['layout']} rank {r} {group} {key}: measured {got}, formula {want}")
+    check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
+          f"{rec['layout']}: ring traffic {rec['comm_ring_bytes_per_step']} != formula")
+    check(rec["mem_peak_bytes_per_rank"]["acts"] == rec["acts_peak_bytes_formula_per_rank"],
+          f"{rec['layout']}: activation peaks != formula")
+
+
 def equivalence():
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + ["--eval"])
     for (t, c, p, d), extra, algo in EQUIVALENCE:
@@ -133,6 +153,11 @@ def equivalence():
         if "--check-sync" in extra:
             check(rec["replicas_identical"] is True, f"{rec['layout']}: the c x d replicas differ")
         print(f"  {rec['layout']}: every group's traffic as derived, activation peaks = formula")
+    for (t, c, p, d), extra in SEQUENCE_PARALLEL:
+        rec, _, _ = run(LAB, t * c * p * d, MODEL + STEPS + layout(t, c, p, d) + extra)
+        compare_runs(f"lab09 {rec['layout']} vs lab01 -n 1", rec, ref, 1e-5)
+        check_measured_is_formula(rec)
+        print(f"  {rec['layout']}: every group's traffic = its formula, activation peaks = formula")
     # --cp 1 is lab06's grid: the same layer, stages and replicas, so the same bits and bytes
     rec, _, _ = run(LAB, 8, MODEL + STEPS + layout(2, 1, 2, 2))
     lab06, _, _ = run("lab06_3d", 8, MODEL + STEPS + ["--tp", "2", "--pp", "2", "--dp", "2", "--micro-batches", "4"])
@@ -193,7 +218,8 @@ PREDICTED_ROW = re.compile(r"^\s+(\d+)(?:\s+\d+){3,4}\s+\S+\s+(\d+)\s+(\d+)\s+(\
 def dry_run():
     """The dry run's memory per rank and category (theory/predict.c) = the run's
     allocator peaks, at every layout of the equivalence test."""
-    for (t, c, p, d), extra, _ in EQUIVALENCE + [((1, 2, 2, 1), ["--schedule", "zb-v"], "ring"),
+    for (t, c, p, d), extra, _ in EQUIVALENCE + [(dims, flags, "") for dims, flags in SEQUENCE_PARALLEL] + [
+                                                ((1, 2, 2, 1), ["--schedule", "zb-v"], "ring"),
                                                 ((2, 1, 2, 2), [], "ring"),
                                                 ((2, 2, 1, 2), ["--zero-stage", "1", "--precision", "bf16"], "ring")]:
         flags = MODEL + ["--steps", "2"] + layout(t, c, p, d) + extra
@@ -226,10 +252,12 @@ def planner():
     schedule, recompute = best.group(6), best.group(8)
     zero = re.search(r"ZeRO stage (\d)", out)
     # the course's model: 8 layers, T = 64, batch 32; micro-batches: as many as a replica's rows allow, at most 8
-    # (the plan's m=%s is for 512 sequences); lab09 has no sequence parallelism yet (the plan's sp)
+    # (the plan's m is for 512 sequences)
     m = min(8, 32 // d)
     flags = ["--steps", "2"] + layout(t, c, p, d) + ["--schedule", schedule, "--recompute", recompute,
                                                      "--micro-batches", str(m)]
+    if best.group(7):
+        flags.append("--sequence-parallel")
     if zero and int(zero.group(1)) >= 1 and c * d > 1:
         flags += ["--zero-stage", "1"]
     print(f"plan3d's layout: tp={t} cp={c} pp={p} dp={d} {schedule} recompute={recompute}{best.group(7) or ''} "

@@ -88,7 +88,8 @@ REHEARSAL = ["lab01 cpu n1", PLAN_RUN.format("fp32"), PLAN_RUN.format("bf16"), "
              "lab07 ulysses cpu n2", "lab01 cpu n1 experts 4", "lab08 auto n2"]
 # the build target of each program the runs start (add_lab's target names)
 TARGETS = {"lab01_dp": "lab01", "lab02_zero": "lab02", "lab03_pp_naive": "lab03", "lab04_1f1b": "lab04",
-           "lab05_tp": "lab05", "lab06_3d": "lab06", "lab07_cp": "lab07", "lab08_ep": "lab08", "plan3d": "plan"}
+           "lab05_tp": "lab05", "lab06_3d": "lab06", "lab07_cp": "lab07", "lab08_ep": "lab08", "lab09_5d": "lab09",
+           "plan3d": "plan"}
 # no run starts with less than this left before the hard end
 MIN_START_S = 3.0
 # gpt2-small's throughput runs: enough steps that the median step is a steady one
@@ -259,6 +260,16 @@ def make_plan(args):
             P.cmp(gpu, cpu, CUDA_VS_CPU, "CUDA vs CPU, same lab and layout")
             P.cmp(gpu, ref, LAYOUT, "every CP algorithm reproduces lab01 -n 1 (blocks merged by log-sum-exp)")
             P.cmp(cpu, cpu_ref, LAYOUT, "on the CPU too (tests/test_lab07.py's bound)")
+
+    # lab09: lab05's TP layer with lab07's ring attention in the same layer, in two pipeline
+    # stages (4 ranks sharing the GPU: CUDA + MPI), on a GPU for the first time
+    grid_args = ["--tp", "2", "--cp", "2", "--pp", "1", "--dp", "1"]
+    want = {"tp": 2, "cp": 2, "pp": 1, "dp": 1}
+    gpu = P.add(P.lab("lab09 tp2 cp2 cuda n4", "lab09_5d", 4, "cuda", grid_args, expect=want))
+    cpu = P.add(P.lab("lab09 tp2 cp2 cpu n4", "lab09_5d", 4, "cpu", grid_args, expect=want))
+    P.cmp(gpu, cpu, CUDA_VS_CPU, "CUDA vs CPU, same lab and layout")
+    P.cmp(gpu, ref, LAYOUT, "TP x CP in one layer reproduces lab01 -n 1")
+    P.cmp(cpu, cpu_ref, LAYOUT, "on the CPU too (tests/test_lab09.py's bound)")
 
     # recomputation reruns the same kernels on the same inputs: the same numbers
     for mode in ("selective", "full"):
