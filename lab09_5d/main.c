@@ -295,8 +295,9 @@ int main(int argc, char **argv) {
     char *extra_json = malloc(json_len);
     if (!extra_json) die("out of host memory");
     snprintf(extra_json, json_len, "\"tp\":%d,\"cp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\","
-             "\"chunks_per_rank\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\",%s\"replicas_identical\":%s%s%s", t, c, p,
-             d, m, schedule_name(kind), pr.v, algo_name, layout_name, zero_stage ? "\"zero_stage\":1," : "",
+             "\"chunks_per_rank\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\",\"sequence_parallel\":%s,%s"
+             "\"replicas_identical\":%s%s%s", t, c, p, d, m, schedule_name(kind), pr.v, algo_name, layout_name,
+             sequence_parallel ? "true" : "false", zero_stage ? "\"zero_stage\":1," : "",
              check_sync ? (in_sync ? "true" : "false") : "null", rep.json ? "," : "",
              rep.json ? rep.json : "");
     run_report report = {.layout = layout, .comms = {grid.tp, cp, grid.pipe, grid.dp}, .n_comms = 4,

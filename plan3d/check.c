@@ -148,7 +148,7 @@ enum { MAX_RANKS = 65536, MAX_LAYERS = 65536 };
 #define MAX_FLAG 1000000000L                     /* the labs' largest value of a count flag */
 static const double MAX_RUN_BYTES = 1125899906842624.0; /* 2^50 = 1 PiB */
 static const char *const lab_names[] = {"lab01_dp",  "lab02_zero", "lab03_pp_naive", "lab04_1f1b",
-                                        "lab05_tp", "lab06_3d",   "lab07_cp",       "lab08_ep"};
+                                        "lab05_tp", "lab06_3d",   "lab07_cp",       "lab08_ep", "lab09_5d"};
 
 static int problem(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int problem(char *why, size_t len, const char *fmt, ...) {
@@ -261,7 +261,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
         if (!strcmp(json_string_value(lab), lab_names[i])) r->lab = lab_names[i];
     if (!r->lab)
         return problem(why, len, "lab %s: not a lab plan3d checks (lab01_dp, lab02_zero, lab03_pp_naive, lab04_1f1b, "
-                       "lab05_tp, lab06_3d, lab07_cp, lab08_ep)", shown(lab, text, sizeof text));
+                       "lab05_tp, lab06_3d, lab07_cp, lab08_ep, lab09_5d)", shown(lab, text, sizeof text));
     long ranks, B, T, L, C, H, m, chunks, tp = 1, pp = 1, dp = 1, zero = 0, accum = 1;
     json_t *cfg = json_object_get(rec, "config");
     if (!json_is_object(cfg)) return problem(why, len, cfg ? "config: must be an object" : "config is missing");
@@ -283,8 +283,10 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     r->cfg.model = th_course_model(256, T, L, C, H);
 
     /* the layout: lab03/04 a pipeline of every rank, lab05 TP over every rank, lab06 the grid it records */
-    const int pipeline = is_lab(r, "lab03_pp_naive") || is_lab(r, "lab04_1f1b") || is_lab(r, "lab06_3d");
-    const long need = is_lab(r, "lab04_1f1b") || is_lab(r, "lab06_3d") ? 0 : 1; /* 0: required */
+    /* lab09: lab06's grid with a CP axis (tp x cp x pp x dp, each recorded) */
+    const int grid = is_lab(r, "lab06_3d") || is_lab(r, "lab09_5d");
+    const int pipeline = is_lab(r, "lab03_pp_naive") || is_lab(r, "lab04_1f1b") || grid;
+    const long need = is_lab(r, "lab04_1f1b") || grid ? 0 : 1; /* 0: required */
     if (!read_count(rec, "", "micro_batches", 1, MAX_FLAG, need, &m, why, len) ||
         !read_count(rec, "", "chunks_per_rank", 1, MAX_LAYERS, 1, &chunks, why, len) ||
         !read_choice(rec, "", "schedule", "gpipe|1f1b|interleaved|zb-h1|zb-v", need ? "gpipe" : NULL, &sched, why, len))
@@ -293,8 +295,8 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     /* lab01's --grad-accum: each rank's rows in micro-batches; a record without it ran without */
     if (is_lab(r, "lab01_dp") && !read_count(rec, "", "grad_accum", 1, MAX_FLAG, 1, &accum, why, len)) return 0;
     /* lab06's --zero-stage 1 (ZeRO-1 over each DP group); a record without it ran without */
-    if (is_lab(r, "lab06_3d") && !read_count(rec, "", "zero_stage", 0, 1, 0, &zero, why, len)) return 0;
-    if (is_lab(r, "lab06_3d") && (!read_count(rec, "", "tp", 1, MAX_RANKS, 0, &tp, why, len) ||
+    if (grid && !read_count(rec, "", "zero_stage", 0, 1, 0, &zero, why, len)) return 0;
+    if (grid && (!read_count(rec, "", "tp", 1, MAX_RANKS, 0, &tp, why, len) ||
                                   !read_count(rec, "", "pp", 1, MAX_RANKS, 0, &pp, why, len) ||
                                   !read_count(rec, "", "dp", 1, MAX_RANKS, 0, &dp, why, len)))
         return 0;
@@ -306,7 +308,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     int cp_algo = 0, cp_layout = 0, scope = 0;
     double capacity = 0;
     const int lab08 = is_lab(r, "lab08_ep");
-    if (is_lab(r, "lab07_cp") &&
+    if ((is_lab(r, "lab07_cp") || is_lab(r, "lab09_5d")) &&
         (!read_count(rec, "", "cp", 1, ranks, 0, &cp, why, len) ||
          !read_choice(rec, "", "cp_algo", "ring|allgather|ulysses", NULL, &cp_algo, why, len) ||
          !read_choice(rec, "", "cp_layout", "contiguous|zigzag", NULL, &cp_layout, why, len))) /* th_cp_layout's order */
@@ -320,7 +322,9 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     if (experts && (top_k < 1 || top_k > experts))
         return problem(why, len, "config.experts %ld, config.top_k %ld: top_k must be from 1 to the experts", experts,
                        top_k);
-    if (cp) dp = ranks / cp;
+    if (cp && !grid) dp = ranks / cp; /* lab07: data parallel over the CP groups */
+    r->cfg.tensor_parallel = json_object_get(rec, "tp") != NULL; /* the rules read lab09's grid */
+    r->cfg.tp = (int)tp; r->cfg.dp = (int)dp;
     r->cfg.cp = (int)cp; r->cfg.cp_algo = cp_algo; r->cfg.cp_layout = cp_layout; r->cfg.ep = (int)ep;
     r->cfg.model.experts = experts; r->cfg.model.top_k = experts ? top_k : 0; /* a dense record's top_k is unused */
     /* what the run held: its model states (the experts' included) and one layer's activations of the whole

@@ -277,7 +277,15 @@ def planner():
         check(got == tuple(int(x) for x in (params, grads, optim, acts, workspace)),
               f"rank {r}: measured {got}, predicted {rows[r]}")
     check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1, "ring traffic != formula")
-    print(f"  {n} ranks: the losses and norms of lab01 -n 1; memory of ranks {shown[0]}-{shown[-1]} = the dry run's")
+    # and plan3d --check predicts the record: every rank's memory per category, every collective kind
+    folder = os.path.dirname(rec["trace"]) if rec.get("trace") else None
+    check(folder and os.path.exists(os.path.join(folder, "records.jsonl")), "no records.jsonl beside the run's trace")
+    chk = subprocess.run([program("plan3d"), "--check", folder, "--calibration", os.path.join(folder, "none.json")],
+                         capture_output=True, text=True)
+    print(chk.stdout.strip().splitlines()[-1] if chk.stdout.strip() else chk.stderr)
+    check(chk.returncode == 0 and "1/1 exact" in chk.stdout, f"plan3d --check of the planner's layout: {chk.stdout}")
+    print(f"  {n} ranks: the losses and norms of lab01 -n 1; memory of ranks {shown[0]}-{shown[-1]} = the dry run's; "
+          "plan3d --check exact")
 
 
 if __name__ == "__main__":

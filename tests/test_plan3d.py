@@ -129,6 +129,11 @@ def case_check():
         ("lab08_ep", 2, TINY + ["--capacity-factor", "1.0"]),
         ("lab08_ep", 4, TINY + ["--ep", "2", "--top-k", "1", "--capacity-factor", "1.25"]),
         ("lab08_ep", 2, TINY),
+    ] + [
+        # lab09's grid with a CP axis: the CP layer's exchanges and stage activations (theory/context.c), SP beside it
+        ("lab09_5d", 4, TINY + ["--tp", "1", "--cp", "2", "--pp", "2", "--micro-batches", "2"]),
+        ("lab09_5d", 8, TINY + ["--tp", "2", "--cp", "2", "--pp", "1", "--dp", "2", "--micro-batches", "2",
+                                "--sequence-parallel", "--zero-stage", "1"]),
     ])
     js = os.path.join(out, "check.json")
     p = plan3d(["--check", out, "--calibration", os.path.join(out, "none.json"), "--json", js])
@@ -136,7 +141,7 @@ def case_check():
     check(p.returncode == 0, f"plan3d --check: status {p.returncode}: {p.stdout[-2000:]} {p.stderr}")
     runs = json.load(open(js))["runs"]
     extra = len(EXPERTS_LAYOUTS) + len(GRAD_ACCUM_LAYOUTS)
-    check(len(runs) == 25 + extra, f"{25 + extra} runs checked, got {len(runs)}")
+    check(len(runs) == 27 + extra, f"{27 + extra} runs checked, got {len(runs)}")
     records = [json.loads(line) for line in open(os.path.join(out, "records.jsonl")).read().splitlines()]
     check(sum(rec["config"].get("experts", 0) > 0 and rec["lab"] != "lab08_ep" for rec in records)
           == len(EXPERTS_LAYOUTS) + sum("--experts" in flags for _, _, flags in GRAD_ACCUM_LAYOUTS),
@@ -144,12 +149,12 @@ def case_check():
     check(sum(rec.get("grad_accum", 1) > 1 for rec in records) == len(GRAD_ACCUM_LAYOUTS),
           "the records of lab01 --grad-accum K > 1 name K")
     labs = {r["lab"] for r in runs}
-    check(len(labs) == 8, f"every lab checked: {sorted(labs)}")
+    check(len(labs) == 9, f"every lab checked: {sorted(labs)}")
     for r in runs:
         # every category on every rank; lab04's executor's message pool (comm) is not predicted yet
-        categories = 5 if r["lab"] in ("lab04_1f1b", "lab06_3d") else 6
-        if r is runs[-1]:  # lab08 without a capacity: the routing sizes acts, comm and workspace
-            categories = 3  # params, grads and optim are predicted
+        categories = 5 if r["lab"] in ("lab04_1f1b", "lab06_3d", "lab09_5d") else 6
+        if r is runs[-3]:  # lab08 without a capacity (the last before lab09's): the routing sizes acts, comm
+            categories = 3  # and workspace; params, grads and optim are predicted
         check(r["exact"] and r["mem_exact"] == r["mem_checked"] == categories * r["ranks"],
               f"{r['lab']} {r['layout']}: memory {r['mem_exact']}/{r['mem_checked']} exact")
         # every kind that moved bytes (a group of one moves none: lab01 -n 1 has no kind to check)
@@ -157,7 +162,7 @@ def case_check():
               f"{r['lab']} {r['layout']}: traffic not exact: {r['traffic']}")
     # a change to a record's measurement must show as a mismatch (the check can fail)
     lines = open(os.path.join(out, "records.jsonl")).read().splitlines()
-    rec = json.loads(lines[-3])  # lab08 with a capacity: its activations are predicted from the config
+    rec = json.loads(lines[-5])  # lab08 with a capacity: its activations are predicted from the config
     rec["mem_peak_bytes_per_rank"]["acts"][0] += 64
     bad = tempfile.mkdtemp(prefix="pl-plan-bad-")
     with open(os.path.join(bad, "records.jsonl"), "w") as f:

@@ -39,13 +39,15 @@ static const char *context_rule(const th_run *r, const text *t) {
         return broken(t, "%s %ld: lab07's context-parallel layers run a dense MLP (experts are lab08's; lab01-lab04 take "
                          "them too)", n[NAME_EXPERTS], r->model.experts);
     if (r->ranks % cp) return broken(t, "%s %d: does not divide the %d ranks", n[NAME_CP], cp, r->ranks);
-    if (r->batch % (r->ranks / cp))
+    /* lab09's CP sits in a TP x PP grid: its data-parallel replicas are the grid's dp, each B/dp rows */
+    const int groups = r->tensor_parallel ? r->dp : r->ranks / cp;
+    if (groups < 1 || r->batch % groups)
         return broken(t, "%s %ld: not divisible by the %d data-parallel groups (%d ranks over %s %d)", n[NAME_BATCH],
-                      r->batch, r->ranks / cp, r->ranks, n[NAME_CP], cp);
+                      r->batch, groups, r->ranks, n[NAME_CP], cp);
     if (r->model.seq % chunks)
         return broken(t, "%s %ld: not divisible by the %ld chunks of %s %s (%s%s %d)", n[NAME_SEQ], r->model.seq, chunks,
                       n[NAME_CP_LAYOUT], zigzag ? "zigzag" : "contiguous", zigzag ? "2 x " : "", n[NAME_CP], cp);
-    if (r->cp_algo == TH_CP_ULYSSES && r->model.heads % cp)
+    if (r->cp_algo == TH_CP_ULYSSES && r->model.heads % ((long)cp * (r->tensor_parallel && r->tp > 1 ? r->tp : 1)))
         return broken(t, "%s %ld: not divisible by %s %d (%s ulysses gives each rank heads/N of them)", n[NAME_HEADS],
                       r->model.heads, n[NAME_CP], cp, n[NAME_CP_ALGO]);
     return NULL;
