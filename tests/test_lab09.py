@@ -7,7 +7,7 @@ shapes, on every rank, as the lab's formula says; the activation peaks and
 every memory category are theory's (the dry run's prediction, rank by rank);
 --eval's held-out loss is lab01's; a checkpoint crosses layouts and labs.
 
-usage: test_lab09.py equivalence|odd|schedules|precision|resume|dry_run|planner"""
+usage: test_lab09.py equivalence|odd|full_grid|schedules|precision|resume|dry_run|planner"""
 import os
 import re
 import sys
@@ -181,6 +181,15 @@ def odd():
         check_traffic(rec, *dims, model=model)
 
 
+def full_grid():
+    """All four axes at once on 16 ranks: tp 2 x cp 2 x pp 2 x dp 2, ZeRO-1 over the 4 replicas."""
+    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS)
+    rec, _, _ = run(LAB, 16, MODEL + STEPS + layout(2, 2, 2, 2) + ["--zero-stage", "1", "--check-sync"])
+    compare_runs(f"lab09 {rec['layout']} vs lab01 -n 1", rec, ref, 1e-5)
+    check_traffic(rec, 2, 2, 2, 2, zero=True)
+    check(rec["replicas_identical"] is True, f"{rec['layout']}: the 4 replicas of a (tp, pp) differ")
+
+
 def schedules():
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS)
     for schedule in ("interleaved", "zb-v", "gpipe"):
@@ -290,5 +299,5 @@ def planner():
 
 if __name__ == "__main__":
     {"equivalence": equivalence, "odd": odd, "schedules": schedules, "precision": precision, "resume": resume,
-     "dry_run": dry_run, "planner": planner}[sys.argv[1]]()
+     "dry_run": dry_run, "planner": planner, "full_grid": full_grid}[sys.argv[1]]()
     print("passed")

@@ -33,7 +33,8 @@ def layouts():
     for lab, n, args in (("lab01_dp", 2, []), ("lab02_zero", 2, ["--zero-stage", "3"]),
                          ("lab04_1f1b", 4, []), ("lab04_1f1b", 2, ["--schedule", "zb-v"]),
                          ("lab04_1f1b", 2, ["--schedule", "interleaved"]),
-                         ("lab06_3d", 8, []), ("lab06_3d", 4, ["--tp", "2", "--pp", "2", "--dp", "1"])):
+                         ("lab06_3d", 8, []), ("lab06_3d", 4, ["--tp", "2", "--pp", "2", "--dp", "1"]),
+                         ("lab09_5d", 8, []), ("lab09_5d", 4, ["--tp", "1", "--cp", "2", "--pp", "2"])):
         what = f"{lab} -n {n} {' '.join(args)}"
         _, got = sample_of(lab, n, args, what)
         if got != want:
