@@ -125,11 +125,42 @@ static void rows_per_rank(const ep_hooks *e, const ep_layer *ly, const int *coun
     }
 }
 
+/* The state of la's layer in la's block: claimed by the block's first forward
+ * of the layer, kept for its backward (and the block's later micro-batches). */
+static ep_layer *layer_of(ep_hooks *e, const layer_acts *la) {
+    for (int i = 0; i < e->n_layer; i++)
+        if (e->layer[i].owner == la->moe_stats) return &e->layer[i];
+    if (e->n_layer == e->layer_cap) {
+        const int cap = 2 * e->layer_cap;
+        ep_layer *grown = realloc(e->layer, sizeof(ep_layer) * (size_t)cap);
+        if (!grown) die("out of host memory");
+        memset(grown + e->layer_cap, 0, sizeof(ep_layer) * (size_t)(cap - e->layer_cap));
+        e->layer = grown;
+        e->layer_cap = cap;
+    }
+    ep_layer *ly = &e->layer[e->n_layer++];
+    ly->owner = la->moe_stats;
+    ly->layer = la->layer;
+    /* ints, but moved by comm_alltoall as values: room for whole values */
+    ly->recv = calloc((size_t)e->N * e->local_experts + 2, sizeof(int));
+    ly->count = calloc((size_t)e->local_experts, sizeof(int));
+    ly->first = calloc((size_t)e->local_experts, sizeof(int));
+    if (!ly->recv || !ly->count || !ly->first) die("out of host memory");
+    return ly;
+}
+
+long ep_layer_rows_cap(const ep_hooks *h, int layer) {
+    long most = 0;
+    for (int i = 0; i < h->n_layer; i++)
+        if (h->layer[i].layer == layer && h->layer[i].rows_cap > most) most = h->layer[i].rows_cap;
+    return most;
+}
+
 static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N) {
     ep_hooks *e = h->mlp_ctx;
     const gpt_config *cfg = h->cfg;
     const int El = e->local_experts, k = cfg->top_k, C = cfg->d_model;
-    ep_layer *ly = &e->layer[la->layer]; /* the layer the model runs: its own exchange buffers */
+    ep_layer *ly = layer_of(e, la); /* the layer the model runs, in this block: its own exchange buffers */
     moe_state st = moe_state_view(la->moe, cfg, N);
     st.stats = la->moe_stats;
     moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N); /* the one-rank run's decisions: per sequence */
@@ -180,7 +211,7 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     ep_hooks *e = h->mlp_ctx;
     const gpt_config *cfg = h->cfg;
     const int El = e->local_experts, k = cfg->top_k, C = cfg->d_model;
-    const ep_layer *ly = &e->layer[la->layer];
+    const ep_layer *ly = layer_of(e, la); /* claimed by the block's forward */
     moe_state st = moe_state_view(la->moe, cfg, N);
     moe_scratch sc = moe_scratch_view(s->moe, cfg, N);
     moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
@@ -231,20 +262,13 @@ void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep) {
     h->hooks.layer_size = h->layer_size;
     h->hooks.mlp_forward = ep_mlp_forward;
     h->hooks.mlp_backward = ep_mlp_backward;
-    h->layer = calloc((size_t)h->layers, sizeof(ep_layer));
+    h->layer_cap = h->layers > 0 ? h->layers : 1; /* one block: every layer's state claimed once */
+    h->layer = calloc((size_t)h->layer_cap, sizeof(ep_layer));
     if (!h->layer) die("out of host memory");
-    for (int l = 0; l < h->layers; l++) {
-        ep_layer *ly = &h->layer[l];
-        /* ints, but moved by comm_alltoall as values: room for whole values */
-        ly->recv = calloc((size_t)h->N * h->local_experts + 2, sizeof(int));
-        ly->count = calloc((size_t)h->local_experts, sizeof(int));
-        ly->first = calloc((size_t)h->local_experts, sizeof(int));
-        if (!ly->recv || !ly->count || !ly->first) die("out of host memory");
-    }
 }
 
 void ep_hooks_free(ep_hooks *h) {
-    for (int l = 0; l < h->layers; l++) {
+    for (int l = 0; l < h->n_layer; l++) {
         ep_layer *ly = &h->layer[l];
         mem_free(ly->xr), mem_free(ly->fch), mem_free(ly->gelu), mem_free(ly->yr);
         free(ly->recv), free(ly->count), free(ly->first);

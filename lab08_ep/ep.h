@@ -29,8 +29,14 @@
 #include "comm.h"
 #include "model.h"
 
-/* What one layer's forward keeps for its backward on this rank. */
+/* What one layer's forward keeps for its backward on this rank, for one block
+ * of activations (lab08 has one; a pipeline stage one per micro-batch in
+ * flight). The layer body hands the hook copies of its layer_acts, so the key
+ * is what the block itself holds for the layer: its routing statistics
+ * (la->moe_stats, kept under every --recompute mode). */
 typedef struct ep_layer {
+    const void *owner;            /* the block's la->moe_stats (NULL: not claimed) */
+    int layer;                    /* la->layer */
     long rows_cap;                /* rows the four buffers hold (grown when a step needs more) */
     void *xr, *fch, *gelu, *yr;   /* the received slots expert-major: [rows,C], [rows,4C], [rows,4C], [rows,C] */
     int *recv;                    /* [N][E/N]: slots from EP rank src for local expert j */
@@ -51,7 +57,8 @@ typedef struct ep_hooks {
     long layer_size;              /* elements of the local layer block */
     comm *ep;                     /* the EP group */
     int N, rank, local_experts, layers;
-    ep_layer *layer;              /* one per layer */
+    ep_layer *layer;              /* one per layer and block, claimed by its first forward */
+    int n_layer, layer_cap;       /* claimed, allocated */
     void *stage;                  /* rows in source-rank order, sent or received; grown */
     void *dyr, *dfch, *dgelu;     /* the backward's expert-major scratch; grown */
     long stage_cap, scratch_cap;
@@ -79,6 +86,8 @@ int ep_runs(const gpt_layout *g, const tensor_info *tensors, long layer_size, in
 long ep_received_rows_bound(const gpt_config *cfg, int N, long rows);
 
 void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep);
+/* The most rows layer l's buffers hold, over the blocks (the activations' formula under F = 0). */
+long ep_layer_rows_cap(const ep_hooks *h, int layer);
 void ep_hooks_free(ep_hooks *h);
 
 #endif

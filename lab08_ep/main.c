@@ -258,7 +258,7 @@ int main(int argc, char **argv) {
     double *received = malloc(sizeof(double) * (size_t)L);
     if (!received) die("out of host memory");
     const double bound = th_ep_received_rows_bound(rows, T, k, E, N, ctx.model.capacity_factor);
-    for (int l = 0; l < L; l++) received[l] = sized ? bound : (double)eh.layer[l].rows_cap;
+    for (int l = 0; l < L; l++) received[l] = sized ? bound : (double)ep_layer_rows_cap(&eh, l);
     const double acts_formula = th_ep_acts_bytes(&tm, &acts_opts, rows, received);
     free(received);
     /* model states per parameter the rank holds: the replicated part and E/N of the experts */

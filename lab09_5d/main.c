@@ -31,6 +31,7 @@
 #include "device.h"
 #include "dp.h"
 #include "executor.h"
+#include "experts.h"
 #include "grid.h"
 #include "lab_run.h"
 #include "mesh.h"
@@ -51,9 +52,9 @@ static const char *const axis_flags[AXES] = {"--tp", "--cp", "--pp", "--dp"};
 
 /* lab06's process_grid over the mesh, its DP axis the c x d replicas: lab06's
  * stage code (gradient sync, ZeRO-1, norm, loss) sees CP ranks as replicas. */
-static void grid_of_mesh(process_grid *g, const int *deg, comm_backend backend) {
+static void grid_of_mesh(process_grid *g, const int *deg, int ep, comm_backend backend) {
     memset(g, 0, sizeof *g);
-    const mesh_dims dims = {.size = {deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP], deg[AXIS_PP]}, .ep = 1};
+    const mesh_dims dims = {.size = {deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP], deg[AXIS_PP]}, .ep = ep};
     mesh_init(&g->mesh, dims, backend);
     const mesh_coord me = g->mesh.me;
     g->dims = (grid_dims){deg[AXIS_TP], deg[AXIS_PP], deg[AXIS_CP] * deg[AXIS_DP]};
@@ -65,9 +66,28 @@ static void grid_of_mesh(process_grid *g, const int *deg, comm_backend backend) 
     g->cp = &g->mesh.axis[MESH_CP];
 }
 
-/* Rank 0 prints the map: each rank's coordinate, host, layers, heads and positions. */
-static void print_map(const run_ctx *ctx, const int *deg, const int *positions, int Tl, int heads_per_rank) {
-    const mesh_dims dims = {.size = {deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP], deg[AXIS_PP]}, .ep = 1};
+static int c_at(mesh_coord c, mesh_axis a) { return c.at[a]; }
+
+/* lab08's figures of the run (rank 0): tokens per expert, all-to-all bytes, parameters per rank. */
+static void print_experts(grid_experts *x, process_grid *g, long held, int steps_done) {
+    const double steps = steps_done > 0 ? steps_done : 1, vb = (double)value_bytes();
+    const double C = (double)x->g.cfg.d_model;
+    double sent = (x->eh.counts.rows_sent * C * vb + x->eh.counts.count_bytes_sent) / steps;
+    long most = x->eh.counts.max_expert_rows;
+    MPI_Allreduce(MPI_IN_PLACE, &sent, 1, MPI_DOUBLE, MPI_MAX, g->world->mpi);
+    MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_LONG, MPI_MAX, g->world->mpi);
+    if (g->world->rank != 0) return;
+    char a[16];
+    printf("  experts: %ld tokens at most on one expert in one layer's forward (the last step) | all-to-all: %sB left "
+           "the busiest rank per step (the routing's rows x C x b, and the counts) | parameters per rank: %ld of %ld "
+           "(experts at 1/%d)\n", most, human(sent, a), held, x->g.total, x->eh.N);
+    fflush(stdout);
+}
+
+/* Rank 0 prints the map: each rank's coordinate, host, layers, heads and positions (and experts). */
+static void print_map(const run_ctx *ctx, const int *deg, const int *positions, int Tl, int heads_per_rank, int ep) {
+    const mesh_dims dims = {.size = {deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP], deg[AXIS_PP]}, .ep = ep > 0 ? ep : 1};
+    const int per_rank = ep > 0 ? ctx->opt.experts / ep : 0; /* --experts: E/e a layer */
     const int L = ctx->opt.layers, p = deg[AXIS_PP];
     int *all = ctx->rank == 0 ? malloc(sizeof(int) * (size_t)Tl * ctx->size) : NULL;
     if (ctx->rank == 0 && !all) die("out of host memory");
@@ -86,6 +106,10 @@ static void print_map(const run_ctx *ctx, const int *deg, const int *positions, 
             for (j = i + 1; j < Tl && pos[j] == pos[j - 1] + 1; j++) {}
             printf(" %d-%d", pos[i], pos[j - 1]);
         }
+        if (per_rank) { /* its place in its EP block: f = cp + c dp, EP rank f mod e */
+            const int f = c_at(c, MESH_CP) + deg[AXIS_CP] * c_at(c, MESH_DP), q = f % ep;
+            printf(" | experts %d-%d (ep group %d)", q * per_rank, (q + 1) * per_rank - 1, f / ep);
+        }
         printf("\n");
     }
     fflush(stdout);
@@ -95,9 +119,11 @@ static void print_map(const run_ctx *ctx, const int *deg, const int *positions, 
 /* --eval: lab06's (the pipeline forward on the held-out batches), averaged
  * over the c x d replicas: each the mean over its rows' positions. Its TP
  * all-reduces and K/V exchanges stay out of the per-step traffic counts. */
-static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel) {
+static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel, comm *ep) {
     const comm_quiet tp = comm_quiet_begin(g->tp), cp = comm_quiet_begin(g->cp); /* the training's counts */
+    const comm_quiet eq = comm_quiet_begin(ep);
     double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
+    comm_quiet_end(&eq);
     comm_quiet_end(&cp);
     comm_quiet_end(&tp);
     comm_allreduce_host(g->dp, &loss, 1);
@@ -114,7 +140,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     int deg[AXES];
     grid_defaults_axes(ranks, deg, AXES); /* what --help shows for this rank count */
-    int micro_batches = 4, virtual_stages = 2, check_sync = 0, zero_stage = 0, sequence_parallel = 0;
+    int micro_batches = 4, virtual_stages = 2, check_sync = 0, zero_stage = 0, sequence_parallel = 0, ep = 1;
     const char *schedule_arg = "1f1b", *layout_name = "zigzag", *algo_name = "ring";
     flag_spec flags[] = {
         {"--tp", FLAG_INT, &deg[AXIS_TP], "tensor-parallel degree t (omitted: 2 if the ranks allow)", 1, NULL},
@@ -123,6 +149,9 @@ int main(int argc, char **argv) {
         {"--pp", FLAG_INT, &deg[AXIS_PP], "pipeline stages p (omitted: 2 if the ranks left allow)", 1, NULL},
         {"--dp", FLAG_INT, &deg[AXIS_DP], "data-parallel replicas d (omitted: the ranks left); t x c x p x d = ranks",
          1, NULL},
+        {"--ep", FLAG_INT, &ep, "expert-parallel degree e (with --experts): each EP group of e replicas, carved from "
+         "the c x d ranks of a (tp, pp), holds E/e experts a layer and exchanges tokens by all-to-all (lab08)", 1,
+         NULL},
         {"--micro-batches", FLAG_INT, &micro_batches, "micro-batches per replica and step (must divide --batch / --dp)",
          1, NULL},
         {"--schedule", FLAG_STRING, &schedule_arg,
@@ -147,14 +176,28 @@ int main(int argc, char **argv) {
                     (int)(sizeof flags / sizeof flags[0])};
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &lab);
-    run_check(&ctx, !ctx.opt.experts, "--experts: lab09 does not yet spread experts over the grid (lab08_ep does, "
-              "over data-parallel ranks)");
     grid_choose_axes(&ctx, argc, argv, axis_flags, deg, AXES);
     const int t = deg[AXIS_TP], c = deg[AXIS_CP], p = deg[AXIS_PP], d = deg[AXIS_DP], m = micro_batches;
+    const int experts = ctx.opt.experts > 0;
+    /* lab08's experts in the grid: whole sequences on every rank (the capacity and the aux loss are per
+     * sequence), whole experts (no expert tensor parallelism), the fused backward (lab08's hook) */
+    run_check(&ctx, ep == 1 || experts, "--ep %d needs --experts (experts to spread over the EP group)", ep);
+    run_check(&ctx, !experts || t == 1, "--experts with --tp %d: expert tensor parallelism is not taught (lab09 runs "
+              "experts at --tp 1)", t);
+    run_check(&ctx, !experts || c == 1, "--experts with --cp %d: the capacity and the aux loss are per sequence, and a "
+              "CP rank holds T/c of each (lab09 runs experts at --cp 1)", c);
+    run_check(&ctx, !experts || (c * d) % ep == 0, "--ep %d does not divide the %d replicas (--cp x --dp) that EP "
+              "groups are carved from", ep, c * d);
+    run_check(&ctx, !experts || ctx.opt.experts % ep == 0, "--ep %d does not divide --experts %d (each rank holds "
+              "E/e experts a layer)", ep, ctx.opt.experts);
+    run_check(&ctx, !experts || zero_stage == 0, "--zero-stage 1 with --experts: the optimizer state of expert "
+              "and replicated runs is not sharded yet (lab09 runs experts at --zero-stage 0)");
     tp_check_degree(&ctx, t, "--tp");
     run_check(&ctx, th_stage_split_possible(ctx.opt.layers, p),
               "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", p, ctx.opt.layers);
     const int kind = pipeline_check_flags(&ctx, argc, argv, schedule_arg, p, m, virtual_stages);
+    run_check(&ctx, !experts || (kind != SCHEDULE_ZB_H1 && kind != SCHEDULE_ZB_V), "--schedule %s with --experts: "
+              "lab08's experts run the fused backward, not its input and weight halves", schedule_arg);
     run_check(&ctx, zero_stage == 0 || zero_stage == 1, "--zero-stage %d: lab09 shards the optimizer state only "
               "(0 or 1); lab02_zero has stages 2 and 3", zero_stage);
     run_check(&ctx, zero_stage == 0 || c * d >= 2, "--zero-stage 1 needs --cp x --dp of at least 2 (%d x %d: no "
@@ -183,7 +226,9 @@ int main(int argc, char **argv) {
     need.tp = t;
     need.pp = p;
     need.dp = d;
-    need.cp = c;
+    need.cp = experts ? 0 : c; /* experts run at c = 1: no CP layers */
+    need.ep = experts ? ep : 0;
+    need.capacity_factor = ctx.model.capacity_per_rank ? 0 : ctx.model.capacity_factor;
     need.cp_algo = algo;
     need.cp_layout = cp_layout;
     need.micro_batches = m;
@@ -193,11 +238,13 @@ int main(int argc, char **argv) {
     need.tensor_parallel = 1;
     need.sequence_parallel = sequence_parallel;
     lab_start(&ctx, &need);
-    char layout[112], chunks_text[16] = "";
+    /* the layout names the trace and timeline files: every flag that changes what runs is in it */
+    char layout[128], chunks_text[16] = "", cp_text[32] = "", ep_text[40] = "";
     if (kind == SCHEDULE_INTERLEAVED) snprintf(chunks_text, sizeof chunks_text, " v=%d", v);
-    snprintf(layout, sizeof layout, "tp=%d cp=%d pp=%d dp=%d m=%d %s%s %s %s%s%s", t, c, p, d, m,
-             schedule_name(kind), chunks_text, algo_name, layout_name, sequence_parallel ? " sp" : "",
-             zero_stage ? " zero1" : "");
+    if (c > 1) snprintf(cp_text, sizeof cp_text, " %s %s", algo_name, layout_name);
+    if (experts) snprintf(ep_text, sizeof ep_text, " ep=%d E=%d k=%d", ep, ctx.opt.experts, ctx.opt.top_k);
+    snprintf(layout, sizeof layout, "tp=%d cp=%d pp=%d dp=%d m=%d %s%s%s%s%s%s", t, c, p, d, m, schedule_name(kind),
+             chunks_text, cp_text, sequence_parallel ? " sp" : "", zero_stage ? " zero1" : "", ep_text);
     const char *comm_formula_text = "busiest rank: TP + DP all-reduces (ring) + PP sends and receives + CP's "
                                     "K/V exchanges, the formulas below";
     if (ctx.opt.dry_run)
@@ -206,7 +253,7 @@ int main(int argc, char **argv) {
                                                    .bubble_theory = schedule_bubble_textbook(kind, p, m, v)});
 
     process_grid grid;
-    grid_of_mesh(&grid, deg, ctx.backend);
+    grid_of_mesh(&grid, deg, ep, ctx.backend);
     comm *cp = grid.cp;
     const int dp_rank = grid.mesh.me.at[MESH_DP], share = ctx.opt.batch / d, T = ctx.opt.seq, Tl = T / c;
 
@@ -235,26 +282,39 @@ int main(int argc, char **argv) {
         s3.model.cp_algo = algo;
     }
     gpt_layout local = tl.g; /* seq T/c; wpe keeps all T rows: the embedding reads them by global position */
+    /* --experts: lab08's MLP slot instead (at t = c = 1), over the EP group carved from the replicas */
+    grid_experts gx;
+    comm self; /* e = 1: each rank an EP group of its own, holding every expert */
+    comm *ep_group = &grid.mesh.ep, *edp_group = &grid.mesh.edp;
+    if (experts && ep == 1) {
+        comm_split(grid.world, grid.world->rank, 0, &self);
+        comm_set_axis(&self, "ep");
+        ep_group = &self;
+        edp_group = grid.dp;
+    }
+    if (experts) grid_experts_init(&gx, &ctx.model, ep_group, edp_group, grid.dp, share / m);
+    const stage_model model = experts ? grid_experts_model(&gx) : s3.model;
 
     /* This rank trains on rows [dp x B/d, (dp+1) x B/d) of every global batch,
      * its positions of them; the replicas (cp, dp) share the optimizer state
      * under ZeRO-1. Each micro-batch's loss weight is 1/(B/d x T/c): the mean
      * over its positions, and the replicas' average the global batch's mean. */
     pipeline_rank pr;
-    pipeline_init_sharded(&pr, grid.pipe, &local, &s3.model, &ctx.data, (uint64_t)ctx.opt.seed, dp_rank * share,
-                          share, kind, m, virtual_stages, zero_stage ? c * d : 1, grid.me.dp);
+    pipeline_init_sharded(&pr, grid.pipe, experts ? &gx.g : &local, &model, &ctx.data, (uint64_t)ctx.opt.seed,
+                          dp_rank * share, share, kind, m, virtual_stages, zero_stage ? c * d : 1, grid.me.dp);
     stage3d_alloc_partials(&s3, &pr);
     dp_grad_sync dp_sync;
-    if (!zero_stage) dp_sync_init(&dp_sync, grid.dp, pr.grads, 0, pr.n, 0);
+    if (!zero_stage && !experts) dp_sync_init(&dp_sync, grid.dp, pr.grads, 0, pr.n, 0);
     ckpt_view view;
-    stage3d_checkpoint_view(&pr, &tl, &view);
+    if (experts) grid_experts_checkpoint_view(&pr, &gx, &view);
+    else stage3d_checkpoint_view(&pr, &tl, &view);
     const int first = ckpt_resume(&ctx, &view);
     stage3d_params_from_master(&pr, &grid);
     const double theory = schedule_bubble_textbook(kind, p, m, pr.v);
     int *all_positions = malloc(sizeof(int) * (size_t)T); /* --cp 1: every position, in order */
     if (!all_positions) die("out of host memory");
     for (int i = 0; i < T; i++) all_positions[i] = i;
-    print_map(&ctx, deg, c > 1 ? cp_positions(&ch) : all_positions, Tl, tl.heads);
+    print_map(&ctx, deg, c > 1 ? cp_positions(&ch) : all_positions, Tl, tl.heads, experts ? ep : 0);
     free(all_positions);
     if (ctx.rank == 0) {
         printf("5D: TP t=%d%s (%d of %d heads, %d of %d MLP units per rank) | CP c=%d (%s, %s: %d of %d positions) | "
@@ -270,14 +330,26 @@ int main(int argc, char **argv) {
         run_step_begin(&ctx, i);
         pipeline_step_begin(&pr, step);
         pipeline_run(&pr);                                  /* lab04's schedule; TP layers, CP attention inside */
-        if (c * d > 1 && !zero_stage) dp_sync_finish(&dp_sync); /* lab01's average, over the c x d replicas */
-        double grad_norm;
-        double loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip, &grad_norm);
+        double grad_norm, loss;
+        if (experts) { /* lab08's runs: replicated over the replicas, experts over EDP; the step's expert figures */
+            loss = grid_experts_optimizer_step(&pr, &gx, grid.pipe, &ctx.adamw, ctx.opt.clip, &grad_norm);
+            run_experts_tally *tallies = malloc(sizeof *tallies * (size_t)pr.v);
+            if (!tallies) die("out of host memory");
+            for (int k = 0; k < pr.v; k++) tallies[k] = pr.chunk[k].moe;
+            run_experts_report(&ctx, grid.world, tallies, pr.v, d, i); /* stages: their layers; replicas: rows */
+            free(tallies);
+        } else {
+            if (c * d > 1 && !zero_stage) dp_sync_finish(&dp_sync); /* lab01's average, over the c x d replicas */
+            loss = stage3d_optimizer_step(&pr, &s3, &grid, &ctx.adamw, ctx.opt.clip, &grad_norm);
+        }
         char bubble[64];
         run_step_end(&ctx, i, loss, grad_norm, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel)) : -1;
+    const ep_counts training_counts = experts ? gx.eh.counts : (ep_counts){0}; /* the figures are the training's */
+    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel,
+                                                                          experts ? ep_group : grid.cp)) : -1;
+    if (experts) gx.eh.counts = training_counts;
 
     const float *weights = pr.opt_shards == 1 || (void *)pr.master == pr.params ? pr.master : (const float *)pr.params;
     const long weight_floats = weights == pr.master ? pr.n : pr.n * (long)value_bytes() / (long)sizeof(float);
@@ -289,14 +361,15 @@ int main(int argc, char **argv) {
                    in_sync ? "hold bit-identical weights" : "DIFFER");
     }
 
-    report3d rep;
-    report3d_gather(&rep, &grid, &pr, &ctx);
+    report3d rep = {0};
+    if (!experts) report3d_gather(&rep, &grid, &pr, &ctx); /* the experts' traffic has no formula here yet */
     size_t json_len = (rep.json ? strlen(rep.json) : 0) + 512;
     char *extra_json = malloc(json_len);
     if (!extra_json) die("out of host memory");
-    snprintf(extra_json, json_len, "\"tp\":%d,\"cp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batches\":%d,\"schedule\":\"%s\","
+    snprintf(extra_json, json_len, "\"tp\":%d,\"cp\":%d,\"pp\":%d,\"dp\":%d,\"ep\":%d,\"micro_batches\":%d,"
+             "\"schedule\":\"%s\","
              "\"chunks_per_rank\":%d,\"cp_algo\":\"%s\",\"cp_layout\":\"%s\",\"sequence_parallel\":%s,%s"
-             "\"replicas_identical\":%s%s%s", t, c, p, d, m, schedule_name(kind), pr.v, algo_name, layout_name,
+             "\"replicas_identical\":%s%s%s", t, c, p, d, experts ? ep : 0, m, schedule_name(kind), pr.v, algo_name, layout_name,
              sequence_parallel ? "true" : "false", zero_stage ? "\"zero_stage\":1," : "",
              check_sync ? (in_sync ? "true" : "false") : "null", rep.json ? "," : "",
              rep.json ? rep.json : "");
@@ -304,6 +377,11 @@ int main(int argc, char **argv) {
                          .params = tl.g.total, .comm_formula_bytes = rep.formula_ring_bytes,
                          .comm_formula = comm_formula_text, .bubble_theory = theory, .params_held = pr.n,
                          .acts_formula_bytes = pipeline_acts_formula_bytes(&pr)};
+    if (experts) { /* the pipeline, replicas, EP and EDP groups; lab08's own figures below */
+        report = (run_report){.layout = layout, .comms = {grid.pipe, grid.dp, ep_group, edp_group}, .n_comms = 4,
+                              .params = gx.g.total, .comm_formula_bytes = -1, .bubble_theory = theory,
+                              .params_held = pr.n};
+    }
     char states_text[64];
     if (zero_stage) {
         const th_opts state_opts = th_opts_precision(t, g_precision == PREC_BF16);
@@ -316,10 +394,13 @@ int main(int argc, char **argv) {
         report.states_formula_text = states_text;
     }
     lab_finish(&ctx, &view, eval_loss, extra_json, !zero_stage, report);
-    report3d_print(&rep, &grid);
+    if (!experts) report3d_print(&rep, &grid);
+    else print_experts(&gx, &grid, pr.n, ctx.steps_done);
     report3d_free(&rep);
     free(extra_json);
     pipeline_free(&pr);
+    if (experts) grid_experts_free(&gx);
+    if (experts && ep == 1) comm_free(&self);
     cp_hooks_free(&ch);
     stage3d_free(&s3);
     grid_free(&grid);

@@ -313,6 +313,9 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
          !read_choice(rec, "", "cp_algo", "ring|allgather|ulysses", NULL, &cp_algo, why, len) ||
          !read_choice(rec, "", "cp_layout", "contiguous|zigzag", NULL, &cp_layout, why, len))) /* th_cp_layout's order */
         return 0;
+    /* lab09: ep 0 without experts, else its EP groups (and no CP layers: c = 1) */
+    if (is_lab(r, "lab09_5d") && !read_count(rec, "", "ep", 0, ranks, 0, &ep, why, len)) return 0;
+    if (is_lab(r, "lab09_5d") && ep > 0) cp = 0;
     if ((lab08 && !read_count(rec, "", "ep", 1, ranks, 0, &ep, why, len)) ||
         !read_count(cfg, "config.", "experts", lab08, MAX_LAYERS, 0, &experts, why, len) ||
         !read_count(cfg, "config.", "top_k", lab08, MAX_LAYERS, 0, &top_k, why, len) ||
@@ -340,7 +343,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     /* a per-rank capacity sizes the buffers by the routing, as no capacity does */
     r->cfg.capacity_factor = scope == 0 ? capacity : 0;
     r->routing_sized = ep && r->cfg.capacity_factor == 0;
-    if (ep) tp = pp = 1, dp = ranks; /* every rank its own rows: the product below is ranks */
+    if (ep && lab08) tp = pp = 1, dp = ranks; /* every rank its own rows: the product below is ranks */
     if (is_lab(r, "lab03_pp_naive") || is_lab(r, "lab04_1f1b")) pp = ranks;
     if (is_lab(r, "lab05_tp")) tp = ranks;
     if (is_lab(r, "lab01_dp") || is_lab(r, "lab02_zero")) dp = ranks;

@@ -7,7 +7,7 @@ shapes, on every rank, as the lab's formula says; the activation peaks and
 every memory category are theory's (the dry run's prediction, rank by rank);
 --eval's held-out loss is lab01's; a checkpoint crosses layouts and labs.
 
-usage: test_lab09.py equivalence|odd|full_grid|schedules|precision|resume|dry_run|planner"""
+usage: test_lab09.py equivalence|odd|full_grid|experts|schedules|precision|resume|dry_run|planner"""
 import os
 import re
 import sys
@@ -190,6 +190,65 @@ def full_grid():
     check(rec["replicas_identical"] is True, f"{rec['layout']}: the 4 replicas of a (tp, pp) differ")
 
 
+def same_routing(name, rec, ref):
+    """Top-k routing decided the same: every step's dropped choices and the last step's choices per expert
+    exactly (counted before dropping), the aux losses within rounding; with --balance bias, the bias too."""
+    check(rec["dropped_per_step"] == ref["dropped_per_step"],
+          f"{name}: dropped {rec['dropped_per_step']}, lab01 {ref['dropped_per_step']}")
+    check(rec["expert_choices_last_step"] == ref["expert_choices_last_step"], f"{name}: the expert loads differ")
+    for key in ("bias_min_per_step", "bias_max_per_step", "load_imbalance_per_step"):
+        if key in ref:
+            check(rec[key] == ref[key], f"{name}: {key} {rec[key]}, lab01 {ref[key]}")
+    aux = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(rec["aux_losses"], ref["aux_losses"]))
+    check(aux <= 1e-5, f"{name}: aux losses differ by {aux:.2e}")
+
+
+EXPERTS = ["--experts", "4", "--capacity-factor", "1.0"]
+DEEPSEEK = ["--experts", "4", "--router", "sigmoid", "--balance", "bias", "--bias-speed", "0.01"]
+
+
+def experts():
+    """lab08's experts on the grid (t = c = 1): pipeline stages x EP groups carved from the replicas. Every
+    layout reproduces lab01 -n 1 --experts 4: losses, norms, the same drops and loads; the parameters,
+    gradients and AdamW state per rank are theory's (the dry run's, and plan3d --check's)."""
+    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
+    check(sum(ref["dropped_per_step"]) > 0, "the capacity drops nothing: the drops would not be compared")
+    for dims, extra in (((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2"]),  # DeepSeek-V3's shape, small
+                        ((1, 1, 2, 2), ["--ep", "2"]),
+                        ((1, 1, 1, 4), ["--ep", "4", "--micro-batches", "2"]),
+                        ((1, 1, 2, 2), ["--ep", "1", "--schedule", "interleaved", "--micro-batches", "2"])):
+        n = dims[0] * dims[1] * dims[2] * dims[3]
+        flags = MODEL + STEPS + layout(*dims) + EXPERTS + extra
+        rec, _, _ = run(LAB, n, flags)
+        name = f"lab09 {rec['layout']}"
+        compare_runs(f"{name} vs lab01 -n 1 --experts 4", rec, ref, 1e-5)
+        same_routing(name, rec, ref)
+        _, dry, _ = run(LAB, n, flags + ["--dry-run"])
+        rows = {int(x.group(1)): x.group(0).split() for x in map(PREDICTED_ROW_EXPERTS.match, dry.stdout.splitlines())
+                if x}
+        mem = rec["mem_peak_bytes_per_rank"]
+        check(sorted(rows) == list(range(n)), f"{name}: the dry run's rows {sorted(rows)}")
+        for r in range(n):  # params, grads, optim: the rank's runs (E/e experts a layer), by th_stage_params
+            want = tuple(int(x) for x in rows[r][-7:-4])
+            check((mem["params"][r], mem["grads"][r], mem["optim"][r]) == want,
+                  f"{name} rank {r}: model states {mem['params'][r]} {mem['grads'][r]} {mem['optim'][r]}, dry run {want}")
+        print(f"  {name}: lab01's losses, norms, drops and loads; model states per rank = the dry run's")
+    # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
+    ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
+    rec, _, _ = run(LAB, 8, MODEL + STEPS + layout(1, 1, 2, 4) + DEEPSEEK + ["--ep", "2", "--micro-batches", "2"])
+    compare_runs(f"lab09 {rec['layout']} DeepSeek routing vs lab01 -n 1", rec, ref, 1e-5)
+    same_routing(f"lab09 {rec['layout']} DeepSeek routing", rec, ref)
+    # a checkpoint crosses into lab08 and lab01 and back: the experts at their global offsets
+    saved = os.path.join(tempfile.mkdtemp(prefix="pl-ckpt-"), "ck.safetensors")
+    run(LAB, 4, MODEL + ["--steps", "5"] + layout(1, 1, 2, 2) + EXPERTS + ["--ep", "2", "--save", saved])
+    full, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
+    for lab, n, flags in (("lab08_ep", 2, ["--ep", "2"]), ("lab01_dp", 1, []),
+                          (LAB, 8, layout(1, 1, 2, 4) + ["--ep", "4", "--micro-batches", "2"])):
+        rec, _, _ = run(lab, n, MODEL + ["--steps", "5", "--resume", saved] + EXPERTS + flags)
+        compare_runs(f"saved by lab09 pp2 x ep2, resumed by {lab} -n {n} {' '.join(flags)}", rec, full, 1e-5,
+                     ref_from=5)
+
+
 def schedules():
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS)
     for schedule in ("interleaved", "zb-v", "gpipe"):
@@ -220,6 +279,8 @@ def resume():
         compare_runs(f"saved by lab09 2x2x2x1, resumed by {lab} -n {n} {' '.join(flags)}", rec, ref, 1e-5, ref_from=5)
 
 
+# a dry run's row with experts: rank, tp pp dp, layers, params grads optim, then ? for the rest
+PREDICTED_ROW_EXPERTS = re.compile(r"^\s+(\d+)(?:\s+\d+){3}\s+\S+\s+\d+\s+\d+\s+\d+\s+\?\s+\?\s+\?\s+\?$")
 # the dry run's row of a rank: rank, tp cp pp dp (cp only where c > 1), layers, the six categories, the sum
 PREDICTED_ROW = re.compile(r"^\s+(\d+)(?:\s+\d+){3,4}\s+\S+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+\S+$")
 
@@ -299,5 +360,5 @@ def planner():
 
 if __name__ == "__main__":
     {"equivalence": equivalence, "odd": odd, "schedules": schedules, "precision": precision, "resume": resume,
-     "dry_run": dry_run, "planner": planner, "full_grid": full_grid}[sys.argv[1]]()
+     "dry_run": dry_run, "planner": planner, "full_grid": full_grid, "experts": experts}[sys.argv[1]]()
     print("passed")

@@ -100,7 +100,8 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
     local.seq = r->model.seq / cp;
     const long rows = r->batch / ((long)d * m);
     const double act = value_bytes_of(r) * rows * local.seq * r->model.d_model; /* one activation, or its gradient */
-    const th_opts o = th_opts_run(t, sp, r->recompute, r->bf16);
+    th_opts o = th_opts_run(t, sp, r->recompute, r->bf16);
+    o.ep = r->ep; /* lab09's experts: a rank holds E/e of each layer's (th_stage_params) */
     const double msg = sp ? act / t : act; /* SP: a stage message carries a TP rank's T/t positions */
     /* CP's exchanges per layer and micro-batch (theory/context.c), of K|V blocks of the rank's heads */
     double cp_calls[COLL_NKINDS], cp_payload[COLL_NKINDS];
@@ -139,6 +140,8 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
                                      th_cp_hooks_bytes(&r->model, &o, rows, cp, algo);
         else if (x->mem[MEM_WORKSPACE] >= 0)
             x->mem[MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
+        if (r->ep > 0) /* lab09's experts: lab08's buffers per block in flight, sized by the routing: not yet */
+            x->mem[MEM_ACTS] = x->mem[MEM_COMM] = x->mem[MEM_WORKSPACE] = -1;
         if (v > 1) x->lo = x->hi = -1; /* not one run of layers */
         const th_traffic pipe = th_pp_traffic(links, m, 1, msg); /* sends and receives together */
         count(x, COLL_SEND, pipe.calls / 2, msg, 2);
@@ -160,7 +163,9 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         for (int k = 0; k < TH_PREDICTED_KINDS; k++) /* CP: every layer of the rank's chunks, every micro-batch */
             if (cp_calls[k] > 0)
                 count(x, (comm_kind)k, (double)layers * m * cp_calls[k], cp_payload[k] / cp_calls[k], cp);
-        if (r->zero_stage == 1 && replicas > 1) {
+        if (r->ep > 0) { /* lab09's experts: a reduction per run, replicated over the replicas, experts over EDP */
+            if (replicas > 1) x->calls[COLL_ALLREDUCE] = -1;
+        } else if (r->zero_stage == 1 && replicas > 1) {
             /* lab06's ZeRO-1: params and grads padded to d slices (lab09: c x d) of comm_chunk
              * elements, the optimizer state one slice (th_model_states), a
              * reduce-scatter and an all-gather of the padded buffer; in bf16
@@ -184,7 +189,7 @@ int th_predict_run(const th_run *r, th_rank_need *need) {
      * is the same run) has units and ZeRO's shards; anything with stages, a
      * schedule or TP layers is a grid */
     if (r->cp > 0 && !r->tensor_parallel) th_cp_predict(r, need); /* lab09's CP runs in a grid */
-    else if (r->ep > 0) th_ep_predict(r, need);
+    else if (r->ep > 0 && !r->tensor_parallel) th_ep_predict(r, need); /* lab09's EP too */
     else if (r->pp == 1 && !r->schedule && !r->tensor_parallel) predict_data_parallel(r, need);
     else predict_grid(r, need);
     return 0;

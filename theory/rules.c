@@ -63,9 +63,11 @@ static const char *expert_rule(const th_run *r, const text *t) {
     if (r->model.experts % ep)
         return broken(t, "%s %ld: not divisible by %s %d (each rank holds E/N experts)", n[NAME_EXPERTS],
                       r->model.experts, n[NAME_EP], ep);
-    if (r->batch % r->ranks)
+    /* lab09's EP sits in a pipeline grid: its dp replicas train their own rows */
+    const int rows_groups = r->tensor_parallel ? r->dp : r->ranks;
+    if (rows_groups < 1 || r->batch % rows_groups)
         return broken(t, "%s %ld: not divisible by the %d ranks (each trains its own rows)", n[NAME_BATCH], r->batch,
-                      r->ranks);
+                      rows_groups);
     return NULL;
 }
 
