@@ -129,7 +129,7 @@ static void rows_per_rank(const ep_hooks *e, const ep_layer *ly, const int *coun
  * of the layer, kept for its backward (and the block's later micro-batches). */
 static ep_layer *layer_of(ep_hooks *e, const layer_acts *la) {
     for (int i = 0; i < e->n_layer; i++)
-        if (e->layer[i].owner == la->moe_stats) return &e->layer[i];
+        if (e->layer[i].owner == la->moe && e->layer[i].layer == la->layer) return &e->layer[i];
     if (e->n_layer == e->layer_cap) {
         const int cap = 2 * e->layer_cap;
         ep_layer *grown = realloc(e->layer, sizeof(ep_layer) * (size_t)cap);
@@ -139,7 +139,7 @@ static ep_layer *layer_of(ep_hooks *e, const layer_acts *la) {
         e->layer_cap = cap;
     }
     ep_layer *ly = &e->layer[e->n_layer++];
-    ly->owner = la->moe_stats;
+    ly->owner = la->moe;
     ly->layer = la->layer;
     /* ints, but moved by comm_alltoall as values: room for whole values */
     ly->recv = calloc((size_t)e->N * e->local_experts + 2, sizeof(int));

@@ -32,10 +32,11 @@
 /* What one layer's forward keeps for its backward on this rank, for one block
  * of activations (lab08 has one; a pipeline stage one per micro-batch in
  * flight). The layer body hands the hook copies of its layer_acts, so the key
- * is what the block itself holds for the layer: its routing statistics
- * (la->moe_stats, kept under every --recompute mode). */
+ * is the layer and where its routing state lives (la->moe): the block's, or
+ * under --recompute full the layer scratch's, where the backward reruns the
+ * forward (and its exchanges) before it needs them. */
 typedef struct ep_layer {
-    const void *owner;            /* the block's la->moe_stats (NULL: not claimed) */
+    const void *owner;            /* la->moe (NULL: not claimed) */
     int layer;                    /* la->layer */
     long rows_cap;                /* rows the four buffers hold (grown when a step needs more) */
     void *xr, *fch, *gelu, *yr;   /* the received slots expert-major: [rows,C], [rows,4C], [rows,4C], [rows,C] */
