@@ -21,10 +21,14 @@
  * (all-reduce, ZeRO-1, the clip by the whole model's norm) runs over it as
  * over its DP axis. So every layout reproduces `lab01_dp -n 1`.
  *
+ * The fifth axis, --experts E --ep e (at t = c = 1): lab08's experts in the
+ * MLP slot, E/e a layer on each rank of an EP group carved from the replicas
+ * (common/mesh.h); experts.h says how their gradients are summed.
+ *
  * What to look at: the mesh map printed at start (which rank holds which
- * layers, heads and positions, on which host); the losses and gradient norms,
- * equal to `lab01_dp -n 1`; the traffic lines, one per group kind beside its
- * formula; the activations per rank beside the formula. */
+ * layers, heads, positions and experts, on which host); the losses and
+ * gradient norms, equal to `lab01_dp -n 1`; the traffic lines, one per group
+ * kind beside its formula; the activations per rank beside the formula. */
 #include "checkpoint.h"
 #include "comm.h"
 #include "cp.h"
