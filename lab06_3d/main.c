@@ -50,24 +50,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --eval: lab04's pipeline_evaluate (the pipeline forward on the held-out
- * batches, no backward), each replica on its own B/d rows of every held-out
- * batch (the stages' first_row), as in training; averaged over the replicas,
- * that is the mean over the whole batch, lab01's. The forward's TP all-reduces
- * stay out of the traffic counts, so the record's per-step figures are the
- * training's. */
-static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel) {
-    const comm_quiet q = comm_quiet_begin(g->tp);
-    double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
-    comm_quiet_end(&q);
-    comm_allreduce_host(g->dp, &loss, 1);
-    if (sequence_parallel) { /* each TP rank's loss is that of its positions */
-        comm_allreduce_host(g->tp, &loss, 1);
-        loss /= g->tp->size;
-    }
-    return loss / g->dp->size;
-}
-
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int ranks;
@@ -209,15 +191,12 @@ int main(int argc, char **argv) {
         run_step_end(&ctx, i, loss, grad_norm, pipeline_bubble_text(&pr, theory, bubble));
         ckpt_step_done(&ctx, &view, step + 1);
     }
-    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel)) : -1;
+    const double eval_loss =
+        ctx.opt.eval ? ckpt_print_eval(&ctx, stage3d_evaluate(&ctx, &pr, &grid, sequence_parallel, NULL)) : -1;
 
     /* lab01's check over each DP group (the replicas of one (tp, pp) position), all groups agreeing */
-    /* (ZeRO-1 in bf16: no replica holds the whole master; the parameters' bytes, read as floats, are compared) */
-    const float *weights = pr.opt_shards == 1 || (void *)pr.master == pr.params ? pr.master : (const float *)pr.params;
-    const long weight_floats = weights == pr.master ? pr.n : pr.n * (long)value_bytes() / (long)sizeof(float);
-    int in_sync = check_sync ? dp_replicas_identical(grid.dp, weights, weight_floats, 0) : 1;
+    const int in_sync = check_sync ? stage3d_replicas_identical(&pr, grid.dp) : 1;
     if (check_sync) {
-        MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (ctx.rank == 0)
             printf("check-sync: the %d data-parallel replicas of every (tp, pp) position %s\n", d,
                    in_sync ? "hold bit-identical weights" : "DIFFER");
@@ -242,16 +221,7 @@ int main(int argc, char **argv) {
      * measured figure adds the last slice's padding, the ZeRO-1 lines below);
      * without it, lab_finish's of a whole replica */
     char states_text[64];
-    if (zero_stage) {
-        const th_opts state_opts = th_opts_precision(t, g_precision == PREC_BF16);
-        const th_states per_elem = th_model_states(1, &state_opts, zero_stage, d);
-        snprintf(states_text, sizeof states_text, "%g + %g + %g/%d", per_elem.params, per_elem.grads,
-                 th_optim_bytes(state_opts.precision), d);
-        report.states_formula[0] = per_elem.params;
-        report.states_formula[1] = per_elem.grads;
-        report.states_formula[2] = per_elem.optim;
-        report.states_formula_text = states_text;
-    }
+    if (zero_stage) stage3d_zero1_states(&report, states_text, t, d);
     lab_finish(&ctx, &view, eval_loss, extra_json, !zero_stage, report);
     report3d_print(&rep, &grid);
 

@@ -1,8 +1,10 @@
 #include "stage3d.h"
 #include "device.h"
+#include "dp.h"
 #include "mem.h"
 #include "sequence_parallel.h"
 #include "trace.h"
+#include <stdio.h>
 #include <string.h>
 #include <math.h>
 
@@ -171,4 +173,39 @@ void stage3d_params_from_master(pipeline_rank *pr, process_grid *g) {
     const comm_quiet q = comm_quiet_begin(g->dp);
     comm_allgather(g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
     comm_quiet_end(&q);
+}
+
+/* ---- the run's end -------------------------------------------------------------------- */
+
+double stage3d_evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel, comm *quiet) {
+    const comm_quiet tp = comm_quiet_begin(g->tp), cp = comm_quiet_begin(g->cp), other = comm_quiet_begin(quiet);
+    double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
+    comm_quiet_end(&other);
+    comm_quiet_end(&cp);
+    comm_quiet_end(&tp);
+    comm_allreduce_host(g->dp, &loss, 1);
+    if (sequence_parallel) { /* each TP rank's loss is that of its positions */
+        comm_allreduce_host(g->tp, &loss, 1);
+        loss /= g->tp->size;
+    }
+    return loss / g->dp->size;
+}
+
+int stage3d_replicas_identical(const pipeline_rank *pr, comm *replicas) {
+    const float *weights = pr->opt_shards == 1 || (void *)pr->master == pr->params ? pr->master
+                                                                                   : (const float *)pr->params;
+    const long floats = weights == pr->master ? pr->n : pr->n * (long)value_bytes() / (long)sizeof(float);
+    int in_sync = dp_replicas_identical(replicas, weights, floats, 0);
+    MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return in_sync;
+}
+
+void stage3d_zero1_states(run_report *r, char *text, int t, int d) {
+    const th_opts opts = th_opts_precision(t, g_precision == PREC_BF16);
+    const th_states per_elem = th_model_states(1, &opts, 1, d);
+    snprintf(text, 64, "%g + %g + %g/%d", per_elem.params, per_elem.grads, th_optim_bytes(opts.precision), d);
+    r->states_formula[0] = per_elem.params;
+    r->states_formula[1] = per_elem.grads;
+    r->states_formula[2] = per_elem.optim;
+    r->states_formula_text = text;
 }

@@ -55,6 +55,26 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
  * rounding; sharded, then all-gathered over DP, left out of the traffic). */
 void stage3d_params_from_master(pipeline_rank *pr, process_grid *g);
 
+/* --eval: lab04's pipeline_evaluate (the pipeline forward on the held-out
+ * batches, no backward), each replica on its own rows of every held-out batch
+ * (the stages' first_row), as in training; averaged over the grid's DP group
+ * (lab09: the c x d replicas), that is the mean over the whole batch, lab01's;
+ * under SP each TP rank's loss is that of its positions, so averaged over TP
+ * too. The forward's TP all-reduces, CP exchanges (g->cp) and the traffic of
+ * `quiet` (lab09's EP group; NULL: none) stay out of the traffic counts, so
+ * the record's per-step figures are the training's. */
+double stage3d_evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel, comm *quiet);
+/* --check-sync: lab01's check over each group of ranks that hold the same
+ * buffer (lab06: the DP replicas of one (tp, pp) position; lab09 with experts:
+ * an EDP group), all groups agreeing; 1 when they hold bit-identical weights.
+ * ZeRO-1 in bf16: no replica holds the whole master, so the parameters' bytes,
+ * read as floats, are compared. Collective over the world. */
+int stage3d_replicas_identical(const pipeline_rank *pr, comm *replicas);
+/* ZeRO-1 over d replicas: theory's model states per element with the
+ * optimizer's / d into r (the measured figure adds the last slice's padding,
+ * report3d's ZeRO-1 lines); text (64 bytes) holds its "2 + 2 + 12/d". */
+void stage3d_zero1_states(run_report *r, char *text, int t, int d);
+
 /* The checkpoint view of the rank's chunks: lab05's tp_checkpoint_hold of each
  * chunk's layers, moved to where the chunk sits in the rank's buffers; under
  * ZeRO-1 the moments (and in bf16 the master weights) of the slice alone. */

@@ -120,24 +120,6 @@ static void print_map(const run_ctx *ctx, const int *deg, const int *positions, 
     free(all);
 }
 
-/* --eval: lab06's (the pipeline forward on the held-out batches), averaged
- * over the c x d replicas: each the mean over its rows' positions. Its TP
- * all-reduces and K/V exchanges stay out of the per-step traffic counts. */
-static double evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, int sequence_parallel, comm *ep) {
-    const comm_quiet tp = comm_quiet_begin(g->tp), cp = comm_quiet_begin(g->cp); /* the training's counts */
-    const comm_quiet eq = comm_quiet_begin(ep);
-    double loss = pipeline_evaluate(pr, &ctx->data, ctx->opt.batch, ctx->opt.seq);
-    comm_quiet_end(&eq);
-    comm_quiet_end(&cp);
-    comm_quiet_end(&tp);
-    comm_allreduce_host(g->dp, &loss, 1);
-    if (sequence_parallel) { /* each TP rank's loss is that of its positions */
-        comm_allreduce_host(g->tp, &loss, 1);
-        loss /= g->tp->size;
-    }
-    return loss / g->dp->size;
-}
-
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int ranks;
@@ -269,8 +251,8 @@ int main(int argc, char **argv) {
     heads_view.cfg.d_model = tl.heads * (ctx.opt.d_model / ctx.opt.heads);
     tl.g.cfg.seq = Tl; /* a TP layer sees a CP rank's T/c positions whole (SP: its regions split them t ways) */
     tp_layout_sequence_parallel(&tl, sequence_parallel);
-    stage3d s3;
-    stage3d_init(&s3, &tl, grid.tp);
+    stage3d s3 = {0}; /* --experts: lab08's stage model below instead */
+    if (!experts) stage3d_init(&s3, &tl, grid.tp);
     /* ... and lab07's attention, on this TP rank's heads (its q|k|v columns) */
     cp_hooks ch = {0};
     if (c > 1) { /* --cp 1: lab06's layer, attention whole */
@@ -306,7 +288,7 @@ int main(int argc, char **argv) {
     pipeline_rank pr;
     pipeline_init_sharded(&pr, grid.pipe, experts ? &gx.g : &local, &model, &ctx.data, (uint64_t)ctx.opt.seed,
                           dp_rank * share, share, kind, m, virtual_stages, zero_stage ? c * d : 1, grid.me.dp);
-    stage3d_alloc_partials(&s3, &pr);
+    if (!experts) stage3d_alloc_partials(&s3, &pr);
     dp_grad_sync dp_sync;
     if (!zero_stage && !experts) dp_sync_init(&dp_sync, grid.dp, pr.grads, 0, pr.n, 0);
     ckpt_view view;
@@ -351,18 +333,19 @@ int main(int argc, char **argv) {
         ckpt_step_done(&ctx, &view, step + 1);
     }
     const ep_counts training_counts = experts ? gx.eh.counts : (ep_counts){0}; /* the figures are the training's */
-    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(&ctx, &pr, &grid, sequence_parallel,
-                                                                          experts ? ep_group : grid.cp)) : -1;
+    /* --eval: lab06's, its EP all-to-alls out of the traffic counts too */
+    const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, stage3d_evaluate(&ctx, &pr, &grid, sequence_parallel,
+                                                                                  experts ? ep_group : NULL)) : -1;
     if (experts) gx.eh.counts = training_counts;
 
-    const float *weights = pr.opt_shards == 1 || (void *)pr.master == pr.params ? pr.master : (const float *)pr.params;
-    const long weight_floats = weights == pr.master ? pr.n : pr.n * (long)value_bytes() / (long)sizeof(float);
-    int in_sync = check_sync ? dp_replicas_identical(grid.dp, weights, weight_floats, 0) : 1;
-    if (check_sync) {
-        MPI_Allreduce(MPI_IN_PLACE, &in_sync, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (ctx.rank == 0)
-            printf("check-sync: the %d replicas (cp x dp) of every (tp, pp) position %s\n", c * d,
-                   in_sync ? "hold bit-identical weights" : "DIFFER");
+    /* lab06's check over the c x d replicas; with experts over each EDP group, whose ranks hold the same experts
+     * (an EP group's ranks hold different ones) */
+    const int in_sync = check_sync ? stage3d_replicas_identical(&pr, experts ? edp_group : grid.dp) : 1;
+    if (check_sync && ctx.rank == 0) {
+        if (experts) printf("check-sync: the ranks of every EDP group (the replicas holding the same experts) %s\n",
+                            in_sync ? "hold bit-identical weights" : "DIFFER");
+        else printf("check-sync: the %d replicas (cp x dp) of every (tp, pp) position %s\n", c * d,
+                    in_sync ? "hold bit-identical weights" : "DIFFER");
     }
 
     report3d rep = {0};
@@ -387,16 +370,7 @@ int main(int argc, char **argv) {
                               .params_held = pr.n};
     }
     char states_text[64];
-    if (zero_stage) {
-        const th_opts state_opts = th_opts_precision(t, g_precision == PREC_BF16);
-        const th_states per_elem = th_model_states(1, &state_opts, zero_stage, c * d);
-        snprintf(states_text, sizeof states_text, "%g + %g + %g/%d", per_elem.params, per_elem.grads,
-                 th_optim_bytes(state_opts.precision), c * d);
-        report.states_formula[0] = per_elem.params;
-        report.states_formula[1] = per_elem.grads;
-        report.states_formula[2] = per_elem.optim;
-        report.states_formula_text = states_text;
-    }
+    if (zero_stage) stage3d_zero1_states(&report, states_text, t, c * d); /* ZeRO-1 over the c x d replicas */
     lab_finish(&ctx, &view, eval_loss, extra_json, !zero_stage, report);
     if (!experts) report3d_print(&rep, &grid);
     else print_experts(&gx, &grid, pr.n, ctx.steps_done);
@@ -406,7 +380,7 @@ int main(int argc, char **argv) {
     if (experts) grid_experts_free(&gx);
     if (experts && ep == 1) comm_free(&self);
     cp_hooks_free(&ch);
-    stage3d_free(&s3);
+    if (!experts) stage3d_free(&s3);
     grid_free(&grid);
     MPI_Finalize();
     return run_exit_status(&ctx, in_sync ? 0 : 1);

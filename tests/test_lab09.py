@@ -214,7 +214,7 @@ def experts():
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
     check(sum(ref["dropped_per_step"]) > 0, "the capacity drops nothing: the drops would not be compared")
     full, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS + ["--recompute", "full"])
-    for dims, extra in (((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2"]),  # DeepSeek-V3's shape, small
+    for dims, extra in (((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--check-sync"]),  # DeepSeek-V3's shape
                         ((1, 1, 2, 2), ["--ep", "2"]),
                         ((1, 1, 1, 4), ["--ep", "4", "--micro-batches", "2"]),
                         ((1, 1, 2, 2), ["--ep", "1", "--schedule", "interleaved", "--micro-batches", "2"]),
@@ -227,6 +227,8 @@ def experts():
         base = full if "--recompute" in extra else ref
         compare_runs(f"{name} vs lab01 -n 1 --experts 4", rec, base, 1e-5)
         same_routing(name, rec, base)
+        if "--check-sync" in extra:  # the ranks holding the same experts (EDP) hold the same buffers
+            check(rec["replicas_identical"] is True, f"{name}: the EDP groups' weights differ")
         _, dry, _ = run(LAB, n, flags + ["--dry-run"])
         rows = {int(x.group(1)): x.group(0).split() for x in map(PREDICTED_ROW_EXPERTS.match, dry.stdout.splitlines())
                 if x}
