@@ -846,15 +846,11 @@ double ckpt_print_eval(const run_ctx *ctx, double eval_loss) {
 
 /* ---- the record ---------------------------------------------------------------------- */
 
-char *ckpt_record_json(const run_ctx *ctx, const ckpt_view *v, double eval_loss, const char *lab_extra) {
+void ckpt_record_members(const run_ctx *ctx, const ckpt_view *v, double eval_loss, json_t *r) {
     const run_options *o = &ctx->opt;
-    json_t *r = jsonval_members(lab_extra, "the lab's record members");
     jsonval_set(r, "first_step", json_integer(v->first_step));
     jsonval_set(r, "resumed_from", jsonval_text(o->resume));
     jsonval_set(r, "saved_to", jsonval_text(o->save));
     jsonval_set(r, "eval_loss", eval_loss >= 0 ? jsonval_number(eval_loss) : json_null());
     if (o->sample > 0) jsonval_set(r, "sample", sample_record());
-    char *s = jsonval_members_text(r);
-    json_decref(r);
-    return s;
 }

@@ -98,9 +98,10 @@ int ckpt_check_flags(const run_ctx *ctx, char *err, size_t errlen);
  * Returns eval_loss: `double e = ctx.opt.eval ? ckpt_print_eval(&ctx, evaluate(..)) : -1;` */
 double ckpt_print_eval(const run_ctx *ctx, double eval_loss);
 
-/* The record members checkpoints and --eval add ("\"resumed_from\":...,"
- * "\"first_step\":...,\"saved_to\":...,\"eval_loss\":..."), after the lab's own
- * members (lab_extra may be NULL). eval_loss < 0: not evaluated. malloc'd. */
-char *ckpt_record_json(const run_ctx *ctx, const ckpt_view *v, double eval_loss, const char *lab_extra);
+/* The record members checkpoints and --eval add (first_step, resumed_from,
+ * saved_to, eval_loss, --sample's), set on `members` (a jansson object) after
+ * the lab's own. eval_loss < 0: not evaluated. */
+struct json_t;
+void ckpt_record_members(const run_ctx *ctx, const ckpt_view *v, double eval_loss, struct json_t *members);
 
 #endif

@@ -427,9 +427,7 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     char hash[24];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)ctx->data.hash);
     jsonval_set(rec, "data_fnv1a64", jsonval_text(hash));
-    json_t *extra = jsonval_members(r->extra_json, "the lab's record members (run_report.extra_json)");
-    if (json_object_update(rec, extra) != 0) die("out of host memory");
-    json_decref(extra);
+    if (r->record_members && json_object_update(rec, (json_t *)r->record_members) != 0) die("out of host memory");
     char *line = json_dumps(rec, JSON_COMPACT);
     json_decref(rec);
     if (!line) die("out of host memory");

@@ -154,7 +154,7 @@ typedef struct run_report {
     double comm_formula_bytes;  /* bytes per rank per step by the lesson's formula, < 0: none */
     const char *comm_formula;   /* how it is computed, e.g. "2(N-1)/N x gradient bytes" */
     double bubble_theory;       /* < 0: not a pipeline */
-    const char *extra_json;     /* lab-specific record members ("\"k\":v,..."), or NULL */
+    const struct json_t *record_members; /* the lab's own members of the record (a jansson object), or NULL */
     double acts_formula_bytes;  /* THIS rank's activation peak by theory.h's formula (0: none given),
                                  * printed and recorded beside the allocator's peak */
     /* Model states per parameter this rank computes with (its replica, stage or

@@ -19,6 +19,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "lab_run.h"
+#include "jsonval.h"
 #include "mem.h"
 #include "model.h"
 #include "moe.h"
@@ -139,7 +140,7 @@ int main(int argc, char **argv) {
     zero_extra_json(&zero, &fig, bucket_mb, extra, sizeof extra);
     const th_model tm = lab_theory_model(&g.cfg); /* --experts: FLOPs of the active parameters, their buffers */
     const th_opts opts = th_opts_run(1, 0, ctx.model.recompute, g_precision == PREC_BF16);
-    lab_finish(&ctx, &view, eval_loss, extra, 0 /* model states: its own table */,
+    lab_finish(&ctx, &view, eval_loss, jsonval_members(extra, "the lab's record members"), 0 /* model states: its own table */,
                (run_report){.layout = layout, .comms = {&world}, .n_comms = 1, .params = P,
                             .comm_formula_bytes = fig.comm_formula, .comm_formula = fig.comm_formula_text,
                             .bubble_theory = -1,

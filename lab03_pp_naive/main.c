@@ -18,6 +18,7 @@
 #include "comm.h"
 #include "device.h"
 #include "lab_run.h"
+#include "jsonval.h"
 #include "model.h"
 #include "run.h"
 #include "stage.h"
@@ -97,7 +98,7 @@ int main(int argc, char **argv) {
     char *extra_json = stage_report_json(&st, 1, "1 batch (naive: the whole batch at once)");
     const th_model tm = lab_theory_model(&g.cfg); /* --experts: their buffers too */
     const th_opts opts = stage_opts(&st);
-    lab_finish(&ctx, &view, eval_loss, extra_json, 1,
+    lab_finish(&ctx, &view, eval_loss, jsonval_members(extra_json, "the lab's record members"), 1,
                (run_report){.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                             .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
                             .bubble_theory = theory, .params_held = st.end - st.begin,

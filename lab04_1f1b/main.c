@@ -28,6 +28,7 @@
 #include "comm.h"
 #include "device.h"
 #include "lab_run.h"
+#include "jsonval.h"
 #include "executor.h"
 #include "model.h"
 #include "run.h"
@@ -162,7 +163,7 @@ int main(int argc, char **argv) {
     textbuf_printf(&extra, "\"micro_batches\":%d,\"schedule\":\"%s\",\"t_forward_s\":%.6g,\"t_backward_s\":%.6g,"
                    "\"t_weight_s\":%.6g,\"bubble_formula\":%.6g,\"bubble_formula_text\":\"%s\",%s", m,
                    schedule_name(kind), t[0], t[1], t[2], formula, schedule_bubble_formula_text(kind), stages_json);
-    lab_finish(&ctx, &view, eval_loss, extra.s, 1,
+    lab_finish(&ctx, &view, eval_loss, jsonval_members(extra.s, "the lab's record members"), 1,
                (run_report){.layout = layout, .comms = {&pipe}, .n_comms = 1, .params = g.total,
                             .comm_formula_bytes = comm_formula, .comm_formula = comm_formula_text,
                             .bubble_theory = theory, .params_held = pr.n,

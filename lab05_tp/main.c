@@ -30,6 +30,7 @@
 #include "mem.h"
 #include "model.h"
 #include "lab_run.h"
+#include "jsonval.h"
 #include "run.h"
 #include "theory.h"
 #include "sequence_parallel.h"
@@ -282,7 +283,7 @@ int main(int argc, char **argv) {
              acts_split_full, acts_split_full / tp.size, check_sync ? (in_sync ? "true" : "false") : "null",
              acts.att_bytes, acts.layer_bytes, acts.bytes - acts.att_bytes - acts.layer_bytes, acts_parts.quadratic,
              acts_parts.linear, acts_parts.other, th_flops_per_token(&tm), th_recompute_flops_per_token(&tm, opts.recompute));
-    lab_finish(&ctx, &view, eval_loss, extra, 1,
+    lab_finish(&ctx, &view, eval_loss, jsonval_members(extra, "the lab's record members"), 1,
                (run_report){.layout = layout, .comms = {&tp}, .n_comms = 1, .params = tl.g.total,
                             .comm_formula_bytes = tp_traffic.ring + partial_traffic.ring, .comm_formula = formula,
                             .bubble_theory = -1, .acts_formula_bytes = acts_formula, .params_held = P});

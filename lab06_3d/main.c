@@ -40,6 +40,7 @@
 #include "model.h"
 #include "report3d.h"
 #include "lab_run.h"
+#include "jsonval.h"
 #include "run.h"
 #include "schedule.h"
 #include "stage.h"
@@ -222,7 +223,7 @@ int main(int argc, char **argv) {
      * without it, lab_finish's of a whole replica */
     char states_text[64];
     if (zero_stage) stage3d_zero1_states(&report, states_text, t, d);
-    lab_finish(&ctx, &view, eval_loss, extra_json, !zero_stage, report);
+    lab_finish(&ctx, &view, eval_loss, jsonval_members(extra_json, "the lab's record members"), !zero_stage, report);
     report3d_print(&rep, &grid);
 
     report3d_free(&rep);

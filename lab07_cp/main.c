@@ -18,6 +18,7 @@
 #include "comm.h"
 #include "cp.h"
 #include "lab_run.h"
+#include "jsonval.h"
 #include "kernels.h"
 #include "mem.h"
 #include "model.h"
@@ -290,7 +291,7 @@ int main(int argc, char **argv) {
         snprintf(extra + at, sizeof extra - (size_t)at, ",\"ring_flops_per_s\":%.6g,\"ring_bytes_per_s\":%.6g,"
                  "\"ring_block_seconds\":%.6g,\"ring_message_seconds\":%.6g,\"ring_hidden\":%s",
                  rate_bw[0], rate_bw[1], hiding.block_seconds, hiding.message_seconds, hiding.hidden ? "true" : "false");
-    lab_finish(&ctx, &view, eval_loss, extra, 1,
+    lab_finish(&ctx, &view, eval_loss, jsonval_members(extra, "the lab's record members"), 1,
                (run_report){.layout = layout, .comms = {&world, &cp}, .n_comms = 2, .params = P,
                             .comm_formula_bytes = comm_formula, .comm_formula = formula_text, .bubble_theory = -1,
                             .params_held = P, .acts_formula_bytes = acts_formula});

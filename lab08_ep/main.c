@@ -21,6 +21,7 @@
 #include "ep.h"
 #include "kernels.h"
 #include "lab_run.h"
+#include "jsonval.h"
 #include "mem.h"
 #include "model.h"
 #include "moe.h"
@@ -262,7 +263,7 @@ int main(int argc, char **argv) {
     const double acts_formula = th_ep_acts_bytes(&tm, &acts_opts, rows, received);
     free(received);
     /* model states per parameter the rank holds: the replicated part and E/N of the experts */
-    lab_finish(&ctx, &view, eval_loss, extra, 1,
+    lab_finish(&ctx, &view, eval_loss, jsonval_members(extra, "the lab's record members"), 1,
                (run_report){.layout = layout, .comms = {&world, &ep, &edp}, .n_comms = 3, .params = g.total,
                             .comm_formula_bytes = -1, .bubble_theory = -1, .params_held = P,
                             .acts_formula_bytes = acts_formula});

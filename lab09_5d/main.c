@@ -38,6 +38,7 @@
 #include "experts.h"
 #include "grid.h"
 #include "lab_run.h"
+#include "jsonval.h"
 #include "mesh.h"
 #include "model.h"
 #include "report3d.h"
@@ -371,7 +372,7 @@ int main(int argc, char **argv) {
     }
     char states_text[64];
     if (zero_stage) stage3d_zero1_states(&report, states_text, t, c * d); /* ZeRO-1 over the c x d replicas */
-    lab_finish(&ctx, &view, eval_loss, extra_json, !zero_stage, report);
+    lab_finish(&ctx, &view, eval_loss, jsonval_members(extra_json, "the lab's record members"), !zero_stage, report);
     if (!experts) report3d_print(&rep, &grid);
     else print_experts(&gx, &grid, pr.n, ctx.steps_done);
     report3d_free(&rep);

@@ -1,6 +1,7 @@
 /* A lab's --dry-run and finish (lab_run.h). */
 #include "lab_run.h"
 #include "device.h"
+#include "jsonval.h"
 #include "precision.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,9 +192,10 @@ void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) {
     run_dry_run_exit(ctx, &r);
 }
 
-void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, const char *extra, int states, run_report r) {
-    char *record = ckpt_record_json(ctx, view, eval_loss, extra);
-    r.extra_json = record;
+void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, json_t *members, int states, run_report r) {
+    if (!members && !(members = json_object())) die("out of host memory");
+    ckpt_record_members(ctx, view, eval_loss, members);
+    r.record_members = members;
     if (states) {
         const th_opts opts = th_opts_precision(1, g_precision == PREC_BF16);
         const th_states per_param = th_model_states(1, &opts, 0, 1);
@@ -203,7 +205,7 @@ void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, const char *ext
         r.states_formula_text = g_precision == PREC_BF16 ? "2 + 2 + 12" : "4 + 4 + 8";
     }
     run_finish(ctx, &r);
-    free(record);
+    json_decref(members);
     ckpt_view_free(view);
 }
 

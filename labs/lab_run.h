@@ -48,12 +48,12 @@ void lab_start(run_ctx *ctx, const th_run *need);
  * then run_dry_run_exit's lines of r; every rank exits 0. Collective. */
 void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) __attribute__((noreturn));
 
-/* The end of a run: the record (the lab's `extra` members, then the
- * checkpoint's and --eval's), with `states` theory's model-state bytes per
- * parameter in the run's precision beside the allocator's (a lab holding whole
- * parameters, r.params_held of them; lab02 prints its own), then run_finish
- * and the view freed. Collective. */
-void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, const char *extra, int states, run_report r);
+/* The end of a run: the record (the lab's `members`, a jansson object whose
+ * reference this takes, or NULL; then the checkpoint's and --eval's), with
+ * `states` theory's model-state bytes per parameter in the run's precision
+ * beside the allocator's (a lab holding whole parameters, r.params_held of
+ * them; lab02 prints its own), then run_finish and the view freed. Collective. */
+void lab_finish(run_ctx *ctx, ckpt_view *view, double eval_loss, struct json_t *members, int states, run_report r);
 
 /* One forward of the lab's model on acts, returning its mean loss. */
 typedef double lab_forward_loss(void *arg, gpt_acts *acts);
