@@ -126,76 +126,123 @@ static void run_release(run_ctx *ctx) {
  * 1F1B's (p-1)/(m+p-1), (p-1)/(v m) interleaved, 0 for ZB-V. */
 static double bubble_per_ideal(double idle_per_step) { return idle_per_step / (1 - idle_per_step); }
 
-void run_finish(run_ctx *ctx, const run_report *r) {
+/* What the end of a run measured, gathered from every rank: the summary and the record print it. */
+enum { NM = MEM_NCAT + 2, ACTS_FORMULA = MEM_NCAT + 1 }; /* per rank: the categories, the total, the formula */
+typedef struct finish_figures {
+    int R, steps;
+    char *run_layout;     /* the run's layout, --recompute in it when not none */
+    char layout[64];      /* the same as a file name's part */
+    char *json_path, *csv_path; /* the trace and the timeline */
+    double *all;          /* rank 0: [R][NM] every rank's memory peaks and activation formula */
+    double states[3];     /* model states per parameter held, the largest over ranks */
+    int states_formula;   /* the lab gave theory's bytes per parameter */
+    trace_summary ts;     /* rank 0's timeline over the measured steps */
+    double *fracs;        /* rank 0: [R][3] compute, comm and bubble fractions of the step */
+    traffic tmax;         /* the most of any rank, per kind */
+    double check_max[2];  /* --check-collectives: checks and seconds, the most of any rank */
+    double med, tok_s, gflops, peak_max[NM], per_step, wire_total, payload_total;
+    char measured[48];    /* which steps the clocks measured */
+    int kernel_times;     /* PL_KERNEL_TIMES=1: kernel_ms holds ms per step by kind, then the rest */
+    double kernel_ms[KERNEL_NKINDS + 1];
+} finish_figures;
+
+/* Gathers every rank's figures into f (rank 0's) and writes the trace and the
+ * timeline. Collective. Returns 1 on rank 0, which goes on to print and record. */
+static int gather_figures(run_ctx *ctx, const run_report *r, finish_figures *f) {
     const run_options *o = &ctx->opt;
-    int R = ctx->size, rank = ctx->rank;
+    const int R = ctx->size, rank = ctx->rank;
+    *f = (finish_figures){.R = R, .steps = ctx->steps_done};
     /* the layout names the run (summary, record, trace and timeline files): --recompute is in it when not none */
-    char *run_layout = ctx->model.recompute ? text_printf("%s recompute=%s", r->layout, o->recompute)
-                                            : text_printf("%s", r->layout);
+    f->run_layout = ctx->model.recompute ? text_printf("%s recompute=%s", r->layout, o->recompute)
+                                         : text_printf("%s", r->layout);
 
     /* memory: every category's peak on every rank */
-    enum { NM = MEM_NCAT + 2, ACTS_FORMULA = MEM_NCAT + 1 }; /* the categories, the total, the formula */
-    double mine[NM], *all = rank == 0 ? malloc(sizeof(double) * NM * (size_t)R) : NULL;
+    double mine[NM];
+    f->all = rank == 0 ? malloc(sizeof(double) * NM * (size_t)R) : NULL;
     for (int c = 0; c < MEM_NCAT; c++) mine[c] = (double)mem_peak(c);
     mine[MEM_NCAT] = (double)mem_peak_total();
     mine[ACTS_FORMULA] = r->acts_formula_bytes;
-    MPI_Gather(mine, NM, MPI_DOUBLE, all, NM, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Gather(mine, NM, MPI_DOUBLE, f->all, NM, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     /* model states per parameter this rank computes with, the largest over ranks */
     const double held = (double)(r->params_held > 0 ? r->params_held : r->params);
-    double states_mine[3], states[3] = {0, 0, 0};
+    double states_mine[3];
     for (int c = 0; c < 3; c++) states_mine[c] = held > 0 ? (double)mem_peak(MEM_PARAMS + c) / held : 0;
-    MPI_Reduce(states_mine, states, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    const int states_formula = r->states_formula[0] + r->states_formula[1] + r->states_formula[2] > 0;
+    MPI_Reduce(states_mine, f->states, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    f->states_formula = r->states_formula[0] + r->states_formula[1] + r->states_formula[2] > 0;
 
     /* timeline: busy fractions over the measured steps, then the files */
-    trace_summary ts = trace_summarize(ctx->steps_done > 1 ? 1 : 0);
-    double fr[3] = {ts.wall > 0 ? ts.compute / ts.wall : 0, ts.wall > 0 ? ts.comm / ts.wall : 0,
-                    ts.wall > 0 ? 1 - ts.busy / ts.wall : 0}; /* compute, comm, bubble (idle outside compute events) */
-    double *fracs = rank == 0 ? malloc(sizeof(double) * 3 * (size_t)R) : NULL;
-    MPI_Gather(fr, 3, MPI_DOUBLE, fracs, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    f->ts = trace_summarize(ctx->steps_done > 1 ? 1 : 0);
+    const trace_summary *ts = &f->ts;
+    double fr[3] = {ts->wall > 0 ? ts->compute / ts->wall : 0, ts->wall > 0 ? ts->comm / ts->wall : 0,
+                    ts->wall > 0 ? 1 - ts->busy / ts->wall : 0}; /* compute, comm, bubble (idle outside compute events) */
+    f->fracs = rank == 0 ? malloc(sizeof(double) * 3 * (size_t)R) : NULL;
+    MPI_Gather(fr, 3, MPI_DOUBLE, f->fracs, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
 
     /* traffic: the maximum over ranks of each figure (ranks differ in pipelines) */
-    traffic t = count_traffic(r), tmax;
-    MPI_Reduce(&t, &tmax, sizeof t / sizeof(double), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    traffic t = count_traffic(r);
+    MPI_Reduce(&t, &f->tmax, sizeof t / sizeof(double), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     /* --check-collectives: its checks and seconds, the most of any rank */
     long checks;
-    double check_s, check_mine[2], check_max[2] = {0, 0};
+    double check_s, check_mine[2];
     flight_check_cost(&checks, &check_s);
     check_mine[0] = (double)checks;
     check_mine[1] = check_s;
-    MPI_Reduce(check_mine, check_max, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(check_mine, f->check_max, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
-    char layout[64];
-    sanitize(layout, sizeof layout, run_layout);
-    char *json_path = text_printf("%s/%s_%s_trace.json", o->out, ctx->lab.name, layout);
-    char *csv_path = text_printf("%s/%s_%s_timeline.csv", o->out, ctx->lab.name, layout);
-    trace_write(MPI_COMM_WORLD, json_path, csv_path);
-    if (rank != 0) {
-        free(json_path);
-        free(csv_path);
-        free(run_layout);
-        run_release(ctx);
-        return;
-    }
+    sanitize(f->layout, sizeof f->layout, f->run_layout);
+    f->json_path = text_printf("%s/%s_%s_trace.json", o->out, ctx->lab.name, f->layout);
+    f->csv_path = text_printf("%s/%s_%s_timeline.csv", o->out, ctx->lab.name, f->layout);
+    trace_write(MPI_COMM_WORLD, f->json_path, f->csv_path);
+    if (rank != 0) return 0;
 
-    int steps = ctx->steps_done;
-    double med = run_median_step_seconds(ctx), tok_s = med > 0 ? (double)ctx->tokens_per_step / med : 0;
+    const int steps = f->steps;
+    f->med = run_median_step_seconds(ctx);
+    f->tok_s = f->med > 0 ? (double)ctx->tokens_per_step / f->med : 0;
     gpt_layout g;
     gpt_layout_init(&g, &ctx->model);
-    double gflops = tok_s * gpt_flops_per_token(&g) / 1e9;
-    double peak_max[NM] = {0};
+    f->gflops = f->tok_s * gpt_flops_per_token(&g) / 1e9;
     for (int q = 0; q < R; q++)
         for (int c = 0; c < NM; c++)
-            if (all[q * NM + c] > peak_max[c]) peak_max[c] = all[q * NM + c];
-    double per_step = steps > 0 ? 1.0 / steps : 0, wire_total = 0, payload_total = 0;
+            if (f->all[q * NM + c] > f->peak_max[c]) f->peak_max[c] = f->all[q * NM + c];
+    f->per_step = steps > 0 ? 1.0 / steps : 0;
     for (int k = 0; k < COLL_NKINDS; k++) {
-        wire_total += tmax.wire[k] * per_step;
-        payload_total += tmax.payload[k] * per_step;
+        f->wire_total += f->tmax.wire[k] * f->per_step;
+        f->payload_total += f->tmax.payload[k] * f->per_step;
     }
+    /* what was measured: the steps after the first (start-up), or step 1 alone in a one-step run */
+    if (steps > 2) snprintf(f->measured, sizeof f->measured, "steps 2-%d", steps);
+    else if (steps == 2) snprintf(f->measured, sizeof f->measured, "step 2");
+    else snprintf(f->measured, sizeof f->measured, "step 1 alone, start-up included");
+    /* PL_KERNEL_TIMES=1: the step by kernel kind (kernel_times.h), rank 0's */
+    f->kernel_times = kernel_times_enabled() && ts->steps > 0;
+    if (f->kernel_times) {
+        kernel_times_seconds(ctx->steps_done > 1 ? 1 : 0, f->kernel_ms);
+        const double step_ms = ts->wall / ts->steps * 1e3;
+        f->kernel_ms[KERNEL_NKINDS] = step_ms;
+        for (int k = 0; k < KERNEL_NKINDS; k++) {
+            f->kernel_ms[k] *= 1e3 / ts->steps;
+            f->kernel_ms[KERNEL_NKINDS] -= f->kernel_ms[k];
+        }
+    }
+    return 1;
+}
 
-    /* ---- the summary ---- */
+static void figures_free(finish_figures *f) {
+    free(f->all);
+    free(f->fracs);
+    free(f->json_path);
+    free(f->csv_path);
+    free(f->run_layout);
+}
+
+/* The summary, on rank 0. */
+static void print_summary(const run_ctx *ctx, const run_report *r, const finish_figures *f) {
+    const run_options *o = &ctx->opt;
+    const int R = f->R, steps = f->steps;
+    const double per_step = f->per_step, med = f->med;
+    const traffic *tmax = &f->tmax;
     char a[16], b[16];
-    printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, run_layout, R, R == 1 ? "" : "s",
+    printf("\nsummary of %s (%s, %d rank%s, %s/%s)\n", ctx->lab.name, f->run_layout, R, R == 1 ? "" : "s",
            ctx->device == DEVICE_CUDA ? "cuda" : "cpu", ctx->backend == COMM_NCCL ? "nccl" : "mpi");
     printf("  loss            %.4f -> %.4f over %d steps\n", ctx->losses[0], ctx->losses[steps - 1], steps);
     if (ctx->aux_losses && ctx->route_bias)
@@ -223,23 +270,18 @@ void run_finish(run_ctx *ctx, const run_report *r) {
                ctx->interrupted == SIGINT ? "SIGINT" : "SIGTERM", steps, o->steps, 128 + ctx->interrupted);
     if (ctx->diverged_at)
         printf("  diverged        the loss was first not finite at step %d (null in the record)\n", ctx->diverged_at);
-    /* what was measured: the steps after the first (start-up), or step 1 alone in a one-step run */
-    char measured[48];
-    if (steps > 2) snprintf(measured, sizeof measured, "steps 2-%d", steps);
-    else if (steps == 2) snprintf(measured, sizeof measured, "step 2");
-    else snprintf(measured, sizeof measured, "step 1 alone, start-up included");
     printf("  throughput      %s tok/s, %sstep %.1f ms (%s), %s FLOP/s model compute\n",
-           human(tok_s, a), steps > 2 ? "median " : "", med * 1e3, measured, human(gflops * 1e9, b));
+           human(f->tok_s, a), steps > 2 ? "median " : "", med * 1e3, f->measured, human(f->gflops * 1e9, b));
     printf("  peak memory     (bytes per rank, max over ranks)\n                 ");
-    for (int m = 0; m < MEM_NCAT; m++) printf(" %s %sB |", mem_category_names[m], human(peak_max[m], a));
-    printf(" total %sB\n", human(peak_max[MEM_NCAT], a));
-    print_acts_formula(all, NM, ACTS_FORMULA, R, o->recompute);
-    if (g_precision == PREC_BF16 && states_formula) {
-        const double *f = r->states_formula;
+    for (int m = 0; m < MEM_NCAT; m++) printf(" %s %sB |", mem_category_names[m], human(f->peak_max[m], a));
+    printf(" total %sB\n", human(f->peak_max[MEM_NCAT], a));
+    print_acts_formula(f->all, NM, ACTS_FORMULA, R, o->recompute);
+    if (g_precision == PREC_BF16 && f->states_formula) {
+        const double *formula = r->states_formula;
         printf("  model states    %.2f bytes per parameter held = params %.2f + grads %.2f + optim %.2f "
                "(formula %s = %.2f: bf16 weights and gradients, fp32 master + AdamW moments)\n",
-               states[0] + states[1] + states[2], states[0], states[1], states[2], r->states_formula_text,
-               f[0] + f[1] + f[2]);
+               f->states[0] + f->states[1] + f->states[2], f->states[0], f->states[1], f->states[2], r->states_formula_text,
+               formula[0] + formula[1] + formula[2]);
         if (ctx->device == DEVICE_CPU)
             printf("                  (+ %sB of fp32 host scratch in the CPU's bf16 kernels, outside the categories)\n",
                    human((double)kernels_bf16_cpu_scratch_bytes(), a));
@@ -254,45 +296,37 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     printf("  communication   per rank per step (max over ranks):\n");
     int any = 0;
     for (int k = 0; k < COLL_NKINDS; k++) {
-        if (tmax.calls[k] == 0) continue;
+        if (tmax->calls[k] == 0) continue;
         any = 1;
         /* point to point moves its payload once: no ring factor, and the line says so */
         int p2p = k == COLL_SEND || k == COLL_RECV;
         printf("                  %-14s %5.1f calls | payload %sB | %s %sB | %.2f ms\n",
-               comm_kind_names[k], tmax.calls[k] * per_step, human(tmax.payload[k] * per_step, a),
+               comm_kind_names[k], tmax->calls[k] * per_step, human(tmax->payload[k] * per_step, a),
                p2p ? "point to point" : k == COLL_ALLTOALL ? "to other ranks" : "ring traffic",
-               human(tmax.wire[k] * per_step, b), tmax.seconds[k] * per_step * 1e3);
+               human(tmax->wire[k] * per_step, b), tmax->seconds[k] * per_step * 1e3);
     }
     if (!any) printf("                  none\n");
     if (r->comm_formula_bytes >= 0)
         printf("                  formula %s = %sB; measured ring traffic %sB (ratio %.3f)\n",
-               r->comm_formula, human(r->comm_formula_bytes, a), human(wire_total, b),
-               r->comm_formula_bytes > 0 ? wire_total / r->comm_formula_bytes : (wire_total == 0 ? 1.0 : 0.0));
+               r->comm_formula, human(r->comm_formula_bytes, a), human(f->wire_total, b),
+               r->comm_formula_bytes > 0 ? f->wire_total / r->comm_formula_bytes : (f->wire_total == 0 ? 1.0 : 0.0));
     if (flight_check_collectives)
         printf("  check-collectives %.0f checks, %.2f ms per step (%.2f%% of the median step), the most of any rank\n",
-               check_max[0], steps > 0 ? check_max[1] / steps * 1e3 : 0,
-               med > 0 && steps > 0 ? 100 * check_max[1] / steps / med : 0);
-    printf("  time split      (fraction of step time, %s; each second counted once)\n", measured);
+               f->check_max[0], steps > 0 ? f->check_max[1] / steps * 1e3 : 0,
+               med > 0 && steps > 0 ? 100 * f->check_max[1] / steps / med : 0);
+    printf("  time split      (fraction of step time, %s; each second counted once)\n", f->measured);
     for (int q = 0; q < R; q++) {
-        printf("                  rank %d: compute %.2f | comm %.2f", q, fracs[3 * q], fracs[3 * q + 1]);
-        if (r->bubble_theory >= 0) printf(" | bubble %.3f (theory %.3f)", fracs[3 * q + 2], r->bubble_theory);
+        printf("                  rank %d: compute %.2f | comm %.2f", q, f->fracs[3 * q], f->fracs[3 * q + 1]);
+        if (r->bubble_theory >= 0) printf(" | bubble %.3f (theory %.3f)", f->fracs[3 * q + 2], r->bubble_theory);
         printf("\n");
         if (q == 7 && R > 9) { printf("                  ... (%d more ranks in the record)\n", R - 8); break; }
     }
     if (r->bubble_theory >= 0 && r->bubble_theory < 1) /* the two conventions a student meets */
         printf("                  bubble theory %.3f of the step (idle / step, this course) = %.3f of the ideal step "
                "(idle / ideal: the papers' and Megatron's (p-1)/m)\n", r->bubble_theory, bubble_per_ideal(r->bubble_theory));
-    /* PL_KERNEL_TIMES=1: the step by kernel kind (kernel_times.h), rank 0's */
-    double kernel_ms[KERNEL_NKINDS + 1] = {0}; /* the kinds, then the rest of the step */
-    const int kernel_times = kernel_times_enabled() && ts.steps > 0;
-    if (kernel_times) {
-        kernel_times_seconds(ctx->steps_done > 1 ? 1 : 0, kernel_ms);
-        const double step_ms = ts.wall / ts.steps * 1e3;
-        kernel_ms[KERNEL_NKINDS] = step_ms;
-        for (int k = 0; k < KERNEL_NKINDS; k++) {
-            kernel_ms[k] *= 1e3 / ts.steps;
-            kernel_ms[KERNEL_NKINDS] -= kernel_ms[k];
-        }
+    if (f->kernel_times) {
+        const double step_ms = f->ts.wall / f->ts.steps * 1e3;
+        const double *kernel_ms = f->kernel_ms;
         printf("  kernel time     ms per step by kernel kind (rank 0, mean of the measured steps: %.1f ms)\n", step_ms);
         for (int k = 0; k <= KERNEL_NKINDS; k++)
             printf("%s%s %.1f (%.0f%%)%s", k % 5 == 0 ? "                  " : "",
@@ -300,16 +334,24 @@ void run_finish(run_ctx *ctx, const run_report *r) {
                    step_ms > 0 ? 100 * kernel_ms[k] / step_ms : 0, k == KERNEL_NKINDS || k % 5 == 4 ? "\n" : " | ");
     }
     printf("  record          %s (and records.csv)\n", ctx->records_jsonl);
-    printf("  trace           %s (open in https://ui.perfetto.dev)\n", json_path);
-    printf("  timeline        %s\n", csv_path);
+    printf("  trace           %s (open in https://ui.perfetto.dev)\n", f->json_path);
+    printf("  timeline        %s\n", f->csv_path);
 
-    /* ---- the record: one JSON line (jansson: escaped strings, null for what is not finite) ---- */
+}
+
+/* The record: one JSON line (jansson: escaped strings, null for what is not finite), on rank 0. */
+static void write_record(const run_ctx *ctx, const run_report *r, const finish_figures *f) {
+    const run_options *o = &ctx->opt;
+    const int R = f->R, steps = f->steps;
+    const double per_step = f->per_step;
+    const traffic *tmax = &f->tmax;
+    const double *all = f->all, *fracs = f->fracs;
     const char *dev = ctx->device == DEVICE_CUDA ? "cuda" : "cpu", *backend = ctx->backend == COMM_NCCL ? "nccl" : "mpi";
     json_t *rec = json_object(), *config = json_object(), *x;
     if (!rec || !config) die("out of host memory");
     jsonval_set(rec, "lab", jsonval_text(ctx->lab.name));
     jsonval_set(rec, "ranks", json_integer(R));
-    jsonval_set(rec, "layout", jsonval_text(run_layout));
+    jsonval_set(rec, "layout", jsonval_text(f->run_layout));
     jsonval_set(rec, "device", jsonval_text(dev));
     jsonval_set(rec, "comm", jsonval_text(backend));
     const struct { const char *key; int value; } ints[] = {{"steps", o->steps}, {"batch", o->batch}, {"seq", o->seq},
@@ -342,8 +384,8 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     jsonval_set(flight, "records_kept", json_integer(flight_records));
     jsonval_set(flight, "hang_timeout_s", jsonval_number(flight_hang_timeout));
     jsonval_set(flight, "check_collectives", json_boolean(flight_check_collectives));
-    jsonval_set(flight, "check_calls", json_integer((json_int_t)check_max[0]));
-    jsonval_set(flight, "check_seconds", jsonval_number(check_max[1]));
+    jsonval_set(flight, "check_calls", json_integer((json_int_t)f->check_max[0]));
+    jsonval_set(flight, "check_seconds", jsonval_number(f->check_max[1]));
     jsonval_set(rec, "flight", flight);
     jsonval_set(rec, "params", json_integer(r->params));
     jsonval_set(rec, "losses", jsonval_numbers(ctx->losses, steps)); /* 17 digits, exact: tests compare bits */
@@ -373,12 +415,12 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     if (!col) die("out of host memory");
     for (int i = 0; i < steps; i++) col[i] = ctx->step_seconds[i] * 1e3;
     jsonval_set(rec, "step_ms", jsonval_numbers(col, steps));
-    jsonval_set(rec, "tokens_per_s", jsonval_number(tok_s));
-    jsonval_set(rec, "step_ms_median", jsonval_number(med * 1e3));
-    jsonval_set(rec, "model_flops_per_s", jsonval_number(gflops * 1e9));
+    jsonval_set(rec, "tokens_per_s", jsonval_number(f->tok_s));
+    jsonval_set(rec, "step_ms_median", jsonval_number(f->med * 1e3));
+    jsonval_set(rec, "model_flops_per_s", jsonval_number(f->gflops * 1e9));
     jsonval_set(rec, "mem_peak_bytes", x = json_object());
     for (int m = 0; m <= MEM_NCAT; m++)
-        jsonval_set(x, m < MEM_NCAT ? mem_category_names[m] : "total", jsonval_integer(peak_max[m]));
+        jsonval_set(x, m < MEM_NCAT ? mem_category_names[m] : "total", jsonval_integer(f->peak_max[m]));
     jsonval_set(rec, "mem_peak_bytes_per_rank", x = json_object());
     for (int m = 0; m <= MEM_NCAT; m++) {
         for (int q = 0; q < R; q++) col[q] = all[q * NM + m];
@@ -387,9 +429,9 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     /* beside mem_peak_bytes_per_rank.acts: the same peak by theory.h, rank by rank */
     for (int q = 0; q < R; q++) col[q] = all[q * NM + ACTS_FORMULA];
     jsonval_set(rec, "acts_peak_bytes_formula_per_rank", r->acts_formula_bytes > 0 ? jsonval_integers(col, R) : json_null());
-    if (states_formula) {
+    if (f->states_formula) {
         jsonval_set(rec, "model_state_bytes_per_param", x = json_object());
-        for (int c = 0; c < 3; c++) jsonval_set(x, mem_category_names[MEM_PARAMS + c], jsonval_number(states[c]));
+        for (int c = 0; c < 3; c++) jsonval_set(x, mem_category_names[MEM_PARAMS + c], jsonval_number(f->states[c]));
         jsonval_set(x, "formula", jsonval_numbers(r->states_formula, 3));
         jsonval_set(x, "formula_text", jsonval_text(r->states_formula_text));
     }
@@ -397,18 +439,18 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         jsonval_set(rec, "bf16_gemm", jsonval_text(kernels_bf16_cpu_uses_onednn() ? "onednn" : "sgemm"));
         jsonval_set(rec, "bf16_cpu_scratch_bytes", jsonval_integer((double)kernels_bf16_cpu_scratch_bytes()));
     }
-    if (kernel_times) {
+    if (f->kernel_times) {
         jsonval_set(rec, "kernel_ms_per_step", x = json_object());
         for (int k = 0; k <= KERNEL_NKINDS; k++)
-            jsonval_set(x, k < KERNEL_NKINDS ? kernel_kind_names[k] : "other", jsonval_number(kernel_ms[k]));
+            jsonval_set(x, k < KERNEL_NKINDS ? kernel_kind_names[k] : "other", jsonval_number(f->kernel_ms[k]));
     }
     jsonval_set(rec, "comm_bytes_per_step", x = json_object());
     for (int k = 0; k < COLL_NKINDS; k++)
-        if (tmax.calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_integer(tmax.payload[k] * per_step));
+        if (tmax->calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_integer(tmax->payload[k] * per_step));
     jsonval_set(rec, "comm_calls_per_step", x = json_object());
     for (int k = 0; k < COLL_NKINDS; k++)
-        if (tmax.calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_number(tmax.calls[k] * per_step));
-    jsonval_set(rec, "comm_ring_bytes_per_step", jsonval_integer(wire_total));
+        if (tmax->calls[k] != 0) jsonval_set(x, comm_kind_names[k], jsonval_number(tmax->calls[k] * per_step));
+    jsonval_set(rec, "comm_ring_bytes_per_step", jsonval_integer(f->wire_total));
     jsonval_set(rec, "comm_formula_bytes_per_step", jsonval_integer(r->comm_formula_bytes));
     for (int q = 0; q < R; q++) col[q] = fracs[3 * q];
     jsonval_set(rec, "compute_fraction", jsonval_numbers(col, R));
@@ -421,8 +463,8 @@ void run_finish(run_ctx *ctx, const run_report *r) {
         jsonval_set(x, "theory", jsonval_number(r->bubble_theory));
         jsonval_set(x, "theory_per_ideal", jsonval_number(bubble_per_ideal(r->bubble_theory)));
     }
-    jsonval_set(rec, "trace", jsonval_text(json_path));
-    jsonval_set(rec, "timeline", jsonval_text(csv_path));
+    jsonval_set(rec, "trace", jsonval_text(f->json_path));
+    jsonval_set(rec, "timeline", jsonval_text(f->csv_path));
     jsonval_set(rec, "data_bytes", json_integer(ctx->data.n));
     char hash[24];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)ctx->data.hash);
@@ -435,29 +477,40 @@ void run_finish(run_ctx *ctx, const run_report *r) {
     append_or_die(ctx->records_jsonl, with_newline);
     free(with_newline);
     free(line);
+    free(col);
 
-    /* ---- and one CSV row, the same columns for every lab ---- */
+}
+
+/* And one CSV row, the same columns for every lab, on rank 0. */
+static void write_csv_row(const run_ctx *ctx, const run_report *r, const finish_figures *f) {
+    const run_options *o = &ctx->opt;
+    const int R = f->R, steps = f->steps;
+    const char *dev = ctx->device == DEVICE_CUDA ? "cuda" : "cpu", *backend = ctx->backend == COMM_NCCL ? "nccl" : "mpi";
     FILE *probe = fopen(ctx->records_csv, "r");
     int fresh = probe == NULL;
     if (probe) fclose(probe);
     double bubble_max = -1;
     if (r->bubble_theory >= 0)
         for (int q = 0; q < R; q++)
-            if (fracs[3 * q + 2] > bubble_max) bubble_max = fracs[3 * q + 2];
+            if (f->fracs[3 * q + 2] > bubble_max) bubble_max = f->fracs[3 * q + 2];
     char *row = text_printf("%s%s,%d,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.9g,%.9g,%.6g,%.6g,%.0f,%.0f,%.0f,%.0f,%.4f,%.4f\n",
             fresh ? "lab,ranks,layout,device,comm,steps,batch,seq,layers,d_model,heads,first_loss,final_loss,"
                     "tokens_per_s,step_ms_median,mem_peak_total,comm_payload_bytes_per_step,"
                     "comm_ring_bytes_per_step,comm_formula_bytes_per_step,bubble_measured_max,bubble_theory\n" : "",
-            ctx->lab.name, R, layout, dev, backend, o->steps, o->batch, o->seq, o->layers, o->d_model,
-            o->heads, ctx->losses[0], ctx->losses[steps - 1], tok_s, med * 1e3, peak_max[MEM_NCAT],
-            payload_total, wire_total, r->comm_formula_bytes, bubble_max, r->bubble_theory);
+            ctx->lab.name, R, f->layout, dev, backend, o->steps, o->batch, o->seq, o->layers, o->d_model,
+            o->heads, ctx->losses[0], ctx->losses[steps - 1], f->tok_s, f->med * 1e3, f->peak_max[MEM_NCAT],
+            f->payload_total, f->wire_total, r->comm_formula_bytes, bubble_max, r->bubble_theory);
     append_or_die(ctx->records_csv, row);
     free(row);
-    free(col);
-    free(all);
-    free(fracs);
-    free(json_path);
-    free(csv_path);
-    free(run_layout);
+}
+
+void run_finish(run_ctx *ctx, const run_report *r) {
+    finish_figures f;
+    if (gather_figures(ctx, r, &f)) {
+        print_summary(ctx, r, &f);
+        write_record(ctx, r, &f);
+        write_csv_row(ctx, r, &f);
+    }
+    figures_free(&f);
     run_release(ctx);
 }
