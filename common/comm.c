@@ -35,6 +35,7 @@
 #include "device.h"
 #include "precision.h"
 #include "trace.h"
+#include "wait.h"
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -53,72 +54,8 @@
 /* The communicators return MPI's errors (comm_init): a failed call writes the
  * flight records of every rank and ends the job with status 3 (flight.h). */
 static MPI_Datatype mpi_values(void);
-static void mpi_check(int rc, const char *call) {
-    if (rc == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    flight_fail("%s: %s", call, msg);
-}
-#define MPI_OK(call) mpi_check((call), #call)
+#define MPI_OK(call) wait_mpi_check((call), #call)
 
-/* ---- waiting -------------------------------------------------------------- */
-
-/* Whether every rank on this host can have a core of its own; set by comm_init. */
-static int spare_cores;
-
-/* Blocking MPI waits spin, and a spinning rank on an oversubscribed laptop
- * (mpirun -n 4 on 2 cores) halves the speed of the rank that computes. So when
- * ranks outnumber cores, a short spin keeps latency at a few us when the
- * partner is ready; after that, sleeps backing off from 20 us to MAX_SLEEP give
- * the core away. MPI only moves a large message while someone tests it, so the
- * cap trades the core given away against progress. Measured on 2 cores, lab05
- * -n 4: cap 1 ms 3.8k tok/s, 0.5 ms 5.3k, 0.2 ms 6.8k; a rank sleeping through a
- * 300 ms barrier used 3 %, 6 % and 10-16 % of a core. With a core per rank
- * nobody needs the core: spin, as fast as MPI's own wait (lab05 -n 2: 7.4k ->
- * 13.5k tok/s, lab01 -n 2: 13.1k -> 15.0k). */
-#define MAX_SLEEP_NS 200000L
-
-/* MPI_Testall, its error the failed request's own (MPI_ERR_IN_STATUS says only that one failed) */
-static void test_all(int n, MPI_Request *reqs, int *done, MPI_Status *st) {
-    int rc = MPI_Testall(n, reqs, done, st);
-    if (rc == MPI_ERR_IN_STATUS)
-        for (int i = 0; i < n; i++)
-            if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) rc = st[i].MPI_ERROR;
-    mpi_check(rc, "MPI_Testall");
-}
-
-/* st: n statuses (at most a send and a receive), for the receive's count. The
- * watchdog (flight_watch) looks at the wait's age at every sleep, and every
- * 1024 tests while spinning. */
-static void polite_waitall(int n, MPI_Request *reqs, MPI_Status *st) {
-    if (n > 2) die("polite_waitall: %d requests", n);
-    int done = 0;
-    double start = now_seconds();
-    long spins = 0;
-    do {
-        test_all(n, reqs, &done, st);
-        if (done) {
-            if (spins >= 1023) flight_unwatch();
-            return;
-        }
-        if ((++spins & 1023) == 0) flight_watch(start);
-    } while (spare_cores || now_seconds() - start < 50e-6);
-    long ns = 20000;
-    for (;;) {
-        struct timespec ts = {0, ns};
-        nanosleep(&ts, NULL); /* an early wake-up (EINTR) just tests sooner */
-        test_all(n, reqs, &done, st);
-        if (done) {
-            flight_unwatch();
-            return;
-        }
-        flight_watch(start);
-        ns = ns * 2 > MAX_SLEEP_NS ? MAX_SLEEP_NS : ns * 2;
-    }
-}
-
-int comm_waits_spin(void) { return spare_cores; }
 
 /* Cores this process may run on (its affinity mask, which mpirun may narrow). */
 static int usable_cores(void) {
@@ -126,11 +63,6 @@ static int usable_cores(void) {
     if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
-}
-
-void polite_wait(MPI_Request *req) {
-    MPI_Status st; /* not MPI_STATUS_IGNORE: see polite_waitall */
-    polite_waitall(1, req, &st);
 }
 
 /* A receive that completed: it must have got the n values it posted. MPI
@@ -338,7 +270,7 @@ void comm_init(comm *c, MPI_Comm world, comm_backend backend) {
     int mine = on_host <= usable_cores();
     MPI_OK(MPI_Allreduce(&mine, &all_spare, 1, MPI_INT, MPI_MIN, c->mpi));
     const char *mode = getenv("PL_WAIT"); /* spin | polite: override the choice */
-    spare_cores = mode && !strcmp(mode, "spin") ? 1 : mode && !strcmp(mode, "polite") ? 0 : all_spare;
+    wait_set_spin(mode && !strcmp(mode, "spin") ? 1 : mode && !strcmp(mode, "polite") ? 0 : all_spare);
     if (backend == COMM_NCCL) {
 #ifdef PL_HAVE_CUDA
         nccl_create(c);

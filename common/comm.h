@@ -24,6 +24,7 @@
 #define PL_COMM_H
 #include "kinds.h" /* comm_kind, comm_kind_names, comm_ring_factor */
 #include "flight.h"
+#include "wait.h" /* polite_wait: comm_init chooses whether waits spin */
 #include <mpi.h>
 #include <stddef.h>
 
@@ -140,12 +141,6 @@ void comm_request_free(comm_request *r);
 
 void comm_barrier(comm *c);
 
-/* Wait for an MPI request without spinning a core (see above). When every rank
- * on each host has a core of its own nobody needs the core, and the wait spins
- * (a large message only moves while someone tests it). The environment
- * variable PL_WAIT=spin|polite overrides the choice comm_init makes. */
-void polite_wait(MPI_Request *req);
-int comm_waits_spin(void); /* the choice in force */
 
 void comm_reset_stats(comm *c);
 /* Work that is not a training step (the held-out evaluation, a checkpoint's

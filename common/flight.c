@@ -19,6 +19,7 @@
 #include "precision.h"
 #include "textbuf.h"
 #include "trace.h"
+#include "wait.h"
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
@@ -229,6 +230,8 @@ static void start(comm *c) {
     }
     parse_fault();
     started = 1;
+    static const wait_watcher watcher = {flight_watch, flight_unwatch, flight_fail};
+    wait_set_watcher(&watcher); /* every polite_wait's age, and MPI's errors, come here */
     start_watchdog();
 }
 

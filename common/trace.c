@@ -13,7 +13,7 @@
  * which puts GPU times on the same clock as the CPU path. */
 #define _POSIX_C_SOURCE 200809L
 #include "trace.h"
-#include "comm.h" /* polite_wait */
+#include "wait.h"
 #include "device.h"
 #include "jsonval.h"
 #include <errno.h>
