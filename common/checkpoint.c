@@ -19,55 +19,6 @@
 #error "checkpoint.c writes fp32 as the host stores it, which must be little-endian"
 #endif
 
-/* ---- what a rank holds ---------------------------------------------------------- */
-
-void ckpt_map_add(ckpt_map *m, long local, long global, long n) {
-    if (n <= 0) return;
-    ckpt_run *last = m->n ? &m->runs[m->n - 1] : NULL;
-    if (last && last->local + last->n == local && last->global + last->n == global) {
-        last->n += n; /* one run per contiguous piece, however the lab listed it */
-        return;
-    }
-    if (m->n == m->cap) {
-        m->cap = m->cap ? 2 * m->cap : 16;
-        m->runs = realloc(m->runs, (size_t)m->cap * sizeof *m->runs);
-        if (!m->runs) die("out of host memory");
-    }
-    m->runs[m->n++] = (ckpt_run){local, global, n};
-}
-
-void ckpt_view_init(ckpt_view *v, float *params, long params_len, float *adam_m, float *adam_v,
-                    long moments_len) {
-    *v = (ckpt_view){.params = params, .adam_m = adam_m, .adam_v = adam_v,
-                     .params_len = params_len, .moments_len = moments_len};
-}
-
-static void hold(ckpt_map *m, long len, long local, long global, long n, const char *what) {
-    if (local < 0 || global < 0 || local + n > len)
-        die("checkpoint view: %s run [%ld, %ld) lies outside the %ld-element buffer", what, local, local + n, len);
-    ckpt_map_add(m, local, global, n);
-}
-void ckpt_hold_params(ckpt_view *v, long local, long global, long n) {
-    hold(&v->params_at, v->params_len, local, global, n, "params");
-}
-void ckpt_hold_moments(ckpt_view *v, long local, long global, long n) {
-    hold(&v->moments_at, v->moments_len, local, global, n, "moments");
-}
-void ckpt_hold(ckpt_view *v, long local, long global, long n) {
-    ckpt_hold_params(v, local, global, n);
-    ckpt_hold_moments(v, local, global, n);
-}
-
-void ckpt_view_range(ckpt_view *v, float *params, float *adam_m, float *adam_v, long begin, long end) {
-    ckpt_view_init(v, params, end - begin, adam_m, adam_v, end - begin);
-    ckpt_hold(v, 0, begin, end - begin);
-}
-
-void ckpt_view_free(ckpt_view *v) {
-    free(v->params_at.runs);
-    free(v->moments_at.runs);
-    memset(v, 0, sizeof *v);
-}
 
 /* ---- the tensors of the file ---------------------------------------------------- */
 
@@ -483,92 +434,6 @@ int ckpt_resume(run_ctx *ctx, ckpt_view *v) {
 
 /* ---- save: gather to rank 0, write atomically ------------------------------------------ */
 
-/* Every rank's runs of one map, so each can tell which of its elements a lower
- * rank saves already: an element goes into the file from the LOWEST rank that
- * holds it (replicas are identical; this sends each element once). */
-typedef struct { ckpt_run *runs; int *count, *first; } all_runs;
-
-static void allgather_runs(const ckpt_map *m, int size, all_runs *a) {
-    _Static_assert(sizeof(ckpt_run) == 3 * sizeof(long), "ckpt_run travels as 3 longs");
-    a->count = malloc(sizeof(int) * (size_t)size);
-    a->first = malloc(sizeof(int) * (size_t)size);
-    int *longs = malloc(sizeof(int) * (size_t)size), *displs = malloc(sizeof(int) * (size_t)size);
-    if (!a->count || !a->first || !longs || !displs) die("out of host memory");
-    int mine = 3 * m->n, total = 0;
-    MPI_Allgather(&mine, 1, MPI_INT, longs, 1, MPI_INT, MPI_COMM_WORLD);
-    for (int r = 0; r < size; r++) {
-        displs[r] = total;
-        a->count[r] = longs[r] / 3;
-        a->first[r] = total / 3;
-        total += longs[r];
-    }
-    a->runs = malloc(sizeof(long) * (size_t)(total + 1));
-    if (!a->runs) die("out of host memory");
-    MPI_Allgatherv(m->runs, mine, MPI_LONG, a->runs, longs, displs, MPI_LONG, MPI_COMM_WORLD);
-    free(longs);
-    free(displs);
-}
-
-static void all_runs_free(all_runs *a) {
-    free(a->runs);
-    free(a->count);
-    free(a->first);
-}
-
-/* The local indices of the elements this rank must send: those of its runs
- * that no lower rank holds. Returns how many; *sel is malloc'd. */
-static long select_mine(const all_runs *a, int rank, long P, long **sel) {
-    unsigned char *covered = calloc((size_t)P + 1, 1);
-    long held = 0;
-    for (int i = 0; i < a->count[rank]; i++) held += a->runs[a->first[rank] + i].n;
-    *sel = malloc(sizeof(long) * (size_t)(held + 1));
-    if (!covered || !*sel) die("out of host memory");
-    for (int q = 0; q < rank; q++)
-        for (int i = 0; i < a->count[q]; i++) {
-            const ckpt_run *r = &a->runs[a->first[q] + i];
-            memset(covered + r->global, 1, (size_t)r->n);
-        }
-    long k = 0;
-    for (int i = 0; i < a->count[rank]; i++) {
-        const ckpt_run *r = &a->runs[a->first[rank] + i];
-        if (r->global + r->n > P) die("checkpoint view: global run [%ld, %ld) beyond the model's %ld", r->global,
-                                      r->global + r->n, P);
-        for (long j = 0; j < r->n; j++)
-            if (!covered[r->global + j]) {
-                covered[r->global + j] = 1;
-                (*sel)[k++] = r->local + j;
-            }
-    }
-    free(covered);
-    return k;
-}
-
-/* Rank 0: put every rank's packed elements where they belong, replaying the
- * same lowest-rank-wins walk the senders made. sections: 1 (params) or 2 (m, v). */
-static void unpack(const all_runs *a, int size, long P, const float *recv, const int *displs,
-                   const long *counts, int sections, float *const *full, const char *what) {
-    unsigned char *covered = calloc((size_t)P + 1, 1);
-    if (!covered) die("out of host memory");
-    long filled = 0;
-    for (int q = 0; q < size; q++) {
-        long k = 0;
-        for (int i = 0; i < a->count[q]; i++) {
-            const ckpt_run *r = &a->runs[a->first[q] + i];
-            for (long j = 0; j < r->n; j++) {
-                long g = r->global + j;
-                if (covered[g]) continue;
-                covered[g] = 1;
-                for (int s = 0; s < sections; s++) full[s][g] = recv[displs[q] + s * counts[q] + k];
-                k++;
-            }
-        }
-        filled += k;
-    }
-    free(covered);
-    if (filled != P) die("checkpoint: the ranks hold %ld of the %ld %s elements (a lab's view misses some)",
-                         filled, P, what);
-}
-
 /* Temporary file, fsync, rename: a crash leaves the old file or the new one,
  * never half of one. The data goes to a file without a name, which the
  * kernel frees when the process dies in any way (path_create_for_rename: a
@@ -697,13 +562,6 @@ static char *make_header(const run_ctx *ctx, int step, const tensor_table *tt, c
     return text;
 }
 
-static float *host_copy(const float *dev, long n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    if (!h) die("out of host memory saving a checkpoint");
-    if (n > 0) mem_to_host(h, dev, (size_t)n * sizeof(float));
-    return h;
-}
-
 void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step) {
     double t0 = now_seconds();
     int rank = ctx->rank, size = ctx->size;
@@ -712,13 +570,13 @@ void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step) {
     const long P = g.total;
 
     /* what this rank sends: its params no lower rank holds, then m and v likewise */
-    all_runs pa, ma;
-    allgather_runs(&v->params_at, size, &pa);
-    allgather_runs(&v->moments_at, size, &ma);
+    shard_runs pa, ma;
+    shard_runs_allgather(&v->params_at, size, &pa);
+    shard_runs_allgather(&v->moments_at, size, &ma);
     long *psel, *msel;
-    long np = select_mine(&pa, rank, P, &psel), nm = select_mine(&ma, rank, P, &msel);
-    float *hp = host_copy(v->params, v->params_len), *hm = host_copy(v->adam_m, v->moments_len),
-          *hv = host_copy(v->adam_v, v->moments_len);
+    long np = shard_select_mine(&pa, rank, P, &psel), nm = shard_select_mine(&ma, rank, P, &msel);
+    float *hp = shard_host_copy(v->params, v->params_len), *hm = shard_host_copy(v->adam_m, v->moments_len),
+          *hv = shard_host_copy(v->adam_v, v->moments_len);
     float *send = malloc(sizeof(float) * (size_t)(np + 2 * nm + 1));
     if (!send) die("out of host memory");
     for (long k = 0; k < np; k++) send[k] = hp[psel[k]];
@@ -760,8 +618,8 @@ void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step) {
             mdispls[q] = displs[q] + (int)pc[q];
         }
         float *params_full[1] = {data}, *moments_full[2] = {data + P, data + 2 * P};
-        unpack(&pa, size, P, recv, displs, pc, 1, params_full, "parameter");
-        unpack(&ma, size, P, recv, mdispls, mc, 2, moments_full, "AdamW moment");
+        shard_unpack(&pa, size, P, recv, displs, pc, 1, params_full, "parameter");
+        shard_unpack(&ma, size, P, recv, mdispls, mc, 2, moments_full, "AdamW moment");
         free(pc); free(mc); free(mdispls);
 
         size_t data_bytes = 3 * (size_t)P * sizeof(float);
@@ -778,47 +636,8 @@ void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step) {
         free(header);
     }
     free(counts); free(recv_counts); free(displs); free(recv); free(data);
-    all_runs_free(&pa);
-    all_runs_free(&ma);
-}
-
-float *ckpt_gather_params(ckpt_view *v, long P) {
-    int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    all_runs pa;
-    allgather_runs(&v->params_at, size, &pa);
-    long *sel, n = select_mine(&pa, rank, P, &sel);
-    float *held = host_copy(v->params, v->params_len), *send = malloc(sizeof(float) * (size_t)(n + 1));
-    if (!send) die("out of host memory");
-    for (long k = 0; k < n; k++) send[k] = held[sel[k]];
-    free(held);
-    free(sel);
-    long *counts = rank == 0 ? malloc(sizeof(long) * (size_t)size) : NULL;
-    MPI_Gather(&n, 1, MPI_LONG, counts, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-    int *recv_counts = NULL, *displs = NULL;
-    float *recv = NULL, *full = NULL;
-    if (rank == 0) {
-        recv_counts = malloc(sizeof(int) * (size_t)size);
-        displs = malloc(sizeof(int) * (size_t)size);
-        full = malloc(sizeof(float) * (size_t)(P + 1));
-        recv = malloc(sizeof(float) * (size_t)(P + 1));
-        if (!recv_counts || !displs || !full || !recv) die("out of host memory");
-        long total = 0;
-        for (int q = 0; q < size; q++) {
-            recv_counts[q] = (int)counts[q];
-            displs[q] = (int)total;
-            total += counts[q];
-        }
-    }
-    MPI_Gatherv(send, (int)n, MPI_FLOAT, recv, recv_counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    if (rank == 0) {
-        float *params_full[1] = {full};
-        unpack(&pa, size, P, recv, displs, counts, 1, params_full, "parameter");
-    }
-    free(send); free(counts); free(recv_counts); free(displs); free(recv);
-    all_runs_free(&pa);
-    return full;
+    shard_runs_free(&pa);
+    shard_runs_free(&ma);
 }
 
 void ckpt_step_done(run_ctx *ctx, ckpt_view *v, int steps_done) {

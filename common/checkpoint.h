@@ -44,35 +44,11 @@
 #ifndef PL_CHECKPOINT_H
 #define PL_CHECKPOINT_H
 #include "run.h"
-
-/* Local elements [local, local + n) hold global elements [global, global + n). */
-typedef struct ckpt_run { long local, global, n; } ckpt_run;
-typedef struct ckpt_map { ckpt_run *runs; int n, cap; } ckpt_map;
-
-typedef struct ckpt_view {
-    float *params, *adam_m, *adam_v; /* this rank's device buffers */
-    long params_len, moments_len;    /* their lengths in floats (m and v share one) */
-    ckpt_map params_at, moments_at;  /* which global elements they hold, and where */
-    int first_step;                  /* set by ckpt_resume */
-} ckpt_view;
-
-void ckpt_view_init(ckpt_view *v, float *params, long params_len, float *adam_m, float *adam_v,
-                    long moments_len);
-/* ckpt_view_init + ckpt_hold for buffers that hold one contiguous range of the
- * model, [begin, end), params and moments alike (a replica, a pipeline stage). */
-void ckpt_view_range(ckpt_view *v, float *params, float *adam_m, float *adam_v, long begin, long end);
-/* The buffers hold global [global, global + n) at local offset `local`: params and
- * moments alike, or only one of them (ZeRO keeps whole parameters but sharded
- * moments). A run that continues the previous one is merged into it. */
-void ckpt_hold(ckpt_view *v, long local, long global, long n);
-void ckpt_hold_params(ckpt_view *v, long local, long global, long n);
-void ckpt_hold_moments(ckpt_view *v, long local, long global, long n);
-void ckpt_map_add(ckpt_map *m, long local, long global, long n);
-void ckpt_view_free(ckpt_view *v);
+#include "shard_map.h" /* ckpt_view: which elements of the model this rank holds */
 
 /* Collective. With --resume: loads this rank's slice of the file's parameters
  * and moments into the view's buffers and returns the step it was saved at;
- * without: returns 0. The file was checked by run_setup (ckpt_check_flags), so
+ * without: returns 0. The file was checked by lab_start (ckpt_check_flags), so
  * a failure here (the file changed since) ends the job through die(). */
 int ckpt_resume(run_ctx *ctx, ckpt_view *v);
 
@@ -85,10 +61,7 @@ void ckpt_step_done(run_ctx *ctx, ckpt_view *v, int steps_done);
  * ckpt_step_done calls). */
 void ckpt_save(run_ctx *ctx, ckpt_view *v, const char *path, int step);
 
-/* Collective: the whole model's parameters (fp32 master weights, the flat layout)
- * gathered to rank 0, as ckpt_save gathers them: malloc'd on rank 0, NULL elsewhere. */
-float *ckpt_gather_params(ckpt_view *v, long P);
-/* Called by run_setup on every rank, before anything is created: checks that the
+/* Called by lab_start on every rank, before anything is created: checks that the
  * --resume file is a complete, uncorrupted checkpoint of the model the flags
  * describe (--save, like every output, is proven writable by run_setup on rank
  * 0). Returns 0, or -1 with one line in err. */

@@ -1,6 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
 #include "run.h"
-#include "checkpoint.h"
 #include "kernels.h"
 #include "mem.h"
 #include "moe.h"
@@ -723,10 +722,6 @@ void run_setup(run_ctx *ctx) {
 void run_start(run_ctx *ctx) {
     run_options *o = &ctx->opt;
     char err[sizeof ctx->error] = "";
-    /* --resume against the model's tensors, before anything is created; after the memory check, which
-     * bounds the shape whose tensor table it builds */
-    ckpt_check_flags(ctx, err, sizeof err);
-    run_agree_or_exit(err);
     /* --dry-run creates nothing: the checks of run_setup are the run's own */
     if (ctx->rank == 0 && !o->dry_run && path_make_folder(o->out) != 0)
         snprintf(err, sizeof err, "--out %s: cannot create it: %s", o->out, strerror(errno));

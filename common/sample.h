@@ -9,7 +9,8 @@
  * out of the run's memory peaks. */
 #ifndef PL_SAMPLE_H
 #define PL_SAMPLE_H
-#include "checkpoint.h"
+#include "run.h"
+#include "shard_map.h"
 #include <jansson.h>
 
 /* Collective: the sample of the view's weights after `step` optimizer steps. */

@@ -181,6 +181,10 @@ void lab_start(run_ctx *ctx, const th_run *need) {
     }
     free(floors);
     run_agree_or_exit(err);
+    /* --resume against the model's tensors, before anything is created; after the memory check, which
+     * bounds the shape whose tensor table it builds */
+    ckpt_check_flags(ctx, err, sizeof err);
+    run_agree_or_exit(err);
     run_start(ctx);
 }
 
