@@ -168,3 +168,17 @@ double th_published_acts_bytes(const th_model *m, const th_opts *o, int lo, int 
 }
 
 double th_grad_norm_bytes(int parts) { return 8.0 * parts; }
+
+/* The experts' pieces of a layer (theory.h: EXACT, common/moe.c's buffers) */
+double th_moe_state_bytes(const th_model *m, double rows, double v) {
+    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
+    return th_pad64(4 * N * E) + 3 * th_pad64(4 * N * k) + 2 * th_pad64(4 * E) + th_pad64(4 * rows * E) +
+           2 * th_pad64(v * N * k * (double)m->d_model);
+}
+
+double th_moe_stats_bytes(const th_model *m) { return m->experts > 0 ? th_pad64(4 * (6 + (double)m->experts)) : 0; }
+
+double th_moe_scratch_bytes(const th_model *m, double rows, double v) {
+    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
+    return th_pad64(v * N * k * (double)m->d_model) + th_pad64(4 * N * k) + th_pad64(4 * N * E);
+}

@@ -178,28 +178,3 @@ void th_cp_predict(const th_run *r, th_rank_need *need) {
             }
     }
 }
-
-/* The peak grows with T (every category's bytes do, the positional embedding
- * among the model states): doubling finds a T over the cap, halving the gap
- * finds the last one under it. T stays an int (the labs' --seq). */
-long th_cp_max_seq(const th_run *r, long step, double cap_bytes) {
-    th_run at = *r;
-    const long most = 0x7fffffffL / step; /* in steps */
-    long fits = 0, over = 1;
-    for (;;) {
-        at.model.seq = over * step;
-        const double peak = th_predicted_peak_bytes(&at);
-        if (peak < 0) return -1;
-        if (peak > cap_bytes) break;
-        fits = over;
-        if (over > most / 2) return fits * step; /* the cap is not reached by any int T */
-        over *= 2;
-    }
-    while (over - fits > 1) {
-        const long mid = fits + (over - fits) / 2;
-        at.model.seq = mid * step;
-        if (th_predicted_peak_bytes(&at) <= cap_bytes) fits = mid;
-        else over = mid;
-    }
-    return fits * step;
-}

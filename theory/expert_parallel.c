@@ -22,19 +22,6 @@ double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, in
     return (double)N * (double)rows * fmin(El * cap, k * T);
 }
 
-double th_moe_state_bytes(const th_model *m, double rows, double v) {
-    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
-    return th_pad64(4 * N * E) + 3 * th_pad64(4 * N * k) + 2 * th_pad64(4 * E) + th_pad64(4 * rows * E) +
-           2 * th_pad64(v * N * k * (double)m->d_model);
-}
-
-double th_moe_stats_bytes(const th_model *m) { return m->experts > 0 ? th_pad64(4 * (6 + (double)m->experts)) : 0; }
-
-double th_moe_scratch_bytes(const th_model *m, double rows, double v) {
-    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
-    return th_pad64(v * N * k * (double)m->d_model) + th_pad64(4 * N * k) + th_pad64(4 * N * E);
-}
-
 /* A layer's fch and GELU pieces as lab01's layers carve them, k N slots'
  * rows each; lab08's layers leave them empty (the experts' hidden rows are
  * the received rows' buffers). */

@@ -93,7 +93,7 @@ typedef struct th_rank_need {
 /* lab07's part (theory/context.c). */
 void th_cp_predict(const th_run *r, th_rank_need *need);
 /* The largest T, a multiple of `step` (lab07's chunks: 2 cp zig-zag, cp
- * contiguous), whose th_predicted_peak_bytes is <= cap_bytes: r at model.seq
+ * contiguous), whose th_predicted_peak_bytes is <= cap_bytes (predict.c): r at model.seq
  * = T, searched (the peak grows with T), not a formula of its own. 0: not
  * even T = step fits; -1: the peak is not predicted (the workspace on CUDA). */
 long th_cp_max_seq(const th_run *r, long step, double cap_bytes);
