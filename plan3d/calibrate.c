@@ -9,7 +9,7 @@
  *   AdamW        seconds per parameter of adamw_step (memory-bound)
  *   links        comm_sendrecv ping-pong and comm_allreduce between the two
  *                ranks: latency from 1 float, bandwidth from 1M floats */
-#include "check.h"
+#include "calibrate.h"
 #include "comm.h"
 #include "device.h"
 #include "kernels.h"

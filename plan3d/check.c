@@ -15,6 +15,7 @@
  * The records are read with jansson, the library common/record.c writes them
  * with: one JSON object per line, keys as README.md lists them. */
 #define _POSIX_C_SOURCE 200809L /* getline, fdopen */
+#include "calibrate.h"
 #include "check.h"
 #include "comm.h"
 #include "cost.h"

@@ -19,9 +19,11 @@
  *
  * What to look at: the table of layouts, the winner's memory and step-time
  * breakdown, and --explain: the best layout for each value of every knob. */
+#include "calibrate.h"
 #include "check.h"
 #include "cost.h"
 #include "plan.h"
+#include "published.h"
 #include "paths.h"
 #include "presets.h"
 #include <limits.h>

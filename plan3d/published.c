@@ -3,7 +3,7 @@
  * leaves the rest ("-") to the search; the fastest layout that fits is the
  * prediction, in the FLOPs the source counts. */
 #define _POSIX_C_SOURCE 200809L /* getline, fdopen */
-#include "check.h"
+#include "published.h"
 #include "paths.h"
 #include "plan.h"
 #include <errno.h>
