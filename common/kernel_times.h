@@ -12,18 +12,7 @@
 #define PL_KERNEL_TIMES_H
 #include "kernels.h"
 
-enum {
-    KERNEL_GEMM,        /* matmul_* (the linear layers and the LM head) */
-    KERNEL_ATTENTION,   /* attention_* (its score and value products included) */
-    KERNEL_LAYERNORM,
-    KERNEL_GELU,
-    KERNEL_LOSS,        /* crossentropy_*: the softmax over the vocabulary and the loss */
-    KERNEL_OPTIMIZER,   /* adamw and the gradient norm's sums of squares */
-    KERNEL_CONVERT,     /* to_values / to_floats: fp32 <-> the run's values (bf16 weights from the master) */
-    KERNEL_RESIDUAL,    /* add, accumulate, scale */
-    KERNEL_EMBEDDING,   /* encoder_* */
-    KERNEL_NKINDS
-};
+/* the kinds: kernels.h (KERNEL_GEMM, ...), where each kernel on values names its own */
 extern const char *const kernel_kind_names[KERNEL_NKINDS]; /* "gemm", "attention", ... */
 
 int kernel_times_enabled(void); /* PL_KERNEL_TIMES is set and not "0" */

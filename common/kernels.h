@@ -179,51 +179,109 @@ void kernels_cuda_init(void);
  * up to the order of the fp32 sums. In an fp32 run KP's entries are K's
  * (kernels_values_fp32 passes every call on unchanged, so fp32 results are
  * exactly K's). */
+/* Every kernel on values, listed once: X(name, kind, ret, params, args), the
+ * kind the time goes to (PL_KERNEL_TIMES=1: kernel_times.h), the return type
+ * (void or double), the parameters and the arguments that pass them on. From
+ * this list come value_kernels' entries, the timing wrapper of each
+ * (kernel_times.c) and, but for the two conversions, fp32's forward to K
+ * (precision.c), so a new kernel on values is one line here and its
+ * implementations (kernels_cpu.c for fp32 K, kernels_cpu_bf16.c,
+ * kernels_cuda.cu for both precisions): timed without a line of its own. */
+enum {
+    KERNEL_GEMM,        /* matmul_* (the linear layers and the LM head) */
+    KERNEL_ATTENTION,   /* attention_* (its score and value products included) */
+    KERNEL_LAYERNORM,
+    KERNEL_GELU,
+    KERNEL_LOSS,        /* crossentropy_*: the softmax over the vocabulary and the loss */
+    KERNEL_OPTIMIZER,   /* adamw and the gradient norm's sums of squares */
+    KERNEL_CONVERT,     /* to_values / to_floats: fp32 <-> the run's values (bf16 weights from the master) */
+    KERNEL_RESIDUAL,    /* add, accumulate, scale */
+    KERNEL_EMBEDDING,   /* encoder_* */
+    KERNEL_NKINDS
+};
+/* the kernels K (the fp32 device table above) has under the same name */
+#define VALUE_KERNELS_OF_K(X) \
+    X(encoder_forward, KERNEL_EMBEDDING, void, \
+      (void *out, const int *tokens, const void *wte, const void *wpe, int B, int T, int C), \
+      (out, tokens, wte, wpe, B, T, C)) \
+    X(encoder_backward, KERNEL_EMBEDDING, void, \
+      (void *dwte, void *dwpe, const void *dout, const int *tokens, int B, int T, int C), \
+      (dwte, dwpe, dout, tokens, B, T, C)) \
+    X(layernorm_forward, KERNEL_LAYERNORM, void, \
+      (void *out, float *mean, float *rstd, const void *inp, const void *w, const void *b, int N, int C), \
+      (out, mean, rstd, inp, w, b, N, C)) \
+    X(layernorm_backward, KERNEL_LAYERNORM, void, \
+      (void *dinp, void *dw, void *db, const void *dout, const void *inp, const void *w, const float *mean, \
+       const float *rstd, int N, int C), \
+      (dinp, dw, db, dout, inp, w, mean, rstd, N, C)) \
+    X(matmul_forward, KERNEL_GEMM, void, \
+      (void *out, const void *inp, const void *w, const void *bias, int N, int IC, int OC), \
+      (out, inp, w, bias, N, IC, OC)) \
+    X(matmul_backward, KERNEL_GEMM, void, \
+      (void *dinp, void *dw, void *dbias, const void *dout, const void *inp, const void *w, int N, int IC, int OC), \
+      (dinp, dw, dbias, dout, inp, w, N, IC, OC)) \
+    X(attention_forward, KERNEL_ATTENTION, void, \
+      (void *out, void *att, const void *qkv, int B, int T, int NH, int HS), (out, att, qkv, B, T, NH, HS)) \
+    X(attention_backward, KERNEL_ATTENTION, void, \
+      (void *dqkv, void *datt, const void *dout, const void *qkv, const void *att, int B, int T, int NH, int HS), \
+      (dqkv, datt, dout, qkv, att, B, T, NH, HS)) \
+    X(gelu_forward, KERNEL_GELU, void, (void *out, const void *inp, long N), (out, inp, N)) \
+    X(gelu_backward, KERNEL_GELU, void, (void *dinp, const void *dout, const void *inp, long N), (dinp, dout, inp, N)) \
+    X(add, KERNEL_RESIDUAL, void, (void *out, const void *a, const void *b, long N), (out, a, b, N)) \
+    X(accumulate, KERNEL_RESIDUAL, void, (void *dst, const void *src, long N), (dst, src, N)) \
+    X(scale, KERNEL_RESIDUAL, void, (void *x, float s, long N), (x, s, N)) \
+    X(crossentropy_forward, KERNEL_LOSS, void, \
+      (float *losses, void *probs, const void *logits, const int *targets, int N, int V), \
+      (losses, probs, logits, targets, N, V)) \
+    X(crossentropy_backward, KERNEL_LOSS, void, \
+      (void *dlogits, const void *probs, const int *targets, float dloss, int N, int V), \
+      (dlogits, probs, targets, dloss, N, V)) \
+    X(sum_squares, KERNEL_OPTIMIZER, double, (const void *x, long N), (x, N)) \
+    X(sum_squares_add, KERNEL_OPTIMIZER, void, (double *acc, const void *x, long N), (acc, x, N)) \
+    /* p: the fp32 weights the optimizer updates (the master copy in bf16); g: values */ \
+    X(adamw, KERNEL_OPTIMIZER, void, \
+      (float *p, const void *g, float *m, float *v, long N, float lr, float beta1, float beta2, float eps, float wd, \
+       int t, float grad_scale), \
+      (p, g, m, v, N, lr, beta1, beta2, eps, wd, t, grad_scale)) \
+    X(matmul_backward_input, KERNEL_GEMM, void, \
+      (void *dinp, const void *dout, const void *w, int N, int IC, int OC), (dinp, dout, w, N, IC, OC)) \
+    X(matmul_backward_weight, KERNEL_GEMM, void, \
+      (void *dw, void *dbias, const void *dout, const void *inp, int N, int IC, int OC), \
+      (dw, dbias, dout, inp, N, IC, OC)) \
+    X(layernorm_backward_input, KERNEL_LAYERNORM, void, \
+      (void *dinp, const void *dout, const void *inp, const void *w, const float *mean, const float *rstd, int N, \
+       int C), \
+      (dinp, dout, inp, w, mean, rstd, N, C)) \
+    X(layernorm_backward_weight, KERNEL_LAYERNORM, void, \
+      (void *dw, void *db, const void *dout, const void *inp, const float *mean, const float *rstd, int N, int C), \
+      (dw, db, dout, inp, mean, rstd, N, C)) \
+    /* the attention over blocks above; lse fp32 in both precisions */ \
+    X(attention_block_forward, KERNEL_ATTENTION, void, \
+      (void *out, float *lse, const void *q, const void *k, const void *v, int ldq, int ldkv, const int *q_pos, \
+       const int *k_pos, int B, int Tq, int Tk, int NH, int HS), \
+      (out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, B, Tq, Tk, NH, HS)) \
+    X(attention_block_backward, KERNEL_ATTENTION, void, \
+      (void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse, const void *q, \
+       const void *k, const void *v, int ldq, int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, \
+       int NH, int HS), \
+      (dq, dk, dv, dout, out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, B, Tq, Tk, NH, HS)) \
+    X(attention_merge, KERNEL_ATTENTION, void, \
+      (void *out, float *lse, const void *out2, const float *lse2, int B, int T, int NH, int HS), \
+      (out, lse, out2, lse2, B, T, NH, HS))
+/* dst = src rounded to values (a copy in fp32; nothing when dst == src), and back */
+#define VALUE_KERNELS_CONVERSIONS(X) \
+    X(to_values, KERNEL_CONVERT, void, (void *dst, const float *src, long N), (dst, src, N)) \
+    X(to_floats, KERNEL_CONVERT, void, (float *dst, const void *src, long N), (dst, src, N))
+#define VALUE_KERNELS(X) VALUE_KERNELS_OF_K(X) VALUE_KERNELS_CONVERSIONS(X)
+/* a generated body's `return` before a call that returns a value: KERNEL_RETURN_##ret */
+#define KERNEL_RETURN_void
+#define KERNEL_RETURN_double return
+
 typedef struct value_kernels {
     const char *name; /* "fp32", "bf16 cpu", "bf16 cuda" */
-    void (*encoder_forward)(void *out, const int *tokens, const void *wte, const void *wpe, int B, int T, int C);
-    void (*encoder_backward)(void *dwte, void *dwpe, const void *dout, const int *tokens, int B, int T, int C);
-    void (*layernorm_forward)(void *out, float *mean, float *rstd, const void *inp, const void *w, const void *b,
-                              int N, int C);
-    void (*layernorm_backward)(void *dinp, void *dw, void *db, const void *dout, const void *inp, const void *w,
-                               const float *mean, const float *rstd, int N, int C);
-    void (*matmul_forward)(void *out, const void *inp, const void *w, const void *bias, int N, int IC, int OC);
-    void (*matmul_backward)(void *dinp, void *dw, void *dbias, const void *dout, const void *inp, const void *w,
-                            int N, int IC, int OC);
-    void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int NH, int HS);
-    void (*attention_backward)(void *dqkv, void *datt, const void *dout, const void *qkv, const void *att, int B,
-                               int T, int NH, int HS);
-    void (*gelu_forward)(void *out, const void *inp, long N);
-    void (*gelu_backward)(void *dinp, const void *dout, const void *inp, long N);
-    void (*add)(void *out, const void *a, const void *b, long N);
-    void (*accumulate)(void *dst, const void *src, long N);
-    void (*scale)(void *x, float s, long N);
-    void (*crossentropy_forward)(float *losses, void *probs, const void *logits, const int *targets, int N, int V);
-    void (*crossentropy_backward)(void *dlogits, const void *probs, const int *targets, float dloss, int N, int V);
-    double (*sum_squares)(const void *x, long N);
-    void (*sum_squares_add)(double *acc, const void *x, long N);
-    /* p: the fp32 weights the optimizer updates (the master copy in bf16); g: values */
-    void (*adamw)(float *p, const void *g, float *m, float *v, long N, float lr, float beta1, float beta2,
-                  float eps, float wd, int t, float grad_scale);
-    void (*matmul_backward_input)(void *dinp, const void *dout, const void *w, int N, int IC, int OC);
-    void (*matmul_backward_weight)(void *dw, void *dbias, const void *dout, const void *inp, int N, int IC, int OC);
-    void (*layernorm_backward_input)(void *dinp, const void *dout, const void *inp, const void *w,
-                                     const float *mean, const float *rstd, int N, int C);
-    void (*layernorm_backward_weight)(void *dw, void *db, const void *dout, const void *inp, const float *mean,
-                                      const float *rstd, int N, int C);
-    /* dst = src rounded to values (a copy in fp32; nothing when dst == src), and back */
-    void (*to_values)(void *dst, const float *src, long N);
-    void (*to_floats)(float *dst, const void *src, long N);
-    /* the attention over blocks above; lse fp32 in both precisions */
-    void (*attention_block_forward)(void *out, float *lse, const void *q, const void *k, const void *v, int ldq,
-                                    int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
-                                    int HS);
-    void (*attention_block_backward)(void *dq, void *dk, void *dv, const void *dout, const void *out,
-                                     const float *lse, const void *q, const void *k, const void *v, int ldq,
-                                     int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
-                                     int HS);
-    void (*attention_merge)(void *out, float *lse, const void *out2, const float *lse2, int B, int T, int NH,
-                            int HS);
+#define VALUE_KERNEL_ENTRY(name, kind, ret, params, args) ret(*name) params;
+    VALUE_KERNELS(VALUE_KERNEL_ENTRY)
+#undef VALUE_KERNEL_ENTRY
 } value_kernels;
 
 extern const value_kernels *KP; /* the table for the run's precision; set by precision_use() */

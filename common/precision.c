@@ -45,119 +45,21 @@ void params_from_master(void *params, const float *master, long n) { KP->to_valu
  * C, so each entry is a one-line wrapper. K is read at each call, not copied:
  * it is the device's table (CPU or CUDA), chosen at run time. */
 
-static void f32_encoder_forward(void *out, const int *tokens, const void *wte, const void *wpe, int B, int T, int C) {
-    K->encoder_forward(out, tokens, wte, wpe, B, T, C);
-}
-static void f32_encoder_backward(void *dwte, void *dwpe, const void *dout, const int *tokens, int B, int T, int C) {
-    K->encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
-}
-static void f32_layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const void *w, const void *b,
-                                  int N, int C) {
-    K->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
-}
-static void f32_layernorm_backward(void *dinp, void *dw, void *db, const void *dout, const void *inp, const void *w,
-                                   const float *mean, const float *rstd, int N, int C) {
-    K->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-}
-static void f32_matmul_forward(void *out, const void *inp, const void *w, const void *bias, int N, int IC, int OC) {
-    K->matmul_forward(out, inp, w, bias, N, IC, OC);
-}
-static void f32_matmul_backward(void *dinp, void *dw, void *dbias, const void *dout, const void *inp, const void *w,
-                                int N, int IC, int OC) {
-    K->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
-}
-static void f32_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH, int HS) {
-    K->attention_forward(out, att, qkv, B, T, NH, HS);
-}
-static void f32_attention_backward(void *dqkv, void *datt, const void *dout, const void *qkv, const void *att, int B,
-                                   int T, int NH, int HS) {
-    K->attention_backward(dqkv, datt, dout, qkv, att, B, T, NH, HS);
-}
-static void f32_gelu_forward(void *out, const void *inp, long N) { K->gelu_forward(out, inp, N); }
-static void f32_gelu_backward(void *dinp, const void *dout, const void *inp, long N) {
-    K->gelu_backward(dinp, dout, inp, N);
-}
-static void f32_add(void *out, const void *a, const void *b, long N) { K->add(out, a, b, N); }
-static void f32_accumulate(void *dst, const void *src, long N) { K->accumulate(dst, src, N); }
-static void f32_scale(void *x, float s, long N) { K->scale(x, s, N); }
-static void f32_crossentropy_forward(float *losses, void *probs, const void *logits, const int *targets, int N, int V) {
-    K->crossentropy_forward(losses, probs, logits, targets, N, V);
-}
-static void f32_crossentropy_backward(void *dlogits, const void *probs, const int *targets, float dloss, int N, int V) {
-    K->crossentropy_backward(dlogits, probs, targets, dloss, N, V);
-}
-static double f32_sum_squares(const void *x, long N) { return K->sum_squares(x, N); }
-static void f32_sum_squares_add(double *acc, const void *x, long N) { K->sum_squares_add(acc, x, N); }
-static void f32_adamw(float *p, const void *g, float *m, float *v, long N, float lr, float beta1, float beta2,
-                      float eps, float wd, int t, float grad_scale) {
-    K->adamw(p, g, m, v, N, lr, beta1, beta2, eps, wd, t, grad_scale);
-}
-static void f32_matmul_backward_input(void *dinp, const void *dout, const void *w, int N, int IC, int OC) {
-    K->matmul_backward_input(dinp, dout, w, N, IC, OC);
-}
-static void f32_matmul_backward_weight(void *dw, void *dbias, const void *dout, const void *inp, int N, int IC,
-                                       int OC) {
-    K->matmul_backward_weight(dw, dbias, dout, inp, N, IC, OC);
-}
-static void f32_layernorm_backward_input(void *dinp, const void *dout, const void *inp, const void *w,
-                                         const float *mean, const float *rstd, int N, int C) {
-    K->layernorm_backward_input(dinp, dout, inp, w, mean, rstd, N, C);
-}
-static void f32_layernorm_backward_weight(void *dw, void *db, const void *dout, const void *inp, const float *mean,
-                                          const float *rstd, int N, int C) {
-    K->layernorm_backward_weight(dw, db, dout, inp, mean, rstd, N, C);
-}
-static void f32_copy(void *dst, const float *src, long N) {
+/* f32_<name>: K's kernel of the same name */
+#define FORWARD_TO_K(name, kind, ret, params, args) \
+    static ret f32_##name params { KERNEL_RETURN_##ret K->name args; }
+VALUE_KERNELS_OF_K(FORWARD_TO_K)
+#undef FORWARD_TO_K
+static void f32_to_values(void *dst, const float *src, long N) {
     if (dst != (const void *)src) mem_copy(dst, src, (size_t)N * sizeof(float));
 }
-static void f32_copy_back(float *dst, const void *src, long N) {
+static void f32_to_floats(float *dst, const void *src, long N) {
     if ((void *)dst != src) mem_copy(dst, src, (size_t)N * sizeof(float));
-}
-
-/* attention over blocks (context parallelism) */
-static void f32_attention_block_forward(void *out, float *lse, const void *q, const void *k, const void *v, int ldq,
-                                        int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
-                                        int HS) {
-    K->attention_block_forward(out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, B, Tq, Tk, NH, HS);
-}
-static void f32_attention_block_backward(void *dq, void *dk, void *dv, const void *dout, const void *out,
-                                         const float *lse, const void *q, const void *k, const void *v, int ldq,
-                                         int ldkv, const int *q_pos, const int *k_pos, int B, int Tq, int Tk, int NH,
-                                         int HS) {
-    K->attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, ldq, ldkv, q_pos, k_pos, B, Tq, Tk, NH, HS);
-}
-static void f32_attention_merge(void *out, float *lse, const void *out2, const float *lse2, int B, int T, int NH,
-                                int HS) {
-    K->attention_merge(out, lse, out2, lse2, B, T, NH, HS);
 }
 
 const value_kernels kernels_values_fp32 = {
     .name = "fp32",
-    .encoder_forward = f32_encoder_forward,
-    .encoder_backward = f32_encoder_backward,
-    .layernorm_forward = f32_layernorm_forward,
-    .layernorm_backward = f32_layernorm_backward,
-    .matmul_forward = f32_matmul_forward,
-    .matmul_backward = f32_matmul_backward,
-    .attention_forward = f32_attention_forward,
-    .attention_backward = f32_attention_backward,
-    .gelu_forward = f32_gelu_forward,
-    .gelu_backward = f32_gelu_backward,
-    .add = f32_add,
-    .accumulate = f32_accumulate,
-    .scale = f32_scale,
-    .crossentropy_forward = f32_crossentropy_forward,
-    .crossentropy_backward = f32_crossentropy_backward,
-    .sum_squares = f32_sum_squares,
-    .sum_squares_add = f32_sum_squares_add,
-    .adamw = f32_adamw,
-    .matmul_backward_input = f32_matmul_backward_input,
-    .matmul_backward_weight = f32_matmul_backward_weight,
-    .layernorm_backward_input = f32_layernorm_backward_input,
-    .layernorm_backward_weight = f32_layernorm_backward_weight,
-    .to_values = f32_copy,
-    .to_floats = f32_copy_back,
-    .attention_block_forward = f32_attention_block_forward,
-    .attention_block_backward = f32_attention_block_backward,
-    .attention_merge = f32_attention_merge,
+#define FP32_ENTRY(name, kind, ret, params, args) .name = f32_##name,
+    VALUE_KERNELS(FP32_ENTRY)
+#undef FP32_ENTRY
 };
