@@ -24,7 +24,7 @@ trap cleanup EXIT
 git -C "$here" worktree add --detach "$scratch/base-src" "$base" >/dev/null 2>&1
 build() { # src dir -> build dir
     cmake -S "$1" -B "$2" -G Ninja -DPL_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-    ninja -C "$2" lab01_dp lab02_zero lab03_pp_naive lab04_1f1b lab05_tp lab06_3d lab07_cp lab08_ep >/dev/null
+    ninja -C "$2" lab01_dp lab02_zero lab03_pp_naive lab04_1f1b lab05_tp lab06_3d lab07_cp lab08_ep lab09_5d >/dev/null
 }
 build "$scratch/base-src" "$scratch/base-build"
 build "$here" "$scratch/this-build"
@@ -48,6 +48,9 @@ cases=(
     "lab06_sp_zbv|4|lab06_3d|--tp 2 --pp 2 --dp 1 --sequence-parallel --schedule zb-v"
     "lab06_zbv_selective|4|lab06_3d|--tp 2 --pp 2 --dp 1 --schedule zb-v --recompute selective"
     "lab07_ring|2|lab07_cp|"
+    "lab09_tp2_cp2|4|lab09_5d|--tp 2 --cp 2 --pp 1 --dp 1 --micro-batches 2"
+    "lab09_cp2_pp2_ulysses|4|lab09_5d|--tp 1 --cp 2 --pp 2 --dp 1 --cp-algo ulysses --micro-batches 2"
+    "lab09_experts|4|lab09_5d|--experts 4 --ep 2 --tp 1 --cp 1 --pp 2 --dp 2 --micro-batches 2"
 )
 run_side() { # side case ranks program flags precision
     local out="$scratch/$1/$2_$6"
