@@ -1,4 +1,6 @@
 #include "zero_report.h"
+#include "device.h" /* die */
+#include "jsonval.h"
 #include "mem.h"
 #include "theory.h"
 #include <math.h>
@@ -68,21 +70,24 @@ static void print_paper_row(void) {
     printf("\n");
 }
 
-void zero_extra_json(const zero_state *z, const zero_figures *f, double bucket_mb, char *buf, size_t len) {
+void zero_record_members(const zero_state *z, const zero_figures *f, double bucket_mb, json_t *record) {
     const shard_plan *p = &z->plan;
     const char *names[ZERO_NCAT] = {"params", "grads", "optim"};
     const double *parts[3] = {f->mem_formula, f->mem_buffers, f->mem_padding};
     const char *keys[3] = {"mem_formula_bytes", "mem_buffer_bytes", "mem_padding_bytes"};
-    size_t at = (size_t)snprintf(buf, len,
-        "\"zero_stage\":%d,\"bucket_mb\":%g,\"shard_units\":%d,\"padding_elems\":%ld,\"shard_elems\":%ld,"
-        "\"largest_unit_elems\":%ld,\"comm_padding_ring_bytes\":%.17g,\"comm_skipped_ring_bytes\":%.17g",
-        z->stage, bucket_mb, p->n_units, p->padding_elems, p->shard_elems, p->largest_unit_elems,
-        f->comm_padding, f->comm_skipped);
-    for (int k = 0; k < 3 && at < len; k++) {
-        at += (size_t)snprintf(buf + at, len - at, ",\"%s\":{", keys[k]);
-        for (int c = 0; c < ZERO_NCAT && at < len; c++)
-            at += (size_t)snprintf(buf + at, len - at, "%s\"%s\":%.17g", c ? "," : "", names[c], parts[k][c]);
-        if (at < len) at += (size_t)snprintf(buf + at, len - at, "}");
+    jsonval_set(record, "zero_stage", json_integer(z->stage));
+    jsonval_set(record, "bucket_mb", jsonval_number(bucket_mb));
+    jsonval_set(record, "shard_units", json_integer(p->n_units));
+    jsonval_set(record, "padding_elems", json_integer(p->padding_elems));
+    jsonval_set(record, "shard_elems", json_integer(p->shard_elems));
+    jsonval_set(record, "largest_unit_elems", json_integer(p->largest_unit_elems));
+    jsonval_set(record, "comm_padding_ring_bytes", jsonval_number(f->comm_padding));
+    jsonval_set(record, "comm_skipped_ring_bytes", jsonval_number(f->comm_skipped));
+    for (int k = 0; k < 3; k++) {
+        json_t *by_category = json_object();
+        if (!by_category) die("out of host memory");
+        for (int c = 0; c < ZERO_NCAT; c++) jsonval_set(by_category, names[c], jsonval_number(parts[k][c]));
+        jsonval_set(record, keys[k], by_category);
     }
 }
 

@@ -22,7 +22,7 @@
 #ifndef LAB02_ZERO_REPORT_H
 #define LAB02_ZERO_REPORT_H
 #include "zero.h"
-#include <stddef.h>
+#include <jansson.h>
 
 enum { ZERO_PARAMS, ZERO_GRADS, ZERO_OPTIM, ZERO_NCAT };
 
@@ -45,8 +45,8 @@ void zero_figures_compute(const zero_state *z, zero_figures *f);
 /* The same from a shard plan alone, before any buffer exists (--dry-run). */
 void zero_figures_of_plan(const gpt_layout *g, const shard_plan *p, int stage, zero_figures *f);
 
-/* The run record's lab members (run_report.extra_json). */
-void zero_extra_json(const zero_state *z, const zero_figures *f, double bucket_mb, char *buf, size_t len);
+/* The run record's lab members, set on `record` (a jansson object). */
+void zero_record_members(const zero_state *z, const zero_figures *f, double bucket_mb, json_t *record);
 
 /* Collective: the measured bytes (max over ranks) beside the formula; rank 0 prints. */
 void zero_print_summary(const zero_state *z, const zero_figures *f, int steps);

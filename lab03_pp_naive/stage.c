@@ -1,11 +1,11 @@
 #include "stage.h"
 #include "device.h"
+#include "jsonval.h"
 #include "kernels.h"
 #include "lab_run.h" /* lab_theory_model */
 #include "mem.h"
 #include "moe.h"
 #include "run.h" /* human() */
-#include "textbuf.h"
 #include "theory.h"
 #include "trace.h"
 #include <stdarg.h>
@@ -248,12 +248,6 @@ th_opts stage_opts(const pipeline_stage *s) {
     return th_opts_run(s->g->cfg.heads / p->heads, p->seq_parts > 1, s->g->cfg.recompute, g_precision == PREC_BF16);
 }
 
-static void append_array(textbuf *b, const char *key, const double *all, int field, int fields, int p) {
-    textbuf_printf(b, ",\"%s\":[", key);
-    for (int r = 0; r < p; r++) textbuf_printf(b, "%s%.0f", r ? "," : "", all[r * fields + field]);
-    textbuf_printf(b, "]");
-}
-
 double stage_acts_formula_bytes(const pipeline_stage *s) {
     const gpt_config *cfg = &s->g->cfg;
     th_model tm = lab_theory_model(cfg); /* --experts: their buffers too */
@@ -263,7 +257,25 @@ double stage_acts_formula_bytes(const pipeline_stage *s) {
     return th_cp_stage_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows, s->model.cp, (th_cp_algo)s->model.cp_algo);
 }
 
-char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text) {
+static void append(json_t *array, json_t *value) {
+    if (json_array_append_new(array, value) != 0) die("out of host memory building JSON");
+}
+
+json_t *stage_record_integers(const double *x, int n, int stride) {
+    json_t *list = json_array();
+    if (!list) die("out of host memory building JSON");
+    for (int i = 0; i < n; i++) append(list, jsonval_integer(x[(size_t)i * stride]));
+    return list;
+}
+
+json_t *stage_record_rows(const double *x, int rows, int row_stride, int n, int stride) {
+    json_t *list = json_array();
+    if (!list) die("out of host memory building JSON");
+    for (int r = 0; r < rows; r++) append(list, stage_record_integers(x + (size_t)r * row_stride, n, stride));
+    return list;
+}
+
+void stage_report_json(pipeline_stage *s, json_t *record, int in_flight_formula, const char *formula_text) {
     enum { LO, HI, BYTES, BYTES_F, IN_FLIGHT, PEAK, FIELDS };
     int p = s->count;
     double *all = calloc((size_t)p * FIELDS, sizeof(double));
@@ -279,16 +291,13 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
     mine[PEAK] = (double)mem_peak(MEM_ACTS);
     comm_allreduce_host(s->pipe, all, p * FIELDS); /* every other slot is 0: a gather */
 
-    textbuf json = {0};
-    textbuf_printf(&json, "\"stages\":%d,\"stage_layers\":[", p);
-    for (int r = 0; r < p; r++)
-        textbuf_printf(&json, "%s[%.0f,%.0f]", r ? "," : "", all[r * FIELDS + LO], all[r * FIELDS + HI]);
-    textbuf_printf(&json, "]");
-    append_array(&json, "acts_bytes_per_micro_batch", all, BYTES, FIELDS, p);
-    append_array(&json, "acts_bytes_per_micro_batch_formula", all, BYTES_F, FIELDS, p);
-    append_array(&json, "acts_in_flight_formula", all, IN_FLIGHT, FIELDS, p);
-    append_array(&json, "acts_peak_measured_bytes", all, PEAK, FIELDS, p);
-    textbuf_printf(&json, ",\"acts_formula\":\"%s\"", formula_text);
+    jsonval_set(record, "stages", json_integer(p));
+    jsonval_set(record, "stage_layers", stage_record_rows(all + LO, p, FIELDS, 2, 1)); /* [LO, HI] of each stage */
+    jsonval_set(record, "acts_bytes_per_micro_batch", stage_record_integers(all + BYTES, p, FIELDS));
+    jsonval_set(record, "acts_bytes_per_micro_batch_formula", stage_record_integers(all + BYTES_F, p, FIELDS));
+    jsonval_set(record, "acts_in_flight_formula", stage_record_integers(all + IN_FLIGHT, p, FIELDS));
+    jsonval_set(record, "acts_peak_measured_bytes", stage_record_integers(all + PEAK, p, FIELDS));
+    jsonval_set(record, "acts_formula", jsonval_text(formula_text));
 
     if (s->index == 0) {
         char a[16], b[16], c[16];
@@ -305,7 +314,6 @@ char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *fo
         fflush(stdout);
     }
     free(all);
-    return json.s;
 }
 
 /* --eval: the same pipeline forward on the held-out batches instead of

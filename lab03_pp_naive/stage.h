@@ -22,6 +22,7 @@
 #include "optim.h"
 #include "run.h"
 #include "theory.h"
+#include <jansson.h>
 #include <stdint.h>
 
 /* How the layers are cut into stages: theory.h's th_stage_layers (a pure
@@ -159,16 +160,21 @@ th_opts stage_opts(const pipeline_stage *s);
  * (th_course_acts_bytes; under context parallelism th_cp_stage_acts_bytes). */
 double stage_acts_formula_bytes(const pipeline_stage *s);
 
-/* Collective over pipe. The stages' layers, activation bytes per micro-batch,
- * the schedule's activation count per stage (in_flight_formula, this stage's)
- * and the measured peaks, as members of the run record
- * ("\"stage_layers\":[[0,2],...],..."), malloc'd; rank 0 also prints them. */
 /* --experts: the step's aux loss (the mean over micro-batches, every stage's
  * layers summed over pipe) and dropped choices into ctx, and after the last
  * step the choices per layer and expert: run_experts_report of the n stages'
  * tallies (this rank's; lab04's chunks). Collective over pipe. */
 void stage_report_experts(run_ctx *ctx, comm *pipe, const pipeline_stage *stages, int n, int step);
-char *stage_report_json(pipeline_stage *s, int in_flight_formula, const char *formula_text);
+/* Collective over pipe. The stages' layers, activation bytes per micro-batch,
+ * the schedule's activation count per stage (in_flight_formula, this stage's)
+ * and the measured peaks, set as members of the run record `record` (a jansson
+ * object: "stage_layers": [[0,2],...], ...); rank 0 also prints them. */
+void stage_report_json(pipeline_stage *s, json_t *record, int in_flight_formula, const char *formula_text);
+/* The record's lists of the figures such a report gathers, one row of fields
+ * per stage (or chunk): [x[0], x[stride], ..., x[(n-1) stride]] as integers, and
+ * `rows` of those lists, row r starting at x[r row_stride]. */
+json_t *stage_record_integers(const double *x, int n, int stride);
+json_t *stage_record_rows(const double *x, int rows, int row_stride, int n, int stride);
 
 /* The step line's "bubble rank 0 x (theory y)": 1 - busy/wall on this rank's
  * host clock since stage_step_begin; NULL on CUDA, where the host clock does

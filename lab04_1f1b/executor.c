@@ -1,10 +1,10 @@
 #include "executor.h"
 #include "device.h"
+#include "jsonval.h"
 #include "kernels.h"
 #include "lab_run.h" /* lab_theory_model */
 #include "mem.h"
 #include "run.h" /* human() */
-#include "textbuf.h"
 #include "trace.h"
 #include <math.h>
 #include <stdio.h>
@@ -576,17 +576,7 @@ double pipeline_acts_formula_bytes(const pipeline_rank *pr) {
     return bytes;
 }
 
-static void append_rows(textbuf *b, const char *key, const double *all, int field, int fields, int p, int v) {
-    textbuf_printf(b, ",\"%s\":[", key);
-    for (int r = 0; r < p; r++) {
-        textbuf_printf(b, "%s[", r ? "," : "");
-        for (int c = 0; c < v; c++) textbuf_printf(b, "%s%.0f", c ? "," : "", all[(r * v + c) * fields + field]);
-        textbuf_printf(b, "]");
-    }
-    textbuf_printf(b, "]");
-}
-
-char *pipeline_report_json(const pipeline_rank *pr) {
+void pipeline_report_json(const pipeline_rank *pr, json_t *record) {
     enum { STAGE, LO, HI, ACTS_BYTES, ACTS_N, WG_BYTES, WG_N, PEAK, FIELDS };
     const int p = pr->p, v = pr->v, S = p * v;
     double *all = xcalloc((size_t)p * v * FIELDS, sizeof(double));
@@ -605,24 +595,27 @@ char *pipeline_report_json(const pipeline_rank *pr) {
     }
     comm_allreduce_host(pr->pipe, all, p * v * FIELDS); /* every other slot is 0: a gather */
 
-    textbuf json = {0};
-    textbuf_printf(&json, "\"stages\":%d,\"virtual_stages\":%d,\"chunks_per_rank\":%d,\"stage_layers\":[", p, S, v);
-    for (int st = 0; st < S; st++) /* by virtual stage */
-        for (int q = 0; q < p * v; q++)
-            if (all[q * FIELDS + STAGE] == st)
-                textbuf_printf(&json, "%s[%.0f,%.0f]", st ? "," : "", all[q * FIELDS + LO], all[q * FIELDS + HI]);
-    textbuf_printf(&json, "]");
-    append_rows(&json, "chunk_stages", all, STAGE, FIELDS, p, v);
-    append_rows(&json, "chunk_acts_bytes_per_micro_batch", all, ACTS_BYTES, FIELDS, p, v);
-    append_rows(&json, "chunk_acts_in_flight_formula", all, ACTS_N, FIELDS, p, v);
-    append_rows(&json, "chunk_wgrads_bytes_per_micro_batch", all, WG_BYTES, FIELDS, p, v);
-    append_rows(&json, "chunk_wgrads_in_flight_formula", all, WG_N, FIELDS, p, v);
+    double *layers = xcalloc((size_t)S * 2, sizeof *layers); /* [lo, hi) by virtual stage */
+    for (int q = 0; q < p * v; q++) {
+        const int st = (int)all[q * FIELDS + STAGE];
+        layers[st * 2] = all[q * FIELDS + LO];
+        layers[st * 2 + 1] = all[q * FIELDS + HI];
+    }
+    jsonval_set(record, "stages", json_integer(p));
+    jsonval_set(record, "virtual_stages", json_integer(S));
+    jsonval_set(record, "chunks_per_rank", json_integer(v));
+    jsonval_set(record, "stage_layers", stage_record_rows(layers, S, 2, 2, 1));
+    free(layers);
+    /* per rank, its chunks' figures ([[rank 0's v], [rank 1's v], ...]); a rank's row is v x FIELDS long */
+    const int row = v * FIELDS;
+    jsonval_set(record, "chunk_stages", stage_record_rows(all + STAGE, p, row, v, FIELDS));
+    jsonval_set(record, "chunk_acts_bytes_per_micro_batch", stage_record_rows(all + ACTS_BYTES, p, row, v, FIELDS));
+    jsonval_set(record, "chunk_acts_in_flight_formula", stage_record_rows(all + ACTS_N, p, row, v, FIELDS));
+    jsonval_set(record, "chunk_wgrads_bytes_per_micro_batch", stage_record_rows(all + WG_BYTES, p, row, v, FIELDS));
+    jsonval_set(record, "chunk_wgrads_in_flight_formula", stage_record_rows(all + WG_N, p, row, v, FIELDS));
     /* chunk 0's, per rank, as lab03's record has them (the whole of it with one chunk, unsplit) */
-    textbuf_printf(&json, ",\"acts_bytes_per_micro_batch\":[");
-    for (int r = 0; r < p; r++) textbuf_printf(&json, "%s%.0f", r ? "," : "", all[(size_t)r * v * FIELDS + ACTS_BYTES]);
-    textbuf_printf(&json, "],\"acts_in_flight_formula\":[");
-    for (int r = 0; r < p; r++) textbuf_printf(&json, "%s%.0f", r ? "," : "", all[(size_t)r * v * FIELDS + ACTS_N]);
-    textbuf_printf(&json, "]");
+    jsonval_set(record, "acts_bytes_per_micro_batch", stage_record_integers(all + ACTS_BYTES, p, row));
+    jsonval_set(record, "acts_in_flight_formula", stage_record_integers(all + ACTS_N, p, row));
     double *formula = xcalloc((size_t)p, sizeof *formula);
     for (int r = 0; r < p; r++)
         for (int c = 0; c < v; c++) {
@@ -630,10 +623,11 @@ char *pipeline_report_json(const pipeline_rank *pr) {
             formula[r] += x[ACTS_N] * x[ACTS_BYTES] + x[WG_N] * x[WG_BYTES];
         }
     /* the formula's total per rank is the record's acts_peak_bytes_formula_per_rank (pipeline_acts_formula_bytes) */
-    textbuf_printf(&json, ",\"acts_peak_measured_bytes\":[");
-    for (int r = 0; r < p; r++) textbuf_printf(&json, "%s%.0f", r ? "," : "", all[(size_t)r * v * FIELDS + PEAK]);
-    textbuf_printf(&json, "],\"acts_formula\":\"per chunk: activation blocks in flight x their bytes%s, "
-                   "counted on the schedule's lists\"", pr->sched.split ? " + weight-gradient inputs x theirs" : "");
+    jsonval_set(record, "acts_peak_measured_bytes", stage_record_integers(all + PEAK, p, row));
+    char formula_text[128];
+    snprintf(formula_text, sizeof formula_text, "per chunk: activation blocks in flight x their bytes%s, counted on "
+             "the schedule's lists", pr->sched.split ? " + weight-gradient inputs x theirs" : "");
+    jsonval_set(record, "acts_formula", jsonval_text(formula_text));
 
     if (pr->rank == 0) {
         char a[16], b[16], c16[16], d[16];
@@ -653,5 +647,4 @@ char *pipeline_report_json(const pipeline_rank *pr) {
     }
     free(formula);
     free(all);
-    return json.s;
 }

@@ -128,9 +128,9 @@ void pipeline_measured_times(const pipeline_rank *pr, int first_measured, double
 
 /* Collective over pipe. Every rank's chunks (virtual stage, layers), their
  * activation and weight-gradient blocks per micro-batch and in flight at the
- * peak (schedule_in_flight), and the measured activation peak per rank, as
- * run record members; rank 0 also prints them. malloc'd. */
-char *pipeline_report_json(const pipeline_rank *pr);
+ * peak (schedule_in_flight), and the measured activation peak per rank, set as
+ * members of the run record `record` (a jansson object); rank 0 also prints them. */
+void pipeline_report_json(const pipeline_rank *pr, json_t *record);
 /* This rank's activation peak by the schedule: sum over chunks of blocks in
  * flight x their bytes. */
 double pipeline_acts_formula_bytes(const pipeline_rank *pr);

@@ -1,8 +1,8 @@
 #include "grid.h"
 #include "device.h"
 #include "mesh.h"
+#include "jsonval.h"
 #include "theory.h" /* th_stage_layers: the map shows each stage's layers */
-#include "textbuf.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +30,26 @@ grid_dims grid_defaults(int ranks) {
 void grid_defaults_axes(int ranks, int *values, int n) {
     for (int i = 0; i < n; i++) values[i] = 0;
     fill(ranks, values, n);
+}
+
+static void (*defaults_set)(int ranks, void *lab);
+static void *defaults_lab;
+
+void grid_defaults_at_init(void (*set)(int ranks, void *lab), void *lab) {
+    defaults_set = set;
+    defaults_lab = lab;
+}
+
+/* The program's MPI_Init: MPI's own, then the grid flags' defaults for this
+ * rank count, before the flags are parsed (grid_defaults_at_init). */
+int MPI_Init(int *argc, char ***argv) {
+    const int status = PMPI_Init(argc, argv);
+    if (status == MPI_SUCCESS && defaults_set) {
+        int ranks;
+        MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+        defaults_set(ranks, defaults_lab);
+    }
+    return status;
 }
 
 int grid_choose_axes(run_ctx *ctx, int argc, char **argv, const char *const *names, int *values, int n) {
@@ -139,18 +159,19 @@ static int *gather_groups(process_grid *g, int *fields) {
     return all;
 }
 
-/* Every group once, from its member 0: "[[0,1],[2,3]]". */
-static void json_groups(textbuf *b, const int *all, int fields, int ranks, int axis, int offset, int size) {
-    textbuf_printf(b, "[");
-    for (int r = 0, first = 1; r < ranks; r++) {
+/* Every group once, from its member 0: [[0,1],[2,3]]. */
+static json_t *json_groups(const int *all, int fields, int ranks, int axis, int offset, int size) {
+    json_t *groups = json_array();
+    double *members = malloc(sizeof(double) * (size_t)size);
+    if (!groups || !members) die("out of host memory");
+    for (int r = 0; r < ranks; r++) {
         const int *x = all + (size_t)r * fields;
         if (x[1 + axis] != 0) continue;
-        textbuf_printf(b, "%s[", first ? "" : ",");
-        for (int k = 0; k < size; k++) textbuf_printf(b, "%s%d", k ? "," : "", x[offset + k]);
-        textbuf_printf(b, "]");
-        first = 0;
+        for (int k = 0; k < size; k++) members[k] = x[offset + k];
+        if (json_array_append_new(groups, jsonval_integers(members, size)) != 0) die("out of host memory");
     }
-    textbuf_printf(b, "]");
+    free(members);
+    return groups;
 }
 
 static void print_groups(const char *title, const int *all, int fields, int ranks, int axis, int offset, int size) {
@@ -167,7 +188,7 @@ static void print_groups(const char *title, const int *all, int fields, int rank
     printf("\n");
 }
 
-char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
+json_t *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
     const grid_dims d = g->dims;
     const int ranks = g->world->size;
     /* hosts as run_setup found them: the ranks that share memory, named by MPI_Get_processor_name */
@@ -227,29 +248,33 @@ char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
         else len += snprintf(sizes + len, sizeof sizes - (size_t)len, "%s%d", shown > 1 ? " " : "", n);
     }
 
-    textbuf b = {0};
-    textbuf_printf(&b, "\"grid\":{\"tp\":%d,\"pp\":%d,\"dp\":%d,\"order\":\"rank = tp + t*(dp + d*pp)\",\"hosts\":%d,"
-                   "\"tp_group_spans_hosts\":%s,\"pipeline_boundaries_inside_hosts_while_tp_spans\":%d,\"ranks\":[",
-                   d.tp, d.pp, d.dp, n_hosts, spans ? "true" : "false", inside);
+    json_t *grid = json_object(), *by_rank = json_array();
+    if (!grid || !by_rank) die("out of host memory");
+    jsonval_set(grid, "tp", json_integer(d.tp));
+    jsonval_set(grid, "pp", json_integer(d.pp));
+    jsonval_set(grid, "dp", json_integer(d.dp));
+    jsonval_set(grid, "order", jsonval_text("rank = tp + t*(dp + d*pp)"));
+    jsonval_set(grid, "hosts", json_integer(n_hosts));
+    jsonval_set(grid, "tp_group_spans_hosts", json_boolean(spans));
+    jsonval_set(grid, "pipeline_boundaries_inside_hosts_while_tp_spans", json_integer(inside));
     for (int r = 0; r < ranks; r++) {
         grid_coord c = grid_coord_of(d, r);
         const int *x = all ? all + (size_t)r * fields : NULL;
         /* the coordinate is the rank's place in each communicator, as reported */
-        textbuf_printf(&b, "%s{\"rank\":%d,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"host\":", r ? "," : "", r,
-                       x ? x[1] : c.tp, x ? x[2] : c.pp, x ? x[3] : c.dp);
-        textbuf_json_string(&b, HOST(r));
-        textbuf_printf(&b, "}");
+        json_t *place = json_object();
+        if (!place || json_array_append_new(by_rank, place) != 0) die("out of host memory");
+        jsonval_set(place, "rank", json_integer(r));
+        jsonval_set(place, "tp", json_integer(x ? x[1] : c.tp));
+        jsonval_set(place, "pp", json_integer(x ? x[2] : c.pp));
+        jsonval_set(place, "dp", json_integer(x ? x[3] : c.dp));
+        jsonval_set(place, "host", jsonval_text(HOST(r)));
     }
-    textbuf_printf(&b, "]");
+    jsonval_set(grid, "ranks", by_rank);
     if (all) {
-        textbuf_printf(&b, ",\"tp_groups\":");
-        json_groups(&b, all, fields, ranks, 0, 4, d.tp);
-        textbuf_printf(&b, ",\"pp_groups\":");
-        json_groups(&b, all, fields, ranks, 1, 4 + d.tp, d.pp);
-        textbuf_printf(&b, ",\"dp_groups\":");
-        json_groups(&b, all, fields, ranks, 2, 4 + d.tp + d.pp, d.dp);
+        jsonval_set(grid, "tp_groups", json_groups(all, fields, ranks, 0, 4, d.tp));
+        jsonval_set(grid, "pp_groups", json_groups(all, fields, ranks, 1, 4 + d.tp, d.pp));
+        jsonval_set(grid, "dp_groups", json_groups(all, fields, ranks, 2, 4 + d.tp + d.pp, d.dp));
     }
-    textbuf_printf(&b, "}");
 
     if (g->world->rank == 0) {
         printf("3D grid: --tp %d x --pp %d x --dp %d = %d rank%s on %d host%s | rank = tp + %d x (dp + %d x pp): "
@@ -314,5 +339,5 @@ char *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
 #undef SAME_HOST
     free(other);
     free(all);
-    return b.s;
+    return grid;
 }

@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "mesh.h"
 #include "run.h"
+#include <jansson.h>
 
 typedef struct grid_dims { int tp, pp, dp; } grid_dims;
 typedef struct grid_coord { int tp, pp, dp; } grid_coord;
@@ -42,6 +43,11 @@ grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int d
  * grid_defaults_axes: the values with no flag given. */
 int grid_choose_axes(run_ctx *ctx, int argc, char **argv, const char *const *names, int *values, int n);
 void grid_defaults_axes(int ranks, int *values, int n);
+/* --help prints the grid flags' defaults, which depend on the rank count, and
+ * lab_main parses the flags right after it starts MPI: set(ranks, lab) runs
+ * in between (this file's MPI_Init, over PMPI_Init: the MPI profiling
+ * interface, as fake_hosts.c uses it), so the flags hold their defaults. */
+void grid_defaults_at_init(void (*set)(int ranks, void *lab), void *lab);
 
 grid_coord grid_coord_of(grid_dims dims, int rank);
 int grid_rank_of(grid_dims dims, grid_coord c);
@@ -63,7 +69,8 @@ void grid_free(process_grid *g);
  * by MPI_Get_processor_name), each stage's layers of `layers`, the groups as
  * the communicators report them, a warning for each TP group that spans hosts,
  * and one for pipeline boundaries inside a host while TP groups cross hosts.
- * Returns the run record's member "grid":{...} (malloc'd, on every rank). */
-char *grid_describe(process_grid *g, int layers, const run_ctx *ctx);
+ * Returns the value of the run record's member "grid" (an object, on every
+ * rank, whose reference the caller holds). */
+json_t *grid_describe(process_grid *g, int layers, const run_ctx *ctx);
 
 #endif

@@ -1,7 +1,7 @@
 #include "report3d.h"
 #include "device.h"
+#include "jsonval.h"
 #include "mem.h"
-#include "textbuf.h"
 #include "theory.h"
 #include <math.h>
 #include <stdio.h>
@@ -39,10 +39,18 @@ static void formula(double *row, th_traffic t) {
     row[G_RING_F] = t.ring;
 }
 
-static void json_column(textbuf *b, const char *key, const double *rows, int ranks, int field) {
-    textbuf_printf(b, "\"%s\":[", key);
-    for (int r = 0; r < ranks; r++) textbuf_printf(b, "%s%.10g", r ? "," : "", rows[(size_t)r * F_FIELDS + field]);
-    textbuf_printf(b, "]");
+/* The record's figures were written with "%.10g" before the record was built
+ * as JSON: whole ones (calls, bytes, layers in flight) stay integers, which the
+ * readers of the record (plots/lesson_tables.py) print as such. */
+static json_t *figure(double x) { return x == nearbyint(x) ? jsonval_integer(x) : jsonval_number(x); }
+
+/* One field over the ranks: [rank 0's, rank 1's, ...]. */
+static json_t *json_column(const double *rows, int ranks, int field) {
+    json_t *column = json_array();
+    if (!column) die("out of host memory");
+    for (int r = 0; r < ranks; r++)
+        if (json_array_append_new(column, figure(rows[(size_t)r * F_FIELDS + field])) != 0) die("out of host memory");
+    return column;
 }
 
 static double column_max(const double *rows, int ranks, int field) {
@@ -170,49 +178,47 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     r->optim_bytes_per_elem = th_optim_bytes(opts.precision);
     r->recompute_full = opts.recompute == RECOMPUTE_FULL;
 
-    textbuf b = {0};
-    textbuf_printf(&b, "\"traffic_per_group\":{");
+    r->acts_formula = pr->v == 1 && !pr->sched.split
+                          ? "the schedule's micro-batches in flight x one micro-batch's activations"
+                          : "per chunk: blocks in flight x their bytes (activations, and the weight-gradient inputs "
+                            "where the backward is split)";
+}
+
+void report3d_record(const report3d *r, const process_grid *g, json_t *record) {
+    if (!r->rows) return; /* not rank 0, or nothing gathered (lab09's experts) */
+    const grid_dims d = g->dims;
+    json_t *traffic = json_object(), *layers = json_array();
+    if (!traffic || !layers) die("out of host memory");
     /* per group kind, one array over the ranks for each of these */
     static const struct { const char *key; int field; } columns[] = {
         {"calls", G_CALLS}, {"payload_bytes", G_PAYLOAD}, {"ring_bytes", G_RING}, {"seconds", G_SECONDS},
         {"calls_formula", G_CALLS_F}, {"payload_bytes_formula", G_PAYLOAD_F},
         {"ring_bytes_formula", G_RING_F}};
     for (int k = 0; k < r->kinds; k++) {
-        const int o = k * G_FIELDS;
-        textbuf_printf(&b, "%s\"%s\":{\"group_size\":%d,", k ? "," : "", group_names[k],
-                       k == GROUP_TP ? d.tp : k == GROUP_PP ? d.pp : k == GROUP_DP ? d.dp : g->cp->size);
-        for (int c = 0; c < (int)(sizeof columns / sizeof columns[0]); c++) {
-            if (c) textbuf_printf(&b, ",");
-            json_column(&b, columns[c].key, r->rows, r->ranks, o + columns[c].field);
-        }
-        textbuf_printf(&b, "}");
+        json_t *group = json_object();
+        if (!group) die("out of host memory");
+        jsonval_set(group, "group_size",
+                    json_integer(k == GROUP_TP ? d.tp : k == GROUP_PP ? d.pp : k == GROUP_DP ? d.dp : g->cp->size));
+        for (int c = 0; c < (int)(sizeof columns / sizeof columns[0]); c++)
+            jsonval_set(group, columns[c].key, json_column(r->rows, r->ranks, k * G_FIELDS + columns[c].field));
+        jsonval_set(traffic, group_names[k], group);
     }
-    textbuf_printf(&b, "},\"stage_layers_per_rank\":[");
+    jsonval_set(record, "traffic_per_group", traffic);
     for (int q = 0; q < r->ranks; q++) {
         const double *x = r->rows + (size_t)q * F_FIELDS;
-        textbuf_printf(&b, "%s[%.0f,%.0f]", q ? "," : "", x[F_LO], x[F_HI]);
+        if (json_array_append_new(layers, jsonval_integers((const double[]){x[F_LO], x[F_HI]}, 2)) != 0)
+            die("out of host memory");
     }
-    textbuf_printf(&b, "],");
-    json_column(&b, "param_bytes_per_rank_formula", r->rows, r->ranks, F_PARAMS_F);
+    jsonval_set(record, "stage_layers_per_rank", layers);
+    jsonval_set(record, "param_bytes_per_rank_formula", json_column(r->rows, r->ranks, F_PARAMS_F));
     if (r->zero_stage) { /* (absent otherwise: a zero-stage 0 record is the one lab06 always wrote) */
-        textbuf_printf(&b, ",");
-        json_column(&b, "optim_bytes_per_rank_formula", r->rows, r->ranks, F_OPTIM_F);
-        textbuf_printf(&b, ",");
-        json_column(&b, "optim_padding_bytes_per_rank", r->rows, r->ranks, F_OPTIM_PAD);
+        jsonval_set(record, "optim_bytes_per_rank_formula", json_column(r->rows, r->ranks, F_OPTIM_F));
+        jsonval_set(record, "optim_padding_bytes_per_rank", json_column(r->rows, r->ranks, F_OPTIM_PAD));
     }
-    textbuf_printf(&b, ",");
-    json_column(&b, "acts_bytes_per_micro_batch", r->rows, r->ranks, F_ACTS_PER_MB);
-    textbuf_printf(&b, ",");
-    json_column(&b, "acts_bytes_per_micro_batch_formula", r->rows, r->ranks, F_ACTS_PER_MB_F);
-    textbuf_printf(&b, ",");
-    json_column(&b, "acts_in_flight_formula", r->rows, r->ranks, F_IN_FLIGHT);
-    textbuf_printf(&b, ",");
-    textbuf_printf(&b, "\"acts_formula\":");
-    textbuf_json_string(&b, pr->v == 1 && !pr->sched.split
-                                ? "the schedule's micro-batches in flight x one micro-batch's activations"
-                                : "per chunk: blocks in flight x their bytes (activations, and the weight-gradient "
-                                  "inputs where the backward is split)");
-    r->json = b.s;
+    jsonval_set(record, "acts_bytes_per_micro_batch", json_column(r->rows, r->ranks, F_ACTS_PER_MB));
+    jsonval_set(record, "acts_bytes_per_micro_batch_formula", json_column(r->rows, r->ranks, F_ACTS_PER_MB_F));
+    jsonval_set(record, "acts_in_flight_formula", json_column(r->rows, r->ranks, F_IN_FLIGHT));
+    jsonval_set(record, "acts_formula", jsonval_text(r->acts_formula));
 }
 
 void report3d_print(const report3d *r, const process_grid *g) {
@@ -327,6 +333,5 @@ void report3d_print(const report3d *r, const process_grid *g) {
 
 void report3d_free(report3d *r) {
     free(r->rows);
-    free(r->json);
     memset(r, 0, sizeof *r);
 }

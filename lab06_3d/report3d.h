@@ -6,6 +6,7 @@
 #include "grid.h"
 #include "run.h"
 #include "tp.h"
+#include <jansson.h>
 
 enum { GROUP_TP, GROUP_PP, GROUP_DP, GROUP_CP, GROUP_KINDS }; /* CP: lab09's grids only (process_grid.cp) */
 
@@ -18,7 +19,7 @@ typedef struct group_traffic {
 typedef struct report3d {
     int ranks;
     double *rows;      /* rank 0: every rank's figures (report3d.c lays them out) */
-    char *json;        /* the run record's members, for run_report.extra_json */
+    const char *acts_formula; /* how the activations' formula counts: the schedule's blocks in flight */
     double formula_ring_bytes; /* the busiest rank's ring traffic by the formulas, as
                                 * run_finish sums the measured one (per kind, max over ranks) */
     int sequence_parallel, recompute_full; /* how the TP groups ran: the lines' formulas */
@@ -32,6 +33,10 @@ typedef struct report3d {
  * rank's figures and gathers them to rank 0; the activation formula is the
  * schedule's blocks in flight on the rank's chunks (pipeline_acts_formula_bytes). */
 void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, const run_ctx *ctx);
+/* Rank 0: the run record's members of those figures, set on `record` (the
+ * traffic per group kind, the layers, parameter and activation bytes per rank);
+ * the other ranks, and an r never gathered ({0}), set none. */
+void report3d_record(const report3d *r, const process_grid *g, json_t *record);
 /* Rank 0: the 3D lines of the summary. */
 void report3d_print(const report3d *r, const process_grid *g);
 void report3d_free(report3d *r);

@@ -200,12 +200,13 @@ int stage3d_replicas_identical(const pipeline_rank *pr, comm *replicas) {
     return in_sync;
 }
 
-void stage3d_zero1_states(run_report *r, char *text, int t, int d) {
+void stage3d_zero1_states(lab_report *r, char *text, int t, int d) {
     const th_opts opts = th_opts_precision(t, g_precision == PREC_BF16);
     const th_states per_elem = th_model_states(1, &opts, 1, d);
     snprintf(text, 64, "%g + %g + %g/%d", per_elem.params, per_elem.grads, th_optim_bytes(opts.precision), d);
-    r->states_formula[0] = per_elem.params;
-    r->states_formula[1] = per_elem.grads;
-    r->states_formula[2] = per_elem.optim;
-    r->states_formula_text = text;
+    r->run.states_formula[0] = per_elem.params;
+    r->run.states_formula[1] = per_elem.grads;
+    r->run.states_formula[2] = per_elem.optim;
+    r->run.states_formula_text = text;
+    r->model_states = 0;
 }

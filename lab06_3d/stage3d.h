@@ -16,6 +16,7 @@
 #define LAB06_STAGE3D_H
 #include "executor.h"
 #include "grid.h"
+#include "lab_main.h"
 #include "optim.h"
 #include "stage.h"
 #include "tp.h"
@@ -71,9 +72,10 @@ double stage3d_evaluate(const run_ctx *ctx, pipeline_rank *pr, process_grid *g, 
  * read as floats, are compared. Collective over the world. */
 int stage3d_replicas_identical(const pipeline_rank *pr, comm *replicas);
 /* ZeRO-1 over d replicas: theory's model states per element with the
- * optimizer's / d into r (the measured figure adds the last slice's padding,
- * report3d's ZeRO-1 lines); text (64 bytes) holds its "2 + 2 + 12/d". */
-void stage3d_zero1_states(run_report *r, char *text, int t, int d);
+ * optimizer's / d into r, in place of lab_finish's of a whole replica (the
+ * measured figure adds the last slice's padding, report3d's ZeRO-1 lines);
+ * text (64 bytes) holds its "2 + 2 + 12/d". */
+void stage3d_zero1_states(lab_report *r, char *text, int t, int d);
 
 /* The checkpoint view of the rank's chunks: lab05's tp_checkpoint_hold of each
  * chunk's layers, moved to where the chunk sits in the rank's buffers; under

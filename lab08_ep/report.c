@@ -1,0 +1,202 @@
+/* lab08's flags checked, its needs predicted, its run reported (report.h). */
+#include "report.h"
+#include "jsonval.h"
+#include "moe.h"
+#include "predict.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The received rows' buffers are sized by the config when the capacity is per sequence (ep.h). */
+static int sized_by_config(const run_ctx *ctx) { return ctx->model.capacity_factor > 0 && !ctx->model.capacity_per_rank; }
+
+void lab08_check(run_ctx *ctx, void *lab) {
+    lab08 *e = lab;
+    e->N = e->ep_degree > 0 ? e->ep_degree : ctx->size;
+    e->dp = ctx->size % e->N ? 1 : ctx->size / e->N;
+    /* the layout's rules (--experts, --ep and --batch dividing as the layout spreads them): theory/rules.c's,
+     * the same plan3d --check applies to this lab's records */
+    th_run asked = lab_run_config(ctx);
+    asked.ep = e->N;
+    char rule[256];
+    run_check(ctx, !th_run_broken_rule(&asked, TH_NAMES_FLAGS, rule, sizeof rule), "%s", rule);
+}
+
+void lab08_predict(const run_ctx *ctx, void *lab, th_run *need) {
+    const lab08 *e = lab;
+    /* theory/predict.h (lab08's part in theory/expert_parallel.c) (F = 0: the received rows at the
+     * capacity-free bound, which the run's routing stays under) */
+    need->dp = e->dp;
+    need->ep = e->N;
+    need->capacity_factor = sized_by_config(ctx) ? ctx->model.capacity_factor : 0; /* the model's experts: lab_run_config's */
+}
+
+void lab08_plan(const run_ctx *ctx, void *lab, run_report *r) {
+    lab08 *e = lab;
+    snprintf(e->layout, sizeof e->layout, "ep=%d edp=%d E=%d k=%d", e->N, e->dp, ctx->opt.experts, ctx->opt.top_k);
+    r->layout = e->layout;
+}
+
+void lab08_dry_run(run_ctx *ctx, void *lab, const th_run *need) {
+    const lab08 *e = lab;
+    if (ctx->rank != 0) return;
+    const int sized = sized_by_config(ctx), rows = ctx->opt.batch / ctx->size;
+    th_print_prediction(stdout, need, 32);
+    const th_ep_alltoall a2a = th_ep_alltoall_per_step(need);
+    printf("  and alltoall %.0f calls, payload %.0f per rank per step under uniform routing, at most %.0f "
+           "(theory/expert_parallel.c: the return rows are the routing's; %s)\n", a2a.calls, a2a.payload,
+           a2a.payload_max, sized ? "with F > 0 dropped slots do not travel, so both bound it"
+           : "F = 0: the EP group's mean is the uniform figure exactly");
+    printf("  memory: the received rows' buffers (acts, comm, workspace) at %.0f rows per layer, %s\n",
+           th_ep_received_rows_bound(rows, ctx->opt.seq, ctx->opt.top_k, ctx->opt.experts, e->N,
+                                     sized ? ctx->model.capacity_factor : 0), sized
+           ? "the capacity's bound: exact (lab08 sizes them so)"
+           : "the capacity-free bound (F = 0 or a capacity per rank): an upper bound, the run allocates what its routing "
+             "needs");
+}
+
+/* The groups, as lab06 prints its grid: EP groups exchange tokens, EDP groups sum expert gradients. */
+static void print_groups(int ranks, int N, int E) {
+    printf("  EP groups (all-to-all of tokens in every layer):");
+    for (int d = 0; d < ranks / N; d++) {
+        printf(" [");
+        for (int q = 0; q < N; q++) printf("%s%d", q ? " " : "", d * N + q);
+        printf("]");
+    }
+    printf("\n  EDP groups (all-reduce of the experts' gradients):");
+    for (int q = 0; q < N; q++) {
+        printf(" [");
+        for (int d = 0; d < ranks / N; d++) printf("%s%d", d ? " " : "", d * N + q);
+        if (E / N == 1) printf("] expert %d", q);
+        else printf("] experts %d-%d", q * (E / N), (q + 1) * (E / N) - 1);
+    }
+    printf("\n  replicated (attention, router, embeddings, head): all-reduced over all %d ranks\n", ranks);
+}
+
+void lab08_start_figures(const run_ctx *ctx, lab08 *e) {
+    if (e->world.rank == 0) {
+        const int N = e->N, E = ctx->opt.experts;
+        printf("expert parallel: ep=%d x edp=%d | %d experts, %d per rank, top-%d, capacity %s | %d rows of %d "
+               "per rank\n", N, e->dp, E, E / N, ctx->opt.top_k, ctx->model.capacity_factor <= 0 ? "unlimited (F = 0)"
+               : ctx->model.capacity_per_rank ? "ceil(k (B/N) T F / E) per rank's rows" : "ceil(k T F / E) per sequence",
+               e->rows, ctx->opt.batch);
+        print_groups(ctx->size, N, E);
+        fflush(stdout);
+    }
+    e->max_rows_per_step = calloc((size_t)ctx->opt.steps + 1, sizeof(long));
+    e->margin_per_step = calloc((size_t)ctx->opt.steps + 1, sizeof(float));
+    if (!e->max_rows_per_step || !e->margin_per_step) die("out of host memory");
+}
+
+void lab08_step_figures(lab08 *e, int i, lab_step *out) {
+    e->max_rows_per_step[i] = e->eh.counts.max_expert_rows;
+    float margin = moe_min_margin(&e->g, &e->acts); /* read after the step: it changes nothing */
+    MPI_Allreduce(MPI_IN_PLACE, &margin, 1, MPI_FLOAT, MPI_MIN, MPI_COMM_WORLD);
+    e->margin_per_step[i] = margin;
+    snprintf(out->text, sizeof out->text, "top-k margin %.2e", margin);
+    out->note = margin >= 0 ? out->text : NULL;
+}
+
+/* --eval: lab_heldout_loss laid out as in training. Its all-to-alls and
+ * expert loads stay out of the counts, so the record's figures are the training's. */
+double lab08_evaluate(run_ctx *ctx, void *lab) {
+    lab08 *e = lab;
+    const ep_counts counts = e->eh.counts;
+    const double loss = lab_heldout_loss(ctx, &e->world, e->eh.ep, e->world.rank * e->rows, e->rows, 0, &e->acts,
+                                         e->tokens, e->targets, lab_model_forward_loss,
+                                         &(lab_model){&e->g, &e->eh.hooks, e->ms.params});
+    e->eh.counts = counts;
+    return loss;
+}
+
+/* the all-to-all per rank per step: measured by comm (payload, the own block
+ * included), the exact count from the routing (rows that left the rank, and
+ * the counts), and the uniform-routing expectation */
+typedef struct alltoall_figures { double steps, payload, sent, own, uniform, mean_rows; } alltoall_figures;
+
+static alltoall_figures alltoall(const run_ctx *ctx, const lab08 *e) {
+    const int T = ctx->opt.seq, C = ctx->opt.d_model, k = ctx->opt.top_k, N = e->N;
+    const double vb = (double)value_bytes();
+    const ep_counts *n = &e->eh.counts;
+    alltoall_figures f;
+    f.steps = ctx->steps_done > 0 ? ctx->steps_done : 1;
+    f.payload = e->ep.stats[COLL_ALLTOALL].bytes / f.steps;
+    f.sent = (n->rows_sent * C * vb + n->count_bytes_sent) / f.steps;
+    f.own = (n->rows_kept * C * vb + n->count_bytes_kept) / f.steps;
+    const th_cp_traffic per_layer = th_ep_layer_traffic(N, (double)e->rows * T, k, C, vb);
+    f.uniform = ctx->opt.layers * (per_layer.fwd_sent + per_layer.bwd_sent);
+    f.mean_rows = th_ep_tokens_per_expert_uniform((long)e->rows * T * N, k, ctx->opt.experts);
+    return f;
+}
+
+void lab08_report(run_ctx *ctx, void *lab, lab_report *r) {
+    lab08 *e = lab;
+    const int L = ctx->opt.layers, T = ctx->opt.seq, k = ctx->opt.top_k, sized = sized_by_config(ctx);
+    const alltoall_figures f = alltoall(ctx, e);
+    e->max_rows = e->eh.counts.max_expert_rows;
+    MPI_Allreduce(MPI_IN_PLACE, &e->max_rows, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    const int done = ctx->steps_done < ctx->opt.steps ? ctx->steps_done : ctx->opt.steps;
+    MPI_Allreduce(MPI_IN_PLACE, e->max_rows_per_step, done + 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    json_t *per_step = json_array(), *margins = json_array();
+    if (!per_step || !margins) die("out of host memory");
+    for (int i = 0; i < done; i++)
+        if (json_array_append_new(per_step, json_integer(e->max_rows_per_step[i]))) die("out of host memory");
+    for (int i = 0; i < done && e->margin_per_step[i] >= 0; i++) /* [] when k = E */
+        if (json_array_append_new(margins, jsonval_number((double)e->margin_per_step[i]))) die("out of host memory");
+    json_t *m = r->record;
+    jsonval_set(m, "ep", json_integer(e->N));
+    jsonval_set(m, "edp", json_integer(e->dp));
+    jsonval_set(m, "alltoall_payload_per_step", jsonval_integer(f.payload));
+    jsonval_set(m, "alltoall_sent_per_step", jsonval_integer(f.sent));
+    jsonval_set(m, "alltoall_own_per_step", jsonval_integer(f.own));
+    jsonval_set(m, "alltoall_uniform_per_step", jsonval_integer(f.uniform));
+    jsonval_set(m, "expert_rows_max", json_integer(e->max_rows));
+    jsonval_set(m, "expert_rows_uniform", jsonval_number(f.mean_rows));
+    jsonval_set(m, "expert_rows_max_per_step", per_step);
+    jsonval_set(m, "topk_margin_per_step", margins);
+    /* times: rank 0's, per step */
+    jsonval_set(m, "alltoall_ms_per_step", jsonval_number(1e3 * e->eh.counts.alltoall_seconds / f.steps));
+    jsonval_set(m, "experts_ms_per_step", jsonval_number(1e3 * e->eh.counts.expert_seconds / f.steps));
+    /* activations: F > 0, the received rows' buffers at the capacity's bound (the config alone); F = 0,
+     * at the most rows this rank received in each layer (the routing decides) */
+    const th_model tm = lab_theory_model(&ctx->model);
+    const th_opts acts_opts = th_opts_run(1, 0, ctx->model.recompute, g_precision == PREC_BF16);
+    double *received = malloc(sizeof(double) * (size_t)L);
+    if (!received) die("out of host memory");
+    const double bound = th_ep_received_rows_bound(e->rows, T, k, ctx->opt.experts, e->N, ctx->model.capacity_factor);
+    for (int l = 0; l < L; l++) received[l] = sized ? bound : (double)ep_layer_rows_cap(&e->eh, l);
+    r->run.acts_formula_bytes = th_ep_acts_bytes(&tm, &acts_opts, e->rows, received);
+    free(received);
+    /* model states per parameter the rank holds: the replicated part and E/N of the experts */
+    r->run.comms[0] = &e->world;
+    r->run.comms[1] = &e->ep;
+    r->run.comms[2] = &e->edp;
+    r->run.n_comms = 3;
+    r->run.params = e->g.total;
+    r->run.params_held = e->P;
+}
+
+void lab08_print(run_ctx *ctx, void *lab) {
+    const lab08 *e = lab;
+    if (e->world.rank != 0) return;
+    const int T = ctx->opt.seq, k = ctx->opt.top_k, E = ctx->opt.experts, N = e->N;
+    const alltoall_figures f = alltoall(ctx, e);
+    char a[16], b[16], c[16];
+    printf("  tokens per expert per layer: max %ld (the last step, any rank's expert and layer) | "
+           "mean %.1f under uniform routing (k x %d tokens of an EP group / E)\n", e->max_rows, f.mean_rows,
+           e->rows * T * N);
+    printf("  all-to-all per rank per step: %sB left the rank (measured: comm's payload less the own block) | "
+           "%sB exact from this run's routing (rows to other ranks x C x b, and the counts) | %sB under uniform "
+           "routing, 4 k N_tok C b (N-1)/N x L layers\n", human(f.payload - f.own, a), human(f.sent, b),
+           human(f.uniform, c));
+    printf("  time per rank per step (rank 0): all-to-all %.2f ms (waiting for the slowest rank included) | "
+           "experts' matmuls %.2f ms\n", 1e3 * e->eh.counts.alltoall_seconds / f.steps,
+           1e3 * e->eh.counts.expert_seconds / f.steps);
+    printf("  parameters per rank: %ld of %ld (experts at 1/%d)\n", e->P, e->g.total, N);
+    if (sized_by_config(ctx))
+        printf("  activations: received rows sized to the capacity bound, %.0f per layer (config alone, "
+               "th_ep_received_rows_bound)\n",
+               th_ep_received_rows_bound(e->rows, T, k, E, N, ctx->model.capacity_factor));
+    else
+        printf("  activations: received rows sized to the most this rank received per layer (F = 0: the "
+               "routing decides; bound without capacity %.0f)\n", th_ep_received_rows_bound(e->rows, T, k, E, N, 0));
+}
