@@ -309,6 +309,8 @@ void run_default_experts(int experts) { experts_default = experts; }
 void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
     memset(ctx, 0, sizeof *ctx);
     ctx->lab = *lab;
+    ctx->argc = argc;
+    ctx->argv = argv;
     MPI_Comm_rank(MPI_COMM_WORLD, &ctx->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &ctx->size);
     run_options *o = &ctx->opt;

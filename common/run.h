@@ -67,6 +67,8 @@ typedef struct lab_info {
 typedef struct run_ctx {
     lab_info lab;
     run_options opt;
+    int argc;                     /* the command line run_parse read (a lab may ask whether a flag was given) */
+    char **argv;
     int rank, size;               /* in MPI_COMM_WORLD */
     int local_rank, local_size;   /* among the ranks on this host */
     int gpu_sharers;              /* ranks of this host on this rank's GPU (1: its own; 0: no GPU) */

@@ -196,14 +196,14 @@ static void message_done(pipeline_rank *pr, pipeline_plan *pl, int id) {
 
 /* ---- set-up ------------------------------------------------------------------------- */
 
-int pipeline_check_flags(run_ctx *ctx, int argc, char **argv, const char *name, int p, int m, int v) {
+int pipeline_check_flags(run_ctx *ctx, const char *name, int p, int m, int v) {
     int kind = schedule_parse(name);
     if (kind < 0) { /* run_parse has said so already; this only keeps the message if not */
         run_check(ctx, 0, "--schedule must be one of %s, got '%s'", SCHEDULE_CHOICES, name);
         return -1;
     }
     char msg[sizeof ctx->error];
-    run_check(ctx, schedule_check(kind, p, m, v, run_flag_given(argc, argv, "--virtual-stages"), ctx->opt.layers, msg,
+    run_check(ctx, schedule_check(kind, p, m, v, run_flag_given(ctx->argc, ctx->argv, "--virtual-stages"), ctx->opt.layers, msg,
                                   (int)sizeof msg), "%s", msg);
     run_check_rank_capacity(ctx, m, "--micro-batches");
     return kind;

@@ -71,11 +71,11 @@ typedef struct pipeline_rank {
     long slice_begin, slice_end, padded;
 } pipeline_rank;
 
-/* The flags --schedule NAME, --virtual-stages v (given or not on argv) on p
+/* The flags --schedule NAME, --virtual-stages v (given or not on ctx->argv) on p
  * ranks and m micro-batches (and --capacity-scope rank, which m > 1 would
  * change): records the first rule they break in ctx (run_check) and returns
  * the kind (-1 if the name is unknown). */
-int pipeline_check_flags(run_ctx *ctx, int argc, char **argv, const char *name, int p, int m, int v);
+int pipeline_check_flags(run_ctx *ctx, const char *name, int p, int m, int v);
 
 /* Collective over pipe (p = its size). Makes the schedule (kind, p, m, v),
  * the rank's chunks with this rank's slice of the initial weights, and the

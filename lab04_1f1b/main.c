@@ -64,7 +64,7 @@ static void done(void *lab) {
 }
 
 int main(int argc, char **argv) {
-    lab04 lab = {.micro_batches = 8, .virtual_stages = 2, .schedule_arg = "1f1b", .argc = argc, .argv = argv};
+    lab04 lab = {.micro_batches = 8, .virtual_stages = 2, .schedule_arg = "1f1b"};
     flag_spec flags[] = {
         {"--micro-batches", FLAG_INT, &lab.micro_batches,
          "cut the global batch into this many micro-batches (must divide --batch)", 1, NULL},

@@ -21,7 +21,7 @@ static void print_schedule_and_exit(run_ctx *ctx, const lab04 *d) {
 void lab04_check(run_ctx *ctx, void *lab) {
     lab04 *d = lab;
     const int m = d->micro_batches;
-    d->kind = pipeline_check_flags(ctx, d->argc, d->argv, d->schedule_arg, ctx->size, m, d->virtual_stages);
+    d->kind = pipeline_check_flags(ctx, d->schedule_arg, ctx->size, m, d->virtual_stages);
     run_check(ctx, ctx->opt.batch % m == 0, "--batch %d is not divisible by --micro-batches %d", ctx->opt.batch, m);
     if (d->print_schedule) print_schedule_and_exit(ctx, d); /* before run_setup, as a check would stop the run */
 }

@@ -8,8 +8,6 @@
 typedef struct lab04 {
     int micro_batches, virtual_stages, print_schedule; /* the flags */
     const char *schedule_arg;
-    int argc; /* the command line: whether --virtual-stages was given (pipeline_check_flags) */
-    char **argv;
     int kind;             /* the schedule (schedule_kind) --schedule names */
     int chunks;           /* v: the model chunks per rank it runs */
     double bubble_theory; /* the textbook's, on unit times */

@@ -32,27 +32,7 @@ void grid_defaults_axes(int ranks, int *values, int n) {
     fill(ranks, values, n);
 }
 
-static void (*defaults_set)(int ranks, void *lab);
-static void *defaults_lab;
-
-void grid_defaults_at_init(void (*set)(int ranks, void *lab), void *lab) {
-    defaults_set = set;
-    defaults_lab = lab;
-}
-
-/* The program's MPI_Init: MPI's own, then the grid flags' defaults for this
- * rank count, before the flags are parsed (grid_defaults_at_init). */
-int MPI_Init(int *argc, char ***argv) {
-    const int status = PMPI_Init(argc, argv);
-    if (status == MPI_SUCCESS && defaults_set) {
-        int ranks;
-        MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-        defaults_set(ranks, defaults_lab);
-    }
-    return status;
-}
-
-int grid_choose_axes(run_ctx *ctx, int argc, char **argv, const char *const *names, int *values, int n) {
+int grid_choose_axes(run_ctx *ctx, const char *const *names, int *values, int n) {
     const int ranks = ctx->size;
     char rule[96] = "", omitted[96] = "";
     size_t rule_len = 0, omitted_len = 0;
@@ -61,7 +41,7 @@ int grid_choose_axes(run_ctx *ctx, int argc, char **argv, const char *const *nam
         if (i < n - 1)
             omitted_len += (size_t)snprintf(omitted + omitted_len, sizeof omitted - omitted_len, "%s%s",
                                             !i ? "" : i == n - 2 ? " or " : ", ", names[i]);
-        if (!run_flag_given(argc, argv, names[i])) values[i] = 0;
+        if (!run_flag_given(ctx->argc, ctx->argv, names[i])) values[i] = 0;
     }
     /* Divide the given degrees out one by one: exact, and no product to overflow. */
     long long left = ranks;
@@ -101,10 +81,10 @@ int grid_choose_axes(run_ctx *ctx, int argc, char **argv, const char *const *nam
     return product == ranks;
 }
 
-grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int dp) {
+grid_dims grid_choose(run_ctx *ctx, int tp, int pp, int dp) {
     static const char *const names[3] = {"--tp", "--pp", "--dp"};
     int v[3] = {tp, pp, dp};
-    grid_choose_axes(ctx, argc, argv, names, v, 3);
+    grid_choose_axes(ctx, names, v, 3);
     return (grid_dims){v[0], v[1], v[2]};
 }
 

@@ -31,23 +31,18 @@ typedef struct grid_coord { int tp, pp, dp; } grid_coord;
  * -n 1 1 x 1 x 1, -n 3 1 x 1 x 3. */
 grid_dims grid_defaults(int ranks);
 
-/* The degrees of this run: the grid flags found in argv keep their parsed
+/* The degrees of this run: the grid flags given on ctx's command line keep their parsed
  * values (tp, pp, dp); the omitted ones share, by the same rule, the ranks the
  * given ones leave (-n 8 --dp 4: 2 x 1 x 4). Records a run_check error naming
  * the flags when t x p x d cannot be the rank count (never communicates). */
-grid_dims grid_choose(run_ctx *ctx, int argc, char **argv, int tp, int pp, int dp);
+grid_dims grid_choose(run_ctx *ctx, int tp, int pp, int dp);
 /* The same over any n axes named by their flags (lab09: --tp --cp --pp --dp):
  * values[i] the parsed value of names[i], kept where the flag is given; every
  * omitted axis but the last takes 2 of the ranks left when it can, the last
  * the rest. Returns 1, or 0 with a run_check error and every value 1.
  * grid_defaults_axes: the values with no flag given. */
-int grid_choose_axes(run_ctx *ctx, int argc, char **argv, const char *const *names, int *values, int n);
+int grid_choose_axes(run_ctx *ctx, const char *const *names, int *values, int n);
 void grid_defaults_axes(int ranks, int *values, int n);
-/* --help prints the grid flags' defaults, which depend on the rank count, and
- * lab_main parses the flags right after it starts MPI: set(ranks, lab) runs
- * in between (this file's MPI_Init, over PMPI_Init: the MPI profiling
- * interface, as fake_hosts.c uses it), so the flags hold their defaults. */
-void grid_defaults_at_init(void (*set)(int ranks, void *lab), void *lab);
 
 grid_coord grid_coord_of(grid_dims dims, int rank);
 int grid_rank_of(grid_dims dims, grid_coord c);

@@ -91,8 +91,7 @@ static void done(void *lab) {
 }
 
 int main(int argc, char **argv) {
-    lab06 lab = {.micro_batches = 4, .virtual_stages = 2, .schedule_arg = "1f1b", .argc = argc, .argv = argv};
-    grid_defaults_at_init(lab06_flag_defaults, &lab);
+    lab06 lab = {.micro_batches = 4, .virtual_stages = 2, .schedule_arg = "1f1b"};
     flag_spec flags[] = {
         {"--tp", FLAG_INT, &lab.flag_dims.tp, "tensor-parallel degree t, ranks per TP group (omitted: 2 if the ranks "
          "allow)", 1, NULL},
@@ -119,7 +118,7 @@ int main(int argc, char **argv) {
         .info = {"lab06_3d", "3D parallelism: tensor-parallel layers (lab05) in pipeline stages (lab04), "
                  "the pipeline replicated with a data-parallel gradient all-reduce (lab01)", flags,
                  (int)(sizeof flags / sizeof flags[0])},
-        .check = lab06_check, .predict = lab06_predict, .plan = lab06_plan, .dry_run = lab06_dry_run,
+        .defaults = lab06_flag_defaults, .check = lab06_check, .predict = lab06_predict, .plan = lab06_plan, .dry_run = lab06_dry_run,
         .setup = setup, .start = start, .step = step, .evaluate = lab06_evaluate, .verify = lab06_verify,
         .report = lab06_report, .print = lab06_print, .done = done,
     };

@@ -14,7 +14,7 @@ void lab06_check(run_ctx *ctx, void *lab) {
     lab06 *s = lab;
     run_check(ctx, !ctx->opt.experts, "--experts: expert tensor parallelism is not taught (lab01_dp and lab02_zero "
               "take --experts)");
-    s->dims = grid_choose(ctx, s->argc, s->argv, s->flag_dims.tp, s->flag_dims.pp, s->flag_dims.dp);
+    s->dims = grid_choose(ctx, s->flag_dims.tp, s->flag_dims.pp, s->flag_dims.dp);
     const grid_dims dims = s->dims;
     tp_check_degree(ctx, dims.tp, "--tp");
     if (s->sequence_parallel) {
@@ -25,7 +25,7 @@ void lab06_check(run_ctx *ctx, void *lab) {
     run_check(ctx, th_stage_split_possible(ctx->opt.layers, dims.pp),
               "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", dims.pp,
               ctx->opt.layers);
-    s->kind = pipeline_check_flags(ctx, s->argc, s->argv, s->schedule_arg, dims.pp, s->micro_batches,
+    s->kind = pipeline_check_flags(ctx, s->schedule_arg, dims.pp, s->micro_batches,
                                    s->virtual_stages);
     run_check(ctx, s->zero_stage == 0 || s->zero_stage == 1, "--zero-stage %d: lab06 shards the optimizer state only "
               "(0 or 1); lab02_zero has stages 2 and 3", s->zero_stage);

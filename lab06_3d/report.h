@@ -14,8 +14,6 @@ typedef struct lab06 {
     grid_dims flag_dims; /* the flags: --tp, --pp, --dp (grid_defaults' for the rank count until given) */
     int micro_batches, virtual_stages, check_sync, sequence_parallel, zero_stage;
     const char *schedule_arg;
-    int argc;    /* the command line, which tells a given grid or pipeline flag from an omitted one */
-    char **argv;
     grid_dims dims; /* the grid of the run: the given degrees, the omitted ones filled in (grid_choose) */
     int kind, v;    /* the schedule, its chunks per rank */
     process_grid grid;

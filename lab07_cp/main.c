@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
                  "attention's keys and values brought by a ring or an all-gather, or the heads split by an all-to-all "
                  "(Ulysses); data parallel over the groups", flags, 3},
         .check = lab07_check, .predict = lab07_predict, .plan = lab07_plan, .dry_run = lab07_dry_run,
-        .setup = setup, .start = start, .step = step, .evaluate = lab07_evaluate, .report = lab07_report,
+        .setup = setup, .start = start, .step = step, .trained = lab07_trained, .evaluate = lab07_evaluate, .report = lab07_report,
         .print = lab07_print, .done = done,
     };
     return lab_main(argc, argv, &def, &lab);

@@ -132,11 +132,9 @@ void lab07_print_layout(const run_ctx *ctx, const lab07 *c) {
 }
 
 /* What the steps measured, before --eval's forwards add their attention
- * kernels to the trace and the CPU time (from --eval, else from report).
- * Collective. */
-static void measure_training(const run_ctx *ctx, lab07 *c) {
-    if (c->measured) return;
-    c->measured = 1;
+ * kernels to the trace and the CPU time. Collective. */
+void lab07_trained(run_ctx *ctx, void *lab) {
+    lab07 *c = lab;
     const int N = c->N, rows = c->rows, C = ctx->opt.d_model, T = ctx->opt.seq;
     /* the ring's hiding condition from this run's measurements: the block
      * attention's FLOP rate (its trace events over the measured steps; every
@@ -175,7 +173,6 @@ static void measure_training(const run_ctx *ctx, lab07 *c) {
 
 double lab07_evaluate(run_ctx *ctx, void *lab) {
     lab07 *c = lab;
-    measure_training(ctx, c);
     return lab_heldout_loss(ctx, &c->world, &c->cp, c->dp_rank * c->rows, c->rows, 0, &c->acts, c->tokens,
                             c->targets, lab_model_forward_loss, &(lab_model){&c->local, &c->ch.hooks, c->ms.params});
 }
@@ -199,7 +196,6 @@ static double formula_bytes_per_layer(const run_ctx *ctx, const lab07 *c) {
 void lab07_report(run_ctx *ctx, void *lab, lab_report *r) {
     lab07 *c = lab;
     const int N = c->N, T = ctx->opt.seq;
-    measure_training(ctx, c);
     /* per sequence and head of the model: Ulysses's rank counted every score of
      * its heads/N heads, 1/N of that per head of the model */
     c->scores = calloc((size_t)c->cp.size, sizeof(double));

@@ -20,8 +20,7 @@ typedef struct lab07 {
     gpt_grad_scratch scratch;
     int *tokens, *targets;
     double first_step_attention; /* the warm-up step's attention CPU seconds, left out */
-    /* what training measured, taken once after the steps, before --eval adds to it (report.c) */
-    int measured;
+    /* what training measured (lab07_trained, after the steps, before --eval adds to it) */
     double *attention_per_rank; /* the CP group's attention kernels per step, seconds */
     double rate_bw[2];          /* the ring's block attention FLOP/s and point-to-point bytes/s */
     th_cp_ring_hiding hiding;
@@ -36,6 +35,7 @@ void lab07_plan(const run_ctx *ctx, void *lab, run_report *r);
 void lab07_dry_run(run_ctx *ctx, void *lab, const th_run *need);
 /* start's header lines: the grid and the chunk map. Collective. */
 void lab07_print_layout(const run_ctx *ctx, const lab07 *c);
+void lab07_trained(run_ctx *ctx, void *lab);
 double lab07_evaluate(run_ctx *ctx, void *lab);
 void lab07_report(run_ctx *ctx, void *lab, lab_report *r);
 void lab07_print(run_ctx *ctx, void *lab);

@@ -145,8 +145,7 @@ static void done(void *lab) {
 
 int main(int argc, char **argv) {
     lab09 lab = {.ep = 1, .micro_batches = 4, .virtual_stages = 2, .schedule_arg = "1f1b", .layout_name = "zigzag",
-                 .algo_name = "ring", .argc = argc, .argv = argv};
-    grid_defaults_at_init(lab09_flag_defaults, &lab);
+                 .algo_name = "ring"};
     flag_spec flags[] = {
         {"--tp", FLAG_INT, &lab.deg[AXIS_TP], "tensor-parallel degree t (omitted: 2 if the ranks allow)", 1, NULL},
         {"--cp", FLAG_INT, &lab.deg[AXIS_CP], "context-parallel degree c, ranks splitting each sequence (omitted: 2 "
@@ -180,7 +179,7 @@ int main(int argc, char **argv) {
         .info = {"lab09_5d", "the grid: tensor-parallel layers (lab05) with context-parallel attention (lab07) in "
                  "pipeline stages (lab04), replicated by data parallelism (lab01)", flags,
                  (int)(sizeof flags / sizeof flags[0])},
-        .check = lab09_check, .predict = lab09_predict, .plan = lab09_plan, .setup = setup, .start = start,
+        .defaults = lab09_flag_defaults, .check = lab09_check, .predict = lab09_predict, .plan = lab09_plan, .setup = setup, .start = start,
         .step = step, .evaluate = lab09_evaluate, .verify = lab09_verify, .report = lab09_report,
         .print = lab09_print, .done = done,
     };

@@ -17,7 +17,7 @@ void lab09_flag_defaults(int ranks, void *lab) {
 void lab09_check(run_ctx *ctx, void *lab) {
     static const char *const axis_flags[AXES] = {"--tp", "--cp", "--pp", "--dp"};
     lab09 *s = lab;
-    grid_choose_axes(ctx, s->argc, s->argv, axis_flags, s->deg, AXES);
+    grid_choose_axes(ctx, axis_flags, s->deg, AXES);
     const int t = s->deg[AXIS_TP], c = s->deg[AXIS_CP], p = s->deg[AXIS_PP], d = s->deg[AXIS_DP];
     const int m = s->micro_batches, ep = s->ep, zero_stage = s->zero_stage, sequence_parallel = s->sequence_parallel;
     const int experts = s->experts = ctx->opt.experts > 0;
@@ -37,7 +37,7 @@ void lab09_check(run_ctx *ctx, void *lab) {
     tp_check_degree(ctx, t, "--tp");
     run_check(ctx, th_stage_split_possible(ctx->opt.layers, p),
               "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", p, ctx->opt.layers);
-    s->kind = pipeline_check_flags(ctx, s->argc, s->argv, s->schedule_arg, p, m, s->virtual_stages);
+    s->kind = pipeline_check_flags(ctx, s->schedule_arg, p, m, s->virtual_stages);
     run_check(ctx, !experts || (s->kind != SCHEDULE_ZB_H1 && s->kind != SCHEDULE_ZB_V), "--schedule %s with "
               "--experts: lab08's experts run the fused backward, not its input and weight halves", s->schedule_arg);
     run_check(ctx, zero_stage == 0 || zero_stage == 1, "--zero-stage %d: lab09 shards the optimizer state only "

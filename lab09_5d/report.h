@@ -18,8 +18,6 @@ typedef struct lab09 {
     int deg[AXES]; /* the flags: --tp, --cp, --pp, --dp (grid_defaults_axes' until given), then the run's degrees */
     int ep, micro_batches, virtual_stages, check_sync, zero_stage, sequence_parallel;
     const char *schedule_arg, *layout_name, *algo_name;
-    int argc;    /* the command line, which tells a given grid or pipeline flag from an omitted one */
-    char **argv;
     int experts; /* --experts: lab08's experts in the MLP slot (at t = c = 1) */
     int kind, v; /* the schedule, its chunks per rank */
     th_cp_layout cp_layout;

@@ -5,6 +5,11 @@
 
 int lab_main(int argc, char **argv, const lab_def *def, void *lab) {
     MPI_Init(&argc, &argv);
+    if (def->defaults) {
+        int ranks;
+        MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+        def->defaults(ranks, lab);
+    }
     run_ctx ctx;
     run_parse(&ctx, argc, argv, &def->info);
     if (def->check) def->check(&ctx, lab);
@@ -33,6 +38,7 @@ int lab_main(int argc, char **argv, const lab_def *def, void *lab) {
         run_step_end(&ctx, i, out.loss, out.grad_norm, out.note);
         ckpt_step_done(&ctx, &view, step + 1);
     }
+    if (def->trained) def->trained(&ctx, lab);
     const double eval_loss = ctx.opt.eval ? ckpt_print_eval(&ctx, def->evaluate(&ctx, lab)) : -1;
     const int verified = def->verify ? def->verify(&ctx, lab) : 1;
 

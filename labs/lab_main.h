@@ -2,6 +2,7 @@
  * lab's main.c holds only what its technique adds. A lab is a table of its
  * parts (lab_def) over its own state, and lab_main runs them:
  *
+ *   defaults  the lab's flag defaults that depend on the rank count (--help prints them)
  *   parse the flags (the shared ones and the lab's)
  *   check     the lab's own rules for its flags (run_check)      -> status 2 on every rank
  *   run_setup the device, the comm, the data, the outputs
@@ -13,6 +14,7 @@
  *             (then --resume reads into that view)
  *   start     what needs the resumed weights (bf16's rounding of them, the buffers, a header line)
  *   step      one optimizer step, between run_step_begin and run_step_end (then --save-every)
+ *   trained   what the steps measured, read before --eval's forwards add to the clocks
  *   evaluate  --eval's held-out loss
  *   verify    --check-sync and the like: 0 makes the run exit 1
  *   report    the record's lab members and the summary's figures (the lab's report.c)
@@ -43,7 +45,8 @@ typedef struct lab_report {
 
 typedef struct lab_def {
     lab_info info; /* name, one-line summary, the lab's flags */
-    void (*check)(run_ctx *ctx, void *lab);
+    void (*defaults)(int ranks, void *lab); /* after MPI_Init, before the flags are parsed */
+    void (*check)(run_ctx *ctx, void *lab); /* ctx->argc, ctx->argv: the command line */
     void (*predict)(const run_ctx *ctx, void *lab, th_run *need); /* need: lab_run_config's on entry */
     void (*plan)(const run_ctx *ctx, void *lab, run_report *r);
     void (*dry_run)(run_ctx *ctx, void *lab, const th_run *need); /* NULL: theory's prediction of need */
@@ -51,6 +54,7 @@ typedef struct lab_def {
     void (*start)(run_ctx *ctx, void *lab);
     /* i: this run's step (0 first), step: the global one (a resume counts on: the batch and AdamW's t) */
     void (*step)(run_ctx *ctx, void *lab, int i, int step, lab_step *out);
+    void (*trained)(run_ctx *ctx, void *lab);
     double (*evaluate)(run_ctx *ctx, void *lab);
     int (*verify)(run_ctx *ctx, void *lab);
     void (*report)(run_ctx *ctx, void *lab, lab_report *r);
