@@ -53,7 +53,7 @@
 
 /* The communicators return MPI's errors (comm_init): a failed call writes the
  * flight records of every rank and ends the job with status 3 (flight.h). */
-static MPI_Datatype mpi_values(void);
+static MPI_Datatype mpi_type(comm_type t);
 #define MPI_OK(call) wait_mpi_check((call), #call)
 
 
@@ -68,9 +68,9 @@ static int usable_cores(void) {
 /* A receive that completed: it must have got the n values it posted. MPI
  * completes a receive of fewer without an error, and a step would then go on
  * with stale values in the rest of the buffer. */
-static long received_values(const MPI_Status *st, long n, long flight_id) {
+static long received_values(const MPI_Status *st, long n, comm_type t, long flight_id) {
     int got = 0;
-    MPI_OK(MPI_Get_count(st, mpi_values(), &got));
+    MPI_OK(MPI_Get_count(st, mpi_type(t), &got));
     if (got != n) flight_fail_short(flight_id, got, n);
     return got;
 }
@@ -109,6 +109,52 @@ static void divide_values(void *x, long n, int d) {
 static ncclDataType_t nccl_values(void) { return g_precision == PREC_BF16 ? ncclBfloat16 : ncclFloat; }
 #endif
 
+/* ---- the element types (comm_type: the run's values, or a fixed type) ---------- */
+
+static const char *const type_names[COMM_NTYPES] = {"values", "fp32", "int32", "f64"};
+
+static void check_type(comm_type t) {
+    if ((unsigned)t >= COMM_NTYPES) die("comm: element type %d is none of comm_type's", (int)t);
+}
+
+size_t comm_type_bytes(comm_type t) {
+    check_type(t);
+    static const size_t bytes[COMM_NTYPES] = {0, 4, 4, 8};
+    return t == COMM_VALUES ? value_bytes() : bytes[t];
+}
+
+const char *comm_type_name(comm_type t) {
+    check_type(t);
+    return t == COMM_VALUES ? precision_name(g_precision) : type_names[t];
+}
+
+static MPI_Datatype mpi_type(comm_type t) {
+    check_type(t);
+    const MPI_Datatype fixed[COMM_NTYPES] = {MPI_DATATYPE_NULL, MPI_FLOAT, MPI_INT32_T, MPI_DOUBLE};
+    return t == COMM_VALUES ? mpi_values() : fixed[t];
+}
+
+/* bf16 values sum by bf16_sum; every other type by MPI's own */
+static MPI_Op mpi_sum_of(comm_type t) { return t == COMM_VALUES ? mpi_sum() : MPI_SUM; }
+
+/* an average after the sum: of values, or of fp32 */
+static void divide(void *x, long n, int d, comm_type t) {
+    if (t == COMM_VALUES) divide_values(x, n, d);
+    else if (t == COMM_FP32) for (long i = 0; i < n; i++) ((float *)x)[i] /= (float)d;
+    else die("comm_allreduce: an average of %s elements", comm_type_name(t));
+}
+
+/* element k of a buffer of type t */
+static void *elem_at(const void *buf, long k, comm_type t) { return (char *)(uintptr_t)buf + (size_t)k * comm_type_bytes(t); }
+
+#ifdef PL_HAVE_CUDA
+static ncclDataType_t nccl_type(comm_type t) {
+    check_type(t);
+    const ncclDataType_t fixed[COMM_NTYPES] = {ncclFloat, ncclFloat, ncclInt32, ncclFloat64};
+    return t == COMM_VALUES ? nccl_values() : fixed[t];
+}
+#endif
+
 /* ---- helpers ---------------------------------------------------------------- */
 
 long comm_chunk(long n, int size) { return size > 0 ? (n + size - 1) / size : 0; }
@@ -136,10 +182,10 @@ static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) 
  * the caller records it itself). */
 typedef struct { comm *c; int handle; double t0; long flight; } op_scope;
 
-static op_scope op_begin(comm *c, const char *name, flight_kind kind, long count, int root) {
+static op_scope op_begin(comm *c, const char *name, flight_kind kind, comm_type t, long count, int root) {
     /* Only NCCL runs on c->stream; MPI's staging copies use the compute stream. */
     void *stream = c->backend == COMM_NCCL ? c->stream : NULL;
-    long id = kind < FL_NKINDS ? flight_begin(c, kind, count, root, -1, -1, NULL, NULL, NULL) : -1;
+    long id = kind < FL_NKINDS ? flight_begin(c, kind, t, count, root, -1, -1, NULL, NULL, NULL) : -1;
     return (op_scope){c, trace_begin(name, TRACE_COMM, -1, stream), now_seconds(), id};
 }
 
@@ -331,18 +377,18 @@ void comm_quiet_end(const comm_quiet *q) {
 
 /* ---- collectives ---------------------------------------------------------------- */
 
-void comm_allreduce(comm *c, void *buf, long n, int average) {
+void comm_allreduce(comm *c, void *buf, long n, comm_type t, int average) {
     check_member(c, "comm_allreduce");
-    const flight_fault fault = flight_fault_here(c, FL_ALLREDUCE, n);
+    const flight_fault fault = flight_fault_here(c, FL_ALLREDUCE, t, n);
     if (fault == FAULT_SKIP) return;
     n -= fault == FAULT_COUNT;
-    flight_check(c, FL_ALLREDUCE, n, -1, NULL, NULL);
-    op_scope s = op_begin(c, comm_kind_names[COLL_ALLREDUCE], FL_ALLREDUCE, n, -1);
-    size_t bytes = (size_t)n * value_bytes();
+    flight_check(c, FL_ALLREDUCE, t, n, -1, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_ALLREDUCE], FL_ALLREDUCE, t, n, -1);
+    size_t bytes = (size_t)n * comm_type_bytes(t);
     if (n > 0) {
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
-            NCCL_OK(ncclAllReduce(buf, buf, (size_t)n, nccl_values(), average ? ncclAvg : ncclSum,
+            NCCL_OK(ncclAllReduce(buf, buf, (size_t)n, nccl_type(t), average ? ncclAvg : ncclSum,
                                   (ncclComm_t)c->nccl, nccl_stream(c)));
         } else
 #endif
@@ -354,34 +400,34 @@ void comm_allreduce(comm *c, void *buf, long n, int average) {
                 stage_out(h, buf, bytes);
             }
             MPI_Request req;
-            MPI_OK(MPI_Iallreduce(MPI_IN_PLACE, h, mpi_count(n, "comm_allreduce"), mpi_values(),
-                                  mpi_sum(), c->mpi, &req));
+            MPI_OK(MPI_Iallreduce(MPI_IN_PLACE, h, mpi_count(n, "comm_allreduce"), mpi_type(t),
+                                  mpi_sum_of(t), c->mpi, &req));
             polite_wait(&req);
-            if (average && c->size > 1) divide_values(h, n, c->size);
+            if (average && c->size > 1) divide(h, n, c->size, t);
             if (staged(c)) stage_in(buf, h, bytes);
         }
     }
     op_end(s, COLL_ALLREDUCE, (double)bytes);
 }
 
-void comm_reduce_scatter(comm *c, const void *full, void *shard, long n) {
+void comm_reduce_scatter(comm *c, const void *full, void *shard, long n, comm_type t) {
     check_member(c, "comm_reduce_scatter");
-    const flight_fault fault = flight_fault_here(c, FL_REDUCE_SCATTER, n);
+    const flight_fault fault = flight_fault_here(c, FL_REDUCE_SCATTER, t, n);
     if (fault == FAULT_SKIP) return;
     long chunk = comm_chunk(n, c->size) - (fault == FAULT_COUNT);
-    flight_check(c, FL_REDUCE_SCATTER, chunk * c->size, -1, NULL, NULL);
-    op_scope s = op_begin(c, comm_kind_names[COLL_REDUCE_SCATTER], FL_REDUCE_SCATTER, chunk * c->size, -1);
-    size_t shard_bytes = (size_t)chunk * value_bytes();
+    flight_check(c, FL_REDUCE_SCATTER, t, chunk * c->size, -1, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_REDUCE_SCATTER], FL_REDUCE_SCATTER, t, chunk * c->size, -1);
+    size_t shard_bytes = (size_t)chunk * comm_type_bytes(t);
     size_t full_bytes = shard_bytes * (size_t)c->size;
     if (chunk > 0) {
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
             /* NCCL's in-place form is shard == full + rank*chunk; any other overlap
              * would be a race on the GPU. */
-            if (shard != value_at(full, (long)c->rank * chunk) &&
+            if (shard != elem_at(full, (long)c->rank * chunk, t) &&
                 overlaps(shard, shard_bytes, full, full_bytes))
                 die("comm_reduce_scatter: shard overlaps full other than at rank*chunk");
-            NCCL_OK(ncclReduceScatter(full, shard, (size_t)chunk, nccl_values(), ncclSum,
+            NCCL_OK(ncclReduceScatter(full, shard, (size_t)chunk, nccl_type(t), ncclSum,
                                       (ncclComm_t)c->nccl, nccl_stream(c)));
         } else
 #endif
@@ -401,7 +447,7 @@ void comm_reduce_scatter(comm *c, const void *full, void *shard, long n) {
             }
             MPI_Request req;
             MPI_OK(MPI_Ireduce_scatter_block(in, out, mpi_count(chunk, "comm_reduce_scatter"),
-                                             mpi_values(), mpi_sum(), c->mpi, &req));
+                                             mpi_type(t), mpi_sum_of(t), c->mpi, &req));
             polite_wait(&req);
             if (staged(c)) stage_in(shard, out, shard_bytes);
             else if (out != shard) memcpy(shard, out, shard_bytes);
@@ -410,23 +456,23 @@ void comm_reduce_scatter(comm *c, const void *full, void *shard, long n) {
     op_end(s, COLL_REDUCE_SCATTER, (double)full_bytes);
 }
 
-void comm_allgather(comm *c, const void *shard, void *full, long n) {
+void comm_allgather(comm *c, const void *shard, void *full, long n, comm_type t) {
     check_member(c, "comm_allgather");
-    const flight_fault fault = flight_fault_here(c, FL_ALLGATHER, n);
+    const flight_fault fault = flight_fault_here(c, FL_ALLGATHER, t, n);
     if (fault == FAULT_SKIP) return;
     long chunk = comm_chunk(n, c->size) - (fault == FAULT_COUNT);
-    flight_check(c, FL_ALLGATHER, chunk * c->size, -1, NULL, NULL);
-    op_scope s = op_begin(c, comm_kind_names[COLL_ALLGATHER], FL_ALLGATHER, chunk * c->size, -1);
-    size_t shard_bytes = (size_t)chunk * value_bytes();
+    flight_check(c, FL_ALLGATHER, t, chunk * c->size, -1, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_ALLGATHER], FL_ALLGATHER, t, chunk * c->size, -1);
+    size_t shard_bytes = (size_t)chunk * comm_type_bytes(t);
     size_t full_bytes = shard_bytes * (size_t)c->size;
     if (chunk > 0) {
-        void *mine = value_at(full, (long)c->rank * chunk); /* where this rank's shard goes */
+        void *mine = elem_at(full, (long)c->rank * chunk, t); /* where this rank's shard goes */
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
             /* NCCL's in-place form is shard == full + rank*chunk. */
             if (shard != mine && overlaps(shard, shard_bytes, full, full_bytes))
                 die("comm_allgather: shard overlaps full other than at rank*chunk");
-            NCCL_OK(ncclAllGather(shard, full, (size_t)chunk, nccl_values(),
+            NCCL_OK(ncclAllGather(shard, full, (size_t)chunk, nccl_type(t),
                                   (ncclComm_t)c->nccl, nccl_stream(c)));
         } else
 #endif
@@ -437,13 +483,13 @@ void comm_allgather(comm *c, const void *shard, void *full, long n) {
             if (staged(c)) {
                 stage_enter();
                 h = stage(0, full_bytes);
-                stage_out(value_at(h, (long)c->rank * chunk), shard, shard_bytes);
+                stage_out(elem_at(h, (long)c->rank * chunk, t), shard, shard_bytes);
             } else if (shard != mine) {
                 memmove(mine, shard, shard_bytes);
             }
             MPI_Request req;
             MPI_OK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h,
-                                  mpi_count(chunk, "comm_allgather"), mpi_values(), c->mpi, &req));
+                                  mpi_count(chunk, "comm_allgather"), mpi_type(t), c->mpi, &req));
             polite_wait(&req);
             if (staged(c)) stage_in(full, h, full_bytes);
         }
@@ -451,19 +497,19 @@ void comm_allgather(comm *c, const void *shard, void *full, long n) {
     op_end(s, COLL_ALLGATHER, (double)full_bytes);
 }
 
-void comm_broadcast(comm *c, void *buf, long n, int root) {
+void comm_broadcast(comm *c, void *buf, long n, comm_type t, int root) {
     check_member(c, "comm_broadcast");
     check_rank(c, root, "comm_broadcast root");
-    const flight_fault fault = flight_fault_here(c, FL_BROADCAST, n);
+    const flight_fault fault = flight_fault_here(c, FL_BROADCAST, t, n);
     if (fault == FAULT_SKIP) return;
     n -= fault == FAULT_COUNT;
-    flight_check(c, FL_BROADCAST, n, root, NULL, NULL);
-    op_scope s = op_begin(c, comm_kind_names[COLL_BROADCAST], FL_BROADCAST, n, root);
-    size_t bytes = (size_t)n * value_bytes();
+    flight_check(c, FL_BROADCAST, t, n, root, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_BROADCAST], FL_BROADCAST, t, n, root);
+    size_t bytes = (size_t)n * comm_type_bytes(t);
     if (n > 0) {
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
-            NCCL_OK(ncclBroadcast(buf, buf, (size_t)n, nccl_values(), root,
+            NCCL_OK(ncclBroadcast(buf, buf, (size_t)n, nccl_type(t), root,
                                   (ncclComm_t)c->nccl, nccl_stream(c)));
         } else
 #endif
@@ -475,7 +521,7 @@ void comm_broadcast(comm *c, void *buf, long n, int root) {
                 if (c->rank == root) stage_out(h, buf, bytes);
             }
             MPI_Request req;
-            MPI_OK(MPI_Ibcast(h, mpi_count(n, "comm_broadcast"), mpi_values(), root, c->mpi, &req));
+            MPI_OK(MPI_Ibcast(h, mpi_count(n, "comm_broadcast"), mpi_type(t), root, c->mpi, &req));
             polite_wait(&req);
             if (staged(c) && c->rank != root) stage_in(buf, h, bytes);
         }
@@ -494,10 +540,10 @@ void comm_broadcast(comm *c, void *buf, long n, int root) {
  * zero-count ones skipped on both sides alike. */
 static void alltoall_blocks(comm *c, const char *name, const void *send, const long *send_counts,
                             const long *send_offsets, void *recv, const long *recv_counts,
-                            const long *recv_offsets, long even_n) {
+                            const long *recv_offsets, long even_n, comm_type t) {
     check_member(c, name);
     const flight_kind kind = even_n >= 0 ? FL_ALLTOALL : FL_ALLTOALLV;
-    const flight_fault fault = flight_fault_here(c, kind, even_n);
+    const flight_fault fault = flight_fault_here(c, kind, t, even_n);
     if (fault == FAULT_SKIP) return;
     const int p = c->size;
     long *off = malloc(sizeof(long) * 3 * (size_t)p);
@@ -523,12 +569,12 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
             if (j != c->rank && sent[j] > 0) sent[j]--, send_total--, changed = 1;
         if (changed) even_n = -1; /* the counts differ now: the v-form */
     }
-    const size_t vb = value_bytes(), send_bytes = (size_t)send_end * vb, recv_bytes = (size_t)recv_end * vb;
+    const size_t vb = comm_type_bytes(t), send_bytes = (size_t)send_end * vb, recv_bytes = (size_t)recv_end * vb;
     if (overlaps(send, send_bytes, recv, recv_bytes)) die("%s: send and recv overlap", name);
-    flight_check(c, kind, send_total, -1, sent, recv_counts);
+    flight_check(c, kind, t, send_total, -1, sent, recv_counts);
     /* recorded before the trace event opens: its label is the caller's event, not this call's */
-    const long flight_id = flight_begin(c, kind, send_total, -1, -1, -1, sent, recv_counts, NULL);
-    op_scope s = op_begin(c, name, FL_NKINDS, 0, -1);
+    const long flight_id = flight_begin(c, kind, t, send_total, -1, -1, -1, sent, recv_counts, NULL);
+    op_scope s = op_begin(c, name, FL_NKINDS, t, 0, -1);
     s.flight = flight_id;
 #ifdef PL_HAVE_CUDA
     if (c->backend == COMM_NCCL) {
@@ -537,9 +583,9 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
         NCCL_OK(ncclGroupStart());
         for (int j = 0; j < p; j++) {
             if (sent[j] > 0)
-                NCCL_OK(ncclSend(value_at(send, soff[j]), (size_t)sent[j], nccl_values(), j, nc, st));
+                NCCL_OK(ncclSend(elem_at(send, soff[j], t), (size_t)sent[j], nccl_type(t), j, nc, st));
             if (recv_counts[j] > 0)
-                NCCL_OK(ncclRecv(value_at(recv, roff[j]), (size_t)recv_counts[j], nccl_values(), j, nc, st));
+                NCCL_OK(ncclRecv(elem_at(recv, roff[j], t), (size_t)recv_counts[j], nccl_type(t), j, nc, st));
         }
         NCCL_OK(ncclGroupEnd());
     } else
@@ -559,7 +605,7 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
         MPI_Request req;
         if (even_n > 0) {
             int n = mpi_count(even_n, name);
-            MPI_OK(MPI_Ialltoall(hs, n, mpi_values(), hr, n, mpi_values(), c->mpi, &req));
+            MPI_OK(MPI_Ialltoall(hs, n, mpi_type(t), hr, n, mpi_type(t), c->mpi, &req));
             polite_wait(&req);
         } else {
             int *ints = malloc(sizeof(int) * 4 * (size_t)p);
@@ -570,7 +616,7 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
                 ints[2 * p + j] = mpi_count(recv_counts[j], name);
                 ints[3 * p + j] = mpi_count(roff[j], name);
             }
-            MPI_OK(MPI_Ialltoallv(hs, ints, ints + p, mpi_values(), hr, ints + 2 * p, ints + 3 * p, mpi_values(),
+            MPI_OK(MPI_Ialltoallv(hs, ints, ints + p, mpi_type(t), hr, ints + 2 * p, ints + 3 * p, mpi_type(t),
                                   c->mpi, &req));
             polite_wait(&req);
             free(ints);
@@ -578,24 +624,24 @@ static void alltoall_blocks(comm *c, const char *name, const void *send, const l
         if (staged(c))
             for (int j = 0; j < p; j++)
                 if (recv_counts[j] > 0)
-                    stage_in(value_at(recv, roff[j]), value_at(hr, roff[j]), (size_t)recv_counts[j] * vb);
+                    stage_in(elem_at(recv, roff[j], t), elem_at(hr, roff[j], t), (size_t)recv_counts[j] * vb);
     }
     free(off);
     op_end(s, COLL_ALLTOALL, (double)send_total * (double)vb);
 }
 
-void comm_alltoall(comm *c, const void *send, void *recv, long n) {
+void comm_alltoall(comm *c, const void *send, void *recv, long n, comm_type t) {
     if (n < 0) die("comm_alltoall: %ld values", n);
     long *counts = malloc(sizeof(long) * (size_t)(c->size > 0 ? c->size : 1));
     if (!counts) die("out of host memory");
     for (int j = 0; j < c->size; j++) counts[j] = n;
-    alltoall_blocks(c, "alltoall", send, counts, NULL, recv, counts, NULL, n);
+    alltoall_blocks(c, "alltoall", send, counts, NULL, recv, counts, NULL, n, t);
     free(counts);
 }
 
 void comm_alltoallv(comm *c, const void *send, const long *send_counts, const long *send_offsets,
-                    void *recv, const long *recv_counts, const long *recv_offsets) {
-    alltoall_blocks(c, "alltoallv", send, send_counts, send_offsets, recv, recv_counts, recv_offsets, -1);
+                    void *recv, const long *recv_counts, const long *recv_offsets, comm_type t) {
+    alltoall_blocks(c, "alltoallv", send, send_counts, send_offsets, recv, recv_counts, recv_offsets, -1, t);
 }
 
 /* ---- point-to-point ----------------------------------------------------------- */
@@ -604,7 +650,7 @@ void comm_alltoallv(comm *c, const void *send, const long *send_counts, const lo
  * exchange (a ring, a pipeline's forward and backward edges) cannot deadlock.
  * count_send / count_recv say which kinds this call is counted as. */
 static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, long recv_n,
-                int src, int count_send, int count_recv) {
+                int src, comm_type t, int count_send, int count_recv) {
     check_member(c, "comm_sendrecv");
     int do_send = send_n > 0 && dst >= 0, do_recv = recv_n > 0 && src >= 0;
     if (do_send) check_rank(c, dst, "comm_send destination");
@@ -612,26 +658,26 @@ static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, lon
     const char *name = count_send && count_recv ? "sendrecv"
                      : count_send ? comm_kind_names[COLL_SEND] : comm_kind_names[COLL_RECV];
     /* the test-only faults (flight.h) touch the send when there is one */
-    const flight_fault fault = do_send || do_recv ? flight_fault_here(c, do_send ? FL_SEND : FL_RECV,
+    const flight_fault fault = do_send || do_recv ? flight_fault_here(c, do_send ? FL_SEND : FL_RECV, t,
                                                                       do_send ? send_n : recv_n) : FAULT_NONE;
     int send_tag = 0, recv_tag = 0;
     send_n -= fault == FAULT_COUNT;
     if (fault == FAULT_PEER) *(do_send ? &dst : &src) = ((do_send ? dst : src) + 1) % c->size;
     if (fault == FAULT_TAG) *(do_send ? &send_tag : &recv_tag) = 1000;
-    const long send_id = do_send ? flight_begin(c, FL_SEND, send_n, -1, dst, send_tag, NULL, NULL, NULL) : -1;
-    const long recv_id = do_recv ? flight_begin(c, FL_RECV, recv_n, -1, src, recv_tag, NULL, NULL, NULL) : -1;
-    op_scope s = op_begin(c, name, FL_NKINDS, 0, -1);
+    const long send_id = do_send ? flight_begin(c, FL_SEND, t, send_n, -1, dst, send_tag, NULL, NULL, NULL) : -1;
+    const long recv_id = do_recv ? flight_begin(c, FL_RECV, t, recv_n, -1, src, recv_tag, NULL, NULL, NULL) : -1;
+    op_scope s = op_begin(c, name, FL_NKINDS, t, 0, -1);
     long received = -1;
-    size_t send_bytes = do_send ? (size_t)send_n * value_bytes() : 0;
-    size_t recv_bytes = do_recv ? (size_t)recv_n * value_bytes() : 0;
+    size_t send_bytes = do_send ? (size_t)send_n * comm_type_bytes(t) : 0;
+    size_t recv_bytes = do_recv ? (size_t)recv_n * comm_type_bytes(t) : 0;
     if (do_send || do_recv) {
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
             ncclComm_t nc = (ncclComm_t)c->nccl;
             cudaStream_t st = nccl_stream(c);
             NCCL_OK(ncclGroupStart());
-            if (do_send) NCCL_OK(ncclSend(send, (size_t)send_n, nccl_values(), dst, nc, st));
-            if (do_recv) NCCL_OK(ncclRecv(recv, (size_t)recv_n, nccl_values(), src, nc, st));
+            if (do_send) NCCL_OK(ncclSend(send, (size_t)send_n, nccl_type(t), dst, nc, st));
+            if (do_recv) NCCL_OK(ncclRecv(recv, (size_t)recv_n, nccl_type(t), src, nc, st));
             NCCL_OK(ncclGroupEnd());
         } else
 #endif
@@ -650,13 +696,13 @@ static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, lon
             MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
             MPI_Status st[2];
             if (do_recv)
-                MPI_OK(MPI_Irecv(hr, mpi_count(recv_n, "comm_recv"), mpi_values(), src, recv_tag, c->mpi,
+                MPI_OK(MPI_Irecv(hr, mpi_count(recv_n, "comm_recv"), mpi_type(t), src, recv_tag, c->mpi,
                                  &req[1]));
             if (do_send)
-                MPI_OK(MPI_Isend(hs, mpi_count(send_n, "comm_send"), mpi_values(), dst, send_tag, c->mpi,
+                MPI_OK(MPI_Isend(hs, mpi_count(send_n, "comm_send"), mpi_type(t), dst, send_tag, c->mpi,
                                  &req[0]));
             polite_waitall(2, req, st);
-            if (do_recv) received = received_values(&st[1], recv_n, recv_id);
+            if (do_recv) received = received_values(&st[1], recv_n, t, recv_id);
             if (staged(c) && do_recv) stage_in(recv, hr, recv_bytes);
         }
     }
@@ -679,18 +725,18 @@ static void p2p(comm *c, const void *send, long send_n, int dst, void *recv, lon
 }
 
 void comm_sendrecv(comm *c, const void *send, long send_n, int dst,
-                   void *recv, long recv_n, int src) {
+                   void *recv, long recv_n, int src, comm_type t) {
     int do_send = send_n > 0 && dst >= 0, do_recv = recv_n > 0 && src >= 0;
     if (!do_send && !do_recv) return; /* nothing asked: nothing counted */
-    p2p(c, send, send_n, dst, recv, recv_n, src, do_send, do_recv);
+    p2p(c, send, send_n, dst, recv, recv_n, src, t, do_send, do_recv);
 }
 
-void comm_send(comm *c, const void *buf, long n, int dst) {
-    p2p(c, buf, n, dst, NULL, 0, -1, 1, 0);
+void comm_send(comm *c, const void *buf, long n, comm_type t, int dst) {
+    p2p(c, buf, n, dst, NULL, 0, -1, t, 1, 0);
 }
 
-void comm_recv(comm *c, void *buf, long n, int src) {
-    p2p(c, NULL, 0, -1, buf, n, src, 0, 1);
+void comm_recv(comm *c, void *buf, long n, comm_type t, int src) {
+    p2p(c, NULL, 0, -1, buf, n, src, t, 0, 1);
 }
 
 /* ---- nonblocking point-to-point ------------------------------------------------ */
@@ -740,20 +786,21 @@ static void *request_host(comm_request *r, size_t bytes) {
     return r->host;
 }
 
-static void post(comm *c, const void *send, void *recv, long n, int peer, int tag, comm_request *r) {
+static void post(comm *c, const void *send, void *recv, long n, comm_type t, int peer, int tag, comm_request *r) {
     int is_recv = recv != NULL;
     check_member(c, is_recv ? "comm_irecv" : "comm_isend");
     check_rank(c, peer, is_recv ? "comm_irecv source" : "comm_isend destination");
     if (r->active) die("comm_%s: the request is still in use", is_recv ? "irecv" : "isend");
     if (tag <= 0) die("comm_%s: tag %d (0 belongs to the blocking calls)", is_recv ? "irecv" : "isend", tag);
-    const flight_fault fault = flight_fault_here(c, is_recv ? FL_IRECV : FL_ISEND, n);
+    const flight_fault fault = flight_fault_here(c, is_recv ? FL_IRECV : FL_ISEND, t, n);
     n -= fault == FAULT_COUNT;
     if (fault == FAULT_PEER) peer = (peer + 1) % c->size;
     if (fault == FAULT_TAG) tag += 1000;
-    const long id = flight_begin(c, is_recv ? FL_IRECV : FL_ISEND, n, -1, peer, tag, NULL, NULL, &r->posted);
-    op_scope sc = op_begin(c, is_recv ? "irecv" : "isend", FL_NKINDS, 0, -1);
+    const long id = flight_begin(c, is_recv ? FL_IRECV : FL_ISEND, t, n, -1, peer, tag, NULL, NULL, &r->posted);
+    op_scope sc = op_begin(c, is_recv ? "irecv" : "isend", FL_NKINDS, t, 0, -1);
     r->n = n;
-    size_t bytes = (size_t)n * value_bytes();
+    r->type = t;
+    size_t bytes = (size_t)n * comm_type_bytes(t);
     r->c = c;
     r->is_recv = is_recv;
     r->mpi = MPI_REQUEST_NULL;
@@ -764,8 +811,8 @@ static void post(comm *c, const void *send, void *recv, long n, int peer, int ta
 #ifdef PL_HAVE_CUDA
         if (c->backend == COMM_NCCL) {
             ncclComm_t nc = (ncclComm_t)c->nccl;
-            if (is_recv) NCCL_OK(ncclRecv(recv, (size_t)n, nccl_values(), peer, nc, nccl_stream(c)));
-            else NCCL_OK(ncclSend(send, (size_t)n, nccl_values(), peer, nc, nccl_stream(c)));
+            if (is_recv) NCCL_OK(ncclRecv(recv, (size_t)n, nccl_type(t), peer, nc, nccl_stream(c)));
+            else NCCL_OK(ncclSend(send, (size_t)n, nccl_type(t), peer, nc, nccl_stream(c)));
             if (nccl_group_depth == 0) flight_nccl_queued(id, id, nccl_stream_of(c));
             else {
                 if (nccl_group_first < 0) nccl_group_first = id;
@@ -779,16 +826,16 @@ static void post(comm *c, const void *send, void *recv, long n, int peer, int ta
                 void *h = request_host(r, bytes);
                 if (is_recv) {
                     r->dev = recv;
-                    MPI_OK(MPI_Irecv(h, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
+                    MPI_OK(MPI_Irecv(h, count, mpi_type(t), peer, tag, c->mpi, &r->mpi));
                 } else {
                     stage_enter();
                     stage_out(h, send, bytes);
-                    MPI_OK(MPI_Isend(h, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
+                    MPI_OK(MPI_Isend(h, count, mpi_type(t), peer, tag, c->mpi, &r->mpi));
                 }
             } else if (is_recv) {
-                MPI_OK(MPI_Irecv(recv, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
+                MPI_OK(MPI_Irecv(recv, count, mpi_type(t), peer, tag, c->mpi, &r->mpi));
             } else {
-                MPI_OK(MPI_Isend(send, count, mpi_values(), peer, tag, c->mpi, &r->mpi));
+                MPI_OK(MPI_Isend(send, count, mpi_type(t), peer, tag, c->mpi, &r->mpi));
             }
         }
     } else {
@@ -797,13 +844,13 @@ static void post(comm *c, const void *send, void *recv, long n, int peer, int ta
     op_end(sc, is_recv ? COLL_RECV : COLL_SEND, (double)bytes);
 }
 
-void comm_isend(comm *c, const void *buf, long n, int dst, int tag, comm_request *r) {
-    post(c, buf, NULL, n, dst, tag, r);
+void comm_isend(comm *c, const void *buf, long n, comm_type t, int dst, int tag, comm_request *r) {
+    post(c, buf, NULL, n, t, dst, tag, r);
 }
 
-void comm_irecv(comm *c, void *buf, long n, int src, int tag, comm_request *r) {
+void comm_irecv(comm *c, void *buf, long n, comm_type t, int src, int tag, comm_request *r) {
     if (n > 0 && !buf) die("comm_irecv: no buffer");
-    post(c, NULL, buf, n, src, tag, r);
+    post(c, NULL, buf, n, t, src, tag, r);
 }
 
 /* A completed request: a staged receive's data goes to the device. */
@@ -825,7 +872,7 @@ int comm_test(comm_request *r) {
     MPI_Status st;
     MPI_OK(MPI_Test(&r->mpi, &done, &st));
     if (done) {
-        flight_end(r->posted.id, r->is_recv ? received_values(&st, r->n, r->posted.id) : -1);
+        flight_end(r->posted.id, r->is_recv ? received_values(&st, r->n, r->type, r->posted.id) : -1);
         finish(r);
     }
     return done;
@@ -835,12 +882,12 @@ void comm_wait(comm_request *r) {
     if (!r->active) return;
     comm *c = r->c;
     if (r->mpi != MPI_REQUEST_NULL) flight_wait_begin(&r->posted); /* before the trace event: its label */
-    op_scope sc = op_begin(c, "wait", FL_NKINDS, 0, -1);
+    op_scope sc = op_begin(c, "wait", FL_NKINDS, r->type, 0, -1);
     if (r->mpi != MPI_REQUEST_NULL) {
         MPI_Status st;
         polite_waitall(1, &r->mpi, &st);
         flight_wait_end();
-        flight_end(r->posted.id, r->is_recv ? received_values(&st, r->n, r->posted.id) : -1);
+        flight_end(r->posted.id, r->is_recv ? received_values(&st, r->n, r->type, r->posted.id) : -1);
     }
 #ifdef PL_HAVE_CUDA
     else if (c->stream && c->stream != device_compute_stream())
@@ -866,9 +913,9 @@ void comm_request_free(comm_request *r) {
 
 void comm_barrier(comm *c) {
     check_member(c, "comm_barrier");
-    if (flight_fault_here(c, FL_BARRIER, 0) == FAULT_SKIP) return;
-    flight_check(c, FL_BARRIER, 0, -1, NULL, NULL);
-    op_scope s = op_begin(c, comm_kind_names[COLL_BARRIER], FL_BARRIER, 0, -1);
+    if (flight_fault_here(c, FL_BARRIER, COMM_VALUES, 0) == FAULT_SKIP) return;
+    flight_check(c, FL_BARRIER, COMM_VALUES, 0, -1, NULL, NULL);
+    op_scope s = op_begin(c, comm_kind_names[COLL_BARRIER], FL_BARRIER, COMM_VALUES, 0, -1);
 #ifdef PL_HAVE_CUDA
     /* A barrier means "everything before it is done", device work included. */
     if (g_device == DEVICE_CUDA) {
@@ -888,11 +935,11 @@ void comm_barrier(comm *c) {
 void comm_allreduce_host(comm *c, double *x, int n) {
     check_member(c, "comm_allreduce_host");
     if (c->size == 1 || n == 0) return;
-    const flight_fault fault = flight_fault_here(c, FL_ALLREDUCE_HOST, n);
+    const flight_fault fault = flight_fault_here(c, FL_ALLREDUCE_HOST, COMM_F64, n);
     if (fault == FAULT_SKIP) return;
     n -= fault == FAULT_COUNT;
-    flight_check(c, FL_ALLREDUCE_HOST, n, -1, NULL, NULL);
-    const long id = flight_begin(c, FL_ALLREDUCE_HOST, n, -1, -1, -1, NULL, NULL, NULL);
+    flight_check(c, FL_ALLREDUCE_HOST, COMM_F64, n, -1, NULL, NULL);
+    const long id = flight_begin(c, FL_ALLREDUCE_HOST, COMM_F64, n, -1, -1, -1, NULL, NULL, NULL);
     MPI_Request req;
     MPI_OK(MPI_Iallreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, c->mpi, &req));
     polite_wait(&req);

@@ -1,8 +1,11 @@
 /* Collectives and point-to-point over MPI or NCCL, on device buffers.
  *
- * The buffers hold the model's values in the run's precision (precision.h):
- * n counts values, fp32 or bf16, and a bf16 sum is added in fp32 pair by pair
- * and stays bf16 on the wire (2 bytes a value; comm.c says how).
+ * Every call names the type of its n elements, as NCCL and MPI do
+ * (comm_type, kinds.h): COMM_VALUES for the model's values in the run's
+ * precision (precision.h: fp32 or bf16; a bf16 sum is added in fp32 pair by
+ * pair and stays bf16 on the wire, 2 bytes a value, comm.c says how), or a
+ * fixed type (lab08's token counts travel as COMM_INT32). The counts, the
+ * trace and the flight records ("42368 x bf16", "4 x int32") follow the type.
  *
  * NCCL when every rank has a GPU of its own; MPI otherwise. With MPI and CUDA
  * together, device buffers are staged through pinned host memory (Debian's
@@ -60,8 +63,13 @@ void comm_free(comm *c);
  * the flight record and the hang report then say "tp group {2,3}". */
 static inline void comm_set_axis(comm *c, const char *axis) { flight_group_axis(c, axis); }
 
-/* In place over n values; average divides the sum by size. */
-void comm_allreduce(comm *c, void *buf, long n, int average);
+/* Every call below says the type of its n elements (as NCCL and MPI do),
+ * COMM_VALUES for the model's; its counts (comm_stat.bytes) are their bytes. */
+size_t comm_type_bytes(comm_type t);   /* COMM_VALUES: value_bytes() */
+const char *comm_type_name(comm_type t); /* "fp32", "bf16", "int32", "f64" */
+
+/* In place over n elements; average divides the sum by size (COMM_VALUES and COMM_FP32 only). */
+void comm_allreduce(comm *c, void *buf, long n, comm_type t, int average);
 
 /* Sharded collectives over n values in chunks of comm_chunk(n, size): rank r owns
  * [r*chunk, min(n, (r+1)*chunk)). `full` must hold chunk*size values (the tail
@@ -69,8 +77,8 @@ void comm_allreduce(comm *c, void *buf, long n, int average);
  *   reduce_scatter: shard[0..chunk) = sum over ranks of full[r*chunk ..]
  *   allgather:      full[r*chunk ..] = shard of rank r, for every r */
 long comm_chunk(long n, int size);
-void comm_reduce_scatter(comm *c, const void *full, void *shard, long n);
-void comm_allgather(comm *c, const void *shard, void *full, long n);
+void comm_reduce_scatter(comm *c, const void *full, void *shard, long n, comm_type t);
+void comm_allgather(comm *c, const void *shard, void *full, long n, comm_type t);
 
 /* All-to-all: block j of `send` goes to rank j, and rank j's block for this
  * rank lands in block j of `recv` (blocks in rank order, the own one copied).
@@ -85,22 +93,22 @@ void comm_allgather(comm *c, const void *shard, void *full, long n);
  * the send buffer's values, the own block included (the buffer handed over,
  * as for all-gather). What leaves the rank is that less its own block:
  * (n-1)/n of it for even blocks (Ulysses), the record's ring column. */
-void comm_alltoall(comm *c, const void *send, void *recv, long n);
+void comm_alltoall(comm *c, const void *send, void *recv, long n, comm_type t);
 void comm_alltoallv(comm *c, const void *send, const long *send_counts, const long *send_offsets,
-                    void *recv, const long *recv_counts, const long *recv_offsets);
+                    void *recv, const long *recv_counts, const long *recv_offsets, comm_type t);
 
 /* Sum n doubles of host memory over the group, in place (losses, norms, counts). */
 void comm_allreduce_host(comm *c, double *x, int n);
 
-void comm_broadcast(comm *c, void *buf, long n, int root);
+void comm_broadcast(comm *c, void *buf, long n, comm_type t, int root);
 
 /* Send and/or receive at once, paired so that two neighbours exchanging never
  * deadlock: pass send_n = 0 (or dst < 0) to only receive, recv_n = 0 (or src < 0)
  * to only send. */
 void comm_sendrecv(comm *c, const void *send, long send_n, int dst,
-                   void *recv, long recv_n, int src);
-void comm_send(comm *c, const void *buf, long n, int dst);
-void comm_recv(comm *c, void *buf, long n, int src);
+                   void *recv, long recv_n, int src, comm_type t);
+void comm_send(comm *c, const void *buf, long n, comm_type t, int dst);
+void comm_recv(comm *c, void *buf, long n, comm_type t, int src);
 
 /* Nonblocking point-to-point, for lab04's schedule executor, which posts a
  * receive when its schedule says the data will be sent (often long before
@@ -128,13 +136,14 @@ typedef struct comm_request {
     void *host;          /* staging buffer (MPI with device buffers) */
     size_t host_cap;
     int host_pinned;
-    long n;              /* the values posted: a receive must get them all */
+    long n;              /* the elements posted: a receive must get them all */
+    comm_type type;      /* their type */
     flight_op posted;    /* the posting as the flight recorder saw it: what comm_wait waits for */
 } comm_request;
 void comm_group_begin(comm *c);
 void comm_group_end(comm *c);
-void comm_isend(comm *c, const void *buf, long n, int dst, int tag, comm_request *r);
-void comm_irecv(comm *c, void *buf, long n, int src, int tag, comm_request *r);
+void comm_isend(comm *c, const void *buf, long n, comm_type t, int dst, int tag, comm_request *r);
+void comm_irecv(comm *c, void *buf, long n, comm_type t, int src, int tag, comm_request *r);
 int comm_test(comm_request *r); /* 1 when complete (or never posted), without waiting */
 void comm_wait(comm_request *r);
 void comm_request_free(comm_request *r);

@@ -153,7 +153,7 @@ static flight_group *group_of(int id) { return id >= 0 && id < n_groups ? groups
 
 static int world_of(const flight_group *g, int r) { return g && r >= 0 && r < g->size ? g->members[r] : r; }
 
-static size_t op_value_bytes(const flight_op *op) { return op->f64 ? 8 : value_bytes(); }
+static size_t op_value_bytes(const flight_op *op) { return comm_type_bytes(op->type); }
 
 static void human_bytes(double b, char *buf, size_t len) {
     if (b >= 1e9) snprintf(buf, len, "%.1f GB", b / 1e9);
@@ -184,7 +184,7 @@ static void describe(const flight_op *op, char *buf, size_t len) {
     char tag[24] = "";
     if (is_p2p(op->kind)) snprintf(tag, sizeof tag, ", tag %d", op->tag);
     snprintf(buf, len, "%s #%ld%s of %s (%s%s%s%ld x %s = %s%s)", flight_kind_name(op->kind), op->seq, peer, gt,
-             label, label[0] ? ", " : "", step, op->count, op->f64 ? "f64" : precision_name(g_precision), size, tag);
+             label, label[0] ? ", " : "", step, op->count, comm_type_name(op->type), size, tag);
 }
 
 /* ---- groups ---------------------------------------------------------------------- */
@@ -292,7 +292,7 @@ static unsigned call_hash(const flight_op *op) {
     unsigned long long h = 1469598103934665603ULL;
     /* an all-to-all's counts follow the routing, which changes step to step */
     const long long parts[] = {op->kind, op->kind == FL_ALLTOALL || op->kind == FL_ALLTOALLV ? 0 : op->count,
-                               op->f64, op->root, op->tag, (long long)(uintptr_t)op->where, op->after, op->mb};
+                               op->type, op->root, op->tag, (long long)(uintptr_t)op->where, op->after, op->mb};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         for (int b = 0; b < 8; b++) {
             h ^= (unsigned long long)(parts[i] >> (8 * b)) & 0xff;
@@ -350,7 +350,7 @@ static void pattern_append(step_pattern *p, int step, unsigned h) {
 
 /* ---- the ring -------------------------------------------------------------------- */
 
-long flight_begin(comm *c, flight_kind kind, long count, int root, int peer, int tag, const long *send_counts,
+long flight_begin(comm *c, flight_kind kind, comm_type type, long count, int root, int peer, int tag, const long *send_counts,
                   const long *recv_counts, flight_op *out) {
     flight_group *g = c->flight;
     if (!g) {
@@ -370,7 +370,7 @@ long flight_begin(comm *c, flight_kind kind, long count, int root, int peer, int
         fault.op_id = id;
         fault.awaiting_op = 0;
     }
-    flight_op op = {.id = id, .kind = kind, .group = g->id, .seq = seq, .count = count, .f64 = kind == FL_ALLREDUCE_HOST,
+    flight_op op = {.id = id, .kind = kind, .group = g->id, .seq = seq, .count = count, .type = type,
                     .root = root, .peer = peer, .tag = tag, .where = where ? where : after, .after = !where && after,
                     .mb = mb, .step = step, .issued = t, .received = -1};
     /* the call against the last step's at its place (the patterns are the main thread's) */
@@ -460,7 +460,7 @@ static void json_op(textbuf *b, const flight_op *op, const long (*counts)[A2A_PE
     textbuf_printf(b, "{\"id\":%ld,\"kind\":\"%s\",\"group\":%d,\"seq\":%ld,\"count\":%ld,\"type\":\"%s\","
                    "\"bytes\":%.0f,\"root\":%d,\"peer\":%d,\"peer_world\":%d,\"tag\":%d,\"label\":",
                    op->id, flight_kind_name(op->kind), op->group, op->seq, op->count,
-                   op->f64 ? "f64" : precision_name(g_precision), (double)op->count * (double)op_value_bytes(op),
+                   comm_type_name(op->type), (double)op->count * (double)op_value_bytes(op),
                    op->root, op->peer, is_p2p(op->kind) ? world_of(g, op->peer) : -1, op->tag);
     textbuf_json_string(b, label);
     textbuf_printf(b, ",\"where\":");
@@ -861,7 +861,7 @@ static comm *other_group(const comm *c) {
     return NULL;
 }
 
-flight_fault flight_fault_here(comm *c, flight_kind kind, long count) {
+flight_fault flight_fault_here(comm *c, flight_kind kind, comm_type type, long count) {
     if (!fault.kind || fault.fired || world_rank != fault.rank || !c->flight || c->size <= 1) return FAULT_NONE;
     int mb, step;
     const char *after, *where = trace_context(&mb, &step, &after);
@@ -886,7 +886,7 @@ flight_fault flight_fault_here(comm *c, flight_kind kind, long count) {
     fault.op_id = -1;
     fault.awaiting_op = fault.kind != FAULT_SKIP && fault.kind != FAULT_ORDER;
     flight_group *g = c->flight;
-    fault.op = (flight_op){.id = -1, .kind = kind, .group = g->id, .count = count, .f64 = kind == FL_ALLREDUCE_HOST,
+    fault.op = (flight_op){.id = -1, .kind = kind, .group = g->id, .count = count, .type = type,
                            .root = -1, .peer = -1, .tag = -1, .where = where ? where : after, .after = !where && after,
                            .mb = mb, .step = step, .received = -1, .same_as_last_step = -1,
                            .seq = is_collective(kind) ? g->collectives : -1};
@@ -902,7 +902,7 @@ flight_fault flight_fault_here(comm *c, flight_kind kind, long count) {
 /* ---- --check-collectives ------------------------------------------------------------ */
 
 typedef struct {
-    int kind, f64, root, step, mb, deviates; /* deviates: 1 yes, 0 no, -1 not known */
+    int kind, type, root, step, mb, deviates; /* deviates: 1 yes, 0 no, -1 not known */
     long long count, seq;
     int bad_from;                 /* alltoall: a peer whose count for this rank is not the one expected, -1: none */
     long long bad_sent, bad_expected;
@@ -918,7 +918,7 @@ static unsigned long long fnv(unsigned long long h, long long x) {
 }
 
 static void signature_text(const check_desc *d, const flight_group *g, char *buf, size_t len) {
-    flight_op op = {.kind = (flight_kind)d->kind, .group = g->id, .seq = d->seq, .count = d->count, .f64 = d->f64,
+    flight_op op = {.kind = (flight_kind)d->kind, .group = g->id, .seq = d->seq, .count = d->count, .type = (comm_type)d->type,
                     .root = d->root, .peer = -1, .mb = d->mb, .step = d->step};
     const char *label = d->label;
     char size[32], step[24] = "";
@@ -927,11 +927,11 @@ static void signature_text(const check_desc *d, const flight_group *g, char *buf
     char root[24] = "";
     if (op.kind == FL_BROADCAST) snprintf(root, sizeof root, ", root %d", world_of(g, op.root));
     snprintf(buf, len, "%s #%lld (%s%s%s%lld x %s = %s%s)", flight_kind_name(op.kind), d->seq, label,
-             label[0] ? ", " : "", step, d->count, op.f64 ? "f64" : precision_name(g_precision), size, root);
+             label[0] ? ", " : "", step, d->count, comm_type_name(op.type), size, root);
 }
 
 static int same_signature(const check_desc *a, const check_desc *b) {
-    return a->kind == b->kind && a->f64 == b->f64 && a->count == b->count && a->root == b->root && a->step == b->step;
+    return a->kind == b->kind && a->type == b->type && a->count == b->count && a->root == b->root && a->step == b->step;
 }
 
 /* "ranks 0, 2, 3" / "rank 1" */
@@ -1042,17 +1042,17 @@ static void __attribute__((noreturn)) check_failed(comm *c, check_desc *mine) {
     stop_now("check-collectives", what, e.s);
 }
 
-void flight_check(comm *c, flight_kind kind, long count, int root, const long *send_counts, const long *recv_counts) {
+void flight_check(comm *c, flight_kind kind, comm_type type, long count, int root, const long *send_counts, const long *recv_counts) {
     if (!flight_check_collectives || !c->flight || c->size <= 1) return;
     const double t0 = now_seconds();
     flight_group *g = c->flight;
     const int a2a = kind == FL_ALLTOALL || kind == FL_ALLTOALLV;
     int mb, step;
     const char *after, *where = trace_context(&mb, &step, &after);
-    check_desc mine = {.kind = kind, .f64 = kind == FL_ALLREDUCE_HOST, .root = root, .step = step, .mb = mb,
+    check_desc mine = {.kind = kind, .type = type, .root = root, .step = step, .mb = mb,
                        .count = count, .seq = g->collectives, .bad_from = -1};
     flight_op now = {.id = -1, .kind = kind, .group = g->id, .seq = g->collectives, .count = count,
-                     .f64 = mine.f64, .root = root, .peer = -1, .tag = -1, .where = where ? where : after,
+                     .type = type, .root = root, .peer = -1, .tag = -1, .where = where ? where : after,
                      .after = !where && after, .mb = mb, .step = step, .received = -1};
     label_text(&now, mine.label, sizeof mine.label);
     const int same = pattern_compare(&g->coll, step, call_hash(&now));
@@ -1069,7 +1069,7 @@ void flight_check(comm *c, flight_kind kind, long count, int root, const long *s
     unsigned long long h = 1469598103934665603ULL;
     h = fnv(h, a2a ? FL_ALLTOALLV : kind);
     h = fnv(h, a2a ? 0 : count);
-    h = fnv(h, mine.f64);
+    h = fnv(h, mine.type);
     h = fnv(h, root);
     h = fnv(h, step);
     long long v[2] = {(long long)(h >> 2), -(long long)(h >> 2)}, m[2];

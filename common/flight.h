@@ -46,6 +46,7 @@
  * does not read it. */
 #ifndef PL_FLIGHT_H
 #define PL_FLIGHT_H
+#include "kinds.h" /* comm_type */
 
 struct comm;
 
@@ -61,7 +62,7 @@ typedef struct flight_op {
     int group;             /* flight group id: the order of comm_init / comm_split calls */
     long seq;              /* collectives: the group's; point-to-point: per peer and direction */
     long count;            /* values (alltoallv: the values sent) */
-    int f64;               /* host doubles (comm_allreduce_host), else the run's precision */
+    comm_type type;        /* of the count's elements (the run's values, int32 counts, host f64, ...) */
     int root, peer, tag;   /* -1 where they do not apply; peer is the group's rank */
     const char *where;     /* trace_context's op, NULL: none */
     int after;             /* where is the compute event that ended before ("after backward") */
@@ -95,7 +96,7 @@ void flight_group_axis(struct comm *c, const char *axis);
  * and, when `out` is not NULL, the record (comm_request keeps it). counts:
  * alltoallv's send and receive counts per group rank, else NULL. A blocking
  * call is what this rank waits in until flight_end. */
-long flight_begin(struct comm *c, flight_kind kind, long count, int root, int peer, int tag,
+long flight_begin(struct comm *c, flight_kind kind, comm_type type, long count, int root, int peer, int tag,
                   const long *send_counts, const long *recv_counts, flight_op *out);
 /* Completed (on NCCL: queued; flight_nccl_queued follows). received: the
  * values a receive got, -1 otherwise. */
@@ -123,10 +124,10 @@ void flight_fail_short(long id, long got, long posted) __attribute__((noreturn))
 
 /* The test-only fault for this call (flight.h's top), FAULT_NONE nearly always. */
 typedef enum { FAULT_NONE, FAULT_SKIP, FAULT_COUNT, FAULT_PEER, FAULT_TAG, FAULT_ORDER, FAULT_A2A, FAULT_SLEEP } flight_fault;
-flight_fault flight_fault_here(struct comm *c, flight_kind kind, long count);
+flight_fault flight_fault_here(struct comm *c, flight_kind kind, comm_type type, long count);
 
 /* --check-collectives, before a collective (no-op when off). */
-void flight_check(struct comm *c, flight_kind kind, long count, int root, const long *send_counts,
+void flight_check(struct comm *c, flight_kind kind, comm_type type, long count, int root, const long *send_counts,
                   const long *recv_counts);
 /* What --check-collectives cost this rank: checks made and their seconds. */
 void flight_check_cost(long *checks, double *seconds);

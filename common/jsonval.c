@@ -11,6 +11,8 @@ static json_t *made(json_t *v) {
 
 json_t *jsonval_number(double x) { return made(isfinite(x) ? json_real(x) : json_null()); }
 
+json_t *jsonval_figure(double x) { return isfinite(x) && x == nearbyint(x) ? jsonval_integer(x) : jsonval_number(x); }
+
 json_t *jsonval_integer(double x) {
     if (!isfinite(x) || fabs(x) > 9e18) return made(json_null());
     return made(json_integer((json_int_t)llround(x)));
@@ -24,6 +26,7 @@ static json_t *array_of(const double *x, int n, json_t *(*value)(double)) {
 }
 json_t *jsonval_numbers(const double *x, int n) { return array_of(x, n, jsonval_number); }
 json_t *jsonval_integers(const double *x, int n) { return array_of(x, n, jsonval_integer); }
+json_t *jsonval_figures(const double *x, int n) { return array_of(x, n, jsonval_figure); }
 
 json_t *jsonval_text(const char *s) {
     if (!s) return made(json_null());
@@ -38,31 +41,10 @@ json_t *jsonval_text(const char *s) {
     return v;
 }
 
+void jsonval_append(json_t *array, json_t *value) {
+    if (json_array_append_new(array, value) != 0) die("out of host memory building JSON");
+}
+
 void jsonval_set(json_t *object, const char *key, json_t *value) {
     if (json_object_set_new(object, key, value) != 0) die("cannot set JSON member \"%s\"", key);
-}
-
-json_t *jsonval_members(const char *members, const char *what) {
-    if (!members || !members[0]) return made(json_object());
-    size_t n = strlen(members);
-    char *text = malloc(n + 3);
-    if (!text) die("out of host memory building JSON");
-    text[0] = '{';
-    memcpy(text + 1, members, n);
-    memcpy(text + 1 + n, "}", 2);
-    json_error_t e;
-    json_t *v = json_loads(text, JSON_REJECT_DUPLICATES, &e);
-    if (!v) die("%s are not valid JSON members (%s, at character %d of \"%.80s\")", what, e.text, e.position - 1,
-                members);
-    free(text);
-    return v;
-}
-
-char *jsonval_members_text(const json_t *object) {
-    char *s = json_dumps(object, JSON_COMPACT);
-    if (!s) die("out of host memory building JSON");
-    size_t n = strlen(s); /* "{...}": drop the braces */
-    memmove(s, s + 1, n - 2);
-    s[n - 2] = 0;
-    return s;
 }

@@ -11,21 +11,21 @@
 
 /* A real, or null when x is NaN or infinite. */
 json_t *jsonval_number(double x);
+/* A figure as "%g" prints it: a whole number as an integer (byte counts,
+ * calls, a flag's 0), anything else a real; null when not finite. */
+json_t *jsonval_figure(double x);
 /* x rounded to an integer (byte counts kept in doubles), or null when not finite. */
 json_t *jsonval_integer(double x);
-/* [x0, x1, ...] with jsonval_number, or with jsonval_integer. */
+/* [x0, x1, ...] with jsonval_number, jsonval_integer or jsonval_figure. */
 json_t *jsonval_numbers(const double *x, int n);
 json_t *jsonval_integers(const double *x, int n);
+json_t *jsonval_figures(const double *x, int n);
 /* A string: s itself when it is UTF-8 (file names usually are), else a copy with
  * every byte >= 0x80 as '?'; NULL s gives null. */
 json_t *jsonval_text(const char *s);
+/* array += value (the reference to value is taken). */
+void jsonval_append(json_t *array, json_t *value);
 /* object[key] = value (the reference to value is taken). */
 void jsonval_set(json_t *object, const char *key, json_t *value);
-/* An object of the members a lab hands over as text ("\"k\":v,...", as in
- * run_report.extra_json); NULL or "" gives {}. Text that is not valid JSON is a
- * bug in the lab: the job ends naming `what` and the parser's complaint. */
-json_t *jsonval_members(const char *members, const char *what);
-/* The inverse: the object's members as that text, malloc'd. */
-char *jsonval_members_text(const json_t *object);
 
 #endif

@@ -25,6 +25,13 @@ typedef enum {
 PL_NAMES comm_kind_names[COLL_NKINDS] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
                                          "send", "recv", "barrier", "alltoall"};
 
+/* The element type of a message, as NCCL's and MPI's datatypes name it:
+ * COMM_VALUES the model's values in the run's precision (fp32, or bf16 in a
+ * bf16 run: precision.h), the others fixed whatever the precision (lab08's
+ * token counts are int32, the host's sums of losses and norms f64).
+ * comm_type_bytes (comm.h) gives a value's bytes. */
+typedef enum { COMM_VALUES, COMM_FP32, COMM_INT32, COMM_F64, COMM_NTYPES } comm_type;
+
 /* The bytes one rank moves per payload byte under the ring algorithm (what
  * NCCL and MPICH use for large messages): an all-reduce is a reduce-scatter
  * plus an all-gather, each (n-1)/n of the buffer; point-to-point, 1; an

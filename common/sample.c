@@ -130,8 +130,8 @@ json_t *sample_record(void) {
     json_t *r = json_object(), *steps = json_array(), *texts = json_array();
     if (!r || !steps || !texts) die("out of host memory");
     for (int i = 0; i < n_runs; i++) {
-        json_array_append_new(steps, json_integer(run_steps[i]));
-        json_array_append_new(texts, jsonval_text(run_texts[i]));
+        jsonval_append(steps, json_integer(run_steps[i]));
+        jsonval_append(texts, jsonval_text(run_texts[i]));
     }
     jsonval_set(r, "prompt", jsonval_text(prompt_text));
     jsonval_set(r, "steps", steps);

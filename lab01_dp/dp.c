@@ -22,7 +22,7 @@ static void reduce_pending(dp_grad_sync *s) {
     /* the bucket's gradients are written by kernels queued on the compute
      * stream: the communication stream must not start before them */
     if (s->comm_stream) device_stream_wait(s->comm_stream, device_compute_stream());
-    comm_allreduce(s->dp, value_at(s->grads, s->pending_lo - s->begin), n, 1);
+    comm_allreduce(s->dp, value_at(s->grads, s->pending_lo - s->begin), n, COMM_VALUES, 1);
     s->pending_hi = s->pending_lo;
 }
 

@@ -70,7 +70,7 @@ void lab01_report(run_ctx *ctx, void *lab, lab_report *r) {
      * the FLOPs a token costs, and what --recompute adds to them */
     const th_model tm = lab_theory_model(&d->g.cfg); /* --experts: FLOPs of the active parameters, their buffers */
     const th_opts opts = th_opts_run(1, 0, ctx->model.recompute, g_precision == PREC_BF16);
-    jsonval_set(r->record, "bucket_mb", jsonval_number(d->bucket_mb));
+    jsonval_set(r->record, "bucket_mb", jsonval_figure(d->bucket_mb));
     jsonval_set(r->record, "grad_accum", json_integer(d->grad_accum));
     jsonval_set(r->record, "replicas_identical", d->check_sync ? json_boolean(d->in_sync) : json_null());
     jsonval_set(r->record, "flops_per_token_formula", jsonval_integer(th_flops_per_token(&tm)));

@@ -2,6 +2,7 @@
  * report.c (which checks its flags, predicts its needs and reports it). */
 #ifndef LAB01_REPORT_H
 #define LAB01_REPORT_H
+#include "experts_metrics.h"
 #include "dp.h"
 #include "lab_main.h"
 

@@ -16,6 +16,7 @@
  * What to look at: the "ZeRO stage" table after the summary, bytes per rank
  * measured by the allocator = the formula + named buffers + padding, and the
  * traffic per step beside its formula. */
+#include "experts_metrics.h"
 #include "report.h"
 #include "mem.h"
 #include <stdint.h>

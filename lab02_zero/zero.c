@@ -37,7 +37,7 @@ static float *unit_master(zero_state *z, const shard_unit *u) {
 static void gather_unit(zero_state *z, const shard_unit *u) {
     int index = (int)(u - z->plan.units);
     if (z->gathered_unit == index) return;
-    comm_allgather(z->dp, value_at(z->param_shard, u->shard_offset), z->params, u->end - u->begin);
+    comm_allgather(z->dp, value_at(z->param_shard, u->shard_offset), z->params, u->end - u->begin, COMM_VALUES);
     z->gathered_unit = index;
 }
 
@@ -125,7 +125,7 @@ static void params_from_masters(zero_state *z) {
     if (z->stage < 3)
         for (int i = 0; i < p->n_units; i++) {
             const shard_unit *u = &p->units[i];
-            comm_allgather(z->dp, unit_param_shard(z, u), value_at(z->params, u->full_offset), u->end - u->begin);
+            comm_allgather(z->dp, unit_param_shard(z, u), value_at(z->params, u->full_offset), u->end - u->begin, COMM_VALUES);
         }
 }
 
@@ -190,7 +190,7 @@ void zero_backward(zero_state *z, gpt_acts *a, gpt_grad_scratch *s, float dloss)
         /* the unit's lowest block is done: its gradient is final on this rank,
          * so sum it over the ranks, each keeping its own chunk */
         if (b == u->first_block)
-            comm_reduce_scatter(z->dp, unit_grads(z, u), unit_grad_shard(z, u), u->end - u->begin);
+            comm_reduce_scatter(z->dp, unit_grads(z, u), unit_grad_shard(z, u), u->end - u->begin, COMM_VALUES);
     }
 }
 

@@ -76,17 +76,17 @@ void zero_record_members(const zero_state *z, const zero_figures *f, double buck
     const double *parts[3] = {f->mem_formula, f->mem_buffers, f->mem_padding};
     const char *keys[3] = {"mem_formula_bytes", "mem_buffer_bytes", "mem_padding_bytes"};
     jsonval_set(record, "zero_stage", json_integer(z->stage));
-    jsonval_set(record, "bucket_mb", jsonval_number(bucket_mb));
+    jsonval_set(record, "bucket_mb", jsonval_figure(bucket_mb));
     jsonval_set(record, "shard_units", json_integer(p->n_units));
     jsonval_set(record, "padding_elems", json_integer(p->padding_elems));
     jsonval_set(record, "shard_elems", json_integer(p->shard_elems));
     jsonval_set(record, "largest_unit_elems", json_integer(p->largest_unit_elems));
-    jsonval_set(record, "comm_padding_ring_bytes", jsonval_number(f->comm_padding));
-    jsonval_set(record, "comm_skipped_ring_bytes", jsonval_number(f->comm_skipped));
+    jsonval_set(record, "comm_padding_ring_bytes", jsonval_figure(f->comm_padding));
+    jsonval_set(record, "comm_skipped_ring_bytes", jsonval_figure(f->comm_skipped));
     for (int k = 0; k < 3; k++) {
         json_t *by_category = json_object();
         if (!by_category) die("out of host memory");
-        for (int c = 0; c < ZERO_NCAT; c++) jsonval_set(by_category, names[c], jsonval_number(parts[k][c]));
+        for (int c = 0; c < ZERO_NCAT; c++) jsonval_set(by_category, names[c], jsonval_figure(parts[k][c]));
         jsonval_set(record, keys[k], by_category);
     }
 }

@@ -180,7 +180,7 @@ static void exchange(pipeline_stage *s, const void *send, int dst, const char *s
     int send_ev = dst >= 0 ? trace_begin(send_op, TRACE_COMM, send_mb, NULL) : -1;
     int recv_ev = src >= 0 ? trace_begin(recv_op, TRACE_COMM, recv_mb, NULL) : -1;
     comm_sendrecv(s->pipe, send, dst >= 0 ? s->boundary_values : 0, dst,
-                  recv, src >= 0 ? s->boundary_values : 0, src);
+                  recv, src >= 0 ? s->boundary_values : 0, src, COMM_VALUES);
     trace_end(recv_ev);
     trace_end(send_ev);
 }
@@ -257,21 +257,17 @@ double stage_acts_formula_bytes(const pipeline_stage *s) {
     return th_cp_stage_acts_bytes(&tm, &opts, s->lo, s->hi, s->rows, s->model.cp, (th_cp_algo)s->model.cp_algo);
 }
 
-static void append(json_t *array, json_t *value) {
-    if (json_array_append_new(array, value) != 0) die("out of host memory building JSON");
-}
-
 json_t *stage_record_integers(const double *x, int n, int stride) {
     json_t *list = json_array();
     if (!list) die("out of host memory building JSON");
-    for (int i = 0; i < n; i++) append(list, jsonval_integer(x[(size_t)i * stride]));
+    for (int i = 0; i < n; i++) jsonval_append(list, jsonval_integer(x[(size_t)i * stride]));
     return list;
 }
 
 json_t *stage_record_rows(const double *x, int rows, int row_stride, int n, int stride) {
     json_t *list = json_array();
     if (!list) die("out of host memory building JSON");
-    for (int r = 0; r < rows; r++) append(list, stage_record_integers(x + (size_t)r * row_stride, n, stride));
+    for (int r = 0; r < rows; r++) jsonval_append(list, stage_record_integers(x + (size_t)r * row_stride, n, stride));
     return list;
 }
 

@@ -16,6 +16,7 @@
  *            each around the communicator's own "send"/"recv"/"sendrecv" event */
 #ifndef LAB03_STAGE_H
 #define LAB03_STAGE_H
+#include "experts_metrics.h"
 #include "comm.h"
 #include "data.h"
 #include "model.h"

@@ -425,11 +425,11 @@ static void post_phase(pipeline_rank *pr, pipeline_plan *pl, const plan_entry *e
         int mb = id % s->m;
         if (src == pr->rank) {
             int ev = trace_begin(grad ? "send_grad" : "send_act", TRACE_COMM, mb, NULL);
-            comm_isend(pr->pipe, pl->buf[id], n, dst, id + 1, &pl->req[id]);
+            comm_isend(pr->pipe, pl->buf[id], n, COMM_VALUES, dst, id + 1, &pl->req[id]);
             trace_end(ev);
         } else {
             pl->buf[id] = message_buffer(pr);
-            comm_irecv(pr->pipe, pl->buf[id], n, src, id + 1, &pl->req[id]);
+            comm_irecv(pr->pipe, pl->buf[id], n, COMM_VALUES, src, id + 1, &pl->req[id]);
         }
     }
     comm_group_end(pr->pipe);

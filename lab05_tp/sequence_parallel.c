@@ -23,14 +23,14 @@ static void repack(const tp_layout *tl, void *whole, void *packed, int B, int to
 
 void sp_allgather(const tp_layout *tl, comm *tp, const void *slice, void *whole, gpt_grad_scratch *s, int B) {
     const long n = (long)B * tl->g.cfg.seq * tl->g.cfg.d_model;
-    comm_allgather(tp, slice, s->seq_packed, n); /* packed chunk r = rank r's slice */
+    comm_allgather(tp, slice, s->seq_packed, n, COMM_VALUES); /* packed chunk r = rank r's slice */
     repack(tl, whole, s->seq_packed, B, 0);
 }
 
 void sp_reduce_scatter(const tp_layout *tl, comm *tp, const void *whole, void *slice, gpt_grad_scratch *s, int B) {
     const long n = (long)B * tl->g.cfg.seq * tl->g.cfg.d_model;
     repack(tl, (void *)(uintptr_t)whole, s->seq_packed, B, 1); /* reads whole only */
-    comm_reduce_scatter(tp, s->seq_packed, slice, n);
+    comm_reduce_scatter(tp, s->seq_packed, slice, n, COMM_VALUES);
 }
 
 /* ---- the layer's regions ---------------------------------------------------------------- */
@@ -92,6 +92,6 @@ long sp_partial_elems(const tp_layout *tl, int lo, int hi) { return visit_partia
 void sp_sum_partial_grads(const tp_layout *tl, comm *tp, int lo, int hi, void *grads, void *staging) {
     if (tp->size <= 1) return;
     long n = visit_partials(tl, lo, hi, grads, staging, 0);
-    comm_allreduce(tp, staging, n, 0);
+    comm_allreduce(tp, staging, n, COMM_VALUES, 0);
     visit_partials(tl, lo, hi, grads, staging, 1);
 }

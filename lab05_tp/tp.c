@@ -196,7 +196,7 @@ static void row_parallel_forward(void *ctx, void *out, const void *inp_local, co
  * rank, and so is the gradient of a g output. A group of one moves nothing. */
 static void all_reduce(void *ctx, void *from, void *to, long whole, int B, gpt_grad_scratch *s) {
     const tp_hooks *th = ctx;
-    if (th->tp->size > 1) comm_allreduce(th->tp, from, whole, 0);
+    if (th->tp->size > 1) comm_allreduce(th->tp, from, whole, COMM_VALUES, 0);
     gpt_region_identity(NULL, from, to, whole, B, s);
 }
 

@@ -148,7 +148,7 @@ static json_t *json_groups(const int *all, int fields, int ranks, int axis, int 
         const int *x = all + (size_t)r * fields;
         if (x[1 + axis] != 0) continue;
         for (int k = 0; k < size; k++) members[k] = x[offset + k];
-        if (json_array_append_new(groups, jsonval_integers(members, size)) != 0) die("out of host memory");
+        jsonval_append(groups, jsonval_integers(members, size));
     }
     free(members);
     return groups;
@@ -242,7 +242,8 @@ json_t *grid_describe(process_grid *g, int layers, const run_ctx *ctx) {
         const int *x = all ? all + (size_t)r * fields : NULL;
         /* the coordinate is the rank's place in each communicator, as reported */
         json_t *place = json_object();
-        if (!place || json_array_append_new(by_rank, place) != 0) die("out of host memory");
+        if (!place) die("out of host memory");
+        jsonval_append(by_rank, place);
         jsonval_set(place, "rank", json_integer(r));
         jsonval_set(place, "tp", json_integer(x ? x[1] : c.tp));
         jsonval_set(place, "pp", json_integer(x ? x[2] : c.pp));

@@ -39,17 +39,12 @@ static void formula(double *row, th_traffic t) {
     row[G_RING_F] = t.ring;
 }
 
-/* The record's figures were written with "%.10g" before the record was built
- * as JSON: whole ones (calls, bytes, layers in flight) stay integers, which the
- * readers of the record (plots/lesson_tables.py) print as such. */
-static json_t *figure(double x) { return x == nearbyint(x) ? jsonval_integer(x) : jsonval_number(x); }
-
 /* One field over the ranks: [rank 0's, rank 1's, ...]. */
 static json_t *json_column(const double *rows, int ranks, int field) {
     json_t *column = json_array();
     if (!column) die("out of host memory");
     for (int r = 0; r < ranks; r++)
-        if (json_array_append_new(column, figure(rows[(size_t)r * F_FIELDS + field])) != 0) die("out of host memory");
+        jsonval_append(column, jsonval_figure(rows[(size_t)r * F_FIELDS + field])); /* whole calls and bytes stay integers */
     return column;
 }
 
@@ -206,8 +201,7 @@ void report3d_record(const report3d *r, const process_grid *g, json_t *record) {
     jsonval_set(record, "traffic_per_group", traffic);
     for (int q = 0; q < r->ranks; q++) {
         const double *x = r->rows + (size_t)q * F_FIELDS;
-        if (json_array_append_new(layers, jsonval_integers((const double[]){x[F_LO], x[F_HI]}, 2)) != 0)
-            die("out of host memory");
+        jsonval_append(layers, jsonval_integers((const double[]){x[F_LO], x[F_HI]}, 2));
     }
     jsonval_set(record, "stage_layers_per_rank", layers);
     jsonval_set(record, "param_bytes_per_rank_formula", json_column(r->rows, r->ranks, F_PARAMS_F));

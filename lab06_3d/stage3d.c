@@ -103,7 +103,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     /* ZeRO-1: in place of the DP all-reduce, each replica receives the SUM over
      * the replicas of its slice alone (the slice sits at its own offset of the
      * padded buffer) */
-    if (zero) comm_reduce_scatter(g->dp, pr->grads, value_at(pr->grads, (long)pr->opt_shard * slice), pr->n);
+    if (zero) comm_reduce_scatter(g->dp, pr->grads, value_at(pr->grads, (long)pr->opt_shard * slice), pr->n, COMM_VALUES);
     int ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);
     double t0 = now_seconds();
     /* The serial norm counts every element of the model once. A rank holds
@@ -158,7 +158,7 @@ double stage3d_optimizer_step(pipeline_rank *pr, stage3d *s, process_grid *g, co
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);
     /* ZeRO-1: everyone's updated slices (this rank's already sits at its place) */
-    if (zero) comm_allgather(g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    if (zero) comm_allgather(g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n, COMM_VALUES);
     return over_pp[2] / d;
 }
 
@@ -171,7 +171,7 @@ void stage3d_params_from_master(pipeline_rank *pr, process_grid *g) {
     const long slice = pr->padded / pr->opt_shards;
     params_from_master(value_at(pr->params, pr->slice_begin), pr->master, pr->slice_end - pr->slice_begin);
     const comm_quiet q = comm_quiet_begin(g->dp);
-    comm_allgather(g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n);
+    comm_allgather(g->dp, value_at(pr->params, (long)pr->opt_shard * slice), pr->params, pr->n, COMM_VALUES);
     comm_quiet_end(&q);
 }
 

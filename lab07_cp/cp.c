@@ -50,8 +50,8 @@ static void forward_block(cp_hooks *h, void *out, float *lse, const void *qkv, c
 /* Post this step's exchange: `send` to the next rank, `recv` from the previous. */
 static void ring_post(cp_hooks *h, const void *send, void *recv, long n, int tag, comm_request r[2]) {
     comm_group_begin(h->cp);
-    comm_isend(h->cp, send, n, (h->rank + 1) % h->N, tag, &r[0]);
-    comm_irecv(h->cp, recv, n, (h->rank + h->N - 1) % h->N, tag, &r[1]);
+    comm_isend(h->cp, send, n, COMM_VALUES, (h->rank + 1) % h->N, tag, &r[0]);
+    comm_irecv(h->cp, recv, n, COMM_VALUES, (h->rank + h->N - 1) % h->N, tag, &r[1]);
     comm_group_end(h->cp);
 }
 static void ring_wait(comm_request r[2]) {
@@ -72,7 +72,7 @@ static void ulysses_to_heads(cp_hooks *h, void *heads_side, const void *seq, lon
         for (int p = 0; p < parts; p++)
             copy_rows(value_at(h->a2a_send, j * rows * w + p * Cn), w, value_at(seq, p * C + j * Cn), ld, rows, Cn);
     trace_end(ev);
-    comm_alltoall(h->cp, h->a2a_send, h->a2a_recv, rows * w);
+    comm_alltoall(h->cp, h->a2a_send, h->a2a_recv, rows * w, COMM_VALUES);
     ev = trace_begin("a2a_unpack", TRACE_COMPUTE, -1, NULL);
     for (long j = 0; j < N; j++) /* from rank j: its positions of every row */
         for (long b = 0; b < h->B; b++)
@@ -89,7 +89,7 @@ static void ulysses_to_seq(cp_hooks *h, void *seq, long ld, const void *heads_si
             mem_copy(value_at(h->a2a_send, (j * h->B + b) * run), value_at(heads_side, (b * N + j) * run),
                      (size_t)run * value_bytes());
     trace_end(ev);
-    comm_alltoall(h->cp, h->a2a_send, h->a2a_recv, rows * w);
+    comm_alltoall(h->cp, h->a2a_send, h->a2a_recv, rows * w, COMM_VALUES);
     ev = trace_begin("a2a_unpack", TRACE_COMPUTE, -1, NULL);
     for (long j = 0; j < N; j++) /* from rank j: our positions, its heads */
         for (int p = 0; p < parts; p++)
@@ -152,7 +152,7 @@ static void cp_attention_forward(void *ctx, void *atty, void *att, const void *q
     h->scores = 0;
     copy_rows(h->kv[0], 2 * C, value_at(qkv, C), 3 * C, (long)B * T, 2 * C);
     if (h->algo == TH_CP_ALLGATHER) {
-        comm_allgather(h->cp, h->kv[0], h->kv_all, block * N);
+        comm_allgather(h->cp, h->kv[0], h->kv_all, block * N, COMM_VALUES);
         for (int s = 0; s < N; s++) { /* the ring's order: the forward's bits are the ring's */
             const int src = (h->rank + N - s) % N;
             forward_block(h, atty, lse, qkv, value_at(h->kv_all, src * block), src, s == 0, heads, HS);
@@ -196,14 +196,14 @@ static void cp_attention_backward(void *ctx, void *dqkv, void *datt, const void 
     void *mine; /* our own block's complete dk|dv */
     copy_rows(h->kv[0], 2 * C, value_at(qkv, C), 3 * C, (long)B * T, 2 * C);
     if (h->algo == TH_CP_ALLGATHER) { /* K and V again (not kept), then dK and dV home by reduce-scatter */
-        comm_allgather(h->cp, h->kv[0], h->kv_all, block * N);
+        comm_allgather(h->cp, h->kv[0], h->kv_all, block * N, COMM_VALUES);
         mem_zero(h->dkv_all, (size_t)(block * N) * vb);
         for (int s = 0; s < N; s++) {
             const int src = (h->rank + N - s) % N;
             backward_block(h, dqkv, value_at(h->dkv_all, src * block), datty, atty, lse, qkv,
                            value_at(h->kv_all, src * block), src, heads, HS);
         }
-        comm_reduce_scatter(h->cp, h->dkv_all, h->dkv[0], block * N);
+        comm_reduce_scatter(h->cp, h->dkv_all, h->dkv[0], block * N, COMM_VALUES);
         mine = h->dkv[0];
     } else {
         comm_request r[2] = {{0}, {0}}, d[2] = {{0}, {0}};

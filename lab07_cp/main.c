@@ -76,7 +76,7 @@ static void step(run_ctx *ctx, void *lab, int i, int step, lab_step *out) {
                       1.0f / ((float)B * T), NULL, NULL);
     trace_end(ev);
     ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
-    comm_allreduce(&c->world, c->ms.grads, P, 0); /* every rank's share of the same weights: summed over DP x CP */
+    comm_allreduce(&c->world, c->ms.grads, P, COMM_VALUES, 0); /* every rank's share of the same weights: summed over DP x CP */
     trace_end(ev);
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);

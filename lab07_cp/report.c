@@ -212,11 +212,11 @@ void lab07_report(run_ctx *ctx, void *lab, lab_report *r) {
     jsonval_set(m, "dp", json_integer(c->dp));
     jsonval_set(m, "cp_algo", jsonval_text(c->algo_name));
     jsonval_set(m, "cp_layout", jsonval_text(c->layout_name));
-    jsonval_set(m, "max_memory_mb", jsonval_number(ctx->opt.max_memory_mb));
+    jsonval_set(m, "max_memory_mb", jsonval_figure(ctx->opt.max_memory_mb));
     jsonval_set(m, "cp_bytes_per_layer", jsonval_integer(measured_bytes_per_layer(ctx, c)));
     jsonval_set(m, "cp_bytes_per_layer_formula", jsonval_integer(formula_bytes_per_layer(ctx, c)));
-    jsonval_set(m, "scores_per_rank", jsonval_numbers(c->scores, N));
-    jsonval_set(m, "scores_per_rank_formula", jsonval_numbers(scores_formula, N));
+    jsonval_set(m, "scores_per_rank", jsonval_figures(c->scores, N));
+    jsonval_set(m, "scores_per_rank_formula", jsonval_figures(scores_formula, N));
     jsonval_set(m, "attention_seconds_per_rank", jsonval_numbers(c->attention_per_rank, N));
     if (c->algo == TH_CP_RING && N > 1) {
         jsonval_set(m, "ring_flops_per_s", jsonval_number(c->rate_bw[0]));

@@ -94,7 +94,7 @@ static void exchange_rows(ep_hooks *e, const void *send, const long *rows_to, vo
         else e->counts.rows_sent += (double)rows_to[p];
     }
     const double t0 = MPI_Wtime();
-    comm_alltoallv(e->ep, send, vals, NULL, recv, vals + e->N, NULL);
+    comm_alltoallv(e->ep, send, vals, NULL, recv, vals + e->N, NULL, COMM_VALUES);
     e->counts.alltoall_seconds += MPI_Wtime() - t0;
     free(vals);
 }
@@ -141,8 +141,7 @@ static ep_layer *layer_of(ep_hooks *e, const layer_acts *la) {
     ep_layer *ly = &e->layer[e->n_layer++];
     ly->owner = la->moe;
     ly->layer = la->layer;
-    /* ints, but moved by comm_alltoall as values: room for whole values */
-    ly->recv = calloc((size_t)e->N * e->local_experts + 2, sizeof(int));
+    ly->recv = calloc((size_t)e->N * e->local_experts, sizeof(int)); /* each rank's counts for my experts */
     ly->count = calloc((size_t)e->local_experts, sizeof(int));
     ly->first = calloc((size_t)e->local_experts, sizeof(int));
     if (!ly->recv || !ly->count || !ly->first) die("out of host memory");
@@ -166,9 +165,8 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N); /* the one-rank run's decisions: per sequence */
     /* counts first: how many rows each rank will send to each of my experts */
     int ev = trace_begin("ep_counts", TRACE_COMM, -1, NULL);
-    const long ints = (long)El * (long)(sizeof(int) / value_bytes()); /* El ints, as values */
     double t0 = MPI_Wtime();
-    comm_alltoall(e->ep, st.count, ly->recv, ints);
+    comm_alltoall(e->ep, st.count, ly->recv, El, COMM_INT32); /* El counts to each rank */
     e->counts.alltoall_seconds += MPI_Wtime() - t0;
     e->counts.count_bytes_sent += (double)(e->N - 1) * El * sizeof(int);
     e->counts.count_bytes_kept += (double)El * sizeof(int);

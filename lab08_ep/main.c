@@ -16,6 +16,7 @@
  * step's routing and the uniform-routing expectation (theory/expert_parallel.c);
  * on each step line the smallest top-k margin the step routed on (moe.h,
  * moe_min_margin): how near a token came to another choice. */
+#include "experts_metrics.h"
 #include "report.h"
 #include "kernels.h"
 #include "mem.h"
@@ -83,7 +84,7 @@ static void step(run_ctx *ctx, void *lab, int i, int step, lab_step *out) {
     /* replicated weights: every rank's share, summed over all; an expert's over its EDP group */
     int ev = trace_begin("grad_sum", TRACE_COMM, -1, NULL);
     for (int r = 0; r < e->n_runs; r++)
-        comm_allreduce(runs[r].expert ? &e->edp : &e->world, value_at(ms->grads, runs[r].local), runs[r].n, 0);
+        comm_allreduce(runs[r].expert ? &e->edp : &e->world, value_at(ms->grads, runs[r].local), runs[r].n, COMM_VALUES, 0);
     trace_end(ev);
 
     ev = trace_begin("optimizer", TRACE_COMPUTE, -1, NULL);

@@ -139,9 +139,9 @@ void lab08_report(run_ctx *ctx, void *lab, lab_report *r) {
     json_t *per_step = json_array(), *margins = json_array();
     if (!per_step || !margins) die("out of host memory");
     for (int i = 0; i < done; i++)
-        if (json_array_append_new(per_step, json_integer(e->max_rows_per_step[i]))) die("out of host memory");
+        jsonval_append(per_step, json_integer(e->max_rows_per_step[i]));
     for (int i = 0; i < done && e->margin_per_step[i] >= 0; i++) /* [] when k = E */
-        if (json_array_append_new(margins, jsonval_number((double)e->margin_per_step[i]))) die("out of host memory");
+        jsonval_append(margins, jsonval_number((double)e->margin_per_step[i]));
     json_t *m = r->record;
     jsonval_set(m, "ep", json_integer(e->N));
     jsonval_set(m, "edp", json_integer(e->dp));

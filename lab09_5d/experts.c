@@ -67,7 +67,7 @@ double grid_experts_optimizer_step(pipeline_rank *pr, grid_experts *x, comm *pip
     for (int c = 0; c < pr->v; c++)
         for (int r = 0; r < x->n_runs; r++)
             if (run_in(&x->runs[r], pr->chunk[c].begin, pr->chunk[c].end, &at, &global, &n))
-                comm_allreduce(x->runs[r].expert ? x->edp : x->replicas, value_at(pr->grads, pr->offset[c] + at), n, 0);
+                comm_allreduce(x->runs[r].expert ? x->edp : x->replicas, value_at(pr->grads, pr->offset[c] + at), n, COMM_VALUES, 0);
     trace_end(ev);
 
     ev = trace_begin("grad_norm", TRACE_COMPUTE, -1, NULL);

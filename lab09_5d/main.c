@@ -29,6 +29,7 @@
  * layers, heads, positions and experts, on which host); the losses and
  * gradient norms, equal to `lab01_dp -n 1`; the traffic lines, one per group
  * kind beside its formula; the activations per rank beside the formula. */
+#include "experts_metrics.h"
 #include "report.h"
 #include "mesh.h"
 #include "schedule.h"

@@ -100,9 +100,9 @@ static void adam(void *vctx) {
 typedef struct { comm *c; float *buf; long n; int kind; } link_run; /* kind 0: ping-pong, 1: all-reduce */
 static void link_op(void *vctx) {
     link_run *l = vctx;
-    if (l->kind == 1) { comm_allreduce(l->c, l->buf, l->n, 0); return; }
-    if (l->c->rank == 0) { comm_send(l->c, l->buf, l->n, 1); comm_recv(l->c, l->buf, l->n, 1); }
-    else { comm_recv(l->c, l->buf, l->n, 0); comm_send(l->c, l->buf, l->n, 0); }
+    if (l->kind == 1) { comm_allreduce(l->c, l->buf, l->n, COMM_VALUES, 0); return; }
+    if (l->c->rank == 0) { comm_send(l->c, l->buf, l->n, COMM_VALUES, 1); comm_recv(l->c, l->buf, l->n, COMM_VALUES, 1); }
+    else { comm_recv(l->c, l->buf, l->n, COMM_VALUES, 0); comm_send(l->c, l->buf, l->n, COMM_VALUES, 0); }
 }
 
 /* Both ranks run the same fixed number of operations (a count decided by
@@ -182,10 +182,10 @@ int calibrate_machine(const char *path, int argc, char **argv) {
         cal.adamw_ns = median_seconds(adam, &a, 5, 0.2) / (double)a.n * 1e9;
         mem_free(a.p); mem_free(a.gr); mem_free(a.m); mem_free(a.v);
         float done = 1;
-        comm_send(&world, &done, 1, 1);
+        comm_send(&world, &done, 1, COMM_FP32, 1);
     } else {
         float done;
-        comm_recv(&world, &done, 1, 0);
+        comm_recv(&world, &done, 1, COMM_FP32, 0);
     }
 
     int status = 0;

@@ -74,12 +74,12 @@ static void test_allreduce(comm *c, const char *where) {
         long n = sizes[s];
         float *b = floats(n, 0);
         for (long i = 0; i < n; i++) b[i] = val(c->rank, i);
-        comm_allreduce(c, b, n, 0);
+        comm_allreduce(c, b, n, COMM_VALUES, 0);
         for (long i = 0; i < n; i++)
             CHECK(b[i] == sum_val(c->size, i), "%s allreduce sum n=%ld: [%ld] = %g, expected %g",
                   where, n, i, b[i], sum_val(c->size, i));
         for (long i = 0; i < n; i++) b[i] = val(c->rank, i);
-        comm_allreduce(c, b, n, 1);
+        comm_allreduce(c, b, n, COMM_VALUES, 1);
         for (long i = 0; i < n; i++) {
             float e = sum_val(c->size, i) / (float)c->size;
             CHECK(fabsf(b[i] - e) <= 1e-6f * fabsf(e) + 1e-6f,
@@ -102,7 +102,7 @@ static void test_reduce_scatter(comm *c, int in_place, const char *where) {
         for (long i = 0; i < n; i++) full[i] = val(c->rank, i);
         float *own = floats(chunk, -7.0f);
         float *shard = in_place ? full + (long)c->rank * chunk : own;
-        comm_reduce_scatter(c, full, shard, n);
+        comm_reduce_scatter(c, full, shard, n, COMM_VALUES);
         long first = (long)c->rank * chunk;
         long valid = n - first < chunk ? n - first : chunk;
         for (long j = 0; j < valid; j++)
@@ -126,7 +126,7 @@ static void test_allgather(comm *c, int in_place, const char *where) {
         float *shard = in_place ? full + (long)c->rank * chunk : own;
         long first = (long)c->rank * chunk;
         for (long j = 0; j < chunk && first + j < n; j++) shard[j] = val(c->rank, first + j);
-        comm_allgather(c, shard, full, n);
+        comm_allgather(c, shard, full, n, COMM_VALUES);
         for (long i = 0; i < n; i++)
             CHECK(full[i] == val((int)(i / chunk), i),
                   "%s allgather%s n=%ld: full[%ld] = %g, expected %g", where,
@@ -147,7 +147,7 @@ static void test_broadcast(comm *c, const char *where) {
             float *b = floats(n, -1.0f);
             if (c->rank == root)
                 for (long i = 0; i < n; i++) b[i] = val(root, i);
-            comm_broadcast(c, b, n, root);
+            comm_broadcast(c, b, n, COMM_VALUES, root);
             for (long i = 0; i < n; i++)
                 CHECK(b[i] == val(root, i), "%s broadcast root %d n=%ld: [%ld] = %g, expected %g",
                       where, root, n, i, b[i], val(root, i));
@@ -195,7 +195,7 @@ static void test_alltoall(comm *c, const char *where) {
         void *send = values(n * p, 0), *recv = values(n * p, -3);
         for (int j = 0; j < p; j++)
             for (long e = 0; e < n; e++) put(send, j * n + e, a2a_val(r, j, e));
-        comm_alltoall(c, send, recv, n);
+        comm_alltoall(c, send, recv, n, COMM_VALUES);
         for (int j = 0; j < p; j++)
             for (long e = 0; e < n; e++)
                 CHECK(get(recv, j * n + e) == expect_bits(a2a_val(j, r, e)),
@@ -233,7 +233,7 @@ static void test_alltoall(comm *c, const char *where) {
         void *send = values(send_n, 0), *recv = values(recv_n, -3);
         for (int j = 0; j < p; j++)
             for (long e = 0; e < sc[j]; e++) put(send, so[j] + e, a2a_val(r, j, e));
-        comm_alltoallv(c, send, sc, with_offsets ? so : NULL, recv, rc, with_offsets ? ro : NULL);
+        comm_alltoallv(c, send, sc, with_offsets ? so : NULL, recv, rc, with_offsets ? ro : NULL, COMM_VALUES);
         for (int j = 0; j < p; j++) {
             for (long e = 0; e < rc[j]; e++)
                 CHECK(get(recv, ro[j] + e) == expect_bits(a2a_val(j, r, e)),
@@ -267,7 +267,7 @@ static void test_p2p(comm *c) {
         int dst = (r + 1) % p, src = (r - 1 + p) % p;
         float *out = floats(n, 0), *in = floats(n, -1.0f);
         for (long i = 0; i < n; i++) out[i] = val(r, i);
-        comm_sendrecv(c, out, n, dst, in, n, src);
+        comm_sendrecv(c, out, n, dst, in, n, src, COMM_VALUES);
         for (long i = 0; i < n; i++)
             CHECK(in[i] == val(src, i), "ring sendrecv n=%ld: [%ld] = %g, expected %g", n, i,
                   in[i], val(src, i));
@@ -283,7 +283,7 @@ static void test_p2p(comm *c) {
         int dst = r + 1 < p ? r + 1 : -1, src = r > 0 ? r - 1 : -1;
         float *out = floats(n, 0), *in = floats(n, -1.0f);
         for (long i = 0; i < n; i++) out[i] = val(r, i);
-        comm_sendrecv(c, out, n, dst, in, n, src);
+        comm_sendrecv(c, out, n, dst, in, n, src, COMM_VALUES);
         if (src >= 0)
             for (long i = 0; i < n; i++)
                 CHECK(in[i] == val(src, i), "chain sendrecv: [%ld] = %g, expected %g", i, in[i],
@@ -307,12 +307,12 @@ static void test_p2p(comm *c) {
                     int sender = (r % 2 == 0) == (dir == 0);
                     if (sender) {
                         for (long i = 0; i < n; i++) b[i] = val(r, i) + dir;
-                        comm_send(c, b, n, partner);
+                        comm_send(c, b, n, COMM_VALUES, partner);
                         sends++;
                         send_bytes += 4.0 * n;
                     } else {
                         for (long i = 0; i < n; i++) b[i] = -1.0f;
-                        comm_recv(c, b, n, partner);
+                        comm_recv(c, b, n, COMM_VALUES, partner);
                         for (long i = 0; i < n; i++)
                             CHECK(b[i] == val(partner, i) + dir,
                                   "send/recv n=%ld dir %d: [%ld] = %g, expected %g", n, dir, i,
@@ -349,13 +349,13 @@ static void test_nonblocking(comm *c) {
         for (long i = 0; i < n; i++) out[k][i] = val(r, i) + 0.5f * k;
     }
     comm_group_begin(c);
-    for (int k = 0; k < K; k++) comm_irecv(c, in[k], n, src, 1 + k, &recv[k]);
+    for (int k = 0; k < K; k++) comm_irecv(c, in[k], n, COMM_VALUES, src, 1 + k, &recv[k]);
     comm_group_end(c);
     float *back = floats(n, -1.0f), *forth = floats(n, 0);
     for (long i = 0; i < n; i++) forth[i] = val(r, i) - 1;
     for (int k = K - 1; k >= 0; k--) {
-        comm_isend(c, out[k], n, dst, 1 + k, &send[k]);
-        if (k == K / 2) comm_sendrecv(c, forth, n, src, back, n, dst); /* the blocking one, reversed */
+        comm_isend(c, out[k], n, COMM_VALUES, dst, 1 + k, &send[k]);
+        if (k == K / 2) comm_sendrecv(c, forth, n, src, back, n, dst, COMM_VALUES); /* the blocking one, reversed */
     }
     for (long i = 0; i < n; i++)
         CHECK(back[i] == val(dst, i) - 1, "nonblocking: the blocking exchange got [%ld] = %g", i, back[i]);
@@ -399,7 +399,7 @@ static void test_split(comm *world) {
     test_alltoall(&sub, where);
     /* The groups really are separate: a sum over the group, not the world. */
     float x = 1;
-    comm_allreduce(&sub, &x, 1, 0);
+    comm_allreduce(&sub, &x, 1, COMM_FP32, 0);
     CHECK(x == (float)expect_size, "split: group sum %g, expected %d", x, expect_size);
     comm_free(&sub);
 }
@@ -443,8 +443,8 @@ static void test_polite_wait(comm *c) {
     comm_barrier(c);
     double t0 = now_seconds();
     for (int i = 0; i < rounds && c->rank < 2; i++) {
-        if (c->rank == 0) { comm_send(c, &x, 1, 1); comm_recv(c, &x, 1, 1); }
-        else { comm_recv(c, &x, 1, 0); x += 1; comm_send(c, &x, 1, 0); }
+        if (c->rank == 0) { comm_send(c, &x, 1, COMM_FP32, 1); comm_recv(c, &x, 1, COMM_FP32, 1); }
+        else { comm_recv(c, &x, 1, COMM_FP32, 0); x += 1; comm_send(c, &x, 1, COMM_FP32, 0); }
     }
     double dt = now_seconds() - t0;
     if (c->rank == 0) {
@@ -484,7 +484,7 @@ static void test_trace(comm *c) {
         int h = trace_begin("work", TRACE_COMPUTE, step, NULL);
         sleep_s(0.005);
         trace_end(h);
-        comm_allreduce(c, buf, 64, 0);
+        comm_allreduce(c, buf, 64, COMM_VALUES, 0);
         comm_barrier(c);
         trace_step_end(step);
     }
@@ -497,7 +497,7 @@ static void test_trace(comm *c) {
     sleep_s(0.02);
     trace_end(inner);
     trace_end(outer);
-    comm_allreduce(c, buf, 64, 0);
+    comm_allreduce(c, buf, 64, COMM_VALUES, 0);
     trace_step_end(2);
     const long per_rank = 9;
 
