@@ -1,6 +1,6 @@
 # A cluster on one machine (tests/test_cluster.py): every lab's --dry-run against
 # a real run of the same flags, and the per-host lines and lab06's placement
-# warnings on hosts that lab06_3d/fake_hosts.c pretends (its library is built in
+# warnings on hosts that tests/fake_hosts.c pretends (its library is built in
 # lab06.cmake).
 # cluster_hydra: hosts placed by MPICH's own launcher (hydra's fork launcher, one
 # proxy per host name, all on this machine); skipped where mpiexec is not hydra

@@ -1,4 +1,4 @@
-/* A test helper, not part of the lab: a machine with several hosts, pretended.
+/* A test helper, not part of any lab: a machine with several hosts, pretended.
  * Preloaded into a lab (LD_PRELOAD), it makes MPI_Get_processor_name report
  * "hostA" for ranks [0, k), "hostB" for [k, 2k), ... with k taken from
  * PL_FAKE_RANKS_PER_HOST, and MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) group

@@ -5,7 +5,7 @@ endforeach()
 # MPI_Get_processor_name report hosts of PL_FAKE_RANKS_PER_HOST ranks each, so
 # the grid test sees the map of two hosts and the warning for a TP group that
 # spans hosts.
-add_library(lab06_fake_hosts SHARED ${CMAKE_SOURCE_DIR}/lab06_3d/fake_hosts.c)
+add_library(lab06_fake_hosts SHARED ${CMAKE_CURRENT_SOURCE_DIR}/fake_hosts.c)
 target_link_libraries(lab06_fake_hosts PRIVATE MPI::MPI_C)
 set_property(TEST lab06_grid APPEND PROPERTY ENVIRONMENT "FAKE_HOSTS_LIB=$<TARGET_FILE:lab06_fake_hosts>")
 add_lab_test(gpu_lab06_cuda test_lab06.py cuda)

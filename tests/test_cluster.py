@@ -9,7 +9,7 @@ dry_run  every lab's --dry-run exits 0 in under 5 s, creates no --out folder and
          predicts it), its traffic per kind equals the communicator's count, and
          its formula lines (communication, bubble) equal the ones that run's
          summary printed beside its measurements.
-hosts    with the hosts that lab06_3d/fake_hosts.c pretends (FAKE_HOSTS_LIB,
+hosts    with the hosts that tests/fake_hosts.c pretends (FAKE_HOSTS_LIB,
          preloaded; PL_FAKE_RANKS_PER_HOST consecutive ranks a host): every lab
          prints one line per host on 2 and on 4 hosts, none on one host; lab06's
          two placement warnings appear exactly when the layout earns them, each

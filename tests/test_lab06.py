@@ -323,7 +323,7 @@ def zero1():
 
 def run_on_fake_hosts(ranks_per_host, args):
     """lab06 on 8 ranks that MPI_Get_processor_name places on hosts of
-    ranks_per_host consecutive ranks (lab06_3d/fake_hosts.c, preloaded)."""
+    ranks_per_host consecutive ranks (tests/fake_hosts.c, preloaded)."""
     out = tempfile.mkdtemp(prefix="pl-test-")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     # In the sanitizer build the preloaded library comes before ASan's runtime,
