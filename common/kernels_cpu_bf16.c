@@ -1022,9 +1022,9 @@ const value_kernels kernels_bf16_cpu = {
     .matmul_backward_weight = matmul_backward_weight_bf16,
     .layernorm_backward_input = layernorm_backward_input_bf16,
     .layernorm_backward_weight = layernorm_backward_weight_bf16,
-    .to_values = to_values_bf16,
-    .to_floats = to_floats_bf16,
     .attention_block_forward = attention_block_forward_bf16,
     .attention_block_backward = attention_block_backward_bf16,
     .attention_merge = attention_merge_bf16,
+    .to_values = to_values_bf16,
+    .to_floats = to_floats_bf16,
 };

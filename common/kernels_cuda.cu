@@ -1307,11 +1307,11 @@ extern "C" const value_kernels kernels_bf16_cuda = {
     .matmul_backward_weight = b_matmul_backward_weight,
     .layernorm_backward_input = b_layernorm_backward_input,
     .layernorm_backward_weight = b_layernorm_backward_weight,
-    .to_values = cuda_to_bf16,
-    .to_floats = cuda_to_float,
     .attention_block_forward = b_attention_block_forward,
     .attention_block_backward = b_attention_block_backward,
     .attention_merge = b_attention_merge,
+    .to_values = cuda_to_bf16,
+    .to_floats = cuda_to_float,
 };
 
 /* ---- fixed scratch ------------------------------------------------------------ */
