@@ -319,6 +319,14 @@ static int read_checkpoint(const char *path, const gpt_config *cfg, double bias_
                  "must match)", experts, cfg->experts);
             goto out;
         }
+        /* fine-grained experts: their width is a shape too (absent: the dense MLP's, 0) */
+        const long width = meta(metadata, "expert_width") ? meta_long(metadata, "expert_width", &ok) : 0;
+        if (!ok) { fail(err, errlen, path, "__metadata__ has no valid \"expert_width\""); goto out; }
+        if (width != cfg->expert_width) {
+            fail(err, errlen, path, "the checkpoint has --expert-width %ld, the flags say --expert-width %d (the "
+                 "model shapes must match)", width, cfg->expert_width);
+            goto out;
+        }
         describe_routing_change(metadata, cfg, bias_speed, out->routing_changed, sizeof out->routing_changed);
     } else {
         out->routing_changed[0] = 0;
@@ -512,6 +520,7 @@ static char *make_header(const run_ctx *ctx, int step, const tensor_table *tt, c
     /* the experts: their number is part of the shape, the routing is said on a resume that changes it */
     META("experts", "%d", ctx->model.experts);
     META("top_k", "%d", ctx->model.top_k);
+    if (ctx->model.experts > 0 && ctx->model.expert_width > 0) META("expert_width", "%d", ctx->model.expert_width);
     META("capacity_factor", "%.15g", ctx->model.capacity_factor);
     jsonval_set(m, "capacity_scope", jsonval_text(ctx->model.capacity_per_rank ? "rank" : "sequence"));
     META("aux_loss_coef", "%g", ctx->model.aux_coef);

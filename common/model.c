@@ -34,11 +34,11 @@ void gpt_layout_init(gpt_layout *g, const gpt_config *cfg) {
     place(&g->layer[LAYER_ATTPROJ_B], "attn.c_proj.bias", &off, C, 1, 0);
     place(&g->layer[LAYER_LN2_W], "ln_2.weight", &off, C, 1, 0);
     place(&g->layer[LAYER_LN2_B], "ln_2.bias", &off, C, 1, 0);
-    /* experts: E MLPs stacked by rows, each one contiguous, and the router */
-    long E = cfg->experts > 0 ? cfg->experts : 1;
-    place(&g->layer[LAYER_FC_W], "mlp.c_fc.weight", &off, E * 4 * C, C, 1);
-    place(&g->layer[LAYER_FC_B], "mlp.c_fc.bias", &off, E * 4 * C, 1, 0);
-    place(&g->layer[LAYER_FCPROJ_W], "mlp.c_proj.weight", &off, E * C, 4 * C, 1);
+    /* experts: E MLPs of M hidden units stacked by rows, each one contiguous, and the router */
+    long E = cfg->experts > 0 ? cfg->experts : 1, M = gpt_mlp_width(cfg);
+    place(&g->layer[LAYER_FC_W], "mlp.c_fc.weight", &off, E * M, C, 1);
+    place(&g->layer[LAYER_FC_B], "mlp.c_fc.bias", &off, E * M, 1, 0);
+    place(&g->layer[LAYER_FCPROJ_W], "mlp.c_proj.weight", &off, E * C, M, 1);
     place(&g->layer[LAYER_FCPROJ_B], "mlp.c_proj.bias", &off, E * C, 1, 0);
     g->layer_size = place(&g->layer[LAYER_ROUTER_W], "mlp.router.weight", &off, cfg->experts > 0 ? cfg->experts : 0,
                           C, 1);
@@ -160,7 +160,7 @@ typedef struct { long heads, attn, mlp, parts, part, att_row; } layer_widths;
 
 static layer_widths full_widths(const gpt_layout *g) {
     long slots_per_position = g->cfg.experts > 0 ? g->cfg.top_k : 1; /* experts: fch holds k N slots */
-    return (layer_widths){g->cfg.heads, g->cfg.d_model, 4L * g->cfg.d_model * slots_per_position, 1, 0, g->cfg.seq};
+    return (layer_widths){g->cfg.heads, g->cfg.d_model, gpt_mlp_width(&g->cfg) * slots_per_position, 1, 0, g->cfg.seq};
 }
 
 static layer_widths part_widths(const gpt_layout *g, const gpt_part *p) {
@@ -318,7 +318,10 @@ static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, lay
     s->datty = carve(block, &used, N * w.attn, VALUES);
     s->datt = carve(block, &used, (long)B * w.heads * T * w.att_row, VALUES);
     s->dfch = carve(block, &used, N * w.mlp, VALUES);
-    s->dfch_gelu = carve(block, &used, N * w.mlp, VALUES);
+    /* experts: after the fc-proj backward the slots' input gradients [k N, C] go here (moe.h), which
+     * need more room than the k N slots' dGELU when an expert is narrower than C (--expert-width) */
+    const long slot_rows = g->cfg.experts > 0 ? g->cfg.top_k : 0;
+    s->dfch_gelu = carve(block, &used, N * (w.mlp > slot_rows * C ? w.mlp : slot_rows * C), VALUES);
     s->dlogits = carve(block, &used, Ns * V, VALUES);
     int split = w.parts > 1;
     s->seq_full = split ? carve(block, &used, N * C, VALUES) : NULL;
@@ -911,11 +914,16 @@ double gpt_mean_loss(const gpt_layout *g, const gpt_acts *a) {
     return sum / (double)n + moe_aux_loss(g, a);
 }
 
+long gpt_mlp_width(const gpt_config *c) {
+    return c->experts > 0 && c->expert_width > 0 ? c->expert_width : 4L * c->d_model;
+}
+
 double gpt_flops_per_token(const gpt_layout *g) {
     double L = g->cfg.layers, T = g->cfg.seq, C = g->cfg.d_model;
     /* the embeddings are lookups, not matmuls: leave wte and wpe out; with
-     * experts a token runs k of the E experts' MLPs (8 C^2 + 5 C each) */
+     * experts a token runs k of the E experts' MLPs (2 C M + M + C each, M hidden units) */
+    const double M = (double)gpt_mlp_width(&g->cfg);
     double matmul_params = (double)(g->total - g->embed_size);
-    if (g->cfg.experts > 0) matmul_params -= L * (g->cfg.experts - g->cfg.top_k) * (8.0 * C * C + 5.0 * C);
+    if (g->cfg.experts > 0) matmul_params -= L * (g->cfg.experts - g->cfg.top_k) * (2.0 * C * M + M + C);
     return 6.0 * matmul_params + 12.0 * L * T * C;
 }

@@ -46,6 +46,9 @@ typedef struct gpt_config {
      * token, capacity_factor > 0 dropping what overflows ceil(k T F / E) slots
      * per expert and sequence, aux_coef weighting Switch's load-balancing loss */
     int experts, top_k;
+    /* a routed expert's hidden width (--expert-width; 0: the dense MLP's 4C):
+     * fine-grained experts, narrower and more of them (DeepSeek-MoE) */
+    int expert_width;
     /* the flag's value as a double: moe_capacity's ceiling must see the decimal
      * the user wrote (0.1 as a float is 0.100000001, and ceil(1.0000000149) = 2) */
     double capacity_factor;
@@ -63,6 +66,9 @@ typedef struct gpt_config {
      * E/G consecutive ones, each token's from at most route_max_groups of them */
     int route_groups, route_max_groups;
 } gpt_config;
+
+/* The hidden width of a layer's MLP: 4C dense, or each routed expert's (expert_width when set) */
+long gpt_mlp_width(const gpt_config *c);
 
 /* The tensors inside one layer block, in order. */
 enum {

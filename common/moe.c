@@ -250,18 +250,19 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     free(allowed);
 }
 
-/* expert e's four tensors inside a layer block: fc holds 4C rows of each
- * expert, fc-proj C (from the shapes, not from E: a block may hold only some
- * of the experts, lab08's); NULL where the pass has no such block (W has no
- * parameters, B writes no gradients) */
+/* expert e's four tensors inside a layer block: fc holds M rows of each
+ * expert (its hidden units: fc-proj's columns), fc-proj C (from the shapes,
+ * not from E: a block may hold only some of the experts, lab08's); NULL where
+ * the pass has no such block (W has no parameters, B writes no gradients) */
 static void *expert_tensor(const tensor_info *t, const void *lp, int which, int e) {
-    const long C = t[LAYER_FC_W].cols, rows = which == LAYER_FC_W || which == LAYER_FC_B ? 4 * C : C;
+    const long C = t[LAYER_FC_W].cols, M = t[LAYER_FCPROJ_W].cols;
+    const long rows = which == LAYER_FC_W || which == LAYER_FC_B ? M : C;
     return lp ? value_at(lp, t[which].offset + (long)e * rows * t[which].cols) : NULL;
 }
 
 void moe_experts_forward(const tensor_info *t, const void *lp, int e0, int n, const int *count, const int *first,
                          const void *xs, void *fch, void *gelu, void *ys) {
-    const int C = (int)t[LAYER_FC_W].cols, M = 4 * C;
+    const int C = (int)t[LAYER_FC_W].cols, M = (int)t[LAYER_FCPROJ_W].cols;
     for (int e = e0; e < e0 + n; e++) {
         if (!count[e]) continue;
         long at = first[e];
@@ -285,7 +286,7 @@ static void matmul_backward_pass(gpt_pass pass, void *dinp, void *dw, void *db, 
 void moe_experts_backward(gpt_pass pass, const tensor_info *t, const void *lp, void *gp, int e0, int n,
                           const int *count, const int *first, const void *xs, const void *fch, const void *gelu,
                           const void *dys, void *dfch, void *dgelu, void **dxs) {
-    const int C = (int)t[LAYER_FC_W].cols, M = 4 * C, input = pass != GPT_PASS_WEIGHT;
+    const int C = (int)t[LAYER_FC_W].cols, M = (int)t[LAYER_FCPROJ_W].cols, input = pass != GPT_PASS_WEIGHT;
     const size_t vb = value_bytes();
     long slots = 0;
     for (int e = e0; e < e0 + n; e++) slots += count[e];

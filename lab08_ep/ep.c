@@ -55,10 +55,10 @@ static void *regrow(void *old, long rows, long width, mem_category cat) {
 
 static void layer_reserve(ep_hooks *e, ep_layer *ly, long rows) {
     if (ly->xr && rows <= ly->rows_cap) return; /* allocated once even when no row comes */
-    const long C = e->hooks.cfg->d_model;
+    const long C = e->hooks.cfg->d_model, M = gpt_mlp_width(e->hooks.cfg);
     ly->xr = regrow(ly->xr, rows, C, MEM_ACTS);
-    ly->fch = regrow(ly->fch, rows, 4 * C, MEM_ACTS);
-    ly->gelu = regrow(ly->gelu, rows, 4 * C, MEM_ACTS);
+    ly->fch = regrow(ly->fch, rows, M, MEM_ACTS);
+    ly->gelu = regrow(ly->gelu, rows, M, MEM_ACTS);
     ly->yr = regrow(ly->yr, rows, C, MEM_ACTS);
     ly->rows_cap = rows;
 }
@@ -71,10 +71,10 @@ static void stage_reserve(ep_hooks *e, long rows) {
 
 static void scratch_reserve(ep_hooks *e, long rows) {
     if (e->dyr && rows <= e->scratch_cap) return;
-    const long C = e->hooks.cfg->d_model;
+    const long C = e->hooks.cfg->d_model, M = gpt_mlp_width(e->hooks.cfg);
     e->dyr = regrow(e->dyr, rows, C, MEM_WORKSPACE);
-    e->dfch = regrow(e->dfch, rows, 4 * C, MEM_WORKSPACE);
-    e->dgelu = regrow(e->dgelu, rows, 4 * C, MEM_WORKSPACE);
+    e->dfch = regrow(e->dfch, rows, M, MEM_WORKSPACE);
+    e->dgelu = regrow(e->dgelu, rows, M > C ? M : C, MEM_WORKSPACE); /* then the rows' input gradients, C wide */
     e->scratch_cap = rows;
 }
 

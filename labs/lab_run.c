@@ -11,6 +11,7 @@ th_model lab_theory_model(const gpt_config *c) {
     th_model m = th_course_model(c->vocab, c->seq, c->layers, c->d_model, c->heads);
     m.experts = c->experts > 0 ? c->experts : 0;
     m.top_k = c->experts > 0 ? c->top_k : 0;
+    m.ffn_expert = c->experts > 0 && c->expert_width > 0 ? c->expert_width : 0; /* 0: the dense MLP's ffn */
     return m;
 }
 

@@ -23,12 +23,12 @@ ROUTING = {"k2": ["--top-k", "2"], "k1": ["--top-k", "1"],
            "k2-drop": ["--top-k", "2", "--capacity-factor", "1.0"], "k1-drop": ["--top-k", "1", "--capacity-factor", "1.0"]}
 
 
-def params_per_rank(E, N):
+def params_per_rank(E, N, M=4 * C):
     """Elements a rank holds, derived here: embeddings, head, per layer the
-    LayerNorms, attention and router whole, and E/N experts' MLPs."""
+    LayerNorms, attention and router whole, and E/N experts' MLPs of M hidden units."""
     V = 256
     attention = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C
-    expert = 4 * C * C + 4 * C + 4 * C * C + C
+    expert = C * M + M + M * C + C
     return V * C + T * C + L * (attention + E * C + E // N * expert) + 2 * C + V * C
 
 
@@ -374,7 +374,53 @@ def deepseek():
               "bias" in said, f"resume with {other}: status {p.returncode}, {said[-300:]}")
 
 
+def fine_grained():
+    """--expert-width: DeepSeek-MoE's fine-grained experts, here 8 experts of C/2 units (an eighth of
+    the dense MLP's 4C, narrower than d_model as DeepSeek-V3's are) and 6 of 3C/2 on 3 ranks: every
+    layout trains as lab01 -n 1 with the same
+    flags (losses and norms within 1e-5, the same drops and loads every step), the experts' tensors
+    and the activations as wide (allocator = theory.h), and a checkpoint refuses another width."""
+    import tempfile
+    steps = [a if a != "20" else "10" for a in ARGS]
+    for E, M, k, cases in ((8, C // 2, 2, [(LAB, 2, ["--ep", "2"]), (LAB, 4, ["--ep", "4"]), (LAB, 4, ["--ep", "2"]),
+                                      ("lab02_zero", 2, ["--zero-stage", "3"]),
+                                      ("lab04_1f1b", 2, ["--micro-batches", "2", "--schedule", "zb-h1"])]),
+                           (6, 3 * C // 2, 1, [(LAB, 3, ["--ep", "3"])])):
+        extra = ["--experts", str(E), "--expert-width", str(M), "--top-k", str(k), "--capacity-factor", "1.0"]
+        ref, _, _ = run("lab01_dp", 1, steps + extra)
+        check(ref["params"] == params_per_rank(E, 1, M), f"E={E} M={M}: lab01 has {ref['params']} parameters, "
+              f"derived {params_per_rank(E, 1, M)}")
+        check(ref["config"]["expert_width"] == M, f"the record's config: {ref['config']}")
+        check(sum(ref["dropped_per_step"]) > 0, f"E={E} M={M}: F = 1.0 should drop some choices")
+        for lab, n, more in cases:
+            rec, _, _ = run(lab, n, steps + extra + more)
+            name = f"{lab} -n {n} {' '.join(more)} E={E} M={M}"
+            compare_runs(f"{name} vs lab01 -n 1", rec, ref, 1e-5)
+            for key in ("dropped_per_step", "expert_choices_last_step"):
+                check(rec[key] == ref[key], f"{name}: {key} {rec[key]} != lab01's {ref[key]}")
+            measured, formula = rec["mem_peak_bytes_per_rank"]["acts"], rec["acts_peak_bytes_formula_per_rank"]
+            check(measured == formula, f"{name}: activations measured {measured} != theory.h {formula}")
+            if lab == LAB:
+                want = params_per_rank(E, more and int(more[1]) or n, M) * 4
+                check(rec["mem_peak_bytes_per_rank"]["params"] == [want] * n,
+                      f"{name}: parameter bytes per rank {rec['mem_peak_bytes_per_rank']['params']} != {want}")
+        print(f"E={E} experts of {M} units (dense {4 * C}), top-{k}: {len(cases)} layouts = lab01 -n 1, "
+              f"{sum(ref['dropped_per_step']):.0f} drops")
+    # the width is a shape: a checkpoint of one refuses another, in one line naming the flag
+    ck = os.path.join(tempfile.mkdtemp(prefix="pl-l8fg-"), "ck.safetensors")
+    short = [a if a != "10" else "2" for a in steps] + ["--experts", "4"]
+    run("lab01_dp", 1, short + ["--expert-width", str(C), "--save", ck])
+    _, p, _ = run(LAB, 2, short + ["--expert-width", str(2 * C), "--resume", ck], check=False)
+    said = p.stdout + p.stderr
+    check(p.returncode == 2 and f"the checkpoint has --expert-width {C}, the flags say --expert-width {2 * C}" in said,
+          f"resume with another width: status {p.returncode}, {said[-300:]}")
+    _, p, _ = run(LAB, 2, short + ["--resume", ck], check=False)
+    check(p.returncode == 2 and "--expert-width 0" in p.stdout + p.stderr, "resume at the dense width: not refused")
+    print("a checkpoint of another --expert-width is refused in one line")
+
+
 if __name__ == "__main__":
     {"equivalence": equivalence, "sweep": sweep_all, "precision": precision, "resume": resume, "dry_run": dry_run,
-     "capacity_scope": capacity_scope, "capacity_limits": capacity_limits, "margin": margin, "deepseek": deepseek}[sys.argv[1]]()
+     "capacity_scope": capacity_scope, "capacity_limits": capacity_limits, "margin": margin, "deepseek": deepseek,
+     "fine_grained": fine_grained}[sys.argv[1]]()
     print("passed")

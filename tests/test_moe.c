@@ -440,6 +440,30 @@ int main(void) {
     c.router_sigmoid = 1;
     c.route_groups = 2, c.route_max_groups = 1; /* both choices in one group of two */
     gradcheck("sigmoid top-2, node-limited: 2 groups, at most 1", c, 0);
+    /* --expert-width: fine-grained experts narrower than the dense MLP's 4C = 32 units (3: narrower
+     * than C too, where the slots' input gradients need more room than their dGELU) and wider, the
+     * layout's expert tensors and the layer's slots as wide. Each width draws other parameters and so
+     * other near-ties: at 6 and 24 units a step of h crosses the routing for 124 and 239 parameters
+     * (more than P/50), at 3 for 6, at 10 for none and at 40 for 28 of 6536 */
+    static const int widths[] = {3, 10, 40};
+    for (int wi = 0; wi < 3; wi++) {
+        const int width = widths[wi];
+        c = base;
+        c.expert_width = width;
+        gpt_layout gw;
+        gpt_layout_init(&gw, &c);
+        const long per_expert = 2 * C * width + width + C;
+        CHECK(gw.layer_size == ge.layer_size - base.experts * (mlp - per_expert) &&
+                  gw.layer[LAYER_FCPROJ_W].cols == width && gw.layer[LAYER_FC_W].rows == base.experts * width,
+              "--expert-width %d: layer size %ld, expected %ld", width, gw.layer_size,
+              ge.layer_size - base.experts * (mlp - per_expert));
+        char name[64];
+        snprintf(name, sizeof name, "top-2, experts %d units wide", width);
+        gradcheck(name, c, 0);
+        c.capacity_factor = 1.0f;
+        snprintf(name, sizeof name, "top-2, experts %d units wide, capacity factor 1", width);
+        gradcheck(name, c, 1);
+    }
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("moe tests passed\n");
     return 0;

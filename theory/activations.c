@@ -1,6 +1,7 @@
 /* Activation bytes (theory.h): the course's exact layout, and the published
  * 16-bit forms. */
 #include "theory.h"
+#include <math.h>
 
 /* common/model.c's carve(): every piece starts 64-byte aligned (th_pad64).
  * Pieces of the model's values take the precision's bytes (4 or 2:
@@ -16,9 +17,9 @@ static int course_runs(const th_model *m, const th_opts *o) {
            m->heads % t == 0 && m->d_model % m->heads == 0 && (!o->sequence_parallel || m->seq % t == 0) &&
            (o->recompute == RECOMPUTE_NONE || o->recompute == RECOMPUTE_SELECTIVE ||
             o->recompute == RECOMPUTE_FULL) &&
-           /* experts as common/moe.c runs them: every layer's MLP E MLPs of the dense shape, k of them a token */
-           (m->experts <= 0 || (m->top_k >= 1 && m->top_k <= m->experts && !m->ffn_expert && !m->shared_experts &&
-                                !m->dense_layers));
+           /* experts as common/moe.c runs them: every layer's MLP E MLPs (ffn_expert hidden units, or the
+            * dense ffn), k of them a token */
+           (m->experts <= 0 || (m->top_k >= 1 && m->top_k <= m->experts && !m->shared_experts && !m->dense_layers));
 }
 
 /* A TP rank's widths inside a layer (heads, attention columns, MLP units), the
@@ -30,9 +31,10 @@ typedef struct { double heads, attn, mlp, B, T, C, V, N, Ns, v; } widths;
 static widths local_widths(const th_model *m, const th_opts *o, long rows) {
     long t = o->tp > 0 ? o->tp : 1, heads = m->heads / t;
     double N = (double)rows * m->seq;
-    /* experts: fch and GELU hold the k N slots' rows (common/model.c's full_widths) */
+    /* experts: fch and GELU hold the k N slots' rows of an expert's width (common/model.c's full_widths) */
     const double slots_per_position = m->experts > 0 ? (double)m->top_k : 1;
-    return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), (double)(m->ffn / t) * slots_per_position,
+    const double mlp = m->experts > 0 ? th_expert_width(m) : (double)(m->ffn / t);
+    return (widths){(double)heads, (double)(heads * (m->d_model / m->heads)), mlp * slots_per_position,
                     (double)rows, (double)m->seq, (double)m->d_model, (double)m->vocab, N,
                     o->sequence_parallel ? N / (double)t : N, th_param_bytes(o->precision)};
 }
@@ -95,7 +97,9 @@ double th_course_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
     const widths w = local_widths(m, o, rows);
     const layer_pieces p = pieces_of(&w);
     double bytes = vals(&w, w.Ns * w.C) /* dres */ + vals(&w, w.N * w.C) /* dln */ + vals(&w, w.N * 3 * w.attn) +
-                   vals(&w, w.N * w.attn) + vals(&w, w.B * w.heads * w.T * w.T) + 2 * vals(&w, w.N * w.mlp) +
+                   vals(&w, w.B * w.heads * w.T * w.T) + vals(&w, w.N * w.attn) + vals(&w, w.N * w.mlp) /* dfch */ +
+                   /* dGELU; experts: then the slots' input gradients, k N x C (common/moe.c) */
+                   vals(&w, w.N * fmax(w.mlp, m->experts > 0 ? (double)m->top_k * w.C : 0)) +
                    vals(&w, w.Ns * w.V) /* dlogits */;
     if (o->sequence_parallel && o->tp > 1) bytes += 2 * vals(&w, w.N * w.C) + vals(&w, w.Ns * w.C); /* staging */
     if (m->experts > 0) bytes += th_moe_scratch_bytes(m, w.B, w.v); /* the slots' dys, the router's backward */
@@ -144,7 +148,7 @@ static double published_layer(const th_model *m, const th_opts *o, long b, int m
     const double attention = sbh * (4 + 4 * kv);
     double mlp = s * B * (double)m->ffn * (m->gated_mlp ? 6 : 4);
     if (moe) { /* k routed + shared experts' MLPs, the k dispatched inputs, the router's probabilities */
-        const double Fe = (double)(m->ffn_expert > 0 ? m->ffn_expert : m->ffn);
+        const double Fe = th_expert_width(m);
         const double runs = (double)(m->top_k + m->shared_experts);
         mlp = s * B * (runs * Fe * (m->gated_mlp ? 6 : 4) + 2.0 * (double)m->top_k * h + 4.0 * (double)m->experts);
     }

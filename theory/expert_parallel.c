@@ -26,14 +26,14 @@ double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, in
  * rows each; lab08's layers leave them empty (the experts' hidden rows are
  * the received rows' buffers). */
 static double slot_hidden_bytes(const th_model *m, long rows, double v) {
-    return 2 * th_pad64(v * (double)rows * (double)m->seq * (double)m->top_k * (double)m->ffn);
+    return 2 * th_pad64(v * (double)rows * (double)m->seq * (double)m->top_k * th_expert_width(m));
 }
 
 /* th_ep_acts_bytes with received[l] = uniform for every layer when received is NULL */
 static double ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received, double uniform) {
     const double lab01 = th_course_acts_bytes(m, o, 0, (int)m->layers, rows); /* with the router state, stats */
     if (lab01 < 0 || m->experts <= 0) return -1;
-    const double v = th_param_bytes(o->precision), L = (double)m->layers, row = (2 * (double)m->d_model + 2 * (double)m->ffn) * v;
+    const double v = th_param_bytes(o->precision), L = (double)m->layers, row = (2 * (double)m->d_model + 2 * th_expert_width(m)) * v;
     double bytes = lab01;
     if (o->recompute != RECOMPUTE_FULL) bytes -= L * slot_hidden_bytes(m, rows, v);
     if (!received) return bytes + L * fmax(uniform, 1) * row;
@@ -60,7 +60,7 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
     th_opts held = o;
     held.ep = N;
     const double v = th_param_bytes(o.precision), L = (double)m->layers, C = (double)m->d_model;
-    const double k = (double)m->top_k, F = (double)m->ffn;
+    const double k = (double)m->top_k, F = th_expert_width(m); /* an expert's hidden units */
     const long rows = r->batch / r->ranks;
     const double Npos = (double)rows * (double)m->seq;
     const double psi = th_stage_params(m, &held, 0, (int)m->layers);
@@ -73,7 +73,7 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
      * layer's router state and statistics) with the layer's MLP pieces empty (dfch, dGELU; under full the
      * recomputed layer's fch, GELU too), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */
     double workspace = th_course_scratch_bytes(m, &o, rows) - slot_hidden_bytes(m, rows, v) +
-                       fmax(received, 1) * (C + 2 * F) * v;
+                       fmax(received, 1) * (C + F + fmax(F, C)) * v; /* dGELU, then the rows' input gradients */
     if (r->recompute == RECOMPUTE_FULL) workspace -= slot_hidden_bytes(m, rows, v);
     const double stage = fmax(fmax(received, k * Npos), 1) * C * v; /* sent and received rows, by rank */
     const th_states s = th_model_states(psi, &o, 0, 1);

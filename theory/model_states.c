@@ -45,7 +45,7 @@ th_params th_param_counts(const th_model *m) {
     p.dense_layer = p.layer;
     p.dense_layer_sharded = p.layer_sharded;
     if (m->experts > 0) { /* E MLPs and the router E x C, of which a token runs k MLPs and the router */
-        const double Fe = m->ffn_expert > 0 ? (double)m->ffn_expert : F;
+        const double Fe = th_expert_width(m);
         const double mlp_e_in = (m->gated_mlp ? 2 : 1) * (C * Fe + b * Fe);
         const double mlp_dense = mlp_in + F * C + b * C, mlp = mlp_e_in + Fe * C + b * C;
         const double E = (double)m->experts, router = E * C, shared = (double)m->shared_experts * mlp;
@@ -98,6 +98,8 @@ double th_stage_params(const th_model *m, const th_opts *o, int lo, int hi) {
     }
     return n;
 }
+
+double th_expert_width(const th_model *m) { return (double)(m->ffn_expert > 0 ? m->ffn_expert : m->ffn); }
 
 double th_flops_per_token(const th_model *m) {
     const th_params p = th_param_counts(m);

@@ -57,10 +57,10 @@ typedef struct th_model {
     int tied_head;         /* the head reuses the token embedding (GPT-3, BLOOM) */
     long experts, top_k;   /* mixture of experts: every MLP is `experts` MLPs and a router
                             * [experts, d_model] sending each token to top_k; 0: dense */
-    /* DeepSeek's fine-grained MoE (plan3d's presets; the labs leave these 0):
-     * each routed expert ffn_expert wide (0: ffn), shared_experts more of that
-     * width that every token runs, and the first dense_layers layers keep a
-     * dense MLP ffn wide. */
+    /* DeepSeek's fine-grained MoE: each routed expert ffn_expert wide (0: ffn;
+     * the labs' --expert-width), shared_experts more of that width that every
+     * token runs, and the first dense_layers layers keep a dense MLP ffn wide
+     * (plan3d's presets; the labs leave these two 0). */
     long ffn_expert, shared_experts, dense_layers;
     /* dropout in the layers (GPT, Megatron's GPT, BLOOM as plan3d's presets
      * take them): its masks are among the published activations (Korthikanti
@@ -68,6 +68,9 @@ typedef struct th_model {
      * Mixtral, DeepSeek-V3), as the course's exact formulas assume */
     int dropout;
 } th_model;
+
+/* A routed expert's hidden units: ffn_expert, or ffn when 0. */
+double th_expert_width(const th_model *m);
 
 /* The course's model: vocab 256, wpe, biases, 4C MLP, untied head. */
 th_model th_course_model(long vocab, long seq, long layers, long d_model, long heads);
