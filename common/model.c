@@ -319,9 +319,10 @@ static long lay_out_scratch(gpt_grad_scratch *s, const gpt_layout *g, int B, lay
     s->datt = carve(block, &used, (long)B * w.heads * T * w.att_row, VALUES);
     s->dfch = carve(block, &used, N * w.mlp, VALUES);
     /* experts: after the fc-proj backward the slots' input gradients [k N, C] go here (moe.h), which
-     * need more room than the k N slots' dGELU when an expert is narrower than C (--expert-width) */
-    const long slot_rows = g->cfg.experts > 0 ? g->cfg.top_k : 0;
-    s->dfch_gelu = carve(block, &used, N * (w.mlp > slot_rows * C ? w.mlp : slot_rows * C), VALUES);
+     * need more room than the k N slots' dGELU when an expert is narrower than C (--expert-width); a
+     * part without the MLP's units (lab08's layers, whose hook keeps its own) has neither */
+    const long slots_width = g->cfg.experts > 0 && w.mlp > 0 ? (long)g->cfg.top_k * C : 0;
+    s->dfch_gelu = carve(block, &used, N * (w.mlp > slots_width ? w.mlp : slots_width), VALUES);
     s->dlogits = carve(block, &used, Ns * V, VALUES);
     int split = w.parts > 1;
     s->seq_full = split ? carve(block, &used, N * C, VALUES) : NULL;

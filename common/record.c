@@ -6,9 +6,9 @@
 #include "kernels.h"
 #include "kernel_times.h"
 #include "mem.h"
+#include "textbuf.h"
 #include "trace.h"
 #include <errno.h>
-#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,20 +43,6 @@ static void append_or_die(const char *path, const char *text) {
     int e = errno;
     if (fclose(f) != 0 && !bad) { bad = 1; e = errno; }
     if (bad) die("cannot write %s: %s", path, strerror(e));
-}
-
-static char *text_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *text_printf(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    char *s = malloc((size_t)n + 1);
-    if (!s) die("out of host memory");
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    return s;
 }
 
 static void sanitize(char *dst, size_t len, const char *src) {
@@ -153,8 +139,8 @@ static int gather_figures(run_ctx *ctx, const run_report *r, finish_figures *f) 
     const int R = ctx->size, rank = ctx->rank;
     *f = (finish_figures){.R = R, .steps = ctx->steps_done};
     /* the layout names the run (summary, record, trace and timeline files): --recompute is in it when not none */
-    f->run_layout = ctx->model.recompute ? text_printf("%s recompute=%s", r->layout, o->recompute)
-                                         : text_printf("%s", r->layout);
+    f->run_layout = ctx->model.recompute ? text_format("%s recompute=%s", r->layout, o->recompute)
+                                         : text_format("%s", r->layout);
 
     /* memory: every category's peak on every rank */
     double mine[NM];
@@ -190,8 +176,8 @@ static int gather_figures(run_ctx *ctx, const run_report *r, finish_figures *f) 
     MPI_Reduce(check_mine, f->check_max, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
     sanitize(f->layout, sizeof f->layout, f->run_layout);
-    f->json_path = text_printf("%s/%s_%s_trace.json", o->out, ctx->lab.name, f->layout);
-    f->csv_path = text_printf("%s/%s_%s_timeline.csv", o->out, ctx->lab.name, f->layout);
+    f->json_path = text_format("%s/%s_%s_trace.json", o->out, ctx->lab.name, f->layout);
+    f->csv_path = text_format("%s/%s_%s_timeline.csv", o->out, ctx->lab.name, f->layout);
     trace_write(MPI_COMM_WORLD, f->json_path, f->csv_path);
     if (rank != 0) return 0;
 
@@ -474,7 +460,7 @@ static void write_record(const run_ctx *ctx, const run_report *r, const finish_f
     char *line = json_dumps(rec, JSON_COMPACT);
     json_decref(rec);
     if (!line) die("out of host memory");
-    char *with_newline = text_printf("%s\n", line);
+    char *with_newline = text_format("%s\n", line);
     append_or_die(ctx->records_jsonl, with_newline);
     free(with_newline);
     free(line);
@@ -494,7 +480,7 @@ static void write_csv_row(const run_ctx *ctx, const run_report *r, const finish_
     if (r->bubble_theory >= 0)
         for (int q = 0; q < R; q++)
             if (f->fracs[3 * q + 2] > bubble_max) bubble_max = f->fracs[3 * q + 2];
-    char *row = text_printf("%s%s,%d,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.9g,%.9g,%.6g,%.6g,%.0f,%.0f,%.0f,%.0f,%.4f,%.4f\n",
+    char *row = text_format("%s%s,%d,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.9g,%.9g,%.6g,%.6g,%.0f,%.0f,%.0f,%.0f,%.4f,%.4f\n",
             fresh ? "lab,ranks,layout,device,comm,steps,batch,seq,layers,d_model,heads,first_loss,final_loss,"
                     "tokens_per_s,step_ms_median,mem_peak_total,comm_payload_bytes_per_step,"
                     "comm_ring_bytes_per_step,comm_formula_bytes_per_step,bubble_measured_max,bubble_theory\n" : "",

@@ -23,6 +23,19 @@ void textbuf_printf(textbuf *b, const char *fmt, ...) {
     }
 }
 
+char *text_format(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!s) die("out of host memory");
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
 void textbuf_json_string(textbuf *b, const char *s) {
     textbuf_printf(b, "\"");
     for (; *s; s++) {

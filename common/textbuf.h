@@ -11,6 +11,8 @@ typedef struct textbuf {
 
 /* Append printf-style text (aborts the job when out of memory). */
 void textbuf_printf(textbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A malloc'd string, printf-style (aborts the job when out of memory). */
+char *text_format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Append s as a JSON string, quotes and escapes included. */
 void textbuf_json_string(textbuf *b, const char *s);
 

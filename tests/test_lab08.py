@@ -388,6 +388,7 @@ def fine_grained():
                            (6, 3 * C // 2, 1, [(LAB, 3, ["--ep", "3"])])):
         extra = ["--experts", str(E), "--expert-width", str(M), "--top-k", str(k), "--capacity-factor", "1.0"]
         ref, _, _ = run("lab01_dp", 1, steps + extra)
+        cases = [("lab01_dp", 1, [])] + cases
         check(ref["params"] == params_per_rank(E, 1, M), f"E={E} M={M}: lab01 has {ref['params']} parameters, "
               f"derived {params_per_rank(E, 1, M)}")
         check(ref["config"]["expert_width"] == M, f"the record's config: {ref['config']}")
@@ -400,11 +401,18 @@ def fine_grained():
                 check(rec[key] == ref[key], f"{name}: {key} {rec[key]} != lab01's {ref[key]}")
             measured, formula = rec["mem_peak_bytes_per_rank"]["acts"], rec["acts_peak_bytes_formula_per_rank"]
             check(measured == formula, f"{name}: activations measured {measured} != theory.h {formula}")
+            if lab in (LAB, "lab01_dp"):  # every category as --dry-run predicts it (a capacity: exact)
+                _, dry, _ = run(lab, n, steps + extra + more + ["--dry-run"])
+                row = re.search(r"^ +0 +\d+ +\d+ +\d+ +\[[^]]*\) +((?:\d+ +){6})\d+$", dry.stdout, re.M)
+                predicted = [int(x) for x in row.group(1).split()] if row else None
+                held = [rec["mem_peak_bytes_per_rank"][k][0] for k in ("params", "grads", "optim", "acts", "comm",
+                                                                        "workspace")]
+                check(predicted == held, f"{name}: rank 0's memory {held} != --dry-run's {predicted}")
             if lab == LAB:
                 want = params_per_rank(E, more and int(more[1]) or n, M) * 4
                 check(rec["mem_peak_bytes_per_rank"]["params"] == [want] * n,
                       f"{name}: parameter bytes per rank {rec['mem_peak_bytes_per_rank']['params']} != {want}")
-        print(f"E={E} experts of {M} units (dense {4 * C}), top-{k}: {len(cases)} layouts = lab01 -n 1, "
+        print(f"E={E} experts of {M} units (dense {4 * C}), top-{k}: {len(cases) - 1} layouts = lab01 -n 1, "
               f"{sum(ref['dropped_per_step']):.0f} drops")
     # the width is a shape: a checkpoint of one refuses another, in one line naming the flag
     ck = os.path.join(tempfile.mkdtemp(prefix="pl-l8fg-"), "ck.safetensors")

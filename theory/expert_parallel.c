@@ -29,6 +29,13 @@ static double slot_hidden_bytes(const th_model *m, long rows, double v) {
     return 2 * th_pad64(v * (double)rows * (double)m->seq * (double)m->top_k * th_expert_width(m));
 }
 
+/* lab01's scratch of the k N slots (dfch, and dGELU, whose room then holds the slots' input gradients
+ * [k N, C]: th_course_scratch_bytes), which lab08's layers leave empty too */
+static double slot_scratch_bytes(const th_model *m, long rows, double v) {
+    const double slots = (double)rows * (double)m->seq * (double)m->top_k, Fe = th_expert_width(m);
+    return th_pad64(v * slots * Fe) + th_pad64(v * slots * fmax(Fe, (double)m->d_model));
+}
+
 /* th_ep_acts_bytes with received[l] = uniform for every layer when received is NULL */
 static double ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received, double uniform) {
     const double lab01 = th_course_acts_bytes(m, o, 0, (int)m->layers, rows); /* with the router state, stats */
@@ -72,7 +79,7 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
     /* lab01's backward scratch (with the router's backward, and under --recompute full the recomputed
      * layer's router state and statistics) with the layer's MLP pieces empty (dfch, dGELU; under full the
      * recomputed layer's fch, GELU too), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */
-    double workspace = th_course_scratch_bytes(m, &o, rows) - slot_hidden_bytes(m, rows, v) +
+    double workspace = th_course_scratch_bytes(m, &o, rows) - slot_scratch_bytes(m, rows, v) +
                        fmax(received, 1) * (C + F + fmax(F, C)) * v; /* dGELU, then the rows' input gradients */
     if (r->recompute == RECOMPUTE_FULL) workspace -= slot_hidden_bytes(m, rows, v);
     const double stage = fmax(fmax(received, k * Npos), 1) * C * v; /* sent and received rows, by rank */
