@@ -258,7 +258,7 @@ void gpt_embed_backward(const gpt_layout *g, void *embed_grads, gpt_acts *a, gpt
  * activation peak. */
 typedef struct layer_wgrads {
     void *dres3; /* [B,T,C] gradient of the layer's output: fc-proj's dout */
-    void *dfch;  /* [B,T,4C] fc's dout (through GELU); with experts the k N slots' */
+    void *dfch;  /* [B,T,4C] fc's dout (through GELU); with experts the k N slots' [k N, M] */
     void *dln2;  /* [B,T,C] LN2's dout */
     void *dres2; /* [B,T,C] gradient of res2: att-proj's dout */
     void *dqkv;  /* [B,T,3C] qkv's dout */

@@ -1,6 +1,7 @@
-/* Mixture of experts: the MLP of every layer becomes E experts (each the dense
- * MLP's shape: fc [4C,C] -> GELU -> fc-proj [C,4C]) and a router W_r [E,C]
- * that sends each token to k of them (--experts E, --top-k k).
+/* Mixture of experts: the MLP of every layer becomes E experts (each an MLP of
+ * M hidden units: fc [M,C] -> GELU -> fc-proj [C,M], M the dense MLP's 4C or
+ * --expert-width's, gpt_mlp_width) and a router W_r [E,C] that sends each
+ * token to k of them (--experts E, --top-k k).
  *
  * Router (fp32 in both precisions): p = softmax(ln2 W_r^T) over the E experts;
  * the k largest, ties to the lower expert index, in descending order; gates

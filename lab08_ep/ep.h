@@ -39,7 +39,7 @@ typedef struct ep_layer {
     const void *owner;            /* la->moe (NULL: not claimed) */
     int layer;                    /* la->layer */
     long rows_cap;                /* rows the four buffers hold (grown when a step needs more) */
-    void *xr, *fch, *gelu, *yr;   /* the received slots expert-major: [rows,C], [rows,4C], [rows,4C], [rows,C] */
+    void *xr, *fch, *gelu, *yr;   /* the received slots expert-major: [rows,C], [rows,M], [rows,M], [rows,C] (M: gpt_mlp_width) */
     int *recv;                    /* [N][E/N]: slots from EP rank src for local expert j */
     int *count, *first;           /* [E/N]: slots per local expert, and where they start */
 } ep_layer;
