@@ -39,23 +39,21 @@ void lab02_plan(const run_ctx *ctx, void *lab, run_report *r) {
 
 /* --dry-run: the stage's shard plan, which zero_init makes, without its buffers.
  * Its exact figures (padding included) replace predict's in the needs printed and
- * judged, so this hook hands them to lab_dry_run_exit itself. */
-void lab02_dry_run(run_ctx *ctx, void *lab, const th_run *need) {
-    const lab02 *d = lab;
+ * judged, and its traffic is the formula's. */
+void lab02_dry_run(run_ctx *ctx, void *lab, th_run *need, run_report *r) {
+    lab02 *d = lab;
     gpt_layout g;
     gpt_layout_init(&g, &ctx->model);
     shard_plan plan;
     shard_plan_init(&plan, &g, ctx->size, 0, zero_unit_elems(d->zero_stage, d->bucket_mb));
-    zero_figures fig;
-    zero_figures_of_plan(&g, &plan, d->zero_stage, &fig);
-    th_run exact = *need;
-    exact.units = plan.n_units;
-    exact.full_elems = (double)plan.full_elems;
-    exact.largest_unit_elems = (double)plan.largest_unit_elems;
-    exact.embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * ctx->size);
+    zero_figures_of_plan(&g, &plan, d->zero_stage, &d->fig); /* the formula's text lives in the lab's state */
+    need->units = plan.n_units;
+    need->full_elems = (double)plan.full_elems;
+    need->largest_unit_elems = (double)plan.largest_unit_elems;
+    need->embed_unit_elems = (double)(shard_unit_of_block(&plan, -1)->chunk * ctx->size);
     shard_plan_free(&plan);
-    lab_dry_run_exit(ctx, &exact, (run_report){.layout = d->layout, .comm_formula_bytes = fig.comm_formula,
-                                               .comm_formula = fig.comm_formula_text, .bubble_theory = -1});
+    r->comm_formula_bytes = d->fig.comm_formula;
+    r->comm_formula = d->fig.comm_formula_text;
 }
 
 /* --eval's forward (lab_heldout_loss keeps its stage-3 gathers out of the traffic counts) */

@@ -24,7 +24,7 @@ typedef struct lab02 {
 void lab02_check(run_ctx *ctx, void *lab);
 void lab02_predict(const run_ctx *ctx, void *lab, th_run *need);
 void lab02_plan(const run_ctx *ctx, void *lab, run_report *r);
-void lab02_dry_run(run_ctx *ctx, void *lab, const th_run *need);
+void lab02_dry_run(run_ctx *ctx, void *lab, th_run *need, run_report *r);
 double lab02_evaluate(run_ctx *ctx, void *lab);
 void lab02_report(run_ctx *ctx, void *lab, lab_report *r);
 void lab02_print(run_ctx *ctx, void *lab);

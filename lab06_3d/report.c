@@ -68,16 +68,14 @@ void lab06_plan(const run_ctx *ctx, void *lab, run_report *r) {
     r->bubble_theory = schedule_bubble_textbook(s->kind, p, m, s->v);
 }
 
-/* The grid map and its warnings (MPI groups only: no NCCL), then theory/predict.h's needs */
-void lab06_dry_run(run_ctx *ctx, void *lab, const th_run *need) {
+/* The grid map and its warnings (MPI groups only: no NCCL), above theory/predict.h's needs */
+void lab06_dry_run(run_ctx *ctx, void *lab, th_run *need, run_report *r) {
+    (void)need, (void)r;
     lab06 *s = lab;
     process_grid grid;
     grid_init(&grid, s->dims, COMM_MPI);
     json_decref(grid_describe(&grid, ctx->opt.layers, ctx));
     grid_free(&grid);
-    run_report r = {.comm_formula_bytes = -1, .bubble_theory = -1};
-    lab06_plan(ctx, lab, &r);
-    lab_dry_run_exit(ctx, need, r);
 }
 
 void lab06_print_grid(const run_ctx *ctx, const lab06 *s) {

@@ -33,7 +33,7 @@ void lab06_flag_defaults(int ranks, void *lab);
 void lab06_check(run_ctx *ctx, void *lab);
 void lab06_predict(const run_ctx *ctx, void *lab, th_run *need);
 void lab06_plan(const run_ctx *ctx, void *lab, run_report *r);
-void lab06_dry_run(run_ctx *ctx, void *lab, const th_run *need);
+void lab06_dry_run(run_ctx *ctx, void *lab, th_run *need, run_report *r);
 void lab06_print_grid(const run_ctx *ctx, const lab06 *s);
 double lab06_evaluate(run_ctx *ctx, void *lab);
 int lab06_verify(run_ctx *ctx, void *lab);

@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
         .info = {"lab07_cp", "context parallelism: every sequence split over the ranks of a CP group, "
                  "attention's keys and values brought by a ring or an all-gather, or the heads split by an all-to-all "
                  "(Ulysses); data parallel over the groups", flags, 3},
-        .check = lab07_check, .predict = lab07_predict, .plan = lab07_plan, .dry_run = lab07_dry_run,
+        .check = lab07_check, .predict = lab07_predict, .plan = lab07_plan, .dry_run_notes = lab07_dry_run_notes,
         .setup = setup, .start = start, .step = step, .trained = lab07_trained, .evaluate = lab07_evaluate, .report = lab07_report,
         .print = lab07_print, .done = done,
     };

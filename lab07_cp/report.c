@@ -84,13 +84,11 @@ static void print_max_seq(const th_run *run, th_cp_layout layout, double cap_mb,
     printf("\n");
 }
 
-/* theory/predict.h (lab07's part in theory/context.c): memory per category, traffic; printed here, not by
- * lab_dry_run_exit: Ulysses adds a line below the tables */
-void lab07_dry_run(run_ctx *ctx, void *lab, const th_run *need) {
+/* Below theory/predict.h's tables (lab07's part in theory/context.c): Ulysses' all-to-alls, a kind the
+ * tables do not have, and under a cap the largest --seq that fits. Rank 0. */
+void lab07_dry_run_notes(run_ctx *ctx, void *lab, const th_run *need) {
     const lab07 *c = lab;
-    if (ctx->rank != 0) return;
     const int N = c->N;
-    th_print_prediction(stdout, need, 32);
     if (c->algo == TH_CP_ULYSSES && N > 1) { /* a kind predict's tables do not have */
         const th_cp_traffic tf = layer_traffic(ctx, c);
         const double forwards = attention_forwards(ctx);

@@ -32,7 +32,7 @@ typedef struct lab07 {
 void lab07_check(run_ctx *ctx, void *lab);
 void lab07_predict(const run_ctx *ctx, void *lab, th_run *need);
 void lab07_plan(const run_ctx *ctx, void *lab, run_report *r);
-void lab07_dry_run(run_ctx *ctx, void *lab, const th_run *need);
+void lab07_dry_run_notes(run_ctx *ctx, void *lab, const th_run *need);
 /* start's header lines: the grid and the chunk map. Collective. */
 void lab07_print_layout(const run_ctx *ctx, const lab07 *c);
 void lab07_trained(run_ctx *ctx, void *lab);

@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
     const lab_def def = {
         .info = {"lab08_ep", "expert parallelism: the experts of every MoE layer spread over the ranks of an EP "
                  "group, tokens sent to them and back by all-to-all", flags, 1},
-        .check = lab08_check, .predict = lab08_predict, .plan = lab08_plan, .dry_run = lab08_dry_run,
+        .check = lab08_check, .predict = lab08_predict, .plan = lab08_plan, .dry_run_notes = lab08_dry_run_notes,
         .setup = setup, .start = start, .step = step, .evaluate = lab08_evaluate, .report = lab08_report,
         .print = lab08_print, .done = done,
     };

@@ -30,7 +30,7 @@ typedef struct lab08 {
 void lab08_check(run_ctx *ctx, void *lab);
 void lab08_predict(const run_ctx *ctx, void *lab, th_run *need);
 void lab08_plan(const run_ctx *ctx, void *lab, run_report *r);
-void lab08_dry_run(run_ctx *ctx, void *lab, const th_run *need);
+void lab08_dry_run_notes(run_ctx *ctx, void *lab, const th_run *need);
 /* start's header lines (the grid, the experts per rank, the capacity, the groups), and room for the
  * figures every step keeps (lab08_step_figures) */
 void lab08_start_figures(const run_ctx *ctx, lab08 *e);

@@ -22,8 +22,8 @@ int lab_main(int argc, char **argv, const lab_def *def, void *lab) {
     lab_report report = {.run = {.comm_formula_bytes = -1, .bubble_theory = -1}, .model_states = 1};
     if (def->plan) def->plan(&ctx, lab, &report.run);
     if (ctx.opt.dry_run) {
-        if (def->dry_run) def->dry_run(&ctx, lab, &need);
-        lab_dry_run_exit(&ctx, def->dry_run ? NULL : &need, report.run);
+        if (def->dry_run) def->dry_run(&ctx, lab, &need, &report.run);
+        lab_dry_run_exit(&ctx, &need, report.run, def->dry_run_notes, lab);
     }
     ckpt_view view;
     def->setup(&ctx, lab, &view);

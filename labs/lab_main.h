@@ -9,7 +9,9 @@
  *   predict   what the run needs by theory/ (a th_run), from the flags alone;
  *             lab_start refuses it when it cannot fit, before anything is allocated
  *   plan      the layout's name and the formulas the summary prints beside the measurement
- *   --dry-run: dry_run (or theory's prediction of the need), then exit 0
+ *   --dry-run: dry_run (the lab's lines above theory's prediction, what only it
+ *             knows exactly), theory's prediction of the need, dry_run_notes (lines
+ *             below the prediction's tables), the memory verdict, then exit 0
  *   setup     communicators, the model's shards, the checkpoint's view of them
  *             (then --resume reads into that view)
  *   start     what needs the resumed weights (bf16's rounding of them, the buffers, a header line)
@@ -49,7 +51,11 @@ typedef struct lab_def {
     void (*check)(run_ctx *ctx, void *lab); /* ctx->argc, ctx->argv: the command line */
     void (*predict)(const run_ctx *ctx, void *lab, th_run *need); /* need: lab_run_config's on entry */
     void (*plan)(const run_ctx *ctx, void *lab, run_report *r);
-    void (*dry_run)(run_ctx *ctx, void *lab, const th_run *need); /* NULL: theory's prediction of need */
+    /* --dry-run, before theory's prediction is printed: the lab's lines above it (lab06's grid map) and
+     * what the lab knows more exactly than predict did (lab02's shard plan: need's units, r's traffic) */
+    void (*dry_run)(run_ctx *ctx, void *lab, th_run *need, run_report *r);
+    /* --dry-run, rank 0, below the prediction's tables (lab07's Ulysses all-to-all, lab08's) */
+    void (*dry_run_notes)(run_ctx *ctx, void *lab, const th_run *need);
     void (*setup)(run_ctx *ctx, void *lab, ckpt_view *view);
     void (*start)(run_ctx *ctx, void *lab);
     /* i: this run's step (0 first), step: the global one (a resume counts on: the batch and AdamW's t) */

@@ -189,10 +189,11 @@ void lab_start(run_ctx *ctx, const th_run *need) {
     run_start(ctx);
 }
 
-void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) {
+void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r, lab_dry_run_notes *notes, void *lab) {
     double ring = -1;
-    if (need && ctx->rank == 0) ring = th_print_prediction(stdout, need, 32);
-    if (ctx->rank == 0 && limits.checked) print_verdict(ctx, need ? need : &limits.need);
+    if (ctx->rank == 0) ring = th_print_prediction(stdout, need, 32);
+    if (ctx->rank == 0 && notes) notes(ctx, lab, need);
+    if (ctx->rank == 0 && limits.checked) print_verdict(ctx, need);
     if (r.comm_formula_bytes == DRY_RUN_PREDICTED_RING) r.comm_formula_bytes = ring;
     run_dry_run_exit(ctx, &r);
 }

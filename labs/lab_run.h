@@ -43,10 +43,13 @@ void lab_start(run_ctx *ctx, const th_run *need);
  * (lab06, whose formula is the sum of theory's per kind) */
 #define DRY_RUN_PREDICTED_RING (-2.0)
 
-/* --dry-run: rank 0 prints theory/predict's needs of `need` (NULL: the lab
- * printed its own), the memory verdict of lab_start (of `need` when given),
- * then run_dry_run_exit's lines of r; every rank exits 0. Collective. */
-void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r) __attribute__((noreturn));
+/* --dry-run: rank 0 prints theory/predict's needs of `need`, then notes(ctx,
+ * lab, need) when given (the lab's lines below the tables), the memory verdict
+ * of `need` against lab_start's limits, then run_dry_run_exit's lines of r;
+ * every rank exits 0. Collective. */
+typedef void lab_dry_run_notes(run_ctx *ctx, void *lab, const th_run *need);
+void lab_dry_run_exit(run_ctx *ctx, const th_run *need, run_report r, lab_dry_run_notes *notes, void *lab)
+    __attribute__((noreturn));
 
 /* The end of a run: the record (the lab's `members`, a jansson object whose
  * reference this takes, or NULL; then the checkpoint's and --eval's), with
