@@ -70,8 +70,10 @@ static void name_largest(const run_ctx *ctx, const rank_floor *f, char *out, siz
     int g = 0;
     for (int i = 1; i < NGROUPS; i++)
         if (f->group[i] > f->group[g]) g = i;
-    char b[24], experts[40] = "";
-    if (o->experts > 0) snprintf(experts, sizeof experts, ", --experts %d", o->experts);
+    char b[24], experts[64] = "";
+    if (o->experts > 0 && o->expert_width > 0)
+        snprintf(experts, sizeof experts, ", --experts %d, --expert-width %d", o->experts, o->expert_width);
+    else if (o->experts > 0) snprintf(experts, sizeof experts, ", --experts %d", o->experts);
     const int at = snprintf(out, len, "%s %s, sized by ", group_names[g], run_bytes_text(f->group[g], b));
     if (at < 0 || (size_t)at >= len) return;
     if (g == GROUP_STATES)

@@ -327,7 +327,8 @@ SIZES = [
     (2, ["--dry-run", "--d-model", "1000000000", "--max-memory-mb", "1000"], "--max-memory-mb 1000:"),
 ]
 # the labs whose layers run experts (the others refuse the flag itself)
-SIZES_EXPERTS = [(2, ["--experts", "1000000000"], "--experts 1000000000")]
+SIZES_EXPERTS = [(2, ["--experts", "1000000000"], "--experts 1000000000"),
+                 (2, ["--experts", "4", "--expert-width", "1000000000"], "--expert-width 1000000000")]
 
 
 def main(lab):
