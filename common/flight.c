@@ -110,6 +110,10 @@ void flight_unwatch(void) { watch_seen = 0; }
 
 static atomic_int stopping;       /* 1 once this rank's record is being written */
 static double stop_time;
+/* --check-collectives found a difference: this rank is gathering the group's calls to
+ * write its own line, so the watchdog leaves a stop request to it (a faster member's
+ * request otherwise wins the race and this rank only says "another rank stopped") */
+static _Atomic double own_stop_since;
 
 static struct {
     flight_fault kind;
@@ -804,6 +808,8 @@ static void *watchdog(void *arg) {
         }
         struct stat st;
         if (stat(request, &st) == 0) {
+            const double own = atomic_load(&own_stop_since);
+            if (own > 0 && now_seconds() - own < GRACE_S) continue;
             if (claim_record()) {
                 char state[700], what[5000], path[4200];
                 state_text(state, sizeof state);
@@ -1100,7 +1106,10 @@ void flight_check(comm *c, flight_kind kind, comm_type type, long count, int roo
         if (bad && send_counts)
             for (int j = 0; j < g->size; j++) mine.count += send_counts[j];
     }
-    if (bad) check_failed(c, &mine);
+    if (bad) {
+        atomic_store(&own_stop_since, now_seconds());
+        check_failed(c, &mine);
+    }
     flight_wait_end();
     check_count++;
     check_seconds += now_seconds() - t0;
