@@ -327,6 +327,14 @@ static int read_checkpoint(const char *path, const gpt_config *cfg, double bias_
                  "model shapes must match)", width, cfg->expert_width);
             goto out;
         }
+        /* shared experts: a shape too (absent: none) */
+        const long shared = meta(metadata, "shared_experts") ? meta_long(metadata, "shared_experts", &ok) : 0;
+        if (!ok) { fail(err, errlen, path, "__metadata__ has no valid \"shared_experts\""); goto out; }
+        if (shared != cfg->shared_experts) {
+            fail(err, errlen, path, "the checkpoint has --shared-experts %ld, the flags say --shared-experts %d (the "
+                 "model shapes must match)", shared, cfg->shared_experts);
+            goto out;
+        }
         describe_routing_change(metadata, cfg, bias_speed, out->routing_changed, sizeof out->routing_changed);
     } else {
         out->routing_changed[0] = 0;
@@ -521,6 +529,7 @@ static char *make_header(const run_ctx *ctx, int step, const tensor_table *tt, c
     META("experts", "%d", ctx->model.experts);
     META("top_k", "%d", ctx->model.top_k);
     if (ctx->model.experts > 0 && ctx->model.expert_width > 0) META("expert_width", "%d", ctx->model.expert_width);
+    if (ctx->model.experts > 0 && ctx->model.shared_experts > 0) META("shared_experts", "%d", ctx->model.shared_experts);
     META("capacity_factor", "%.15g", ctx->model.capacity_factor);
     jsonval_set(m, "capacity_scope", jsonval_text(ctx->model.capacity_per_rank ? "rank" : "sequence"));
     META("aux_loss_coef", "%g", ctx->model.aux_coef);

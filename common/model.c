@@ -40,8 +40,13 @@ void gpt_layout_init(gpt_layout *g, const gpt_config *cfg) {
     place(&g->layer[LAYER_FC_B], "mlp.c_fc.bias", &off, E * M, 1, 0);
     place(&g->layer[LAYER_FCPROJ_W], "mlp.c_proj.weight", &off, E * C, M, 1);
     place(&g->layer[LAYER_FCPROJ_B], "mlp.c_proj.bias", &off, E * C, 1, 0);
-    g->layer_size = place(&g->layer[LAYER_ROUTER_W], "mlp.router.weight", &off, cfg->experts > 0 ? cfg->experts : 0,
-                          C, 1);
+    place(&g->layer[LAYER_ROUTER_W], "mlp.router.weight", &off, cfg->experts > 0 ? cfg->experts : 0, C, 1);
+    /* shared experts: one MLP of S M hidden units (empty without them) */
+    const long S = cfg->experts > 0 && cfg->shared_experts > 0 ? cfg->shared_experts : 0;
+    place(&g->layer[LAYER_SHARED_FC_W], "mlp.shared.c_fc.weight", &off, S * M, C, 1);
+    place(&g->layer[LAYER_SHARED_FC_B], "mlp.shared.c_fc.bias", &off, S * M, 1, 0);
+    place(&g->layer[LAYER_SHARED_FCPROJ_W], "mlp.shared.c_proj.weight", &off, S ? C : 0, S * M, 1);
+    g->layer_size = place(&g->layer[LAYER_SHARED_FCPROJ_B], "mlp.shared.c_proj.bias", &off, S ? C : 0, 1, 0);
 
     /* The output head is untied from wte: tying would put one tensor on the
      * first pipeline stage and the last, and its two gradients would have to be

@@ -49,6 +49,11 @@ typedef struct gpt_config {
     /* a routed expert's hidden width (--expert-width; 0: the dense MLP's 4C):
      * fine-grained experts, narrower and more of them (DeepSeek-MoE) */
     int expert_width;
+    /* shared experts (--shared-experts S; DeepSeek-MoE and V3): S more MLPs of
+     * that width that every token runs, beside its k routed ones, at gate 1;
+     * computed as one MLP of S x width hidden units (the sum of S MLPs is one
+     * MLP with their hidden units side by side, their output biases one) */
+    int shared_experts;
     /* the flag's value as a double: moe_capacity's ceiling must see the decimal
      * the user wrote (0.1 as a float is 0.100000001, and ceil(1.0000000149) = 2) */
     double capacity_factor;
@@ -76,6 +81,8 @@ enum {
     LAYER_LN2_W, LAYER_LN2_B, LAYER_FC_W, LAYER_FC_B, LAYER_FCPROJ_W, LAYER_FCPROJ_B,
     LAYER_ROUTER_W, /* [E,C] with experts, empty (0 rows) in a dense model; with experts
                      * the four MLP tensors hold E experts' stacked by rows, each contiguous */
+    /* the shared experts' MLP (S x M hidden units), empty without --shared-experts */
+    LAYER_SHARED_FC_W, LAYER_SHARED_FC_B, LAYER_SHARED_FCPROJ_W, LAYER_SHARED_FCPROJ_B,
     LAYER_NTENSORS
 };
 /* The tensors outside the layers. */

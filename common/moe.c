@@ -34,6 +34,12 @@ static long state_layout(moe_state *st, char *raw, const gpt_config *c, long N) 
     TAKE(freq, float *, B * E, 4);
     TAKE(xs, void *, N * k * C, value_bytes());
     TAKE(ys, void *, N * k * C, value_bytes());
+    if (c->shared_experts > 0) { /* the shared experts' MLP on the N positions */
+        const long SM = (long)c->shared_experts * gpt_mlp_width(c);
+        TAKE(shared_fch, void *, N * SM, value_bytes());
+        TAKE(shared_gelu, void *, N * SM, value_bytes());
+        TAKE(shared_ys, void *, N * C, value_bytes());
+    }
 #undef TAKE
     return used;
 }
@@ -55,6 +61,12 @@ static long scratch_layout(moe_scratch *sc, char *raw, const gpt_config *c, long
     sc->dys = raw ? raw + used : NULL, used += align64((long)value_bytes() * N * k * C);
     sc->dgate = (float *)(raw ? raw + used : NULL), used += align64(4 * N * k);
     sc->dp = (float *)(raw ? raw + used : NULL), used += align64(4 * N * E);
+    if (c->shared_experts > 0) { /* the shared experts' backward: B's dout kept for W, fc's dout, dGELU */
+        const long SM = (long)c->shared_experts * gpt_mlp_width(c), vb = (long)value_bytes();
+        sc->shared_dout = raw ? raw + used : NULL, used += align64(vb * N * C);
+        sc->shared_dfch = raw ? raw + used : NULL, used += align64(vb * N * SM);
+        sc->shared_dgelu = raw ? raw + used : NULL, used += align64(vb * N * (SM > C ? SM : C)); /* then dxs, C wide */
+    }
     return used;
 }
 
@@ -319,6 +331,44 @@ void moe_experts_backward(gpt_pass pass, const tensor_info *t, const void *lp, v
     }
 }
 
+/* ---- the shared experts ------------------------------------------------------------ */
+
+/* The shared experts' tensors in an expert's places: moe_experts_* then run them
+ * as one expert of S M hidden units on all N positions (count N, first 0). */
+static void shared_as_expert(const tensor_info *t, tensor_info *sh) {
+    memcpy(sh, t, sizeof(tensor_info) * LAYER_NTENSORS);
+    sh[LAYER_FC_W] = t[LAYER_SHARED_FC_W];
+    sh[LAYER_FC_B] = t[LAYER_SHARED_FC_B];
+    sh[LAYER_FCPROJ_W] = t[LAYER_SHARED_FCPROJ_W];
+    sh[LAYER_FCPROJ_B] = t[LAYER_SHARED_FCPROJ_B];
+}
+
+void moe_shared_forward(const tensor_info *t, const void *lp, const void *ln2, moe_state *st, int N) {
+    if (t[LAYER_SHARED_FC_W].rows == 0) return;
+    tensor_info sh[LAYER_NTENSORS];
+    shared_as_expert(t, sh);
+    const int count = N, first = 0;
+    moe_experts_forward(sh, lp, 0, 1, &count, &first, ln2, st->shared_fch, st->shared_gelu, st->shared_ys);
+}
+
+void moe_shared_backward(gpt_pass pass, const tensor_info *t, const void *lp, void *gp, const void *ln2,
+                         const moe_state *st, const moe_scratch *sc, const void *dout, void *dinp, int N) {
+    if (t[LAYER_SHARED_FC_W].rows == 0) return;
+    tensor_info sh[LAYER_NTENSORS];
+    shared_as_expert(t, sh);
+    const long C = t[LAYER_FC_W].cols;
+    const size_t bytes = (size_t)N * C * value_bytes();
+    /* gate 1: the output's gradient is the MLP's; a split keeps B's for W */
+    if (pass == GPT_PASS_INPUT) mem_copy(sc->shared_dout, dout, bytes);
+    const void *dys = pass == GPT_PASS_WEIGHT ? sc->shared_dout : dout;
+    const int count = N, first = 0;
+    void *dxs = NULL;
+    moe_experts_backward(pass, sh, lp, gp, 0, 1, &count, &first, ln2, st->shared_fch, st->shared_gelu, dys,
+                         sc->shared_dfch, sc->shared_dgelu, &dxs);
+    if (pass == GPT_PASS_WEIGHT) return;
+    for (long i = 0; i < (long)N * C; i++) value_set(dinp, i, value_get(dinp, i) + value_get(dxs, i));
+}
+
 /* ---- the hooks -------------------------------------------------------------------- */
 
 void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N) {
@@ -328,6 +378,7 @@ void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts 
     st.stats = la->moe_stats;
     moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N);
     moe_experts_forward(h->tensors, lp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, st.ys);
+    moe_shared_forward(h->tensors, lp, la->ln2, &st, N);
     moe_combine(&st, k, C, st.ys, out, N);
 }
 
@@ -335,6 +386,8 @@ void moe_combine(const moe_state *st, int k, int C, const void *ys, void *out, i
     float *acc = malloc((size_t)C * sizeof(float));
     for (long n = 0; n < N; n++) {
         memset(acc, 0, (size_t)C * sizeof(float));
+        if (st->shared_ys) /* the shared experts first, at gate 1 */
+            for (int c = 0; c < C; c++) acc[c] = value_get(st->shared_ys, n * C + c);
         for (int j = 0; j < k; j++) {
             int s = st->slot[n * k + j];
             if (s < 0) continue;
@@ -360,6 +413,7 @@ void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, v
     moe_experts_backward(pass, h->tensors, lp, gp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, sc.dys,
                          dfch, s->dfch_gelu, &dxs);
     moe_router_backward(h, pass, lp, gp, la->ln2, &st, &sc, dxs, dinp, s->dloss, N);
+    moe_shared_backward(pass, h->tensors, lp, gp, la->ln2, &st, &sc, dout, dinp, N);
 }
 
 void moe_combine_backward(const moe_state *st, moe_scratch *sc, int k, int C, const void *ys, const void *dout,

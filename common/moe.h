@@ -65,6 +65,9 @@ typedef struct moe_state {
                      * [4 + E] the most groups one token reached, [5 + E] their sum over the
                      * tokens (node-limited routing; 0 without) */
     void *xs, *ys;  /* [kN,C] the slots' inputs (ln2 rows) and the experts' outputs */
+    /* --shared-experts S: their MLP on the N positions (S M units), NULL without */
+    void *shared_fch, *shared_gelu; /* [N, S M] */
+    void *shared_ys;                /* [N, C], added by moe_combine at gate 1 */
 } moe_state;
 
 /* The backward's buffers (inside gpt_grad_scratch.moe). A backward split in
@@ -75,6 +78,9 @@ typedef struct moe_scratch {
     void *dys;    /* [kN,C] gradient of each slot's expert output */
     float *dgate; /* [N,k] */
     float *dp;    /* [N,E] the router's d probabilities, then its d logits */
+    /* --shared-experts: the MLP's dout [N,C] (B's, kept for W), fc's dout [N, S M],
+     * the dGELU room [N, max(S M, C)] that then holds the positions' gradients */
+    void *shared_dout, *shared_dfch, *shared_dgelu;
 } moe_scratch;
 
 long moe_state_bytes(const gpt_config *cfg, long N);   /* 0 without experts */
@@ -118,7 +124,16 @@ void moe_experts_backward(gpt_pass pass, const tensor_info *tensors, const void 
                           const int *count, const int *first, const void *xs, const void *fch, const void *gelu,
                           const void *dys, void *dfch, void *dgelu, void **dxs);
 
-/* combine: out[n] = sum over n's kept choices, in choice order, of gate x ys[slot]
+/* The shared experts (--shared-experts; nothing without): forward on the N
+ * positions' ln2 into st->shared_*, and its backward (dout: the MLP's output
+ * gradient, gate 1), whose input gradient is added to dinp (after the router's
+ * backward wrote it); W reads B's dout from sc. Every rank runs them on its
+ * own positions: in lab08 they are replicated, not spread over the EP ranks. */
+void moe_shared_forward(const tensor_info *tensors, const void *lp, const void *ln2, moe_state *st, int N);
+void moe_shared_backward(gpt_pass pass, const tensor_info *tensors, const void *lp, void *gp, const void *ln2,
+                         const moe_state *st, const moe_scratch *sc, const void *dout, void *dinp, int N);
+
+/* combine: out[n] = (the shared experts' output +) the sum over n's kept choices, in choice order, of gate x ys[slot]
  * (ys: the slots' expert outputs, in st's slot order) */
 void moe_combine(const moe_state *st, int k, int C, const void *ys, void *out, int N);
 /* its backward: dys[slot] = gate x dout[n], and sc->dgate (the gates' gradients) */

@@ -355,6 +355,7 @@ static void write_record(const run_ctx *ctx, const run_report *r, const finish_f
         jsonval_set(config, "experts", json_integer(o->experts));
         jsonval_set(config, "top_k", json_integer(o->top_k));
         if (ctx->model.expert_width > 0) jsonval_set(config, "expert_width", json_integer(ctx->model.expert_width));
+        if (ctx->model.shared_experts > 0) jsonval_set(config, "shared_experts", json_integer(ctx->model.shared_experts));
         jsonval_set(config, "capacity_factor", jsonval_number(o->capacity_factor));
         jsonval_set(config, "capacity_scope", jsonval_text(o->capacity_scope));
         jsonval_set(config, "aux_loss_coef", jsonval_number(o->aux_loss_coef));

@@ -54,6 +54,9 @@ static flag_spec shared_flags[] = {
     {"--expert-width", FLAG_INT, NULL, "with --experts: each expert's hidden units, fine-grained experts narrower "
      "than the dense MLP (DeepSeek-MoE: more experts, each a fraction of the width; 0: 4 d_model, the dense "
      "MLP's)", 0, NULL},
+    {"--shared-experts", FLAG_INT, NULL, "with --experts: S shared experts of that width that every token runs beside "
+     "its k routed ones, at gate 1, outside the routing (DeepSeek-MoE and V3: 1 shared + 256 routed); computed as "
+     "one MLP of S x width units; lab08 holds them on every rank", 0, NULL},
     {"--capacity-factor", FLAG_FLOAT, NULL, "with --experts: each expert takes at most ceil(k T F / E) tokens of a "
      "sequence, in position order; the rest are dropped (0: none dropped)", 0, NULL},
     {"--capacity-scope", FLAG_STRING, NULL, "with --capacity-factor: what the capacity counts, each sequence's "
@@ -103,7 +106,7 @@ static void bind_shared(run_options *o) {
                               &o->lr, &o->weight_decay, &o->clip, &o->seed, &o->data,
                               &o->device, &o->comm, &o->out, &o->save, &o->save_every,
                               &o->resume, &o->eval, &o->recompute, &o->precision, &o->experts, &o->top_k,
-                              &o->expert_width, &o->capacity_factor, &o->capacity_scope, &o->aux_loss_coef, &o->router,
+                              &o->expert_width, &o->shared_experts, &o->capacity_factor, &o->capacity_scope, &o->aux_loss_coef, &o->router,
                               &o->balance, &o->bias_speed, &o->route_groups, &o->route_max_groups, &o->dry_run,
                               &o->sample, &o->prompt, &o->temperature, &o->max_memory_mb,
                               /* the flight recorder's settings live in comm's recorder (flight.h) */
@@ -271,6 +274,7 @@ static const struct { const char *flag, *needs, *why; } dependent_flags[] = {
     {"--save-every", "--save", "the saves go to --save's PATH"},
     {"--top-k", "--experts", "the model is dense"},
     {"--expert-width", "--experts", "the model is dense"},
+    {"--shared-experts", "--experts", "the model is dense"},
     {"--capacity-factor", "--experts", "the model is dense"},
     {"--aux-loss-coef", "--experts", "the model is dense"},
     {"--capacity-scope", "--capacity-factor", "without a capacity nothing is dropped, in any scope"},
@@ -413,6 +417,7 @@ void run_parse(run_ctx *ctx, int argc, char **argv, const lab_info *lab) {
                               .recompute = gpt_recompute_parse(o->recompute), /* a choice: never -1 */
                               .experts = o->experts, .top_k = o->top_k,
                               .expert_width = o->experts ? o->expert_width : 0,
+                              .shared_experts = o->experts ? o->shared_experts : 0,
                               .capacity_factor = (float)o->capacity_factor,
                               .aux_coef = bias ? 0.0f : (float)o->aux_loss_coef,
                               .capacity_per_rank = !strcmp(o->capacity_scope, "rank"),

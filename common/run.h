@@ -46,6 +46,7 @@ typedef struct run_options {
     const char *precision;     /* --precision: "fp32" or "bf16" (precision.h) */
     int experts, top_k;        /* --experts, --top-k (gpt_config, moe.h) */
     int expert_width;          /* --expert-width: a routed expert's hidden units (0: 4 d_model) */
+    int shared_experts;        /* --shared-experts: experts every token runs, beside its routed ones */
     double capacity_factor, aux_loss_coef; /* --capacity-factor, --aux-loss-coef */
     const char *capacity_scope; /* --capacity-scope sequence|rank (gpt_config.capacity_per_rank) */
     const char *router, *balance; /* --router softmax|sigmoid, --balance aux|bias (moe.h) */

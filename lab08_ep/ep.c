@@ -38,8 +38,9 @@ int ep_runs(const gpt_layout *g, const tensor_info *tensors, long layer_size, in
             const long per_expert = g->layer[i].rows / E * g->layer[i].cols;
             RUN(lb + tensors[i].offset, gb + g->layer[i].offset + rank * local * per_expert, local * per_expert, 1);
         }
+        /* the router and the shared experts (replicated: every rank runs them on its own tokens) */
         RUN(lb + tensors[LAYER_ROUTER_W].offset, gb + g->layer[LAYER_ROUTER_W].offset,
-            g->layer[LAYER_ROUTER_W].rows * g->layer[LAYER_ROUTER_W].cols, 0);
+            g->layer_size - g->layer[LAYER_ROUTER_W].offset, 0);
     }
     RUN(g->embed_size + (long)g->cfg.layers * layer_size, gpt_head_offset(g), g->head_size, 0);
 #undef RUN
@@ -199,6 +200,7 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     exchange_rows(e, e->stage, from, st.ys, to); /* back where each slot came from */
     trace_end(ev);
     free(to);
+    moe_shared_forward(h->tensors, lp, la->ln2, &st, N); /* every token's shared experts, here */
     moe_combine(&st, k, C, st.ys, out, N);
 }
 
@@ -238,6 +240,7 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     trace_end(ev);
     free(to);
     moe_router_backward(h, GPT_PASS_FUSED, lp, gp, la->ln2, &st, &sc, sc.dys, dinp, s->dloss, N);
+    moe_shared_backward(GPT_PASS_FUSED, h->tensors, lp, gp, la->ln2, &st, &sc, dout, dinp, N);
 }
 
 long ep_received_rows_bound(const gpt_config *cfg, int N, long rows) {

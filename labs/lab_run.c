@@ -12,6 +12,7 @@ th_model lab_theory_model(const gpt_config *c) {
     m.experts = c->experts > 0 ? c->experts : 0;
     m.top_k = c->experts > 0 ? c->top_k : 0;
     m.ffn_expert = c->experts > 0 && c->expert_width > 0 ? c->expert_width : 0; /* 0: the dense MLP's ffn */
+    m.shared_experts = c->experts > 0 ? c->shared_experts : 0;
     return m;
 }
 
@@ -70,10 +71,12 @@ static void name_largest(const run_ctx *ctx, const rank_floor *f, char *out, siz
     int g = 0;
     for (int i = 1; i < NGROUPS; i++)
         if (f->group[i] > f->group[g]) g = i;
-    char b[24], experts[64] = "";
-    if (o->experts > 0 && o->expert_width > 0)
-        snprintf(experts, sizeof experts, ", --experts %d, --expert-width %d", o->experts, o->expert_width);
-    else if (o->experts > 0) snprintf(experts, sizeof experts, ", --experts %d", o->experts);
+    char b[24], experts[96] = "";
+    if (o->experts > 0) {
+        int at = snprintf(experts, sizeof experts, ", --experts %d", o->experts);
+        if (o->expert_width > 0) at += snprintf(experts + at, sizeof experts - (size_t)at, ", --expert-width %d", o->expert_width);
+        if (o->shared_experts > 0) snprintf(experts + at, sizeof experts - (size_t)at, ", --shared-experts %d", o->shared_experts);
+    }
     const int at = snprintf(out, len, "%s %s, sized by ", group_names[g], run_bytes_text(f->group[g], b));
     if (at < 0 || (size_t)at >= len) return;
     if (g == GROUP_STATES)

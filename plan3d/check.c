@@ -88,7 +88,8 @@ static double adamw_seconds(const timing *tm, double params) {
 static void shard_figures(const run *r, th_run *t) {
     gpt_config cfg = {.vocab = 256, .seq = r->T, .layers = r->L, .d_model = r->C, .heads = r->H, .recompute = r->cfg.recompute,
                       .experts = (int)r->cfg.model.experts, .top_k = (int)r->cfg.model.top_k,
-                      .expert_width = (int)r->cfg.model.ffn_expert}; /* the experts' tensors too */
+                      .expert_width = (int)r->cfg.model.ffn_expert, /* the experts' tensors too */
+                      .shared_experts = (int)r->cfg.model.shared_experts};
     gpt_layout g;
     gpt_layout_init(&g, &cfg);
     const int N = r->cfg.ranks, zero = r->cfg.zero_stage;
@@ -306,7 +307,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
      * ranks per EP group, every rank its own rows. The experts are the
      * record's config for every lab (experts, top_k, capacity_factor,
      * capacity_scope; absent: a dense model), required of lab08's. */
-    long cp = 0, ep = 0, experts = 0, top_k = 0, expert_width = 0;
+    long cp = 0, ep = 0, experts = 0, top_k = 0, expert_width = 0, shared = 0;
     int cp_algo = 0, cp_layout = 0, scope = 0;
     double capacity = 0;
     const int lab08 = is_lab(r, "lab08_ep");
@@ -322,6 +323,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
         !read_count(cfg, "config.", "experts", lab08, MAX_LAYERS, 0, &experts, why, len) ||
         !read_count(cfg, "config.", "top_k", lab08, MAX_LAYERS, 0, &top_k, why, len) ||
         !read_count(cfg, "config.", "expert_width", 0, 1L << 30, 0, &expert_width, why, len) ||
+        !read_count(cfg, "config.", "shared_experts", 0, 1L << 30, 0, &shared, why, len) ||
         !read_number(cfg, "capacity_factor", 0, 0, &capacity, why, len) ||
         !read_choice(cfg, "config.", "capacity_scope", "sequence|rank", "sequence", &scope, why, len))
         return 0;
@@ -334,6 +336,7 @@ static int read_run(json_t *rec, run *r, char *why, size_t len) {
     r->cfg.cp = (int)cp; r->cfg.cp_algo = cp_algo; r->cfg.cp_layout = cp_layout; r->cfg.ep = (int)ep;
     r->cfg.model.experts = experts; r->cfg.model.top_k = experts ? top_k : 0; /* a dense record's top_k is unused */
     r->cfg.model.ffn_expert = experts ? expert_width : 0; /* --expert-width (absent: the dense MLP's) */
+    r->cfg.model.shared_experts = experts ? shared : 0;     /* --shared-experts (absent: none) */
     /* what the run held: its model states (the experts' included) and one layer's activations of the whole
      * batch, with the T x T scores */
     double bytes = 16 * th_param_counts(&r->cfg.model).total + 4.0 * B * T * (16.0 * C + (double)H * T + 256);

@@ -119,9 +119,10 @@ static void gradcheck(const char *name, gpt_config c, int want_drops) {
     CHECK(worst < 5e-2, "%s: worst element error %.3e >= 5e-2 at %ld", name, worst, worst_i);
     CHECK(skipped < P / 50, "%s: %ld of %ld parameters change the routing", name, skipped, P);
     CHECK(want_drops ? dropped > 0 : dropped == 0, "%s: %ld dropped choices", name, dropped);
-    /* the router and every expert got a gradient */
-    for (int part = LAYER_FC_W; part <= LAYER_ROUTER_W; part++) {
+    /* the router and every expert (the shared ones too) got a gradient */
+    for (int part = LAYER_FC_W; part < LAYER_NTENSORS; part++) {
         const tensor_info *t = &g.layer[part];
+        if (t->rows * t->cols == 0) continue; /* no shared experts */
         double sum = 0;
         for (long i = 0; i < t->rows * t->cols; i++) sum += fabs(grads[gpt_layer_offset(&g, 0) + t->offset + i]);
         CHECK(sum > 0, "%s: %s has no gradient", name, t->name);
@@ -463,6 +464,28 @@ int main(void) {
         c.capacity_factor = 1.0f;
         snprintf(name, sizeof name, "top-2, experts %d units wide, capacity factor 1", width);
         gradcheck(name, c, 1);
+    }
+    /* --shared-experts: S MLPs every token runs at gate 1, one MLP of S M units beside the routed
+     * experts: its tensors, its gradient, recomputation and the B/W split (gradcheck's) */
+    for (int S = 1; S <= 2; S++) {
+        c = base;
+        c.shared_experts = S;
+        c.expert_width = S == 2 ? 10 : 0;
+        gpt_layout gs;
+        gpt_layout_init(&gs, &c);
+        const long M = gpt_mlp_width(&c), routed = 2 * C * M + M + C, shared = 2 * C * S * M + S * M + C;
+        CHECK(gs.layer_size == ge.layer_size - base.experts * (mlp - routed) + shared &&
+                  gs.layer[LAYER_SHARED_FC_W].rows == S * M && gs.layer[LAYER_SHARED_FCPROJ_W].cols == S * M,
+              "--shared-experts %d: layer size %ld, expected %ld", S, gs.layer_size,
+              ge.layer_size - base.experts * (mlp - routed) + shared);
+        char name[80];
+        snprintf(name, sizeof name, "top-2 + %d shared expert%s of %ld units", S, S > 1 ? "s" : "", M);
+        gradcheck(name, c, 0);
+        if (S == 2) {
+            c.capacity_factor = 1.0f;
+            snprintf(name, sizeof name, "top-2 + 2 shared experts of %ld units, capacity factor 1", M);
+            gradcheck(name, c, 1);
+        }
     }
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("moe tests passed\n");

@@ -19,7 +19,7 @@ static int course_runs(const th_model *m, const th_opts *o) {
             o->recompute == RECOMPUTE_FULL) &&
            /* experts as common/moe.c runs them: every layer's MLP E MLPs (ffn_expert hidden units, or the
             * dense ffn), k of them a token */
-           (m->experts <= 0 || (m->top_k >= 1 && m->top_k <= m->experts && !m->shared_experts && !m->dense_layers));
+           (m->experts <= 0 || (m->top_k >= 1 && m->top_k <= m->experts && !m->dense_layers));
 }
 
 /* A TP rank's widths inside a layer (heads, attention columns, MLP units), the
@@ -175,14 +175,19 @@ double th_grad_norm_bytes(int parts) { return 8.0 * parts; }
 
 /* The experts' pieces of a layer (theory.h: EXACT, common/moe.c's buffers) */
 double th_moe_state_bytes(const th_model *m, double rows, double v) {
-    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
+    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k, C = (double)m->d_model;
+    const double SF = (double)m->shared_experts * th_expert_width(m); /* the shared experts' units */
     return th_pad64(4 * N * E) + 3 * th_pad64(4 * N * k) + 2 * th_pad64(4 * E) + th_pad64(4 * rows * E) +
-           2 * th_pad64(v * N * k * (double)m->d_model);
+           2 * th_pad64(v * N * k * C) +
+           (SF > 0 ? 2 * th_pad64(v * N * SF) + th_pad64(v * N * C) : 0); /* their fch, GELU, output */
 }
 
 double th_moe_stats_bytes(const th_model *m) { return m->experts > 0 ? th_pad64(4 * (6 + (double)m->experts)) : 0; }
 
 double th_moe_scratch_bytes(const th_model *m, double rows, double v) {
-    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k;
-    return th_pad64(v * N * k * (double)m->d_model) + th_pad64(4 * N * k) + th_pad64(4 * N * E);
+    const double N = rows * (double)m->seq, E = (double)m->experts, k = (double)m->top_k, C = (double)m->d_model;
+    const double SF = (double)m->shared_experts * th_expert_width(m);
+    return th_pad64(v * N * k * C) + th_pad64(4 * N * k) + th_pad64(4 * N * E) +
+           /* the shared experts': B's dout, fc's dout, the dGELU room then their input gradients */
+           (SF > 0 ? th_pad64(v * N * C) + th_pad64(v * N * SF) + th_pad64(v * N * fmax(SF, C)) : 0);
 }

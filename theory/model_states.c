@@ -48,7 +48,10 @@ th_params th_param_counts(const th_model *m) {
         const double Fe = th_expert_width(m);
         const double mlp_e_in = (m->gated_mlp ? 2 : 1) * (C * Fe + b * Fe);
         const double mlp_dense = mlp_in + F * C + b * C, mlp = mlp_e_in + Fe * C + b * C;
-        const double E = (double)m->experts, router = E * C, shared = (double)m->shared_experts * mlp;
+        /* the shared experts: one MLP of S Fe units (S MLPs side by side; one output bias) */
+        const double SF = (double)m->shared_experts * Fe;
+        const double shared = m->shared_experts > 0 ? (m->gated_mlp ? 2 : 1) * (C * SF + b * SF) + SF * C + b * C : 0;
+        const double E = (double)m->experts, router = E * C;
         const double moe = p.layer - mlp_dense; /* the layer without its MLP */
         p.layer_experts = E * mlp;
         p.layer_active = moe + ((double)m->top_k) * mlp + shared + router;

@@ -59,8 +59,9 @@ typedef struct th_model {
                             * [experts, d_model] sending each token to top_k; 0: dense */
     /* DeepSeek's fine-grained MoE: each routed expert ffn_expert wide (0: ffn;
      * the labs' --expert-width), shared_experts more of that width that every
-     * token runs, and the first dense_layers layers keep a dense MLP ffn wide
-     * (plan3d's presets; the labs leave these two 0). */
+     * token runs (the labs' --shared-experts: one MLP of shared_experts x
+     * ffn_expert units, one output bias), and the first dense_layers layers keep
+     * a dense MLP ffn wide (plan3d's presets; the labs leave it 0). */
     long ffn_expert, shared_experts, dense_layers;
     /* dropout in the layers (GPT, Megatron's GPT, BLOOM as plan3d's presets
      * take them): its masks are among the published activations (Korthikanti
@@ -419,8 +420,10 @@ double th_expert_capacity(int top_k, double tokens, double capacity_factor, int 
 double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, int N, double capacity_factor);
 /* EXACT: common/moe.c's router and dispatch state of one layer for `rows`
  * sequences (moe_state_bytes: probs [N,E], choice, gate, slot [N,k], count,
- * first [E], freq [rows,E], xs, ys [N k, C]) and its backward's buffers
- * (moe_scratch_bytes: dys [N k, C], dgate [N,k], dp [N,E]), v bytes a value. */
+ * first [E], freq [rows,E], xs, ys [N k, C]; with S shared experts their
+ * fch, GELU [N, S ffn_expert] and output [N,C]) and its backward's buffers
+ * (moe_scratch_bytes: dys [N k, C], dgate [N,k], dp [N,E]; shared: dout
+ * [N,C], dfch [N, S ffn_expert], dGELU [N, max(S ffn_expert, C)]), v bytes a value. */
 double th_moe_state_bytes(const th_model *m, double rows, double v);
 double th_moe_scratch_bytes(const th_model *m, double rows, double v);
 /* EXACT: a layer's routing statistics (layer_acts.moe_stats: 6 + E floats,
