@@ -45,7 +45,12 @@
  *   scores (its best alone when it holds one), a token keeps its M best
  *   groups (the lower index on ties) and top-k chooses among their experts
  *   only, so its tokens reach at most M nodes. The gates are unchanged (the
- *   chosen scores', normalised): the groups decide which, not how much. */
+ *   chosen scores', normalised): the groups decide which, not how much.
+ * - shared experts (--shared-experts S, DeepSeek-MoE): S experts of width M
+ *   that every token runs at gate 1, outside the routing (no choice, no
+ *   capacity, no aux loss, no bias): y = shared(x) + sum_j g_j E_j(x). They
+ *   are one MLP of S M units in their own tensors, run on the N positions by
+ *   the experts' own forward and backward (moe_shared_*). */
 #ifndef PL_MOE_H
 #define PL_MOE_H
 #include "model.h"

@@ -100,6 +100,7 @@ SHARED = [
     (2, ["--experts", "4", "--capacity-factor", "-1"], "--capacity-factor"),
     (2, ["--experts", "4", "--aux-loss-coef", "-0.5"], "--aux-loss-coef"),
     (2, ["--experts", "4", "--expert-width", "-8"], "--expert-width"),
+    (2, ["--experts", "4", "--shared-experts", "-1"], "--shared-experts"),
     (2, ["--dry-run", "--experts", "4"], "--experts"),  # kept for the labs that refuse experts (DRY_RUN_EXPERTS)
     (2, ["--capacity-scope", "token"], "--capacity-scope"),
     (2, ["--experts", "4", "--router", "relu"], "--router"),
@@ -132,6 +133,7 @@ DENSE_DEPENDENT = [
     (2, ["--bias-speed", "0.01"], "--bias-speed"),
     (2, ["--route-groups", "2"], "--route-groups"),
     (2, ["--expert-width", "16"], "--expert-width"),
+    (2, ["--shared-experts", "1"], "--shared-experts"),
 ]
 # the labs whose --dry-run takes --experts (its prediction counts them)
 DRY_RUN_EXPERTS = ("lab01_dp", "lab02_zero", "lab03_pp_naive", "lab04_1f1b", "lab08_ep")
@@ -328,7 +330,8 @@ SIZES = [
 ]
 # the labs whose layers run experts (the others refuse the flag itself)
 SIZES_EXPERTS = [(2, ["--experts", "1000000000"], "--experts 1000000000"),
-                 (2, ["--experts", "4", "--expert-width", "1000000000"], "--expert-width 1000000000")]
+                 (2, ["--experts", "4", "--expert-width", "1000000000"], "--expert-width 1000000000"),
+                 (2, ["--experts", "4", "--shared-experts", "1000000000"], "--shared-experts 1000000000")]
 
 
 def main(lab):

@@ -23,13 +23,15 @@ ROUTING = {"k2": ["--top-k", "2"], "k1": ["--top-k", "1"],
            "k2-drop": ["--top-k", "2", "--capacity-factor", "1.0"], "k1-drop": ["--top-k", "1", "--capacity-factor", "1.0"]}
 
 
-def params_per_rank(E, N, M=4 * C):
+def params_per_rank(E, N, M=4 * C, S=0):
     """Elements a rank holds, derived here: embeddings, head, per layer the
-    LayerNorms, attention and router whole, and E/N experts' MLPs of M hidden units."""
+    LayerNorms, attention and router whole, E/N experts' MLPs of M hidden units,
+    and S shared experts whole (one MLP of S M units, one output bias)."""
     V = 256
     attention = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C
     expert = C * M + M + M * C + C
-    return V * C + T * C + L * (attention + E * C + E // N * expert) + 2 * C + V * C
+    shared = C * S * M + S * M + S * M * C + C if S else 0
+    return V * C + T * C + L * (attention + E * C + E // N * expert + shared) + 2 * C + V * C
 
 
 def acts_per_rank(ranks, ep, E, k, received):
@@ -375,23 +377,26 @@ def deepseek():
 
 
 def fine_grained():
-    """--expert-width: DeepSeek-MoE's fine-grained experts, here 8 experts of C/2 units (an eighth of
-    the dense MLP's 4C, narrower than d_model as DeepSeek-V3's are) and 6 of 3C/2 on 3 ranks: every
-    layout trains as lab01 -n 1 with the same
-    flags (losses and norms within 1e-5, the same drops and loads every step), the experts' tensors
-    and the activations as wide (allocator = theory.h), and a checkpoint refuses another width."""
+    """--expert-width and --shared-experts: DeepSeek-MoE's fine-grained experts, here 8 experts of
+    C/2 units (an eighth of the dense MLP's 4C, narrower than d_model as DeepSeek-V3's are) with 2
+    shared ones, and 6 of 3C/2 on 3 ranks with 1 shared (the issue's odd case): every layout trains
+    as lab01 -n 1 with the same flags (losses and norms within 1e-5, the same drops and loads every
+    step), the experts' tensors and the activations as wide (allocator = theory.h), the shared
+    experts whole on every EP rank, and a checkpoint refuses another width or shared count."""
     import tempfile
     steps = [a if a != "20" else "10" for a in ARGS]
-    for E, M, k, cases in ((8, C // 2, 2, [(LAB, 2, ["--ep", "2"]), (LAB, 4, ["--ep", "4"]), (LAB, 4, ["--ep", "2"]),
-                                      ("lab02_zero", 2, ["--zero-stage", "3"]),
-                                      ("lab04_1f1b", 2, ["--micro-batches", "2", "--schedule", "zb-h1"])]),
-                           (6, 3 * C // 2, 1, [(LAB, 3, ["--ep", "3"])])):
-        extra = ["--experts", str(E), "--expert-width", str(M), "--top-k", str(k), "--capacity-factor", "1.0"]
+    for E, M, k, S, cases in ((8, C // 2, 2, 2, [(LAB, 2, ["--ep", "2"]), (LAB, 4, ["--ep", "4"]),
+                                                 (LAB, 4, ["--ep", "2"]), ("lab02_zero", 2, ["--zero-stage", "3"]),
+                                                 ("lab04_1f1b", 2, ["--micro-batches", "2", "--schedule", "zb-h1"])]),
+                              (6, 3 * C // 2, 1, 1, [(LAB, 3, ["--ep", "3"])])):
+        extra = ["--experts", str(E), "--expert-width", str(M), "--top-k", str(k), "--capacity-factor", "1.0",
+                 "--shared-experts", str(S)]
         ref, _, _ = run("lab01_dp", 1, steps + extra)
         cases = [("lab01_dp", 1, [])] + cases
-        check(ref["params"] == params_per_rank(E, 1, M), f"E={E} M={M}: lab01 has {ref['params']} parameters, "
-              f"derived {params_per_rank(E, 1, M)}")
-        check(ref["config"]["expert_width"] == M, f"the record's config: {ref['config']}")
+        check(ref["params"] == params_per_rank(E, 1, M, S), f"E={E} M={M} S={S}: lab01 has {ref['params']} "
+              f"parameters, derived {params_per_rank(E, 1, M, S)}")
+        check(ref["config"]["expert_width"] == M and ref["config"]["shared_experts"] == S,
+              f"the record's config: {ref['config']}")
         check(sum(ref["dropped_per_step"]) > 0, f"E={E} M={M}: F = 1.0 should drop some choices")
         for lab, n, more in cases:
             rec, _, _ = run(lab, n, steps + extra + more)
@@ -409,11 +414,11 @@ def fine_grained():
                                                                         "workspace")]
                 check(predicted == held, f"{name}: rank 0's memory {held} != --dry-run's {predicted}")
             if lab == LAB:
-                want = params_per_rank(E, more and int(more[1]) or n, M) * 4
+                want = params_per_rank(E, more and int(more[1]) or n, M, S) * 4
                 check(rec["mem_peak_bytes_per_rank"]["params"] == [want] * n,
                       f"{name}: parameter bytes per rank {rec['mem_peak_bytes_per_rank']['params']} != {want}")
-        print(f"E={E} experts of {M} units (dense {4 * C}), top-{k}: {len(cases) - 1} layouts = lab01 -n 1, "
-              f"{sum(ref['dropped_per_step']):.0f} drops")
+        print(f"E={E} experts of {M} units (dense {4 * C}), top-{k}, {S} shared: {len(cases) - 1} layouts = "
+              f"lab01 -n 1, {sum(ref['dropped_per_step']):.0f} drops")
     # the width is a shape: a checkpoint of one refuses another, in one line naming the flag
     ck = os.path.join(tempfile.mkdtemp(prefix="pl-l8fg-"), "ck.safetensors")
     short = [a if a != "10" else "2" for a in steps] + ["--experts", "4"]
@@ -424,7 +429,12 @@ def fine_grained():
           f"resume with another width: status {p.returncode}, {said[-300:]}")
     _, p, _ = run(LAB, 2, short + ["--resume", ck], check=False)
     check(p.returncode == 2 and "--expert-width 0" in p.stdout + p.stderr, "resume at the dense width: not refused")
-    print("a checkpoint of another --expert-width is refused in one line")
+    run("lab01_dp", 1, short + ["--shared-experts", "1", "--save", ck])
+    _, p, _ = run(LAB, 2, short + ["--resume", ck], check=False)
+    said = p.stdout + p.stderr
+    check(p.returncode == 2 and "the checkpoint has --shared-experts 1, the flags say --shared-experts 0" in said,
+          f"resume without the shared expert: status {p.returncode}, {said[-300:]}")
+    print("a checkpoint of another --expert-width or --shared-experts is refused in one line")
 
 
 if __name__ == "__main__":
