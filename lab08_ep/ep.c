@@ -81,6 +81,34 @@ static void scratch_reserve(ep_hooks *e, long rows) {
 
 /* ---- the exchanges -------------------------------------------------------------- */
 
+int ep_rank_group(const gpt_config *cfg, int N, int p) {
+    const int G = cfg->route_groups;
+    return G > 1 && N % G == 0 ? p / (N / G) : -1;
+}
+
+/* From the routing: the rank's kept choices of experts in another group, and
+ * the other groups each token reached; x 2, a layer's exchange out and back */
+static void tally_cross_groups(ep_hooks *e, const moe_state *st, int N) {
+    const gpt_config *cfg = e->hooks.cfg;
+    const int mine = ep_rank_group(cfg, e->N, e->rank), k = cfg->top_k;
+    if (mine < 0) return;
+    const int per_group = cfg->experts / cfg->route_groups;
+    long choices = 0, groups = 0;
+    for (long n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            if (st->slot[n * k + j] < 0) continue;
+            const int g = st->choice[n * k + j] / per_group;
+            if (g == mine) continue;
+            choices++;
+            int seen = 0; /* the token's row goes to a group once */
+            for (int i = 0; i < j && !seen; i++)
+                seen = st->slot[n * k + i] >= 0 && st->choice[n * k + i] / per_group == g;
+            groups += !seen;
+        }
+    e->counts.routed_cross += 2.0 * (double)choices;
+    e->counts.routed_cross_once += 2.0 * (double)groups;
+}
+
 /* Rows of a layer's slots between the ranks: `rows_to[p]` rows from `send`
  * (packed in rank order) to EP rank p, `rows_from[p]` from p into `recv`.
  * Counts what leaves the rank. */
@@ -88,11 +116,13 @@ static void exchange_rows(ep_hooks *e, const void *send, const long *rows_to, vo
     const long C = e->hooks.cfg->d_model;
     long *vals = malloc(sizeof(long) * 2 * (size_t)e->N);
     if (!vals) die("out of host memory");
+    const int mine = ep_rank_group(e->hooks.cfg, e->N, e->rank);
     for (int p = 0; p < e->N; p++) {
         vals[p] = rows_to[p] * C;
         vals[e->N + p] = rows_from[p] * C;
         if (p == e->rank) e->counts.rows_kept += (double)rows_to[p];
         else e->counts.rows_sent += (double)rows_to[p];
+        if (mine >= 0 && ep_rank_group(e->hooks.cfg, e->N, p) != mine) e->counts.rows_cross += (double)rows_to[p];
     }
     const double t0 = MPI_Wtime();
     comm_alltoallv(e->ep, send, vals, NULL, recv, vals + e->N, NULL, COMM_VALUES);
@@ -164,6 +194,7 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     moe_state st = moe_state_view(la->moe, cfg, N);
     st.stats = la->moe_stats;
     moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N); /* the one-rank run's decisions: per sequence */
+    tally_cross_groups(e, &st, N);
     /* counts first: how many rows each rank will send to each of my experts */
     int ev = trace_begin("ep_counts", TRACE_COMM, -1, NULL);
     double t0 = MPI_Wtime();
@@ -215,6 +246,7 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     moe_state st = moe_state_view(la->moe, cfg, N);
     moe_scratch sc = moe_scratch_view(s->moe, cfg, N);
     moe_combine_backward(&st, &sc, k, C, st.ys, dout, sc.dys, N);
+    tally_cross_groups(e, &st, N);
     long total = 0;
     for (int j = 0; j < El; j++) total += ly->count[j];
     scratch_reserve(e, total > e->reserve_rows ? total : e->reserve_rows);

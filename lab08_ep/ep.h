@@ -50,6 +50,11 @@ typedef struct ep_counts {
     double count_bytes_sent, count_bytes_kept; /* the count exchanges' bytes: to other ranks, to itself */
     double alltoall_seconds, expert_seconds;   /* wall time in the exchanges and in the experts' matmuls */
     long max_expert_rows;         /* the most slots one local expert ran in one layer's forward */
+    /* --route-groups G dividing the EP ranks (a group: a node of N/G ranks): rows the all-to-alls
+     * sent to ranks of another group (measured), and from the routing, out and back, the rank's
+     * tokens' choices in other groups and the other groups each token reached (a row once per
+     * group: DeepSeek-V3's send) */
+    double rows_cross, routed_cross, routed_cross_once;
 } ep_counts;
 
 typedef struct ep_hooks {
@@ -84,6 +89,10 @@ int ep_runs(const gpt_layout *g, const tensor_info *tensors, long layer_size, in
  * k T) slots go to one rank's experts (a token picks an expert at most once).
  * With a capacity factor (F > 0) the buffers are sized to it, so the
  * activations do not depend on the routing; 0 under F = 0 (they grow). */
+/* EP rank p's group under --route-groups G when G divides the N ranks (its
+ * experts' group: G groups of E/G consecutive experts); -1 otherwise (a
+ * rank's experts then span groups: no traffic between groups to count). */
+int ep_rank_group(const gpt_config *cfg, int N, int p);
 long ep_received_rows_bound(const gpt_config *cfg, int N, long rows);
 
 void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep);

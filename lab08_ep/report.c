@@ -111,7 +111,13 @@ double lab08_evaluate(run_ctx *ctx, void *lab) {
 /* the all-to-all per rank per step: measured by comm (payload, the own block
  * included), the exact count from the routing (rows that left the rank, and
  * the counts), and the uniform-routing expectation */
-typedef struct alltoall_figures { double steps, payload, sent, own, uniform, mean_rows; } alltoall_figures;
+typedef struct alltoall_figures {
+    double steps, payload, sent, own, uniform, mean_rows;
+    /* --route-groups G dividing the EP ranks: bytes between groups per rank per step (the mean of
+     * the ranks), measured, from the routing, once per group, and under uniform routing both ways */
+    int groups;
+    double cross, routed, once, cross_uniform, once_uniform;
+} alltoall_figures;
 
 static alltoall_figures alltoall(const run_ctx *ctx, const lab08 *e) {
     const int T = ctx->opt.seq, C = ctx->opt.d_model, k = ctx->opt.top_k, N = e->N;
@@ -125,12 +131,25 @@ static alltoall_figures alltoall(const run_ctx *ctx, const lab08 *e) {
     const th_cp_traffic per_layer = th_ep_layer_traffic(N, (double)e->rows * T, k, C, vb);
     f.uniform = ctx->opt.layers * (per_layer.fwd_sent + per_layer.bwd_sent);
     f.mean_rows = th_ep_tokens_per_expert_uniform((long)e->rows * T * N, k, ctx->opt.experts);
+    /* between groups: the ranks' sums (every rank's own counts), then their mean */
+    const int G = ctx->model.route_groups;
+    f.groups = ep_rank_group(&ctx->model, N, 0) >= 0;
+    const double *x = e->cross_rows; /* lab08_report's sums over the ranks */
+    const double row = C * vb / f.steps / e->world.size;
+    f.cross = x[0] * row, f.routed = x[1] * row, f.once = x[2] * row;
+    const double exchanges = (ctx->model.recompute == RECOMPUTE_FULL ? 6.0 : 4.0) * ctx->opt.layers; /* a step's */
+    const double rows_out = exchanges * (double)e->rows * T * C * vb; /* a token's row, each exchange */
+    f.cross_uniform = f.groups ? rows_out * th_ep_cross_node_copies(k, 0, G) : 0;
+    f.once_uniform = f.groups ? rows_out * th_ep_cross_node_copies(k, ctx->model.route_max_groups, G) : 0;
     return f;
 }
 
 void lab08_report(run_ctx *ctx, void *lab, lab_report *r) {
     lab08 *e = lab;
     const int L = ctx->opt.layers, T = ctx->opt.seq, k = ctx->opt.top_k, sized = sized_by_config(ctx);
+    const ep_counts *n = &e->eh.counts;
+    e->cross_rows[0] = n->rows_cross, e->cross_rows[1] = n->routed_cross, e->cross_rows[2] = n->routed_cross_once;
+    MPI_Allreduce(MPI_IN_PLACE, e->cross_rows, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     const alltoall_figures f = alltoall(ctx, e);
     e->max_rows = e->eh.counts.max_expert_rows;
     MPI_Allreduce(MPI_IN_PLACE, &e->max_rows, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
@@ -149,6 +168,13 @@ void lab08_report(run_ctx *ctx, void *lab, lab_report *r) {
     jsonval_set(m, "alltoall_sent_per_step", jsonval_integer(f.sent));
     jsonval_set(m, "alltoall_own_per_step", jsonval_integer(f.own));
     jsonval_set(m, "alltoall_uniform_per_step", jsonval_integer(f.uniform));
+    if (f.groups) { /* between groups: the ranks' mean per step */
+        jsonval_set(m, "alltoall_cross_group_per_step", jsonval_number(f.cross));
+        jsonval_set(m, "alltoall_cross_group_routing_per_step", jsonval_number(f.routed));
+        jsonval_set(m, "alltoall_cross_group_once_per_step", jsonval_number(f.once));
+        jsonval_set(m, "alltoall_cross_group_uniform_per_step", jsonval_number(f.cross_uniform));
+        jsonval_set(m, "alltoall_cross_group_once_uniform_per_step", jsonval_number(f.once_uniform));
+    }
     jsonval_set(m, "expert_rows_max", json_integer(e->max_rows));
     jsonval_set(m, "expert_rows_uniform", jsonval_number(f.mean_rows));
     jsonval_set(m, "expert_rows_max_per_step", per_step);
@@ -188,6 +214,17 @@ void lab08_print(run_ctx *ctx, void *lab) {
            "%sB exact from this run's routing (rows to other ranks x C x b, and the counts) | %sB under uniform "
            "routing, 4 k N_tok C b (N-1)/N x L layers\n", human(f.payload - f.own, a), human(f.sent, b),
            human(f.uniform, c));
+    if (f.groups) {
+        char d[16], g[16];
+        printf("  between groups (--route-groups %d: %d EP rank%s each), per rank per step (the ranks' mean): %sB "
+               "sent, a row per choice (measured: the all-to-alls' rows to other groups) | %sB from this run's "
+               "routing (its tokens' choices in other groups, out and back) | %sB once per group a token reaches "
+               "(DeepSeek-V3's send) | uniform routing: %sB a row per choice, k (G-1)/G a token; at most %sB once "
+               "per group, min(M, k) (G-1)/G (th_ep_cross_node_copies)\n",
+               ctx->model.route_groups, N / ctx->model.route_groups, N / ctx->model.route_groups > 1 ? "s" : "",
+               human(f.cross, a), human(f.routed, b),
+               human(f.once, c), human(f.cross_uniform, d), human(f.once_uniform, g));
+    }
     printf("  time per rank per step (rank 0): all-to-all %.2f ms (waiting for the slowest rank included) | "
            "experts' matmuls %.2f ms\n", 1e3 * e->eh.counts.alltoall_seconds / f.steps,
            1e3 * e->eh.counts.expert_seconds / f.steps);

@@ -24,6 +24,9 @@ typedef struct lab08 {
     /* the smallest top-k margin each step routed on (moe_min_margin, min over layers and ranks; -1: k = E) */
     float *margin_per_step;
     long max_rows; /* the last step's busiest expert, over all ranks */
+    /* --route-groups dividing the EP ranks: the ranks' summed rows between groups (ep_counts'
+     * rows_cross, routed_cross, routed_cross_once), gathered by lab08_report for the print */
+    double cross_rows[3];
     char layout[64];
 } lab08;
 

@@ -79,6 +79,9 @@ typedef struct estimate {
     double mfu;               /* model FLOPs / (step x GPUs x peak) */
     double tp_bytes, pp_bytes, dp_bytes; /* ring bytes per GPU per step */
     double cp_bytes, ep_bytes;           /* bytes sent per GPU per step, CP's ring and EP's all-to-alls */
+    double ep_node_bytes;                /* of EP's, those between nodes (th_ep_cross_node_copies) */
+    double ep_node_copies;               /* a token's row's copies between nodes per all-to-all */
+    long ep_node_limit;                  /* the model's route_max_nodes (0: a copy per choice) */
 } estimate;
 
 /* "" if the layout can run the model on the cluster, else why not (one line

@@ -348,6 +348,10 @@ void plan_print_winner(FILE *f, const estimate *e, const cluster *c) {
     fprintf(f, "  traffic per GPU per step (ring bytes): TP %.3g GB, CP %.3g GB (ring attention, K and V forward, dK and "
                "dV back), EP %.3g GB (all-to-all), PP %.3g GB, DP %.3g GB\n",
             e->tp_bytes / 1e9, e->cp_bytes / 1e9, e->ep_bytes / 1e9, e->pp_bytes / 1e9, e->dp_bytes / 1e9);
+    if (e->l.ep > 1)
+        fprintf(f, "  EP between nodes: %.3g GB per GPU per step, %.3g copies of a token's row per all-to-all (%s)\n",
+                e->ep_node_bytes / 1e9, e->ep_node_copies,
+                e->ep_node_limit > 0 ? "node-limited routing: once to each node a token reaches" : "a copy per choice");
     if (e->l.ep > 1 || e->expert_params > 0)
         fprintf(f, "  experts: %.3g B routed-expert parameters on the fullest GPU (1/%d of its stage's), their states "
                    "over %d ranks holding the same experts\n",

@@ -43,8 +43,9 @@ const model_preset model_presets[] = {
      "Mixtral 8x7B (arXiv 2401.04088, Table 1): 8 SwiGLU experts top-2 per layer, GQA, RoPE, untied head"},
     {"deepseek-v3", {.vocab = 129280, .seq = 4096, .layers = 61, .d_model = 7168, .heads = 128, .kv_heads = 128,
                      .ffn = 18432, .gated_mlp = 1, .experts = 256, .top_k = 8, .ffn_expert = 2048,
-                     .shared_experts = 1, .dense_layers = 3},
-     "DeepSeek-V3 (arXiv 2412.19437): 256 routed experts top-8 + 1 shared (width 2048), first 3 layers dense; MLA as MHA"},
+                     .shared_experts = 1, .dense_layers = 3, .route_max_nodes = 4},
+     "DeepSeek-V3 (arXiv 2412.19437): 256 routed experts top-8 + 1 shared (width 2048), first 3 layers dense, "
+     "each token's experts on at most 4 nodes; MLA as MHA"},
     /* ALiBi: no position table; the extra LayerNorm after the embedding is left out */
     {"bloom-176b", {.vocab = 250880, .seq = 2048, .layers = 70, .d_model = 14336, .heads = 112, .kv_heads = 112,
                     .ffn = 4 * 14336, .biases = 1, .learned_positions = 0, .tied_head = 1, .dropout = 1},

@@ -345,6 +345,8 @@ def deepseek():
                                                                            if bias else ()) + \
                     (("route_groups_max_per_step", "route_groups_mean_per_step") if groups else ()):
                 check(rec[key] == ref[key], f"{name}: {key} {rec[key]} != lab01's {ref[key]}")
+            if groups and lab == LAB:
+                cross_groups(name, rec)
         print(f"{' '.join(routing)}: load max/mean {ref['load_imbalance_per_step'][0]:.3f} -> "
               f"{ref['load_imbalance_per_step'][-1]:.3f} at every layout")
     # the measure can fail: with M = G = 2 nothing is limited, and tokens do reach both groups
@@ -354,6 +356,17 @@ def deepseek():
           f"M = G: groups reached {free['route_groups_max_per_step']} {free['route_groups_mean_per_step']}")
     print(f"--route-groups 2: M = 1 kept every token in one group; M = 2 let them reach 2 (mean "
           f"{free['route_groups_mean_per_step'][0]:.2f} at step 1)")
+    # the issue's case: 8 experts in G = 4 groups (one EP rank each), at most M = 2 groups a token
+    limited = steps + ["--experts", "8", "--router", "sigmoid", "--route-groups", "4", "--route-max-groups", "2"]
+    ref, _, _ = run("lab01_dp", 1, limited)
+    rec, _, _ = run(LAB, 4, limited + ["--ep", "4"])
+    compare_runs("lab08 --ep 4, G = 4, M = 2 vs lab01 -n 1", rec, ref, 1e-5)
+    check(max(rec["route_groups_max_per_step"]) == 2 and rec["route_groups_max_per_step"] == ref["route_groups_max_per_step"],
+          f"G = 4, M = 2: the most groups a token reached per step {rec['route_groups_max_per_step']}")
+    cross_groups("lab08 --ep 4, G = 4, M = 2", rec)
+    print(f"G = 4, M = 2 at --ep 4: at most {max(rec['route_groups_max_per_step'])} groups a token every step; "
+          f"between groups {rec['alltoall_cross_group_per_step'] / 1e6:.2f} MB a row per choice = the routing's, "
+          f"{rec['alltoall_cross_group_once_per_step'] / 1e6:.2f} MB once per group")
     # the bias is training state: saved by lab01 after 5 steps, resumed by lab08 at EP 2 x EDP 2
     extra = ["--experts", "4", "--router", "sigmoid", "--balance", "bias", "--bias-speed", "0.01"]
     ref, _, _ = run("lab01_dp", 1, steps + extra)
@@ -374,6 +387,16 @@ def deepseek():
         said = p.stdout + p.stderr
         check(p.returncode == 2 and needle in said and "the checkpoint was trained with --router sigmoid --balance "
               "bias" in said, f"resume with {other}: status {p.returncode}, {said[-300:]}")
+
+
+def cross_groups(name, rec):
+    """Node-limited routing over whole EP ranks: the rows the all-to-alls sent between groups (as
+    comm was asked to send them) are the routing's (its choices in other groups, out and back), and
+    a token's row sent once per group it reaches is no more."""
+    cross, routed = rec["alltoall_cross_group_per_step"], rec["alltoall_cross_group_routing_per_step"]
+    once = rec["alltoall_cross_group_once_per_step"]
+    check(cross > 0 and cross == routed, f"{name}: between groups measured {cross} B, from the routing {routed} B")
+    check(0 < once <= cross, f"{name}: once per group {once} B, a row per choice {cross} B")
 
 
 def fine_grained():

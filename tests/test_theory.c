@@ -565,6 +565,16 @@ static void check_expert_parallel(void) {
     CHECK(t2.fwd_sent + t2.bwd_sent == 1048576, "ep all-to-all N=2");
     CHECK(t1.fwd_sent + t1.bwd_sent == 0, "ep all-to-all N=1");
     CHECK(th_ep_tokens_per_expert_uniform(2048, 2, 4) == 1024, "ep tokens per expert");
+    /* copies of a token's row between nodes per all-to-all, by hand: DeepSeek-V3 (k 8, at most 4
+     * nodes, EP 64 over 8 nodes of 8): a copy per choice 8 x 7/8 = 7, once per node 4 x 7/8 = 3.5;
+     * one node: none; a limit above k or the nodes bounds nothing more (k 2, M 4: 2 x 3/4) */
+    CHECK(th_ep_cross_node_copies(8, 0, 8) == 7 && th_ep_cross_node_copies(8, 4, 8) == 3.5,
+          "cross-node copies, V3: %g per choice, %g node-limited", th_ep_cross_node_copies(8, 0, 8),
+          th_ep_cross_node_copies(8, 4, 8));
+    CHECK(th_ep_cross_node_copies(8, 4, 1) == 0 && th_ep_cross_node_copies(2, 4, 4) == 1.5 &&
+              th_ep_cross_node_copies(8, 16, 2) == 1,
+          "cross-node copies: one node %g, k 2 M 4 over 4 nodes %g, M 16 over 2 nodes %g",
+          th_ep_cross_node_copies(8, 4, 1), th_ep_cross_node_copies(2, 4, 4), th_ep_cross_node_copies(8, 16, 2));
     /* received rows, by hand (the lesson's tiny model: 8 rows of T = 64 per rank, k = 2, E = 4):
      * F = 1.0, cap = 32 per expert and sequence: --ep 4, one expert each, 4 x 8 x 32 = 1024; --ep 2,
      * two each, 2 x 8 x 64 = 1024; F = 0: min(E/N T, k T) per sequence, 4 x 8 x 64 = 2048 at --ep 4,

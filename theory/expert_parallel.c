@@ -5,6 +5,13 @@
 #include <math.h>
 #include <stdlib.h>
 
+double th_ep_cross_node_copies(long top_k, long max_nodes, int nodes) {
+    if (nodes <= 1) return 0;
+    const double remote = (double)(nodes - 1) / nodes, k = (double)top_k;
+    if (max_nodes <= 0) return k * remote;
+    return fmin(fmin((double)max_nodes, k), (double)nodes) * remote;
+}
+
 double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts) {
     return (double)top_k * (double)tokens / experts;
 }

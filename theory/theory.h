@@ -63,6 +63,10 @@ typedef struct th_model {
      * ffn_expert units, one output bias), and the first dense_layers layers keep
      * a dense MLP ffn wide (plan3d's presets; the labs leave it 0). */
     long ffn_expert, shared_experts, dense_layers;
+    /* node-limited routing (DeepSeek-V3: 4): a token's routed experts on at
+     * most this many nodes, its row sent once to each and forwarded inside
+     * (th_ep_cross_node_copies); 0: no limit, a copy per choice (lab08) */
+    long route_max_nodes;
     /* dropout in the layers (GPT, Megatron's GPT, BLOOM as plan3d's presets
      * take them): its masks are among the published activations (Korthikanti
      * et al. 2022: 2 sbh a layer, sbh after the embedding); 0: none (Llama,
@@ -401,6 +405,15 @@ th_cp_ring_hiding th_cp_ring_hiding_of(long rows, long T, int N, long d_model, d
  *   forward  2 k tokens d_model value_bytes (N-1)/N,  backward the same,
  * 4 k N_tok C b (N-1)/N in all (issue 25). Received = sent. 0 for N = 1. */
 th_cp_traffic th_ep_layer_traffic(int N, double tokens, long top_k, long d_model, double value_bytes);
+/* Copies of one token's row that cross nodes in one all-to-all (dispatch or
+ * combine) of an EP group spread over `nodes` nodes, routing uniform. Each
+ * choice sent on its own (lab08; max_nodes 0): k (nodes-1)/nodes. Node-limited
+ * (DeepSeek-V3, section 3.2.2: at most M = 4 nodes a token, the row sent once
+ * to each node over InfiniBand, then to its experts there over NVLink): the
+ * token reaches at most min(M, k, nodes) nodes, each another than its own with
+ * probability (nodes-1)/nodes. V3 (k 8, M 4, EP 64 over 8 nodes): 3.5 copies
+ * instead of 7. 0 inside one node. */
+double th_ep_cross_node_copies(long top_k, long max_nodes, int nodes);
 /* Tokens per expert under uniform routing: k tokens / E of the tokens the
  * expert's EP group holds (the mean; the max is what capacity bounds). */
 double th_ep_tokens_per_expert_uniform(long tokens, int top_k, int experts);
