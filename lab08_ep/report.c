@@ -3,6 +3,7 @@
 #include "jsonval.h"
 #include "moe.h"
 #include "predict.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -192,6 +193,19 @@ void lab08_report(run_ctx *ctx, void *lab, lab_report *r) {
     for (int l = 0; l < L; l++) received[l] = sized ? bound : (double)ep_layer_rows_cap(&e->eh, l);
     r->run.acts_formula_bytes = th_ep_acts_bytes(&tm, &acts_opts, e->rows, received);
     free(received);
+    if (ctx->model.capacity_factor <= 0) { /* dropless: what the load's skew costs */
+        double busiest = 0;
+        for (int l = 0; l < L; l++) busiest = fmax(busiest, (double)ep_layer_rows_cap(&e->eh, l));
+        MPI_Allreduce(MPI_IN_PLACE, &busiest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        e->skew = busiest / ((double)k * e->rows * T);
+        e->acts_at_skew = th_ep_dropless_acts_bytes(&tm, &acts_opts, e->rows, e->N, e->skew);
+        e->acts_uniform = th_ep_dropless_acts_bytes(&tm, &acts_opts, e->rows, e->N, 1);
+        e->acts_bound = th_ep_dropless_acts_bytes(&tm, &acts_opts, e->rows, e->N, (double)e->N * ctx->opt.experts);
+        jsonval_set(m, "dropless_skew", jsonval_number(e->skew));
+        jsonval_set(m, "dropless_acts_at_skew", jsonval_number(e->acts_at_skew));
+        jsonval_set(m, "dropless_acts_uniform", jsonval_number(e->acts_uniform));
+        jsonval_set(m, "dropless_acts_bound", jsonval_number(e->acts_bound));
+    }
     /* model states per parameter the rank holds: the replicated part and E/N of the experts */
     r->run.comms[0] = &e->world;
     r->run.comms[1] = &e->ep;
@@ -236,4 +250,11 @@ void lab08_print(run_ctx *ctx, void *lab) {
     else
         printf("  activations: received rows sized to the most this rank received per layer (F = 0: the "
                "routing decides; bound without capacity %.0f)\n", th_ep_received_rows_bound(e->rows, T, k, E, N, 0));
+    if (ctx->model.capacity_factor <= 0) {
+        char u[16], s[16], w[16];
+        printf("  dropless (F = 0): the busiest layer received %.2fx the uniform k N_tok = %d rows (any rank); every "
+               "layer at that skew: activations %sB per rank (th_ep_dropless_acts_bytes), %sB under uniform "
+               "routing, %sB at the bound (every token to one rank)\n", e->skew, k * e->rows * T,
+               human(e->acts_at_skew, s), human(e->acts_uniform, u), human(e->acts_bound, w));
+    }
 }

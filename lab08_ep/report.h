@@ -27,6 +27,9 @@ typedef struct lab08 {
     /* --route-groups dividing the EP ranks: the ranks' summed rows between groups (ep_counts'
      * rows_cross, routed_cross, routed_cross_once), gathered by lab08_report for the print */
     double cross_rows[3];
+    /* dropless (F = 0): the busiest layer's received rows on any rank over the uniform k N_tok, and
+     * theory's activations with every layer at that skew, at 1 and at the bound (lab08_report) */
+    double skew, acts_at_skew, acts_uniform, acts_bound;
     char layout[64];
 } lab08;
 

@@ -270,6 +270,13 @@ def dry_run():
         check(a2a_calls == calls, f"{name}: all-to-all calls predicted {calls}, measured {a2a_calls}")
         low = 0 if capped else uniform  # dropped slots do not travel
         check(low <= a2a_bytes <= most, f"{name}: all-to-all payload {a2a_bytes} outside [{low}, {most}]")
+        if not capped:  # dropless: the busiest layer's skew prices every layer above what any rank held
+            acts = max(rec["mem_peak_bytes_per_rank"]["acts"])
+            skew, at, uni, bound = (rec[k] for k in ("dropless_skew", "dropless_acts_at_skew", "dropless_acts_uniform",
+                                                     "dropless_acts_bound"))
+            check(skew >= 1 and uni <= at <= bound and acts <= at and rows[0][3] == bound,
+                  f"{name}: dropless skew {skew}, activations held {acts}, at the skew {at}, uniform {uni}, "
+                  f"bound {bound} (the dry run's {rows[0][3]})")
         print(f"{name}: memory {'exact' if capped else 'under the bound'} {rows[0]}; all-reduce {kinds}; "
               f"all-to-all {a2a_bytes} in [{low:.0f}, {most:.0f}]")
 

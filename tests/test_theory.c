@@ -568,6 +568,12 @@ static void check_expert_parallel(void) {
     /* copies of a token's row between nodes per all-to-all, by hand: DeepSeek-V3 (k 8, at most 4
      * nodes, EP 64 over 8 nodes of 8): a copy per choice 8 x 7/8 = 7, once per node 4 x 7/8 = 3.5;
      * one node: none; a limit above k or the nodes bounds nothing more (k 2, M 4: 2 x 3/4) */
+    /* dropless rows, by hand (8 rows of T = 64, k 2, E 4 over N 2): uniform k N_tok = 1024; skew 1.6:
+     * ceil(1638.4) = 1639; skew 3 passes the capacity-free bound 2 x 8 x min(2 x 64, 2 x 64) = 2048 */
+    CHECK(th_ep_dropless_rows(8, 64, 2, 4, 2, 1) == 1024 && th_ep_dropless_rows(8, 64, 2, 4, 2, 1.6) == 1639 &&
+              th_ep_dropless_rows(8, 64, 2, 4, 2, 3) == 2048,
+          "dropless rows: %g %g %g", th_ep_dropless_rows(8, 64, 2, 4, 2, 1), th_ep_dropless_rows(8, 64, 2, 4, 2, 1.6),
+          th_ep_dropless_rows(8, 64, 2, 4, 2, 3));
     CHECK(th_ep_cross_node_copies(8, 0, 8) == 7 && th_ep_cross_node_copies(8, 4, 8) == 3.5,
           "cross-node copies, V3: %g per choice, %g node-limited", th_ep_cross_node_copies(8, 0, 8),
           th_ep_cross_node_copies(8, 4, 8));

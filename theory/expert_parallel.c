@@ -60,6 +60,17 @@ double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const do
     return ep_acts_bytes(m, o, rows, received, 0);
 }
 
+double th_ep_dropless_rows(long rows, long seq, int top_k, int experts, int N, double skew) {
+    const double uniform = (double)top_k * (double)rows * (double)seq;
+    return fmin(ceil(skew * uniform), th_ep_received_rows_bound(rows, seq, top_k, experts, N, 0));
+}
+
+double th_ep_dropless_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, double skew) {
+    if (m->experts <= 0) return -1;
+    const double r = th_ep_dropless_rows(rows, m->seq, (int)m->top_k, (int)m->experts, N, skew);
+    return ep_acts_bytes(m, o, rows, NULL, r);
+}
+
 /* ---- --dry-run (theory/predict.h) ------------------------------------------------------- */
 
 /* What lab08 allocates and moves, from its flags. The received rows' buffers

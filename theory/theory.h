@@ -452,6 +452,16 @@ double th_moe_stats_bytes(const th_model *m);
  * layer; with F = 0 the most rows the run routed to the rank in that layer.
  * -1 where th_course_acts_bytes is, or without experts. */
 double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received);
+/* Dropless routing (F = 0: every choice computed, Megatron's "dropless" MoE):
+ * no capacity bounds what a rank's experts receive, so their buffers grow with
+ * the load's skew s, the rank's received rows in a layer over the uniform k
+ * N_tok (s = 1: uniform routing): s k N_tok rows, at most the capacity-free
+ * bound (th_ep_received_rows_bound at F = 0: every token of the EP group to
+ * the rank's experts). th_ep_dropless_acts_bytes: lab08's activations with
+ * every layer at that skew (th_ep_acts_bytes; exact where each layer received
+ * that many, so for a run it bounds what its busiest layer's skew costs). */
+double th_ep_dropless_rows(long rows, long seq, int top_k, int experts, int N, double skew);
+double th_ep_dropless_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, double skew);
 
 /* ---- pipeline schedules ------------------------------------------------------------------- */
 
