@@ -111,8 +111,7 @@ static void step(run_ctx *ctx, void *lab, int i, int step, lab_step *out) {
 
 static void done(void *lab) {
     lab08 *e = lab;
-    free(e->max_rows_per_step);
-    free(e->margin_per_step);
+    lab08_free_figures(e);
     free(e->runs);
     free(e->tokens);
     free(e->targets);

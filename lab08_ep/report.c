@@ -85,7 +85,17 @@ void lab08_start_figures(const run_ctx *ctx, lab08 *e) {
     }
     e->max_rows_per_step = calloc((size_t)ctx->opt.steps + 1, sizeof(long));
     e->margin_per_step = calloc((size_t)ctx->opt.steps + 1, sizeof(float));
-    if (!e->max_rows_per_step || !e->margin_per_step) die("out of host memory");
+    e->cross_per_step = calloc((size_t)ctx->opt.steps + 1, sizeof(double));
+    e->cross_once_per_step = calloc((size_t)ctx->opt.steps + 1, sizeof(double));
+    if (!e->max_rows_per_step || !e->margin_per_step || !e->cross_per_step || !e->cross_once_per_step)
+        die("out of host memory");
+}
+
+void lab08_free_figures(lab08 *e) {
+    free(e->max_rows_per_step);
+    free(e->margin_per_step);
+    free(e->cross_per_step);
+    free(e->cross_once_per_step);
 }
 
 void lab08_step_figures(lab08 *e, int i, lab_step *out) {
@@ -93,8 +103,21 @@ void lab08_step_figures(lab08 *e, int i, lab_step *out) {
     float margin = moe_min_margin(&e->g, &e->acts); /* read after the step: it changes nothing */
     MPI_Allreduce(MPI_IN_PLACE, &margin, 1, MPI_FLOAT, MPI_MIN, MPI_COMM_WORLD);
     e->margin_per_step[i] = margin;
-    snprintf(out->text, sizeof out->text, "top-k margin %.2e", margin);
+    int at = snprintf(out->text, sizeof out->text, "top-k margin %.2e", margin);
     out->note = margin >= 0 ? out->text : NULL;
+    if (ep_rank_group(e->eh.hooks.cfg, e->N, 0) >= 0) { /* node-limited over whole EP ranks: this step's bytes */
+        const ep_counts *n = &e->eh.counts;
+        double x[2] = {n->rows_cross - e->cross_seen[0], n->routed_cross_once - e->cross_seen[1]};
+        e->cross_seen[0] = n->rows_cross, e->cross_seen[1] = n->routed_cross_once;
+        MPI_Allreduce(MPI_IN_PLACE, x, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        if (!out->note) at = 0; /* no margin (k = E): the groups alone */
+        const double row = (double)e->eh.hooks.cfg->d_model * value_bytes() / e->world.size;
+        e->cross_per_step[i] = x[0] * row, e->cross_once_per_step[i] = x[1] * row;
+        char a[16], b[16];
+        snprintf(out->text + at, sizeof out->text - (size_t)at, "%sbetween groups %sB (once per group %sB)",
+                 out->note ? " | " : "", human(e->cross_per_step[i], a), human(e->cross_once_per_step[i], b));
+        out->note = out->text;
+    }
 }
 
 /* --eval: lab_heldout_loss laid out as in training. Its all-to-alls and
@@ -179,6 +202,10 @@ void lab08_report(run_ctx *ctx, void *lab, lab_report *r) {
     jsonval_set(m, "expert_rows_max", json_integer(e->max_rows));
     jsonval_set(m, "expert_rows_uniform", jsonval_number(f.mean_rows));
     jsonval_set(m, "expert_rows_max_per_step", per_step);
+    if (f.groups) { /* every step's bytes between groups, the ranks' mean */
+        jsonval_set(m, "cross_group_bytes_by_step", jsonval_figures(e->cross_per_step, done));
+        jsonval_set(m, "cross_group_once_bytes_by_step", jsonval_figures(e->cross_once_per_step, done));
+    }
     jsonval_set(m, "topk_margin_per_step", margins);
     /* times: rank 0's, per step */
     jsonval_set(m, "alltoall_ms_per_step", jsonval_number(1e3 * e->eh.counts.alltoall_seconds / f.steps));

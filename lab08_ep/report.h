@@ -27,6 +27,9 @@ typedef struct lab08 {
     /* --route-groups dividing the EP ranks: the ranks' summed rows between groups (ep_counts'
      * rows_cross, routed_cross, routed_cross_once), gathered by lab08_report for the print */
     double cross_rows[3];
+    /* and per step (the ranks' mean bytes: a row per choice, once per group), with the counts at the
+     * last step's end */
+    double *cross_per_step, *cross_once_per_step, cross_seen[2];
     /* dropless (F = 0): the busiest layer's received rows on any rank over the uniform k N_tok, and
      * theory's activations with every layer at that skew, at 1 and at the bound (lab08_report) */
     double skew, acts_at_skew, acts_uniform, acts_bound;
@@ -43,6 +46,7 @@ void lab08_start_figures(const run_ctx *ctx, lab08 *e);
 /* After the step's forward: its busiest expert and its top-k margin, kept for the record; the margin on
  * the step line (out->note). Collective. */
 void lab08_step_figures(lab08 *e, int i, lab_step *out);
+void lab08_free_figures(lab08 *e);
 double lab08_evaluate(run_ctx *ctx, void *lab);
 void lab08_report(run_ctx *ctx, void *lab, lab_report *r);
 void lab08_print(run_ctx *ctx, void *lab);

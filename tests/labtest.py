@@ -15,19 +15,21 @@ BUILD = os.environ.get("BUILD_DIR", os.getcwd())
 
 # Runs with --experts that --dry-run (test_cluster.py dry_run) and plan3d --check (test_plan3d.py check) must
 # predict exactly: lab01, lab02 at every ZeRO stage, lab03, lab04's one-chunk, interleaved and zero-bubble
-# schedules; top-2 and top-1, --capacity-factor 0 and 1, fp32 and bf16, --recompute selective and full.
+# schedules; top-2 and top-1, --capacity-factor 0 and 1, fp32 and bf16, --recompute selective and full;
+# shared experts (with fine-grained ones, and under the B/W split with full recomputation).
 # (lab, ranks, flags) on top of a test's tiny model; lab04's 4 micro-batches divide a batch of 8.
 EXPERTS_LAYOUTS = [
     ("lab01_dp", 2, ["--experts", "4"]),
     ("lab02_zero", 2, ["--zero-stage", "1", "--experts", "4", "--top-k", "1", "--capacity-factor", "1"]),
     ("lab02_zero", 2, ["--zero-stage", "2", "--experts", "4", "--capacity-factor", "1"]),
-    ("lab02_zero", 2, ["--zero-stage", "3", "--experts", "4", "--precision", "bf16"]),
+    ("lab02_zero", 2, ["--zero-stage", "3", "--experts", "4", "--precision", "bf16", "--shared-experts", "2",
+                       "--expert-width", "24"]),
     ("lab03_pp_naive", 2, ["--experts", "4", "--top-k", "1", "--recompute", "selective"]),
     ("lab04_1f1b", 2, ["--micro-batches", "4", "--experts", "4", "--capacity-factor", "1"]),
     ("lab04_1f1b", 2, ["--micro-batches", "4", "--schedule", "interleaved", "--layers", "4", "--experts", "4",
                        "--top-k", "1"]),
     ("lab04_1f1b", 2, ["--micro-batches", "4", "--schedule", "zb-v", "--layers", "4", "--experts", "4",
-                       "--recompute", "full", "--capacity-factor", "1"]),
+                       "--recompute", "full", "--capacity-factor", "1", "--shared-experts", "1"]),
 ]
 
 # lab01's --grad-accum K that --dry-run and plan3d --check must predict exactly (th_run.grad_accum): the

@@ -404,6 +404,10 @@ def cross_groups(name, rec):
     once = rec["alltoall_cross_group_once_per_step"]
     check(cross > 0 and cross == routed, f"{name}: between groups measured {cross} B, from the routing {routed} B")
     check(0 < once <= cross, f"{name}: once per group {once} B, a row per choice {cross} B")
+    steps, once_steps = rec["cross_group_bytes_by_step"], rec["cross_group_once_bytes_by_step"]
+    check(len(steps) == len(rec["losses"]) and abs(sum(steps) / len(steps) - cross) <= 1e-9 * cross and
+          all(0 < o <= x for o, x in zip(once_steps, steps)),
+          f"{name}: per step between groups {steps}, once per group {once_steps}, the run's mean {cross}")
 
 
 def fine_grained():
