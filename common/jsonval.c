@@ -48,3 +48,11 @@ void jsonval_append(json_t *array, json_t *value) {
 void jsonval_set(json_t *object, const char *key, json_t *value) {
     if (json_object_set_new(object, key, value) != 0) die("cannot set JSON member \"%s\"", key);
 }
+
+const char *jsonval_shown(json_t *v, char *buf, size_t len) {
+    char *text = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    snprintf(buf, len, "%s", text ? text : "?");
+    if (text && strlen(text) >= len && len > 4) strcpy(buf + len - 4, "...");
+    free(text);
+    return buf;
+}

@@ -27,5 +27,7 @@ json_t *jsonval_text(const char *s);
 void jsonval_append(json_t *array, json_t *value);
 /* object[key] = value (the reference to value is taken). */
 void jsonval_set(json_t *object, const char *key, json_t *value);
+/* A value as a message quotes it: its JSON, cut short with "..." to fit buf. */
+const char *jsonval_shown(json_t *v, char *buf, size_t len);
 
 #endif

@@ -1,6 +1,7 @@
 /* The lab skeleton (lab_main.h). */
 #include "lab_main.h"
 #include "jsonval.h"
+#include "th_run_json.h"
 #include <stdlib.h>
 
 int lab_main(int argc, char **argv, const lab_def *def, void *lab) {
@@ -44,6 +45,7 @@ int lab_main(int argc, char **argv, const lab_def *def, void *lab) {
 
     if (!(report.record = json_object())) die("out of host memory");
     if (def->report) def->report(&ctx, lab, &report);
+    jsonval_set(report.record, "th_run", th_run_to_json(&need)); /* what theory predicted the run from */
     lab_finish(&ctx, &view, eval_loss, report.record, report.model_states, report.run);
     if (def->print) def->print(&ctx, lab);
     if (def->done) def->done(lab);

@@ -19,10 +19,12 @@
 #include "check.h"
 #include "comm.h"
 #include "cost.h"
+#include "jsonval.h"
 #include "predict.h"
 #include "model.h"
 #include "paths.h"
 #include "shards.h"
+#include "th_run_json.h"
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -146,9 +148,7 @@ static double time_grid(const run *r, const timing *tm, const th_rank_need *need
  * a lab's: every value is checked before anything is predicted, and the first
  * problem is named with its key. The limits are what plan3d's per-rank and
  * per-layer tables hold and what any run of the labs can have been. */
-enum { MAX_RANKS = 65536, MAX_LAYERS = 65536 };
 #define RECORDS_MAX_BYTES (1LL << 30) /* records.jsonl: a million runs' records */
-#define MAX_FLAG 1000000000L                     /* the labs' largest value of a count flag */
 static const double MAX_RUN_BYTES = 1125899906842624.0; /* 2^50 = 1 PiB */
 static const char *const lab_names[] = {"lab01_dp",  "lab02_zero", "lab03_pp_naive", "lab04_1f1b",
                                         "lab05_tp", "lab06_3d",   "lab07_cp",       "lab08_ep", "lab09_5d"};
@@ -162,49 +162,6 @@ static int problem(char *why, size_t len, const char *fmt, ...) {
     return 0;
 }
 
-/* A JSON value as the file has it, cut short: what the messages quote. */
-static const char *shown(json_t *v, char *buf, size_t len) {
-    char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    snprintf(buf, len, "%s", text ? text : "?");
-    if (text && strlen(text) >= len && len > 4) strcpy(buf + len - 4, "...");
-    free(text);
-    return buf;
-}
-
-/* obj[key] (named prefix key) as a whole number in [lo, hi]; when absent,
- * fallback, unless fallback < lo: then the key is required. */
-static int read_count(json_t *obj, const char *prefix, const char *key, long lo, long hi, long fallback, long *out,
-                      char *why, size_t len) {
-    json_t *v = json_object_get(obj, key);
-    char text[48];
-    if (!v) {
-        if (fallback < lo) return problem(why, len, "%s%s is missing", prefix, key);
-        *out = fallback;
-        return 1;
-    }
-    double x = json_is_number(v) ? json_number_value(v) : NAN;
-    if (!(x >= lo && x <= hi && x == floor(x)))
-        return problem(why, len, "%s%s %s: must be a whole number from %ld to %ld", prefix, key, shown(v, text, sizeof text),
-                       lo, hi);
-    *out = (long)x;
-    return 1;
-}
-
-/* obj[key] as one of `choices` ("a|b|c"), its index in *out; absent: fallback's. */
-static int read_choice(json_t *obj, const char *prefix, const char *key, const char *choices, const char *fallback,
-                       int *out, char *why, size_t len) {
-    json_t *v = json_object_get(obj, key);
-    if (!v && !fallback) return problem(why, len, "%s%s is missing", prefix, key);
-    const char *name = v && json_is_string(v) ? json_string_value(v) : v ? NULL : fallback;
-    int k = 0;
-    for (const char *c = choices; name && *c; k++) {
-        size_t n = strcspn(c, "|");
-        if (strlen(name) == n && !strncmp(c, name, n)) { *out = k; return 1; }
-        c += n + (c[n] == '|');
-    }
-    char text[48];
-    return problem(why, len, "%s%s %s: must be one of %s", prefix, key, shown(v, text, sizeof text), choices);
-}
 
 /* obj[key] as a finite number >= lo; absent: fallback, unless fallback < lo. */
 static int read_number(json_t *obj, const char *key, double lo, double fallback, double *out, char *why, size_t len) {
@@ -216,7 +173,7 @@ static int read_number(json_t *obj, const char *key, double lo, double fallback,
         return 1;
     }
     double x = json_is_number(v) ? json_number_value(v) : NAN;
-    if (!(x >= lo && isfinite(x))) return problem(why, len, "%s %s: must be a number of at least %g", key, shown(v, text, sizeof text), lo);
+    if (!(x >= lo && isfinite(x))) return problem(why, len, "%s %s: must be a number of at least %g", key, jsonval_shown(v, text, sizeof text), lo);
     *out = x;
     return 1;
 }
@@ -233,7 +190,7 @@ static int read_per_rank(json_t *obj, const char *prefix, const char *key, int r
         char text[48];
         if (!json_is_number(v) || !(json_number_value(v) >= lo) || !isfinite(json_number_value(v)))
             return problem(why, len, "%s%s[%d] %s: must be a number of at least %g", prefix, key, q,
-                           shown(v, text, sizeof text), lo);
+                           jsonval_shown(v, text, sizeof text), lo);
     }
     return 1;
 }
@@ -246,142 +203,79 @@ static int read_per_kind(json_t *obj, const char *key, char *why, size_t len) {
     json_object_foreach(o, kind, v) {
         char text[48];
         if (!json_is_number(v) || !(json_number_value(v) >= 0) || !isfinite(json_number_value(v)))
-            return problem(why, len, "%s.%s %s: must be a number of at least 0", key, kind, shown(v, text, sizeof text));
+            return problem(why, len, "%s.%s %s: must be a number of at least 0", key, kind, jsonval_shown(v, text, sizeof text));
     }
     return 1;
 }
 
-static int is_lab(const run *r, const char *name) { return !strcmp(r->lab, name); }
-
-/* The record as a run, or 0 with what is wrong in why. */
+/* The record as a run, or 0 with what is wrong in why. What to predict is the
+ * record's th_run, the config the lab predicted its own memory and traffic
+ * from (labs/th_run_json.h); the lab's name is only printed. */
 static int read_run(json_t *rec, run *r, char *why, size_t len) {
     memset(r, 0, sizeof *r);
     char text[48];
-    if (!json_is_object(rec)) return problem(why, len, "a record must be a JSON object, not %s", shown(rec, text, sizeof text));
+    if (!json_is_object(rec)) return problem(why, len, "a record must be a JSON object, not %s", jsonval_shown(rec, text, sizeof text));
     json_t *lab = json_object_get(rec, "lab");
     if (!lab) return problem(why, len, "lab is missing");
     for (size_t i = 0; !r->lab && json_is_string(lab) && i < sizeof lab_names / sizeof lab_names[0]; i++)
         if (!strcmp(json_string_value(lab), lab_names[i])) r->lab = lab_names[i];
     if (!r->lab)
         return problem(why, len, "lab %s: not a lab plan3d checks (lab01_dp, lab02_zero, lab03_pp_naive, lab04_1f1b, "
-                       "lab05_tp, lab06_3d, lab07_cp, lab08_ep, lab09_5d)", shown(lab, text, sizeof text));
-    long ranks, B, T, L, C, H, m, chunks, tp = 1, pp = 1, dp = 1, zero = 0, accum = 1;
-    json_t *cfg = json_object_get(rec, "config");
-    if (!json_is_object(cfg)) return problem(why, len, cfg ? "config: must be an object" : "config is missing");
-    int sched, precision;
-    if (!read_count(rec, "", "ranks", 1, MAX_RANKS, 0, &ranks, why, len) ||
-        !read_count(cfg, "config.", "batch", 1, MAX_FLAG, 0, &B, why, len) ||
-        !read_count(cfg, "config.", "seq", 1, MAX_FLAG, 0, &T, why, len) ||
-        !read_count(cfg, "config.", "layers", 1, MAX_LAYERS, 0, &L, why, len) ||
-        !read_count(cfg, "config.", "d_model", 1, MAX_FLAG, 0, &C, why, len) ||
-        !read_count(cfg, "config.", "heads", 1, MAX_FLAG, 0, &H, why, len) ||
-        !read_choice(cfg, "config.", "recompute", RECOMPUTE_CHOICES, "none", &r->cfg.recompute, why, len) ||
-        !read_choice(cfg, "config.", "precision", "fp32|bf16", "fp32", &precision, why, len))
-        return 0;
-    if (C % H) return problem(why, len, "config.heads %ld does not divide config.d_model %ld", H, C);
-    r->cfg.ranks = (int)ranks;
-    r->cfg.batch = (int)B; r->T = (int)T; r->L = (int)L; r->C = (int)C; r->H = (int)H;
-    r->cfg.bf16 = precision == 1;
-    r->vb = r->cfg.bf16 ? 2 : 4;
-    r->cfg.model = th_course_model(256, T, L, C, H);
-
-    /* the layout: lab03/04 a pipeline of every rank, lab05 TP over every rank, lab06 the grid it records */
-    /* lab09: lab06's grid with a CP axis (tp x cp x pp x dp, each recorded) */
-    const int grid = is_lab(r, "lab06_3d") || is_lab(r, "lab09_5d");
-    const int pipeline = is_lab(r, "lab03_pp_naive") || is_lab(r, "lab04_1f1b") || grid;
-    const long need = is_lab(r, "lab04_1f1b") || grid ? 0 : 1; /* 0: required */
-    if (!read_count(rec, "", "micro_batches", 1, MAX_FLAG, need, &m, why, len) ||
-        !read_count(rec, "", "chunks_per_rank", 1, MAX_LAYERS, 1, &chunks, why, len) ||
-        !read_choice(rec, "", "schedule", "gpipe|1f1b|interleaved|zb-h1|zb-v", need ? "gpipe" : NULL, &sched, why, len))
-        return 0;
-    if (is_lab(r, "lab02_zero") && !read_count(rec, "", "zero_stage", 1, 3, 0, &zero, why, len)) return 0;
-    /* lab01's --grad-accum: each rank's rows in micro-batches; a record without it ran without */
-    if (is_lab(r, "lab01_dp") && !read_count(rec, "", "grad_accum", 1, MAX_FLAG, 1, &accum, why, len)) return 0;
-    /* lab06's --zero-stage 1 (ZeRO-1 over each DP group); a record without it ran without */
-    if (grid && !read_count(rec, "", "zero_stage", 0, 1, 0, &zero, why, len)) return 0;
-    if (grid && (!read_count(rec, "", "tp", 1, MAX_RANKS, 0, &tp, why, len) ||
-                                  !read_count(rec, "", "pp", 1, MAX_RANKS, 0, &pp, why, len) ||
-                                  !read_count(rec, "", "dp", 1, MAX_RANKS, 0, &dp, why, len)))
-        return 0;
-    /* lab07: --cp ranks per CP group, data parallel over the rest; lab08: --ep
-     * ranks per EP group, every rank its own rows. The experts are the
-     * record's config for every lab (experts, top_k, capacity_factor,
-     * capacity_scope; absent: a dense model), required of lab08's. */
-    long cp = 0, ep = 0, experts = 0, top_k = 0, expert_width = 0, shared = 0;
-    int cp_algo = 0, cp_layout = 0, scope = 0;
-    double capacity = 0;
-    const int lab08 = is_lab(r, "lab08_ep");
-    if ((is_lab(r, "lab07_cp") || is_lab(r, "lab09_5d")) &&
-        (!read_count(rec, "", "cp", 1, ranks, 0, &cp, why, len) ||
-         !read_choice(rec, "", "cp_algo", "ring|allgather|ulysses", NULL, &cp_algo, why, len) ||
-         !read_choice(rec, "", "cp_layout", "contiguous|zigzag", NULL, &cp_layout, why, len))) /* th_cp_layout's order */
-        return 0;
-    /* lab09: ep 0 without experts, else its EP groups (and no CP layers: c = 1) */
-    if (is_lab(r, "lab09_5d") && !read_count(rec, "", "ep", 0, ranks, 0, &ep, why, len)) return 0;
-    if (is_lab(r, "lab09_5d") && ep > 0) cp = 0;
-    if ((lab08 && !read_count(rec, "", "ep", 1, ranks, 0, &ep, why, len)) ||
-        !read_count(cfg, "config.", "experts", lab08, MAX_LAYERS, 0, &experts, why, len) ||
-        !read_count(cfg, "config.", "top_k", lab08, MAX_LAYERS, 0, &top_k, why, len) ||
-        !read_count(cfg, "config.", "expert_width", 0, 1L << 30, 0, &expert_width, why, len) ||
-        !read_count(cfg, "config.", "shared_experts", 0, 1L << 30, 0, &shared, why, len) ||
-        !read_number(cfg, "capacity_factor", 0, 0, &capacity, why, len) ||
-        !read_choice(cfg, "config.", "capacity_scope", "sequence|rank", "sequence", &scope, why, len))
-        return 0;
-    if (experts && (top_k < 1 || top_k > experts))
-        return problem(why, len, "config.experts %ld, config.top_k %ld: top_k must be from 1 to the experts", experts,
-                       top_k);
-    if (cp && !grid) dp = ranks / cp; /* lab07: data parallel over the CP groups */
-    r->cfg.tensor_parallel = json_object_get(rec, "tp") != NULL; /* the rules read lab09's grid */
-    r->cfg.tp = (int)tp; r->cfg.dp = (int)dp;
-    r->cfg.cp = (int)cp; r->cfg.cp_algo = cp_algo; r->cfg.cp_layout = cp_layout; r->cfg.ep = (int)ep;
-    r->cfg.model.experts = experts; r->cfg.model.top_k = experts ? top_k : 0; /* a dense record's top_k is unused */
-    r->cfg.model.ffn_expert = experts ? expert_width : 0; /* --expert-width (absent: the dense MLP's) */
-    r->cfg.model.shared_experts = experts ? shared : 0;     /* --shared-experts (absent: none) */
+                       "lab05_tp, lab06_3d, lab07_cp, lab08_ep, lab09_5d)", jsonval_shown(lab, text, sizeof text));
+    if (!th_run_from_json(json_object_get(rec, "th_run"), &r->cfg, why, len)) return 0;
+    th_run *c = &r->cfg;
+    const th_model *m = &c->model;
+    const long ranks = c->ranks, B = c->batch, T = m->seq, L = m->layers, C = m->d_model, H = m->heads;
+    const long tp = c->tp, pp = c->pp, dp = c->dp, cp = c->cp, mb = c->micro_batches;
+    if (C % H) return problem(why, len, "th_run.model.heads %ld does not divide th_run.model.d_model %ld", H, C);
+    r->T = (int)T; r->L = (int)L; r->C = (int)C; r->H = (int)H;
+    r->vb = c->bf16 ? 2 : 4;
+    if (m->experts && (m->top_k < 1 || m->top_k > m->experts))
+        return problem(why, len, "th_run.model.experts %ld, th_run.model.top_k %ld: top_k must be from 1 to the experts",
+                       m->experts, m->top_k);
     /* what the run held: its model states (the experts' included) and one layer's activations of the whole
      * batch, with the T x T scores */
-    double bytes = 16 * th_param_counts(&r->cfg.model).total + 4.0 * B * T * (16.0 * C + (double)H * T + 256);
+    double bytes = 16 * th_param_counts(m).total + 4.0 * B * T * (16.0 * C + (double)H * T + 256);
     if (!(bytes <= MAX_RUN_BYTES))
-        return problem(why, len, "config: a model and batch of about %.3g bytes (batch %ld, seq %ld, layers %ld, d_model "
+        return problem(why, len, "th_run: a model and batch of about %.3g bytes (batch %ld, seq %ld, layers %ld, d_model "
                        "%ld, experts %ld), more than any run of the labs holds (limit 2^50 bytes)", bytes, B, T, L, C,
-                       experts);
+                       m->experts);
     /* the rules the labs refuse their flags by (lab07's and lab08's layouts): a record breaking one was not a run */
     char rule[256];
-    if (th_run_broken_rule(&r->cfg, TH_NAMES_RECORD, rule, sizeof rule)) return problem(why, len, "%s", rule);
-    /* a per-rank capacity sizes the buffers by the routing, as no capacity does */
-    r->cfg.capacity_factor = scope == 0 ? capacity : 0;
-    r->routing_sized = ep && r->cfg.capacity_factor == 0;
-    if (ep && lab08) tp = pp = 1, dp = ranks; /* every rank its own rows: the product below is ranks */
-    if (is_lab(r, "lab03_pp_naive") || is_lab(r, "lab04_1f1b")) pp = ranks;
-    if (is_lab(r, "lab05_tp")) tp = ranks;
-    if (is_lab(r, "lab01_dp") || is_lab(r, "lab02_zero")) dp = ranks;
-    if (tp * pp * dp * (cp ? cp : 1) != ranks)
-        return problem(why, len, "tp %ld x pp %ld x dp %ld%s is not ranks %ld", tp, pp, dp, cp ? " x cp" : "", ranks);
-    if (H % tp) return problem(why, len, "config.heads %ld is not divisible by the %ld TP ranks", H, tp);
-    if (B % (dp * m)) return problem(why, len, "config.batch %ld is not divisible by %ld data-parallel ranks x %ld "
-                                     "micro-batches", B, dp, m);
-    if (B % (dp * accum)) return problem(why, len, "grad_accum %ld does not divide the %ld rows of each of the %ld "
-                                         "ranks (config.batch %ld)", accum, B / dp, dp, B);
-    if (pipeline) {
-        const long want = th_schedule_chunks((th_schedule)sched, (int)chunks);
+    if (th_run_broken_rule(c, TH_NAMES_RECORD, rule, sizeof rule)) return problem(why, len, "%s", rule);
+    /* the layout: the grid's ranks (context parallelism: its groups of cp; lab08's experts: its EP groups x
+     * their expert data parallelism, every rank its own rows) */
+    const int experts_alone = c->ep > 0 && !c->tensor_parallel;
+    const long grid = experts_alone ? dp * c->ep : tp * pp * dp * (cp ? cp : 1), rows_ranks = experts_alone ? ranks : dp;
+    if (grid != ranks && experts_alone)
+        return problem(why, len, "th_run: dp %ld x ep %d is not ranks %ld", dp, c->ep, ranks);
+    if (grid != ranks)
+        return problem(why, len, "th_run: tp %ld x pp %ld x dp %ld%s is not ranks %ld", tp, pp, dp, cp ? " x cp" : "",
+                       ranks);
+    if (H % tp) return problem(why, len, "th_run.model.heads %ld is not divisible by the %ld TP ranks", H, tp);
+    const long accum = c->grad_accum > 1 ? c->grad_accum : 1;
+    if (B % (rows_ranks * mb))
+        return problem(why, len, "th_run.batch %ld is not divisible by %ld data-parallel ranks x %ld micro-batches", B,
+                       rows_ranks, mb);
+    if (B % (rows_ranks * accum))
+        return problem(why, len, "th_run.grad_accum %ld does not divide the %ld rows of each of the %ld ranks "
+                       "(th_run.batch %ld)", accum, B / rows_ranks, rows_ranks, B);
+    if (c->schedule) { /* an executor's pipeline: its chunks, and the layers they split */
+        const th_schedule sched = (th_schedule)th_schedule_parse(c->schedule);
+        const long chunks = c->chunks > 0 ? c->chunks : 1, want = th_schedule_chunks(sched, (int)chunks);
         if (chunks != want || (sched == TH_SCHED_INTERLEAVED && chunks < 2))
-            return problem(why, len, "chunks_per_rank %ld: --schedule %s runs %s", chunks, th_schedule_names[sched],
+            return problem(why, len, "th_run.chunks %ld: schedule %s runs %s", chunks, c->schedule,
                            sched == TH_SCHED_INTERLEAVED ? "at least 2" : want == 2 ? "2" : "1");
         if (pp * chunks > L || (chunks > 1 && L % (pp * chunks)))
-            return problem(why, len, "config.layers %ld cannot be split into %ld stages x %ld chunks", L, pp, chunks);
+            return problem(why, len, "th_run.model.layers %ld cannot be split into %ld stages x %ld chunks", L, pp, chunks);
+    } else if (pp > L) {
+        return problem(why, len, "th_run.model.layers %ld cannot be split into %ld stages", L, pp);
     }
-    json_t *sp = json_object_get(rec, "sequence_parallel");
-    if (sp && !json_is_boolean(sp)) return problem(why, len, "sequence_parallel %s: must be true or false", shown(sp, text, sizeof text));
-    r->cfg.sequence_parallel = json_is_true(sp);
-    if (r->cfg.sequence_parallel && tp > 1 && T % tp) return problem(why, len, "config.seq %ld is not divisible by the %ld TP ranks "
-                                                  "(sequence_parallel)", T, tp);
-    r->cfg.tp = (int)tp; r->cfg.pp = (int)pp; r->cfg.dp = (int)dp;
-    r->cfg.micro_batches = (int)m; r->cfg.chunks = (int)chunks; r->cfg.zero_stage = (int)zero;
-    r->cfg.grad_accum = (int)accum;
-    r->schedule = th_schedule_names[sched];
-    r->cfg.schedule = json_object_get(rec, "schedule") ? r->schedule : NULL;
-    r->cfg.tensor_parallel = json_object_get(rec, "tp") != NULL;
-    json_t *device = json_object_get(rec, "device");
-    r->cfg.cuda = json_is_string(device) && !strcmp(json_string_value(device), "cuda");
+    if (c->sequence_parallel && tp > 1 && T % tp)
+        return problem(why, len, "th_run.model.seq %ld is not divisible by the %ld TP ranks (sequence_parallel)", T, tp);
+    r->schedule = c->schedule ? c->schedule : th_schedule_names[TH_SCHED_GPIPE]; /* lab03's order: GPipe at m = 1 */
+    /* lab08's received rows without a per-sequence capacity: the routing's, which the prediction bounds */
+    r->routing_sized = c->ep > 0 && c->capacity_factor == 0;
     if (!read_number(rec, "bucket_mb", 0, 0, &r->bucket_mb, why, len) ||
         !read_number(rec, "step_ms_median", 0, -1, &r->step_ms, why, len))
         return 0;
@@ -435,7 +329,8 @@ typedef struct tally { int records, exact, mem_checked, mem_exact, bytes_checked
 static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, json_t *out) {
     run r = *rp;
     const int own_part = r.cfg.cp > 0 || r.cfg.ep > 0; /* lab07's and lab08's layers: predicted, not timed */
-    int is_grid = !own_part && strcmp(r.lab, "lab01_dp") && strcmp(r.lab, "lab02_zero");
+    /* data parallelism alone (no stages, no executor, no TP layers: th_predict_run's own test) or a grid */
+    int is_grid = !own_part && !(r.cfg.pp == 1 && !r.cfg.schedule && !r.cfg.tensor_parallel);
 
     /* ranks beyond the cores share them, in proportion to how busy they are */
     timing tm = *tm0;

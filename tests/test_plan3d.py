@@ -169,9 +169,9 @@ def case_check():
         f.write(json.dumps(rec) + "\n")
     p = plan3d(["--check", bad, "--calibration", os.path.join(bad, "none.json")])
     check(p.returncode == 1 and "MISMATCH" in p.stdout, f"a changed record must fail the check: {p.stdout}")
-    # lab01 --grad-accum: the record's grad_accum decides the rows of the prediction (absent: 1, the whole rows)
-    rec = next(json.loads(line) for line in lines if json.loads(line).get("grad_accum", 1) > 1)
-    rec.pop("grad_accum")
+    # lab01 --grad-accum: the th_run's grad_accum decides the rows of the prediction (1: the whole rows)
+    rec = next(json.loads(line) for line in lines if json.loads(line)["th_run"]["grad_accum"] > 1)
+    rec["th_run"]["grad_accum"] = 1
     bad = tempfile.mkdtemp(prefix="pl-plan-bad-")
     with open(os.path.join(bad, "records.jsonl"), "w") as f:
         f.write(json.dumps(rec) + "\n")
@@ -179,7 +179,7 @@ def case_check():
     check(p.returncode == 1 and "MISMATCH rank 0 acts" in p.stdout,
           f"a --grad-accum record without its grad_accum must mismatch on the activations: {p.stdout}")
     with open(os.path.join(bad, "records.jsonl"), "w") as f:
-        f.write(json.dumps({**rec, "grad_accum": 3}) + "\n")  # 4 rows per rank
+        f.write(json.dumps({**rec, "th_run": {**rec["th_run"], "grad_accum": 3}}) + "\n")  # 4 rows per rank
     p = plan3d(["--check", bad, "--calibration", os.path.join(bad, "none.json")])
     check(p.returncode == 2 and "grad_accum 3" in p.stderr, f"grad_accum 3 of 4 rows must be refused: {p.stderr}")
     print(f"passed: {len(runs)} runs of {len(labs)} labs predicted exactly (memory per rank and category, "
@@ -480,7 +480,8 @@ def case_bad_files():
     good7 = tempfile.mkdtemp(prefix="pl-plan-good-")
     sweep(good7, [("lab07_cp", 2, TINY)])
     line7 = open(os.path.join(good7, "records.jsonl")).read().splitlines()[0]
-    check((json.loads(line7)["cp"], json.loads(line7)["cp_layout"]) == (2, "zigzag"), f"lab07's record: {line7}")
+    check((json.loads(line7)["th_run"]["cp"], json.loads(line7)["th_run"]["cp_layout"]) == (2, "zigzag"),
+          f"lab07's record: {line7}")
 
     def records(text):
         d = tempfile.mkdtemp(prefix="pl-plan-rec-", dir=tmp)
@@ -509,11 +510,14 @@ def case_bad_files():
         os.mkdir(os.path.join(d, "records.jsonl"))
         return d
 
-    def cfg(key, value):
-        return lambda r: r["config"].__setitem__(key, value)
+    def run_(key, value):  # a member of the th_run the lab predicted from (labs/th_run_json.h)
+        return lambda r: r["th_run"].__setitem__(key, value)
+
+    def model(key, value):
+        return lambda r: r["th_run"]["model"].__setitem__(key, value)
 
     def drop(key, where=None):
-        return lambda r: (r if where is None else r[where]).pop(key)
+        return lambda r: (r if where is None else r[where] if where != "model" else r["th_run"]["model"]).pop(key)
 
     check_cases = [
         (fifo_records(), "FIFO"),
@@ -521,43 +525,49 @@ def case_bad_files():
         (records(""), "no records"),
         (records("hello\n"), "line 1: not JSON"),
         (records(line + "\n" + line[:len(line) // 2]), "line 2: not JSON, the last line cut short"),
-        (changed(lambda r: r.__setitem__("ranks", 0)), "ranks 0: must be a whole number from 1 to 65536"),
-        (changed(lambda r: r.__setitem__("ranks", 10**9)), "ranks 1000000000"),
-        (changed(lambda r: r.__setitem__("ranks", 3)), "config.layers 4 cannot be split into 3 stages x 2 chunks"),
-        (changed(lambda r: r.__setitem__("micro_batches", 0)), "micro_batches 0"),
-        (changed(lambda r: r.__setitem__("micro_batches", "four")), 'micro_batches "four"'),
-        (changed(lambda r: r.__setitem__("chunks_per_rank", 3)), "config.layers 4 cannot be split"),
-        (changed(lambda r: r.__setitem__("schedule", "zb-h2")), 'schedule "zb-h2"'),
+        (changed(run_("ranks", 0)), "th_run.ranks 0: must be a whole number from 1 to 65536"),
+        (changed(run_("ranks", 10**9)), "th_run.ranks 1000000000"),
+        (changed(run_("ranks", 3)), "th_run: tp 1 x pp 2 x dp 1 is not ranks 3"),
+        (changed(edits(run_("ranks", 3), run_("pp", 3))), "th_run.model.layers 4 cannot be split into 3 stages x 2 chunks"),
+        (changed(run_("micro_batches", 0)), "th_run.micro_batches 0"),
+        (changed(run_("micro_batches", "four")), 'th_run.micro_batches "four"'),
+        (changed(run_("chunks", 1)), "th_run.chunks 1: schedule interleaved runs at least 2"),
+        (changed(run_("chunks", 3)), "th_run.model.layers 4 cannot be split into 2 stages x 3 chunks"),
+        (changed(run_("schedule", "zb-h2")), 'th_run.schedule "zb-h2"'),
+        (changed(run_("recompute", "most")), 'th_run.recompute "most": must be one of none|selective|full'),
+        (changed(run_("bf16", 1)), "th_run.bf16 1: must be true or false"),
         (changed(lambda r: r.__setitem__("lab", "lab09_moe")), 'lab "lab09_moe": not a lab plan3d checks'),
         (changed(drop("lab")), "lab is missing"),
-        (changed(drop("schedule")), "schedule is missing"),  # lab04 records it always
-        (changed(drop("layers", "config")), "config.layers is missing"),
-        (changed(cfg("heads", 0)), "config.heads 0"),
-        (changed(cfg("batch", 7)), "config.batch 7 is not divisible"),
-        (changed(cfg("precision", "fp8")), 'config.precision "fp8"'),
-        (changed(lambda r: (cfg("d_model", 10**9)(r), cfg("heads", 1)(r))), "limit 2^50 bytes"),
+        (changed(drop("th_run")), "th_run is missing"),
+        (changed(drop("schedule", "th_run")), "th_run.schedule is missing"),
+        (changed(drop("layers", "model")), "th_run.model.layers is missing"),
+        (changed(model("heads", 0)), "th_run.model.heads 0"),
+        (changed(model("heads", 3)), "th_run.model.heads 3 does not divide th_run.model.d_model"),
+        (changed(run_("batch", 7)), "th_run.batch 7 is not divisible"),
+        (changed(lambda r: (model("d_model", 10**9)(r), model("heads", 1)(r))), "limit 2^50 bytes"),
         (changed(lambda r: r["mem_peak_bytes_per_rank"]["acts"].pop()), "mem_peak_bytes_per_rank.acts"),
         (changed(lambda r: r["mem_peak_bytes_per_rank"].__setitem__("params", None)), "mem_peak_bytes_per_rank.params"),
         (changed(lambda r: r["comm_bytes_per_step"].__setitem__("send", -5)), "comm_bytes_per_step.send -5"),
         (changed(lambda r: r.__setitem__("step_ms_median", None)), "step_ms_median null"),
         (changed(lambda r: r["bubble"].__setitem__("measured", [0.1])), "bubble.measured"),
         # a model whose experts make it absurd: the size guard counts their parameters (2 x 10^18; without them 5 x 10^13)
-        (changed(edits(cfg("d_model", 10**6), cfg("experts", 65536), cfg("top_k", 1))), "experts 65536), more than "
-                                                                                         "any run of the labs holds"),
+        (changed(edits(model("d_model", 10**6), model("experts", 65536), model("top_k", 1))),
+         "experts 65536), more than any run of the labs holds"),
+        (changed(edits(model("experts", 4), model("top_k", 5))), "th_run.model.experts 4, th_run.model.top_k 5"),
         # lab07's rules, as the lab refuses its flags (theory/rules.c): Ulysses splits whole heads over cp ranks,
         # zig-zag cuts the sequence into 2 cp chunks, the layers' MLP is dense
-        (changed7(edits(lambda r: r.__setitem__("cp_algo", "ulysses"), cfg("heads", 1))),
-         "line 1: config.heads 1: not divisible by cp 2 (cp_algo ulysses"),
-        (changed7(cfg("seq", 18)), "line 1: config.seq 18: not divisible by the 4 chunks of cp_layout zigzag (2 x cp 2)"),
-        (changed7(lambda r: r.__setitem__("cp_layout", "striped")), 'cp_layout "striped": must be one of'),
-        (changed7(drop("cp_layout")), "line 1: cp_layout is missing"),
-        (changed7(edits(cfg("experts", 4), cfg("top_k", 2))),
-         "line 1: config.experts 4: lab07's context-parallel layers run a dense MLP"),
+        (changed7(edits(run_("cp_algo", "ulysses"), model("heads", 1))),
+         "line 1: th_run.model.heads 1: not divisible by th_run.cp 2 (th_run.cp_algo ulysses"),
+        (changed7(model("seq", 18)), "line 1: th_run.model.seq 18: not divisible by the 4 chunks of th_run.cp_layout zigzag (2 x th_run.cp 2)"),
+        (changed7(run_("cp_layout", "striped")), 'th_run.cp_layout "striped": must be one of contiguous|zigzag'),
+        (changed7(drop("cp_layout", "th_run")), "line 1: th_run.cp_layout is missing"),
+        (changed7(edits(model("experts", 4), model("top_k", 2))),
+         "line 1: th_run.model.experts 4: lab07's context-parallel layers run a dense MLP"),
     ]
     cases = [(["--check", d, *no_cal, "--json", js], needle) for d, needle in check_cases]
     # the good records after a bad one: the first bad line is named, nothing is checked
-    cases.append((["--check", records("\n".join([line, line, json.dumps({**rec, "ranks": -1})]) + "\n"), *no_cal],
-                  "line 3: ranks -1"))
+    cases.append((["--check", records("\n".join([line, line, json.dumps({**rec, "th_run": {**rec["th_run"], "ranks": -1}})])
+                                       + "\n"), *no_cal], "line 3: th_run.ranks -1"))
     # published runs: a copy of the course's table with one cell changed
     table = open(os.path.join(ROOT, "plan3d", "published_runs.tsv")).read().splitlines()
     first = next(i for i, l in enumerate(table) if l and not l.startswith("#") and not l.startswith("id\t"))
@@ -603,7 +613,7 @@ def case_bad_files():
         rejected(args, needle, watch=(tmp, out))
     check(not os.listdir(out), f"--json was created: {os.listdir(out)}")
     # the rule reads the record's layout: a contiguous layout's 2 chunks divide the 18 positions (predicted, not refused)
-    p = plan3d(["--check", changed7(edits(cfg("seq", 18), lambda r: r.__setitem__("cp_layout", "contiguous"))), *no_cal])
+    p = plan3d(["--check", changed7(edits(model("seq", 18), run_("cp_layout", "contiguous"))), *no_cal])
     check(p.returncode in (0, 1) and "lab07_cp" in p.stdout, f"contiguous, seq 18 over cp 2: checked: {p.stderr}")
     # --calibrate proves its output writable before it measures, on every rank
     cmd = [MPIRUN, "-n", "2", PLAN, "--calibrate", "--calibration", tmp]

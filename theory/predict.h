@@ -115,7 +115,7 @@ th_ep_alltoall th_ep_alltoall_per_step(const th_run *r);
  * experts, the batch divisible by the ranks. NULL if r keeps them all; else buf,
  * the first broken one in the labs' order as one line "NAME VALUE: rule",
  * naming the numbers as `names` says. */
-typedef enum { TH_NAMES_FLAGS, TH_NAMES_RECORD } th_names; /* "--seq 30: ...", or "config.seq 30: ..." */
+typedef enum { TH_NAMES_FLAGS, TH_NAMES_RECORD } th_names; /* "--seq 30: ...", or "th_run.model.seq 30: ..." */
 const char *th_run_broken_rule(const th_run *r, th_names names, char *buf, int len);
 
 /* Fills need[0 .. r->ranks). Returns 0. */

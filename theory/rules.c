@@ -6,12 +6,14 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-/* The numbers a rule names, each as a lab's flag and as a run record's key. */
+/* The numbers a rule names, each as a lab's flag and as the key of a run
+ * record's th_run (labs/th_run_json.h, what plan3d --check reads). */
 typedef enum { NAME_BATCH, NAME_SEQ, NAME_HEADS, NAME_EXPERTS, NAME_CP, NAME_CP_ALGO, NAME_CP_LAYOUT, NAME_EP } name;
 static const char *const flag_names[] = {"--batch", "--seq", "--heads", "--experts", "--cp", "--cp-algo", "--cp-layout",
                                          "--ep"};
-static const char *const record_names[] = {"config.batch", "config.seq", "config.heads", "config.experts", "cp",
-                                           "cp_algo", "cp_layout", "ep"};
+static const char *const record_names[] = {"th_run.batch", "th_run.model.seq", "th_run.model.heads",
+                                           "th_run.model.experts", "th_run.cp", "th_run.cp_algo", "th_run.cp_layout",
+                                           "th_run.ep"};
 
 typedef struct text {
     const char *const *names;
