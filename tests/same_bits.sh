@@ -74,8 +74,9 @@ CLOCKS = {"seconds", "measured", "bubble_formula", "trace", "timeline", "host", 
           "ring_message_seconds", "ring_hidden", "alltoall_ms_per_step", "experts_ms_per_step"}
 # the flight recorder's settings and its check's cost (common/flight.h): no result, and
 # absent from the records of trees before it; grad_norms, absent before stop 39 (the
-# losses' bits, compared above, change with any change of the gradients anyway)
-NOT_RESULTS = {"flight", "grad_norms"}
+# losses' bits, compared above, change with any change of the gradients anyway); th_run,
+# the config theory predicted from (labs/th_run_json.h), a run's input, absent before stop 42
+NOT_RESULTS = {"flight", "grad_norms", "th_run"}
 def keep(k):
     return k not in CLOCKS and k not in NOT_RESULTS and not (k.startswith("t_") and k.endswith("_s"))
 # keys an older tree wrote beside acts_peak_bytes_formula_per_rank for the same
