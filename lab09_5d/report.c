@@ -215,7 +215,8 @@ void lab09_report(run_ctx *ctx, void *lab, lab_report *r) {
         r->run.comm_formula_bytes = -1;
         r->run.comm_formula = NULL;
     }
-    r->run.n_comms = 4;
+    /* at --ep 1 the EDP group is the replicas' own (main.c): listed once, or its sums would count twice */
+    r->run.n_comms = s->experts && s->edp_group == s->grid.dp ? 3 : 4;
     /* ZeRO-1 over the c x d replicas */
     if (s->zero_stage) stage3d_zero1_states(r, s->states_text, deg[AXIS_TP], deg[AXIS_CP] * deg[AXIS_DP]);
 }

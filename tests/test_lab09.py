@@ -238,7 +238,13 @@ def experts():
             want = tuple(int(x) for x in rows[r][-7:-4])
             check((mem["params"][r], mem["grads"][r], mem["optim"][r]) == want,
                   f"{name} rank {r}: model states {mem['params'][r]} {mem['grads'][r]} {mem['optim'][r]}, dry run {want}")
-        print(f"  {name}: lab01's losses, norms, drops and loads; model states per rank = the dry run's")
+        # the gradients' sums (replicated runs over the replicas, expert runs over EDP), as the dry run predicts
+        sums = [(float(c), int(b)) for c, b in re.findall(r"allreduce ([\d.]+) calls, payload (\d+)", dry.stdout)]
+        want = (max(c for c, _ in sums), max(b for _, b in sums)) if sums else (0, 0)
+        got = (rec["comm_calls_per_step"].get("allreduce", 0), rec["comm_bytes_per_step"].get("allreduce", 0))
+        check(len(sums) == n and got == want, f"{name}: all-reduces per step {got}, the dry run's {want} ({sums})")
+        print(f"  {name}: lab01's losses, norms, drops and loads; model states and all-reduces per rank = the dry "
+              f"run's")
     # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
     rec, _, _ = run(LAB, 8, MODEL + STEPS + layout(1, 1, 2, 4) + DEEPSEEK + ["--ep", "2", "--micro-batches", "2"])

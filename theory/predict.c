@@ -163,8 +163,19 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         for (int k = 0; k < TH_PREDICTED_KINDS; k++) /* CP: every layer of the rank's chunks, every micro-batch */
             if (cp_calls[k] > 0)
                 count(x, (comm_kind)k, (double)layers * m * cp_calls[k], cp_payload[k] / cp_calls[k], cp);
-        if (r->ep > 0) { /* lab09's experts: a reduction per run, replicated over the replicas, experts over EDP */
-            if (replicas > 1) x->calls[COLL_ALLREDUCE] = -1;
+        if (r->ep > 0) { /* lab09's experts: a reduction per run of lab08's (its embedding, each layer's
+                          * attention part and its router with the shared experts, its head: replicated, summed
+                          * over the replicas; each layer's four expert tensors: over the EDP group) */
+            const int edp = replicas / r->ep;
+            for (int c = 0; c < v; c++) {
+                int clo, chi;
+                th_stage_layers(L, S, th_chunk_stage(s, p, pp, c), &clo, &chi);
+                const double experts = th_stage_expert_params(&r->model, &o, clo, chi);
+                const double replicated = th_stage_params(&r->model, &o, clo, chi) - experts;
+                const double runs = (clo == 0) + 2.0 * (chi - clo) + (chi == L);
+                if (replicas > 1) count(x, COLL_ALLREDUCE, runs, value_bytes_of(r) * replicated / runs, replicas);
+                if (edp > 1 && chi > clo) count(x, COLL_ALLREDUCE, 4.0 * (chi - clo), value_bytes_of(r) * experts / (4.0 * (chi - clo)), edp);
+            }
         } else if (r->zero_stage == 1 && replicas > 1) {
             /* lab06's ZeRO-1: params and grads padded to d slices (lab09: c x d) of comm_chunk
              * elements, the optimizer state one slice (th_model_states), a
