@@ -238,13 +238,19 @@ def experts():
             want = tuple(int(x) for x in rows[r][-7:-4])
             check((mem["params"][r], mem["grads"][r], mem["optim"][r]) == want,
                   f"{name} rank {r}: model states {mem['params'][r]} {mem['grads'][r]} {mem['optim'][r]}, dry run {want}")
+            # with a capacity: every block's received rows at its bound, and the scratch (not under --recompute
+            # full, whose recomputed layers claim the hook's buffers otherwise: '?'); comm: lab04's message pool
+            acts, workspace = rows[r][-4], rows[r][-2]
+            recomputed = "--recompute" in extra
+            check((acts == workspace == "?") if recomputed else (int(acts), int(workspace)) == (mem["acts"][r], mem["workspace"][r]),
+                  f"{name} rank {r}: acts {mem['acts'][r]}, workspace {mem['workspace'][r]}; dry run {acts}, {workspace}")
         # the gradients' sums (replicated runs over the replicas, expert runs over EDP), as the dry run predicts
         sums = [(float(c), int(b)) for c, b in re.findall(r"allreduce ([\d.]+) calls, payload (\d+)", dry.stdout)]
         want = (max(c for c, _ in sums), max(b for _, b in sums)) if sums else (0, 0)
         got = (rec["comm_calls_per_step"].get("allreduce", 0), rec["comm_bytes_per_step"].get("allreduce", 0))
         check(len(sums) == n and got == want, f"{name}: all-reduces per step {got}, the dry run's {want} ({sums})")
-        print(f"  {name}: lab01's losses, norms, drops and loads; model states and all-reduces per rank = the dry "
-              f"run's")
+        print(f"  {name}: lab01's losses, norms, drops and loads; model states, activations, workspace and "
+              f"all-reduces per rank = the dry run's")
     # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
     rec, _, _ = run(LAB, 8, MODEL + STEPS + layout(1, 1, 2, 4) + DEEPSEEK + ["--ep", "2", "--micro-batches", "2"])
@@ -292,7 +298,7 @@ def resume():
 
 
 # a dry run's row with experts: rank, tp pp dp, layers, params grads optim, then ? for the rest
-PREDICTED_ROW_EXPERTS = re.compile(r"^\s+(\d+)(?:\s+\d+){3}\s+\S+\s+\d+\s+\d+\s+\d+\s+\?\s+\?\s+\?\s+\?$")
+PREDICTED_ROW_EXPERTS = re.compile(r"^\s+(\d+)(?:\s+\d+){3}\s+\S+\s+\d+\s+\d+\s+\d+\s+(?:\d+|\?)\s+\?\s+(?:\d+|\?)\s+\?$")
 # the dry run's row of a rank: rank, tp cp pp dp (cp only where c > 1), layers, the six categories, the sum
 PREDICTED_ROW = re.compile(r"^\s+(\d+)(?:\s+\d+){3,4}\s+\S+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+\S+$")
 

@@ -43,6 +43,25 @@ static double slot_scratch_bytes(const th_model *m, long rows, double v) {
     return th_pad64(v * slots * Fe) + th_pad64(v * slots * fmax(Fe, (double)m->d_model));
 }
 
+double th_ep_stage_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, double received) {
+    const double course = th_course_acts_bytes(m, o, lo, hi, rows);
+    if (course < 0 || m->experts <= 0) return -1;
+    const double v = th_param_bytes(o->precision), n = th_moe_layers(m, lo, hi);
+    const double row = (2 * (double)m->d_model + 2 * th_expert_width(m)) * v; /* xr, yr [r,C], fch, GELU [r,F] */
+    return course - (o->recompute != RECOMPUTE_FULL ? n * slot_hidden_bytes(m, rows, v) : 0) + n * fmax(received, 1) * row;
+}
+
+double th_ep_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
+    const double v = th_param_bytes(o->precision), course = th_course_scratch_bytes(m, o, rows);
+    if (course < 0 || m->experts <= 0) return -1;
+    return course - slot_scratch_bytes(m, rows, v) - (o->recompute == RECOMPUTE_FULL ? slot_hidden_bytes(m, rows, v) : 0);
+}
+
+double th_ep_hook_scratch_bytes(const th_model *m, const th_opts *o, double received) {
+    const double v = th_param_bytes(o->precision), C = (double)m->d_model, F = th_expert_width(m);
+    return fmax(received, 1) * (C + F + fmax(F, C)) * v; /* dyr, dfch, dGELU then the rows' input gradients */
+}
+
 /* th_ep_acts_bytes with received[l] = uniform for every layer when received is NULL */
 static double ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received, double uniform) {
     const double lab01 = th_course_acts_bytes(m, o, 0, (int)m->layers, rows); /* with the router state, stats */
@@ -85,7 +104,7 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
     th_opts held = o;
     held.ep = N;
     const double v = th_param_bytes(o.precision), L = (double)m->layers, C = (double)m->d_model;
-    const double k = (double)m->top_k, F = th_expert_width(m); /* an expert's hidden units */
+    const double k = (double)m->top_k;
     const long rows = r->batch / r->ranks;
     const double Npos = (double)rows * (double)m->seq;
     const double psi = th_stage_params(m, &held, 0, (int)m->layers);
@@ -97,9 +116,7 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
     /* lab01's backward scratch (with the router's backward, and under --recompute full the recomputed
      * layer's router state and statistics) with the layer's MLP pieces empty (dfch, dGELU; under full the
      * recomputed layer's fch, GELU too), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */
-    double workspace = th_course_scratch_bytes(m, &o, rows) - slot_scratch_bytes(m, rows, v) +
-                       fmax(received, 1) * (C + F + fmax(F, C)) * v; /* dGELU, then the rows' input gradients */
-    if (r->recompute == RECOMPUTE_FULL) workspace -= slot_hidden_bytes(m, rows, v);
+    const double workspace = th_ep_scratch_bytes(m, &o, rows) + th_ep_hook_scratch_bytes(m, &o, received);
     const double stage = fmax(fmax(received, k * Npos), 1) * C * v; /* sent and received rows, by rank */
     const th_states s = th_model_states(psi, &o, 0, 1);
     const double replicated = psi - experts_held;

@@ -103,13 +103,17 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
     th_opts o = th_opts_run(t, sp, r->recompute, r->bf16);
     o.ep = r->ep; /* lab09's experts: a rank holds E/e of each layer's (th_stage_params) */
     const double msg = sp ? act / t : act; /* SP: a stage message carries a TP rank's T/t positions */
+    /* lab09's experts: the rows an EP rank's experts receive in a layer, the capacity's bound (-1: none) */
+    const double ep_received = r->ep > 0 && r->capacity_factor > 0
+        ? th_ep_received_rows_bound(rows, r->model.seq, (int)r->model.top_k, (int)r->model.experts, r->ep,
+                                    r->capacity_factor) : -1;
     /* CP's exchanges per layer and micro-batch (theory/context.c), of K|V blocks of the rank's heads */
     double cp_calls[COLL_NKINDS], cp_payload[COLL_NKINDS];
     th_cp_layer_calls(algo, cp, 2.0 * act / t, r->recompute ? 2 : 1, cp_calls, cp_payload);
     for (int q = 0; q < r->ranks; q++) {
         th_rank_need *x = &need[q];
         const int pp = q / (t * replicas); /* rank = tp + t (cp + c (dp + d pp)): common/mesh.h */
-        double params = 0, acts = 0, in_flight = 0;
+        double params = 0, acts = 0, in_flight = 0, ep_acts = 0;
         int layers = 0, links = 0, lo = 0, hi = L;
         for (int c = 0; c < v; c++) {
             const int st = th_chunk_stage(s, p, pp, c);
@@ -120,6 +124,7 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
             acts += a * (cp > 1 ? th_cp_stage_acts_bytes(&r->model, &o, clo, chi, rows, cp, algo)
                                : th_course_acts_bytes(&r->model, &o, clo, chi, rows));
             if (w > 0) acts += w * th_course_wgrads_bytes(&local, &o, clo, chi, rows);
+            if (r->ep > 0) ep_acts += a * th_ep_stage_acts_bytes(&r->model, &o, clo, chi, rows, ep_received);
             in_flight += (double)a / v;
             layers += chi - clo;
             for (int nb = st - 1; nb <= st + 1; nb += 2) {
@@ -140,8 +145,18 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
                                      th_cp_hooks_bytes(&r->model, &o, rows, cp, algo);
         else if (x->mem[MEM_WORKSPACE] >= 0)
             x->mem[MEM_WORKSPACE] += (v - 1) * th_course_scratch_bytes(&r->model, &o, rows);
-        if (r->ep > 0) /* lab09's experts: lab08's buffers per block in flight, sized by the routing: not yet */
+        if (r->ep > 0 && ep_received >= 0 && r->recompute != RECOMPUTE_FULL) {
+            /* lab09's experts with a capacity: each block in flight claims lab08's received-row buffers at the
+             * capacity's bound, every chunk's layers keep lab01's scratch but the slots' pieces, and the hook's
+             * backward scratch is one set (comm: lab04's message pool, not predicted) */
+            x->mem[MEM_ACTS] = ep_acts;
+            if (x->mem[MEM_WORKSPACE] >= 0) /* each chunk's lab01 scratch is counted above: less the slots' */
+                x->mem[MEM_WORKSPACE] += v * (th_ep_scratch_bytes(&r->model, &o, rows) -
+                                              th_course_scratch_bytes(&r->model, &o, rows)) +
+                                         th_ep_hook_scratch_bytes(&r->model, &o, ep_received);
+        } else if (r->ep > 0) { /* without one the routing sizes them (or --recompute full's claims): not yet */
             x->mem[MEM_ACTS] = x->mem[MEM_COMM] = x->mem[MEM_WORKSPACE] = -1;
+        }
         if (v > 1) x->lo = x->hi = -1; /* not one run of layers */
         const th_traffic pipe = th_pp_traffic(links, m, 1, msg); /* sends and receives together */
         count(x, COLL_SEND, pipe.calls / 2, msg, 2);

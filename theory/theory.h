@@ -452,6 +452,14 @@ double th_moe_stats_bytes(const th_model *m);
  * layer; with F = 0 the most rows the run routed to the rank in that layer.
  * -1 where th_course_acts_bytes is, or without experts. */
 double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received);
+/* The same for one pipeline block of layers [lo, hi) (lab09's experts: each
+ * block in flight claims its own received-row buffers), every layer at
+ * `received` rows; and the scratch of such a block's layers (lab01's, without
+ * the slots' pieces the hook keeps) and of the hook's backward (dyr [r,C],
+ * dfch [r,F], dGELU [r, max(F, C)], one set per rank). -1 as th_ep_acts_bytes. */
+double th_ep_stage_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, double received);
+double th_ep_scratch_bytes(const th_model *m, const th_opts *o, long rows);
+double th_ep_hook_scratch_bytes(const th_model *m, const th_opts *o, double received);
 /* Dropless routing (F = 0: every choice computed, Megatron's "dropless" MoE):
  * no capacity bounds what a rank's experts receive, so their buffers grow with
  * the load's skew s, the rank's received rows in a layer over the uniform k
