@@ -319,21 +319,17 @@ static int read_checkpoint(const char *path, const gpt_config *cfg, double bias_
                  "must match)", experts, cfg->experts);
             goto out;
         }
-        /* fine-grained experts: their width is a shape too (absent: the dense MLP's, 0) */
-        const long width = meta(metadata, "expert_width") ? meta_long(metadata, "expert_width", &ok) : 0;
-        if (!ok) { fail(err, errlen, path, "__metadata__ has no valid \"expert_width\""); goto out; }
-        if (width != cfg->expert_width) {
-            fail(err, errlen, path, "the checkpoint has --expert-width %ld, the flags say --expert-width %d (the "
-                 "model shapes must match)", width, cfg->expert_width);
-            goto out;
-        }
-        /* shared experts: a shape too (absent: none) */
-        const long shared = meta(metadata, "shared_experts") ? meta_long(metadata, "shared_experts", &ok) : 0;
-        if (!ok) { fail(err, errlen, path, "__metadata__ has no valid \"shared_experts\""); goto out; }
-        if (shared != cfg->shared_experts) {
-            fail(err, errlen, path, "the checkpoint has --shared-experts %ld, the flags say --shared-experts %d (the "
-                 "model shapes must match)", shared, cfg->shared_experts);
-            goto out;
+        /* the experts' other shapes (absent: 0, the dense MLP's width, no shared experts) */
+        const struct { const char *key, *flag; int want; } shapes[] = {
+            {"expert_width", "--expert-width", cfg->expert_width}, {"shared_experts", "--shared-experts", cfg->shared_experts}};
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            const long got = meta(metadata, shapes[i].key) ? meta_long(metadata, shapes[i].key, &ok) : 0;
+            if (!ok) { fail(err, errlen, path, "__metadata__ has no valid \"%s\"", shapes[i].key); goto out; }
+            if (got != shapes[i].want) {
+                fail(err, errlen, path, "the checkpoint has %s %ld, the flags say %s %d (the model shapes must match)",
+                     shapes[i].flag, got, shapes[i].flag, shapes[i].want);
+                goto out;
+            }
         }
         describe_routing_change(metadata, cfg, bias_speed, out->routing_changed, sizeof out->routing_changed);
     } else {

@@ -107,12 +107,14 @@ void lab08_step_figures(lab08 *e, int i, lab_step *out) {
     out->note = margin >= 0 ? out->text : NULL;
     if (ep_rank_group(e->eh.hooks.cfg, e->N, 0) >= 0) { /* node-limited over whole EP ranks: this step's bytes */
         const ep_counts *n = &e->eh.counts;
-        double x[2] = {n->rows_cross - e->cross_seen[0], n->routed_cross_once - e->cross_seen[1]};
-        e->cross_seen[0] = n->rows_cross, e->cross_seen[1] = n->routed_cross_once;
-        MPI_Allreduce(MPI_IN_PLACE, x, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        const double now[3] = {n->rows_cross, n->routed_cross, n->routed_cross_once};
+        double x[3]; /* this step's rows, summed over the ranks; the run's sums go on from them */
+        for (int j = 0; j < 3; j++) x[j] = now[j] - e->cross_seen[j], e->cross_seen[j] = now[j];
+        MPI_Allreduce(MPI_IN_PLACE, x, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        for (int j = 0; j < 3; j++) e->cross_rows[j] += x[j];
         if (!out->note) at = 0; /* no margin (k = E): the groups alone */
         const double row = (double)e->eh.hooks.cfg->d_model * value_bytes() / e->world.size;
-        e->cross_per_step[i] = x[0] * row, e->cross_once_per_step[i] = x[1] * row;
+        e->cross_per_step[i] = x[0] * row, e->cross_once_per_step[i] = x[2] * row;
         char a[16], b[16];
         snprintf(out->text + at, sizeof out->text - (size_t)at, "%sbetween groups %sB (once per group %sB)",
                  out->note ? " | " : "", human(e->cross_per_step[i], a), human(e->cross_once_per_step[i], b));
@@ -158,7 +160,7 @@ static alltoall_figures alltoall(const run_ctx *ctx, const lab08 *e) {
     /* between groups: the ranks' sums (every rank's own counts), then their mean */
     const int G = ctx->model.route_groups;
     f.groups = ep_rank_group(&ctx->model, N, 0) >= 0;
-    const double *x = e->cross_rows; /* lab08_report's sums over the ranks */
+    const double *x = e->cross_rows; /* the steps' sums over the ranks (lab08_step_figures) */
     const double row = C * vb / f.steps / e->world.size;
     f.cross = x[0] * row, f.routed = x[1] * row, f.once = x[2] * row;
     const double exchanges = (ctx->model.recompute == RECOMPUTE_FULL ? 6.0 : 4.0) * ctx->opt.layers; /* a step's */
@@ -171,9 +173,6 @@ static alltoall_figures alltoall(const run_ctx *ctx, const lab08 *e) {
 void lab08_report(run_ctx *ctx, void *lab, lab_report *r) {
     lab08 *e = lab;
     const int L = ctx->opt.layers, T = ctx->opt.seq, k = ctx->opt.top_k, sized = sized_by_config(ctx);
-    const ep_counts *n = &e->eh.counts;
-    e->cross_rows[0] = n->rows_cross, e->cross_rows[1] = n->routed_cross, e->cross_rows[2] = n->routed_cross_once;
-    MPI_Allreduce(MPI_IN_PLACE, e->cross_rows, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     const alltoall_figures f = alltoall(ctx, e);
     e->max_rows = e->eh.counts.max_expert_rows;
     MPI_Allreduce(MPI_IN_PLACE, &e->max_rows, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
@@ -227,7 +226,7 @@ void lab08_report(run_ctx *ctx, void *lab, lab_report *r) {
         e->skew = busiest / ((double)k * e->rows * T);
         e->acts_at_skew = th_ep_dropless_acts_bytes(&tm, &acts_opts, e->rows, e->N, e->skew);
         e->acts_uniform = th_ep_dropless_acts_bytes(&tm, &acts_opts, e->rows, e->N, 1);
-        e->acts_bound = th_ep_dropless_acts_bytes(&tm, &acts_opts, e->rows, e->N, (double)e->N * ctx->opt.experts);
+        e->acts_bound = th_ep_dropless_acts_bytes(&tm, &acts_opts, e->rows, e->N, INFINITY); /* the bound's rows */
         jsonval_set(m, "dropless_skew", jsonval_number(e->skew));
         jsonval_set(m, "dropless_acts_at_skew", jsonval_number(e->acts_at_skew));
         jsonval_set(m, "dropless_acts_uniform", jsonval_number(e->acts_uniform));

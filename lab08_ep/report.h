@@ -24,12 +24,11 @@ typedef struct lab08 {
     /* the smallest top-k margin each step routed on (moe_min_margin, min over layers and ranks; -1: k = E) */
     float *margin_per_step;
     long max_rows; /* the last step's busiest expert, over all ranks */
-    /* --route-groups dividing the EP ranks: the ranks' summed rows between groups (ep_counts'
-     * rows_cross, routed_cross, routed_cross_once), gathered by lab08_report for the print */
-    double cross_rows[3];
-    /* and per step (the ranks' mean bytes: a row per choice, once per group), with the counts at the
-     * last step's end */
-    double *cross_per_step, *cross_once_per_step, cross_seen[2];
+    /* --route-groups dividing the EP ranks, summed by lab08_step_figures: the rows between groups
+     * (ep_counts' rows_cross, routed_cross, routed_cross_once) over the ranks and steps, each step's
+     * bytes (the ranks' mean: a row per choice, once per group), and this rank's counts at the last
+     * step's end */
+    double cross_rows[3], *cross_per_step, *cross_once_per_step, cross_seen[3];
     /* dropless (F = 0): the busiest layer's received rows on any rank over the uniform k N_tok, and
      * theory's activations with every layer at that skew, at 1 and at the bound (lab08_report) */
     double skew, acts_at_skew, acts_uniform, acts_bound;

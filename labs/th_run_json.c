@@ -84,11 +84,22 @@ static int problem(char *why, size_t len, const char *fmt, ...) {
     return 0;
 }
 
+/* v's index among names, -1 when it is none of them; and the names as a message lists them */
+static int choice_of(json_t *v, const char *const *names, int n) {
+    for (int k = 0; k < n; k++)
+        if (json_is_string(v) && !strcmp(json_string_value(v), names[k])) return k;
+    return -1;
+}
+static const char *names_text(const char *const *names, int n, char *buf, size_t len) {
+    buf[0] = 0;
+    for (int j = 0; j < n; j++) snprintf(buf + strlen(buf), len - strlen(buf), "%s%s", j ? "|" : "", names[j]);
+    return buf;
+}
 
 static int decode(json_t *o, const char *path, void *base, const field *f, int n, char *why, size_t len) {
     if (!json_is_object(o)) return problem(why, len, o ? "%s: must be an object" : "%s is missing", path);
     for (int i = 0; i < n; i++) {
-        char *at = (char *)base + f[i].offset, text[64], here[96];
+        char *at = (char *)base + f[i].offset, text[64], here[96], list[128];
         snprintf(here, sizeof here, "%s.%s", path, f[i].name);
         json_t *v = json_object_get(o, f[i].name);
         if (!v) return problem(why, len, "%s is missing", here);
@@ -103,7 +114,7 @@ static int decode(json_t *o, const char *path, void *base, const field *f, int n
             else *(long *)at = (long)x;
             break;
         case F_NUMBER:
-            if (!(x >= f[i].lo && x <= f[i].hi) || (isinf(x) && !isinf(f[i].hi)))
+            if (!(x >= f[i].lo && x <= f[i].hi))
                 return problem(why, len, "%s %s: must be a number from %g to %g", here, jsonval_shown(v, text, sizeof text), f[i].lo,
                                f[i].hi);
             *(double *)at = x;
@@ -113,23 +124,19 @@ static int decode(json_t *o, const char *path, void *base, const field *f, int n
             *(int *)at = json_is_true(v);
             break;
         case F_CHOICE: {
-            int k = 0;
-            while (k < f[i].n_names && !(json_is_string(v) && !strcmp(json_string_value(v), f[i].names[k]))) k++;
-            if (k == f[i].n_names) {
-                char list[128] = "";
-                for (int j = 0; j < f[i].n_names; j++)
-                    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", j ? "|" : "", f[i].names[j]);
-                return problem(why, len, "%s %s: must be one of %s", here, jsonval_shown(v, text, sizeof text), list);
-            }
+            const int k = choice_of(v, f[i].names, f[i].n_names);
+            if (k < 0)
+                return problem(why, len, "%s %s: must be one of %s", here, jsonval_shown(v, text, sizeof text),
+                               names_text(f[i].names, f[i].n_names, list, sizeof list));
             *(int *)at = k;
             break;
         }
         case F_SCHEDULE: {
-            const int s = json_is_string(v) ? th_schedule_parse(json_string_value(v)) : -1;
-            if (!json_is_null(v) && s < 0)
-                return problem(why, len, "%s %s: must be null (no executor) or one of gpipe|1f1b|interleaved|zb-h1|zb-v",
-                               here, jsonval_shown(v, text, sizeof text));
-            *(const char **)at = json_is_null(v) ? NULL : th_schedule_names[s]; /* a name that outlives the record */
+            const int k = choice_of(v, th_schedule_names, TH_NSCHED);
+            if (!json_is_null(v) && k < 0)
+                return problem(why, len, "%s %s: must be null (no executor) or one of %s", here,
+                               jsonval_shown(v, text, sizeof text), names_text(th_schedule_names, TH_NSCHED, list, sizeof list));
+            *(const char **)at = k < 0 ? NULL : th_schedule_names[k]; /* a name that outlives the record */
             break;
         }
         case F_MODEL:

@@ -162,7 +162,6 @@ static int problem(char *why, size_t len, const char *fmt, ...) {
     return 0;
 }
 
-
 /* obj[key] as a finite number >= lo; absent: fallback, unless fallback < lo. */
 static int read_number(json_t *obj, const char *key, double lo, double fallback, double *out, char *why, size_t len) {
     json_t *v = json_object_get(obj, key);
@@ -330,7 +329,7 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     run r = *rp;
     const int own_part = r.cfg.cp > 0 || r.cfg.ep > 0; /* lab07's and lab08's layers: predicted, not timed */
     /* data parallelism alone (no stages, no executor, no TP layers: th_predict_run's own test) or a grid */
-    int is_grid = !own_part && !(r.cfg.pp == 1 && !r.cfg.schedule && !r.cfg.tensor_parallel);
+    const int is_grid = !own_part && !(r.cfg.pp == 1 && !r.cfg.schedule && !r.cfg.tensor_parallel);
 
     /* ranks beyond the cores share them, in proportion to how busy they are */
     timing tm = *tm0;
@@ -338,8 +337,7 @@ static void check_one(json_t *rec, const run *rp, const timing *tm0, tally *tl, 
     th_rank_need *pr = calloc((size_t)r.cfg.ranks, sizeof *pr);
     double *busy = calloc((size_t)r.cfg.ranks, sizeof *busy);
     if (!pr || !busy) { fprintf(stderr, "error: out of memory for %d ranks\n", r.cfg.ranks); exit(1); }
-    if (!own_part && r.cfg.pp == 1 && !r.cfg.schedule && !r.cfg.tensor_parallel)
-        shard_figures(&r, &r.cfg); /* data parallelism's units */
+    if (!own_part && !is_grid) shard_figures(&r, &r.cfg); /* data parallelism's units */
     th_predict_run(&r.cfg, pr);
     /* plan3d's step-time model has no CP or EP part, and no experts' (their router, dispatch and k of E MLPs) */
     if (own_part || r.cfg.model.experts > 0) tm.cal = NULL;

@@ -143,8 +143,8 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     const th_cp_traffic ept = th_ep_layer_traffic(ep, ep_tokens, m->top_k, m->d_model, act_bytes);
     const int ep_in_node = (int)fmin(ep, fmax(1, G / t)), ep_nodes = ep > 1 ? ep / ep_in_node : 1;
     const double out_share = ep > 1 ? (double)(ep - ep_in_node) / (ep - 1) : 0;
-    const double ep_between = ep_tokens * (double)m->d_model * act_bytes *
-                              th_ep_cross_node_copies(m->top_k, m->route_max_nodes, ep_nodes); /* one all-to-all */
+    const double ep_copies = th_ep_cross_node_copies(m->top_k, m->route_max_nodes, ep_nodes);
+    const double ep_between = ep_tokens * (double)m->d_model * act_bytes * ep_copies; /* one all-to-all */
     const double ep_one = ep > 1 ? fmax(link_time(ep_between, 0, c->inter_gbs, 0),
                                         link_time((1 - out_share) * ept.fwd_sent / 2, 0, c->intra_gbs, 0)) +
                                        (out_share > 0 ? c->inter_us : c->intra_us) * 1e-6 : 0;
@@ -194,7 +194,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
             e->cp_bytes = (double)M * nl * (cpt.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * cpt.bwd_sent);
             e->ep_bytes = (double)M * n_moe * (ept.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * ept.bwd_sent);
             e->ep_node_bytes = (double)M * n_moe * ep_between * (l->recompute == RECOMPUTE_FULL ? 6 : 4);
-            e->ep_node_copies = th_ep_cross_node_copies(m->top_k, m->route_max_nodes, ep_nodes);
+            e->ep_node_copies = ep_copies;
             e->ep_node_limit = m->route_max_nodes;
         }
         most_params = fmax(most_params, params - experts);

@@ -43,12 +43,22 @@ static double slot_scratch_bytes(const th_model *m, long rows, double v) {
     return th_pad64(v * slots * Fe) + th_pad64(v * slots * fmax(Fe, (double)m->d_model));
 }
 
-double th_ep_stage_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, double received) {
-    const double course = th_course_acts_bytes(m, o, lo, hi, rows);
+/* lab01's layers [lo, hi) less the slots' hidden pieces the hook keeps (not carved
+ * under --recompute full either way), and one received row's bytes in a layer
+ * (xr, yr [r,C], fch, GELU [r,F]: each its own allocation) */
+static double ep_layers_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows) {
+    const double course = th_course_acts_bytes(m, o, lo, hi, rows); /* with the router state, stats */
     if (course < 0 || m->experts <= 0) return -1;
-    const double v = th_param_bytes(o->precision), n = th_moe_layers(m, lo, hi);
-    const double row = (2 * (double)m->d_model + 2 * th_expert_width(m)) * v; /* xr, yr [r,C], fch, GELU [r,F] */
-    return course - (o->recompute != RECOMPUTE_FULL ? n * slot_hidden_bytes(m, rows, v) : 0) + n * fmax(received, 1) * row;
+    const double v = th_param_bytes(o->precision);
+    return course - (o->recompute != RECOMPUTE_FULL ? th_moe_layers(m, lo, hi) * slot_hidden_bytes(m, rows, v) : 0);
+}
+static double received_row_bytes(const th_model *m, const th_opts *o) {
+    return (2 * (double)m->d_model + 2 * th_expert_width(m)) * th_param_bytes(o->precision);
+}
+
+double th_ep_stage_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, double received) {
+    const double layers = ep_layers_bytes(m, o, lo, hi, rows);
+    return layers < 0 ? -1 : layers + th_moe_layers(m, lo, hi) * fmax(received, 1) * received_row_bytes(m, o);
 }
 
 double th_ep_scratch_bytes(const th_model *m, const th_opts *o, long rows) {
@@ -62,21 +72,11 @@ double th_ep_hook_scratch_bytes(const th_model *m, const th_opts *o, double rece
     return fmax(received, 1) * (C + F + fmax(F, C)) * v; /* dyr, dfch, dGELU then the rows' input gradients */
 }
 
-/* th_ep_acts_bytes with received[l] = uniform for every layer when received is NULL */
-static double ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received, double uniform) {
-    const double lab01 = th_course_acts_bytes(m, o, 0, (int)m->layers, rows); /* with the router state, stats */
-    if (lab01 < 0 || m->experts <= 0) return -1;
-    const double v = th_param_bytes(o->precision), L = (double)m->layers, row = (2 * (double)m->d_model + 2 * th_expert_width(m)) * v;
-    double bytes = lab01;
-    if (o->recompute != RECOMPUTE_FULL) bytes -= L * slot_hidden_bytes(m, rows, v);
-    if (!received) return bytes + L * fmax(uniform, 1) * row;
-    for (int l = 0; l < m->layers; l++) /* xr [r,C], fch, gelu [r,ffn], yr [r,C]: each its own allocation */
-        bytes += fmax(received[l], 1) * row;
-    return bytes;
-}
-
 double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const double *received) {
-    return ep_acts_bytes(m, o, rows, received, 0);
+    double bytes = ep_layers_bytes(m, o, 0, (int)m->layers, rows);
+    if (bytes < 0) return -1;
+    for (int l = 0; l < m->layers; l++) bytes += fmax(received[l], 1) * received_row_bytes(m, o);
+    return bytes;
 }
 
 double th_ep_dropless_rows(long rows, long seq, int top_k, int experts, int N, double skew) {
@@ -87,7 +87,7 @@ double th_ep_dropless_rows(long rows, long seq, int top_k, int experts, int N, d
 double th_ep_dropless_acts_bytes(const th_model *m, const th_opts *o, long rows, int N, double skew) {
     if (m->experts <= 0) return -1;
     const double r = th_ep_dropless_rows(rows, m->seq, (int)m->top_k, (int)m->experts, N, skew);
-    return ep_acts_bytes(m, o, rows, NULL, r);
+    return th_ep_stage_acts_bytes(m, o, 0, (int)m->layers, rows, r);
 }
 
 /* ---- --dry-run (theory/predict.h) ------------------------------------------------------- */
@@ -112,7 +112,7 @@ void th_ep_predict(const th_run *r, th_rank_need *need) {
     const double received = th_ep_received_rows_bound(rows, m->seq, (int)m->top_k, (int)m->experts, N,
                                                       r->capacity_factor);
     /* every layer the same bound: no array of L (a lab's memory check may ask for --layers 10^9) */
-    const double acts = ep_acts_bytes(m, &o, rows, NULL, received);
+    const double acts = th_ep_stage_acts_bytes(m, &o, 0, (int)m->layers, rows, received);
     /* lab01's backward scratch (with the router's backward, and under --recompute full the recomputed
      * layer's router state and statistics) with the layer's MLP pieces empty (dfch, dGELU; under full the
      * recomputed layer's fch, GELU too), and the received rows' dyr [r,C], dfch, dGELU [r,ffn] */
