@@ -103,12 +103,76 @@ static float aux_share(const gpt_config *cfg, const float *p, int e, float ssum)
     return cfg->router_sigmoid ? p[e] / ssum : p[e];
 }
 
+/* The per-sequence pass of moe_route reads each sequence's positions in
+ * order. Whole sequences: this rank's. Split over a CP group (moe_split):
+ * every rank's P shares and choices, gathered (an fp32 and an int32
+ * all-gather over the group), walked in whole-sequence order, so f, P, the
+ * aux loss and which choices drop are the one-rank run's, bit for bit. */
+typedef struct sequence_view {
+    int whole, T, k, E;
+    long N;         /* this rank's positions, B x T */
+    float *share;   /* [N,E] this rank's P shares; split: [c][N,E], every rank's */
+    int *choice;    /* split: [c][N,k], every rank's choices; NULL: whole sequences */
+    int *rank, *at; /* split: [whole] the CP rank holding each position, and its index there */
+    int me;
+} sequence_view;
+
+static sequence_view sequence_view_gather(const gpt_config *cfg, const moe_state *st, const moe_split *split, int B) {
+    const int E = cfg->experts, k = cfg->top_k, T = cfg->seq, c = split ? split->group->size : 1;
+    sequence_view v = {.whole = split ? split->whole : T, .T = T, .k = k, .E = E, .N = (long)B * T};
+    const long N = v.N;
+    v.share = malloc(sizeof(float) * (size_t)(c * N * E));
+    if (!v.share) die("out of host memory for the routing's sequences");
+    v.me = split ? split->group->rank : 0;
+    float *mine = v.share + v.me * N * E; /* this rank's block, at its place of the gathered buffer */
+    for (long n = 0; n < N; n++) { /* each token's P share (the aux loss's mean is over its sequence) */
+        const float *p = st->probs + n * E;
+        float ssum = 0;
+        if (cfg->router_sigmoid)
+            for (int e = 0; e < E; e++) ssum += p[e];
+        for (int e = 0; e < E; e++) mine[n * E + e] = aux_share(cfg, p, e, ssum);
+    }
+    if (!split) return v;
+    v.choice = malloc(sizeof(int) * (size_t)(c * N * k));
+    v.rank = malloc(sizeof(int) * 2 * (size_t)v.whole);
+    if (!v.choice || !v.rank) die("out of host memory for the routing's sequences");
+    v.at = v.rank + v.whole;
+    for (int r = 0; r < c; r++)
+        for (int i = 0; i < T; i++) v.rank[split->positions[r * T + i]] = r, v.at[split->positions[r * T + i]] = i;
+    memcpy(v.choice + v.me * N * k, st->choice, sizeof(int) * (size_t)(N * k));
+    comm_allgather(split->group, mine, v.share, c * N * E, COMM_FP32);
+    comm_allgather(split->group, v.choice + v.me * N * k, v.choice, c * N * k, COMM_INT32);
+    return v;
+}
+
+/* Position t of sequence b: its P shares, *choice its choices, *n its index in this rank's block (-1: another
+ * rank's) */
+static const float *sequence_view_at(const sequence_view *v, const moe_state *st, int b, int t, long *n,
+                                     const int **choice) {
+    if (!v->choice) {
+        *n = (long)b * v->T + t;
+        *choice = st->choice + *n * v->k;
+        return v->share + *n * v->E;
+    }
+    const int r = v->rank[t];
+    const long i = (long)b * v->T + v->at[t];
+    *n = r == v->me ? i : -1;
+    *choice = v->choice + ((long)r * v->N + i) * v->k;
+    return v->share + ((long)r * v->N + i) * v->E;
+}
+
+static void sequence_view_free(sequence_view *v) {
+    free(v->share);
+    free(v->choice);
+    free(v->rank);
+}
+
 void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp, const void *ln2, const float *bias,
-               moe_state *st, int N) {
+               const moe_split *split, moe_state *st, int N) {
     const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model, T = cfg->seq, B = N / T;
     const void *wr = value_at(lp, tensors[LAYER_ROUTER_W].offset);
-    /* per sequence, or (--capacity-scope rank) over the B rows this call routes */
-    const long cap = moe_capacity_over(cfg, cfg->capacity_per_rank ? N : T);
+    /* per (whole) sequence, or (--capacity-scope rank) over the B rows this call routes */
+    const long cap = moe_capacity_over(cfg, cfg->capacity_per_rank ? N : split ? split->whole : T);
     double aux = 0;
     long dropped = 0;
     float margin = -1; /* the smallest p_(k) - p_(k+1) over the tokens; -1: k = E, no (k+1)-th */
@@ -206,21 +270,25 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
     for (int e = 0; e < E; e++) st->stats[4 + e] = 0;
     double *mean_p = calloc((size_t)E, sizeof(double));
     memset(st->count, 0, (size_t)E * sizeof(int));
+    sequence_view sv = sequence_view_gather(cfg, st, split, B);
+    const int W = sv.whole;
     for (int b = 0; b < B; b++) {
         float *f = st->freq + (long)b * E;
         if (!cfg->capacity_per_rank || b == 0) memset(used, 0, (size_t)E * sizeof(int));
         memset(f, 0, (size_t)E * sizeof(float));
         for (int e = 0; e < E; e++) mean_p[e] = 0;
-        for (int t = 0; t < T; t++) {
-            long n = (long)b * T + t;
-            const float *p = st->probs + n * E;
-            float ssum = 0;
-            if (cfg->router_sigmoid)
-                for (int e = 0; e < E; e++) ssum += p[e];
-            for (int e = 0; e < E; e++) mean_p[e] += aux_share(cfg, p, e, ssum);
+        for (int t = 0; t < W; t++) {
+            long n; /* this rank's position, -1: another CP rank's */
+            const int *choice;
+            const float *share = sequence_view_at(&sv, st, b, t, &n, &choice);
+            for (int e = 0; e < E; e++) mean_p[e] += share[e];
             for (int j = 0; j < k; j++) {
-                int e = st->choice[n * k + j];
+                int e = choice[j];
                 f[e] += 1.0f;
+                if (n < 0) { /* another rank's token: it takes the sequence's capacity, nothing here */
+                    if (!cfg->capacity_per_rank) used[e] += !cap || used[e] < cap;
+                    continue;
+                }
                 st->stats[4 + e] += 1.0f;
                 int keep = !cap || used[e] < cap;
                 used[e] += keep;
@@ -231,11 +299,12 @@ void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp
         }
         double seq_aux = 0;
         for (int e = 0; e < E; e++) {
-            f[e] /= (float)(k * T);
-            seq_aux += (double)f[e] * (mean_p[e] / T);
+            f[e] /= (float)(k * W);
+            seq_aux += (double)f[e] * (mean_p[e] / W);
         }
         aux += E * seq_aux;
     }
+    sequence_view_free(&sv);
     /* slots: by expert, then by position */
     int total = 0;
     for (int e = 0; e < E; e++) st->first[e] = total, total += st->count[e];
@@ -376,7 +445,7 @@ void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts 
     const int E = cfg->experts, k = cfg->top_k, C = cfg->d_model;
     moe_state st = moe_state_view(la->moe, cfg, N);
     st.stats = la->moe_stats;
-    moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N);
+    moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), NULL, &st, N);
     moe_experts_forward(h->tensors, lp, 0, E, st.count, st.first, st.xs, la->fch, la->fch_gelu, st.ys);
     moe_shared_forward(h->tensors, lp, la->ln2, &st, N);
     moe_combine(&st, k, C, st.ys, out, N);

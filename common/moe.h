@@ -53,6 +53,7 @@
  *   the experts' own forward and backward (moe_shared_*). */
 #ifndef PL_MOE_H
 #define PL_MOE_H
+#include "comm.h"
 #include "model.h"
 
 /* What the forward keeps of one layer (inside layer_acts.moe), N positions. */
@@ -105,6 +106,18 @@ long moe_capacity_over(const gpt_config *cfg, long tokens);
 /* per sequence: moe_capacity_over(cfg, cfg->seq) */
 long moe_capacity(const gpt_config *cfg);
 
+/* Context parallelism (lab09): every sequence of `whole` positions split
+ * over the ranks of `group`, each holding cfg->seq of them (positions: the
+ * group's size x cfg->seq global positions, rank by rank). The capacity and
+ * the aux loss are per whole sequence, so moe_route gathers the group's
+ * choices and P shares (an fp32 and an int32 all-gather a layer) and decides
+ * as the one-rank run does; NULL: this rank holds whole sequences. */
+typedef struct moe_split {
+    comm *group;
+    int whole;
+    const int *positions;
+} moe_split;
+
 /* The MLP hooks of a model with experts (gpt_default_hooks installs them). */
 void moe_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer_acts *la, void *out, int N);
 void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, void *gp, const layer_acts *la,
@@ -112,11 +125,12 @@ void moe_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void *lp, v
 
 /* The pieces of the hooks, for a lab that moves the slots between ranks:
  * route: the router, top-k, capacity and slots of N positions from ln2 into st
- * (and xs gathered; bias: the layer's, moe_layer_bias, or NULL); experts: experts [e0, e0 + n) of a layer block's tensors
+ * (and xs gathered; bias: the layer's, moe_layer_bias, or NULL; split: the
+ * CP group's, or NULL); experts: experts [e0, e0 + n) of a layer block's tensors
  * h->tensors on their slots (first[] relative to xs, ys, fch, gelu);
  * combine: out = sum of gates x ys in choice order. */
 void moe_route(const gpt_config *cfg, const tensor_info *tensors, const void *lp, const void *ln2, const float *bias,
-               moe_state *st, int N);
+               const moe_split *split, moe_state *st, int N);
 /* The E routing biases of a layer (cfg->route_bias's row), NULL without them */
 const float *moe_layer_bias(const gpt_config *cfg, int layer);
 void moe_experts_forward(const tensor_info *tensors, const void *lp, int e0, int n, const int *count,

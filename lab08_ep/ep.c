@@ -193,7 +193,7 @@ static void ep_mlp_forward(const gpt_layer_hooks *h, const void *lp, const layer
     ep_layer *ly = layer_of(e, la); /* the layer the model runs, in this block: its own exchange buffers */
     moe_state st = moe_state_view(la->moe, cfg, N);
     st.stats = la->moe_stats;
-    moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), &st, N); /* the one-rank run's decisions: per sequence */
+    moe_route(cfg, h->tensors, lp, la->ln2, moe_layer_bias(cfg, la->layer), e->split, &st, N); /* the one-rank run's decisions: per sequence */
     tally_cross_groups(e, &st, N);
     /* counts first: how many rows each rank will send to each of my experts */
     int ev = trace_begin("ep_counts", TRACE_COMM, -1, NULL);
@@ -275,10 +275,11 @@ static void ep_mlp_backward(const gpt_layer_hooks *h, gpt_pass pass, const void 
     moe_shared_backward(GPT_PASS_FUSED, h->tensors, lp, gp, la->ln2, &st, &sc, dout, dinp, N);
 }
 
-long ep_received_rows_bound(const gpt_config *cfg, int N, long rows) {
-    const long cap = moe_capacity(cfg), T = cfg->seq, El = cfg->experts / N, k = cfg->top_k;
+long ep_received_rows_bound(const gpt_config *cfg, int N, long rows, int whole) {
+    const long cap = moe_capacity_over(cfg, whole), T = cfg->seq, El = cfg->experts / N, k = cfg->top_k;
     if (cap <= 0 || cfg->capacity_per_rank) return 0; /* per rank: the routing decides, as under F = 0 */
-    return (long)N * rows * (El * cap < k * T ? El * cap : k * T); /* cap <= T: a token picks an expert once */
+    const long per_expert = cap < T ? cap : T; /* a token picks an expert once: at most T of a source's T */
+    return (long)N * rows * (El * per_expert < k * T ? El * per_expert : k * T);
 }
 
 void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep) {

@@ -28,6 +28,7 @@
 #define LAB08_EP_H
 #include "comm.h"
 #include "model.h"
+#include "moe.h"
 
 /* What one layer's forward keeps for its backward on this rank, for one block
  * of activations (lab08 has one; a pipeline stage one per micro-batch in
@@ -71,6 +72,7 @@ typedef struct ep_hooks {
     long reserve_rows;            /* > 0: every layer's buffers hold this many rows from the first
                                    * step on (the capacity's bound, ep_received_rows_bound) */
     ep_counts counts;             /* what the all-to-alls moved, from the routing, and the times */
+    const moe_split *split;       /* lab09 with CP: the sequences' other positions (moe_route); NULL */
 } ep_hooks;
 
 /* The local layout of a layer block: every tensor of g's, the four expert
@@ -84,16 +86,18 @@ void ep_layout(const gpt_layout *g, int N, int rank, tensor_info *tensors, long 
 typedef struct ep_run { long local, global, n; int expert; } ep_run;
 int ep_runs(const gpt_layout *g, const tensor_info *tensors, long layer_size, int N, int rank, ep_run *runs);
 
-/* The most slot rows one rank can receive per layer when `rows` sequences of
- * each of the N EP ranks are routed: per sequence, min(E/N x min(capacity, T),
- * k T) slots go to one rank's experts (a token picks an expert at most once).
- * With a capacity factor (F > 0) the buffers are sized to it, so the
- * activations do not depend on the routing; 0 under F = 0 (they grow). */
 /* EP rank p's group under --route-groups G when G divides the N ranks (its
  * experts' group: G groups of E/G consecutive experts); -1 otherwise (a
  * rank's experts then span groups: no traffic between groups to count). */
 int ep_rank_group(const gpt_config *cfg, int N, int p);
-long ep_received_rows_bound(const gpt_config *cfg, int N, long rows);
+/* The most slot rows one rank can receive per layer when `rows` sequences of
+ * each of the N EP ranks are routed, T = cfg->seq positions of each (of
+ * `whole`: T, or under CP the sequence's, the capacity being over it): per
+ * sequence, min(E/N x min(capacity, T), k T) slots go to one rank's experts (a
+ * token picks an expert at most once).
+ * With a capacity factor (F > 0) the buffers are sized to it, so the
+ * activations do not depend on the routing; 0 under F = 0 (they grow). */
+long ep_received_rows_bound(const gpt_config *cfg, int N, long rows, int whole);
 
 void ep_hooks_init(ep_hooks *h, const gpt_layout *g, comm *ep);
 /* The most rows layer l's buffers hold, over the blocks (the activations' formula under F = 0). */

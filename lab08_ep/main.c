@@ -36,7 +36,7 @@ static void setup(run_ctx *ctx, void *lab, ckpt_view *view) {
     comm_set_axis(&e->ep, "ep");
     comm_set_axis(&e->edp, "edp");
     ep_hooks_init(&e->eh, &e->g, &e->ep);
-    e->eh.reserve_rows = ep_received_rows_bound(&e->g.cfg, N, e->rows); /* F > 0: sized once, from the config */
+    e->eh.reserve_rows = ep_received_rows_bound(&e->g.cfg, N, e->rows, ctx->opt.seq); /* F > 0: sized once, from the config */
     e->P = e->g.embed_size + (long)ctx->opt.layers * e->eh.layer_size + e->g.head_size;
     e->n_runs = ep_runs(&e->g, e->eh.tensors, e->eh.layer_size, N, e->ep.rank, NULL);
     e->runs = malloc(sizeof(ep_run) * (size_t)e->n_runs);

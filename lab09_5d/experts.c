@@ -6,11 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-void grid_experts_init(grid_experts *x, const gpt_config *cfg, comm *ep, comm *edp, comm *replicas, long rows) {
+void grid_experts_init(grid_experts *x, const gpt_config *cfg, int positions, const moe_split *split, comm *ep,
+                       comm *edp, comm *replicas, long rows) {
     memset(x, 0, sizeof *x);
     gpt_layout_init(&x->g, cfg);
+    x->g.cfg.seq = positions; /* a CP rank's T/c of every sequence; wpe keeps all T rows */
     ep_hooks_init(&x->eh, &x->g, ep);
-    x->eh.reserve_rows = ep_received_rows_bound(&x->g.cfg, ep->size, rows); /* F > 0: sized once */
+    x->eh.split = split;
+    x->eh.reserve_rows = ep_received_rows_bound(&x->g.cfg, ep->size, rows, cfg->seq); /* F > 0: sized once */
     x->n_runs = ep_runs(&x->g, x->eh.tensors, x->eh.layer_size, ep->size, ep->rank, NULL);
     x->runs = malloc(sizeof(ep_run) * (size_t)x->n_runs);
     if (!x->runs) die("out of host memory");

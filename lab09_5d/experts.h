@@ -32,9 +32,12 @@ typedef struct grid_experts {
     grad_norm norm;       /* the device's two sums of squares: replicated, experts */
 } grid_experts;
 
-/* The slot over ep (its EP group), rows per micro-batch: its buffers sized to
- * the capacity's bound when --capacity-factor is given. */
-void grid_experts_init(grid_experts *x, const gpt_config *cfg, comm *ep, comm *edp, comm *replicas, long rows);
+/* The slot over ep (its EP group), rows per micro-batch of `positions` each
+ * (cfg->seq, or a CP rank's T/c with split its CP group's: moe_route then
+ * decides over whole sequences): its buffers sized to the capacity's bound
+ * when --capacity-factor is given. */
+void grid_experts_init(grid_experts *x, const gpt_config *cfg, int positions, const moe_split *split, comm *ep,
+                       comm *edp, comm *replicas, long rows);
 void grid_experts_free(grid_experts *x);
 /* The stage model: lab08's hooks (the EP MLP in common/'s layer), the part
  * whose MLP pieces live in the hook, and each run's initial values (lab01's). */

@@ -66,11 +66,30 @@ static void setup(run_ctx *ctx, void *lab, ckpt_view *view) {
     s->heads_view.cfg.d_model = s->tl.heads * (ctx->opt.d_model / ctx->opt.heads);
     s->tl.g.cfg.seq = Tl; /* a TP layer sees a CP rank's T/c positions whole (SP: its regions split them t ways) */
     tp_layout_sequence_parallel(&s->tl, s->sequence_parallel);
-    if (!s->experts) stage3d_init(&s->s3, &s->tl, s->grid.tp); /* --experts: lab08's stage model below instead */
+    if (c > 1) cp_hooks_init(&s->ch, &s->heads_view, s->grid.cp, s->algo, s->cp_layout, share / m);
+    s->local = s->tl.g; /* seq T/c; wpe keeps all T rows: the embedding reads them by global position */
+
+    /* --experts: lab08's MLP slot (at t = 1), over the EP group carved from the replicas; under CP
+     * the routing sees whole sequences through the CP group (common/moe.h moe_split) */
+    s->ep_group = &s->grid.mesh.ep;
+    s->edp_group = &s->grid.mesh.edp;
+    if (s->experts && s->ep == 1) { /* each rank an EP group of its own, holding every expert */
+        comm_split(s->grid.world, s->grid.world->rank, 0, &s->self);
+        comm_set_axis(&s->self, "ep");
+        s->ep_group = &s->self;
+        s->edp_group = s->grid.dp;
+    }
+    if (s->experts) {
+        s->split = (moe_split){s->grid.cp, ctx->opt.seq, c > 1 ? s->ch.pos_host : NULL};
+        grid_experts_init(&s->gx, &ctx->model, Tl, c > 1 ? &s->split : NULL, s->ep_group, s->edp_group, s->grid.dp,
+                          share / m);
+    } else {
+        stage3d_init(&s->s3, &s->tl, s->grid.tp);
+    }
+    stage_model *sm = s->experts ? &s->model : &s->s3.model;
+    if (s->experts) *sm = grid_experts_model(&s->gx);
     /* ... and lab07's attention, on this TP rank's heads (its q|k|v columns) */
     if (c > 1) { /* --cp 1: lab06's layer, attention whole */
-        stage_model *sm = &s->s3.model;
-        cp_hooks_init(&s->ch, &s->heads_view, s->grid.cp, s->algo, s->cp_layout, share / m);
         sm->layer.attention_forward = s->ch.hooks.attention_forward;
         sm->layer.attention_backward = s->ch.hooks.attention_backward;
         sm->layer.attention_ctx = s->ch.hooks.attention_ctx;
@@ -81,18 +100,7 @@ static void setup(run_ctx *ctx, void *lab, ckpt_view *view) {
         sm->cp = c;
         sm->cp_algo = s->algo;
     }
-    s->local = s->tl.g; /* seq T/c; wpe keeps all T rows: the embedding reads them by global position */
-    /* --experts: lab08's MLP slot instead (at t = c = 1), over the EP group carved from the replicas */
-    s->ep_group = &s->grid.mesh.ep;
-    s->edp_group = &s->grid.mesh.edp;
-    if (s->experts && s->ep == 1) { /* each rank an EP group of its own, holding every expert */
-        comm_split(s->grid.world, s->grid.world->rank, 0, &s->self);
-        comm_set_axis(&s->self, "ep");
-        s->ep_group = &s->self;
-        s->edp_group = s->grid.dp;
-    }
-    if (s->experts) grid_experts_init(&s->gx, &ctx->model, s->ep_group, s->edp_group, s->grid.dp, share / m);
-    s->model = s->experts ? grid_experts_model(&s->gx) : s->s3.model;
+    if (!s->experts) s->model = s->s3.model;
 
     /* This rank trains on rows [dp x B/d, (dp+1) x B/d) of every global batch,
      * its positions of them; the replicas (cp, dp) share the optimizer state
@@ -124,7 +132,8 @@ static void step(run_ctx *ctx, void *lab, int i, int step, lab_step *out) {
         run_experts_tally *tallies = malloc(sizeof *tallies * (size_t)s->pr.v);
         if (!tallies) die("out of host memory");
         for (int k = 0; k < s->pr.v; k++) tallies[k] = s->pr.chunk[k].moe;
-        run_experts_report(ctx, s->grid.world, tallies, s->pr.v, s->deg[AXIS_DP], i); /* stages: their layers */
+        /* stages: their layers; the aux loss, each CP rank of the whole sequences, averaged over the c x d replicas */
+        run_experts_report(ctx, s->grid.world, tallies, s->pr.v, s->grid.dims.dp, i);
         free(tallies);
     } else {
         if (s->grid.dims.dp > 1 && !s->zero_stage) dp_sync_finish(&s->dp_sync); /* lab01's, over the c x d replicas */

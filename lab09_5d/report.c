@@ -21,13 +21,11 @@ void lab09_check(run_ctx *ctx, void *lab) {
     const int t = s->deg[AXIS_TP], c = s->deg[AXIS_CP], p = s->deg[AXIS_PP], d = s->deg[AXIS_DP];
     const int m = s->micro_batches, ep = s->ep, zero_stage = s->zero_stage, sequence_parallel = s->sequence_parallel;
     const int experts = s->experts = ctx->opt.experts > 0;
-    /* lab08's experts in the grid: whole sequences on every rank (the capacity and the aux loss are per
-     * sequence), whole experts (no expert tensor parallelism), the fused backward (lab08's hook) */
+    /* lab08's experts in the grid: whole experts (no expert tensor parallelism), the fused backward (lab08's
+     * hook); under CP the routing gathers each sequence's choices over the CP group (moe_split) */
     run_check(ctx, ep == 1 || experts, "--ep %d needs --experts (experts to spread over the EP group)", ep);
     run_check(ctx, !experts || t == 1, "--experts with --tp %d: expert tensor parallelism is not taught (lab09 runs "
               "experts at --tp 1)", t);
-    run_check(ctx, !experts || c == 1, "--experts with --cp %d: the capacity and the aux loss are per sequence, and a "
-              "CP rank holds T/c of each (lab09 runs experts at --cp 1)", c);
     run_check(ctx, !experts || (c * d) % ep == 0, "--ep %d does not divide the %d replicas (--cp x --dp) that EP "
               "groups are carved from", ep, c * d);
     run_check(ctx, !experts || ctx->opt.experts % ep == 0, "--ep %d does not divide --experts %d (each rank holds "
@@ -69,7 +67,7 @@ void lab09_predict(const run_ctx *ctx, void *lab, th_run *need) {
     need->tp = s->deg[AXIS_TP];
     need->pp = s->deg[AXIS_PP];
     need->dp = s->deg[AXIS_DP];
-    need->cp = s->experts ? 0 : s->deg[AXIS_CP]; /* experts run at c = 1: no CP layers */
+    need->cp = s->deg[AXIS_CP];
     need->ep = s->experts ? s->ep : 0;
     need->capacity_factor = ctx->model.capacity_per_rank ? 0 : ctx->model.capacity_factor;
     need->cp_algo = s->algo;
@@ -206,17 +204,18 @@ void lab09_report(run_ctx *ctx, void *lab, lab_report *r) {
         r->run.params = s->tl.g.total;
         r->run.comm_formula_bytes = s->rep.formula_ring_bytes;
         r->run.acts_formula_bytes = pipeline_acts_formula_bytes(&s->pr);
-    } else { /* the pipeline, replicas, EP and EDP groups; lab08's own figures after the summary (lab09_print) */
-        r->run.comms[0] = s->grid.pipe;
-        r->run.comms[1] = s->grid.dp;
-        r->run.comms[2] = s->ep_group;
-        r->run.comms[3] = s->edp_group;
+    } else { /* the CP, pipeline, replicas, EP and EDP groups; lab08's own figures after the summary (lab09_print) */
+        r->run.comms[0] = s->grid.cp;
+        r->run.comms[1] = s->grid.pipe;
+        r->run.comms[2] = s->grid.dp;
+        r->run.comms[3] = s->ep_group;
+        r->run.comms[4] = s->edp_group;
         r->run.params = s->gx.g.total;
         r->run.comm_formula_bytes = -1;
         r->run.comm_formula = NULL;
     }
     /* at --ep 1 the EDP group is the replicas' own (main.c): listed once, or its sums would count twice */
-    r->run.n_comms = s->experts && s->edp_group == s->grid.dp ? 3 : 4;
+    r->run.n_comms = s->experts ? (s->edp_group == s->grid.dp ? 4 : 5) : 4;
     /* ZeRO-1 over the c x d replicas */
     if (s->zero_stage) stage3d_zero1_states(r, s->states_text, deg[AXIS_TP], deg[AXIS_CP] * deg[AXIS_DP]);
 }

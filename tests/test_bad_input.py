@@ -287,11 +287,11 @@ PER_LAB = {
         (4, ["--tp", "1", "--cp", "2", "--pp", "2", "--resume", "/nonexistent/ck.safetensors"], "--resume"),
         (2, ["--check-sync=yes"], "--check-sync"),
         (2, ["--tp", "1", "--cp", "2", "--sequence-parallel"], "--sequence-parallel"),  # no TP group
-        # lab08's experts on the grid: at t = c = 1, e dividing the replicas and the experts, the fused backward
+        # lab08's experts on the grid: at t = 1, e dividing the replicas and the experts, the fused backward
         (2, ["--tp", "1", "--dp", "2", "--ep", "2"], "--ep"),  # no experts to spread
         (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--ep", "4"], "--ep 4"),
         (4, ["--tp", "1", "--cp", "1", "--pp", "1", "--dp", "4", "--experts", "6", "--ep", "4"], "--ep 4"),
-        (4, ["--tp", "1", "--cp", "2", "--pp", "1", "--dp", "2", "--experts", "4"], "--cp 2"),
+        (4, ["--tp", "2", "--cp", "1", "--pp", "1", "--dp", "2", "--experts", "4"], "--tp 2"),
         (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--zero-stage", "1"], "--zero-stage"),
         (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--schedule", "zb-h1"], "--schedule"),
         # SP splits a CP rank's T/c positions t ways: 24 positions, 4 contiguous chunks of 6, not 4 x 2

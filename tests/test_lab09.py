@@ -208,9 +208,11 @@ DEEPSEEK = ["--experts", "4", "--router", "sigmoid", "--balance", "bias", "--bia
 
 
 def experts():
-    """lab08's experts on the grid (t = c = 1): pipeline stages x EP groups carved from the replicas. Every
-    layout reproduces lab01 -n 1 --experts 4: losses, norms, the same drops and loads; the parameters,
-    gradients and AdamW state per rank are theory's (the dry run's, and plan3d --check's)."""
+    """lab08's experts on the grid (t = 1): pipeline stages x EP groups carved from the replicas, CP's
+    attention beside them (the routing sees whole sequences over the CP group). Every layout reproduces
+    lab01 -n 1 --experts 4: losses, norms, the same drops and loads; the memory per rank and category is
+    theory's (the dry run's, and plan3d --check's), and so is every collective kind but the all-to-alls
+    (the routing decides their bytes)."""
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
     check(sum(ref["dropped_per_step"]) > 0, "the capacity drops nothing: the drops would not be compared")
     full, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS + ["--recompute", "full"])
@@ -219,7 +221,13 @@ def experts():
                         ((1, 1, 1, 4), ["--ep", "4", "--micro-batches", "2"]),
                         ((1, 1, 2, 2), ["--ep", "1", "--schedule", "interleaved", "--micro-batches", "2"]),
                         # full recomputation reruns each layer's forward, its all-to-alls too, before the backward
-                        ((1, 1, 2, 2), ["--ep", "2", "--recompute", "full"])):
+                        ((1, 1, 2, 2), ["--ep", "2", "--recompute", "full"]),
+                        # CP beside EP: the EP group carved from the CP ranks, or across CP and DP
+                        ((1, 2, 2, 1), ["--ep", "2"]),
+                        ((1, 2, 1, 2), ["--ep", "4", "--cp-algo", "ulysses", "--micro-batches", "2"]),
+                        ((1, 2, 2, 2), ["--ep", "2", "--cp-algo", "allgather", "--micro-batches", "2",
+                                        "--check-sync"]),
+                        ((1, 2, 2, 1), ["--ep", "2", "--cp-layout", "contiguous", "--recompute", "full"])):
         n = dims[0] * dims[1] * dims[2] * dims[3]
         flags = MODEL + STEPS + layout(*dims) + EXPERTS + extra
         rec, _, _ = run(LAB, n, flags)
@@ -244,18 +252,24 @@ def experts():
             recomputed = "--recompute" in extra
             check((acts == workspace == "?") if recomputed else (int(acts), int(workspace)) == (mem["acts"][r], mem["workspace"][r]),
                   f"{name} rank {r}: acts {mem['acts'][r]}, workspace {mem['workspace'][r]}; dry run {acts}, {workspace}")
-        # the gradients' sums (replicated runs over the replicas, expert runs over EDP), as the dry run predicts
-        sums = [(float(c), int(b)) for c, b in re.findall(r"allreduce ([\d.]+) calls, payload (\d+)", dry.stdout)]
-        want = (max(c for c, _ in sums), max(b for _, b in sums)) if sums else (0, 0)
-        got = (rec["comm_calls_per_step"].get("allreduce", 0), rec["comm_bytes_per_step"].get("allreduce", 0))
-        check(len(sums) == n and got == want, f"{name}: all-reduces per step {got}, the dry run's {want} ({sums})")
+        # the gradients' sums (replicated runs over the replicas, expert runs over EDP), the pipeline's
+        # messages, CP's exchanges and the routing's gathers over the CP group, as the dry run predicts
+        kinds = set(re.findall(r"\| (\w+) [\d.]+ calls", dry.stdout)) | set(rec["comm_calls_per_step"])
+        kinds.discard("alltoall")
+        check(rec["cp"] == 1 or "allgather" in kinds, f"{name}: no routing gathers over the CP group")
+        for kind in sorted(kinds):
+            per_rank = [(float(c), int(b)) for c, b in re.findall(kind + r" ([\d.]+) calls, payload (\d+)", dry.stdout)]
+            want = (max(c for c, _ in per_rank), max(b for _, b in per_rank)) if per_rank else (0, 0)
+            got = (rec["comm_calls_per_step"].get(kind, 0), rec["comm_bytes_per_step"].get(kind, 0))
+            check(len(per_rank) in (0, n) and got == want, f"{name}: {kind} per step {got}, the dry run's {want}")
         print(f"  {name}: lab01's losses, norms, drops and loads; model states, activations, workspace and "
-              f"all-reduces per rank = the dry run's")
+              f"{', '.join(sorted(kinds))} per rank = the dry run's")
     # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
-    rec, _, _ = run(LAB, 8, MODEL + STEPS + layout(1, 1, 2, 4) + DEEPSEEK + ["--ep", "2", "--micro-batches", "2"])
-    compare_runs(f"lab09 {rec['layout']} DeepSeek routing vs lab01 -n 1", rec, ref, 1e-5)
-    same_routing(f"lab09 {rec['layout']} DeepSeek routing", rec, ref)
+    for dims, ep in (((1, 1, 2, 4), "2"), ((1, 2, 2, 2), "4")):  # the bias moves by the load over every rank
+        rec, _, _ = run(LAB, 8, MODEL + STEPS + layout(*dims) + DEEPSEEK + ["--ep", ep, "--micro-batches", "2"])
+        compare_runs(f"lab09 {rec['layout']} DeepSeek routing vs lab01 -n 1", rec, ref, 1e-5)
+        same_routing(f"lab09 {rec['layout']} DeepSeek routing", rec, ref)
     # a checkpoint crosses into lab08 and lab01 and back: the experts at their global offsets
     saved = os.path.join(tempfile.mkdtemp(prefix="pl-ckpt-"), "ck.safetensors")
     run(LAB, 4, MODEL + ["--steps", "5"] + layout(1, 1, 2, 2) + EXPERTS + ["--ep", "2", "--save", saved])
@@ -297,8 +311,8 @@ def resume():
         compare_runs(f"saved by lab09 2x2x2x1, resumed by {lab} -n {n} {' '.join(flags)}", rec, ref, 1e-5, ref_from=5)
 
 
-# a dry run's row with experts: rank, tp pp dp, layers, params grads optim, then ? for the rest
-PREDICTED_ROW_EXPERTS = re.compile(r"^\s+(\d+)(?:\s+\d+){3}\s+\S+\s+\d+\s+\d+\s+\d+\s+(?:\d+|\?)\s+\?\s+(?:\d+|\?)\s+\?$")
+# a dry run's row with experts: rank, tp (cp) pp dp, layers, params grads optim, then ? for the rest
+PREDICTED_ROW_EXPERTS = re.compile(r"^\s+(\d+)(?:\s+\d+){3,4}\s+\S+\s+\d+\s+\d+\s+\d+\s+(?:\d+|\?)\s+\?\s+(?:\d+|\?)\s+\?$")
 # the dry run's row of a rank: rank, tp cp pp dp (cp only where c > 1), layers, the six categories, the sum
 PREDICTED_ROW = re.compile(r"^\s+(\d+)(?:\s+\d+){3,4}\s+\S+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\d+)\s+\S+$")
 

@@ -23,10 +23,15 @@ double th_expert_capacity(int top_k, double tokens, double capacity_factor, int 
     return fmin(slots, tokens);
 }
 
+double th_ep_received_rows_bound_over(long rows, long positions, long seq, int top_k, int experts, int N,
+                                      double capacity_factor) {
+    const double El = experts / N, P = (double)positions, k = top_k;
+    const double cap = th_expert_capacity(top_k, (double)seq, capacity_factor, experts); /* per expert and sequence */
+    return (double)N * (double)rows * fmin(El * fmin(cap, P), k * P);
+}
+
 double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, int N, double capacity_factor) {
-    const double El = experts / N, T = (double)seq, k = top_k;
-    const double cap = th_expert_capacity(top_k, T, capacity_factor, experts); /* per expert and sequence */
-    return (double)N * (double)rows * fmin(El * cap, k * T);
+    return th_ep_received_rows_bound_over(rows, seq, seq, top_k, experts, N, capacity_factor);
 }
 
 /* A layer's fch and GELU pieces as lab01's layers carve them, k N slots'
@@ -59,6 +64,11 @@ static double received_row_bytes(const th_model *m, const th_opts *o) {
 double th_ep_stage_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, double received) {
     const double layers = ep_layers_bytes(m, o, lo, hi, rows);
     return layers < 0 ? -1 : layers + th_moe_layers(m, lo, hi) * fmax(received, 1) * received_row_bytes(m, o);
+}
+
+double th_ep_acts_change_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, double received) {
+    const double ep = th_ep_stage_acts_bytes(m, o, lo, hi, rows, received);
+    return ep < 0 ? -1 : ep - th_course_acts_bytes(m, o, lo, hi, rows);
 }
 
 double th_ep_scratch_bytes(const th_model *m, const th_opts *o, long rows) {

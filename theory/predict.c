@@ -105,8 +105,8 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
     const double msg = sp ? act / t : act; /* SP: a stage message carries a TP rank's T/t positions */
     /* lab09's experts: the rows an EP rank's experts receive in a layer, the capacity's bound (-1: none) */
     const double ep_received = r->ep > 0 && r->capacity_factor > 0
-        ? th_ep_received_rows_bound(rows, r->model.seq, (int)r->model.top_k, (int)r->model.experts, r->ep,
-                                    r->capacity_factor) : -1;
+        ? th_ep_received_rows_bound_over(rows, local.seq, r->model.seq, (int)r->model.top_k, (int)r->model.experts,
+                                         r->ep, r->capacity_factor) : -1;
     /* CP's exchanges per layer and micro-batch (theory/context.c), of K|V blocks of the rank's heads */
     double cp_calls[COLL_NKINDS], cp_payload[COLL_NKINDS];
     th_cp_layer_calls(algo, cp, 2.0 * act / t, r->recompute ? 2 : 1, cp_calls, cp_payload);
@@ -114,17 +114,20 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         th_rank_need *x = &need[q];
         const int pp = q / (t * replicas); /* rank = tp + t (cp + c (dp + d pp)): common/mesh.h */
         double params = 0, acts = 0, in_flight = 0, ep_acts = 0;
-        int layers = 0, links = 0, lo = 0, hi = L;
+        int layers = 0, moe_layers = 0, links = 0, lo = 0, hi = L;
         for (int c = 0; c < v; c++) {
             const int st = th_chunk_stage(s, p, pp, c);
             int clo, chi, a = 0, w = 0;
             th_stage_layers(L, S, st, &clo, &chi);
             th_chunk_in_flight(s, p, m, v, pp, c, &a, &w);
             params += th_stage_params(&r->model, &o, clo, chi);
-            acts += a * (cp > 1 ? th_cp_stage_acts_bytes(&r->model, &o, clo, chi, rows, cp, algo)
-                               : th_course_acts_bytes(&r->model, &o, clo, chi, rows));
+            const double block = cp > 1 ? th_cp_stage_acts_bytes(&r->model, &o, clo, chi, rows, cp, algo)
+                                        : th_course_acts_bytes(&r->model, &o, clo, chi, rows);
+            acts += a * block;
             if (w > 0) acts += w * th_course_wgrads_bytes(&local, &o, clo, chi, rows);
-            if (r->ep > 0) ep_acts += a * th_ep_stage_acts_bytes(&r->model, &o, clo, chi, rows, ep_received);
+            /* lab09's experts: the same block with lab08's MLP (on the rank's T/c positions under CP) */
+            if (r->ep > 0) ep_acts += a * (block + th_ep_acts_change_bytes(&local, &o, clo, chi, rows, ep_received));
+            moe_layers += th_moe_layers(&r->model, clo, chi);
             in_flight += (double)a / v;
             layers += chi - clo;
             for (int nb = st - 1; nb <= st + 1; nb += 2) {
@@ -151,8 +154,8 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
              * backward scratch is one set (comm: lab04's message pool, not predicted) */
             x->mem[MEM_ACTS] = ep_acts;
             if (x->mem[MEM_WORKSPACE] >= 0) /* each chunk's lab01 scratch is counted above: less the slots' */
-                x->mem[MEM_WORKSPACE] += v * (th_ep_scratch_bytes(&r->model, &o, rows) -
-                                              th_course_scratch_bytes(&r->model, &o, rows)) +
+                x->mem[MEM_WORKSPACE] += v * (th_ep_scratch_bytes(&local, &o, rows) -
+                                              th_course_scratch_bytes(&local, &o, rows)) +
                                          th_ep_hook_scratch_bytes(&r->model, &o, ep_received);
         } else if (r->ep > 0) { /* without one the routing sizes them (or --recompute full's claims): not yet */
             x->mem[MEM_ACTS] = x->mem[MEM_COMM] = x->mem[MEM_WORKSPACE] = -1;
@@ -178,6 +181,13 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         for (int k = 0; k < TH_PREDICTED_KINDS; k++) /* CP: every layer of the rank's chunks, every micro-batch */
             if (cp_calls[k] > 0)
                 count(x, (comm_kind)k, (double)layers * m * cp_calls[k], cp_payload[k] / cp_calls[k], cp);
+        if (r->ep > 0 && cp > 1) { /* the routing of each MoE layer's forward sees whole sequences: every CP
+                                    * rank's P shares [N,E] (fp32) and choices [N,k] (int32) gathered */
+            const double forwards = r->recompute == RECOMPUTE_FULL ? 2 : 1, tokens = (double)rows * local.seq;
+            const double routed = forwards * moe_layers * m;
+            count(x, COLL_ALLGATHER, routed, 4.0 * cp * tokens * (double)r->model.experts, cp);
+            count(x, COLL_ALLGATHER, routed, 4.0 * cp * tokens * (double)r->model.top_k, cp);
+        }
         if (r->ep > 0) { /* lab09's experts: a reduction per run of lab08's (its embedding, each layer's
                           * attention part and its router with the shared experts, its head: replicated, summed
                           * over the replicas; each layer's four expert tensors: over the EDP group) */

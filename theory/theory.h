@@ -431,6 +431,11 @@ double th_expert_capacity(int top_k, double tokens, double capacity_factor, int 
  * the capacity-free bound) and k T in all. lab08 sizes its received-row
  * buffers to this when F > 0. */
 double th_ep_received_rows_bound(long rows, long seq, int top_k, int experts, int N, double capacity_factor);
+/* The same when each source rank holds `positions` of every sequence of `seq`
+ * (lab09 with CP: T/c): the capacity is over the whole sequence, a source's
+ * share of one expert at most min(cap, positions), k positions in all. */
+double th_ep_received_rows_bound_over(long rows, long positions, long seq, int top_k, int experts, int N,
+                                      double capacity_factor);
 /* EXACT: common/moe.c's router and dispatch state of one layer for `rows`
  * sequences (moe_state_bytes: probs [N,E], choice, gate, slot [N,k], count,
  * first [E], freq [rows,E], xs, ys [N k, C]; with S shared experts their
@@ -458,6 +463,11 @@ double th_ep_acts_bytes(const th_model *m, const th_opts *o, long rows, const do
  * the slots' pieces the hook keeps) and of the hook's backward (dyr [r,C],
  * dfch [r,F], dGELU [r, max(F, C)], one set per rank). -1 as th_ep_acts_bytes. */
 double th_ep_stage_acts_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, double received);
+/* What the experts change in such a block: th_ep_stage_acts_bytes less
+ * th_course_acts_bytes (the slots' hidden pieces out, the received rows in),
+ * so that a block whose other pieces differ (lab09's CP attention slots) adds
+ * it to its own: m the block's model (seq: the positions a rank holds). */
+double th_ep_acts_change_bytes(const th_model *m, const th_opts *o, int lo, int hi, long rows, double received);
 double th_ep_scratch_bytes(const th_model *m, const th_opts *o, long rows);
 double th_ep_hook_scratch_bytes(const th_model *m, const th_opts *o, double received);
 /* Dropless routing (F = 0: every choice computed, Megatron's "dropless" MoE):
