@@ -21,7 +21,7 @@
  * (all-reduce, ZeRO-1, the clip by the whole model's norm) runs over it as
  * over its DP axis. So every layout reproduces `lab01_dp -n 1`.
  *
- * The fifth axis, --experts E --ep e (at t = c = 1): lab08's experts in the
+ * The fifth axis, --experts E --ep e (at t = 1): lab08's experts in the
  * MLP slot, E/e a layer on each rank of an EP group carved from the replicas
  * (common/mesh.h); experts.h says how their gradients are summed.
  *

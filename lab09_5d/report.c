@@ -125,7 +125,8 @@ static void print_map(const run_ctx *ctx, const int *deg, const int *positions, 
         }
         if (per_rank) { /* its place in its EP block: f = cp + c dp, EP rank f mod e */
             const int f = c_at(c, MESH_CP) + deg[AXIS_CP] * c_at(c, MESH_DP), q = f % ep;
-            printf(" | experts %d-%d (ep group %d)", q * per_rank, (q + 1) * per_rank - 1, f / ep);
+            if (per_rank == 1) printf(" | expert %d (ep group %d)", q, f / ep);
+            else printf(" | experts %d-%d (ep group %d)", q * per_rank, (q + 1) * per_rank - 1, f / ep);
         }
         printf("\n");
     }

@@ -10,11 +10,12 @@ every memory category are theory's (the dry run's prediction, rank by rank);
 usage: test_lab09.py equivalence|odd|full_grid|experts|schedules|precision|resume|dry_run|planner"""
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labtest import BF16_GRAD_NORM_RTOL, check, compare_runs, run  # noqa: E402
+from labtest import BF16_GRAD_NORM_RTOL, check, compare_runs, program, run  # noqa: E402
 from test_lab03 import documented_split  # noqa: E402  (the layer split stage.h documents)
 
 LAB = "lab09_5d"
@@ -216,6 +217,7 @@ def experts():
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
     check(sum(ref["dropped_per_step"]) > 0, "the capacity drops nothing: the drops would not be compared")
     full, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS + ["--recompute", "full"])
+    records = tempfile.mkdtemp(prefix="pl-experts-")  # every layout's record, for plan3d --check below
     for dims, extra in (((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--check-sync"]),  # DeepSeek-V3's shape
                         ((1, 1, 2, 2), ["--ep", "2"]),
                         ((1, 1, 1, 4), ["--ep", "4", "--micro-batches", "2"]),
@@ -230,7 +232,7 @@ def experts():
                         ((1, 2, 2, 1), ["--ep", "2", "--cp-layout", "contiguous", "--recompute", "full"])):
         n = dims[0] * dims[1] * dims[2] * dims[3]
         flags = MODEL + STEPS + layout(*dims) + EXPERTS + extra
-        rec, _, _ = run(LAB, n, flags)
+        rec, _, _ = run(LAB, n, flags, out=records)
         name = f"lab09 {rec['layout']}"
         base = full if "--recompute" in extra else ref
         compare_runs(f"{name} vs lab01 -n 1 --experts 4", rec, base, 1e-5)
@@ -264,6 +266,12 @@ def experts():
             check(len(per_rank) in (0, n) and got == want, f"{name}: {kind} per step {got}, the dry run's {want}")
         print(f"  {name}: lab01's losses, norms, drops and loads; model states, activations, workspace and "
               f"{', '.join(sorted(kinds))} per rank = the dry run's")
+    # plan3d --check reads the records (the th_run each dry run predicted from) and predicts them the same
+    chk = subprocess.run([program("plan3d"), "--check", records, "--calibration", os.path.join(records, "none.json")],
+                         capture_output=True, text=True)
+    print(chk.stdout.strip().splitlines()[-1] if chk.stdout.strip() else chk.stderr)
+    check(chk.returncode == 0 and "9 runs checked: 9/9 exact" in chk.stdout,
+          f"plan3d --check of lab09's experts records: status {chk.returncode}: {chk.stdout[-2000:]} {chk.stderr}")
     # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
     for dims, ep in (((1, 1, 2, 4), "2"), ((1, 2, 2, 2), "4")):  # the bias moves by the load over every rank
@@ -344,8 +352,6 @@ def planner():
     """plan3d's first answer (llama3-70b on 64 H100s), scaled down: its degrees, schedule, recompute
     and ZeRO stage kept, the model the course's; 64 ranks on this machine. The losses and norms are
     lab01's, and every rank's memory per category is the dry run's (theory/predict.c, plan3d's formulas)."""
-    import subprocess
-    from labtest import program
     out = subprocess.run([program("plan3d")], capture_output=True, text=True, check=True).stdout
     best = re.search(r"^best: tp=(\d+) cp=(\d+) pp=(\d+) dp=(\d+) .*?m=(\d+) (\S+)(?: v=\d+)?( sp)? recompute=(\w+)",
                      out, re.M)

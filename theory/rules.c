@@ -32,12 +32,13 @@ static const char *broken(const text *t, const char *fmt, ...) {
 
 /* lab07: the ranks in groups of cp, each group every sequence cut into chunks
  * (zig-zag: 2 cp, a rank holding chunks r and 2 cp - 1 - r; contiguous: cp),
- * data parallel over the groups; its layers' MLP is dense. */
+ * data parallel over the groups; its layers' MLP is dense (lab09's grid takes
+ * experts beside CP, over its EP groups). */
 static const char *context_rule(const th_run *r, const text *t) {
     const char *const *n = t->names;
     const int cp = r->cp, zigzag = r->cp_layout == TH_CP_ZIGZAG;
     const long chunks = zigzag ? 2L * cp : cp;
-    if (r->model.experts > 0)
+    if (r->model.experts > 0 && !(r->tensor_parallel && r->ep > 0))
         return broken(t, "%s %ld: lab07's context-parallel layers run a dense MLP (experts are lab08's; lab01-lab04 take "
                          "them too)", n[NAME_EXPERTS], r->model.experts);
     if (r->ranks % cp) return broken(t, "%s %d: does not divide the %d ranks", n[NAME_CP], cp, r->ranks);
@@ -77,7 +78,7 @@ const char *th_run_broken_rule(const th_run *r, th_names names, char *buf, int l
     const text t = {names == TH_NAMES_RECORD ? record_names : flag_names, buf, len};
     buf[0] = 0;
     if (r->ranks < 1) return broken(&t, "%d ranks: a run has at least one", r->ranks);
-    if (r->cp > 0) return context_rule(r, &t);
-    if (r->ep > 0) return expert_rule(r, &t);
-    return NULL;
+    const char *why = r->cp > 0 ? context_rule(r, &t) : NULL;
+    if (!why && r->ep > 0) why = expert_rule(r, &t);
+    return why;
 }
