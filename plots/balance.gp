@@ -1,4 +1,4 @@
-# Balancing the experts (lab08 part 4): the worst layer's max/mean choices per
+# Balancing the experts (lab08 part 3): the worst layer's max/mean choices per
 # expert and the loss over the steps, for each routing (--router, --balance,
 # --bias-speed) of lab01_dp -n 1 with experts.
 #

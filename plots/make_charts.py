@@ -50,7 +50,7 @@ SIZES = {
 SIZES["full"].update(cp="--layers 2 --d-model 64 --heads 4 --batch 4 --steps 4", cp_seq=(128, 256, 512, 1024))
 # lab08's: a tiny model, E = 4 top-2; the load over ep_steps[1] steps, the all-to-all over ep_steps[0]
 SIZES["full"].update(ep="--layers 2 --d-model 64 --heads 4 --seq 64 --batch 16", ep_steps=(3, 40))
-# the routings of lab08 part 4 (DeepSeek-V3's bias against the aux loss): the default model, 50 steps
+# the routings of lab08 part 3 (DeepSeek-V3's bias against the aux loss): the default model, 50 steps
 SIZES["full"].update(route="--steps 50")
 ROUTINGS = ("--balance aux", "--balance bias", "--balance bias --bias-speed 0.01", "--router sigmoid --balance aux",
             "--router sigmoid --balance bias --bias-speed 0.01")
@@ -125,7 +125,7 @@ def sweep(z):
         runs.append(("ep", "lab08_ep", 4, f"{z['ep']} --steps {z['ep_steps'][1]} --aux-loss-coef {aux}"))
     for n in (1, 2, 4):
         runs.append(("ep", "lab08_ep", n, f"{z['ep']} --steps {z['ep_steps'][0]}"))
-    # chart 3f: load balance by the aux loss against DeepSeek-V3's bias (lab08 part 4), one rank
+    # chart 3f: load balance by the aux loss against DeepSeek-V3's bias (lab08 part 3), one rank
     for routing in ROUTINGS:
         runs.append(("route", "lab01_dp", 1, f"{z['route']} --experts 4 {routing}"))
     return runs
@@ -346,7 +346,7 @@ def chart_list(pipe_recs, note):
          f"{' with more ranks than the ' + str(CORES) + ' cores' if CORES < 4 else ''}: compare within one run."),
         ("balance", "Balancing the experts: the aux loss against DeepSeek-V3's bias", "balance.gp",
          {"src": "balance.tsv"}, "balance.tsv", "route",
-         "lab01_dp -n 1 with 4 experts, top-2, no capacity, at five routings (lab08_ep/part4-deepseek-routing.md): "
+         "lab01_dp -n 1 with 4 experts, top-2, no capacity, at five routings (lab08_ep/part3-deepseek-routing.md): "
          "softmax or sigmoid scores, balanced by Switch's aux loss (a = 0.01) or by DeepSeek-V3's per-expert bias "
          "(no aux loss) moving by gamma each step. Left: the worst layer's max/mean choices per expert in each "
          "step (1 is perfect balance). Right: each run's loss less the softmax aux-loss run's (Switch's routing; "
@@ -367,7 +367,7 @@ def chart_list(pipe_recs, note):
          "last. bf16 keeps about 3 significant digits, so the curves part by about 1e-3, not the 1e-7 of a layout."),
         ("plan", "plan3d: step time and memory per GPU of Llama-3-70B's layouts on 64 H100s", "plan.gp",
          {"src": "plan.tsv"}, "plan.tsv", "plan",
-         "plan3d's estimates (lab06_3d/part3-planning.md), no run: for each TP x PP (DP the rest) "
+         "plan3d's estimates (lab09_5d/part2-planning.md), no run: for each TP x PP (DP the rest) "
          "the best micro-batch, schedule, SP and recomputation. Top: the step time by part (compute at the preset's "
          "efficiency, exposed TP, PP and DP traffic, the bubble, the optimizer); layouts that do not fit have no bar. "
          "Bottom: memory per GPU by category (the fullest stage) against the usable memory; the winner is marked. "
