@@ -22,15 +22,24 @@ enum {
     F_FIELDS
 };
 
-/* Everything a group's communicator counted, per step. */
-static void measured(const comm *c, int steps, double *row) {
+void group_traffic_measure(const comm *c, int steps, group_traffic *t) {
     for (int k = 0; k < COLL_NKINDS; k++) {
         const comm_stat *s = &c->stats[k];
-        row[G_CALLS] += (double)s->calls / steps;
-        row[G_PAYLOAD] += s->bytes / steps;
-        row[G_RING] += comm_ring_factor(k, c->size) * s->bytes / steps; /* as run_finish counts */
-        row[G_SECONDS] += s->seconds / steps;
+        t->calls += (double)s->calls / steps;
+        t->payload += s->bytes / steps;
+        t->ring += comm_ring_factor(k, c->size) * s->bytes / steps; /* as run_finish counts */
+        t->seconds += s->seconds / steps;
     }
+}
+
+/* Everything a group's communicator counted, per step. */
+static void measured(const comm *c, int steps, double *row) {
+    group_traffic t = {0};
+    group_traffic_measure(c, steps, &t);
+    row[G_CALLS] += t.calls;
+    row[G_PAYLOAD] += t.payload;
+    row[G_RING] += t.ring;
+    row[G_SECONDS] += t.seconds;
 }
 
 static void formula(double *row, th_traffic t) {

@@ -16,6 +16,10 @@ typedef struct group_traffic {
     double calls_formula, payload_formula, ring_formula;
 } group_traffic;
 
+/* Add to t what communicator c counted, per step over `steps` (every kind:
+ * calls, payload, ring bytes as run_finish counts them, seconds). */
+void group_traffic_measure(const comm *c, int steps, group_traffic *t);
+
 typedef struct report3d {
     int ranks;
     double *rows;      /* rank 0: every rank's figures (report3d.c lays them out) */

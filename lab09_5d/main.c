@@ -145,6 +145,7 @@ static void step(run_ctx *ctx, void *lab, int i, int step, lab_step *out) {
 static void done(void *lab) {
     lab09 *s = lab;
     report3d_free(&s->rep);
+    free(s->experts_traffic);
     pipeline_free(&s->pr);
     if (s->experts) grid_experts_free(&s->gx);
     if (s->experts && s->ep == 1) comm_free(&s->self);

@@ -4,7 +4,10 @@
 #include "jsonval.h"
 #include "mesh.h"
 #include "schedule.h"
+#include "lab_run.h"
 #include "theory.h"
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,10 +179,188 @@ int lab09_verify(run_ctx *ctx, void *lab) {
     return s->in_sync;
 }
 
+/* ---- with experts: each group's traffic per step beside its formula ------------------------------------ */
+
+static const char *const experts_group_names[XG_GROUPS] = {"cp", "pp", "dp", "ep", "edp"};
+enum { BY_ALLREDUCE, BY_GATHER, BY_P2P, BY_ALLTOALL, BY_KINDS }; /* how run_finish adds the kinds up */
+
+static void add_formula(group_traffic *g, th_traffic t) {
+    g->calls_formula += t.calls;
+    g->payload_formula += t.payload;
+    g->ring_formula += t.ring;
+}
+
+/* The groups that communicate (as the record counts them: a group of one rank moves nothing); at --ep 1 the
+ * EDP group is the replicas' own (main.c), and the experts' sums are DP's. */
+static void experts_groups(const lab09 *s, comm *groups[XG_GROUPS]) {
+    comm *all[XG_GROUPS] = {s->grid.cp, s->grid.pipe, s->grid.dp, s->ep_group, s->edp_group};
+    for (int k = 0; k < XG_GROUPS; k++)
+        groups[k] = all[k] && all[k]->size > 1 && !(k == XG_EDP && s->edp_group == s->grid.dp) ? all[k] : NULL;
+}
+
+static int bucket_of(comm_kind k) {
+    return k == COLL_ALLREDUCE ? BY_ALLREDUCE : k == COLL_SEND || k == COLL_RECV ? BY_P2P
+           : k == COLL_ALLTOALL ? BY_ALLTOALL : BY_GATHER;
+}
+
+/* This rank's groups per step, measured and by theory's formulas (the dry run's, theory/predict.c), and the
+ * formulas' ring bytes by kind. The all-to-alls' payload is this run's routing (lab08's counts): every slot
+ * row a rank sends, its own included, x C x b, and the counts. */
+static void experts_traffic_of_rank(const run_ctx *ctx, lab09 *s, group_traffic *g, double *by_kind) {
+    const pipeline_rank *pr = &s->pr;
+    const pipeline_stage *st = &pr->chunk[0];
+    const int steps = ctx->steps_done > 0 ? ctx->steps_done : 1, m = pr->m, c = s->deg[AXIS_CP];
+    const double vb = (double)value_bytes(), C = (double)ctx->model.d_model;
+    const th_model tm = lab_theory_model(&ctx->model);
+    th_opts o = stage_opts(st);
+    o.ep = s->ep;
+    const int forwards = o.recompute == RECOMPUTE_FULL ? 2 : 1;
+    comm *groups[XG_GROUPS];
+    experts_groups(s, groups);
+    memset(g, 0, sizeof *g * XG_GROUPS);
+    for (int k = 0; k < XG_GROUPS; k++)
+        if (groups[k]) group_traffic_measure(groups[k], steps, &g[k]);
+    int layers = 0, moe_layers = 0;
+    for (int q = 0; q < pr->v; q++) { /* the gradient's sums: replicated runs over the replicas, experts over EDP */
+        const pipeline_stage *ch = &pr->chunk[q];
+        layers += ch->hi - ch->lo;
+        moe_layers += th_moe_layers(&tm, ch->lo, ch->hi);
+        th_traffic replicated, experts;
+        th_ep_grad_sums(&tm, &o, ch->lo, ch->hi, vb, s->grid.dp->size, s->edp_group->size, &replicated, &experts);
+        add_formula(&g[XG_DP], replicated);
+        add_formula(&g[s->edp_group == s->grid.dp ? XG_DP : XG_EDP], experts);
+        by_kind[BY_ALLREDUCE] += replicated.ring + experts.ring;
+    }
+    const th_traffic pp = th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, vb * st->boundary_values);
+    add_formula(&g[XG_PP], pp);
+    by_kind[BY_P2P] += pp.ring;
+    if (groups[XG_CP]) { /* CP's exchanges per layer and micro-batch, and each MoE layer's routing gathers */
+        const double width = (double)st->model.part.heads * (ctx->model.d_model / ctx->model.heads);
+        const double block = vb * st->rows * st->g->cfg.seq * 2 * width, n = (double)layers * m;
+        double calls[COLL_NKINDS], payload[COLL_NKINDS], each[2];
+        th_cp_layer_calls(s->algo, c, block, o.recompute == RECOMPUTE_NONE ? 1 : 2, calls, payload);
+        for (int k = 0; k < COLL_NKINDS; k++) {
+            const th_traffic t = {n * calls[k], n * payload[k], n * payload[k] * comm_ring_factor((comm_kind)k, c)};
+            add_formula(&g[XG_CP], t);
+            by_kind[bucket_of((comm_kind)k)] += t.ring;
+        }
+        const th_traffic gathers = th_ep_routing_gathers((double)forwards * moe_layers * m, c,
+                                                         (double)st->rows * st->g->cfg.seq, ctx->model.experts,
+                                                         ctx->model.top_k, each);
+        add_formula(&g[XG_CP], gathers);
+        by_kind[BY_GATHER] += gathers.ring;
+    }
+    if (groups[XG_EP]) {
+        const ep_counts *n = &s->gx.eh.counts;
+        const double routed = ((n->rows_sent + n->rows_kept) * C * vb + n->count_bytes_sent + n->count_bytes_kept) / steps;
+        const th_traffic a2a = {th_ep_alltoall_calls((double)moe_layers * m, forwards), routed,
+                                routed * comm_ring_factor(COLL_ALLTOALL, s->ep_group->size)};
+        add_formula(&g[XG_EP], a2a);
+        by_kind[BY_ALLTOALL] += a2a.ring;
+    }
+}
+
+/* Collective: every rank's groups to rank 0 (s->experts_traffic), and the formulas' busiest-rank ring bytes. */
+static void experts_traffic_gather(const run_ctx *ctx, lab09 *s) {
+    group_traffic mine[XG_GROUPS];
+    double by_kind[BY_KINDS] = {0};
+    experts_traffic_of_rank(ctx, s, mine, by_kind);
+    const int fields = XG_GROUPS * (int)(sizeof(group_traffic) / sizeof(double)); /* group_traffic: doubles only */
+    if (ctx->rank == 0 && !(s->experts_traffic = calloc((size_t)ctx->size * XG_GROUPS, sizeof(group_traffic))))
+        die("out of host memory");
+    MPI_Gather(mine, fields, MPI_DOUBLE, s->experts_traffic, fields, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Reduce(ctx->rank == 0 ? MPI_IN_PLACE : by_kind, by_kind, BY_KINDS, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    s->experts_formula_ring = 0;
+    for (int k = 0; k < BY_KINDS; k++) s->experts_formula_ring += by_kind[k];
+}
+
+static double group_max(const group_traffic *rows, int ranks, int group, size_t field) {
+    double most = 0;
+    for (int r = 0; r < ranks; r++) most = fmax(most, *(const double *)((const char *)&rows[r * XG_GROUPS + group] + field));
+    return most;
+}
+
+static void experts_traffic_record(const run_ctx *ctx, const lab09 *s, json_t *record) {
+    static const struct { const char *key; size_t field; } columns[] = {
+        {"calls", offsetof(group_traffic, calls)}, {"payload_bytes", offsetof(group_traffic, payload)},
+        {"ring_bytes", offsetof(group_traffic, ring)}, {"seconds", offsetof(group_traffic, seconds)},
+        {"calls_formula", offsetof(group_traffic, calls_formula)},
+        {"payload_bytes_formula", offsetof(group_traffic, payload_formula)},
+        {"ring_bytes_formula", offsetof(group_traffic, ring_formula)}};
+    comm *groups[XG_GROUPS];
+    experts_groups(s, groups);
+    json_t *traffic = json_object();
+    if (!traffic) die("out of host memory");
+    for (int k = 0; k < XG_GROUPS; k++) {
+        if (!groups[k]) continue;
+        json_t *group = json_object();
+        if (!group) die("out of host memory");
+        jsonval_set(group, "group_size", json_integer(groups[k]->size));
+        for (int c = 0; c < (int)(sizeof columns / sizeof columns[0]); c++) {
+            json_t *column = json_array();
+            if (!column) die("out of host memory");
+            for (int r = 0; r < ctx->size; r++)
+                jsonval_append(column, jsonval_figure(*(const double *)((const char *)&s->experts_traffic[r * XG_GROUPS + k]
+                                                                        + columns[c].field)));
+            jsonval_set(group, columns[c].key, column);
+        }
+        jsonval_set(traffic, experts_group_names[k], group);
+    }
+    jsonval_set(record, "traffic_per_group", traffic);
+}
+
+/* Rank 0: lab06's table for the groups a run with experts has. */
+static void experts_traffic_print(const run_ctx *ctx, const lab09 *s) {
+    const char *titles[XG_GROUPS] = {"CP + routing ", "PP send+recv ", "DP all-reduce", "EP all-to-all",
+                                     "EDP all-reduce"};
+    const char *formulas[XG_GROUPS] = {
+        "stage layers x m x CP's K|V exchanges (lab07's, as without experts) + MoE layers x m x 2 all-gathers of "
+        "the routing (every CP rank's P [N,E] fp32 and choices [N,k] int32: capacity and aux loss per whole "
+        "sequence)",
+        "2 x boundaries x m messages of (B/(d m)) x T/c x C values (activation out, gradient back)",
+        "the replicated runs (embedding, each layer's attention and router, head), one all-reduce each over the c x "
+        "d replicas; ring 2(cd-1)/(cd)",
+        "MoE layers x m x (3 a forward: the counts, the dispatch, the combine; 2 a backward); payload: this run's "
+        "routing, every slot row sent (the rank's own block included) x C x b, and the counts",
+        "each layer's 4 expert tensors, one all-reduce each over the ranks holding the same experts; ring "
+        "2(n-1)/n"};
+    if (s->edp_group == s->grid.dp)
+        formulas[XG_DP] = "every run (embedding, each layer's attention and router, its experts' 4 tensors, head), "
+                          "one all-reduce each over the c x d replicas (--ep 1: each holds every expert); ring "
+                          "2(cd-1)/(cd)";
+    comm *groups[XG_GROUPS];
+    experts_groups(s, groups);
+    const group_traffic *rows = s->experts_traffic;
+    char a[16], b[16], c[16], e[16];
+    printf("\ntraffic per group kind per rank per step, busiest rank, measured | formula:\n");
+    for (int k = 0; k < XG_GROUPS; k++) {
+        if (!groups[k]) continue;
+        int mismatches = 0;
+        for (int r = 0; r < ctx->size; r++) {
+            const group_traffic *x = &rows[r * XG_GROUPS + k];
+            mismatches += x->calls != x->calls_formula || fabs(x->payload - x->payload_formula) > 0.5 ||
+                          fabs(x->ring - x->ring_formula) > 0.5;
+        }
+        const char *wire = k == XG_PP ? "point to point" : k == XG_EP ? "to other ranks" : "ring";
+        printf("  %s (groups of %d): %4.0f calls, payload %sB, %s %sB, %.1f ms | %.0f calls, %sB, %s %sB%s\n",
+               titles[k], groups[k]->size, group_max(rows, ctx->size, k, offsetof(group_traffic, calls)),
+               human(group_max(rows, ctx->size, k, offsetof(group_traffic, payload)), a), wire,
+               human(group_max(rows, ctx->size, k, offsetof(group_traffic, ring)), b),
+               1e3 * group_max(rows, ctx->size, k, offsetof(group_traffic, seconds)),
+               group_max(rows, ctx->size, k, offsetof(group_traffic, calls_formula)),
+               human(group_max(rows, ctx->size, k, offsetof(group_traffic, payload_formula)), c), wire,
+               human(group_max(rows, ctx->size, k, offsetof(group_traffic, ring_formula)), e),
+               mismatches ? " MISMATCH" : "");
+        printf("      formula: %s%s\n", formulas[k], mismatches ? "" : "; every rank's measured figures equal its own");
+    }
+    fflush(stdout);
+}
+
 void lab09_report(run_ctx *ctx, void *lab, lab_report *r) {
     lab09 *s = lab;
     const int *deg = s->deg;
-    if (!s->experts) report3d_gather(&s->rep, &s->grid, &s->pr, ctx); /* the experts' traffic has no formula here yet */
+    if (!s->experts) report3d_gather(&s->rep, &s->grid, &s->pr, ctx);
+    else experts_traffic_gather(ctx, s);
     json_t *rec = r->record;
     jsonval_set(rec, "tp", json_integer(deg[AXIS_TP]));
     jsonval_set(rec, "cp", json_integer(deg[AXIS_CP]));
@@ -195,6 +376,7 @@ void lab09_report(run_ctx *ctx, void *lab, lab_report *r) {
     if (s->zero_stage) jsonval_set(rec, "zero_stage", json_integer(1)); /* absent: 0 */
     jsonval_set(rec, "replicas_identical", s->check_sync ? json_boolean(s->in_sync) : json_null());
     report3d_record(&s->rep, &s->grid, rec);
+    if (s->experts && ctx->rank == 0) experts_traffic_record(ctx, s, rec);
     r->run.bubble_theory = s->theory;
     r->run.params_held = s->pr.n;
     if (!s->experts) {
@@ -212,8 +394,10 @@ void lab09_report(run_ctx *ctx, void *lab, lab_report *r) {
         r->run.comms[3] = s->ep_group;
         r->run.comms[4] = s->edp_group;
         r->run.params = s->gx.g.total;
-        r->run.comm_formula_bytes = -1;
-        r->run.comm_formula = NULL;
+        r->run.comm_formula_bytes = s->experts_formula_ring;
+        r->run.comm_formula = "busiest rank: CP's exchanges and routing gathers + PP sends and receives + the "
+                              "replicas' and EDP's all-reduces + EP's all-to-alls (this run's routing), the formulas "
+                              "below";
     }
     /* at --ep 1 the EDP group is the replicas' own (main.c): listed once, or its sums would count twice */
     r->run.n_comms = s->experts ? (s->edp_group == s->grid.dp ? 4 : 5) : 4;
@@ -240,5 +424,8 @@ static void print_experts(grid_experts *x, process_grid *g, long held, int steps
 void lab09_print(run_ctx *ctx, void *lab) {
     lab09 *s = lab;
     if (!s->experts) report3d_print(&s->rep, &s->grid);
-    else print_experts(&s->gx, &s->grid, s->pr.n, ctx->steps_done);
+    else {
+        if (ctx->rank == 0) experts_traffic_print(ctx, s);
+        print_experts(&s->gx, &s->grid, s->pr.n, ctx->steps_done);
+    }
 }

@@ -13,6 +13,8 @@
 #include "tp.h"
 
 enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXES }; /* the flags' order: omitted ones take 2 in this order */
+/* the groups whose traffic a run with experts reports (lab06's table, report3d, for the dense grid) */
+enum { XG_CP, XG_PP, XG_DP, XG_EP, XG_EDP, XG_GROUPS };
 
 typedef struct lab09 {
     int deg[AXES]; /* the flags: --tp, --cp, --pp, --dp (grid_defaults_axes' until given), then the run's degrees */
@@ -38,6 +40,8 @@ typedef struct lab09 {
     double theory; /* the schedule's textbook bubble */
     int in_sync;   /* --check-sync's verdict */
     report3d rep;
+    group_traffic *experts_traffic; /* --experts, rank 0: every rank's XG_GROUPS groups, measured and formula */
+    double experts_formula_ring;    /* their formulas' ring bytes, the busiest rank per kind, summed */
     char layout[128];
     char states_text[64];
 } lab09;

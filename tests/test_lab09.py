@@ -264,8 +264,22 @@ def experts():
             want = (max(c for c, _ in per_rank), max(b for _, b in per_rank)) if per_rank else (0, 0)
             got = (rec["comm_calls_per_step"].get(kind, 0), rec["comm_bytes_per_step"].get(kind, 0))
             check(len(per_rank) in (0, n) and got == want, f"{name}: {kind} per step {got}, the dry run's {want}")
+        # each group's traffic (lab06's table): measured = its formula on every rank, the all-to-alls' payload
+        # the routing's (lab08's counts); the groups are those of more than one rank
+        t, c, p, d = dims
+        e = int(extra[extra.index("--ep") + 1])
+        sizes = {"cp": c, "pp": p, "dp": c * d, "ep": e, "edp": c * d // e if e > 1 else 1}
+        check(set(rec["traffic_per_group"]) == {g for g, size in sizes.items() if size > 1},
+              f"{name}: groups {sorted(rec['traffic_per_group'])}")
+        for group, g in rec["traffic_per_group"].items():
+            check(g["group_size"] == sizes[group], f"{name}: {group} of {g['group_size']} ranks")
+            for key in ("calls", "payload_bytes", "ring_bytes"):
+                for r, (got, want) in enumerate(zip(g[key], g[key + "_formula"])):
+                    check(abs(got - want) < 0.5, f"{name} rank {r} {group} {key}: measured {got}, formula {want}")
+        check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
+              f"{name}: ring traffic {rec['comm_ring_bytes_per_step']} != formula {rec['comm_formula_bytes_per_step']}")
         print(f"  {name}: lab01's losses, norms, drops and loads; model states, activations, workspace and "
-              f"{', '.join(sorted(kinds))} per rank = the dry run's")
+              f"{', '.join(sorted(kinds))} per rank = the dry run's; each group's traffic = its formula")
     # plan3d --check reads the records (the th_run each dry run predicted from) and predicts them the same
     chk = subprocess.run([program("plan3d"), "--check", records, "--calibration", os.path.join(records, "none.json")],
                          capture_output=True, text=True)

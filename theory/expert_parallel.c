@@ -174,7 +174,7 @@ th_ep_alltoall th_ep_alltoall_per_step(const th_run *r) {
     const double own = (double)rows * (double)m->seq * (double)m->top_k * C * v;
     const double most = th_ep_received_rows_bound(rows, m->seq, (int)m->top_k, (int)m->experts, N,
                                                   r->capacity_factor) * C * v;
-    a.calls = L * (3 * forwards + 2);
+    a.calls = th_ep_alltoall_calls(L, (int)forwards);
     a.payload = L * (forwards * (counts + 2 * own) + 2 * own);
     a.payload_max = L * (forwards * (counts + own + most) + own + most);
     return a;

@@ -181,25 +181,22 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         for (int k = 0; k < TH_PREDICTED_KINDS; k++) /* CP: every layer of the rank's chunks, every micro-batch */
             if (cp_calls[k] > 0)
                 count(x, (comm_kind)k, (double)layers * m * cp_calls[k], cp_payload[k] / cp_calls[k], cp);
-        if (r->ep > 0 && cp > 1) { /* the routing of each MoE layer's forward sees whole sequences: every CP
-                                    * rank's P shares [N,E] (fp32) and choices [N,k] (int32) gathered */
-            const double forwards = r->recompute == RECOMPUTE_FULL ? 2 : 1, tokens = (double)rows * local.seq;
-            const double routed = forwards * moe_layers * m;
-            count(x, COLL_ALLGATHER, routed, 4.0 * cp * tokens * (double)r->model.experts, cp);
-            count(x, COLL_ALLGATHER, routed, 4.0 * cp * tokens * (double)r->model.top_k, cp);
+        if (r->ep > 0 && cp > 1) { /* the routing of each MoE layer's forward sees whole sequences */
+            const double forwards = r->recompute == RECOMPUTE_FULL ? 2 : 1, routed = forwards * moe_layers * m;
+            double each[2];
+            th_ep_routing_gathers(routed, cp, (double)rows * local.seq, r->model.experts, r->model.top_k, each);
+            count(x, COLL_ALLGATHER, routed, each[0], cp);
+            count(x, COLL_ALLGATHER, routed, each[1], cp);
         }
-        if (r->ep > 0) { /* lab09's experts: a reduction per run of lab08's (its embedding, each layer's
-                          * attention part and its router with the shared experts, its head: replicated, summed
-                          * over the replicas; each layer's four expert tensors: over the EDP group) */
-            const int edp = replicas / r->ep;
+        if (r->ep > 0) { /* lab09's experts: replicated runs summed over the replicas, expert ones over EDP */
             for (int c = 0; c < v; c++) {
                 int clo, chi;
                 th_stage_layers(L, S, th_chunk_stage(s, p, pp, c), &clo, &chi);
-                const double experts = th_stage_expert_params(&r->model, &o, clo, chi);
-                const double replicated = th_stage_params(&r->model, &o, clo, chi) - experts;
-                const double runs = (clo == 0) + 2.0 * (chi - clo) + (chi == L);
-                if (replicas > 1) count(x, COLL_ALLREDUCE, runs, value_bytes_of(r) * replicated / runs, replicas);
-                if (edp > 1 && chi > clo) count(x, COLL_ALLREDUCE, 4.0 * (chi - clo), value_bytes_of(r) * experts / (4.0 * (chi - clo)), edp);
+                th_traffic replicated, experts;
+                th_ep_grad_sums(&r->model, &o, clo, chi, value_bytes_of(r), replicas, replicas / r->ep, &replicated,
+                                &experts);
+                add_traffic(x, COLL_ALLREDUCE, replicated, replicas);
+                add_traffic(x, COLL_ALLREDUCE, experts, replicas / r->ep);
             }
         } else if (r->zero_stage == 1 && replicas > 1) {
             /* lab06's ZeRO-1: params and grads padded to d slices (lab09: c x d) of comm_chunk

@@ -405,6 +405,25 @@ th_cp_ring_hiding th_cp_ring_hiding_of(long rows, long T, int N, long d_model, d
  *   forward  2 k tokens d_model value_bytes (N-1)/N,  backward the same,
  * 4 k N_tok C b (N-1)/N in all (issue 25). Received = sent. 0 for N = 1. */
 th_cp_traffic th_ep_layer_traffic(int N, double tokens, long top_k, long d_model, double value_bytes);
+/* lab09's experts beside CP: each MoE layer's routing walks whole sequences,
+ * so every forward gathers each CP rank's router probabilities [N,E] (fp32)
+ * and choices [N,k] (int32) over the CP group, N the tokens a rank routes per
+ * micro-batch (common/moe.h moe_split). `routed`: forwards x MoE layers x
+ * micro-batches per step. 2 routed all-gathers, each[0] = 4 cp N E and
+ * each[1] = 4 cp N k bytes a call, ring (cp-1)/cp; nothing for cp = 1. */
+th_traffic th_ep_routing_gathers(double routed, int cp, double tokens, long experts, long top_k, double each[2]);
+/* lab08's all-to-alls over `passes` MoE layers x micro-batches: 3 a forward
+ * (the counts, the dispatch, the combine; `forwards` 2 under --recompute
+ * full) and 2 a backward (the gradients both ways). */
+double th_ep_alltoall_calls(double passes, int forwards);
+/* lab09's experts, the gradient's sums over layers [lo, hi) per step (lab08's
+ * runs): the replicated runs (the embedding where lo = 0, each layer's
+ * attention part and its router with any shared experts, the head where hi
+ * = m->layers) each all-reduced over the replicas; each layer's four expert
+ * tensors over the EDP group (replicas / e). Elements as th_stage_params and
+ * th_stage_expert_params (o->ep: E/e experts a layer on a rank). */
+void th_ep_grad_sums(const th_model *m, const th_opts *o, int lo, int hi, double value_bytes, int replicas, int edp,
+                     th_traffic *replicated, th_traffic *experts);
 /* Copies of one token's row that cross nodes in one all-to-all (dispatch or
  * combine) of an EP group spread over `nodes` nodes, routing uniform. Each
  * choice sent on its own (lab08; max_nodes 0): k (nodes-1)/nodes. Node-limited

@@ -39,3 +39,22 @@ th_cp_traffic th_ep_layer_traffic(int N, double tokens, long top_k, long d_model
     t.fwd_sent = t.fwd_recv = t.bwd_sent = t.bwd_recv = 2 * one;
     return t;
 }
+
+th_traffic th_ep_routing_gathers(double routed, int cp, double tokens, long experts, long top_k, double each[2]) {
+    each[0] = 4.0 * cp * tokens * (double)experts; /* fp32 probabilities */
+    each[1] = 4.0 * cp * tokens * (double)top_k;   /* int32 choices */
+    if (cp <= 1) return (th_traffic){0, 0, 0};
+    const double payload = routed * (each[0] + each[1]);
+    return (th_traffic){2 * routed, payload, comm_ring_factor(COLL_ALLGATHER, cp) * payload};
+}
+
+void th_ep_grad_sums(const th_model *m, const th_opts *o, int lo, int hi, double value_bytes, int replicas, int edp,
+                     th_traffic *replicated, th_traffic *experts) {
+    const double expert_elems = th_stage_expert_params(m, o, lo, hi);
+    const double replicated_elems = th_stage_params(m, o, lo, hi) - expert_elems;
+    const double runs = (lo == 0) + 2.0 * (hi - lo) + (hi == m->layers); /* embedding, attention|router a layer, head */
+    *replicated = th_dp_traffic(value_bytes * replicated_elems, replicas, (int)runs);
+    *experts = hi > lo ? th_dp_traffic(value_bytes * expert_elems, edp, 4 * (hi - lo)) : (th_traffic){0, 0, 0};
+}
+
+double th_ep_alltoall_calls(double passes, int forwards) { return passes * (3.0 * forwards + 2.0); }
