@@ -247,23 +247,24 @@ void pipeline_init_sharded(pipeline_rank *pr, comm *pipe, const gpt_layout *g, c
         len[c] = end - begin;
         pr->n += len[c];
     }
-    const int sharded = opt_shards > 1;
-    const long slice = sharded ? comm_chunk(pr->n, opt_shards) : pr->n; /* optimizer elements kept */
-    pr->opt_shards = sharded ? opt_shards : 1;
-    pr->opt_shard = sharded ? opt_shard : 0;
-    pr->padded = slice * pr->opt_shards;
+    const int elsewhere = opt_shards == PIPELINE_STATES_ELSEWHERE, sharded = opt_shards > 1 || elsewhere;
+    const long slice = elsewhere ? 0 : sharded ? comm_chunk(pr->n, opt_shards) : pr->n; /* optimizer elements kept */
+    pr->opt_shards = elsewhere ? 0 : sharded ? opt_shards : 1;
+    pr->opt_shard = opt_shards > 1 ? opt_shard : 0;
+    pr->padded = elsewhere ? pr->n : slice * pr->opt_shards;
     pr->slice_begin = (long)pr->opt_shard * slice < pr->n ? (long)pr->opt_shard * slice : pr->n;
     pr->slice_end = pr->slice_begin + slice < pr->n ? pr->slice_begin + slice : pr->n;
     size_t bytes = (size_t)slice * sizeof(float), values = (size_t)pr->padded * value_bytes();
     pr->params = mem_alloc(values, MEM_PARAMS);
     pr->grads = mem_alloc(values, MEM_GRADS);
-    pr->master = master_alloc(pr->params, slice);
-    pr->adam_m = mem_alloc(bytes, MEM_OPTIM);
-    pr->adam_v = mem_alloc(bytes, MEM_OPTIM);
+    pr->master = elsewhere ? (g_precision == PREC_FP32 ? pr->params : NULL) : master_alloc(pr->params, slice);
+    pr->adam_m = elsewhere ? NULL : mem_alloc(bytes, MEM_OPTIM);
+    pr->adam_v = elsewhere ? NULL : mem_alloc(bytes, MEM_OPTIM);
     /* bf16 sharded: the chunks create their whole fp32 weights (what rounds into
      * the parameters) in scratch, of which the slice is kept as the master */
     float *init_master = sharded && (void *)pr->master != pr->params
                              ? mem_alloc((size_t)pr->n * sizeof(float), MEM_WORKSPACE) : NULL;
+    if (elsewhere && init_master) pr->master = init_master; /* the caller's to slice and free */
     pr->chunk = xcalloc((size_t)pr->v, sizeof *pr->chunk);
     for (int c = 0; c < pr->v; c++) {
         int st = schedule_stage_of(s, pr->rank, c), prev = -1, next = -1, chunk;
@@ -277,7 +278,7 @@ void pipeline_init_sharded(pipeline_rank *pr, comm *pipe, const gpt_layout *g, c
         if (pr->chunk[c].end - pr->chunk[c].begin != len[c]) die("pipeline_init: chunk %d changed its range", c);
         if (sharded) pr->chunk[c].master = NULL; /* the slice's master is the caller's to step */
     }
-    if (init_master) {
+    if (init_master && !elsewhere) {
         mem_copy(pr->master, init_master + pr->slice_begin, (size_t)(pr->slice_end - pr->slice_begin) * sizeof(float));
         mem_free(init_master);
     }

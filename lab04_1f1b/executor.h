@@ -88,7 +88,14 @@ void pipeline_init(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const sta
 /* pipeline_init with the optimizer state sharded over opt_shards ranks, this
  * one keeping slice opt_shard (the fields above); 1, 0: pipeline_init. The
  * optimizer step and checkpoint view of a sharded rank are the caller's
- * (lab06's stage3d.c): the chunks' adam_m, adam_v and master are NULL. */
+ * (lab06's stage3d.c): the chunks' adam_m, adam_v and master are NULL.
+ * opt_shards PIPELINE_STATES_ELSEWHERE: the caller shards the state its own
+ * way (lab09's experts: two groups): opt_shards 0, no moments allocated
+ * (adam_m, adam_v NULL), master the whole fp32 initial weights (fp32: the
+ * parameters; bf16: a MEM_WORKSPACE copy the caller frees once it kept its
+ * slices); the caller sets master, adam_m and adam_v to its own buffers
+ * (MEM_OPTIM), which pipeline_free frees. */
+#define PIPELINE_STATES_ELSEWHERE (-1)
 void pipeline_init_sharded(pipeline_rank *pr, comm *pipe, const gpt_layout *g, const stage_model *model,
                            const dataset *data, uint64_t seed, int first_row, int batch, schedule_kind kind, int m,
                            int v, int opt_shards, int opt_shard);

@@ -108,7 +108,10 @@ static void setup(run_ctx *ctx, void *lab, ckpt_view *view) {
      * over its positions, and the replicas' average the global batch's mean. */
     pipeline_init_sharded(&s->pr, s->grid.pipe, s->experts ? &s->gx.g : &s->local, &s->model, &ctx->data,
                           (uint64_t)ctx->opt.seed, s->grid.mesh.me.at[MESH_DP] * share, share, s->kind, m,
-                          s->virtual_stages, s->zero_stage ? c * d : 1, s->grid.me.dp);
+                          s->virtual_stages,
+                          /* ZeRO-1 with experts: two kinds of runs, each sharded over its own group (experts.h) */
+                          !s->zero_stage ? 1 : s->experts ? PIPELINE_STATES_ELSEWHERE : c * d, s->grid.me.dp);
+    if (s->experts && s->zero_stage) grid_experts_zero_init(&s->pr, &s->gx);
     if (!s->experts) stage3d_alloc_partials(&s->s3, &s->pr);
     if (!s->zero_stage && !s->experts) dp_sync_init(&s->dp_sync, s->grid.dp, s->pr.grads, 0, s->pr.n, 0);
     if (s->experts) grid_experts_checkpoint_view(&s->pr, &s->gx, view);
@@ -117,7 +120,8 @@ static void setup(run_ctx *ctx, void *lab, ckpt_view *view) {
 
 static void start(run_ctx *ctx, void *lab) {
     lab09 *s = lab;
-    stage3d_params_from_master(&s->pr, &s->grid);
+    if (s->experts) grid_experts_params_from_master(&s->pr, &s->gx);
+    else stage3d_params_from_master(&s->pr, &s->grid);
     s->theory = schedule_bubble_textbook(s->kind, s->deg[AXIS_PP], s->micro_batches, s->pr.v);
     lab09_print_mesh(ctx, s);
 }
@@ -182,7 +186,8 @@ int main(int argc, char **argv) {
          "lab05's sequence parallelism in every TP group (needs --tp >= 2): outside the TP regions a rank holds "
          "1/t of its CP rank's T/c positions; pipeline messages carry T/(c t)", 0, NULL},
         {"--zero-stage", FLAG_INT, &lab.zero_stage, "0, or 1: lab06's ZeRO-1, the optimizer state sharded over the c "
-         "x d ranks that hold the same weights (needs c x d >= 2)", 0, NULL},
+         "x d ranks that hold the same weights (needs c x d >= 2; with --experts the expert runs over their EDP "
+         "group)", 0, NULL},
         {"--check-sync", FLAG_BOOL, &lab.check_sync, "verify at the end that the c x d replicas of every (tp, pp) "
          "hold bit-identical weights (exit 1 if not)", 0, NULL},
     };

@@ -33,8 +33,6 @@ void lab09_check(run_ctx *ctx, void *lab) {
               "groups are carved from", ep, c * d);
     run_check(ctx, !experts || ctx->opt.experts % ep == 0, "--ep %d does not divide --experts %d (each rank holds "
               "E/e experts a layer)", ep, ctx->opt.experts);
-    run_check(ctx, !experts || zero_stage == 0, "--zero-stage 1 with --experts: the optimizer state of expert "
-              "and replicated runs is not sharded yet (lab09 runs experts at --zero-stage 0)");
     tp_check_degree(ctx, t, "--tp");
     run_check(ctx, th_stage_split_possible(ctx->opt.layers, p),
               "--pp %d is more than --layers %d: every pipeline stage needs at least one layer", p, ctx->opt.layers);
@@ -151,7 +149,9 @@ void lab09_print_mesh(const run_ctx *ctx, const lab09 *s) {
            "bubble theory %s = %.3f\n", deg[AXIS_TP], s->sequence_parallel ? " + SP" : "", s->tl.heads,
            ctx->opt.heads, s->tl.hidden, 4 * ctx->opt.d_model, c, s->algo_name, s->layout_name, Tl, T, deg[AXIS_PP],
            pr->v, pr->v == 1 ? "" : "s", s->micro_batches, pr->chunk[0].rows, schedule_name(s->kind), deg[AXIS_DP],
-           ctx->opt.batch / deg[AXIS_DP], s->zero_stage ? " + ZeRO-1 over the c x d replicas" : "",
+           ctx->opt.batch / deg[AXIS_DP],
+           !s->zero_stage ? "" : s->experts ? " + ZeRO-1 (replicated runs over the c x d replicas, expert runs over EDP)"
+                                            : " + ZeRO-1 over the c x d replicas",
            schedule_bubble_textbook_text(s->kind), s->theory);
     fflush(stdout);
 }
@@ -227,9 +227,17 @@ static void experts_traffic_of_rank(const run_ctx *ctx, lab09 *s, group_traffic 
         moe_layers += th_moe_layers(&tm, ch->lo, ch->hi);
         th_traffic replicated, experts;
         th_ep_grad_sums(&tm, &o, ch->lo, ch->hi, vb, s->grid.dp->size, s->edp_group->size, &replicated, &experts);
+        if (s->zero_stage) continue;
         add_formula(&g[XG_DP], replicated);
         add_formula(&g[s->edp_group == s->grid.dp ? XG_DP : XG_EDP], experts);
         by_kind[BY_ALLREDUCE] += replicated.ring + experts.ring;
+    }
+    for (int k = 0; s->zero_stage && k < RUN_KINDS; k++) { /* ZeRO-1: a reduce-scatter and an all-gather a kind */
+        const expert_shards *sh = &s->gx.sh;
+        const th_traffic z = th_zero_traffic(vb * sh->slice[k] * sh->group[k]->size, sh->group[k]->size, 1);
+        if (sh->group[k]->size < 2) continue;
+        add_formula(&g[k == RUNS_EXPERT && s->edp_group != s->grid.dp ? XG_EDP : XG_DP], (th_traffic){2, z.payload, z.ring});
+        by_kind[BY_GATHER] += z.ring;
     }
     const th_traffic pp = th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, vb * st->boundary_values);
     add_formula(&g[XG_PP], pp);
@@ -324,7 +332,14 @@ static void experts_traffic_print(const run_ctx *ctx, const lab09 *s) {
         "routing, every slot row sent (the rank's own block included) x C x b, and the counts",
         "each layer's 4 expert tensors, one all-reduce each over the ranks holding the same experts; ring "
         "2(n-1)/n"};
-    if (s->edp_group == s->grid.dp)
+    if (s->zero_stage) {
+        titles[XG_DP] = "DP RS+AG     ";
+        titles[XG_EDP] = "EDP RS+AG    ";
+        formulas[XG_DP] = "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's replicated runs, packed and padded to "
+                          "c x d slices (--ep 1: and of its experts' runs); ring (cd-1)/(cd) each";
+        formulas[XG_EDP] = "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's expert runs, packed and padded to "
+                           "the EDP group's n slices; ring (n-1)/n each";
+    } else if (s->edp_group == s->grid.dp)
         formulas[XG_DP] = "every run (embedding, each layer's attention and router, its experts' 4 tensors, head), "
                           "one all-reduce each over the c x d replicas (--ep 1: each holds every expert); ring "
                           "2(cd-1)/(cd)";
@@ -401,8 +416,10 @@ void lab09_report(run_ctx *ctx, void *lab, lab_report *r) {
     }
     /* at --ep 1 the EDP group is the replicas' own (main.c): listed once, or its sums would count twice */
     r->run.n_comms = s->experts ? (s->edp_group == s->grid.dp ? 4 : 5) : 4;
-    /* ZeRO-1 over the c x d replicas */
-    if (s->zero_stage) stage3d_zero1_states(r, s->states_text, deg[AXIS_TP], deg[AXIS_CP] * deg[AXIS_DP]);
+    /* ZeRO-1 over the c x d replicas; with experts over two groups, whose slices have no one formula per
+     * parameter: the dry run predicts each rank's optimizer state instead */
+    if (s->zero_stage && !s->experts) stage3d_zero1_states(r, s->states_text, deg[AXIS_TP], deg[AXIS_CP] * deg[AXIS_DP]);
+    else if (s->zero_stage) r->model_states = 0;
 }
 
 /* lab08's figures of the run (rank 0): tokens per expert, all-to-all bytes, parameters per rank. */

@@ -292,7 +292,8 @@ PER_LAB = {
         (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--ep", "4"], "--ep 4"),
         (4, ["--tp", "1", "--cp", "1", "--pp", "1", "--dp", "4", "--experts", "6", "--ep", "4"], "--ep 4"),
         (4, ["--tp", "2", "--cp", "1", "--pp", "1", "--dp", "2", "--experts", "4"], "--tp 2"),
-        (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--zero-stage", "1"], "--zero-stage"),
+        # ZeRO-1 with experts shards over the replicas and EDP: none to shard over at c x d = 1
+        (4, ["--tp", "1", "--cp", "1", "--pp", "4", "--dp", "1", "--experts", "4", "--zero-stage", "1"], "--zero-stage"),
         (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--schedule", "zb-h1"], "--schedule"),
         # SP splits a CP rank's T/c positions t ways: 24 positions, 4 contiguous chunks of 6, not 4 x 2
         (4, ["--tp", "2", "--cp", "2", "--pp", "1", "--sequence-parallel", "--cp-layout", "contiguous", "--seq", "6"],

@@ -229,7 +229,12 @@ def experts():
                         ((1, 2, 1, 2), ["--ep", "4", "--cp-algo", "ulysses", "--micro-batches", "2"]),
                         ((1, 2, 2, 2), ["--ep", "2", "--cp-algo", "allgather", "--micro-batches", "2",
                                         "--check-sync"]),
-                        ((1, 2, 2, 1), ["--ep", "2", "--cp-layout", "contiguous", "--recompute", "full"])):
+                        ((1, 2, 2, 1), ["--ep", "2", "--cp-layout", "contiguous", "--recompute", "full"]),
+                        # ZeRO-1: replicated runs sharded over the replicas, expert runs over EDP (or both over
+                        # the replicas at --ep 1; EDP of one rank: the expert runs whole)
+                        ((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--zero-stage", "1", "--check-sync"]),
+                        ((1, 2, 1, 2), ["--ep", "1", "--zero-stage", "1"]),
+                        ((1, 2, 2, 2), ["--ep", "4", "--micro-batches", "2", "--zero-stage", "1"])):
         n = dims[0] * dims[1] * dims[2] * dims[3]
         flags = MODEL + STEPS + layout(*dims) + EXPERTS + extra
         rec, _, _ = run(LAB, n, flags, out=records)
@@ -284,7 +289,7 @@ def experts():
     chk = subprocess.run([program("plan3d"), "--check", records, "--calibration", os.path.join(records, "none.json")],
                          capture_output=True, text=True)
     print(chk.stdout.strip().splitlines()[-1] if chk.stdout.strip() else chk.stderr)
-    check(chk.returncode == 0 and "9 runs checked: 9/9 exact" in chk.stdout,
+    check(chk.returncode == 0 and "12 runs checked: 12/12 exact" in chk.stdout,
           f"plan3d --check of lab09's experts records: status {chk.returncode}: {chk.stdout[-2000:]} {chk.stderr}")
     # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
@@ -297,10 +302,16 @@ def experts():
     run(LAB, 4, MODEL + ["--steps", "5"] + layout(1, 1, 2, 2) + EXPERTS + ["--ep", "2", "--save", saved])
     serial, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
     for lab, n, flags in (("lab08_ep", 2, ["--ep", "2"]), ("lab01_dp", 1, []),
-                          (LAB, 8, layout(1, 1, 2, 4) + ["--ep", "4", "--micro-batches", "2"])):
+                          (LAB, 8, layout(1, 1, 2, 4) + ["--ep", "4", "--micro-batches", "2"]),
+                          (LAB, 8, layout(1, 2, 1, 4) + ["--ep", "2", "--zero-stage", "1", "--micro-batches", "2"])):
         rec, _, _ = run(lab, n, MODEL + ["--steps", "5", "--resume", saved] + EXPERTS + flags)
         compare_runs(f"saved by lab09 pp2 x ep2, resumed by {lab} -n {n} {' '.join(flags)}", rec, serial, 1e-5,
                      ref_from=5)
+    # and one saved under ZeRO-1 (the moments in slices over the replicas and EDP) resumes whole in lab01
+    run(LAB, 8, MODEL + ["--steps", "5"] + layout(1, 1, 2, 4) + EXPERTS + ["--ep", "2", "--zero-stage", "1",
+                                                                          "--micro-batches", "2", "--save", saved])
+    rec, _, _ = run("lab01_dp", 1, MODEL + ["--steps", "5", "--resume", saved] + EXPERTS)
+    compare_runs("saved by lab09 pp2 x ep2 x ZeRO-1, resumed by lab01_dp -n 1", rec, serial, 1e-5, ref_from=5)
 
 
 def schedules():

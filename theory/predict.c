@@ -189,14 +189,40 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
             count(x, COLL_ALLGATHER, routed, each[1], cp);
         }
         if (r->ep > 0) { /* lab09's experts: replicated runs summed over the replicas, expert ones over EDP */
+            const int edp = replicas / r->ep;
+            double elems[2] = {0, 0}; /* the rank's replicated and expert elements */
             for (int c = 0; c < v; c++) {
                 int clo, chi;
                 th_stage_layers(L, S, th_chunk_stage(s, p, pp, c), &clo, &chi);
                 th_traffic replicated, experts;
-                th_ep_grad_sums(&r->model, &o, clo, chi, value_bytes_of(r), replicas, replicas / r->ep, &replicated,
-                                &experts);
+                th_ep_grad_sums(&r->model, &o, clo, chi, value_bytes_of(r), replicas, edp, &replicated, &experts);
+                const double expert_elems = th_stage_expert_params(&r->model, &o, clo, chi);
+                elems[0] += th_stage_params(&r->model, &o, clo, chi) - expert_elems;
+                elems[1] += expert_elems;
+                if (r->zero_stage) continue;
                 add_traffic(x, COLL_ALLREDUCE, replicated, replicas);
-                add_traffic(x, COLL_ALLREDUCE, experts, replicas / r->ep);
+                add_traffic(x, COLL_ALLREDUCE, experts, edp);
+            }
+            if (r->zero_stage == 1) {
+                /* ZeRO-1 (lab09_5d/experts.h): each kind packed and cut into slices over its group (ceil(n/g)
+                 * elements), the optimizer state of the two slices, a reduce-scatter and an all-gather of each
+                 * packed buffer (staging, workspace); bf16: the whole fp32 weights once, at set-up, before
+                 * the hook's backward scratch exists (lab08 sizes it at the first backward) */
+                const int groups[2] = {replicas, edp};
+                double kept = 0, staging = 0;
+                for (int k = 0; k < 2; k++) {
+                    const double slice = ceil(elems[k] / groups[k]);
+                    kept += slice;
+                    staging += value_bytes_of(r) * slice * groups[k];
+                    if (groups[k] > 1) {
+                        count(x, COLL_REDUCE_SCATTER, 1, value_bytes_of(r) * slice * groups[k], groups[k]);
+                        count(x, COLL_ALLGATHER, 1, value_bytes_of(r) * slice * groups[k], groups[k]);
+                    }
+                }
+                x->mem[MEM_OPTIM] = th_optim_bytes(r->bf16 ? PREC_BF16 : PREC_FP32) * kept;
+                const double hook = ep_received >= 0 ? th_ep_hook_scratch_bytes(&r->model, &o, ep_received) : 0;
+                if (x->mem[MEM_WORKSPACE] >= 0)
+                    x->mem[MEM_WORKSPACE] += staging + (r->bf16 ? fmax(0, 4 * x->params - hook) : 0);
             }
         } else if (r->zero_stage == 1 && replicas > 1) {
             /* lab06's ZeRO-1: params and grads padded to d slices (lab09: c x d) of comm_chunk
