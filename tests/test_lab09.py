@@ -172,7 +172,8 @@ def equivalence():
 
 def odd():
     """An axis of 3 and a model that splits unevenly: C = 36 (not a multiple of 8),
-    3 heads over 3 TP ranks, 3 layers over 2 stages, 48 positions in 6 zig-zag chunks."""
+    3 heads over 3 TP ranks, 3 layers over 2 stages, 48 positions in 6 zig-zag chunks;
+    with 3 experts over an EP group of the 3 CP ranks, ZeRO-1's slices uneven."""
     model = (3, 36, 3, 8, 48)
     args = ["--layers", "3", "--d-model", "36", "--heads", "3", "--batch", "8", "--seq", "48"]
     ref, _, _ = run("lab01_dp", 1, args + STEPS)
@@ -180,6 +181,33 @@ def odd():
         rec, _, _ = run(LAB, dims[0] * dims[1] * dims[2] * dims[3], args + STEPS + layout(*dims))
         compare_runs(f"lab09 {rec['layout']} (odd model) vs lab01 -n 1", rec, ref, 1e-5)
         check_traffic(rec, *dims, model=model)
+    experts = ["--experts", "3", "--capacity-factor", "1.0"]
+    ref, _, _ = run("lab01_dp", 1, args + STEPS + experts)
+    rec, _, out = run(LAB, 6, args + STEPS + experts + layout(1, 3, 2, 1) + ["--ep", "3", "--zero-stage", "1",
+                                                                           "--micro-batches", "2"])
+    name = f"lab09 {rec['layout']} (odd model)"
+    compare_runs(f"{name} vs lab01 -n 1 --experts 3", rec, ref, 1e-5)
+    same_routing(name, rec, ref)
+    check_group_traffic(name, rec, {"cp": 3, "pp": 2, "dp": 3, "ep": 3, "edp": 1})
+    chk = subprocess.run([program("plan3d"), "--check", out, "--calibration", os.path.join(out, "none.json")],
+                         capture_output=True, text=True)
+    print(chk.stdout.strip().splitlines()[-1] if chk.stdout.strip() else chk.stderr)
+    check(chk.returncode == 0 and "1/1 exact" in chk.stdout, f"{name}: plan3d --check {chk.stdout[-1500:]}")
+
+
+def check_group_traffic(name, rec, sizes):
+    """A run with experts: each group of more than one rank in the record (lab06's table), its measured calls,
+    payload and ring bytes = its formula on every rank (the all-to-alls' payload: the run's routing), and the
+    summary's busiest-rank formula = the measured ring traffic."""
+    check(set(rec["traffic_per_group"]) == {g for g, size in sizes.items() if size > 1},
+          f"{name}: groups {sorted(rec['traffic_per_group'])}")
+    for group, g in rec["traffic_per_group"].items():
+        check(g["group_size"] == sizes[group], f"{name}: {group} of {g['group_size']} ranks")
+        for key in ("calls", "payload_bytes", "ring_bytes"):
+            for r, (got, want) in enumerate(zip(g[key], g[key + "_formula"])):
+                check(abs(got - want) < 0.5, f"{name} rank {r} {group} {key}: measured {got}, formula {want}")
+    check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
+          f"{name}: ring traffic {rec['comm_ring_bytes_per_step']} != formula {rec['comm_formula_bytes_per_step']}")
 
 
 def full_grid():
@@ -269,20 +297,10 @@ def experts():
             want = (max(c for c, _ in per_rank), max(b for _, b in per_rank)) if per_rank else (0, 0)
             got = (rec["comm_calls_per_step"].get(kind, 0), rec["comm_bytes_per_step"].get(kind, 0))
             check(len(per_rank) in (0, n) and got == want, f"{name}: {kind} per step {got}, the dry run's {want}")
-        # each group's traffic (lab06's table): measured = its formula on every rank, the all-to-alls' payload
-        # the routing's (lab08's counts); the groups are those of more than one rank
+        # each group's traffic (lab06's table); at --ep 1 the experts' sums are the replicas' (no EDP group)
         t, c, p, d = dims
         e = int(extra[extra.index("--ep") + 1])
-        sizes = {"cp": c, "pp": p, "dp": c * d, "ep": e, "edp": c * d // e if e > 1 else 1}
-        check(set(rec["traffic_per_group"]) == {g for g, size in sizes.items() if size > 1},
-              f"{name}: groups {sorted(rec['traffic_per_group'])}")
-        for group, g in rec["traffic_per_group"].items():
-            check(g["group_size"] == sizes[group], f"{name}: {group} of {g['group_size']} ranks")
-            for key in ("calls", "payload_bytes", "ring_bytes"):
-                for r, (got, want) in enumerate(zip(g[key], g[key + "_formula"])):
-                    check(abs(got - want) < 0.5, f"{name} rank {r} {group} {key}: measured {got}, formula {want}")
-        check(abs(rec["comm_ring_bytes_per_step"] - rec["comm_formula_bytes_per_step"]) <= 1,
-              f"{name}: ring traffic {rec['comm_ring_bytes_per_step']} != formula {rec['comm_formula_bytes_per_step']}")
+        check_group_traffic(name, rec, {"cp": c, "pp": p, "dp": c * d, "ep": e, "edp": c * d // e if e > 1 else 1})
         print(f"  {name}: lab01's losses, norms, drops and loads; model states, activations, workspace and "
               f"{', '.join(sorted(kinds))} per rank = the dry run's; each group's traffic = its formula")
     # plan3d --check reads the records (the th_run each dry run predicted from) and predicts them the same
