@@ -367,7 +367,7 @@ def chart_list(pipe_recs, note):
          "last. bf16 keeps about 3 significant digits, so the curves part by about 1e-3, not the 1e-7 of a layout."),
         ("plan", "plan3d: step time and memory per GPU of Llama-3-70B's layouts on 64 H100s", "plan.gp",
          {"src": "plan.tsv"}, "plan.tsv", "plan",
-         "plan3d's estimates (lab09_5d/part2-planning.md), no run: for each TP x PP (DP the rest) "
+         "plan3d's estimates (lab09_5d/part3-planning.md), no run: for each TP x PP (DP the rest) "
          "the best micro-batch, schedule, SP and recomputation. Top: the step time by part (compute at the preset's "
          "efficiency, exposed TP, PP and DP traffic, the bubble, the optimizer); layouts that do not fit have no bar. "
          "Bottom: memory per GPU by category (the fullest stage) against the usable memory; the winner is marked. "

@@ -367,7 +367,7 @@ def case_published():
     for rid in ("llama3-405b-16k", "llama3-405b-128k"):
         check(ids[rid]["fits"], f"{rid} fits (Llama 3's balanced pipeline, no dropout)")
     check("does NOT fit: Meta's pipeline schedule with a tunable N" in p.stdout, "the exception's reason printed")
-    # the figures as measured (lab09_5d/part2-planning.md gives them and the largest error's cause)
+    # the figures as measured (lab09_5d/part3-planning.md gives them and the largest error's cause)
     mean = [r for r in predicted if r["in_mean"]]
     errs = sorted(abs(r["error"]) for r in mean)
     print(f"{len(mean)} in the mean: mean {100 * sum(errs) / len(errs):.1f} %, worst {100 * errs[-1]:.1f} %")
