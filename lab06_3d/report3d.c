@@ -42,6 +42,18 @@ static void measured(const comm *c, int steps, double *row) {
     row[G_SECONDS] += t.seconds;
 }
 
+void report3d_cp_traffic(const pipeline_stage *st, const gpt_config *model, int N, int layers, int m,
+                         th_traffic per_kind[COLL_NKINDS]) {
+    const double width = (double)st->model.part.heads * (model->d_model / model->heads);
+    const double block = (double)value_bytes() * st->rows * st->g->cfg.seq * 2 * width; /* one K|V block of the rank's heads */
+    double calls[COLL_NKINDS], payload[COLL_NKINDS];
+    th_cp_layer_calls((th_cp_algo)st->model.cp_algo, N, block, stage_opts(st).recompute == RECOMPUTE_NONE ? 1 : 2, calls,
+                      payload);
+    const double n = (double)layers * m;
+    for (int k = 0; k < COLL_NKINDS; k++)
+        per_kind[k] = (th_traffic){n * calls[k], n * payload[k], n * payload[k] * comm_ring_factor((comm_kind)k, N)};
+}
+
 static void formula(double *row, th_traffic t) {
     row[G_CALLS_F] = t.calls;
     row[G_PAYLOAD_F] = t.payload;
@@ -116,16 +128,14 @@ void report3d_gather(report3d *r, process_grid *g, const pipeline_rank *pr, cons
     row[F_GATHER_RING_F] = (sp ? tp_f.ring : 0) + (zero ? row[GROUP_DP * G_FIELDS + G_RING_F] : 0);
     row[F_P2P_RING_F] = row[GROUP_PP * G_FIELDS + G_RING_F];
     if (g->cp) { /* lab09: CP's exchanges, per layer and micro-batch (theory/context.c), by kind */
-        const int N = g->cp->size;
         r->cp_algo = st->model.cp_algo;
-        const double width = (double)st->model.part.heads * (cfg->d_model / cfg->heads);
-        const double block = vb * st->rows * st->g->cfg.seq * 2 * width; /* one K|V block of the rank's heads */
-        double calls[COLL_NKINDS], payload[COLL_NKINDS], *x = row + GROUP_CP * G_FIELDS;
-        th_cp_layer_calls((th_cp_algo)r->cp_algo, N, block, opts.recompute == RECOMPUTE_NONE ? 1 : 2, calls, payload);
+        th_traffic per_kind[COLL_NKINDS];
+        double *x = row + GROUP_CP * G_FIELDS;
+        report3d_cp_traffic(st, cfg, g->cp->size, layers, m, per_kind);
         for (int k = 0; k < COLL_NKINDS; k++) {
-            const double ring = (double)layers * m * payload[k] * comm_ring_factor((comm_kind)k, N);
-            x[G_CALLS_F] += (double)layers * m * calls[k];
-            x[G_PAYLOAD_F] += (double)layers * m * payload[k];
+            const double ring = per_kind[k].ring;
+            x[G_CALLS_F] += per_kind[k].calls;
+            x[G_PAYLOAD_F] += per_kind[k].payload;
             x[G_RING_F] += ring;
             if (k == COLL_ALLGATHER || k == COLL_REDUCE_SCATTER) row[F_GATHER_RING_F] += ring;
             else if (k == COLL_SEND || k == COLL_RECV) row[F_P2P_RING_F] += ring;

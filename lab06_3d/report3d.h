@@ -20,6 +20,14 @@ typedef struct group_traffic {
  * calls, payload, ring bytes as run_finish counts them, seconds). */
 void group_traffic_measure(const comm *c, int steps, group_traffic *t);
 
+/* CP's exchanges per step of a rank whose chunks hold `layers` layers, by
+ * kind (lab07's per layer and micro-batch, theory/context.c: K|V blocks of
+ * the stage's heads over its positions; --recompute runs the forward's again):
+ * what report3d prints for lab09's CP group, and lab09's experts table too;
+ * model: the whole model's config (its head size). */
+void report3d_cp_traffic(const pipeline_stage *st, const gpt_config *model, int N, int layers, int m,
+                         th_traffic per_kind[COLL_NKINDS]);
+
 typedef struct report3d {
     int ranks;
     double *rows;      /* rank 0: every rank's figures (report3d.c lays them out) */

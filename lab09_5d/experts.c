@@ -111,19 +111,15 @@ void grid_experts_zero_init(pipeline_rank *pr, grid_experts *x) {
     sh->group[RUNS_REPLICATED] = x->replicas;
     sh->group[RUNS_EXPERT] = x->edp;
     long at, global, n, kept = 0;
-    for (int fill = 0; fill < 2; fill++) { /* count the pieces, then list them */
-        for (int k = 0; k < RUN_KINDS; k++) sh->n_pieces[k] = 0, sh->n[k] = 0;
-        for (int c = 0; c < pr->v; c++)
-            for (int r = 0; r < x->n_runs; r++)
-                if (run_in(&x->runs[r], pr->chunk[c].begin, pr->chunk[c].end, &at, &global, &n)) {
-                    const int k = x->runs[r].expert ? RUNS_EXPERT : RUNS_REPLICATED;
-                    if (fill) sh->pieces[k][sh->n_pieces[k]] = (run_piece){pr->offset[c] + at, global, n, sh->n[k], c};
-                    sh->n_pieces[k]++;
-                    sh->n[k] += n;
-                }
-        for (int k = 0; !fill && k < RUN_KINDS; k++)
-            if (!(sh->pieces[k] = malloc(sizeof(run_piece) * (size_t)(sh->n_pieces[k] + 1)))) die("out of host memory");
-    }
+    for (int k = 0; k < RUN_KINDS; k++) /* at most every run in every chunk */
+        if (!(sh->pieces[k] = malloc(sizeof(run_piece) * (size_t)pr->v * (size_t)x->n_runs))) die("out of host memory");
+    for (int c = 0; c < pr->v; c++)
+        for (int r = 0; r < x->n_runs; r++)
+            if (run_in(&x->runs[r], pr->chunk[c].begin, pr->chunk[c].end, &at, &global, &n)) {
+                const int k = x->runs[r].expert ? RUNS_EXPERT : RUNS_REPLICATED;
+                sh->pieces[k][sh->n_pieces[k]++] = (run_piece){pr->offset[c] + at, global, n, sh->n[k], c};
+                sh->n[k] += n;
+            }
     for (int k = 0; k < RUN_KINDS; k++) {
         sh->slice[k] = comm_chunk(sh->n[k], sh->group[k]->size);
         sh->kept[k] = kept;

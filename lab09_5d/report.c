@@ -221,36 +221,38 @@ static void experts_traffic_of_rank(const run_ctx *ctx, lab09 *s, group_traffic 
     for (int k = 0; k < XG_GROUPS; k++)
         if (groups[k]) group_traffic_measure(groups[k], steps, &g[k]);
     int layers = 0, moe_layers = 0;
+    const int experts_at = s->edp_group == s->grid.dp ? XG_DP : XG_EDP; /* where the expert runs' sums go */
+    double elems[RUN_KINDS] = {0, 0};
     for (int q = 0; q < pr->v; q++) { /* the gradient's sums: replicated runs over the replicas, experts over EDP */
         const pipeline_stage *ch = &pr->chunk[q];
         layers += ch->hi - ch->lo;
         moe_layers += th_moe_layers(&tm, ch->lo, ch->hi);
+        if (s->zero_stage) {
+            th_ep_stage_elements(&tm, &o, ch->lo, ch->hi, elems);
+            continue;
+        }
         th_traffic replicated, experts;
         th_ep_grad_sums(&tm, &o, ch->lo, ch->hi, vb, s->grid.dp->size, s->edp_group->size, &replicated, &experts);
-        if (s->zero_stage) continue;
         add_formula(&g[XG_DP], replicated);
-        add_formula(&g[s->edp_group == s->grid.dp ? XG_DP : XG_EDP], experts);
+        add_formula(&g[experts_at], experts);
         by_kind[BY_ALLREDUCE] += replicated.ring + experts.ring;
     }
     for (int k = 0; s->zero_stage && k < RUN_KINDS; k++) { /* ZeRO-1: a reduce-scatter and an all-gather a kind */
-        const expert_shards *sh = &s->gx.sh;
-        const th_traffic z = th_zero_traffic(vb * sh->slice[k] * sh->group[k]->size, sh->group[k]->size, 1);
-        if (sh->group[k]->size < 2) continue;
-        add_formula(&g[k == RUNS_EXPERT && s->edp_group != s->grid.dp ? XG_EDP : XG_DP], (th_traffic){2, z.payload, z.ring});
+        double slice;
+        const th_traffic z = th_ep_zero_traffic(elems[k], s->gx.sh.group[k]->size, vb, &slice);
+        add_formula(&g[k == RUNS_EXPERT ? experts_at : XG_DP], z);
         by_kind[BY_GATHER] += z.ring;
     }
     const th_traffic pp = th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, vb * st->boundary_values);
     add_formula(&g[XG_PP], pp);
     by_kind[BY_P2P] += pp.ring;
-    if (groups[XG_CP]) { /* CP's exchanges per layer and micro-batch, and each MoE layer's routing gathers */
-        const double width = (double)st->model.part.heads * (ctx->model.d_model / ctx->model.heads);
-        const double block = vb * st->rows * st->g->cfg.seq * 2 * width, n = (double)layers * m;
-        double calls[COLL_NKINDS], payload[COLL_NKINDS], each[2];
-        th_cp_layer_calls(s->algo, c, block, o.recompute == RECOMPUTE_NONE ? 1 : 2, calls, payload);
+    if (groups[XG_CP]) { /* CP's exchanges (lab06's table's formula), and each MoE layer's routing gathers */
+        th_traffic per_kind[COLL_NKINDS];
+        double each[2];
+        report3d_cp_traffic(st, &ctx->model, c, layers, m, per_kind);
         for (int k = 0; k < COLL_NKINDS; k++) {
-            const th_traffic t = {n * calls[k], n * payload[k], n * payload[k] * comm_ring_factor((comm_kind)k, c)};
-            add_formula(&g[XG_CP], t);
-            by_kind[bucket_of((comm_kind)k)] += t.ring;
+            add_formula(&g[XG_CP], per_kind[k]);
+            by_kind[bucket_of((comm_kind)k)] += per_kind[k].ring;
         }
         const th_traffic gathers = th_ep_routing_gathers((double)forwards * moe_layers * m, c,
                                                          (double)st->rows * st->g->cfg.seq, ctx->model.experts,

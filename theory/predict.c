@@ -194,12 +194,12 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
             for (int c = 0; c < v; c++) {
                 int clo, chi;
                 th_stage_layers(L, S, th_chunk_stage(s, p, pp, c), &clo, &chi);
+                if (r->zero_stage) {
+                    th_ep_stage_elements(&r->model, &o, clo, chi, elems);
+                    continue;
+                }
                 th_traffic replicated, experts;
                 th_ep_grad_sums(&r->model, &o, clo, chi, value_bytes_of(r), replicas, edp, &replicated, &experts);
-                const double expert_elems = th_stage_expert_params(&r->model, &o, clo, chi);
-                elems[0] += th_stage_params(&r->model, &o, clo, chi) - expert_elems;
-                elems[1] += expert_elems;
-                if (r->zero_stage) continue;
                 add_traffic(x, COLL_ALLREDUCE, replicated, replicas);
                 add_traffic(x, COLL_ALLREDUCE, experts, edp);
             }
@@ -211,12 +211,13 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
                 const int groups[2] = {replicas, edp};
                 double kept = 0, staging = 0;
                 for (int k = 0; k < 2; k++) {
-                    const double slice = ceil(elems[k] / groups[k]);
+                    double slice;
+                    const th_traffic z = th_ep_zero_traffic(elems[k], groups[k], value_bytes_of(r), &slice);
                     kept += slice;
                     staging += value_bytes_of(r) * slice * groups[k];
-                    if (groups[k] > 1) {
-                        count(x, COLL_REDUCE_SCATTER, 1, value_bytes_of(r) * slice * groups[k], groups[k]);
-                        count(x, COLL_ALLGATHER, 1, value_bytes_of(r) * slice * groups[k], groups[k]);
+                    if (z.calls > 0) { /* as many bytes each way */
+                        count(x, COLL_REDUCE_SCATTER, 1, z.payload / 2, groups[k]);
+                        count(x, COLL_ALLGATHER, 1, z.payload / 2, groups[k]);
                     }
                 }
                 x->mem[MEM_OPTIM] = th_optim_bytes(r->bf16 ? PREC_BF16 : PREC_FP32) * kept;

@@ -416,14 +416,22 @@ th_traffic th_ep_routing_gathers(double routed, int cp, double tokens, long expe
  * (the counts, the dispatch, the combine; `forwards` 2 under --recompute
  * full) and 2 a backward (the gradients both ways). */
 double th_ep_alltoall_calls(double passes, int forwards);
+/* lab09's experts: a rank's elements of layers [lo, hi), replicated ones
+ * (th_stage_params less the experts') and expert ones (th_stage_expert_params;
+ * o->ep: E/e experts a layer on a rank), added to elems[0] and elems[1]. */
+void th_ep_stage_elements(const th_model *m, const th_opts *o, int lo, int hi, double elems[2]);
 /* lab09's experts, the gradient's sums over layers [lo, hi) per step (lab08's
  * runs): the replicated runs (the embedding where lo = 0, each layer's
  * attention part and its router with any shared experts, the head where hi
  * = m->layers) each all-reduced over the replicas; each layer's four expert
- * tensors over the EDP group (replicas / e). Elements as th_stage_params and
- * th_stage_expert_params (o->ep: E/e experts a layer on a rank). */
+ * tensors over the EDP group (replicas / e). */
 void th_ep_grad_sums(const th_model *m, const th_opts *o, int lo, int hi, double value_bytes, int replicas, int edp,
                      th_traffic *replicated, th_traffic *experts);
+/* lab09's experts under ZeRO-1: one kind of run (elems elements, packed and
+ * padded to ceil(elems/group) x group, *slice the rank's share) reduce-scattered
+ * and all-gathered over its group: th_zero_traffic of the padded buffer, 2
+ * calls; nothing for a group of one. */
+th_traffic th_ep_zero_traffic(double elems, int group, double value_bytes, double *slice);
 /* Copies of one token's row that cross nodes in one all-to-all (dispatch or
  * combine) of an EP group spread over `nodes` nodes, routing uniform. Each
  * choice sent on its own (lab08; max_nodes 0): k (nodes-1)/nodes. Node-limited

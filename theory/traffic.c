@@ -1,5 +1,6 @@
 /* Bytes per collective (theory.h). */
 #include "theory.h"
+#include <math.h>
 
 th_traffic th_dp_traffic(double grad_bytes, int dp, int calls) {
     if (dp <= 1) return (th_traffic){0, 0, 0};
@@ -48,13 +49,27 @@ th_traffic th_ep_routing_gathers(double routed, int cp, double tokens, long expe
     return (th_traffic){2 * routed, payload, comm_ring_factor(COLL_ALLGATHER, cp) * payload};
 }
 
+void th_ep_stage_elements(const th_model *m, const th_opts *o, int lo, int hi, double elems[2]) {
+    const double experts = th_stage_expert_params(m, o, lo, hi);
+    elems[0] += th_stage_params(m, o, lo, hi) - experts;
+    elems[1] += experts;
+}
+
 void th_ep_grad_sums(const th_model *m, const th_opts *o, int lo, int hi, double value_bytes, int replicas, int edp,
                      th_traffic *replicated, th_traffic *experts) {
-    const double expert_elems = th_stage_expert_params(m, o, lo, hi);
-    const double replicated_elems = th_stage_params(m, o, lo, hi) - expert_elems;
+    double elems[2] = {0, 0};
+    th_ep_stage_elements(m, o, lo, hi, elems);
     const double runs = (lo == 0) + 2.0 * (hi - lo) + (hi == m->layers); /* embedding, attention|router a layer, head */
-    *replicated = th_dp_traffic(value_bytes * replicated_elems, replicas, (int)runs);
-    *experts = hi > lo ? th_dp_traffic(value_bytes * expert_elems, edp, 4 * (hi - lo)) : (th_traffic){0, 0, 0};
+    *replicated = th_dp_traffic(value_bytes * elems[0], replicas, (int)runs);
+    *experts = hi > lo ? th_dp_traffic(value_bytes * elems[1], edp, 4 * (hi - lo)) : (th_traffic){0, 0, 0};
+}
+
+th_traffic th_ep_zero_traffic(double elems, int group, double value_bytes, double *slice) {
+    *slice = ceil(elems / group);
+    if (group < 2) return (th_traffic){0, 0, 0};
+    th_traffic t = th_zero_traffic(value_bytes * *slice * group, group, 1);
+    t.calls = 2;
+    return t;
 }
 
 double th_ep_alltoall_calls(double passes, int forwards) { return passes * (3.0 * forwards + 2.0); }
