@@ -8,6 +8,12 @@ double link_time(double ring_bytes, int latency_steps, double gbs, double us) {
     return latency_steps * us * 1e-6 + (gbs > 0 ? ring_bytes / (gbs * 1e9) : 0);
 }
 
+int ep_folds_tp(const layout *l) { return l->sp && l->tp > 1; }
+long ep_source_ranks(const layout *l) {
+    return (long)(ep_folds_tp(l) ? l->tp : 1) * (l->cp > 1 ? l->cp : 1) * l->dp;
+}
+int expert_data_ranks(const layout *l) { return (int)(ep_source_ranks(l) / (l->ep > 1 ? l->ep : 1)); }
+
 /* The rules a layout must keep, in the order they are named: 1 and, when buf
  * is not NULL, the first broken rule's text; 0 if the layout can run. */
 #define BROKEN(...) (buf ? snprintf(buf, (size_t)len, __VA_ARGS__) : 0, 1)
@@ -22,9 +28,11 @@ static int broken_rule(const th_model *m, const cluster *c, const training *tr, 
     if (ep > 1 && m->experts <= 0)
         return BROKEN("--ep %d needs a model with experts (--model mixtral-8x7b or deepseek-v3)", ep);
     if (ep > 1 && m->experts % ep) return BROKEN("--ep %d does not divide the %ld routed experts", ep, m->experts);
-    if (((long)cp * l->dp) % ep)
-        return BROKEN("--ep %d does not divide --cp %d x --dp %d (the EP group is carved from the DP x CP ranks)", ep, cp,
-                      l->dp);
+    if (ep_source_ranks(l) % ep)
+        return ep_folds_tp(l) ? BROKEN("--ep %d does not divide --tp %d x --cp %d x --dp %d (with SP the EP group is "
+                                       "carved from the TP x CP x DP ranks)", ep, l->tp, cp, l->dp)
+                              : BROKEN("--ep %d does not divide --cp %d x --dp %d (the EP group is carved from the DP x CP "
+                                       "ranks; with --tp and --sp on from TP x CP x DP)", ep, cp, l->dp);
     if (m->heads % l->tp)
         return BROKEN("--tp %d does not divide --heads %ld (each TP rank computes whole heads)", l->tp, m->heads);
     if (m->ffn % l->tp)
@@ -112,7 +120,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     }
     /* attention's core: each of a rank's queries meets all T keys (over the ring with CP) */
     const double moe_fwd = tokens * 2 * moe_run, dense_fwd = tokens * 2 * dense_run;
-    const double attn_fwd = tokens * 4 * T * C / t, head_fwd = tokens * 2 * head_local;
+    const double attn_fwd = tokens * 4 * T * th_attn_width(m) / t, head_fwd = tokens * 2 * head_local;
 
     int *layers = malloc(sizeof(int) * (size_t)n_chunks), *first = malloc(sizeof(int) * (size_t)n_chunks);
     if (!layers || !first) { fprintf(stderr, "error: out of memory\n"); exit(1); }
@@ -131,7 +139,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     const double pp_one = p > 1 ? link_time(msg, 1, pp_inside ? c->intra_gbs : c->inter_gbs,
                                             pp_inside ? c->intra_us : c->inter_us) : 0;
     /* CP: a TP rank's heads' K and V travel the ring; exposed what the core's compute leaves */
-    const long kv_dim = m->d_model * m->kv_heads / m->heads, kv_local = kv_dim / t > 0 ? kv_dim / t : 1;
+    const long kv_dim = (long)th_kv_width(m), kv_local = kv_dim / t > 0 ? kv_dim / t : 1;
     const th_cp_traffic cpt = th_cp_layer_traffic(TH_CP_RING, cp, (long)b, m->seq, m->d_model, kv_local, act_bytes);
     const double cp_gbs = cp_inside ? c->intra_gbs : c->inter_gbs, cp_us = cp_inside ? c->intra_us : c->inter_us;
     const double cp_fwd = cp > 1 ? fmax(0, link_time(cpt.fwd_sent, cp - 1, cp_gbs, cp_us) - attn_fwd / rate) : 0;
@@ -141,7 +149,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
      * each node it reaches: DeepSeek-V3's preset) */
     const double ep_tokens = tokens / (l->sp ? t : 1);
     const th_cp_traffic ept = th_ep_layer_traffic(ep, ep_tokens, m->top_k, m->d_model, act_bytes);
-    const int ep_in_node = (int)fmin(ep, fmax(1, G / t)), ep_nodes = ep > 1 ? ep / ep_in_node : 1;
+    const int ep_in_node = (int)fmin(ep, fmax(1, ep_folds_tp(l) ? G : G / t)), ep_nodes = ep > 1 ? ep / ep_in_node : 1;
     const double out_share = ep > 1 ? (double)(ep - ep_in_node) / (ep - 1) : 0;
     const double ep_copies = th_ep_cross_node_copies(m->top_k, m->route_max_nodes, ep_nodes);
     const double ep_between = ep_tokens * (double)m->d_model * act_bytes * ep_copies; /* one all-to-all */
@@ -202,7 +210,7 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
         /* memory of this rank: the dense parameters' states over the DP x CP
          * group, the experts' over the ranks holding the same experts */
         th_states s = th_model_states(params - experts, mo, tr->zero_stage, d * cp);
-        th_states sx = th_model_states(experts, mo, tr->zero_stage, d * cp / ep);
+        th_states sx = th_model_states(experts, mo, tr->zero_stage, expert_data_ranks(l));
         th_states buf = th_zero_buffers(layer_local, mo, tr->zero_stage);
         double mem[MEM_NCAT] = {s.params + sx.params + buf.params, s.grads + sx.grads + buf.grads, s.optim + sx.optim,
                              acts,
@@ -224,10 +232,10 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     double pipe = th_pipeline_step_time(l->schedule, p, M, l->vp, e->tF, e->tB, e->tW);
     e->t_bubble = th_bubble_time(l->schedule, p, M, l->vp, e->tF, e->tB, e->tW);
     /* DP: the gradient of the rank's shard over the DP x CP group (the experts'
-     * over cp d / ep ranks); ZeRO 3 gathers the parameters for every
+     * over the ranks holding the same experts: cp d / ep, t cp d / ep folded); ZeRO 3 gathers the parameters for every
      * micro-batch's forward and backward */
     const double dp_gbs = dp_inside ? c->intra_gbs : c->inter_gbs, dp_us = dp_inside ? c->intra_us : c->inter_us;
-    const int dpc = d * cp, edp = d * cp / ep;
+    const int dpc = d * cp, edp = expert_data_ranks(l);
     const double grad = th_grad_bytes(tr->precision) * most_params, xgrad = th_grad_bytes(tr->precision) * most_experts;
     e->dp_bytes = comm_ring_factor(COLL_ALLREDUCE, dpc) * grad + comm_ring_factor(COLL_ALLREDUCE, edp) * xgrad;
     double t_dp = (dpc > 1 ? link_time(comm_ring_factor(COLL_ALLREDUCE, dpc) * grad, 2 * (dpc - 1), dp_gbs, dp_us) : 0) +
@@ -256,11 +264,13 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
 
 double model_states_floor(const th_model *m, const training *tr, const layout *l) {
     const int cp = l->cp > 1 ? l->cp : 1, ep = l->ep > 1 ? l->ep : 1, dpc = l->dp * cp;
+    /* the experts' states over the most ranks any SP choice of the split gives (a floor) */
+    const int edp = (l->tp > 1 && ((long)l->tp * dpc) % ep == 0 ? l->tp : 1) * dpc / ep;
     /* vocab-parallel: the smaller of estimate_layout's two splits of the embedding and head */
     const th_opts o = {.precision = tr->precision, .tp = l->tp, .vocab_parallel = 1, .cp = cp, .ep = ep};
     const int L = (int)m->layers;
     const double experts = th_stage_expert_params(m, &o, 0, L), dense = th_stage_params(m, &o, 0, L) - experts;
     const th_states s = th_model_states(dense / l->pp, &o, tr->zero_stage, dpc);
-    const th_states sx = th_model_states(experts / l->pp, &o, tr->zero_stage, dpc / ep);
+    const th_states sx = th_model_states(experts / l->pp, &o, tr->zero_stage, edp);
     return s.params + s.grads + s.optim + sx.params + sx.grads + sx.optim;
 }

@@ -113,6 +113,19 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
  * schedule, SP or recomputation. */
 double model_states_floor(const th_model *m, const training *tr, const layout *l);
 
+/* Where the EP group is carved from. With sequence parallelism (t > 1) every
+ * TP rank holds its own T / (t cp) positions, so the experts fold over TP as
+ * Megatron-Core does with expert TP 1 (its "MoE parallel folding"): the EP
+ * group is ep consecutive ranks of the t x cp x d ranks of a stage, EP x EDP
+ * = t x cp x d (Qwen3-235B's recipe: TP 2 x DP 16 = EP 32). Without SP the
+ * TP ranks hold the same tokens and EP is carved from the cp x d ranks at one
+ * TP coordinate, t apart (the labs' lab09). 1 when the layout folds. */
+int ep_folds_tp(const layout *l);
+/* The ranks the EP group is carved from: t x cp x d when it folds, else cp x d. */
+long ep_source_ranks(const layout *l);
+/* The ranks holding the same experts (their states are sharded and their gradients summed over them). */
+int expert_data_ranks(const layout *l);
+
 /* A collective's time over n ranks on a link: 2(n-1) latencies + ring bytes / bandwidth. */
 double link_time(double ring_bytes, int n, double gbs, double us);
 

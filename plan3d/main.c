@@ -196,7 +196,7 @@ int main(int argc, char **argv) {
         {"--pp", OPT_INT, &pp, "fix the pipeline stages (0: search)", 0, NULL, 0},
         {"--dp", OPT_INT, &dp, "fix the data-parallel replicas (0: search)", 0, NULL, 0},
         {"--cp", OPT_INT, &cpd, "fix the context-parallel degree: every sequence over cp ranks, a ring (0: search)", 0, NULL, 0},
-        {"--ep", OPT_INT, &ep, "fix the expert-parallel degree: divides the routed experts and cp x dp (0: search)", 0, NULL, 0},
+        {"--ep", OPT_INT, &ep, "fix the expert-parallel degree: divides the routed experts and cp x dp (with --sp on: tp x cp x dp) (0: search)", 0, NULL, 0},
         {"--micro-batch", OPT_INT, &micro_batch, "fix the sequences per micro-batch (0: search)", 0, NULL, 0},
         {"--schedule", OPT_STRING, &schedule, "fix the pipeline schedule", 0, "any|gpipe|1f1b|interleaved|zb-h1|zb-v", 0},
         {"--vp", OPT_INT, &vp, "fix the chunks per rank of --schedule interleaved (0: search)", 0, NULL, 0},
@@ -274,8 +274,20 @@ int main(int argc, char **argv) {
     if (cpd && c.gpus % cpd) bad_input("--cp %d does not divide --gpus %d", cpd, c.gpus);
     if (cpd > 1 && m.seq % (2L * cpd))
         bad_input("--cp %d does not divide --seq %ld into 2 x %d chunks (the ring's zig-zag layout)", cpd, m.seq, cpd);
-    if (ep && cpd && dp && ((long)cpd * dp) % ep)
-        bad_input("--ep %d does not divide --cp %d x --dp %d (the EP group is carved from the DP x CP ranks)", ep, cpd, dp);
+    /* EP is carved from the DP x CP ranks, or with SP folded over TP too (cost.h's ep_folds_tp): refused
+     * when no TP degree the other flags allow (SP on) makes it divide */
+    if (ep && cpd && dp && ((long)cpd * dp) % ep) {
+        int folds = 0;
+        const int top_t = tp ? tp : across ? c.gpus : c.gpus_per_node;
+        for (int t = 2; k.sp != 0 && t <= top_t && !folds; t++)
+            folds = (!tp || t == tp) && c.gpus % t == 0 && m.heads % t == 0 && ((long)t * cpd * dp) % ep == 0;
+        if (!folds && tp > 1 && k.sp != 0)
+            bad_input("--ep %d does not divide --tp %d x --cp %d x --dp %d (with SP the EP group is carved from the TP x "
+                      "CP x DP ranks)", ep, tp, cpd, dp);
+        if (!folds)
+            bad_input("--ep %d does not divide --cp %d x --dp %d (the EP group is carved from the DP x CP ranks; with --tp "
+                      "and --sp on from TP x CP x DP)", ep, cpd, dp);
+    }
     if (tp && c.gpus % tp) bad_input("--tp %d does not divide --gpus %d", tp, c.gpus);
     if (tp && m.heads % tp) bad_input("--tp %d does not divide --heads %ld (each TP rank computes whole heads)", tp, m.heads);
     if (tp > c.gpus_per_node && !across)

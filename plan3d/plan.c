@@ -129,10 +129,13 @@ static void search_one(search *s, split *sp) {
     static const int batches[] = {1, 2, 4, 8, 16, 32}, chunks[] = {2, 3, 4, 6, 8};
     const constraints *k = s->k;
     const int t = sp->t, cp = sp->cp, p = sp->p, d = sp->d, ep = sp->ep;
-    /* SP and recomputation: the rules of a layout do not depend on them */
+    /* SP and recomputation: the rules of a layout do not depend on them, but
+     * for EP folded over TP (ep_folds_tp), which needs SP */
+    const int needs_fold = ((long)d * cp) % ep != 0;
     int sps[2], n_sp = 0, rcs[3], n_rc = 0;
     for (int x = 0; x <= 1; x++)
-        if (k->sp >= 0 ? x == k->sp : !(x && t == 1)) sps[n_sp++] = x;
+        if ((k->sp >= 0 ? x == k->sp : !(x && t == 1)) && !(needs_fold && !x)) sps[n_sp++] = x;
+    if (!n_sp) return;
     for (int x = 0; x < 3; x++)
         if (k->recompute < 0 || x == k->recompute) rcs[n_rc++] = x;
     for (int bi = 0; bi < 6; bi++) {
@@ -143,7 +146,7 @@ static void search_one(search *s, split *sp) {
             for (int vi = 0; vi < 5; vi++) {
                 int v = sc != TH_SCHED_INTERLEAVED ? 1 : k->vp ? k->vp : chunks[vi];
                 if ((sc != TH_SCHED_INTERLEAVED || k->vp) && vi) break;
-                layout l = {t, p, d, cp, ep, b, 0, sc, v, 0, RECOMPUTE_NONE};
+                layout l = {t, p, d, cp, ep, b, 0, sc, v, sps[0], RECOMPUTE_NONE};
                 l.micro_batches = d * b > 0 ? (int)(s->tr->global_batch / ((long)d * b)) : 0;
                 if (!layout_divides(s->m, s->c, s->tr, &l)) {
                     if (!s->costing) s->r->rejected_shape += n_sp * n_rc;
@@ -218,9 +221,9 @@ static split *all_splits(const th_model *m, const cluster *c, const constraints 
                 if ((c->gpus / (t * cp)) % p || (k->pp && p != k->pp) || p > m->layers) continue;
                 int d = c->gpus / (t * cp * p);
                 if (k->dp && d != k->dp) continue;
-                /* EP's group is carved from the DP x CP ranks */
+                /* EP's group is carved from the DP x CP ranks, or with SP the TP x DP x CP ranks */
                 for (int e = 0; e < n_ep; e++) {
-                    if (((long)d * cp) % eps[e]) continue;
+                    if (((long)t * d * cp) % eps[e] || (t == 1 && ((long)d * cp) % eps[e])) continue;
                     if (n == cap) all = checked(realloc(all, sizeof *all * (size_t)(cap *= 2)));
                     all[n] = (split){t, cp, p, d, eps[e], 0, 0, 0, 0, n};
                     n++;
@@ -280,9 +283,11 @@ void plan_free(plan_result *r) {
 void plan_print_header(FILE *f, const char *name, const th_model *m, const cluster *c, const training *tr) {
     th_params pc = th_param_counts(m);
     double peak = tr->precision == PREC_BF16 ? c->bf16_tflops : c->fp32_tflops;
-    fprintf(f, "model    %s: %.4g B parameters | %ld layers, d_model %ld, %ld heads (%ld K/V), ffn %ld%s, seq %ld, vocab %ld\n",
-            name, pc.total / 1e9, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->gated_mlp ? " (SwiGLU)" : "",
-            m->seq, m->vocab);
+    char wide[48] = "";
+    if (m->head_dim > 0) snprintf(wide, sizeof wide, " of %ld", m->head_dim);
+    fprintf(f, "model    %s: %.4g B parameters | %ld layers, d_model %ld, %ld heads%s (%ld K/V), ffn %ld%s, seq %ld, vocab %ld\n",
+            name, pc.total / 1e9, m->layers, m->d_model, m->heads, wide, m->kv_heads, m->ffn,
+            m->gated_mlp ? " (SwiGLU)" : "", m->seq, m->vocab);
     if (m->experts > 0)
         fprintf(f, "experts  %ld routed, top-%ld, %ld shared, each ffn %ld, %ld of %ld layers MoE | %.4g B total, "
                    "%.4g B active per token (%.3g B of routed experts per MoE layer)\n",
@@ -355,7 +360,7 @@ void plan_print_winner(FILE *f, const estimate *e, const cluster *c) {
     if (e->l.ep > 1 || e->expert_params > 0)
         fprintf(f, "  experts: %.3g B routed-expert parameters on the fullest GPU (1/%d of its stage's), their states "
                    "over %d ranks holding the same experts\n",
-                e->expert_params / 1e9, e->l.ep, e->l.dp * e->l.cp / e->l.ep);
+                e->expert_params / 1e9, e->l.ep, expert_data_ranks(&e->l));
     fprintf(f, "  %.4g tokens/s, %.1f TFLOP/s per GPU of model FLOPs (%.1f with recomputation), MFU %.1f%%\n",
             e->tokens_per_s, e->model_flops / e->t_step / c->gpus / 1e12, e->hw_flops / e->t_step / c->gpus / 1e12,
             100 * e->mfu);
@@ -455,7 +460,7 @@ void plan_print_explain(FILE *f, const plan_result *r) {
     if (r->bounded) plan_print_bound(f, r);
     fprintf(f, "\nhow the best was reached: %d layouts estimated (every t dividing the GPUs and the heads, within a node "
                "unless --tp-across-nodes; every cp dividing the sequence into 2 cp chunks; every p; d the rest; every ep "
-               "dividing the experts and cp x d; micro-batches of 1-32 sequences; each schedule; SP on and "
+               "dividing the experts and cp x d (with SP t x cp x d: EP folded over TP); micro-batches of 1-32 sequences; each schedule; SP on and "
                "off; three recomputation modes); %d fit. For each knob, the best layout with that value (its step time, "
                "or how far the best of them is over the memory):\n", r->n, r->n_fit);
     explain_knob(f, r, "tp", knob_tp);

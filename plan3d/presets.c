@@ -46,6 +46,16 @@ const model_preset model_presets[] = {
                      .shared_experts = 1, .dense_layers = 3, .route_max_nodes = 4},
      "DeepSeek-V3 (arXiv 2412.19437): 256 routed experts top-8 + 1 shared (width 2048), first 3 layers dense, "
      "each token's experts on at most 4 nodes; MLA as MHA"},
+    /* Qwen3-235B-A22B (Qwen3 technical report, arXiv 2505.09388, Table 2; its
+     * config.json): 94 layers, every MLP 128 SwiGLU experts of width 1536,
+     * top-8, no shared expert; 64 query heads of 128 over d_model 4096 (Q is
+     * 8192 wide), 4 K/V heads; vocab 151936, untied head, no biases. Its
+     * per-head q/k RMSNorms (256 weights a layer) are left out. ffn is the
+     * config's dense width, which no layer uses. 235.1B total, 22.2B active. */
+    {"qwen3-235b", {.vocab = 151936, .seq = 4096, .layers = 94, .d_model = 4096, .heads = 64, .kv_heads = 4,
+                    .head_dim = 128, .ffn = 12288, .gated_mlp = 1, .experts = 128, .top_k = 8, .ffn_expert = 1536},
+     "Qwen3-235B-A22B (arXiv 2505.09388): 128 SwiGLU experts of 1536 top-8 per layer, 64 heads of 128 (Q 8192 wide "
+     "over d_model 4096), 4 K/V heads"},
     /* ALiBi: no position table; the extra LayerNorm after the embedding is left out */
     {"bloom-176b", {.vocab = 250880, .seq = 2048, .layers = 70, .d_model = 14336, .heads = 112, .kv_heads = 112,
                     .ffn = 4 * 14336, .biases = 1, .learned_positions = 0, .tied_head = 1, .dropout = 1},

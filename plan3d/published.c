@@ -36,9 +36,11 @@ static const char *const column_names[COLUMNS] = {
     "split", "memory_gap", "source", "verified"};
 
 /* What a row's reported figure counts (the flops column): hardware FLOPs (with
- * recomputation's extra forward), model FLOPs (without), or tokens per second. */
-enum { KIND_HW, KIND_MODEL, KIND_TOKENS };
-static const char *const kind_names[] = {"hw", "model", "tokens"};
+ * recomputation's extra forward), model FLOPs (without), tokens per second, or
+ * model FLOPs with attention's causal half (th_causal_flops_per_token:
+ * Megatron-Core's count in its MoE recipes). */
+enum { KIND_HW, KIND_MODEL, KIND_TOKENS, KIND_CAUSAL };
+static const char *const kind_names[] = {"hw", "model", "tokens", "causal"};
 
 /* A row, every cell checked: the file is the user's to extend. */
 typedef struct row {
@@ -111,6 +113,19 @@ static int cell_choice(const char *path, int lineno, row *w, int col, const char
     return bad_cell(path, lineno, col, v, rule);
 }
 
+/* The schedule cell: a schedule or -, and interleaved:V fixes its chunks per rank (Megatron's VPP). */
+static int cell_schedule(const char *path, int lineno, row *w, int *sched, int *vp) {
+    const char *v = w->c[SCHED], *colon = strchr(v, ':');
+    if (!colon) return cell_choice(path, lineno, w, SCHED, "gpipe|1f1b|interleaved|zb-h1|zb-v", 1, sched);
+    char *end;
+    long n = strtol(colon + 1, &end, 10);
+    if (strncmp(v, "interleaved:", 12) || colon[1] < '0' || colon[1] > '9' || *end || n < 2 || n > 64)
+        return bad_cell(path, lineno, SCHED, v, "must be a schedule, -, or interleaved:V with V chunks a rank, 2 to 64");
+    *sched = TH_SCHED_INTERLEAVED;
+    *vp = (int)n;
+    return 1;
+}
+
 /* The row of `line` (a data row, not a comment or the header): 1, or 0 after one line saying what is wrong. */
 static int read_row(char *line, const char *path, int lineno, row *w) {
     int n = split_tabs(line, w->c);
@@ -124,7 +139,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     if (!cp) return bad_cell(path, lineno, CLUSTER, w->c[CLUSTER], "is not a cluster preset (plan3d --help lists them)");
     w->cl = *cp;
     long gpus, tp, pp, dp, cpd, ep, seq, batch, mb, zero;
-    int sched, recompute, sp, flops, split;
+    int sched, recompute, sp, flops, split, vp = 0;
     double overlap, ep_overlap;
     if (!cell_count(path, lineno, w, GPUS, 1, 1000000, 0, &gpus) ||
         (strcmp(w->c[INTER], "-") && !cell_number(path, lineno, w, INTER, 0, 1, 1e6, &w->cl.inter_gbs)) ||
@@ -134,12 +149,12 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
         !cell_count(path, lineno, w, SEQ, 1, 10000000, 1, &seq) ||
         !cell_count(path, lineno, w, BATCH, 1, 1000000000, 0, &batch) ||
         !cell_count(path, lineno, w, MB, 1, batch, 1, &mb) ||
-        !cell_choice(path, lineno, w, SCHED, "gpipe|1f1b|interleaved|zb-h1|zb-v", 1, &sched) ||
+        !cell_schedule(path, lineno, w, &sched, &vp) ||
         !cell_choice(path, lineno, w, RECOMP, "none|selective|full", 1, &recompute) ||
         !cell_choice(path, lineno, w, SP, "off|on", 1, &sp) || !cell_count(path, lineno, w, ZERO, 0, 3, 0, &zero) ||
         !cell_number(path, lineno, w, OVERLAP, 0, 0, 1, &overlap) ||
         !cell_number(path, lineno, w, EP_OVERLAP, 0, 0, 1, &ep_overlap) ||
-        !cell_choice(path, lineno, w, FLOPS, "hw|model|tokens", 0, &flops) ||
+        !cell_choice(path, lineno, w, FLOPS, "hw|model|tokens|causal", 0, &flops) ||
         !cell_number(path, lineno, w, REPORTED, 0, 1, 1e9, &w->reported) ||
         !cell_amount(path, lineno, w, TOKENS, 1e15, &w->batch_tokens) ||
         !cell_amount(path, lineno, w, PARAMS, 1e6, &w->params_b) ||
@@ -151,7 +166,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     w->cl.gpus = (int)gpus;
     if (w->cl.gpus_per_node > w->cl.gpus) w->cl.gpus_per_node = w->cl.gpus;
     w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1, split};
-    w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, 0, sched, sp, recompute, 0, (int)cpd, (int)ep};
+    w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, vp, sched, sp, recompute, 0, (int)cpd, (int)ep};
     return 1;
 }
 
@@ -184,7 +199,8 @@ static int for_each_row(FILE *f, const char *path, row_fn fn, void *ctx, int *ro
 /* The row against itself, before anything is predicted: "" if it is
  * consistent, else the first contradiction, one line in buf:
  *   GPUs = TP x CP x PP x DP (where the row gives all four; the ones it
- *          gives must divide the GPUs otherwise), EP inside DP x CP;
+ *          gives must divide the GPUs otherwise), EP inside DP x CP (with
+ *          SP inside TP x DP x CP: folded, cost.h's ep_folds_tp);
  *   tokens per batch = sequence x global batch (where the source gives both);
  *   the preset's parameters, counted from its shape, = the source's. */
 static const char *row_check(const row *w, char *buf, int len) {
@@ -195,8 +211,10 @@ static const char *row_check(const row *w, char *buf, int len) {
     if (all ? given != w->cl.gpus : w->cl.gpus % given)
         snprintf(buf, (size_t)len, "tp %d x cp %d x pp %d x dp %d = %ld %s %d GPUs", k->tp, k->cp, k->pp, k->dp, given,
                  all ? "is not" : "does not divide", w->cl.gpus);
-    else if (k->ep > 1 && k->dp && k->cp && ((long)k->dp * k->cp) % k->ep)
-        snprintf(buf, (size_t)len, "ep %d is not inside dp %d x cp %d", k->ep, k->dp, k->cp);
+    else if (k->ep > 1 && k->dp && k->cp && ((long)k->dp * k->cp) % k->ep &&
+             !(k->sp == 1 && k->tp > 1 && ((long)k->tp * k->dp * k->cp) % k->ep == 0))
+        snprintf(buf, (size_t)len, "ep %d is not inside dp %d x cp %d%s", k->ep, k->dp, k->cp,
+                 k->sp == 1 && k->tp > 1 ? " x tp (folded with SP)" : "");
     else if (w->batch_tokens > 0 &&
              fabs((double)w->tr.global_batch * w->m.seq / w->batch_tokens - 1) > TOKENS_WITHIN)
         snprintf(buf, (size_t)len, "seq %ld x batch %ld = %.1fM tokens, the source says %.1fM", w->m.seq,
@@ -251,8 +269,11 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
     const estimate *e = &r.all[pick];
     /* both FLOP conventions per GPU; the one the row reports is compared */
     const double model_tf = e->model_flops / e->t_step / cl.gpus / 1e12, hw_tf = e->hw_flops / e->t_step / cl.gpus / 1e12;
-    const double tokens = e->tokens_per_s / cl.gpus;
-    const double predicted = w->kind == KIND_HW ? hw_tf : w->kind == KIND_MODEL ? model_tf : tokens;
+    const double tokens = e->tokens_per_s / cl.gpus, causal_tf = tokens * th_causal_flops_per_token(&w->m) / 1e12;
+    const double predicted = w->kind == KIND_HW       ? hw_tf
+                             : w->kind == KIND_MODEL  ? model_tf
+                             : w->kind == KIND_CAUSAL ? causal_tf
+                                                      : tokens;
     const double err = predicted / w->reported - 1;
     const int in_mean = !strcmp(c[UNMODELLED], "-");
     char lt[160];
@@ -262,10 +283,10 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
            model_tf, hw_tf, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
            e->fits ? "" : ", does NOT fit: ", e->fits ? "" : strcmp(c[MEMORY_GAP], "-") ? c[MEMORY_GAP] : "the memory model is off for this row",
            in_mean ? "" : "; not in the mean: ", in_mean ? "" : c[UNMODELLED]);
-    json_array_append_new(t->out, json_pack("{s:s,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:s,s:b,s:s,s:s}", "id",
+    json_array_append_new(t->out, json_pack("{s:s,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:s,s:b,s:s,s:s}", "id",
                                          c[ID], "gpus", cl.gpus, "convention", kind_names[w->kind], "reported",
                                          w->reported, "predicted", predicted, "predicted_model_tflops", model_tf,
-                                         "predicted_hw_tflops", hw_tf, "predicted_tokens_per_s", tokens, "error", err,
+                                         "predicted_hw_tflops", hw_tf, "predicted_tokens_per_s", tokens, "predicted_causal_tflops", causal_tf, "error", err,
                                          "layout", lt, "fits", e->fits, "mem_gib", e->mem_total / 1073741824.0, "check",
                                          "ok", "in_mean", in_mean, "unmodelled", c[UNMODELLED], "source", c[SOURCE]));
     if (in_mean) {

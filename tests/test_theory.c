@@ -265,6 +265,25 @@ static void check_published(void) {
                   .ffn = 28672, .gated_mlp = 1};
     double n = th_param_counts(&l).total;
     CHECK(n > 70.5e9 && n < 70.6e9, "llama3-70b: %.4g parameters", n);
+    /* a head wider than d_model / heads (Qwen3-235B: 64 of 128 over 4096, 4 K/V heads): Q and the projection
+     * 8192 wide, by hand; 235B total and 22B active, as its report says; the causal count drops half the core */
+    th_model q = {.vocab = 151936, .seq = 4096, .layers = 94, .d_model = 4096, .heads = 64, .kv_heads = 4,
+                  .head_dim = 128, .ffn = 12288, .gated_mlp = 1, .experts = 128, .top_k = 8, .ffn_expert = 1536};
+    const th_params qp = th_param_counts(&q);
+    const double attn = 4096.0 * (8192 + 2 * 512) + 8192.0 * 4096, expert = 3 * 4096.0 * 1536;
+    CHECK(th_attn_width(&q) == 8192 && th_kv_width(&q) == 512, "qwen3: Q %g and K %g wide", th_attn_width(&q),
+          th_kv_width(&q));
+    CHECK(qp.layer == attn + 2 * 4096 + 128 * expert + 128 * 4096, "qwen3: a layer by hand (%.6g)", qp.layer);
+    CHECK(qp.layer_sharded == attn, "qwen3: TP splits attention's matrices");
+    CHECK(fabs(qp.total / 235.1e9 - 1) < 0.001 && fabs(qp.active / 22.2e9 - 1) < 0.005, "qwen3: %.4g total, %.4g active",
+          qp.total, qp.active);
+    const double full = th_flops_per_token(&q), causal = th_causal_flops_per_token(&q);
+    CHECK(full - causal == 6.0 * 94 * 4096 * 8192 && fabs(causal / 148.0e9 - 1) < 0.005,
+          "qwen3: %.5g FLOPs a token, %.5g causal (Megatron's count 148.0G)", full, causal);
+    /* the head width left 0 is d_model / heads: the same counts as before it existed */
+    th_model w = l;
+    w.head_dim = 128;
+    CHECK(th_param_counts(&w).total == n && th_flops_per_token(&w) == th_flops_per_token(&l), "llama3-70b: head 128");
 }
 
 /* plan3d's fourth and fifth dimensions: DeepSeek-V3's fine-grained MoE (671B

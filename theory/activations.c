@@ -14,7 +14,7 @@ static int course_runs(const th_model *m, const th_opts *o) {
     long t = o->tp > 0 ? o->tp : 1;
     return (o->precision == PREC_FP32 || o->precision == PREC_BF16) && !o->vocab_parallel && m->kv_heads == m->heads &&
            m->ffn == 4 * m->d_model && !m->gated_mlp && m->biases && m->learned_positions && !m->tied_head &&
-           m->heads % t == 0 && m->d_model % m->heads == 0 && (!o->sequence_parallel || m->seq % t == 0) &&
+           m->heads % t == 0 && m->d_model % m->heads == 0 && th_attn_width(m) == (double)m->d_model && (!o->sequence_parallel || m->seq % t == 0) &&
            (o->recompute == RECOMPUTE_NONE || o->recompute == RECOMPUTE_SELECTIVE ||
             o->recompute == RECOMPUTE_FULL) &&
            /* experts as common/moe.c runs them: every layer's MLP E MLPs (ffn_expert hidden units, or the
@@ -144,8 +144,7 @@ static double published_layer(const th_model *m, const th_opts *o, long b, int m
      * split (SP does); Q and K 4, V 2, the projection's input 2: 8 sbh in
      * attention (with GQA K and V shrink by kv/a); the GELU's input and output
      * 2 x 2 x 4h: 16 sbh; the s x s scores, softmax and dropout: 5 a s^2 b. */
-    const double kv = (double)m->kv_heads / a;
-    const double attention = sbh * (4 + 4 * kv);
+    const double attention = s * B * (4 * th_attn_width(m) + 4 * th_kv_width(m)); /* = sbh (4 + 4 kv/a) */
     double mlp = s * B * (double)m->ffn * (m->gated_mlp ? 6 : 4);
     if (moe) { /* k routed + shared experts' MLPs, the k dispatched inputs, the router's probabilities */
         const double Fe = th_expert_width(m);

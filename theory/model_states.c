@@ -31,15 +31,15 @@ double th_optim_bytes(precision p) { return p == PREC_BF16 ? 12 : 8; }
 
 th_params th_param_counts(const th_model *m) {
     const double C = (double)m->d_model, F = (double)m->ffn, V = (double)m->vocab, T = (double)m->seq;
-    const double kv_width = C * (double)m->kv_heads / (double)m->heads; /* K and V columns each */
+    const double Q = th_attn_width(m), kv_width = th_kv_width(m); /* Q's columns, K's and V's each */
     const double b = m->biases ? 1 : 0, norm = m->biases ? 2 * C : C;
     th_params p = {0};
     /* column-parallel (split by output rows, with their biases): q, k, v and the
      * MLP's first matrix (or gate and up); row-parallel (split by input
      * columns, bias whole): the attention projection and the MLP's last one */
-    double qkv = C * (C + 2 * kv_width) + b * (C + 2 * kv_width);
+    double qkv = C * (Q + 2 * kv_width) + b * (Q + 2 * kv_width);
     double mlp_in = (m->gated_mlp ? 2 : 1) * (C * F + b * F);
-    p.layer_sharded = qkv + C * C + mlp_in + F * C;
+    p.layer_sharded = qkv + Q * C + mlp_in + F * C;
     p.layer = p.layer_sharded + 2 * norm + b * C /* attention projection bias */ + b * C /* MLP's last bias */;
     p.layer_active = p.layer;
     p.dense_layer = p.layer;
@@ -58,7 +58,7 @@ th_params th_param_counts(const th_model *m) {
         p.layer = moe + p.layer_experts + shared + router;
         /* TP splits attention's matrices only: the experts, the shared ones and
          * the router are whole on every TP rank (no expert tensor parallelism) */
-        p.layer_sharded = qkv + C * C;
+        p.layer_sharded = qkv + Q * C;
     }
     p.embed = V * C + (m->learned_positions ? T * C : 0);
     p.head_matrix = V * C;
@@ -104,23 +104,34 @@ double th_stage_params(const th_model *m, const th_opts *o, int lo, int hi) {
 
 double th_expert_width(const th_model *m) { return (double)(m->ffn_expert > 0 ? m->ffn_expert : m->ffn); }
 
+static double head_width(const th_model *m) {
+    return m->head_dim > 0 ? (double)m->head_dim : (double)m->d_model / (double)m->heads;
+}
+double th_attn_width(const th_model *m) { return (double)m->heads * head_width(m); }
+double th_kv_width(const th_model *m) { return (double)m->kv_heads * head_width(m); }
+
 double th_flops_per_token(const th_model *m) {
     const th_params p = th_param_counts(m);
-    const double L = (double)m->layers, T = (double)m->seq, C = (double)m->d_model;
+    const double L = (double)m->layers, T = (double)m->seq, Q = th_attn_width(m);
     /* every parameter of a matrix product does a multiply-add per token forward
      * (2 FLOPs) and two backward (input and weight gradients): 6; the attention
-     * scores and their use of V add 2 x 2 T C per layer forward, 12 T C in all */
+     * scores and their use of V add 2 x 2 T Q per layer forward (Q = heads x
+     * head width: d_model but where a head is wider), 12 T Q in all */
     const double n_dense = m->experts > 0 ? (double)m->dense_layers : 0;
-    return 6.0 * ((L - n_dense) * p.layer_active + n_dense * p.dense_layer + p.head) + 12.0 * L * T * C;
+    return 6.0 * ((L - n_dense) * p.layer_active + n_dense * p.dense_layer + p.head) + 12.0 * L * T * Q;
+}
+
+double th_causal_flops_per_token(const th_model *m) {
+    return th_flops_per_token(m) - 6.0 * (double)m->layers * (double)m->seq * th_attn_width(m);
 }
 
 double th_recompute_flops_per_token(const th_model *m, recompute_mode r) {
     const th_params p = th_param_counts(m);
-    const double L = (double)m->layers, T = (double)m->seq, C = (double)m->d_model;
+    const double L = (double)m->layers, T = (double)m->seq, Q = th_attn_width(m);
     /* a second forward of the layers runs what a token runs: the active parameters */
     const double n_dense = m->experts > 0 ? (double)m->dense_layers : 0;
-    if (r == RECOMPUTE_FULL) return 2.0 * ((L - n_dense) * p.layer_active + n_dense * p.dense_layer) + 4.0 * L * T * C;
-    if (r == RECOMPUTE_SELECTIVE) return 4.0 * L * T * C;
+    if (r == RECOMPUTE_FULL) return 2.0 * ((L - n_dense) * p.layer_active + n_dense * p.dense_layer) + 4.0 * L * T * Q;
+    if (r == RECOMPUTE_SELECTIVE) return 4.0 * L * T * Q;
     return 0;
 }
 

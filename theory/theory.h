@@ -72,10 +72,17 @@ typedef struct th_model {
      * et al. 2022: 2 sbh a layer, sbh after the embedding); 0: none (Llama,
      * Mixtral, DeepSeek-V3), as the course's exact formulas assume */
     int dropout;
+    /* each head's width where it is not d_model / heads (Qwen3: 64 heads of 128
+     * over d_model 4096, so Q is 8192 wide and the projection 8192 -> 4096);
+     * 0: d_model / heads, as every lab's model (its records do not carry it) */
+    long head_dim;
 } th_model;
 
 /* A routed expert's hidden units: ffn_expert, or ffn when 0. */
 double th_expert_width(const th_model *m);
+/* The columns of Q (heads x head width) and of K and of V (kv_heads x head width). */
+double th_attn_width(const th_model *m);
+double th_kv_width(const th_model *m);
 
 /* The course's model: vocab 256, wpe, biases, 4C MLP, untied head. */
 th_model th_course_model(long vocab, long seq, long layers, long d_model, long heads);
@@ -141,10 +148,16 @@ int th_moe_layers(const th_model *m, int lo, int hi);
 
 /* Training FLOPs per token, forward and backward: 6 x the parameters of every
  * matrix product (the layers and the head; the embedding is a lookup) plus
- * attention's 12 L T C. For the course's model this is gpt_flops_per_token.
+ * attention's 12 L T Q (Q = heads x head width: d_model, the course's C,
+ * unless a head is wider). For the course's model this is gpt_flops_per_token.
  * With experts a token runs its k experts' MLPs and the router: the active
  * parameters, not the total (Mixtral's 47B total, 13B active). */
 double th_flops_per_token(const th_model *m);
+/* The same counting only the causal half of attention's scores and their use
+ * of V (6 L T Q where th_flops_per_token has 12): Megatron-Core's count since
+ * its MoE models (num_floating_point_operations: "only half of the attention
+ * matrix is non-zero"), what its recipes' TFLOP/s per GPU report. */
+double th_causal_flops_per_token(const th_model *m);
 /* The FLOPs recomputation adds per token: full, a second forward of the
  * layers (2 x layer parameters + 4 L T C); selective, the attention core
  * (4 L T C). Hardware FLOPs = model FLOPs + these. */
