@@ -146,12 +146,13 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     const double cp_bwd = cp > 1 ? fmax(0, link_time(cpt.bwd_sent, 2 * cp - 1, cp_gbs, cp_us) - 2 * attn_fwd / rate) : 0;
     /* EP: the all-to-alls of a MoE layer; of a rank's ep-1 peers, those in its node take NVLink; the
      * copies between nodes are th_ep_cross_node_copies' (node-limited routing sends a token once to
-     * each node it reaches: DeepSeek-V3's preset) */
+     * each node it reaches: DeepSeek-V3's preset; so does a per-node dispatcher, DeepEP, without a limit) */
     const double ep_tokens = tokens / (l->sp ? t : 1);
     const th_cp_traffic ept = th_ep_layer_traffic(ep, ep_tokens, m->top_k, m->d_model, act_bytes);
     const int ep_in_node = (int)fmin(ep, fmax(1, ep_folds_tp(l) ? G : G / t)), ep_nodes = ep > 1 ? ep / ep_in_node : 1;
     const double out_share = ep > 1 ? (double)(ep - ep_in_node) / (ep - 1) : 0;
-    const double ep_copies = th_ep_cross_node_copies(m->top_k, m->route_max_nodes, ep_nodes);
+    const long node_limit = m->route_max_nodes > 0 ? m->route_max_nodes : tr->ep_per_node ? ep_nodes : 0;
+    const double ep_copies = th_ep_cross_node_copies(m->top_k, node_limit, ep_nodes);
     const double ep_between = ep_tokens * (double)m->d_model * act_bytes * ep_copies; /* one all-to-all */
     const double ep_one = ep > 1 ? fmax(link_time(ep_between, 0, c->inter_gbs, 0),
                                         link_time((1 - out_share) * ept.fwd_sent / 2, 0, c->intra_gbs, 0)) +
@@ -203,7 +204,8 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
             e->ep_bytes = (double)M * n_moe * (ept.fwd_sent + (l->recompute == RECOMPUTE_FULL ? 2 : 1) * ept.bwd_sent);
             e->ep_node_bytes = (double)M * n_moe * ep_between * (l->recompute == RECOMPUTE_FULL ? 6 : 4);
             e->ep_node_copies = ep_copies;
-            e->ep_node_limit = m->route_max_nodes;
+            e->ep_node_limit = node_limit;
+            e->ep_node_dispatch = m->route_max_nodes <= 0 && tr->ep_per_node;
         }
         most_params = fmax(most_params, params - experts);
         most_experts = fmax(most_experts, experts);

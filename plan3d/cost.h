@@ -51,6 +51,9 @@ typedef struct training {
     double headroom;         /* 0..1: memory kept free (CUDA context, NCCL buffers, fragmentation) */
     int split_ends;          /* the layers cut as th_stage_layers_ends does (Llama 3's balanced pipeline:
                               * the embedding and the head take a layer's place); 0: th_stage_layers */
+    int ep_per_node;         /* EP's dispatch sends a token's row once to each node it reaches and forwards it
+                              * inside (DeepEP); 0: a copy per choice (Megatron's all-to-all dispatcher, lab08).
+                              * A model with node-limited routing (route_max_nodes) is sent per node either way */
 } training;
 
 typedef struct layout {
@@ -81,7 +84,9 @@ typedef struct estimate {
     double cp_bytes, ep_bytes;           /* bytes sent per GPU per step, CP's ring and EP's all-to-alls */
     double ep_node_bytes;                /* of EP's, those between nodes (th_ep_cross_node_copies) */
     double ep_node_copies;               /* a token's row's copies between nodes per all-to-all */
-    long ep_node_limit;                  /* the model's route_max_nodes (0: a copy per choice) */
+    long ep_node_limit;                  /* nodes a token's row reaches at most (the model's route_max_nodes, or
+                                          * with ep_per_node the EP group's nodes); 0: a copy per choice */
+    int ep_node_dispatch;                /* 1: the limit is the dispatch's (ep_per_node), not the model's routing */
 } estimate;
 
 /* "" if the layout can run the model on the cluster, else why not (one line

@@ -160,7 +160,7 @@ static void usage(const option *opts, int n) {
 int main(int argc, char **argv) {
     const char *model_name = "llama3-70b", *cluster_name = "h100", *precision = "bf16", *schedule = "any";
     const char *sp = "any", *recompute = "any", *json = NULL, *check_dir = NULL, *published = NULL;
-    const char *calibration = "calibration.json", *split = "equal";
+    const char *calibration = "calibration.json", *split = "equal", *ep_dispatch = "per-choice";
     int gpus = 64, gpn = 0, layers = 0, d_model = 0, heads = 0, kv_heads = 0, seq = 0, vocab = 0, ffn = 0;
     int global_batch = 512, zero = 1, tp = 0, pp = 0, dp = 0, micro_batch = 0, vp = 0, top = 5, cpd = 0, ep = 0;
     int explain = 0, calibrate = 0, across = 0, help = 0;
@@ -191,6 +191,8 @@ int main(int argc, char **argv) {
         {"--zero-stage", OPT_INT, &zero, "ZeRO over the DP group: 0 none, 1 optimizer, 2 + gradients, 3 + parameters", 0, NULL, 0},
         {"--dp-overlap", OPT_DOUBLE, &overlap, "share of the DP traffic hidden behind the backward, 0..1", 0, NULL, 0},
         {"--ep-overlap", OPT_DOUBLE, &ep_overlap, "share of the EP all-to-all hidden behind compute, 0..1", 0, NULL, 0},
+        {"--ep-dispatch", OPT_STRING, &ep_dispatch, "a token's row between nodes: per-choice (a copy per expert it "
+         "chose, Megatron's all-to-all) or per-node (once to each node it reaches, DeepEP)", 0, "per-choice|per-node", 0},
         {"--mem-headroom", OPT_DOUBLE, &headroom, "share of GPU memory kept free (context, NCCL, fragmentation), 0..1", 0, NULL, 0},
         {"--tp", OPT_INT, &tp, "fix the tensor-parallel degree (0: search)", 0, NULL, 0},
         {"--pp", OPT_INT, &pp, "fix the pipeline stages (0: search)", 0, NULL, 0},
@@ -255,7 +257,8 @@ int main(int argc, char **argv) {
     if (inter_gbs) c.inter_gbs = inter_gbs;
     if (inter_us) c.inter_us = inter_us;
     if (hbm) c.hbm_gbs = hbm;
-    training tr = {global_batch, !strcmp(precision, "bf16") ? PREC_BF16 : PREC_FP32, zero, overlap, ep_overlap, headroom, !strcmp(split, "ends")};
+    training tr = {global_batch, !strcmp(precision, "bf16") ? PREC_BF16 : PREC_FP32, zero, overlap, ep_overlap, headroom, !strcmp(split, "ends"),
+                   !strcmp(ep_dispatch, "per-node")};
     if (tflops) *(tr.precision == PREC_BF16 ? &c.bf16_tflops : &c.fp32_tflops) = tflops;
     if (zero > 3) bad_input("--zero-stage %d: must be 0, 1, 2 or 3", zero);
     if (overlap > 1) bad_input("--dp-overlap %g: must be between 0 and 1", overlap);

@@ -356,7 +356,9 @@ void plan_print_winner(FILE *f, const estimate *e, const cluster *c) {
     if (e->l.ep > 1)
         fprintf(f, "  EP between nodes: %.3g GB per GPU per step, %.3g copies of a token's row per all-to-all (%s)\n",
                 e->ep_node_bytes / 1e9, e->ep_node_copies,
-                e->ep_node_limit > 0 ? "node-limited routing: once to each node a token reaches" : "a copy per choice");
+                e->ep_node_limit <= 0  ? "a copy per choice"
+                : e->ep_node_dispatch ? "a per-node dispatch: once to each node a token reaches"
+                                      : "node-limited routing: once to each node a token reaches");
     if (e->l.ep > 1 || e->expert_params > 0)
         fprintf(f, "  experts: %.3g B routed-expert parameters on the fullest GPU (1/%d of its stage's), their states "
                    "over %d ranks holding the same experts\n",

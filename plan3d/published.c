@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { ID, MODEL, CLUSTER, GPUS, INTER, TP, PP, DP, CP, EP, SEQ, BATCH, MB, SCHED, RECOMP, SP, ZERO, OVERLAP, EP_OVERLAP, FLOPS, REPORTED,
+enum { ID, MODEL, CLUSTER, GPUS, INTER, TP, PP, DP, CP, EP, SEQ, BATCH, MB, SCHED, RECOMP, SP, ZERO, OVERLAP, EP_OVERLAP, EP_DISPATCH, FLOPS, REPORTED,
        TOKENS, PARAMS, UNMODELLED, SPLIT, MEMORY_GAP, SOURCE, VERIFIED, COLUMNS };
 
 /* The line's cells (the first COLUMNS into cols); returns how many it has. */
@@ -32,7 +32,7 @@ static int split_tabs(char *line, char **cols) {
 
 static const char *const column_names[COLUMNS] = {
     "id", "model", "cluster", "gpus", "inter_gbs", "tp", "pp", "dp", "cp", "ep", "seq", "global_batch", "micro_batch", "schedule",
-    "recompute", "sp", "zero", "dp_overlap", "ep_overlap", "flops", "reported", "batch_tokens", "params_b", "unmodelled",
+    "recompute", "sp", "zero", "dp_overlap", "ep_overlap", "ep_dispatch", "flops", "reported", "batch_tokens", "params_b", "unmodelled",
     "split", "memory_gap", "source", "verified"};
 
 /* What a row's reported figure counts (the flops column): hardware FLOPs (with
@@ -139,7 +139,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     if (!cp) return bad_cell(path, lineno, CLUSTER, w->c[CLUSTER], "is not a cluster preset (plan3d --help lists them)");
     w->cl = *cp;
     long gpus, tp, pp, dp, cpd, ep, seq, batch, mb, zero;
-    int sched, recompute, sp, flops, split, vp = 0;
+    int sched, recompute, sp, flops, split, dispatch, vp = 0;
     double overlap, ep_overlap;
     if (!cell_count(path, lineno, w, GPUS, 1, 1000000, 0, &gpus) ||
         (strcmp(w->c[INTER], "-") && !cell_number(path, lineno, w, INTER, 0, 1, 1e6, &w->cl.inter_gbs)) ||
@@ -154,6 +154,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
         !cell_choice(path, lineno, w, SP, "off|on", 1, &sp) || !cell_count(path, lineno, w, ZERO, 0, 3, 0, &zero) ||
         !cell_number(path, lineno, w, OVERLAP, 0, 0, 1, &overlap) ||
         !cell_number(path, lineno, w, EP_OVERLAP, 0, 0, 1, &ep_overlap) ||
+        !cell_choice(path, lineno, w, EP_DISPATCH, "per-choice|per-node", 1, &dispatch) ||
         !cell_choice(path, lineno, w, FLOPS, "hw|model|tokens|causal", 0, &flops) ||
         !cell_number(path, lineno, w, REPORTED, 0, 1, 1e9, &w->reported) ||
         !cell_amount(path, lineno, w, TOKENS, 1e15, &w->batch_tokens) ||
@@ -165,7 +166,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     if (seq) w->m.seq = seq;
     w->cl.gpus = (int)gpus;
     if (w->cl.gpus_per_node > w->cl.gpus) w->cl.gpus_per_node = w->cl.gpus;
-    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1, split};
+    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1, split, dispatch == 1};
     w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, vp, sched, sp, recompute, 0, (int)cpd, (int)ep};
     return 1;
 }

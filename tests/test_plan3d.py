@@ -332,6 +332,19 @@ def case_plan():
     check(any(abs(got - n * 4 * 3 * 4096 * 1536) <= 0.005 * got for n in (11, 12)) and
           "over 1 ranks holding the same experts" in qw.stdout,
           f"Qwen3 at EP 32: {got:.4g} routed-expert parameters a GPU, states over 1 rank")
+    # between its 4 nodes: a copy per choice, 8 x 3/4 = 6 copies of a token's row; DeepEP's per-node dispatch at
+    # most min(8, 4) x 3/4 = 3, half the bytes
+    pn = plan3d(["--model", "qwen3-235b", "--gpus", "256", "--tp", "2", "--pp", "8", "--cp", "1", "--dp", "16", "--ep",
+                 "32", "--global-batch", "2048", "--micro-batch", "1", "--top", "1", "--schedule", "1f1b",
+                 "--recompute", "selective", "--ep-dispatch", "per-node"])
+
+    def between(out):
+        line = next(l for l in out.splitlines() if l.startswith("  EP between nodes: "))
+        return float(line.split(": ")[1].split(" GB")[0]), float(line.split(", ")[1].split(" copies")[0]), line
+
+    (gb1, c1, l1), (gb2, c2, l2) = between(qw.stdout), between(pn.stdout)
+    check(c1 == 6 and "a copy per choice" in l1 and c2 == 3 and "a per-node dispatch" in l2 and
+          abs(gb2 / gb1 - 0.5) < 1e-3, f"EP between nodes per choice / per node: {l1} | {l2}")
     # nothing fits: 70B on one node in fp32, ZeRO 0: status 1 and the smallest shortfall
     n = plan3d(["--model", "llama3-70b", "--cluster", "a100-80gb", "--gpus", "8", "--precision", "fp32",
                 "--zero-stage", "0", "--global-batch", "8"])
@@ -397,19 +410,19 @@ def case_published():
     print(f"{len(mean)} in the mean: mean {100 * sum(errs) / len(errs):.1f} %, worst {100 * errs[-1]:.1f} %")
     check(len(mean) == t["in_mean"] == 24, f"24 rows in the mean, got {len(mean)}")
     check(abs(t["mean_abs_error"] - sum(errs) / len(errs)) < 1e-9, "the mean printed is the rows' mean")
-    check(t["mean_abs_error"] <= 0.145 and t["worst_abs_error"] <= 0.62,
-          f"mean |error| {t['mean_abs_error']:.3f} (at most 0.145), worst {t['worst_abs_error']:.3f} (at most 0.62)")
+    check(t["mean_abs_error"] <= 0.14 and t["worst_abs_error"] <= 0.62,
+          f"mean |error| {t['mean_abs_error']:.3f} (at most 0.14), worst {t['worst_abs_error']:.3f} (at most 0.62)")
     # without torchtitan's two bf16 rows (their GPUs' peak is not known: see the lesson) and Megatron-Core's MoE
     # recipes the rest stay near the target
     rest = [abs(r["error"]) for r in mean if not r["id"].startswith(("tt-", "qwen3-"))]
     check(sum(rest) / len(rest) <= 0.085 and max(rest) <= 0.18,
           f"the other rows: mean {sum(rest) / len(rest):.3f}, worst {max(rest):.3f}")
-    # the MoE recipes: the all-to-all hidden, within 5 %; exposed, plan3d's EP (a copy per choice between nodes,
-    # where DeepEP sends one to each node) costs 36 % (the lesson)
+    # the MoE recipes: the all-to-all hidden, within 5 %; exposed, 20 % low (DeepEP's per-node dispatch priced:
+    # a copy per choice between nodes would make it 36 %, the lesson)
     moe = [abs(r["error"]) for r in mean if r["id"].startswith("qwen3-")]
-    check(len(moe) == 5 and sum(moe) / len(moe) <= 0.18 and max(moe) <= 0.36,
+    check(len(moe) == 5 and sum(moe) / len(moe) <= 0.15 and max(moe) <= 0.23,
           f"Qwen3-235B's recipes: mean {sum(moe) / len(moe):.3f}, worst {max(moe):.3f}")
-    check(abs(ids["qwen3-235b-ep32-overlap"]["error"]) <= 0.05 and ids["qwen3-235b-ep32"]["error"] < -0.3,
+    check(abs(ids["qwen3-235b-ep32-overlap"]["error"]) <= 0.05 and -0.21 < ids["qwen3-235b-ep32"]["error"] < -0.18,
           f"EP 32 hidden {ids['qwen3-235b-ep32-overlap']['error']:+.3f}, exposed {ids['qwen3-235b-ep32']['error']:+.3f}")
     megatron = [abs(ids[f"megatron-{n}"]["error"]) for n in ("18b", "39b", "76b", "145b", "310b", "530b", "1t")]
     check(max(megatron) <= 0.10, f"Megatron-LM 2021's Table 1 within 10 %: {megatron}")
@@ -485,6 +498,7 @@ def case_bad_input():
         (["--cp", "3"], "--cp 3 does not divide --gpus 64"),
         (["--cp", "16", "--seq", "8200"], "--cp 16 does not divide --seq 8200"),
         (["--ep-overlap", "1.5"], "--ep-overlap"),
+        (["--ep-dispatch", "deepep"], "--ep-dispatch"),
         (["--check", "/nonexistent"], "--check"),
         (["--published", "/nonexistent.tsv"], "--published"),
     ]
@@ -624,15 +638,16 @@ def case_bad_files():
 
     line_no = f"line {first + 1}"
     for col, value, needle in [(3, "many", "column 4 (gpus): 'many'"), (16, "4", "column 17 (zero): '4'"),
-                               (20, "0", "column 21 (reported): '0'"), (20, "fast", "column 21 (reported)"),
-                               (19, "mfu", "column 20 (flops)"), (21, "16G", "column 22 (batch_tokens)"),
-                               (22, "0", "column 23 (params_b)"), (24, "uneven", "column 25 (split)"),
+                               (21, "0", "column 22 (reported): '0'"), (21, "fast", "column 22 (reported)"),
+                               (20, "mfu", "column 21 (flops)"), (22, "16G", "column 23 (batch_tokens)"),
+                               (23, "0", "column 24 (params_b)"), (25, "uneven", "column 26 (split)"),
+                               (19, "deepep", "column 20 (ep_dispatch)"),
                                (5, "8x", "column 6 (tp)"), (13, "zb-h2", "column 14 (schedule)"),
                                (13, "interleaved:1", "column 14 (schedule)"), (13, "1f1b:4", "column 14 (schedule)"),
-                               (19, "flops", "column 20 (flops)"),
+                               (20, "flops", "column 21 (flops)"),
                                (17, "1.5", "column 18 (dp_overlap)"), (18, "-1", "column 19 (ep_overlap)"),
                                (8, "0", "column 9 (cp)"), (9, "x", "column 10 (ep)"), (10, "0", "column 11 (seq)"),
-                               (1, "gpt5", "column 2 (model)"), (None, "extra", "29 columns, 28 expected")]:
+                               (1, "gpt5", "column 2 (model)"), (None, "extra", "30 columns, 29 expected")]:
         cases.append((["--published", published(col, value), "--json", js], f"{line_no}{',' if col is not None else ':'} {needle}"))
     cases += [
         (["--published", fifo], "FIFO"),
