@@ -223,7 +223,7 @@ static split *all_splits(const th_model *m, const cluster *c, const constraints 
                 if (k->dp && d != k->dp) continue;
                 /* EP's group is carved from the DP x CP ranks, or with SP the TP x DP x CP ranks */
                 for (int e = 0; e < n_ep; e++) {
-                    if (((long)t * d * cp) % eps[e] || (t == 1 && ((long)d * cp) % eps[e])) continue;
+                    if (((long)t * d * cp) % eps[e]) continue; /* search_one keeps SP on where it folds */
                     if (n == cap) all = checked(realloc(all, sizeof *all * (size_t)(cap *= 2)));
                     all[n] = (split){t, cp, p, d, eps[e], 0, 0, 0, 0, n};
                     n++;
