@@ -234,8 +234,8 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     double pipe = th_pipeline_step_time(l->schedule, p, M, l->vp, e->tF, e->tB, e->tW);
     e->t_bubble = th_bubble_time(l->schedule, p, M, l->vp, e->tF, e->tB, e->tW);
     /* DP: the gradient of the rank's shard over the DP x CP group (the experts'
-     * over the ranks holding the same experts: cp d / ep, t cp d / ep folded); ZeRO 3 gathers the parameters for every
-     * micro-batch's forward and backward */
+     * over the ranks holding the same experts: cp d / ep, t cp d / ep folded);
+     * ZeRO 3 gathers the parameters for every micro-batch's forward and backward */
     const double dp_gbs = dp_inside ? c->intra_gbs : c->inter_gbs, dp_us = dp_inside ? c->intra_us : c->inter_us;
     const int dpc = d * cp, edp = expert_data_ranks(l);
     const double grad = th_grad_bytes(tr->precision) * most_params, xgrad = th_grad_bytes(tr->precision) * most_experts;
