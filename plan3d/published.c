@@ -212,8 +212,8 @@ static const char *row_check(const row *w, char *buf, int len) {
     if (all ? given != w->cl.gpus : w->cl.gpus % given)
         snprintf(buf, (size_t)len, "tp %d x cp %d x pp %d x dp %d = %ld %s %d GPUs", k->tp, k->cp, k->pp, k->dp, given,
                  all ? "is not" : "does not divide", w->cl.gpus);
-    else if (k->ep > 1 && k->dp && k->cp && ((long)k->dp * k->cp) % k->ep &&
-             !(k->sp == 1 && k->tp > 1 && ((long)k->tp * k->dp * k->cp) % k->ep == 0))
+    else if (k->ep > 1 && k->dp && k->cp &&
+             ep_source_ranks(&(layout){.tp = k->tp, .dp = k->dp, .cp = k->cp, .sp = k->sp == 1}) % k->ep)
         snprintf(buf, (size_t)len, "ep %d is not inside dp %d x cp %d%s", k->ep, k->dp, k->cp,
                  k->sp == 1 && k->tp > 1 ? " x tp (folded with SP)" : "");
     else if (w->batch_tokens > 0 &&

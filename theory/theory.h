@@ -159,8 +159,8 @@ double th_flops_per_token(const th_model *m);
  * matrix is non-zero"), what its recipes' TFLOP/s per GPU report. */
 double th_causal_flops_per_token(const th_model *m);
 /* The FLOPs recomputation adds per token: full, a second forward of the
- * layers (2 x layer parameters + 4 L T C); selective, the attention core
- * (4 L T C). Hardware FLOPs = model FLOPs + these. */
+ * layers (2 x layer parameters + 4 L T Q); selective, the attention core
+ * (4 L T Q). Hardware FLOPs = model FLOPs + these. */
 double th_recompute_flops_per_token(const th_model *m, recompute_mode r);
 
 /* ---- model states: parameters, gradients, optimizer state -------------------------------- */
