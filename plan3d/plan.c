@@ -493,8 +493,9 @@ int plan_write_json(const char *path, const char *name, const th_model *m, const
             name, pc.total, pc.active, th_flops_per_token(m), m->experts, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->seq, m->vocab);
     fprintf(f, "\"cluster\":{\"name\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,\"mem_gib\":%g,\"efficiency\":%g},\n", c->name,
             c->gpus, c->gpus_per_node, c->mem_gib, c->efficiency);
-    fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d},\n", tr->global_batch,
-            tr->precision == PREC_BF16 ? "bf16" : "fp32", tr->zero_stage);
+    fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d,\"ep_dispatch\":\"%s\"},\n",
+            tr->global_batch, tr->precision == PREC_BF16 ? "bf16" : "fp32", tr->zero_stage,
+            tr->ep_per_node ? "per-node" : "per-choice");
     fprintf(f, "\"search\":{\"bounded\":%s,\"valid_layouts\":%ld,\"costed_layouts\":%d,\"splits\":%ld,\"splits_costed\":%ld,"
                "\"work_over_cap\":%.4g},\n\"layouts\":[",
             r->bounded ? "true" : "false", r->layouts, r->n, r->splits, r->splits_costed, r->work / WORK_CAP);

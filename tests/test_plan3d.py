@@ -336,7 +336,8 @@ def case_plan():
     # most min(8, 4) x 3/4 = 3, half the bytes
     pn = plan3d(["--model", "qwen3-235b", "--gpus", "256", "--tp", "2", "--pp", "8", "--cp", "1", "--dp", "16", "--ep",
                  "32", "--global-batch", "2048", "--micro-batch", "1", "--top", "1", "--schedule", "1f1b",
-                 "--recompute", "selective", "--ep-dispatch", "per-node"])
+                 "--recompute", "selective", "--ep-dispatch", "per-node", "--json", js + ".pn"])
+    check(json.load(open(js + ".pn"))["training"]["ep_dispatch"] == "per-node", "the record names the dispatch")
 
     def between(out):
         line = next(l for l in out.splitlines() if l.startswith("  EP between nodes: "))
