@@ -56,8 +56,19 @@ typedef struct comm {
 /* A communicator over all of `world` (duplicated). Collective over world. */
 void comm_init(comm *c, MPI_Comm world, comm_backend backend);
 /* Sub-groups, like MPI_Comm_split: ranks with the same color form one group,
- * ordered by key. Collective over parent. Same backend as the parent. */
+ * ordered by key (ties by parent rank); a negative color: none (rank -1, size
+ * 0). Collective over parent. Same backend as the parent. */
 void comm_split(const comm *parent, int color, int key, comm *out);
+/* The group of the n parent ranks `members`, in that order (this rank among
+ * them): what comm_split builds once every rank's color and key are known,
+ * for callers that know the members already (common/mesh.c). Every parent
+ * rank calls it, each with its own group's members (NCCL splits the parent). */
+void comm_group(const comm *parent, const int *members, int n, comm *out);
+/* The ranks of MPI_COMM_WORLD on this host (MPI_COMM_TYPE_SHARED), ordered by
+ * world rank: split once per process and kept until MPI_Finalize (run_setup's
+ * placement and comm_init's wait policy both ask). Collective over the world
+ * on the first call only. */
+MPI_Comm comm_world_host(void);
 void comm_free(comm *c);
 /* Names the parallel dimension c spans ("dp", "tp", "pp", "cp", "ep", "edp"):
  * the flight record and the hang report then say "tp group {2,3}". */

@@ -60,21 +60,14 @@ void mesh_replica_members(const mesh_dims *d, int rank, int *members) {
     for (int f = 0; f < d->size[MESH_CP] * d->size[MESH_DP]; f++) members[f] = at_plane_index(d, c, f);
 }
 
-/* The communicator must hold `members`, in that order, with this rank at `place`:
- * comm_split's colors and keys are the formula's, and a slip in either would put
- * ranks in the wrong groups without any error. */
-static void check_group(const comm *g, const char *name, const int *members, int size, int place, int world_rank) {
-    if (g->size != size || g->rank != place)
-        die("mesh_init: rank %d's %s group has %d ranks and puts it at %d; the mesh says %d ranks, at %d", world_rank,
-            name, g->size, g->rank, size, place);
-    int *got = malloc(sizeof(int) * (size_t)size);
-    if (!got) die("out of host memory");
-    MPI_Allgather(&world_rank, 1, MPI_INT, got, 1, MPI_INT, g->mpi);
-    for (int i = 0; i < size; i++)
-        if (got[i] != members[i])
-            die("mesh_init: rank %d's %s group holds world rank %d at place %d; the mesh says %d", world_rank, name,
-                got[i], i, members[i]);
-    free(got);
+/* The group of `members` (the mesh's formula for this rank's group of `name`), with this rank at `place`:
+ * a formula that left the rank out, or put it elsewhere, would train the wrong groups without any error. */
+static void make_group(const comm *world, comm *g, const char *name, const int *members, int size, int place) {
+    if (members[place] != world->rank)
+        die("mesh_init: rank %d's %s group puts world rank %d at its place %d", world->rank, name, members[place],
+            place);
+    comm_group(world, members, size, g);
+    comm_set_axis(g, name);
 }
 
 void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend) {
@@ -89,30 +82,20 @@ void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend) {
     m->me = mesh_coord_of(&dims, r);
     int *members = malloc(sizeof(int) * (size_t)m->world.size);
     if (!members) die("out of host memory");
-    /* color: the group's first member (what its members share); key: the place in it */
     for (int a = 0; a < MESH_NAXES; a++) {
         mesh_axis_members(&dims, r, (mesh_axis)a, members);
-        comm_split(&m->world, members[0], m->me.at[a], &m->axis[a]);
-        comm_set_axis(&m->axis[a], mesh_axis_names[a]);
-        check_group(&m->axis[a], mesh_axis_names[a], members, dims.size[a], m->me.at[a], r);
+        make_group(&m->world, &m->axis[a], mesh_axis_names[a], members, dims.size[a], m->me.at[a]);
     }
+    const int f = plane_index(&dims, m->me);
     if (dims.size[MESH_CP] > 1) {
-        const int f = plane_index(&dims, m->me);
         mesh_replica_members(&dims, r, members);
-        comm_split(&m->world, members[0], f, &m->replicas);
-        comm_set_axis(&m->replicas, "cpdp");
-        check_group(&m->replicas, "cpdp", members, plane, f, r);
+        make_group(&m->world, &m->replicas, "cpdp", members, plane, f);
     }
     if (dims.ep > 1) {
-        const int f = plane_index(&dims, m->me);
         mesh_ep_members(&dims, r, members);
-        comm_split(&m->world, members[0], f % dims.ep, &m->ep);
-        comm_set_axis(&m->ep, "ep");
-        check_group(&m->ep, "ep", members, dims.ep, f % dims.ep, r);
+        make_group(&m->world, &m->ep, "ep", members, dims.ep, f % dims.ep);
         mesh_edp_members(&dims, r, members);
-        comm_split(&m->world, members[0], f / dims.ep, &m->edp);
-        comm_set_axis(&m->edp, "edp");
-        check_group(&m->edp, "edp", members, plane / dims.ep, f / dims.ep, r);
+        make_group(&m->world, &m->edp, "edp", members, plane / dims.ep, f / dims.ep);
     }
     free(members);
 }

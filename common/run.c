@@ -670,8 +670,7 @@ void run_setup(run_ctx *ctx) {
         MPI_Finalize();
         exit(2);
     }
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &local);
+    MPI_Comm local = comm_world_host();
     MPI_Comm_rank(local, &ctx->local_rank);
     MPI_Comm_size(local, &ctx->local_size);
 
@@ -704,7 +703,6 @@ void run_setup(run_ctx *ctx) {
     ctx->backend = !strcmp(o->comm, "nccl") || (!strcmp(o->comm, "auto") && ctx->device == DEVICE_CUDA
                                                 && every_rank_own_gpu) ? COMM_NCCL : COMM_MPI;
     char *hosts_text = describe_hosts(ctx, local, gpus > 0 ? ctx->local_rank % gpus : -1, o->dry_run);
-    MPI_Comm_free(&local);
     if (!err[0] && data_load(&ctx->data, o->data, o->seq, err, sizeof err) != 0) { /* err is set */ }
     dataset heldout;
     if (!err[0] && o->eval && data_heldout(&ctx->data, o->batch, o->seq, &heldout) == 0)

@@ -402,6 +402,41 @@ static void test_split(comm *world) {
     comm_allreduce(&sub, &x, 1, COMM_FP32, 0);
     CHECK(x == (float)expect_size, "split: group sum %g, expected %d", x, expect_size);
     comm_free(&sub);
+
+    /* MPI_Comm_split's order, which comm_split builds itself: by key, ties by parent rank; a negative color
+     * (here the last rank's) leaves a rank out. Keys: the reverse order in pairs, so ranks 2k and 2k+1 tie. */
+    const int left_out = world->size > 2 && world->rank == world->size - 1;
+    comm_split(world, left_out ? -1 : 0, (world->size - 1 - world->rank) / 2, &sub);
+    const int members = world->size > 2 ? world->size - 1 : world->size;
+    if (left_out) CHECK(sub.rank == -1 && sub.size == 0, "split: a negative color gave rank %d size %d", sub.rank, sub.size);
+    else {
+        int before = 0; /* the members with a smaller key, or the same key and a smaller rank */
+        for (int r = 0; r < members; r++) {
+            const int kr = (world->size - 1 - r) / 2, kme = (world->size - 1 - world->rank) / 2;
+            before += kr < kme || (kr == kme && r < world->rank);
+        }
+        CHECK(sub.size == members && sub.rank == before, "split by key: rank %d of %d, expected %d of %d", sub.rank,
+              sub.size, before, members);
+        int place = sub.rank, *got = malloc(sizeof(int) * (size_t)sub.size);
+        MPI_Allgather(&place, 1, MPI_INT, got, 1, MPI_INT, sub.mpi);
+        for (int i = 0; i < sub.size; i++) CHECK(got[i] == i, "split by key: place %d holds %d", i, got[i]);
+        free(got);
+    }
+    comm_free(&sub);
+
+    /* comm_group: the members in the order given, the same on each of them (here pairs, the higher rank first;
+     * an odd world's last rank alone) */
+    const int n = (world->rank | 1) < world->size ? 2 : 1;
+    int pair[2] = {world->rank | 1, world->rank & ~1};
+    if (n == 1) pair[0] = world->rank;
+    comm_group(world, pair, n, &sub);
+    const int place = n == 2 ? 1 - world->rank % 2 : 0;
+    CHECK(sub.size == n && sub.rank == place, "group: rank %d of %d, expected %d of %d", sub.rank, sub.size, place, n);
+    float y = (float)world->rank;
+    comm_allreduce(&sub, &y, 1, COMM_FP32, 0);
+    const float want = n == 2 ? (float)(2 * (world->rank & ~1) + 1) : (float)world->rank;
+    CHECK(y == want, "group: sum %g, expected %g", y, want);
+    comm_free(&sub);
 }
 
 /* ---- polite waiting --------------------------------------------------------------- */
