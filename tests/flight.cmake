@@ -13,4 +13,4 @@ add_c_test(bench_flight)
 add_test(NAME flight_lesson COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/test_lessons.py run
          ${CMAKE_SOURCE_DIR}/docs/hangs.md)
 set_tests_properties(flight_lesson PROPERTIES TIMEOUT 300 LABELS lessons
-  ENVIRONMENT "BUILD_DIR=${CMAKE_BINARY_DIR};MPIRUN=${MPIEXEC_EXECUTABLE};OPENBLAS_NUM_THREADS=1")
+  ENVIRONMENT "${PL_TEST_ENV}")
