@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 double link_time(double ring_bytes, int latency_steps, double gbs, double us) {
     if (ring_bytes <= 0 && latency_steps <= 0) return 0;
@@ -85,7 +86,22 @@ static void split_layers(const th_model *m, int n_chunks, int ends, int *layers)
 
 /* The course's exact formulas apply to its own model in fp32 (theory.h). */
 static int course_exact(const th_model *m, const th_opts *o) {
-    return th_course_acts_bytes(m, o, 0, 1, 1) >= 0 && o->cp <= 1 && o->ep <= 1 && m->experts <= 0;
+    return th_course_acts_bytes(m, o, 0, 1, 1) >= 0 && o->cp <= 1 && o->ep <= 1 && m->experts <= 0 &&
+           !o->recompute_modules; /* the course recomputes whole layers or attention's core only */
+}
+
+const char *recompute_modules_text(int modules) {
+    static const char *const text[] = {"", "norm", "act", "norm,act"};
+    return text[modules & (TH_RECOMPUTE_NORMS | TH_RECOMPUTE_EXPERT_ACT)];
+}
+
+int recompute_modules_parse(const char *text, int *modules) {
+    for (int k = 0; k < 4; k++)
+        if (!strcmp(text, k ? recompute_modules_text(k) : "none")) {
+            *modules = k;
+            return 0;
+        }
+    return -1;
 }
 
 void estimate_layout(const th_model *m, const cluster *c, const training *tr, const layout *l, const in_flight *table,
@@ -99,7 +115,8 @@ void estimate_layout(const th_model *m, const cluster *c, const training *tr, co
     /* a rank's tokens: its T / cp positions of b sequences */
     const double T = (double)m->seq, C = (double)m->d_model, b = l->micro_batch, tokens = b * T / cp;
     const th_opts o = {.precision = tr->precision, .tp = t, .vocab_parallel = 1, .sequence_parallel = l->sp,
-                       .recompute = l->recompute, .cp = cp, .ep = ep};
+                       .recompute = l->recompute, .cp = cp, .ep = ep,
+                       .recompute_modules = l->recompute == RECOMPUTE_FULL ? 0 : tr->recompute_modules};
     th_opts lab = o;
     lab.vocab_parallel = 0; /* the labs replicate embedding and head */
     const int exact = course_exact(m, &lab);

@@ -54,7 +54,15 @@ typedef struct training {
     int ep_per_node;         /* EP's dispatch sends a token's row once to each node it reaches and forwards it
                               * inside (DeepEP); 0: a copy per choice (Megatron's all-to-all dispatcher, lab08).
                               * A model with node-limited routing (route_max_nodes) is sent per node either way */
+    int recompute_modules;   /* TH_RECOMPUTE_NORMS | TH_RECOMPUTE_EXPERT_ACT beside recompute none or selective
+                              * (Megatron-Core's --recompute-modules layernorm moe_act): their outputs are not
+                              * kept; elementwise, so no time is charged for them */
 } training;
+
+/* "norm", "act", "norm,act" (the flag's and the TSV's spelling), or "" for none. */
+const char *recompute_modules_text(int modules);
+/* The spelling back: 0 and the bits in *modules, or -1 for anything else. */
+int recompute_modules_parse(const char *text, int *modules);
 
 typedef struct layout {
     int tp, pp, dp;

@@ -160,7 +160,7 @@ static void usage(const option *opts, int n) {
 int main(int argc, char **argv) {
     const char *model_name = "llama3-70b", *cluster_name = "h100", *precision = "bf16", *schedule = "any";
     const char *sp = "any", *recompute = "any", *json = NULL, *check_dir = NULL, *published = NULL;
-    const char *calibration = "calibration.json", *split = "equal", *ep_dispatch = "per-choice";
+    const char *calibration = "calibration.json", *split = "equal", *ep_dispatch = "per-choice", *modules = "none";
     int gpus = 64, gpn = 0, layers = 0, d_model = 0, heads = 0, kv_heads = 0, seq = 0, vocab = 0, ffn = 0;
     int global_batch = 512, zero = 1, tp = 0, pp = 0, dp = 0, micro_batch = 0, vp = 0, top = 5, cpd = 0, ep = 0;
     int explain = 0, calibrate = 0, across = 0, help = 0;
@@ -204,6 +204,9 @@ int main(int argc, char **argv) {
         {"--vp", OPT_INT, &vp, "fix the chunks per rank of --schedule interleaved (0: search)", 0, NULL, 0},
         {"--sp", OPT_STRING, &sp, "sequence parallelism", 0, "any|on|off", 0},
         {"--recompute", OPT_STRING, &recompute, "activation recomputation", 0, "any|none|selective|full", 0},
+        {"--recompute-modules", OPT_STRING, &modules, "parts of a layer recomputed beside --recompute none or "
+         "selective (Megatron-Core's --recompute-modules layernorm moe_act): the norms' outputs, the routed experts' "
+         "activation output, or both; elementwise, so memory falls and no time is charged", 0, "none|norm|act|norm,act", 0},
         {"--split", OPT_STRING, &split, "layers over the stages: equal, or ends (the embedding and head take a layer's place: Llama 3)", 0, "equal|ends", 0},
         {"--tp-across-nodes", OPT_BOOL, &across, "let the TP group span nodes (its all-reduces then cross the network)", 0, NULL, 0},
         {"--top", OPT_INT, &top, "layouts to print", 1, NULL, 0},
@@ -258,7 +261,14 @@ int main(int argc, char **argv) {
     if (inter_us) c.inter_us = inter_us;
     if (hbm) c.hbm_gbs = hbm;
     training tr = {global_batch, !strcmp(precision, "bf16") ? PREC_BF16 : PREC_FP32, zero, overlap, ep_overlap, headroom, !strcmp(split, "ends"),
-                   !strcmp(ep_dispatch, "per-node")};
+                   !strcmp(ep_dispatch, "per-node"), 0};
+    recompute_modules_parse(modules, &tr.recompute_modules); /* one of the flag's choices */
+    if (tr.recompute_modules && !strcmp(recompute, "full"))
+        bad_input("--recompute-modules %s: recomputes parts of a layer beside --recompute none or selective; --recompute "
+                  "full recomputes every layer whole", modules);
+    if ((tr.recompute_modules & TH_RECOMPUTE_EXPERT_ACT) && m.experts <= 0)
+        bad_input("--recompute-modules %s: act is the routed experts' activation; --model %s has no experts", modules,
+                  model_name);
     if (tflops) *(tr.precision == PREC_BF16 ? &c.bf16_tflops : &c.fp32_tflops) = tflops;
     if (zero > 3) bad_input("--zero-stage %d: must be 0, 1, 2 or 3", zero);
     if (overlap > 1) bad_input("--dp-overlap %g: must be between 0 and 1", overlap);

@@ -299,11 +299,12 @@ void plan_print_header(FILE *f, const char *name, const th_model *m, const clust
             c->gpus, c->name, c->gpus_per_node, c->mem_gib, peak, tr->precision == PREC_BF16 ? "bf16" : "fp32",
             c->efficiency, c->intra_gbs, c->intra_us, c->inter_gbs, c->inter_us);
     fprintf(f, "training global batch %ld sequences (%.3gM tokens) | %s (%g bytes of model state per parameter) | "
-               "ZeRO stage %d | DP overlap %.2f | %.0f%% of memory kept free\n",
+               "ZeRO stage %d | DP overlap %.2f | %.0f%% of memory kept free%s%s\n",
             tr->global_batch, tr->global_batch * (double)m->seq / 1e6,
             tr->precision == PREC_BF16 ? "bf16 mixed precision" : "fp32",
             th_param_bytes(tr->precision) + th_grad_bytes(tr->precision) + th_optim_bytes(tr->precision), tr->zero_stage,
-            tr->dp_overlap, 100 * tr->headroom);
+            tr->dp_overlap, 100 * tr->headroom, tr->recompute_modules ? " | recomputed beside none or selective: " : "",
+            recompute_modules_text(tr->recompute_modules));
 }
 
 void plan_print_bound(FILE *f, const plan_result *r) {
@@ -493,9 +494,11 @@ int plan_write_json(const char *path, const char *name, const th_model *m, const
             name, pc.total, pc.active, th_flops_per_token(m), m->experts, m->layers, m->d_model, m->heads, m->kv_heads, m->ffn, m->seq, m->vocab);
     fprintf(f, "\"cluster\":{\"name\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,\"mem_gib\":%g,\"efficiency\":%g},\n", c->name,
             c->gpus, c->gpus_per_node, c->mem_gib, c->efficiency);
-    fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d,\"ep_dispatch\":\"%s\"},\n",
+    fprintf(f, "\"training\":{\"global_batch\":%ld,\"precision\":\"%s\",\"zero_stage\":%d,\"ep_dispatch\":\"%s\","
+               "\"recompute_modules\":\"%s\"},\n",
             tr->global_batch, tr->precision == PREC_BF16 ? "bf16" : "fp32", tr->zero_stage,
-            tr->ep_per_node ? "per-node" : "per-choice");
+            tr->ep_per_node ? "per-node" : "per-choice",
+            tr->recompute_modules ? recompute_modules_text(tr->recompute_modules) : "none");
     fprintf(f, "\"search\":{\"bounded\":%s,\"valid_layouts\":%ld,\"costed_layouts\":%d,\"splits\":%ld,\"splits_costed\":%ld,"
                "\"work_over_cap\":%.4g},\n\"layouts\":[",
             r->bounded ? "true" : "false", r->layouts, r->n, r->splits, r->splits_costed, r->work / WORK_CAP);

@@ -126,6 +126,24 @@ static int cell_schedule(const char *path, int lineno, row *w, int *sched, int *
     return 1;
 }
 
+/* The recompute cell: none, selective, full or -, and after a "+" the parts of a layer recomputed beside it
+ * (Megatron-Core's --recompute-modules layernorm moe_act: norm, act or norm,act; not with full). */
+static int cell_recompute(const char *path, int lineno, row *w, int *recompute, int *modules) {
+    char *v = w->c[RECOMP], *plus = strchr(v, '+');
+    *modules = 0;
+    if (!plus) return cell_choice(path, lineno, w, RECOMP, "none|selective|full", 1, recompute);
+    *plus = 0; /* the mode alone, checked as a cell of its own */
+    const int ok = cell_choice(path, lineno, w, RECOMP, "none|selective|full", 0, recompute);
+    *plus = '+';
+    if (!ok) return 0;
+    if (recompute_modules_parse(plus + 1, modules) || *modules == 0 || *recompute == RECOMPUTE_FULL)
+        return bad_cell(path, lineno, RECOMP, v, "after none+ or selective+ must come norm, act or norm,act (the norms' "
+                        "outputs, the experts' activation: Megatron-Core's --recompute-modules layernorm moe_act)");
+    if ((*modules & TH_RECOMPUTE_EXPERT_ACT) && w->mp->m.experts <= 0)
+        return bad_cell(path, lineno, RECOMP, v, "recomputes the routed experts' activation (act), and the model has none");
+    return 1;
+}
+
 /* The row of `line` (a data row, not a comment or the header): 1, or 0 after one line saying what is wrong. */
 static int read_row(char *line, const char *path, int lineno, row *w) {
     int n = split_tabs(line, w->c);
@@ -139,7 +157,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     if (!cp) return bad_cell(path, lineno, CLUSTER, w->c[CLUSTER], "is not a cluster preset (plan3d --help lists them)");
     w->cl = *cp;
     long gpus, tp, pp, dp, cpd, ep, seq, batch, mb, zero;
-    int sched, recompute, sp, flops, split, dispatch, vp = 0;
+    int sched, recompute, modules, sp, flops, split, dispatch, vp = 0;
     double overlap, ep_overlap;
     if (!cell_count(path, lineno, w, GPUS, 1, 1000000, 0, &gpus) ||
         (strcmp(w->c[INTER], "-") && !cell_number(path, lineno, w, INTER, 0, 1, 1e6, &w->cl.inter_gbs)) ||
@@ -150,7 +168,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
         !cell_count(path, lineno, w, BATCH, 1, 1000000000, 0, &batch) ||
         !cell_count(path, lineno, w, MB, 1, batch, 1, &mb) ||
         !cell_schedule(path, lineno, w, &sched, &vp) ||
-        !cell_choice(path, lineno, w, RECOMP, "none|selective|full", 1, &recompute) ||
+        !cell_recompute(path, lineno, w, &recompute, &modules) ||
         !cell_choice(path, lineno, w, SP, "off|on", 1, &sp) || !cell_count(path, lineno, w, ZERO, 0, 3, 0, &zero) ||
         !cell_number(path, lineno, w, OVERLAP, 0, 0, 1, &overlap) ||
         !cell_number(path, lineno, w, EP_OVERLAP, 0, 0, 1, &ep_overlap) ||
@@ -166,7 +184,7 @@ static int read_row(char *line, const char *path, int lineno, row *w) {
     if (seq) w->m.seq = seq;
     w->cl.gpus = (int)gpus;
     if (w->cl.gpus_per_node > w->cl.gpus) w->cl.gpus_per_node = w->cl.gpus;
-    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1, split, dispatch == 1};
+    w->tr = (training){batch, PREC_BF16, (int)zero, overlap, ep_overlap, 0.1, split, dispatch == 1, modules};
     w->k = (constraints){(int)tp, (int)pp, (int)dp, (int)mb, vp, sched, sp, recompute, 0, (int)cpd, (int)ep};
     return 1;
 }
@@ -278,10 +296,13 @@ static int predict_row(const row *w, const char *path, int lineno, void *ctx) {
     const double err = predicted / w->reported - 1;
     const int in_mean = !strcmp(c[UNMODELLED], "-");
     char lt[160];
+    layout_text(&e->l, lt, sizeof lt);
+    if (w->tr.recompute_modules && e->l.recompute != RECOMPUTE_FULL) /* the parts recomputed beside it */
+        snprintf(lt + strlen(lt), sizeof lt - strlen(lt), "+%s", recompute_modules_text(w->tr.recompute_modules));
     printf("%-22s %6d %2d %2d %2d %4d %3d | %-6s %8.0f %9.0f %+6.1f%%%s | %7.0f %7.0f | ok | %s (%.1f GiB%s%s)%s%s\n",
            c[ID], cl.gpus, e->l.tp, e->l.cp, e->l.pp, e->l.dp, e->l.ep, kind_names[w->kind], w->reported, predicted,
            100 * err, in_mean ? " " : "*",
-           model_tf, hw_tf, layout_text(&e->l, lt, sizeof lt), e->mem_total / 1073741824.0,
+           model_tf, hw_tf, lt, e->mem_total / 1073741824.0,
            e->fits ? "" : ", does NOT fit: ", e->fits ? "" : strcmp(c[MEMORY_GAP], "-") ? c[MEMORY_GAP] : "the memory model is off for this row",
            in_mean ? "" : "; not in the mean: ", in_mean ? "" : c[UNMODELLED]);
     json_array_append_new(t->out, json_pack("{s:s,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:s,s:b,s:s,s:s}", "id",

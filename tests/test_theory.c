@@ -280,6 +280,22 @@ static void check_published(void) {
     const double full = th_flops_per_token(&q), causal = th_causal_flops_per_token(&q);
     CHECK(full - causal == 6.0 * 94 * 4096 * 8192 && fabs(causal / 148.0e9 - 1) < 0.005,
           "qwen3: %.5g FLOPs a token, %.5g causal (Megatron's count 148.0G)", full, causal);
+    /* Megatron-Core's --recompute-modules layernorm moe_act on a Qwen3 layer (TP 2, SP, flash attention): the
+     * norms' outputs 4 sbh and the 8 routed experts' activation outputs 2 x 8 x 1536 sb leave the layer's
+     * bytes, over t under SP (b = 1) */
+    th_opts qo = {.precision = PREC_BF16, .tp = 2, .sequence_parallel = 1, .recompute = RECOMPUTE_SELECTIVE};
+    const double kept = th_published_layer_acts_bytes(&q, &qo, 1), sb = 4096;
+    qo.recompute_modules = TH_RECOMPUTE_NORMS;
+    const double norms_dropped = kept - th_published_layer_acts_bytes(&q, &qo, 1);
+    qo.recompute_modules = TH_RECOMPUTE_NORMS | TH_RECOMPUTE_EXPERT_ACT;
+    const double both_dropped = kept - th_published_layer_acts_bytes(&q, &qo, 1);
+    CHECK(norms_dropped == 4 * sb * 4096 / 2 && both_dropped == norms_dropped + 2 * 8 * 1536 * sb / 2,
+          "qwen3: recomputing the norms drops %.6g bytes (want %.6g), and the experts' activation %.6g more",
+          norms_dropped, 4 * sb * 4096 / 2, both_dropped - norms_dropped);
+    qo.recompute = RECOMPUTE_FULL;
+    const double full_with = th_published_layer_acts_bytes(&q, &qo, 1);
+    qo.recompute_modules = 0;
+    CHECK(full_with == th_published_layer_acts_bytes(&q, &qo, 1), "qwen3: full recomputation keeps the input alone");
     /* the head width left 0 is d_model / heads: the same counts as before it existed */
     th_model w = l;
     w.head_dim = 128;

@@ -147,12 +147,14 @@ static double published_layer(const th_model *m, const th_opts *o, long b, int m
     const double attention = s * B * (4 * th_attn_width(m) + 4 * th_kv_width(m)); /* = sbh (4 + 4 kv/a) */
     double mlp = s * B * (double)m->ffn * (m->gated_mlp ? 6 : 4);
     if (moe) { /* k routed + shared experts' MLPs, the k dispatched inputs, the router's probabilities */
-        const double Fe = th_expert_width(m);
-        const double runs = (double)(m->top_k + m->shared_experts);
-        mlp = s * B * (runs * Fe * (m->gated_mlp ? 6 : 4) + 2.0 * (double)m->top_k * h + 4.0 * (double)m->experts);
+        const double Fe = th_expert_width(m), per_run = m->gated_mlp ? 6 : 4;
+        const double routed = (double)m->top_k * (per_run - (o->recompute_modules & TH_RECOMPUTE_EXPERT_ACT ? 2 : 0));
+        mlp = s * B * ((routed + (double)m->shared_experts * per_run) * Fe + 2.0 * (double)m->top_k * h +
+                       4.0 * (double)m->experts);
     }
     const double scores = o->recompute == RECOMPUTE_SELECTIVE ? 0 : (m->dropout ? 5 : 4) * a * s * s * B; /* mask: 1 */
-    const double split = attention + mlp + scores, unsplit = (m->dropout ? 10 : 8) * sbh; /* the masks: 2 sbh */
+    const double norms_out = o->recompute_modules & TH_RECOMPUTE_NORMS ? 4 * sbh : 0; /* QKV's and the MLP's inputs */
+    const double split = attention + mlp + scores, unsplit = (m->dropout ? 10 : 8) * sbh - norms_out; /* masks: 2 sbh */
     return (o->sequence_parallel ? (unsplit + split) / t : unsplit + split / t) / cp;
 }
 

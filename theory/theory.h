@@ -100,7 +100,14 @@ typedef struct th_opts {
     recompute_mode recompute; /* --recompute: exact for the course (every lab) */
     int cp;                  /* context-parallel degree (0 or 1: none): the published activations / cp */
     int ep;                  /* expert-parallel degree (0 or 1: none): a rank holds experts / ep */
+    int recompute_modules;   /* published only, beside recompute none or selective (the labs: 0):
+                              * TH_RECOMPUTE_NORMS | TH_RECOMPUTE_EXPERT_ACT */
 } th_opts;
+
+/* Megatron-Core's --recompute-modules layernorm moe_act: the norms' outputs, recomputed from their inputs
+ * (kept anyway), and the routed experts' activation function's output, recomputed from its input (fc1's
+ * output, kept). Both are elementwise: no matrix product runs again. */
+enum { TH_RECOMPUTE_NORMS = 1, TH_RECOMPUTE_EXPERT_ACT = 2 };
 
 /* fp32, t = 1, no SP, no recomputation: a one-rank lab. */
 th_opts th_opts_course(int tp);
@@ -272,7 +279,9 @@ double th_grad_norm_bytes(int parts);
  * flash attention, which keeps no s x s scores either. The 10 holds the two
  * dropout masks (1 + 1) and the 5as/h the scores' mask (1 of 5): a model
  * without dropout (m->dropout 0: Llama 3) keeps 8 and 4as/h, and no mask
- * after the embedding. */
+ * after the embedding. o->recompute_modules (not under full): NORMS drops the
+ * norms' outputs, the inputs of QKV and of the MLP (2 + 2 of the 10); EXPERT_ACT
+ * drops the routed experts' activation output (2 F/h of their 6, or of 4). */
 double th_published_layer_acts_bytes(const th_model *m, const th_opts *o, long b);
 /* Layers [lo, hi) of one micro-batch, with Megatron's extras (its
  * theoretical_memory_usage.py): the first stage's embedding output (sbh bytes)
