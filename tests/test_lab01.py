@@ -131,10 +131,11 @@ def determinism():
 
 
 def buckets():
-    ref, _, _ = run(LAB, 1, STEPS)
+    steps = ["--steps", "10"]  # the default model (9 buckets of 0.5 MiB a step): 10 steps, as the layouts' tests
+    ref, _, _ = run(LAB, 1, steps)
     for n in (2, 4):
-        whole, _, _ = run(LAB, n, STEPS)
-        rec, _, _ = run(LAB, n, STEPS + ["--bucket-mb", "0.5", "--check-sync"])
+        whole, _, _ = run(LAB, n, steps)
+        rec, _, _ = run(LAB, n, steps + ["--bucket-mb", "0.5", "--check-sync"])
         compare_runs(f"-n {n} buckets of 0.5 MiB vs -n 1", rec, ref, 1e-5)
         calls = rec["comm_calls_per_step"]["allreduce"]
         check(calls >= 8, f"-n {n}: expected one all-reduce per bucket (>= 8), got {calls}")
