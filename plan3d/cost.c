@@ -91,13 +91,13 @@ static int course_exact(const th_model *m, const th_opts *o) {
 }
 
 const char *recompute_modules_text(int modules) {
-    static const char *const text[] = {"", "norm", "act", "norm,act"};
+    static const char *const text[] = {"none", "norm", "act", "norm,act"};
     return text[modules & (TH_RECOMPUTE_NORMS | TH_RECOMPUTE_EXPERT_ACT)];
 }
 
 int recompute_modules_parse(const char *text, int *modules) {
     for (int k = 0; k < 4; k++)
-        if (!strcmp(text, k ? recompute_modules_text(k) : "none")) {
+        if (!strcmp(text, recompute_modules_text(k))) {
             *modules = k;
             return 0;
         }

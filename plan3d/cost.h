@@ -59,7 +59,7 @@ typedef struct training {
                               * kept; elementwise, so no time is charged for them */
 } training;
 
-/* "norm", "act", "norm,act" (the flag's and the TSV's spelling), or "" for none. */
+/* "none", "norm", "act", "norm,act": the flag's spelling (the TSV's after a "+"). */
 const char *recompute_modules_text(int modules);
 /* The spelling back: 0 and the bits in *modules, or -1 for anything else. */
 int recompute_modules_parse(const char *text, int *modules);

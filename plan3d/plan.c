@@ -304,7 +304,7 @@ void plan_print_header(FILE *f, const char *name, const th_model *m, const clust
             tr->precision == PREC_BF16 ? "bf16 mixed precision" : "fp32",
             th_param_bytes(tr->precision) + th_grad_bytes(tr->precision) + th_optim_bytes(tr->precision), tr->zero_stage,
             tr->dp_overlap, 100 * tr->headroom, tr->recompute_modules ? " | recomputed beside none or selective: " : "",
-            recompute_modules_text(tr->recompute_modules));
+            tr->recompute_modules ? recompute_modules_text(tr->recompute_modules) : "");
 }
 
 void plan_print_bound(FILE *f, const plan_result *r) {
@@ -498,7 +498,7 @@ int plan_write_json(const char *path, const char *name, const th_model *m, const
                "\"recompute_modules\":\"%s\"},\n",
             tr->global_batch, tr->precision == PREC_BF16 ? "bf16" : "fp32", tr->zero_stage,
             tr->ep_per_node ? "per-node" : "per-choice",
-            tr->recompute_modules ? recompute_modules_text(tr->recompute_modules) : "none");
+            recompute_modules_text(tr->recompute_modules));
     fprintf(f, "\"search\":{\"bounded\":%s,\"valid_layouts\":%ld,\"costed_layouts\":%d,\"splits\":%ld,\"splits_costed\":%ld,"
                "\"work_over_cap\":%.4g},\n\"layouts\":[",
             r->bounded ? "true" : "false", r->layouts, r->n, r->splits, r->splits_costed, r->work / WORK_CAP);
