@@ -35,29 +35,52 @@ void mesh_axis_members(const mesh_dims *d, int rank, mesh_axis axis, int *member
     }
 }
 
-/* The cp x dp plane of one (tp, pp): the flat index f = cp + c x dp and back. */
-static int plane_index(const mesh_dims *d, mesh_coord c) { return c.at[MESH_CP] + d->size[MESH_CP] * c.at[MESH_DP]; }
-static int at_plane_index(const mesh_dims *d, mesh_coord c, int f) {
+/* The tp x cp x dp ranks of one stage: the flat index f = tp + t x (cp + c x dp) and back. */
+static int stage_index(const mesh_dims *d, mesh_coord c) {
+    return c.at[MESH_TP] + d->size[MESH_TP] * (c.at[MESH_CP] + d->size[MESH_CP] * c.at[MESH_DP]);
+}
+static int at_stage_index(const mesh_dims *d, mesh_coord c, int f) {
+    c.at[MESH_TP] = f % d->size[MESH_TP];
+    f /= d->size[MESH_TP];
     c.at[MESH_CP] = f % d->size[MESH_CP];
     c.at[MESH_DP] = f / d->size[MESH_CP];
     return mesh_rank_of(d, c);
 }
+static int stage_size(const mesh_dims *d) { return d->size[MESH_TP] * d->size[MESH_CP] * d->size[MESH_DP]; }
 
 void mesh_ep_members(const mesh_dims *d, int rank, int *members) {
     const mesh_coord c = mesh_coord_of(d, rank);
-    const int block = plane_index(d, c) / d->ep;
-    for (int i = 0; i < d->ep; i++) members[i] = at_plane_index(d, c, block * d->ep + i);
+    const int block = stage_index(d, c) / d->ep;
+    for (int i = 0; i < d->ep; i++) members[i] = at_stage_index(d, c, block * d->ep + i);
 }
 
 void mesh_edp_members(const mesh_dims *d, int rank, int *members) {
     const mesh_coord c = mesh_coord_of(d, rank);
-    const int place = plane_index(d, c) % d->ep, blocks = d->size[MESH_CP] * d->size[MESH_DP] / d->ep;
-    for (int i = 0; i < blocks; i++) members[i] = at_plane_index(d, c, i * d->ep + place);
+    const int place = stage_index(d, c) % d->ep, blocks = stage_size(d) / d->ep;
+    for (int i = 0; i < blocks; i++) members[i] = at_stage_index(d, c, i * d->ep + place);
+}
+
+void mesh_stage_members(const mesh_dims *d, int rank, int *members) {
+    const mesh_coord c = mesh_coord_of(d, rank);
+    for (int f = 0; f < stage_size(d); f++) members[f] = at_stage_index(d, c, f);
+}
+
+void mesh_sequence_members(const mesh_dims *d, int rank, int *members) {
+    mesh_coord c = mesh_coord_of(d, rank);
+    for (int i = 0; i < d->size[MESH_TP] * d->size[MESH_CP]; i++) {
+        c.at[MESH_TP] = i % d->size[MESH_TP];
+        c.at[MESH_CP] = i / d->size[MESH_TP];
+        members[i] = mesh_rank_of(d, c);
+    }
 }
 
 void mesh_replica_members(const mesh_dims *d, int rank, int *members) {
-    const mesh_coord c = mesh_coord_of(d, rank);
-    for (int f = 0; f < d->size[MESH_CP] * d->size[MESH_DP]; f++) members[f] = at_plane_index(d, c, f);
+    mesh_coord c = mesh_coord_of(d, rank);
+    for (int f = 0; f < d->size[MESH_CP] * d->size[MESH_DP]; f++) {
+        c.at[MESH_CP] = f % d->size[MESH_CP];
+        c.at[MESH_DP] = f / d->size[MESH_CP];
+        members[f] = mesh_rank_of(d, c);
+    }
 }
 
 /* The group of `members` (the mesh's formula for this rank's group of `name`), with this rank at `place`:
@@ -77,8 +100,9 @@ void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend) {
     comm_set_axis(&m->world, "world");
     if (mesh_ranks(&dims) != m->world.size)
         die("mesh_init: the mesh has %lld ranks, the world %d", mesh_ranks(&dims), m->world.size);
-    const int r = m->world.rank, plane = dims.size[MESH_CP] * dims.size[MESH_DP];
-    if (dims.ep < 1 || plane % dims.ep != 0) die("mesh_init: ep %d does not divide cp x dp = %d", dims.ep, plane);
+    const int r = m->world.rank, t = dims.size[MESH_TP], c = dims.size[MESH_CP], plane = c * dims.size[MESH_DP];
+    const int stage = t * plane;
+    if (dims.ep < 1 || stage % dims.ep != 0) die("mesh_init: ep %d does not divide tp x cp x dp = %d", dims.ep, stage);
     m->me = mesh_coord_of(&dims, r);
     int *members = malloc(sizeof(int) * (size_t)m->world.size);
     if (!members) die("out of host memory");
@@ -86,21 +110,32 @@ void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend) {
         mesh_axis_members(&dims, r, (mesh_axis)a, members);
         make_group(&m->world, &m->axis[a], mesh_axis_names[a], members, dims.size[a], m->me.at[a]);
     }
-    const int f = plane_index(&dims, m->me);
-    if (dims.size[MESH_CP] > 1) {
+    const int f = stage_index(&dims, m->me);
+    if (c > 1) {
         mesh_replica_members(&dims, r, members);
-        make_group(&m->world, &m->replicas, "cpdp", members, plane, f);
+        make_group(&m->world, &m->replicas, "cpdp", members, plane, m->me.at[MESH_CP] + c * m->me.at[MESH_DP]);
     }
     if (dims.ep > 1) {
         mesh_ep_members(&dims, r, members);
         make_group(&m->world, &m->ep, "ep", members, dims.ep, f % dims.ep);
         mesh_edp_members(&dims, r, members);
-        make_group(&m->world, &m->edp, "edp", members, plane / dims.ep, f / dims.ep);
+        make_group(&m->world, &m->edp, "edp", members, stage / dims.ep, f / dims.ep);
+    }
+    if (dims.experts && t > 1) {
+        mesh_stage_members(&dims, r, members);
+        make_group(&m->world, &m->stage, "stage", members, stage, f);
+        if (c > 1) {
+            mesh_sequence_members(&dims, r, members);
+            make_group(&m->world, &m->sequence, "seq", members, t * c, m->me.at[MESH_TP] + t * m->me.at[MESH_CP]);
+        }
     }
     free(members);
 }
 
 void mesh_free(rank_mesh *m) {
+    const int t = m->dims.size[MESH_TP];
+    if (m->dims.experts && t > 1 && m->dims.size[MESH_CP] > 1) comm_free(&m->sequence);
+    if (m->dims.experts && t > 1) comm_free(&m->stage);
     if (m->dims.ep > 1) {
         comm_free(&m->edp);
         comm_free(&m->ep);
@@ -111,3 +146,9 @@ void mesh_free(rank_mesh *m) {
 }
 
 comm *mesh_replicas(rank_mesh *m) { return m->dims.size[MESH_CP] > 1 ? &m->replicas : &m->axis[MESH_DP]; }
+
+comm *mesh_stage(rank_mesh *m) { return m->dims.size[MESH_TP] > 1 ? &m->stage : mesh_replicas(m); }
+
+comm *mesh_sequence(rank_mesh *m) {
+    return m->dims.size[MESH_TP] == 1 ? &m->axis[MESH_CP] : m->dims.size[MESH_CP] == 1 ? &m->axis[MESH_TP] : &m->sequence;
+}

@@ -600,14 +600,15 @@ static void layer_forward_body(const gpt_layout *g, const gpt_layer_hooks *h, co
     /* MLP: res3 = res2 + mlp(ln2(res2)) */
     ev = segment(h, ev, "ln2_fwd");
     KP->add(la->res2, la->res2, x, part);
-    KP->layernorm_forward(d.split ? ln_out : la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, HP(lp, LAYER_LN2_W),
+    const int mlp_split = d.split && !h->mlp_on_shard; /* the MLP's region gathers the sequence */
+    KP->layernorm_forward(mlp_split ? ln_out : la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, HP(lp, LAYER_LN2_W),
                           HP(lp, LAYER_LN2_B), d.Ns, d.C);
     ev = segment(h, ev, NULL);
-    h->enter_forward(h->region_ctx, d.split ? ln_out : la->ln2, la->ln2, whole, B, s);
+    if (!d.split || mlp_split) h->enter_forward(h->region_ctx, mlp_split ? ln_out : la->ln2, la->ln2, whole, B, s);
     ev = segment(h, ev, "mlp_fwd");
-    h->mlp_forward(h, lp, la, d.split ? row_out : la->res3, d.N);
+    h->mlp_forward(h, lp, la, mlp_split ? row_out : la->res3, mlp_split || !d.split ? d.N : d.Ns);
     ev = segment(h, ev, NULL);
-    h->exit_forward(h->region_ctx, d.split ? row_out : la->res3, la->res3, whole, B, s);
+    if (!d.split || mlp_split) h->exit_forward(h->region_ctx, mlp_split ? row_out : la->res3, la->res3, whole, B, s);
     ev = segment(h, ev, "residual_fwd");
     KP->add(la->res3, la->res3, la->res2, part);
     segment(h, ev, NULL);
@@ -670,13 +671,17 @@ static void layer_backward_body(const gpt_layout *g, const gpt_layer_hooks *h, g
     void *dln2 = lw ? lw->dln2 : d.split ? s->seq_shard : s->dln, *dln1 = lw ? lw->dln1 : dln2;
     void *dfch = lw ? lw->dfch : s->dfch, *dqkv = lw ? lw->dqkv : s->dqkv;
 
-    /* MLP */
+    /* MLP (on the shard: its output gradient is the residual stream's, its input gradient dln2's own) */
     int ev = -1;
-    if (input) h->exit_backward(h->region_ctx, s->dres, dres3, whole, a->B, s);
+    if (d.split && h->mlp_on_shard) {
+        dres3 = lw ? lw->dres3 : s->dres;
+        if (input) gpt_region_identity(NULL, s->dres, dres3, (long)d.Ns * d.C, a->B, s);
+        dln2_whole = dln2;
+    } else if (input) h->exit_backward(h->region_ctx, s->dres, dres3, whole, a->B, s);
     ev = segment(h, ev, "mlp_bwd");
-    h->mlp_backward(h, pass, lp, gp, la, dres3, dfch, dln2_whole, s, d.N);
+    h->mlp_backward(h, pass, lp, gp, la, dres3, dfch, dln2_whole, s, d.split && h->mlp_on_shard ? d.Ns : d.N);
     ev = segment(h, ev, NULL);
-    if (input) h->enter_backward(h->region_ctx, dln2_whole, dln2, whole, a->B, s);
+    if (input && !(d.split && h->mlp_on_shard)) h->enter_backward(h->region_ctx, dln2_whole, dln2, whole, a->B, s);
     ev = segment(h, ev, "ln2_bwd");
     layernorm_backward_pass(pass, s->dres, HP(gp, LAYER_LN2_W), HP(gp, LAYER_LN2_B), dln2, la->res2,
                             HP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, d.Ns, d.C);

@@ -335,6 +335,12 @@ struct gpt_layer_hooks {
     const tensor_info *tensors; /* a layer block's tensors at this rank's shapes */
     long layer_size;            /* elements of one such block */
     int trace;                  /* trace the compute between the region hooks as events of its own */
+    /* 1: on a split residual stream (sequence parallelism) the MLP slot runs on
+     * the rank's own positions, no region around it: experts beside TP and SP
+     * (lab09), whose all-to-all takes each rank's tokens as they are, as
+     * Megatron's MoE layer takes the sequence-parallel shard. No change when
+     * the stream is whole. */
+    int mlp_on_shard;
     gpt_linear_fwd column_forward, row_forward;
     gpt_linear_bwd column_backward, row_backward;
     gpt_region_fn enter_forward;  /* residual stream [B,seq,C] -> whole [B,T,C] (f; SP: all-gather) */
