@@ -21,9 +21,10 @@
  * (all-reduce, ZeRO-1, the clip by the whole model's norm) runs over it as
  * over its DP axis. So every layout reproduces `lab01_dp -n 1`.
  *
- * The fifth axis, --experts E --ep e (at t = 1): lab08's experts in the
- * MLP slot, E/e a layer on each rank of an EP group carved from the replicas
- * (common/mesh.h); experts.h says how their gradients are summed.
+ * The fifth axis, --experts E --ep e: lab08's experts in the MLP slot, E/e a
+ * layer on each rank of an EP group carved from the stage's t x c x d ranks
+ * (common/mesh.h); beside TP under sequence parallelism, each rank's tokens
+ * its own positions. experts.h says how their gradients are summed.
  *
  * What to look at: the mesh map printed at start (which rank holds which
  * layers, heads, positions and experts, on which host); the losses and
@@ -39,9 +40,10 @@
 
 /* lab06's process_grid over the mesh, its DP axis the c x d replicas: lab06's
  * stage code (gradient sync, ZeRO-1, norm, loss) sees CP ranks as replicas. */
-static void grid_of_mesh(process_grid *g, const int *deg, int ep, comm_backend backend) {
+static void grid_of_mesh(process_grid *g, const int *deg, int ep, int experts, comm_backend backend) {
     memset(g, 0, sizeof *g);
-    const mesh_dims dims = {.size = {deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP], deg[AXIS_PP]}, .ep = ep};
+    const mesh_dims dims = {.size = {deg[AXIS_TP], deg[AXIS_CP], deg[AXIS_DP], deg[AXIS_PP]}, .ep = ep,
+                            .experts = experts};
     mesh_init(&g->mesh, dims, backend);
     const mesh_coord me = g->mesh.me;
     g->dims = (grid_dims){deg[AXIS_TP], deg[AXIS_PP], deg[AXIS_CP] * deg[AXIS_DP]};
@@ -56,7 +58,7 @@ static void grid_of_mesh(process_grid *g, const int *deg, int ep, comm_backend b
 static void setup(run_ctx *ctx, void *lab, ckpt_view *view) {
     lab09 *s = lab;
     const int t = s->deg[AXIS_TP], c = s->deg[AXIS_CP], d = s->deg[AXIS_DP], m = s->micro_batches;
-    grid_of_mesh(&s->grid, s->deg, s->ep, ctx->backend);
+    grid_of_mesh(&s->grid, s->deg, s->ep, s->experts, ctx->backend);
     const int share = ctx->opt.batch / d, Tl = ctx->opt.seq / c;
 
     /* The layer: lab05's TP linears and regions ... */
@@ -69,20 +71,27 @@ static void setup(run_ctx *ctx, void *lab, ckpt_view *view) {
     if (c > 1) cp_hooks_init(&s->ch, &s->heads_view, s->grid.cp, s->algo, s->cp_layout, share / m);
     s->local = s->tl.g; /* seq T/c; wpe keeps all T rows: the embedding reads them by global position */
 
-    /* --experts: lab08's MLP slot (at t = 1), over the EP group carved from the replicas; under CP
-     * the routing sees whole sequences through the CP group (common/moe.h moe_split) */
+    /* --experts: lab08's MLP slot, over the EP group carved from the stage's t x c x d ranks (experts.h);
+     * under CP or SP the routing sees whole sequences through the ranks that hold their positions, the
+     * mesh's sequence group (common/moe.h moe_split) */
     s->ep_group = &s->grid.mesh.ep;
     s->edp_group = &s->grid.mesh.edp;
     if (s->experts && s->ep == 1) { /* each rank an EP group of its own, holding every expert */
         comm_split(s->grid.world, s->grid.world->rank, 0, &s->self);
         comm_set_axis(&s->self, "ep");
         s->ep_group = &s->self;
-        s->edp_group = s->grid.dp;
+        s->edp_group = mesh_stage(&s->grid.mesh);
     }
     if (s->experts) {
-        s->split = (moe_split){s->grid.cp, ctx->opt.seq, c > 1 ? s->ch.pos_host : NULL};
-        grid_experts_init(&s->gx, &ctx->model, Tl, c > 1 ? &s->split : NULL, s->ep_group, s->edp_group, s->grid.dp,
-                          share / m);
+        const int Ts = Tl / t; /* a rank's positions of each sequence (t > 1: SP's) */
+        if (t > 1 && !(s->seq_positions = malloc(sizeof(int) * (size_t)ctx->opt.seq))) die("out of host memory");
+        for (int r = 0; t > 1 && r < t * c; r++) /* the sequence group's ranks, tp + t x cp: their positions */
+            for (int i = 0; i < Ts; i++)
+                s->seq_positions[r * Ts + i] = (c > 1 ? s->ch.pos_host[r / t * Tl + r % t * Ts + i] : r % t * Ts + i);
+        s->split = (moe_split){mesh_sequence(&s->grid.mesh), ctx->opt.seq, t > 1 ? s->seq_positions
+                                                                              : c > 1 ? s->ch.pos_host : NULL};
+        grid_experts_init(&s->gx, &ctx->model, Tl, t * c > 1 ? &s->split : NULL, s->ep_group, s->edp_group, s->grid.dp,
+                          share / m, &s->tl, s->grid.tp, mesh_stage(&s->grid.mesh));
     } else {
         stage3d_init(&s->s3, &s->tl, s->grid.tp);
     }
@@ -136,8 +145,9 @@ static void step(run_ctx *ctx, void *lab, int i, int step, lab_step *out) {
         run_experts_tally *tallies = malloc(sizeof *tallies * (size_t)s->pr.v);
         if (!tallies) die("out of host memory");
         for (int k = 0; k < s->pr.v; k++) tallies[k] = s->pr.chunk[k].moe;
-        /* stages: their layers; the aux loss, each CP rank of the whole sequences, averaged over the c x d replicas */
-        run_experts_report(ctx, s->grid.world, tallies, s->pr.v, s->grid.dims.dp, i);
+        /* stages: their layers; the aux loss, each CP and TP rank of the whole sequences, averaged over the
+         * t x c x d ranks of a stage */
+        run_experts_report(ctx, s->grid.world, tallies, s->pr.v, s->grid.dims.dp * s->grid.dims.tp, i);
         free(tallies);
     } else {
         if (s->grid.dims.dp > 1 && !s->zero_stage) dp_sync_finish(&s->dp_sync); /* lab01's, over the c x d replicas */
@@ -153,6 +163,7 @@ static void done(void *lab) {
     pipeline_free(&s->pr);
     if (s->experts) grid_experts_free(&s->gx);
     if (s->experts && s->ep == 1) comm_free(&s->self);
+    free(s->seq_positions);
     cp_hooks_free(&s->ch);
     if (!s->experts) stage3d_free(&s->s3);
     grid_free(&s->grid);

@@ -25,12 +25,13 @@ void lab09_check(run_ctx *ctx, void *lab) {
     const int m = s->micro_batches, ep = s->ep, zero_stage = s->zero_stage, sequence_parallel = s->sequence_parallel;
     const int experts = s->experts = ctx->opt.experts > 0;
     /* lab08's experts in the grid: whole experts (no expert tensor parallelism), the fused backward (lab08's
-     * hook); under CP the routing gathers each sequence's choices over the CP group (moe_split) */
+     * hook); under CP and SP the routing gathers each sequence's choices over the ranks holding its positions
+     * (moe_split); beside TP the experts take each rank's own positions, so SP is on (as Megatron requires) */
     run_check(ctx, ep == 1 || experts, "--ep %d needs --experts (experts to spread over the EP group)", ep);
-    run_check(ctx, !experts || t == 1, "--experts with --tp %d: expert tensor parallelism is not taught (lab09 runs "
-              "experts at --tp 1)", t);
-    run_check(ctx, !experts || (c * d) % ep == 0, "--ep %d does not divide the %d replicas (--cp x --dp) that EP "
-              "groups are carved from", ep, c * d);
+    run_check(ctx, !experts || t == 1 || sequence_parallel, "--experts with --tp %d needs --sequence-parallel (the "
+              "experts take each TP rank's own positions, as Megatron's MoE layers do)", t);
+    run_check(ctx, !experts || ((long)t * c * d) % ep == 0, "--ep %d does not divide the %d ranks of a stage (--tp x "
+              "--cp x --dp) that EP groups are carved from", ep, t * c * d);
     run_check(ctx, !experts || ctx->opt.experts % ep == 0, "--ep %d does not divide --experts %d (each rank holds "
               "E/e experts a layer)", ep, ctx->opt.experts);
     tp_check_degree(ctx, t, "--tp");
@@ -166,13 +167,18 @@ double lab09_evaluate(run_ctx *ctx, void *lab) {
 }
 
 /* lab06's check over the c x d replicas; with experts over each EDP group, whose ranks hold the same experts
- * (an EP group's ranks hold different ones) */
+ * (an EP group's ranks hold different ones), at t > 1 those of its ranks that hold the same TP shards */
 int lab09_verify(run_ctx *ctx, void *lab) {
     lab09 *s = lab;
-    s->in_sync = s->check_sync ? stage3d_replicas_identical(&s->pr, s->experts ? s->edp_group : s->grid.dp) : 1;
+    comm same_shards = {0};
+    comm *group = s->experts ? s->edp_group : s->grid.dp;
+    const int by_tp = s->check_sync && s->experts && s->deg[AXIS_TP] > 1;
+    if (by_tp) comm_split(s->edp_group, s->grid.me.tp, s->edp_group->rank, group = &same_shards);
+    s->in_sync = s->check_sync ? stage3d_replicas_identical(&s->pr, group) : 1;
+    if (by_tp) comm_free(&same_shards);
     if (s->check_sync && ctx->rank == 0) {
-        if (s->experts) printf("check-sync: the ranks of every EDP group (the replicas holding the same experts) %s\n",
-                               s->in_sync ? "hold bit-identical weights" : "DIFFER");
+        if (s->experts) printf("check-sync: the ranks of every EDP group (the replicas holding the same experts%s) %s\n",
+                               by_tp ? ", at the same TP rank" : "", s->in_sync ? "hold bit-identical weights" : "DIFFER");
         else printf("check-sync: the %d replicas (cp x dp) of every (tp, pp) position %s\n",
                     s->deg[AXIS_CP] * s->deg[AXIS_DP], s->in_sync ? "hold bit-identical weights" : "DIFFER");
     }

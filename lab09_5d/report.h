@@ -20,7 +20,7 @@ typedef struct lab09 {
     int deg[AXES]; /* the flags: --tp, --cp, --pp, --dp (grid_defaults_axes' until given), then the run's degrees */
     int ep, micro_batches, virtual_stages, check_sync, zero_stage, sequence_parallel;
     const char *schedule_arg, *layout_name, *algo_name;
-    int experts; /* --experts: lab08's experts in the MLP slot (at t = 1) */
+    int experts; /* --experts: lab08's experts in the MLP slot */
     int kind, v; /* the schedule, its chunks per rank */
     th_cp_layout cp_layout;
     th_cp_algo algo;
@@ -31,7 +31,8 @@ typedef struct lab09 {
     stage3d s3;
     cp_hooks ch;
     grid_experts gx;
-    moe_split split;              /* --experts with --cp: the routing's whole sequences over the CP group */
+    moe_split split;              /* --experts with --cp or --tp: the routing's whole sequences over the sequence group */
+    int *seq_positions;           /* --experts at t > 1: the sequence group's ranks' positions, rank by rank */
     comm self;                    /* --experts at e = 1: each rank an EP group of its own */
     comm *ep_group, *edp_group;
     stage_model model;
