@@ -152,7 +152,7 @@ void run_step_end(run_ctx *ctx, int step, double loss, double grad_norm, const c
 
 typedef struct run_report {
     const char *layout;         /* "dp=4", printed and recorded */
-    comm *comms[5];             /* communicators whose traffic is reported */
+    comm *comms[8];             /* communicators whose traffic is reported */
     int n_comms;
     long params;                /* parameters of the whole model */
     double comm_formula_bytes;  /* bytes per rank per step by the lesson's formula, < 0: none */

@@ -118,7 +118,7 @@ void grid_experts_init(grid_experts *x, const gpt_config *cfg, int positions, co
     x->group[RUNS_TP_SHARDED] = replicas;
     x->replicas = replicas;
     x->tp = tp;
-    grad_norm_init(&x->norm, RUN_KINDS);
+    grad_norm_init(&x->norm, x->tl ? RUN_KINDS : RUNS_TP_SHARDED); /* the kinds that hold elements */
 }
 
 void grid_experts_free(grid_experts *x) {
@@ -328,7 +328,7 @@ double grid_experts_optimizer_step(pipeline_rank *pr, grid_experts *x, comm *pip
             for (int r = 0; r < x->n_runs; r++)
                 if (run_in(&x->runs[r], pr->chunk[c].begin, pr->chunk[c].end, &at, &global, &n))
                     grad_norm_add(&x->norm, x->runs[r].kind, value_at(pr->grads, pr->offset[c] + at), n);
-    double sums[RUN_KINDS + 1];
+    double sums[RUN_KINDS + 1] = {0};
     grad_norm_read(&x->norm, sums);
     pr->other_busy += now_seconds() - t0;
     trace_end(ev);

@@ -187,7 +187,7 @@ int lab09_verify(run_ctx *ctx, void *lab) {
 
 /* ---- with experts: each group's traffic per step beside its formula ------------------------------------ */
 
-static const char *const experts_group_names[XG_GROUPS] = {"cp", "pp", "dp", "ep", "edp"};
+static const char *const experts_group_names[XG_GROUPS] = {"tp", "cp", "seq", "pp", "dp", "stage", "ep", "edp"};
 enum { BY_ALLREDUCE, BY_GATHER, BY_P2P, BY_ALLTOALL, BY_KINDS }; /* how run_finish adds the kinds up */
 
 static void add_formula(group_traffic *g, th_traffic t) {
@@ -196,12 +196,28 @@ static void add_formula(group_traffic *g, th_traffic t) {
     g->ring_formula += t.ring;
 }
 
-/* The groups that communicate (as the record counts them: a group of one rank moves nothing); at --ep 1 the
- * EDP group is the replicas' own (main.c), and the experts' sums are DP's. */
-static void experts_groups(const lab09 *s, comm *groups[XG_GROUPS]) {
-    comm *all[XG_GROUPS] = {s->grid.cp, s->grid.pipe, s->grid.dp, s->ep_group, s->edp_group};
-    for (int k = 0; k < XG_GROUPS; k++)
-        groups[k] = all[k] && all[k]->size > 1 && !(k == XG_EDP && s->edp_group == s->grid.dp) ? all[k] : NULL;
+/* The groups that communicate (as the record counts them: a group of one rank moves nothing), each once: at
+ * --ep 1 the EDP group is the stage's own (main.c: at t = 1 the replicas), the sequence group at c = 1 TP's,
+ * at t = 1 CP's, and the stage at t = 1 the replicas. */
+static void experts_groups(lab09 *s, comm *groups[XG_GROUPS]) {
+    const int t = s->deg[AXIS_TP], c = s->deg[AXIS_CP];
+    comm *all[XG_GROUPS] = {s->grid.tp, s->grid.cp, t > 1 && c > 1 ? mesh_sequence(&s->grid.mesh) : NULL,
+                            s->grid.pipe, s->grid.dp, t > 1 ? mesh_stage(&s->grid.mesh) : NULL, s->ep_group,
+                            s->edp_group};
+    for (int k = 0; k < XG_GROUPS; k++) {
+        const int again = k == XG_EDP && (all[k] == all[XG_DP] || all[k] == all[XG_STAGE]);
+        groups[k] = all[k] && all[k]->size > 1 && !again ? all[k] : NULL;
+    }
+}
+
+/* Where each kind of run is summed (th_ep_grad_sums' order), and where the routing gathers go. */
+static void experts_sums_at(lab09 *s, int at[TH_EP_KINDS], int *routing_at) {
+    const int t = s->deg[AXIS_TP], c = s->deg[AXIS_CP];
+    at[TH_EP_REPLICATED] = t > 1 ? XG_STAGE : XG_DP;
+    at[TH_EP_EXPERTS] = s->edp_group == s->grid.dp ? XG_DP : t > 1 && s->edp_group == mesh_stage(&s->grid.mesh)
+                                                                 ? XG_STAGE : XG_EDP;
+    at[TH_EP_TP_SHARDED] = XG_DP;
+    *routing_at = t == 1 ? XG_CP : c == 1 ? XG_TP : XG_SEQ;
 }
 
 static int bucket_of(comm_kind k) {
@@ -226,10 +242,10 @@ static void experts_traffic_of_rank(const run_ctx *ctx, lab09 *s, group_traffic 
     memset(g, 0, sizeof *g * XG_GROUPS);
     for (int k = 0; k < XG_GROUPS; k++)
         if (groups[k]) group_traffic_measure(groups[k], steps, &g[k]);
-    int layers = 0, moe_layers = 0;
-    const int experts_at = s->edp_group == s->grid.dp ? XG_DP : XG_EDP; /* where the expert runs' sums go */
-    double elems[RUN_KINDS] = {0, 0};
-    for (int q = 0; q < pr->v; q++) { /* the gradient's sums: replicated runs over the replicas, experts over EDP */
+    int layers = 0, moe_layers = 0, at[TH_EP_KINDS], routing_at;
+    experts_sums_at(s, at, &routing_at);
+    double elems[TH_EP_KINDS] = {0, 0, 0};
+    for (int q = 0; q < pr->v; q++) { /* the gradient's sums, each kind of run over its group (experts.h) */
         const pipeline_stage *ch = &pr->chunk[q];
         layers += ch->hi - ch->lo;
         moe_layers += th_moe_layers(&tm, ch->lo, ch->hi);
@@ -237,33 +253,46 @@ static void experts_traffic_of_rank(const run_ctx *ctx, lab09 *s, group_traffic 
             th_ep_stage_elements(&tm, &o, ch->lo, ch->hi, elems);
             continue;
         }
-        th_traffic replicated, experts;
-        th_ep_grad_sums(&tm, &o, ch->lo, ch->hi, vb, s->grid.dp->size, s->edp_group->size, &replicated, &experts);
-        add_formula(&g[XG_DP], replicated);
-        add_formula(&g[experts_at], experts);
-        by_kind[BY_ALLREDUCE] += replicated.ring + experts.ring;
+        th_traffic sums[TH_EP_KINDS];
+        th_ep_grad_sums(&tm, &o, ch->lo, ch->hi, vb, s->gx.group[RUNS_REPLICATED]->size,
+                        s->gx.group[RUNS_EXPERT]->size, s->gx.group[RUNS_TP_SHARDED]->size, sums);
+        for (int k = 0; k < TH_EP_KINDS; k++) {
+            add_formula(&g[at[k]], sums[k]);
+            by_kind[BY_ALLREDUCE] += sums[k].ring;
+        }
     }
-    for (int k = 0; s->zero_stage && k < RUN_KINDS; k++) { /* ZeRO-1: a reduce-scatter and an all-gather a kind */
+    for (int k = 0; s->zero_stage && k < TH_EP_KINDS; k++) { /* ZeRO-1: a reduce-scatter and an all-gather a kind */
+        if (elems[k] <= 0) continue;
         double slice;
         const th_traffic z = th_ep_zero_traffic(elems[k], s->gx.sh.group[k]->size, vb, &slice);
-        add_formula(&g[k == RUNS_EXPERT ? experts_at : XG_DP], z);
+        add_formula(&g[at[k]], z);
         by_kind[BY_GATHER] += z.ring;
+    }
+    if (groups[XG_TP]) { /* SP's all-gather and reduce-scatter around attention (the experts take the shard) */
+        const double act = vb * st->rows * st->g->cfg.seq * C;
+        const th_traffic tp = th_tp_traffic_run(layers, m, act, &o);
+        const th_traffic half = {tp.calls / 2, tp.payload / 2, tp.ring / 2};
+        add_formula(&g[XG_TP], half);
+        by_kind[BY_GATHER] += half.ring;
     }
     const th_traffic pp = th_pp_traffic(schedule_remote_links(&pr->sched, pr->rank), m, 1, vb * st->boundary_values);
     add_formula(&g[XG_PP], pp);
     by_kind[BY_P2P] += pp.ring;
-    if (groups[XG_CP]) { /* CP's exchanges (lab06's table's formula), and each MoE layer's routing gathers */
+    if (groups[XG_CP]) { /* CP's exchanges (lab06's table's formula) */
         th_traffic per_kind[COLL_NKINDS];
-        double each[2];
         report3d_cp_traffic(st, &ctx->model, c, layers, m, per_kind);
         for (int k = 0; k < COLL_NKINDS; k++) {
             add_formula(&g[XG_CP], per_kind[k]);
             by_kind[bucket_of((comm_kind)k)] += per_kind[k].ring;
         }
-        const th_traffic gathers = th_ep_routing_gathers((double)forwards * moe_layers * m, c,
-                                                         (double)st->rows * st->g->cfg.seq, ctx->model.experts,
+    }
+    if (groups[routing_at]) { /* each MoE layer's routing gathers, over the ranks holding a sequence's positions */
+        double each[2];
+        const int t = s->deg[AXIS_TP];
+        const th_traffic gathers = th_ep_routing_gathers((double)forwards * moe_layers * m, t * c,
+                                                         (double)st->rows * st->g->cfg.seq / t, ctx->model.experts,
                                                          ctx->model.top_k, each);
-        add_formula(&g[XG_CP], gathers);
+        add_formula(&g[routing_at], gathers);
         by_kind[BY_GATHER] += gathers.ring;
     }
     if (groups[XG_EP]) {
@@ -296,7 +325,7 @@ static double group_max(const group_traffic *rows, int ranks, int group, size_t 
     return most;
 }
 
-static void experts_traffic_record(const run_ctx *ctx, const lab09 *s, json_t *record) {
+static void experts_traffic_record(const run_ctx *ctx, lab09 *s, json_t *record) {
     static const struct { const char *key; size_t field; } columns[] = {
         {"calls", offsetof(group_traffic, calls)}, {"payload_bytes", offsetof(group_traffic, payload)},
         {"ring_bytes", offsetof(group_traffic, ring)}, {"seconds", offsetof(group_traffic, seconds)},
@@ -326,31 +355,57 @@ static void experts_traffic_record(const run_ctx *ctx, const lab09 *s, json_t *r
 }
 
 /* Rank 0: lab06's table for the groups a run with experts has. */
-static void experts_traffic_print(const run_ctx *ctx, const lab09 *s) {
-    const char *titles[XG_GROUPS] = {"CP + routing ", "PP send+recv ", "DP all-reduce", "EP all-to-all",
-                                     "EDP all-reduce"};
+static void experts_traffic_print(const run_ctx *ctx, lab09 *s) {
+    const int t = s->deg[AXIS_TP];
+    int at[TH_EP_KINDS], routing_at;
+    experts_sums_at(s, at, &routing_at);
+    const char *titles[XG_GROUPS] = {"TP AG+RS     ", "CP           ", "SEQ routing  ", "PP send+recv ",
+                                     "DP all-reduce", "STAGE all-red", "EP all-to-all", "EDP all-reduce"};
     const char *formulas[XG_GROUPS] = {
-        "stage layers x m x CP's K|V exchanges (lab07's, as without experts) + MoE layers x m x 2 all-gathers of "
-        "the routing (every CP rank's P [N,E] fp32 and choices [N,k] int32: capacity and aux loss per whole "
-        "sequence)",
+        "stage layers x m x SP's all-gather and reduce-scatter around attention, forward and backward (the "
+        "experts take each rank's own positions: none around the MLP), each of (B/(d m)) x T/c x C values",
+        "stage layers x m x CP's K|V exchanges (lab07's, as without experts)",
+        "",
         "2 x boundaries x m messages of (B/(d m)) x T/c x C values (activation out, gradient back)",
-        "the replicated runs (embedding, each layer's attention and router, head), one all-reduce each over the c x "
-        "d replicas; ring 2(cd-1)/(cd)",
+        t > 1 ? "each layer's TP-sharded pieces (attention's q|k|v and output matrices), one all-reduce over the c "
+                "x d replicas; ring 2(cd-1)/(cd)"
+              : "the replicated runs (embedding, each layer's attention and router, head), one all-reduce each over "
+                "the c x d replicas; ring 2(cd-1)/(cd)",
+        "the replicated runs (embedding, each layer's LayerNorm, attention's output bias with the next LayerNorm, "
+        "router, head), partial on each rank's positions: one all-reduce each over the t x c x d ranks of the "
+        "stage; ring 2(n-1)/n",
         "MoE layers x m x (3 a forward: the counts, the dispatch, the combine; 2 a backward); payload: this run's "
         "routing, every slot row sent (the rank's own block included) x C x b, and the counts",
         "each layer's 4 expert tensors, one all-reduce each over the ranks holding the same experts; ring "
         "2(n-1)/n"};
+    char routing[400];
+    snprintf(routing, sizeof routing, "%s%sMoE layers x m x 2 all-gathers of the routing (every rank's P [N,E] fp32 "
+             "and choices [N,k] int32 over the %d ranks holding a sequence's positions: capacity and aux loss per "
+             "whole sequence)", routing_at == XG_SEQ ? "" : formulas[routing_at], routing_at == XG_SEQ ? "" : " + ",
+             t * s->deg[AXIS_CP]);
+    formulas[routing_at] = routing;
+    if (routing_at == XG_CP) titles[XG_CP] = "CP + routing ";
+    if (routing_at == XG_TP) titles[XG_TP] = "TP + routing ";
     if (s->zero_stage) {
         titles[XG_DP] = "DP RS+AG     ";
+        titles[XG_STAGE] = "STAGE RS+AG  ";
         titles[XG_EDP] = "EDP RS+AG    ";
-        formulas[XG_DP] = "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's replicated runs, packed and padded to "
-                          "c x d slices (--ep 1: and of its experts' runs); ring (cd-1)/(cd) each";
+        formulas[XG_DP] = t > 1 ? "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's TP-sharded runs, packed and "
+                                  "padded to c x d slices; ring (cd-1)/(cd) each"
+                                : "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's replicated runs, packed and "
+                                  "padded to c x d slices (--ep 1: and of its experts' runs); ring (cd-1)/(cd) each";
+        formulas[XG_STAGE] = "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's replicated runs, packed and padded "
+                             "to the stage's t x c x d slices (--ep 1: and of its experts' runs); ring (n-1)/n each";
         formulas[XG_EDP] = "ZeRO-1: 1 reduce-scatter + 1 all-gather of the rank's expert runs, packed and padded to "
                            "the EDP group's n slices; ring (n-1)/n each";
-    } else if (s->edp_group == s->grid.dp)
-        formulas[XG_DP] = "every run (embedding, each layer's attention and router, its experts' 4 tensors, head), "
-                          "one all-reduce each over the c x d replicas (--ep 1: each holds every expert); ring "
-                          "2(cd-1)/(cd)";
+    } else if (at[TH_EP_EXPERTS] != XG_EDP)
+        formulas[at[TH_EP_EXPERTS]] = t > 1 ? "the replicated runs (embedding, each layer's LayerNorm, attention's "
+                                              "output bias with the next LayerNorm, router, head) and each layer's 4 "
+                                              "expert tensors (--ep 1: each rank holds every expert), one all-reduce "
+                                              "each over the t x c x d ranks of the stage; ring 2(n-1)/n"
+                                            : "every run (embedding, each layer's attention and router, its experts' "
+                                              "4 tensors, head), one all-reduce each over the c x d replicas (--ep 1: "
+                                              "each holds every expert); ring 2(cd-1)/(cd)";
     comm *groups[XG_GROUPS];
     experts_groups(s, groups);
     const group_traffic *rows = s->experts_traffic;
@@ -410,20 +465,26 @@ void lab09_report(run_ctx *ctx, void *lab, lab_report *r) {
         r->run.params = s->tl.g.total;
         r->run.comm_formula_bytes = s->rep.formula_ring_bytes;
         r->run.acts_formula_bytes = pipeline_acts_formula_bytes(&s->pr);
-    } else { /* the CP, pipeline, replicas, EP and EDP groups; lab08's own figures after the summary (lab09_print) */
-        r->run.comms[0] = s->grid.cp;
-        r->run.comms[1] = s->grid.pipe;
-        r->run.comms[2] = s->grid.dp;
-        r->run.comms[3] = s->ep_group;
-        r->run.comms[4] = s->edp_group;
+    } else { /* the groups of the table, each once; lab08's own figures after the summary (lab09_print) */
+        comm *groups[XG_GROUPS];
+        experts_groups(s, groups);
+        /* the record's order at t = 1: CP, pipeline, replicas, EP, EDP (a group of one moves nothing) */
+        static const int order[XG_GROUPS] = {XG_CP, XG_PP, XG_DP, XG_EP, XG_EDP, XG_TP, XG_SEQ, XG_STAGE};
+        comm *all[XG_GROUPS] = {s->grid.tp, s->grid.cp, NULL, s->grid.pipe, s->grid.dp, NULL, s->ep_group,
+                                s->edp_group};
+        r->run.n_comms = 0;
+        for (int k = 0; k < XG_GROUPS; k++) { /* the size-1 ones too, as before: they add nothing */
+            comm *g = groups[order[k]] ? groups[order[k]] : order[k] == XG_EDP ? NULL : all[order[k]];
+            if (order[k] == XG_TP && s->deg[AXIS_TP] == 1) g = NULL;
+            if (g) r->run.comms[r->run.n_comms++] = g;
+        }
         r->run.params = s->gx.g.total;
         r->run.comm_formula_bytes = s->experts_formula_ring;
-        r->run.comm_formula = "busiest rank: CP's exchanges and routing gathers + PP sends and receives + the "
-                              "replicas' and EDP's all-reduces + EP's all-to-alls (this run's routing), the formulas "
-                              "below";
+        r->run.comm_formula = "busiest rank: TP's and CP's exchanges and the routing gathers + PP sends and "
+                              "receives + the replicas', stage's and EDP's all-reduces + EP's all-to-alls (this "
+                              "run's routing), the formulas below";
     }
-    /* at --ep 1 the EDP group is the replicas' own (main.c): listed once, or its sums would count twice */
-    r->run.n_comms = s->experts ? (s->edp_group == s->grid.dp ? 4 : 5) : 4;
+    if (!s->experts) r->run.n_comms = 4;
     /* ZeRO-1 over the c x d replicas; with experts over two groups, whose slices have no one formula per
      * parameter: the dry run predicts each rank's optimizer state instead */
     if (s->zero_stage && !s->experts) stage3d_zero1_states(r, s->states_text, deg[AXIS_TP], deg[AXIS_CP] * deg[AXIS_DP]);

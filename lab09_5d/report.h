@@ -14,7 +14,7 @@
 
 enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXES }; /* the flags' order: omitted ones take 2 in this order */
 /* the groups whose traffic a run with experts reports (lab06's table, report3d, for the dense grid) */
-enum { XG_CP, XG_PP, XG_DP, XG_EP, XG_EDP, XG_GROUPS };
+enum { XG_TP, XG_CP, XG_SEQ, XG_PP, XG_DP, XG_STAGE, XG_EP, XG_EDP, XG_GROUPS };
 
 typedef struct lab09 {
     int deg[AXES]; /* the flags: --tp, --cp, --pp, --dp (grid_defaults_axes' until given), then the run's degrees */

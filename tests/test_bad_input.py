@@ -291,7 +291,9 @@ PER_LAB = {
         (2, ["--tp", "1", "--dp", "2", "--ep", "2"], "--ep"),  # no experts to spread
         (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--ep", "4"], "--ep 4"),
         (4, ["--tp", "1", "--cp", "1", "--pp", "1", "--dp", "4", "--experts", "6", "--ep", "4"], "--ep 4"),
-        (4, ["--tp", "2", "--cp", "1", "--pp", "1", "--dp", "2", "--experts", "4"], "--tp 2"),
+        (4, ["--tp", "2", "--cp", "1", "--pp", "1", "--dp", "2", "--experts", "4"], "--sequence-parallel"),
+        (4, ["--tp", "2", "--cp", "1", "--pp", "2", "--dp", "1", "--experts", "4", "--ep", "4",
+             "--sequence-parallel"], "--ep 4"),  # 4 does not divide the stage's t x c x d = 2 ranks
         # ZeRO-1 with experts shards over the replicas and EDP: none to shard over at c x d = 1
         (4, ["--tp", "1", "--cp", "1", "--pp", "4", "--dp", "1", "--experts", "4", "--zero-stage", "1"], "--zero-stage"),
         (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--schedule", "zb-h1"], "--schedule"),

@@ -237,8 +237,8 @@ DEEPSEEK = ["--experts", "4", "--router", "sigmoid", "--balance", "bias", "--bia
 
 
 def experts():
-    """lab08's experts on the grid (t = 1): pipeline stages x EP groups carved from the replicas, CP's
-    attention beside them (the routing sees whole sequences over the CP group). Every layout reproduces
+    """lab08's experts on the grid: pipeline stages x EP groups carved from the stage's ranks, CP's attention
+    and TP's layers (under SP) beside them (the routing sees whole sequences over the ranks holding them). Every layout reproduces
     lab01 -n 1 --experts 4: losses, norms, the same drops and loads; the memory per rank and category is
     theory's (the dry run's, and plan3d --check's), and so is every collective kind but the all-to-alls
     (the routing decides their bytes)."""
@@ -262,7 +262,14 @@ def experts():
                         # the replicas at --ep 1; EDP of one rank: the expert runs whole)
                         ((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--zero-stage", "1", "--check-sync"]),
                         ((1, 2, 1, 2), ["--ep", "1", "--zero-stage", "1"]),
-                        ((1, 2, 2, 2), ["--ep", "4", "--micro-batches", "2", "--zero-stage", "1"])):
+                        ((1, 2, 2, 2), ["--ep", "4", "--micro-batches", "2", "--zero-stage", "1"]),
+                        # beside TP under SP (Megatron's MoE shape): EP groups carved across TP ranks too, the
+                        # routing over the t x c ranks of a sequence; ZeRO-1's three kinds over their groups
+                        ((2, 1, 2, 2), ["--ep", "2", "--sequence-parallel", "--check-sync"]),
+                        ((2, 2, 1, 2), ["--ep", "4", "--sequence-parallel", "--zero-stage", "1",
+                                        "--micro-batches", "2"]),
+                        ((2, 2, 2, 1), ["--ep", "1", "--sequence-parallel", "--recompute", "full",
+                                        "--micro-batches", "2"])):
         n = dims[0] * dims[1] * dims[2] * dims[3]
         flags = MODEL + STEPS + layout(*dims) + EXPERTS + extra
         rec, _, _ = run(LAB, n, flags, out=records)
@@ -300,14 +307,16 @@ def experts():
         # each group's traffic (lab06's table); at --ep 1 the experts' sums are the replicas' (no EDP group)
         t, c, p, d = dims
         e = int(extra[extra.index("--ep") + 1])
-        check_group_traffic(name, rec, {"cp": c, "pp": p, "dp": c * d, "ep": e, "edp": c * d // e if e > 1 else 1})
+        check_group_traffic(name, rec, {"tp": t, "cp": c, "seq": t * c if t > 1 and c > 1 else 1, "pp": p,
+                                        "dp": c * d, "stage": t * c * d if t > 1 else 1, "ep": e,
+                                        "edp": t * c * d // e if e > 1 else 1})
         print(f"  {name}: lab01's losses, norms, drops and loads; model states, activations, workspace and "
               f"{', '.join(sorted(kinds))} per rank = the dry run's; each group's traffic = its formula")
     # plan3d --check reads the records (the th_run each dry run predicted from) and predicts them the same
     chk = subprocess.run([program("plan3d"), "--check", records, "--calibration", os.path.join(records, "none.json")],
                          capture_output=True, text=True)
     print(chk.stdout.strip().splitlines()[-1] if chk.stdout.strip() else chk.stderr)
-    check(chk.returncode == 0 and "12 runs checked: 12/12 exact" in chk.stdout,
+    check(chk.returncode == 0 and "15 runs checked: 15/15 exact" in chk.stdout,
           f"plan3d --check of lab09's experts records: status {chk.returncode}: {chk.stdout[-2000:]} {chk.stderr}")
     # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
@@ -321,7 +330,8 @@ def experts():
     serial, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
     for lab, n, flags in (("lab08_ep", 2, ["--ep", "2"]), ("lab01_dp", 1, []),
                           (LAB, 8, layout(1, 1, 2, 4) + ["--ep", "4", "--micro-batches", "2"]),
-                          (LAB, 8, layout(1, 2, 1, 4) + ["--ep", "2", "--zero-stage", "1", "--micro-batches", "2"])):
+                          (LAB, 8, layout(1, 2, 1, 4) + ["--ep", "2", "--zero-stage", "1", "--micro-batches", "2"]),
+                          (LAB, 8, layout(2, 1, 2, 2) + ["--ep", "4", "--sequence-parallel"])):
         rec, _, _ = run(lab, n, MODEL + ["--steps", "5", "--resume", saved] + EXPERTS + flags)
         compare_runs(f"saved by lab09 pp2 x ep2, resumed by {lab} -n {n} {' '.join(flags)}", rec, serial, 1e-5,
                      ref_from=5)
@@ -330,6 +340,12 @@ def experts():
                                                                           "--micro-batches", "2", "--save", saved])
     rec, _, _ = run("lab01_dp", 1, MODEL + ["--steps", "5", "--resume", saved] + EXPERTS)
     compare_runs("saved by lab09 pp2 x ep2 x ZeRO-1, resumed by lab01_dp -n 1", rec, serial, 1e-5, ref_from=5)
+    # and beside TP (attention's shards at their global places, the three kinds' slices)
+    run(LAB, 8, MODEL + ["--steps", "5"] + layout(2, 2, 1, 2) + EXPERTS + ["--ep", "4", "--sequence-parallel",
+                                                                          "--zero-stage", "1", "--micro-batches", "2",
+                                                                          "--save", saved])
+    rec, _, _ = run("lab01_dp", 1, MODEL + ["--steps", "5", "--resume", saved] + EXPERTS)
+    compare_runs("saved by lab09 tp2 x cp2 x ep4 x ZeRO-1, resumed by lab01_dp -n 1", rec, serial, 1e-5, ref_from=5)
 
 
 def schedules():

@@ -35,8 +35,9 @@ static void rank_memory_on(th_rank_need *x, const th_run *r, const th_model *m, 
         x->mem[MEM_COMM] = value_bytes_of(r) * th_sp_partial_params(m, 0, (int)m->layers);
     /* lab04's executor keeps a pool of message buffers whose size its lists decide */
     if (r->schedule) x->mem[MEM_COMM] = -1;
-    /* the gradient-norm sums on the device: TP's two parts (replicated, sharded), else ZeRO's one (the shard) */
-    const int norm_parts = r->tensor_parallel ? 2 : r->zero_stage > 0 ? 1 : 0;
+    /* the gradient-norm sums on the device: TP's two parts (replicated, sharded; lab09's experts: replicated,
+     * experts, and at t > 1 TP-sharded), else ZeRO's one (the shard) */
+    const int norm_parts = r->tensor_parallel ? (r->ep > 0 && t > 1 ? 3 : 2) : r->zero_stage > 0 ? 1 : 0;
     x->mem[MEM_WORKSPACE] = th_course_scratch_bytes(m, &o, x->rows) + th_grad_norm_bytes(norm_parts);
     /* On CUDA the kernels add their own scratch (partial sums, and the
      * embedding backward's sort buffers, whose size cub decides at run time). */
@@ -103,9 +104,11 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
     th_opts o = th_opts_run(t, sp, r->recompute, r->bf16);
     o.ep = r->ep; /* lab09's experts: a rank holds E/e of each layer's (th_stage_params) */
     const double msg = sp ? act / t : act; /* SP: a stage message carries a TP rank's T/t positions */
-    /* lab09's experts: the rows an EP rank's experts receive in a layer, the capacity's bound (-1: none) */
+    /* lab09's experts: the rows an EP rank's experts receive in a layer, the capacity's bound (-1: none), from
+     * each source's positions of a sequence (beside TP, SP's T/(c t)) */
+    const int tp_experts = r->ep > 0 && t > 1;
     const double ep_received = r->ep > 0 && r->capacity_factor > 0
-        ? th_ep_received_rows_bound_over(rows, local.seq, r->model.seq, (int)r->model.top_k, (int)r->model.experts,
+        ? th_ep_received_rows_bound_over(rows, local.seq / (tp_experts ? t : 1), r->model.seq, (int)r->model.top_k, (int)r->model.experts,
                                          r->ep, r->capacity_factor) : -1;
     /* CP's exchanges per layer and micro-batch (theory/context.c), of K|V blocks of the rank's heads */
     double cp_calls[COLL_NKINDS], cp_payload[COLL_NKINDS];
@@ -166,11 +169,13 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         count(x, COLL_RECV, pipe.calls / 2, msg, 2);
         /* 4 per layer and micro-batch, 6 under --recompute full; SP: each an all-gather and a reduce-scatter,
          * and one all-reduce per chunk of the partial gradients */
-        const double tp_calls = th_tp_traffic_run(layers, m, act, &o).calls;
+        /* lab09's experts beside TP: the MLP runs on each rank's own positions, SP's collectives around
+         * attention alone, and the replicated tensors' partial gradients summed with the stage's (below) */
+        const double tp_calls = th_tp_traffic_run(layers, m, act, &o).calls / (tp_experts ? 2 : 1);
         if (sp) {
             count(x, COLL_ALLGATHER, tp_calls / 2, act, t);
             count(x, COLL_REDUCE_SCATTER, tp_calls / 2, act, t);
-            for (int c = 0; c < v; c++) {
+            for (int c = 0; c < v && !tp_experts; c++) {
                 int clo, chi;
                 th_stage_layers(L, S, th_chunk_stage(s, p, pp, c), &clo, &chi);
                 count(x, COLL_ALLREDUCE, 1, value_bytes_of(r) * th_sp_partial_params(&r->model, clo, chi), t);
@@ -181,16 +186,22 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
         for (int k = 0; k < TH_PREDICTED_KINDS; k++) /* CP: every layer of the rank's chunks, every micro-batch */
             if (cp_calls[k] > 0)
                 count(x, (comm_kind)k, (double)layers * m * cp_calls[k], cp_payload[k] / cp_calls[k], cp);
-        if (r->ep > 0 && cp > 1) { /* the routing of each MoE layer's forward sees whole sequences */
+        /* the routing of each MoE layer's forward sees whole sequences, over the ranks holding their
+         * positions: the CP group, at t > 1 (SP) the t x c ranks */
+        const int sequence_ranks = cp * (tp_experts ? t : 1);
+        if (r->ep > 0 && sequence_ranks > 1) {
             const double forwards = r->recompute == RECOMPUTE_FULL ? 2 : 1, routed = forwards * moe_layers * m;
             double each[2];
-            th_ep_routing_gathers(routed, cp, (double)rows * local.seq, r->model.experts, r->model.top_k, each);
-            count(x, COLL_ALLGATHER, routed, each[0], cp);
-            count(x, COLL_ALLGATHER, routed, each[1], cp);
+            th_ep_routing_gathers(routed, sequence_ranks, (double)rows * local.seq / (tp_experts ? t : 1),
+                                  r->model.experts, r->model.top_k, each);
+            count(x, COLL_ALLGATHER, routed, each[0], sequence_ranks);
+            count(x, COLL_ALLGATHER, routed, each[1], sequence_ranks);
         }
-        if (r->ep > 0) { /* lab09's experts: replicated runs summed over the replicas, expert ones over EDP */
-            const int edp = replicas / r->ep;
-            double elems[2] = {0, 0}; /* the rank's replicated and expert elements */
+        if (r->ep > 0) { /* lab09's experts: replicated runs summed over the stage, experts over EDP, TP shards
+                          * over the replicas (lab09_5d/experts.h) */
+            const int stage = t * replicas, edp = stage / r->ep;
+            const int groups[TH_EP_KINDS] = {stage, edp, replicas};
+            double elems[TH_EP_KINDS] = {0, 0, 0}; /* the rank's elements of each kind */
             for (int c = 0; c < v; c++) {
                 int clo, chi;
                 th_stage_layers(L, S, th_chunk_stage(s, p, pp, c), &clo, &chi);
@@ -198,19 +209,18 @@ static void predict_grid(const th_run *r, th_rank_need *need) {
                     th_ep_stage_elements(&r->model, &o, clo, chi, elems);
                     continue;
                 }
-                th_traffic replicated, experts;
-                th_ep_grad_sums(&r->model, &o, clo, chi, value_bytes_of(r), replicas, edp, &replicated, &experts);
-                add_traffic(x, COLL_ALLREDUCE, replicated, replicas);
-                add_traffic(x, COLL_ALLREDUCE, experts, edp);
+                th_traffic sums[TH_EP_KINDS];
+                th_ep_grad_sums(&r->model, &o, clo, chi, value_bytes_of(r), stage, edp, replicas, sums);
+                for (int k = 0; k < TH_EP_KINDS; k++) add_traffic(x, COLL_ALLREDUCE, sums[k], groups[k]);
             }
             if (r->zero_stage == 1) {
                 /* ZeRO-1 (lab09_5d/experts.h): each kind packed and cut into slices over its group (ceil(n/g)
-                 * elements), the optimizer state of the two slices, a reduce-scatter and an all-gather of each
+                 * elements), the optimizer state of the slices, a reduce-scatter and an all-gather of each
                  * packed buffer (staging, workspace); bf16: the whole fp32 weights once, at set-up, before
                  * the hook's backward scratch exists (lab08 sizes it at the first backward) */
-                const int groups[2] = {replicas, edp};
                 double kept = 0, staging = 0;
-                for (int k = 0; k < 2; k++) {
+                for (int k = 0; k < TH_EP_KINDS; k++) {
+                    if (elems[k] <= 0) continue; /* t = 1: no TP-sharded runs */
                     double slice;
                     const th_traffic z = th_ep_zero_traffic(elems[k], groups[k], value_bytes_of(r), &slice);
                     kept += slice;

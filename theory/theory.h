@@ -438,17 +438,22 @@ th_traffic th_ep_routing_gathers(double routed, int cp, double tokens, long expe
  * (the counts, the dispatch, the combine; `forwards` 2 under --recompute
  * full) and 2 a backward (the gradients both ways). */
 double th_ep_alltoall_calls(double passes, int forwards);
-/* lab09's experts: a rank's elements of layers [lo, hi), replicated ones
- * (th_stage_params less the experts') and expert ones (th_stage_expert_params;
- * o->ep: E/e experts a layer on a rank), added to elems[0] and elems[1]. */
-void th_ep_stage_elements(const th_model *m, const th_opts *o, int lo, int hi, double elems[2]);
-/* lab09's experts, the gradient's sums over layers [lo, hi) per step (lab08's
+/* lab09's experts: a rank's elements of layers [lo, hi) by kind of run
+ * (lab09_5d/experts.h), added to elems: [0] replicated (th_stage_params less
+ * the others), [1] experts (th_stage_expert_params; o->ep: E/e experts a
+ * layer on a rank), [2] TP-sharded (o->tp > 1: attention's matrices / t). */
+enum { TH_EP_REPLICATED, TH_EP_EXPERTS, TH_EP_TP_SHARDED, TH_EP_KINDS };
+void th_ep_stage_elements(const th_model *m, const th_opts *o, int lo, int hi, double elems[TH_EP_KINDS]);
+/* lab09's experts, the gradient's sums over layers [lo, hi) per step (its
  * runs): the replicated runs (the embedding where lo = 0, each layer's
- * attention part and its router with any shared experts, the head where hi
- * = m->layers) each all-reduced over the replicas; each layer's four expert
- * tensors over the EDP group (replicas / e). */
-void th_ep_grad_sums(const th_model *m, const th_opts *o, int lo, int hi, double value_bytes, int replicas, int edp,
-                     th_traffic *replicated, th_traffic *experts);
+ * attention part (at t > 1 two: the LayerNorm before it, its output bias with
+ * the next LayerNorm) and its router with any shared experts, the head where
+ * hi = m->layers) each all-reduced over `stage` ranks (t x c x d: at t = 1 the
+ * replicas); each layer's four expert tensors over the EDP group; at t > 1
+ * each layer's TP-sharded pieces at once over the c x d replicas.
+ * sums[kind] as th_ep_stage_elements orders them. */
+void th_ep_grad_sums(const th_model *m, const th_opts *o, int lo, int hi, double value_bytes, int stage, int edp,
+                     int replicas, th_traffic sums[TH_EP_KINDS]);
 /* lab09's experts under ZeRO-1: one kind of run (elems elements, packed and
  * padded to ceil(elems/group) x group, *slice the rank's share) reduce-scattered
  * and all-gathered over its group: th_zero_traffic of the padded buffer, 2

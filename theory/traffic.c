@@ -49,19 +49,29 @@ th_traffic th_ep_routing_gathers(double routed, int cp, double tokens, long expe
     return (th_traffic){2 * routed, payload, comm_ring_factor(COLL_ALLGATHER, cp) * payload};
 }
 
-void th_ep_stage_elements(const th_model *m, const th_opts *o, int lo, int hi, double elems[2]) {
+void th_ep_stage_elements(const th_model *m, const th_opts *o, int lo, int hi, double elems[TH_EP_KINDS]) {
     const double experts = th_stage_expert_params(m, o, lo, hi);
-    elems[0] += th_stage_params(m, o, lo, hi) - experts;
-    elems[1] += experts;
+    const th_params p = th_param_counts(m);
+    const int moe = th_moe_layers(m, lo, hi), t = o->tp > 1 ? o->tp : 1;
+    const double sharded = t > 1 ? (moe * p.layer_sharded + (hi - lo - moe) * p.dense_layer_sharded) / t : 0;
+    elems[TH_EP_REPLICATED] += th_stage_params(m, o, lo, hi) - experts - sharded;
+    elems[TH_EP_EXPERTS] += experts;
+    elems[TH_EP_TP_SHARDED] += sharded;
 }
 
-void th_ep_grad_sums(const th_model *m, const th_opts *o, int lo, int hi, double value_bytes, int replicas, int edp,
-                     th_traffic *replicated, th_traffic *experts) {
-    double elems[2] = {0, 0};
+void th_ep_grad_sums(const th_model *m, const th_opts *o, int lo, int hi, double value_bytes, int stage, int edp,
+                     int replicas, th_traffic sums[TH_EP_KINDS]) {
+    double elems[TH_EP_KINDS] = {0, 0, 0};
     th_ep_stage_elements(m, o, lo, hi, elems);
-    const double runs = (lo == 0) + 2.0 * (hi - lo) + (hi == m->layers); /* embedding, attention|router a layer, head */
-    *replicated = th_dp_traffic(value_bytes * elems[0], replicas, (int)runs);
-    *experts = hi > lo ? th_dp_traffic(value_bytes * elems[1], edp, 4 * (hi - lo)) : (th_traffic){0, 0, 0};
+    const int tp = o->tp > 1, layers = hi - lo;
+    /* embedding, a layer's replicated runs (attention part | router; at t > 1 LayerNorm | bias and LayerNorm |
+     * router), head */
+    const double runs = (lo == 0) + (tp ? 3.0 : 2.0) * layers + (hi == m->layers);
+    const th_traffic none = {0, 0, 0};
+    sums[TH_EP_REPLICATED] = th_dp_traffic(value_bytes * elems[TH_EP_REPLICATED], stage, (int)runs);
+    sums[TH_EP_EXPERTS] = layers > 0 ? th_dp_traffic(value_bytes * elems[TH_EP_EXPERTS], edp, 4 * layers) : none;
+    sums[TH_EP_TP_SHARDED] = tp && layers > 0 ? th_dp_traffic(value_bytes * elems[TH_EP_TP_SHARDED], replicas, layers)
+                                              : none;
 }
 
 th_traffic th_ep_zero_traffic(double elems, int group, double value_bytes, double *slice) {
