@@ -179,9 +179,9 @@ int main(int argc, char **argv) {
         {"--pp", FLAG_INT, &lab.deg[AXIS_PP], "pipeline stages p (omitted: 2 if the ranks left allow)", 1, NULL},
         {"--dp", FLAG_INT, &lab.deg[AXIS_DP], "data-parallel replicas d (omitted: the ranks left); t x c x p x d = "
          "ranks", 1, NULL},
-        {"--ep", FLAG_INT, &lab.ep, "expert-parallel degree e (with --experts): each EP group of e replicas, carved "
-         "from the c x d ranks of a (tp, pp), holds E/e experts a layer and exchanges tokens by all-to-all (lab08)", 1,
-         NULL},
+        {"--ep", FLAG_INT, &lab.ep, "expert-parallel degree e (with --experts; omitted: 2 if E and the stage's ranks "
+         "allow): each EP group of e ranks, carved from the t x c x d ranks of a stage, holds E/e experts a layer and "
+         "exchanges tokens by all-to-all (lab08)", 1, NULL},
         {"--micro-batches", FLAG_INT, &lab.micro_batches, "micro-batches per replica and step (must divide --batch / "
          "--dp)", 1, NULL},
         {"--schedule", FLAG_STRING, &lab.schedule_arg,
@@ -194,8 +194,9 @@ int main(int argc, char **argv) {
         {"--cp-layout", FLAG_STRING, &lab.layout_name, "lab07's positions per CP rank: zigzag or contiguous", 0,
          "zigzag|contiguous"},
         {"--sequence-parallel", FLAG_BOOL, &lab.sequence_parallel,
-         "lab05's sequence parallelism in every TP group (needs --tp >= 2): outside the TP regions a rank holds "
-         "1/t of its CP rank's T/c positions; pipeline messages carry T/(c t)", 0, NULL},
+         "lab05's sequence parallelism in every TP group (needs --tp >= 2; on by itself with --experts there): "
+         "outside the TP regions a rank holds 1/t of its CP rank's T/c positions; pipeline messages carry T/(c t)",
+         0, NULL},
         {"--zero-stage", FLAG_INT, &lab.zero_stage, "0, or 1: lab06's ZeRO-1, the optimizer state sharded over the c "
          "x d ranks that hold the same weights (needs c x d >= 2; with --experts the expert runs over their EDP "
          "group)", 0, NULL},

@@ -22,14 +22,18 @@ void lab09_check(run_ctx *ctx, void *lab) {
     lab09 *s = lab;
     grid_choose_axes(ctx, axis_flags, s->deg, AXES);
     const int t = s->deg[AXIS_TP], c = s->deg[AXIS_CP], p = s->deg[AXIS_PP], d = s->deg[AXIS_DP];
-    const int m = s->micro_batches, ep = s->ep, zero_stage = s->zero_stage, sequence_parallel = s->sequence_parallel;
     const int experts = s->experts = ctx->opt.experts > 0;
+    /* with experts, an omitted --ep takes 2 where the experts and the stage's t x c x d ranks allow (so the
+     * 8-rank --experts run has four axes: TP, CP, PP and EP folded over them), and beside TP sequence
+     * parallelism is on by itself: the experts take each TP rank's own positions (Megatron requires it too) */
+    if (experts && !run_flag_given(ctx->argc, ctx->argv, "--ep") && t >= 1 && c >= 1 && d >= 1)
+        s->ep = ctx->opt.experts % 2 == 0 && ((long)t * c * d) % 2 == 0 ? 2 : 1;
+    if (experts && t > 1) s->sequence_parallel = 1;
+    const int m = s->micro_batches, ep = s->ep, zero_stage = s->zero_stage, sequence_parallel = s->sequence_parallel;
     /* lab08's experts in the grid: whole experts (no expert tensor parallelism), the fused backward (lab08's
      * hook); under CP and SP the routing gathers each sequence's choices over the ranks holding its positions
      * (moe_split); beside TP the experts take each rank's own positions, so SP is on (as Megatron requires) */
     run_check(ctx, ep == 1 || experts, "--ep %d needs --experts (experts to spread over the EP group)", ep);
-    run_check(ctx, !experts || t == 1 || sequence_parallel, "--experts with --tp %d needs --sequence-parallel (the "
-              "experts take each TP rank's own positions, as Megatron's MoE layers do)", t);
     run_check(ctx, !experts || ((long)t * c * d) % ep == 0, "--ep %d does not divide the %d ranks of a stage (--tp x "
               "--cp x --dp) that EP groups are carved from", ep, t * c * d);
     run_check(ctx, !experts || ctx->opt.experts % ep == 0, "--ep %d does not divide --experts %d (each rank holds "
@@ -125,8 +129,9 @@ static void print_map(const run_ctx *ctx, const int *deg, const int *positions, 
             for (j = i + 1; j < Tl && pos[j] == pos[j - 1] + 1; j++) {}
             printf(" %d-%d", pos[i], pos[j - 1]);
         }
-        if (per_rank) { /* its place in its EP block: f = cp + c dp, EP rank f mod e */
-            const int f = c_at(c, MESH_CP) + deg[AXIS_CP] * c_at(c, MESH_DP), q = f % ep;
+        if (per_rank) { /* its place in its EP block: f = tp + t (cp + c dp), EP rank f mod e */
+            const int f = c_at(c, MESH_TP) + deg[AXIS_TP] * (c_at(c, MESH_CP) + deg[AXIS_CP] * c_at(c, MESH_DP));
+            const int q = f % ep;
             if (per_rank == 1) printf(" | expert %d (ep group %d)", q, f / ep);
             else printf(" | experts %d-%d (ep group %d)", q * per_rank, (q + 1) * per_rank - 1, f / ep);
         }
@@ -145,15 +150,21 @@ void lab09_print_mesh(const run_ctx *ctx, const lab09 *s) {
     free(all_positions);
     if (ctx->rank != 0) return;
     const pipeline_rank *pr = &s->pr;
-    printf("5D: TP t=%d%s (%d of %d heads, %d of %d MLP units per rank) | CP c=%d (%s, %s: %d of %d positions) | "
+    char mlp[96];
+    if (s->experts) snprintf(mlp, sizeof mlp, "%d of %d experts a layer per rank (EP e=%d over the stage's t x c x d "
+                             "ranks)", ctx->opt.experts / s->ep, ctx->opt.experts, s->ep);
+    else snprintf(mlp, sizeof mlp, "%d of %d MLP units per rank", s->tl.hidden, 4 * ctx->opt.d_model);
+    const char *zero = !s->zero_stage ? ""
+                       : !s->experts ? " + ZeRO-1 over the c x d replicas"
+                       : deg[AXIS_TP] > 1 ? " + ZeRO-1 (replicated runs over the stage, expert runs over EDP, "
+                                            "attention's shards over the c x d replicas)"
+                                          : " + ZeRO-1 (replicated runs over the c x d replicas, expert runs over EDP)";
+    printf("5D: TP t=%d%s (%d of %d heads, %s) | CP c=%d (%s, %s: %d of %d positions) | "
            "PP p=%d stages x %d chunk%s, m=%d micro-batches of %d rows, %s | DP d=%d replicas of %d rows%s | "
            "bubble theory %s = %.3f\n", deg[AXIS_TP], s->sequence_parallel ? " + SP" : "", s->tl.heads,
-           ctx->opt.heads, s->tl.hidden, 4 * ctx->opt.d_model, c, s->algo_name, s->layout_name, Tl, T, deg[AXIS_PP],
+           ctx->opt.heads, mlp, c, s->algo_name, s->layout_name, Tl, T, deg[AXIS_PP],
            pr->v, pr->v == 1 ? "" : "s", s->micro_batches, pr->chunk[0].rows, schedule_name(s->kind), deg[AXIS_DP],
-           ctx->opt.batch / deg[AXIS_DP],
-           !s->zero_stage ? "" : s->experts ? " + ZeRO-1 (replicated runs over the c x d replicas, expert runs over EDP)"
-                                            : " + ZeRO-1 over the c x d replicas",
-           schedule_bubble_textbook_text(s->kind), s->theory);
+           ctx->opt.batch / deg[AXIS_DP], zero, schedule_bubble_textbook_text(s->kind), s->theory);
     fflush(stdout);
 }
 

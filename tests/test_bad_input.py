@@ -136,14 +136,14 @@ DENSE_DEPENDENT = [
     (2, ["--shared-experts", "1"], "--shared-experts"),
 ]
 # the labs whose --dry-run takes --experts (its prediction counts them)
-DRY_RUN_EXPERTS = ("lab01_dp", "lab02_zero", "lab03_pp_naive", "lab04_1f1b", "lab08_ep")
+DRY_RUN_EXPERTS = ("lab01_dp", "lab02_zero", "lab03_pp_naive", "lab04_1f1b", "lab08_ep", "lab09_5d")
 # one MPI tag per message of a step, 2 p v m of them: 2 ranks x 4 chunks x 2048 micro-batches is 32768,
 # beyond the 32767 tags MPI guarantees; 2046 micro-batches (32736 messages) run (tags_boundary)
 TAGS_OVER = ["--schedule", "interleaved", "--virtual-stages", "4", "--micro-batches", "2048", "--batch", "2048"]
 
 # sequence parallelism splits what tensor parallelism leaves whole: a lab without TP has no such flag
 NO_TP = [(2, ["--sequence-parallel"], "--sequence-parallel")]
-# labs whose layers do not run experts (TP: no expert TP)
+# labs whose layers do not run experts (lab05, lab06: TP without the experts' slot)
 NO_EXPERTS = [(2, ["--experts", "4"], "--experts")]
 
 PER_LAB = {
@@ -287,11 +287,10 @@ PER_LAB = {
         (4, ["--tp", "1", "--cp", "2", "--pp", "2", "--resume", "/nonexistent/ck.safetensors"], "--resume"),
         (2, ["--check-sync=yes"], "--check-sync"),
         (2, ["--tp", "1", "--cp", "2", "--sequence-parallel"], "--sequence-parallel"),  # no TP group
-        # lab08's experts on the grid: at t = 1, e dividing the replicas and the experts, the fused backward
+        # lab08's experts on the grid: e dividing the stage's t x c x d ranks and the experts, the fused backward
         (2, ["--tp", "1", "--dp", "2", "--ep", "2"], "--ep"),  # no experts to spread
         (4, ["--tp", "1", "--cp", "1", "--pp", "2", "--dp", "2", "--experts", "4", "--ep", "4"], "--ep 4"),
         (4, ["--tp", "1", "--cp", "1", "--pp", "1", "--dp", "4", "--experts", "6", "--ep", "4"], "--ep 4"),
-        (4, ["--tp", "2", "--cp", "1", "--pp", "1", "--dp", "2", "--experts", "4"], "--sequence-parallel"),
         (4, ["--tp", "2", "--cp", "1", "--pp", "2", "--dp", "1", "--experts", "4", "--ep", "4",
              "--sequence-parallel"], "--ep 4"),  # 4 does not divide the stage's t x c x d = 2 ranks
         # ZeRO-1 with experts shards over the replicas and EDP: none to shard over at c x d = 1
@@ -300,7 +299,7 @@ PER_LAB = {
         # SP splits a CP rank's T/c positions t ways: 24 positions, 4 contiguous chunks of 6, not 4 x 2
         (4, ["--tp", "2", "--cp", "2", "--pp", "1", "--sequence-parallel", "--cp-layout", "contiguous", "--seq", "6"],
          "--sequence-parallel"),
-    ] + NO_EXPERTS,
+    ],
     "lab08_ep": [
         (4, ["--ep", "3"], "--ep"),  # 3 does not divide 4 ranks
         (2, ["--ep", "-1"], "--ep"),

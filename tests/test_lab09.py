@@ -312,6 +312,10 @@ def experts():
                                         "edp": t * c * d // e if e > 1 else 1})
         print(f"  {name}: lab01's losses, norms, drops and loads; model states, activations, workspace and "
               f"{', '.join(sorted(kinds))} per rank = the dry run's; each group's traffic = its formula")
+    # --experts with no degree on 8 ranks: tp 2 x cp 2 x pp 2 with EP 2 folded over each stage, SP on by itself
+    _, dry, _ = run(LAB, 8, MODEL + EXPERTS + ["--dry-run"])
+    want = "tp=2 cp=2 pp=2 dp=1 m=4 1f1b ring zigzag sp ep=2 E=4 k=2"
+    check(want in dry.stdout, f"lab09 -n 8 --experts 4: the dry run's layout is not {want}")
     # plan3d --check reads the records (the th_run each dry run predicted from) and predicts them the same
     chk = subprocess.run([program("plan3d"), "--check", records, "--calibration", os.path.join(records, "none.json")],
                          capture_output=True, text=True)
