@@ -247,16 +247,14 @@ def experts():
     full, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS + ["--recompute", "full"])
     records = tempfile.mkdtemp(prefix="pl-experts-")  # every layout's record, for plan3d --check below
     for dims, extra in (((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--check-sync"]),  # DeepSeek-V3's shape
-                        ((1, 1, 2, 2), ["--ep", "2"]),
                         ((1, 1, 1, 4), ["--ep", "4", "--micro-batches", "2"]),
                         ((1, 1, 2, 2), ["--ep", "1", "--schedule", "interleaved", "--micro-batches", "2"]),
-                        # full recomputation reruns each layer's forward, its all-to-alls too, before the backward
-                        ((1, 1, 2, 2), ["--ep", "2", "--recompute", "full"]),
                         # CP beside EP: the EP group carved from the CP ranks, or across CP and DP
                         ((1, 2, 2, 1), ["--ep", "2"]),
                         ((1, 2, 1, 2), ["--ep", "4", "--cp-algo", "ulysses", "--micro-batches", "2"]),
                         ((1, 2, 2, 2), ["--ep", "2", "--cp-algo", "allgather", "--micro-batches", "2",
                                         "--check-sync"]),
+                        # full recomputation reruns each layer's forward, its all-to-alls too, before the backward
                         ((1, 2, 2, 1), ["--ep", "2", "--cp-layout", "contiguous", "--recompute", "full"]),
                         # ZeRO-1: replicated runs sharded over the replicas, expert runs over EDP (or both over
                         # the replicas at --ep 1; EDP of one rank: the expert runs whole)
@@ -320,7 +318,7 @@ def experts():
     chk = subprocess.run([program("plan3d"), "--check", records, "--calibration", os.path.join(records, "none.json")],
                          capture_output=True, text=True)
     print(chk.stdout.strip().splitlines()[-1] if chk.stdout.strip() else chk.stderr)
-    check(chk.returncode == 0 and "15 runs checked: 15/15 exact" in chk.stdout,
+    check(chk.returncode == 0 and "13 runs checked: 13/13 exact" in chk.stdout,
           f"plan3d --check of lab09's experts records: status {chk.returncode}: {chk.stdout[-2000:]} {chk.stderr}")
     # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
