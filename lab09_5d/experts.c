@@ -286,9 +286,9 @@ static void sum_runs(pipeline_rank *pr, grid_experts *x) {
             if (!run_in(&x->runs[r], pr->chunk[c].begin, pr->chunk[c].end, &at, &global, &n)) continue;
             const int kind = x->runs[r].kind;
             if (kind == RUNS_TP_SHARDED) { /* the following pieces that continue this one here */
-                long more_at, more_n;
+                long more_at, more_global, more_n;
                 while (r + 1 < x->n_runs && x->runs[r + 1].kind == kind &&
-                       run_in(&x->runs[r + 1], pr->chunk[c].begin, pr->chunk[c].end, &more_at, &global, &more_n) &&
+                       run_in(&x->runs[r + 1], pr->chunk[c].begin, pr->chunk[c].end, &more_at, &more_global, &more_n) &&
                        more_at == at + n)
                     n += more_n, r++;
             }

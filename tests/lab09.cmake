@@ -1,4 +1,4 @@
-foreach(case equivalence odd full_grid experts schedules precision resume dry_run)
+foreach(case equivalence odd full_grid experts experts_tp schedules precision resume dry_run)
   add_lab_test(lab09_${case} test_lab09.py ${case})
 endforeach()
 # plan3d's first layout for llama3-70b, its degrees kept: 64 ranks of the course's model (half a minute here)

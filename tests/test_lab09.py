@@ -7,7 +7,7 @@ shapes, on every rank, as the lab's formula says; the activation peaks and
 every memory category are theory's (the dry run's prediction, rank by rank);
 --eval's held-out loss is lab01's; a checkpoint crosses layouts and labs.
 
-usage: test_lab09.py equivalence|odd|full_grid|experts|schedules|precision|resume|dry_run|planner"""
+usage: test_lab09.py equivalence|odd|full_grid|experts|experts_tp|schedules|precision|resume|dry_run|planner"""
 import os
 import re
 import subprocess
@@ -236,38 +236,15 @@ EXPERTS = ["--experts", "4", "--capacity-factor", "1.0"]
 DEEPSEEK = ["--experts", "4", "--router", "sigmoid", "--balance", "bias", "--bias-speed", "0.01"]
 
 
-def experts():
-    """lab08's experts on the grid: pipeline stages x EP groups carved from the stage's ranks, CP's attention
-    and TP's layers (under SP) beside them (the routing sees whole sequences over the ranks holding them). Every layout reproduces
-    lab01 -n 1 --experts 4: losses, norms, the same drops and loads; the memory per rank and category is
-    theory's (the dry run's, and plan3d --check's), and so is every collective kind but the all-to-alls
-    (the routing decides their bytes)."""
+def experts_layouts(layouts):
+    """Each layout against lab01 -n 1 --experts 4: losses, norms, the same drops and loads; the memory per rank
+    and category is theory's (the dry run's, and plan3d --check's), and so is every collective kind but the
+    all-to-alls (the routing decides their bytes); each group's traffic is its formula."""
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
     check(sum(ref["dropped_per_step"]) > 0, "the capacity drops nothing: the drops would not be compared")
     full, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS + ["--recompute", "full"])
     records = tempfile.mkdtemp(prefix="pl-experts-")  # every layout's record, for plan3d --check below
-    for dims, extra in (((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--check-sync"]),  # DeepSeek-V3's shape
-                        ((1, 1, 1, 4), ["--ep", "4", "--micro-batches", "2"]),
-                        ((1, 1, 2, 2), ["--ep", "1", "--schedule", "interleaved", "--micro-batches", "2"]),
-                        # CP beside EP: the EP group carved from the CP ranks, or across CP and DP
-                        ((1, 2, 2, 1), ["--ep", "2"]),
-                        ((1, 2, 1, 2), ["--ep", "4", "--cp-algo", "ulysses", "--micro-batches", "2"]),
-                        ((1, 2, 2, 2), ["--ep", "2", "--cp-algo", "allgather", "--micro-batches", "2",
-                                        "--check-sync"]),
-                        # full recomputation reruns each layer's forward, its all-to-alls too, before the backward
-                        ((1, 2, 2, 1), ["--ep", "2", "--cp-layout", "contiguous", "--recompute", "full"]),
-                        # ZeRO-1: replicated runs sharded over the replicas, expert runs over EDP (or both over
-                        # the replicas at --ep 1; EDP of one rank: the expert runs whole)
-                        ((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--zero-stage", "1", "--check-sync"]),
-                        ((1, 2, 1, 2), ["--ep", "1", "--zero-stage", "1"]),
-                        ((1, 2, 2, 2), ["--ep", "4", "--micro-batches", "2", "--zero-stage", "1"]),
-                        # beside TP under SP (Megatron's MoE shape): EP groups carved across TP ranks too, the
-                        # routing over the t x c ranks of a sequence; ZeRO-1's three kinds over their groups
-                        ((2, 1, 2, 2), ["--ep", "2", "--sequence-parallel", "--check-sync"]),
-                        ((2, 2, 1, 2), ["--ep", "4", "--sequence-parallel", "--zero-stage", "1",
-                                        "--micro-batches", "2"]),
-                        ((2, 2, 2, 1), ["--ep", "1", "--sequence-parallel", "--recompute", "full",
-                                        "--micro-batches", "2"])):
+    for dims, extra in layouts:
         n = dims[0] * dims[1] * dims[2] * dims[3]
         flags = MODEL + STEPS + layout(*dims) + EXPERTS + extra
         rec, _, _ = run(LAB, n, flags, out=records)
@@ -310,16 +287,34 @@ def experts():
                                         "edp": t * c * d // e if e > 1 else 1})
         print(f"  {name}: lab01's losses, norms, drops and loads; model states, activations, workspace and "
               f"{', '.join(sorted(kinds))} per rank = the dry run's; each group's traffic = its formula")
-    # --experts with no degree on 8 ranks: tp 2 x cp 2 x pp 2 with EP 2 folded over each stage, SP on by itself
-    _, dry, _ = run(LAB, 8, MODEL + EXPERTS + ["--dry-run"])
-    want = "tp=2 cp=2 pp=2 dp=1 m=4 1f1b ring zigzag sp ep=2 E=4 k=2"
-    check(want in dry.stdout, f"lab09 -n 8 --experts 4: the dry run's layout is not {want}")
     # plan3d --check reads the records (the th_run each dry run predicted from) and predicts them the same
     chk = subprocess.run([program("plan3d"), "--check", records, "--calibration", os.path.join(records, "none.json")],
                          capture_output=True, text=True)
     print(chk.stdout.strip().splitlines()[-1] if chk.stdout.strip() else chk.stderr)
-    check(chk.returncode == 0 and "13 runs checked: 13/13 exact" in chk.stdout,
+    check(chk.returncode == 0 and f"{len(layouts)} runs checked: {len(layouts)}/{len(layouts)} exact" in chk.stdout,
           f"plan3d --check of lab09's experts records: status {chk.returncode}: {chk.stdout[-2000:]} {chk.stderr}")
+
+
+def experts():
+    """lab08's experts on the grid at t = 1: pipeline stages x EP groups carved from the replicas, CP's
+    attention beside them (the routing sees whole sequences over the CP group), ZeRO-1 per kind of run;
+    DeepSeek-V3's routing; checkpoints across layouts and labs."""
+    experts_layouts((
+        ((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--check-sync"]),  # DeepSeek-V3's shape
+        ((1, 1, 1, 4), ["--ep", "4", "--micro-batches", "2"]),
+        ((1, 1, 2, 2), ["--ep", "1", "--schedule", "interleaved", "--micro-batches", "2"]),
+        # CP beside EP: the EP group carved from the CP ranks, or across CP and DP
+        ((1, 2, 2, 1), ["--ep", "2"]),
+        ((1, 2, 1, 2), ["--ep", "4", "--cp-algo", "ulysses", "--micro-batches", "2"]),
+        ((1, 2, 2, 2), ["--ep", "2", "--cp-algo", "allgather", "--micro-batches", "2",
+                        "--check-sync"]),
+        # full recomputation reruns each layer's forward, its all-to-alls too, before the backward
+        ((1, 2, 2, 1), ["--ep", "2", "--cp-layout", "contiguous", "--recompute", "full"]),
+        # ZeRO-1: replicated runs sharded over the replicas, expert runs over EDP (or both over
+        # the replicas at --ep 1; EDP of one rank: the expert runs whole)
+        ((1, 1, 2, 4), ["--ep", "2", "--micro-batches", "2", "--zero-stage", "1", "--check-sync"]),
+        ((1, 2, 1, 2), ["--ep", "1", "--zero-stage", "1"]),
+        ((1, 2, 2, 2), ["--ep", "4", "--micro-batches", "2", "--zero-stage", "1"])))
     # DeepSeek-V3's routing: sigmoid scores, balance by a bias moved by the global load (no aux loss)
     ref, _, _ = run("lab01_dp", 1, MODEL + STEPS + DEEPSEEK)
     for dims, ep in (((1, 1, 2, 4), "2"), ((1, 2, 2, 2), "4")):  # the bias moves by the load over every rank
@@ -342,6 +337,22 @@ def experts():
                                                                           "--micro-batches", "2", "--save", saved])
     rec, _, _ = run("lab01_dp", 1, MODEL + ["--steps", "5", "--resume", saved] + EXPERTS)
     compare_runs("saved by lab09 pp2 x ep2 x ZeRO-1, resumed by lab01_dp -n 1", rec, serial, 1e-5, ref_from=5)
+
+
+def experts_tp():
+    """lab08's experts beside TP under SP (Megatron's MoE shape): EP groups carved from the stage's t x c x d
+    ranks, the routing over the t x c ranks of a sequence, ZeRO-1's three kinds of run over their groups."""
+    experts_layouts((
+        # EP groups carved across TP ranks too, the routing over the t x c ranks of a sequence
+        ((2, 1, 2, 2), ["--ep", "2", "--sequence-parallel", "--check-sync"]),
+        ((2, 2, 1, 2), ["--ep", "4", "--sequence-parallel", "--zero-stage", "1", "--micro-batches", "2"]),
+        ((2, 2, 2, 1), ["--ep", "1", "--sequence-parallel", "--recompute", "full", "--micro-batches", "2"])))
+    # --experts with no degree on 8 ranks: tp 2 x cp 2 x pp 2 with EP 2 folded over each stage, SP on by itself
+    _, dry, _ = run(LAB, 8, MODEL + EXPERTS + ["--dry-run"])
+    want = "tp=2 cp=2 pp=2 dp=1 m=4 1f1b ring zigzag sp ep=2 E=4 k=2"
+    check(want in dry.stdout, f"lab09 -n 8 --experts 4: the dry run's layout is not {want}")
+    serial, _, _ = run("lab01_dp", 1, MODEL + STEPS + EXPERTS)
+    saved = os.path.join(tempfile.mkdtemp(prefix="pl-ckpt-"), "ck.safetensors")
     # and beside TP (attention's shards at their global places, the three kinds' slices)
     run(LAB, 8, MODEL + ["--steps", "5"] + layout(2, 2, 1, 2) + EXPERTS + ["--ep", "4", "--sequence-parallel",
                                                                           "--zero-stage", "1", "--micro-batches", "2",
@@ -459,5 +470,6 @@ def planner():
 
 if __name__ == "__main__":
     {"equivalence": equivalence, "odd": odd, "schedules": schedules, "precision": precision, "resume": resume,
-     "dry_run": dry_run, "planner": planner, "full_grid": full_grid, "experts": experts}[sys.argv[1]]()
+     "dry_run": dry_run, "planner": planner, "full_grid": full_grid, "experts": experts,
+     "experts_tp": experts_tp}[sys.argv[1]]()
     print("passed")
