@@ -65,23 +65,20 @@ void mesh_stage_members(const mesh_dims *d, int rank, int *members) {
     for (int f = 0; f < stage_size(d); f++) members[f] = at_stage_index(d, c, f);
 }
 
-void mesh_sequence_members(const mesh_dims *d, int rank, int *members) {
+/* The ranks that differ from rank only in axes a and b, in the order a + size[a] x b. */
+static void plane_members(const mesh_dims *d, int rank, mesh_axis a, mesh_axis b, int *members) {
     mesh_coord c = mesh_coord_of(d, rank);
-    for (int i = 0; i < d->size[MESH_TP] * d->size[MESH_CP]; i++) {
-        c.at[MESH_TP] = i % d->size[MESH_TP];
-        c.at[MESH_CP] = i / d->size[MESH_TP];
+    for (int i = 0; i < d->size[a] * d->size[b]; i++) {
+        c.at[a] = i % d->size[a];
+        c.at[b] = i / d->size[a];
         members[i] = mesh_rank_of(d, c);
     }
 }
+static int plane_place(const mesh_dims *d, mesh_coord c, mesh_axis a, mesh_axis b) { return c.at[a] + d->size[a] * c.at[b]; }
 
-void mesh_replica_members(const mesh_dims *d, int rank, int *members) {
-    mesh_coord c = mesh_coord_of(d, rank);
-    for (int f = 0; f < d->size[MESH_CP] * d->size[MESH_DP]; f++) {
-        c.at[MESH_CP] = f % d->size[MESH_CP];
-        c.at[MESH_DP] = f / d->size[MESH_CP];
-        members[f] = mesh_rank_of(d, c);
-    }
-}
+void mesh_sequence_members(const mesh_dims *d, int rank, int *members) { plane_members(d, rank, MESH_TP, MESH_CP, members); }
+
+void mesh_replica_members(const mesh_dims *d, int rank, int *members) { plane_members(d, rank, MESH_CP, MESH_DP, members); }
 
 /* The group of `members` (the mesh's formula for this rank's group of `name`), with this rank at `place`:
  * a formula that left the rank out, or put it elsewhere, would train the wrong groups without any error. */
@@ -113,7 +110,7 @@ void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend) {
     const int f = stage_index(&dims, m->me);
     if (c > 1) {
         mesh_replica_members(&dims, r, members);
-        make_group(&m->world, &m->replicas, "cpdp", members, plane, m->me.at[MESH_CP] + c * m->me.at[MESH_DP]);
+        make_group(&m->world, &m->replicas, "cpdp", members, plane, plane_place(&dims, m->me, MESH_CP, MESH_DP));
     }
     if (dims.ep > 1) {
         mesh_ep_members(&dims, r, members);
@@ -126,7 +123,7 @@ void mesh_init(rank_mesh *m, mesh_dims dims, comm_backend backend) {
         make_group(&m->world, &m->stage, "stage", members, stage, f);
         if (c > 1) {
             mesh_sequence_members(&dims, r, members);
-            make_group(&m->world, &m->sequence, "seq", members, t * c, m->me.at[MESH_TP] + t * m->me.at[MESH_CP]);
+            make_group(&m->world, &m->sequence, "seq", members, t * c, plane_place(&dims, m->me, MESH_TP, MESH_CP));
         }
     }
     free(members);

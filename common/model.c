@@ -673,15 +673,16 @@ static void layer_backward_body(const gpt_layout *g, const gpt_layer_hooks *h, g
 
     /* MLP (on the shard: its output gradient is the residual stream's, its input gradient dln2's own) */
     int ev = -1;
-    if (d.split && h->mlp_on_shard) {
+    const int on_shard = d.split && h->mlp_on_shard;
+    if (on_shard) {
         dres3 = lw ? lw->dres3 : s->dres;
         if (input) gpt_region_identity(NULL, s->dres, dres3, (long)d.Ns * d.C, a->B, s);
         dln2_whole = dln2;
     } else if (input) h->exit_backward(h->region_ctx, s->dres, dres3, whole, a->B, s);
     ev = segment(h, ev, "mlp_bwd");
-    h->mlp_backward(h, pass, lp, gp, la, dres3, dfch, dln2_whole, s, d.split && h->mlp_on_shard ? d.Ns : d.N);
+    h->mlp_backward(h, pass, lp, gp, la, dres3, dfch, dln2_whole, s, on_shard ? d.Ns : d.N);
     ev = segment(h, ev, NULL);
-    if (input && !(d.split && h->mlp_on_shard)) h->enter_backward(h->region_ctx, dln2_whole, dln2, whole, a->B, s);
+    if (input && !on_shard) h->enter_backward(h->region_ctx, dln2_whole, dln2, whole, a->B, s);
     ev = segment(h, ev, "ln2_bwd");
     layernorm_backward_pass(pass, s->dres, HP(gp, LAYER_LN2_W), HP(gp, LAYER_LN2_B), dln2, la->res2,
                             HP(lp, LAYER_LN2_W), la->ln2_mean, la->ln2_rstd, d.Ns, d.C);

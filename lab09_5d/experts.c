@@ -54,8 +54,9 @@ static void build_runs(grid_experts *x) {
             const int kind = kind_of(i, x->tl->degree);
             if (kind == RUNS_EXPERT) /* this rank's experts: one run of each tensor */
                 add_run(x, at, global + x->eh.rank * local * (g->layer[i].rows / E * g->layer[i].cols), n, kind, 0);
-            else if (kind == RUNS_TP_SHARDED)
-                for (long j = 0; j < n; j++) add_run(x, at + j, global + tp_global_index(x->tl, i, j), 1, kind, 1);
+            else if (kind == RUNS_TP_SHARDED) /* a local row is one piece of the model's (lab05's cut) */
+                for (long j = 0; j < n; j += ts[i].cols)
+                    add_run(x, at + j, global + tp_global_index(x->tl, i, j), ts[i].cols, kind, 1);
             else
                 add_run(x, at, global, n, kind, i > 0 && kind_of(i - 1, x->tl->degree) == RUNS_REPLICATED);
         }
@@ -113,11 +114,10 @@ void grid_experts_init(grid_experts *x, const gpt_config *cfg, int positions, co
     x->eh.split = split;
     x->eh.reserve_rows = ep_received_rows_bound(&x->route, ep->size, rows, cfg->seq); /* F > 0: sized once */
     build_runs(x);
-    x->group[RUNS_REPLICATED] = stage;
-    x->group[RUNS_EXPERT] = edp;
-    x->group[RUNS_TP_SHARDED] = replicas;
+    x->sh.group[RUNS_REPLICATED] = stage;
+    x->sh.group[RUNS_EXPERT] = edp;
+    x->sh.group[RUNS_TP_SHARDED] = replicas;
     x->replicas = replicas;
-    x->tp = tp;
     grad_norm_init(&x->norm, x->tl ? RUN_KINDS : RUNS_TP_SHARDED); /* the kinds that hold elements */
 }
 
@@ -206,7 +206,6 @@ static void gather_params(pipeline_rank *pr, expert_shards *sh) {
 void grid_experts_zero_init(pipeline_rank *pr, grid_experts *x) {
     expert_shards *sh = &x->sh;
     x->zero = 1;
-    for (int k = 0; k < RUN_KINDS; k++) sh->group[k] = x->group[k];
     long at, global, n, kept = 0;
     for (int k = 0; k < RUN_KINDS; k++) /* at most every run in every chunk */
         if (!(sh->pieces[k] = malloc(sizeof(run_piece) * (size_t)pr->v * (size_t)x->n_runs))) die("out of host memory");
@@ -292,7 +291,7 @@ static void sum_runs(pipeline_rank *pr, grid_experts *x) {
                        more_at == at + n)
                     n += more_n, r++;
             }
-            comm_allreduce(x->group[kind], value_at(pr->grads, pr->offset[c] + at), n, COMM_VALUES, 0);
+            comm_allreduce(x->sh.group[kind], value_at(pr->grads, pr->offset[c] + at), n, COMM_VALUES, 0);
         }
 }
 
@@ -342,11 +341,11 @@ double grid_experts_optimizer_step(pipeline_rank *pr, grid_experts *x, comm *pip
         for (int k = 0; k < RUN_KINDS; k++)
             if (k != RUNS_TP_SHARDED || x->tl) comm_allreduce_host(sh->group[k], &sums[k], 1);
     comm_allreduce_host(x->eh.ep, &sums[RUNS_EXPERT], 1);
-    if (x->tl) comm_allreduce_host(x->tp, &sums[RUNS_TP_SHARDED], 1);
+    if (x->tl) comm_allreduce_host(x->th.tp, &sums[RUNS_TP_SHARDED], 1);
     comm_allreduce_host(pipe, sums, RUN_KINDS + 1);
     comm_allreduce_host(x->replicas, &sums[loss], 1);
     if (x->tl) { /* SP: each TP rank's loss is that of its positions: the mean over the group */
-        comm_allreduce_host(x->tp, &sums[loss], 1);
+        comm_allreduce_host(x->th.tp, &sums[loss], 1);
         sums[loss] /= x->tl->degree;
     }
 

@@ -39,8 +39,9 @@
 #include "stage.h"
 #include "tp.h"
 
-/* --zero-stage 1: the rank's elements of each kind (its runs in buffer
- * order, packed) cut into slices over that kind's group (lab06's ZeRO-1 once
+/* Each kind of run is summed over its group; --zero-stage 1: the rank's
+ * elements of each kind (its runs in buffer order, packed) cut into slices
+ * over that kind's group (lab06's ZeRO-1 once
  * per kind): a rank keeps the moments, and in bf16 the fp32 master weights,
  * of its slices alone. */
 enum { RUNS_REPLICATED, RUNS_EXPERT, RUNS_TP_SHARDED, RUN_KINDS };
@@ -51,7 +52,7 @@ typedef struct expert_shards {
     int n_pieces[RUN_KINDS];
     long n[RUN_KINDS], slice[RUN_KINDS]; /* packed elements; comm_chunk(n, group size) */
     long kept[RUN_KINDS];                /* where each kind's slice starts in master, adam_m, adam_v */
-    comm *group[RUN_KINDS];              /* the stage, the EDP group, the replicas */
+    comm *group[RUN_KINDS];              /* where each kind is summed (set at init): the stage, EDP, the replicas */
     void *staging[RUN_KINDS];            /* slice x group size values: the packed gradient, then parameters */
 } expert_shards;
 
@@ -63,8 +64,7 @@ typedef struct grid_experts {
     const tp_layout *tl;
     grid_run *runs;     /* this rank's runs of the global layout */
     int n_runs;
-    comm *group[RUN_KINDS]; /* where each kind is summed: the stage, EDP, the replicas */
-    comm *replicas, *tp;
+    comm *replicas;       /* the c x d ranks (sh.group: where each kind is summed) */
     grad_norm norm;       /* the device's three sums of squares, one per kind */
     int zero;             /* --zero-stage 1: the optimizer state in shards */
     expert_shards sh;

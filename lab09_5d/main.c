@@ -84,12 +84,13 @@ static void setup(run_ctx *ctx, void *lab, ckpt_view *view) {
     }
     if (s->experts) {
         const int Ts = Tl / t; /* a rank's positions of each sequence (t > 1: SP's) */
-        if (t > 1 && !(s->seq_positions = malloc(sizeof(int) * (size_t)ctx->opt.seq))) die("out of host memory");
-        for (int r = 0; t > 1 && r < t * c; r++) /* the sequence group's ranks, tp + t x cp: their positions */
-            for (int i = 0; i < Ts; i++)
-                s->seq_positions[r * Ts + i] = (c > 1 ? s->ch.pos_host[r / t * Tl + r % t * Ts + i] : r % t * Ts + i);
-        s->split = (moe_split){mesh_sequence(&s->grid.mesh), ctx->opt.seq, t > 1 ? s->seq_positions
-                                                                              : c > 1 ? s->ch.pos_host : NULL};
+        if (t * c > 1) { /* the sequence group's ranks, tp + t x cp: their positions (CP's, each TP rank 1/t) */
+            if (!(s->seq_positions = malloc(sizeof(int) * (size_t)ctx->opt.seq))) die("out of host memory");
+            for (int r = 0; r < t * c; r++)
+                for (int i = 0; i < Ts; i++)
+                    s->seq_positions[r * Ts + i] = c > 1 ? s->ch.pos_host[r / t * Tl + r % t * Ts + i] : r % t * Ts + i;
+        }
+        s->split = (moe_split){mesh_sequence(&s->grid.mesh), ctx->opt.seq, s->seq_positions};
         grid_experts_init(&s->gx, &ctx->model, Tl, t * c > 1 ? &s->split : NULL, s->ep_group, s->edp_group, s->grid.dp,
                           share / m, &s->tl, s->grid.tp, mesh_stage(&s->grid.mesh));
     } else {

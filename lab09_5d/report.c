@@ -265,8 +265,8 @@ static void experts_traffic_of_rank(const run_ctx *ctx, lab09 *s, group_traffic 
             continue;
         }
         th_traffic sums[TH_EP_KINDS];
-        th_ep_grad_sums(&tm, &o, ch->lo, ch->hi, vb, s->gx.group[RUNS_REPLICATED]->size,
-                        s->gx.group[RUNS_EXPERT]->size, s->gx.group[RUNS_TP_SHARDED]->size, sums);
+        th_ep_grad_sums(&tm, &o, ch->lo, ch->hi, vb, s->gx.sh.group[RUNS_REPLICATED]->size,
+                        s->gx.sh.group[RUNS_EXPERT]->size, s->gx.sh.group[RUNS_TP_SHARDED]->size, sums);
         for (int k = 0; k < TH_EP_KINDS; k++) {
             add_formula(&g[at[k]], sums[k]);
             by_kind[BY_ALLREDUCE] += sums[k].ring;

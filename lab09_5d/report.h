@@ -32,7 +32,7 @@ typedef struct lab09 {
     cp_hooks ch;
     grid_experts gx;
     moe_split split;              /* --experts with --cp or --tp: the routing's whole sequences over the sequence group */
-    int *seq_positions;           /* --experts at t > 1: the sequence group's ranks' positions, rank by rank */
+    int *seq_positions;           /* --experts at t x c > 1: the sequence group's ranks' positions, rank by rank */
     comm self;                    /* --experts at e = 1: each rank an EP group of its own */
     comm *ep_group, *edp_group;
     stage_model model;
